@@ -1,0 +1,1 @@
+"""dex_ha.client — see DESIGN.md §2."""

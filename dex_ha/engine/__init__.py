@@ -1,0 +1,1 @@
+"""dex_ha.engine — see DESIGN.md §2."""

@@ -1,0 +1,1 @@
+"""dex_ha.raft — see DESIGN.md §2."""

@@ -1,0 +1,266 @@
+"""Raft value types shared by the core, storage, transport and node loop.
+
+Everything here is plain data: dataclasses plus a msgpack encoding. The pure core
+(`core.py`) consumes and produces these; storage persists `Entry` and `HardState`;
+the transport carries `Message` frames. Node ids are short strings (``"n1"``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+NO_NODE = ""  # "no vote" / "no leader"
+
+
+class EntryType(enum.IntEnum):
+    NORMAL = 0  # application command; empty data is the leader's no-op of a new term
+    CONF_CHANGE = 1  # data is an encoded ConfChange
+
+
+class ConfChangeType(enum.IntEnum):
+    ADD_LEARNER = 0  # add a non-voting member that receives the log
+    PROMOTE = 1  # turn a learner into a voter
+    REMOVE = 2  # remove a voter or learner
+
+
+class MessageType(enum.IntEnum):
+    APP = 0  # AppendEntries (also carries commit)
+    APP_RESP = 1
+    HEARTBEAT = 2
+    HEARTBEAT_RESP = 3
+    PRE_VOTE = 4
+    PRE_VOTE_RESP = 5
+    VOTE = 6
+    VOTE_RESP = 7
+    SNAP = 8  # install snapshot: `snapshot` is the meta, `data` the whole payload
+    TIMEOUT_NOW = 9  # leadership transfer: the target campaigns at once
+    TRANSFER_LEADER = 10  # a non-leader forwards a transfer request; `index` unused, target in `frm`
+
+
+class Role(enum.IntEnum):
+    FOLLOWER = 0
+    PRE_CANDIDATE = 1
+    CANDIDATE = 2
+    LEADER = 3
+    LEARNER = 4  # a follower that is not a voter in the current configuration
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    term: int
+    index: int
+    type: EntryType = EntryType.NORMAL
+    data: bytes = b""
+
+    def size(self) -> int:
+        """Approximate encoded size, used for flow control and batching."""
+        return len(self.data) + 16
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    term: int = 0
+    vote: str = NO_NODE
+    commit: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConfState:
+    voters: tuple[str, ...] = ()
+    learners: tuple[str, ...] = ()
+
+    def members(self) -> tuple[str, ...]:
+        return self.voters + self.learners
+
+
+@dataclass(frozen=True, slots=True)
+class ConfChange:
+    type: ConfChangeType
+    node_id: str
+    # Opaque to the core: the node loop stores addresses here (raft address, URL).
+    context: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    index: int
+    term: int
+    conf_state: ConfState
+
+
+@dataclass(slots=True)
+class Message:
+    type: MessageType
+    to: str
+    frm: str
+    term: int = 0
+    log_term: int = 0  # APP: term of the entry at `index`; votes: last log term
+    index: int = 0  # APP: index before `entries`; votes: last log index; resp: match/hint
+    entries: list[Entry] = field(default_factory=list)
+    commit: int = 0
+    reject: bool = False
+    reject_hint: int = 0  # APP_RESP reject: follower's last index, for fast backtracking
+    # Free-form integer carried back in responses: heartbeats use it as a round id so the
+    # leader can tell which heartbeat a quorum acknowledged (lease), votes use 1 to mean
+    # "leadership transfer: ignore the recent-leader check".
+    context: int = 0
+    snapshot: SnapshotMeta | None = None
+    data: bytes = b""  # SNAP: the snapshot payload
+
+
+@dataclass(slots=True)
+class Ready:
+    """What the node loop must do now, in this order (the etcd ordering):
+
+    1. persist `snapshot` (if any), then `entries` and `hard_state` — durably when
+       `must_sync` and durability is strict;
+    2. send `messages` (they may depend on what step 1 persisted);
+    3. apply `snapshot` data to the state machine, then `committed_entries` in order;
+    4. call `core.advance(ready)`.
+    """
+
+    hard_state: HardState | None = None
+    entries: list[Entry] = field(default_factory=list)
+    snapshot: SnapshotMeta | None = None
+    snapshot_data: bytes = b""
+    committed_entries: list[Entry] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    must_sync: bool = False
+
+    def is_empty(self) -> bool:
+        return (
+            self.hard_state is None
+            and not self.entries
+            and self.snapshot is None
+            and not self.committed_entries
+            and not self.messages
+        )
+
+
+# ---------------------------------------------------------------------------------
+# msgpack encoding. Compact positional arrays; version byte first on messages so the
+# wire format can evolve.
+
+WIRE_VERSION = 1
+
+
+def _conf_to_wire(cs: ConfState) -> list[Any]:
+    return [list(cs.voters), list(cs.learners)]
+
+
+def _conf_from_wire(raw: list[Any]) -> ConfState:
+    return ConfState(tuple(raw[0]), tuple(raw[1]))
+
+
+def snapshot_meta_to_wire(meta: SnapshotMeta) -> list[Any]:
+    return [meta.index, meta.term, _conf_to_wire(meta.conf_state)]
+
+
+def snapshot_meta_from_wire(raw: list[Any]) -> SnapshotMeta:
+    return SnapshotMeta(raw[0], raw[1], _conf_from_wire(raw[2]))
+
+
+def entry_to_wire(e: Entry) -> list[Any]:
+    return [e.term, e.index, int(e.type), e.data]
+
+
+def entry_from_wire(raw: list[Any]) -> Entry:
+    return Entry(raw[0], raw[1], EntryType(raw[2]), raw[3])
+
+
+def encode_entry(e: Entry) -> bytes:
+    return msgpack.packb(entry_to_wire(e), use_bin_type=True)
+
+
+def decode_entry(buf: bytes) -> Entry:
+    return entry_from_wire(msgpack.unpackb(buf, raw=False))
+
+
+def encode_hard_state(hs: HardState) -> bytes:
+    return msgpack.packb([hs.term, hs.vote, hs.commit], use_bin_type=True)
+
+
+def decode_hard_state(buf: bytes) -> HardState:
+    t, v, c = msgpack.unpackb(buf, raw=False)
+    return HardState(t, v, c)
+
+
+def encode_conf_change(cc: ConfChange) -> bytes:
+    return msgpack.packb([int(cc.type), cc.node_id, cc.context], use_bin_type=True)
+
+
+def decode_conf_change(buf: bytes) -> ConfChange:
+    t, n, ctx = msgpack.unpackb(buf, raw=False)
+    return ConfChange(ConfChangeType(t), n, ctx)
+
+
+def encode_snapshot_meta(meta: SnapshotMeta) -> bytes:
+    return msgpack.packb(snapshot_meta_to_wire(meta), use_bin_type=True)
+
+
+def decode_snapshot_meta(buf: bytes) -> SnapshotMeta:
+    return snapshot_meta_from_wire(msgpack.unpackb(buf, raw=False))
+
+
+def encode_message(m: Message) -> bytes:
+    return msgpack.packb(
+        [
+            WIRE_VERSION,
+            int(m.type),
+            m.to,
+            m.frm,
+            m.term,
+            m.log_term,
+            m.index,
+            [entry_to_wire(e) for e in m.entries],
+            m.commit,
+            m.reject,
+            m.reject_hint,
+            m.context,
+            snapshot_meta_to_wire(m.snapshot) if m.snapshot is not None else None,
+            m.data,
+        ],
+        use_bin_type=True,
+    )
+
+
+class MalformedMessage(ValueError):
+    """A frame that does not decode to a valid Message (a bad or hostile peer)."""
+
+
+def decode_message(buf: bytes) -> Message:
+    try:
+        raw = msgpack.unpackb(buf, raw=False)
+        if not isinstance(raw, list) or len(raw) != 14 or raw[0] != WIRE_VERSION:
+            raise MalformedMessage("unexpected message shape or version")
+        (_, typ, to, frm, term, log_term, index, entries, commit, reject, hint, ctx, snap, data) = raw
+        if not (isinstance(to, str) and isinstance(frm, str)):
+            raise MalformedMessage("node ids must be strings")
+        for v in (term, log_term, index, commit, hint, ctx):
+            if not isinstance(v, int) or v < 0:
+                raise MalformedMessage("integer field out of range")
+        if not isinstance(data, bytes):
+            raise MalformedMessage("data must be bytes")
+        return Message(
+            type=MessageType(typ),
+            to=to,
+            frm=frm,
+            term=term,
+            log_term=log_term,
+            index=index,
+            entries=[entry_from_wire(e) for e in entries],
+            commit=commit,
+            reject=bool(reject),
+            reject_hint=hint,
+            context=ctx,
+            snapshot=snapshot_meta_from_wire(snap) if snap is not None else None,
+            data=data,
+        )
+    except MalformedMessage:
+        raise
+    except Exception as exc:  # msgpack errors, bad enums, wrong arity inside
+        raise MalformedMessage(f"cannot decode message: {exc}") from exc

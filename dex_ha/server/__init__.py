@@ -1,0 +1,1 @@
+"""dex_ha.server — see DESIGN.md §2."""

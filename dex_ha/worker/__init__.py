@@ -1,0 +1,1 @@
+"""dex_ha.worker — see DESIGN.md §2."""
