@@ -1,0 +1,521 @@
+"""The Raft node loop: ties the pure core, durable storage and the TCP transport together.
+
+One asyncio task owns the core. Everything else (inbound messages, proposals, ticks)
+reaches it through queues and a wake-up event, so the core is never touched concurrently.
+Each turn of the loop follows the etcd ordering for a `Ready`:
+
+    persist snapshot → persist entries + hard state (one fsync: group commit)
+    → send messages → apply snapshot and committed entries → core.advance()
+
+Proposals that arrive while an fsync runs queue up and go into the next Ready together,
+which is what batches many entries into one fsync under load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import ssl
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import msgpack
+
+from .core import NotLeader, ProposalDropped, RaftConfig, RaftCore
+from .storage import RaftStorage
+from .transport import RaftTransport
+from .types import (
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    Message,
+    MessageType,
+    Ready,
+    Role,
+    SnapshotMeta,
+    decode_conf_change,
+)
+
+log = logging.getLogger("dex_ha.raft.node")
+
+Address = tuple[str, int]
+
+
+class StateMachine(Protocol):
+    """What the node applies committed entries to (the engine implements this)."""
+
+    def apply(self, index: int, data: bytes) -> Any:
+        """Apply one committed entry; the result goes back to the proposer.
+
+        Empty `data` carries no command (a new leader's no-op entry, or a membership
+        change the core handles): the machine only records `index` as applied.
+        """
+
+    def applied_index(self) -> int:
+        """The last index applied (durably, if the machine is durable)."""
+
+    def snapshot(self) -> bytes:
+        """A consistent copy of the whole state at applied_index()."""
+
+    def restore(self, data: bytes, index: int) -> None:
+        """Replace the whole state with a snapshot taken at `index`."""
+
+
+@dataclass
+class Member:
+    raft_addr: Address
+    url: str = ""
+
+
+@dataclass
+class NodeConfig:
+    id: str
+    data_dir: Path
+    raft_listen: Address
+    # Every member known at bootstrap, including this node. A brand-new cluster starts
+    # with these as voters; a node that joins later starts with `join=True` and learns
+    # the configuration from the leader's snapshot.
+    members: dict[str, Member]
+    join: bool = False
+    durability: str = "strict"
+    election_timeout_min_ms: int = 1000
+    election_timeout_max_ms: int = 2000
+    heartbeat_interval_ms: int = 100
+    lease_drift_margin_ms: int = 100
+    tick_interval_ms: int = 10
+    snapshot_every_entries: int = 20_000
+    # Entries kept behind a snapshot so that a briefly slow follower catches up from
+    # the log instead of needing the whole snapshot.
+    compaction_keep_entries: int = 5_000
+    secret: bytes | None = None
+    ssl_server: ssl.SSLContext | None = None
+    ssl_client: ssl.SSLContext | None = None
+    seed: int | None = None  # election-timeout randomness; None: from os.urandom
+
+
+@dataclass
+class _Pending:
+    term: int
+    future: asyncio.Future[Any]
+
+
+@dataclass
+class NodeMetrics:
+    """Counters the server layer exports; plain numbers so raft/ imports nothing of ours."""
+
+    leader_changes: int = 0
+    fsyncs: int = 0
+    fsync_seconds: list[float] = field(default_factory=list)  # drained by the exporter
+    proposals: int = 0
+    applied_entries: int = 0
+    snapshots_taken: int = 0
+    snapshots_installed: int = 0
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class RaftNode:
+    """One member of a Raft group, running its loop on the current event loop."""
+
+    def __init__(self, config: NodeConfig, state_machine: StateMachine,
+                 on_leader_change: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.sm = state_machine
+        self.metrics = NodeMetrics()
+        self._on_leader_change = on_leader_change
+        self._inbox: deque[Message] = deque()
+        self._unreachable: set[str] = set()
+        self._proposals: deque[tuple[bytes, EntryType, asyncio.Future[Any]]] = deque()
+        self._pending: dict[int, _Pending] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._members: dict[str, Member] = dict(config.members)
+        self._last_leader = ""
+        self._snapshot_index = 0
+        self._last_applied_term = 0
+        self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._snap_path = config.data_dir / "snapshot.bin"
+        self.storage = RaftStorage.open(config.data_dir / "raft", durability=config.durability,
+                                        on_fsync=self._record_fsync)
+        self.core = self._build_core()
+        self.transport = RaftTransport(
+            config.id, config.raft_listen, self._peer_addrs(), self._on_message,
+            secret=config.secret, ssl_server=config.ssl_server, ssl_client=config.ssl_client,
+            on_unreachable=self._on_unreachable, on_snapshot_sent=self._on_snapshot_sent,
+        )
+
+    # ------------------------------------------------------------------ setup
+
+    def _record_fsync(self, seconds: float) -> None:
+        self.metrics.fsyncs += 1
+        if len(self.metrics.fsync_seconds) < 100_000:
+            self.metrics.fsync_seconds.append(seconds)
+
+    def _build_core(self) -> RaftCore:
+        hard_state, snap_meta, entries = self.storage.initial_state()
+        self._restore_state_machine(snap_meta)
+        if snap_meta is not None:
+            conf = snap_meta.conf_state
+            self._snapshot_index = snap_meta.index
+            self._last_applied_term = snap_meta.term
+        elif self.config.join:
+            conf = ConfState()
+        else:
+            conf = ConfState(voters=tuple(sorted(self.config.members)))
+        self._load_members_file()
+        cfg = RaftConfig(
+            id=self.config.id,
+            election_timeout_min_ms=self.config.election_timeout_min_ms,
+            election_timeout_max_ms=self.config.election_timeout_max_ms,
+            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+            lease_drift_margin_ms=self.config.lease_drift_margin_ms,
+        )
+        seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(8), "big")
+        return RaftCore(cfg, hard_state=hard_state, conf_state=conf, snapshot=snap_meta,
+                        entries=entries, applied=self.sm.applied_index(),
+                        now_ms=_monotonic_ms(), rng=random.Random(seed))
+
+    def _restore_state_machine(self, snap_meta: SnapshotMeta | None) -> None:
+        """A state machine behind the durable snapshot (e.g. in-memory) starts from it."""
+        if snap_meta is None or self.sm.applied_index() >= snap_meta.index:
+            return
+        if not self._snap_path.exists():
+            raise RuntimeError(f"snapshot file {self._snap_path} missing for index {snap_meta.index}")
+        self.sm.restore(self._snap_path.read_bytes(), snap_meta.index)
+
+    def _peer_addrs(self) -> dict[str, Address]:
+        return {nid: m.raft_addr for nid, m in self._members.items() if nid != self.config.id}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self.config.secret is None and self.config.ssl_server is None:
+            log.warning("raft transport of %s runs WITHOUT peer authentication (insecure)", self.config.id)
+        await self.transport.start()
+        self._task = asyncio.create_task(self._run(), name=f"raft-{self.config.id}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await self.transport.stop()
+        self._fail_all_pending(ProposalDropped("node stopped"))
+        self.storage.close()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    @property
+    def is_leader(self) -> bool:
+        return self.core.role == Role.LEADER
+
+    @property
+    def leader_id(self) -> str:
+        return self.core.leader_id
+
+    def lease_valid(self) -> bool:
+        return self.core.lease_valid(_monotonic_ms())
+
+    def lease_remaining_ms(self) -> int:
+        return self.core.lease_remaining_ms(_monotonic_ms())
+
+    def members(self) -> dict[str, Member]:
+        return dict(self._members)
+
+    def status(self) -> dict[str, Any]:
+        st = self.core.status()
+        st["snapshot_index"] = self._snapshot_index
+        return st
+
+    async def propose(self, data: bytes) -> Any:
+        """Replicate `data`, apply it, and return the state machine's result.
+
+        Raises NotLeader when this node is not the leader, ProposalDropped when the
+        entry was lost to a leader change (it may or may not commit later: callers make
+        commands idempotent).
+        """
+        return await self._submit(data, EntryType.NORMAL)
+
+    async def change_membership(self, cc: ConfChange, url: str = "") -> None:
+        """Add a learner, promote or remove a member; waits until the change applied."""
+        if cc.type == ConfChangeType.ADD_LEARNER and not cc.context:
+            raise ValueError("ADD_LEARNER needs the member's address in context")
+        await self._submit(cc, EntryType.CONF_CHANGE)
+
+    def transfer_leadership(self, to: str) -> None:
+        self.core.transfer_leadership(to)
+        self._wake.set()
+
+    async def wait_applied(self, index: int) -> None:
+        """Wait until the state machine applied at least `index` (read-your-writes)."""
+        if self.sm.applied_index() >= index:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._apply_waiters.append((index, fut))
+        await fut
+
+    # ------------------------------------------------------------------ loop
+
+    async def _submit(self, payload: Any, kind: EntryType) -> Any:
+        if self.core.role != Role.LEADER:
+            raise NotLeader(self.core.leader_id)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._proposals.append((payload, kind, fut))
+        self._wake.set()
+        return await fut
+
+    def _on_message(self, msg: Message) -> None:
+        self._inbox.append(msg)
+        self._wake.set()
+
+    def _on_unreachable(self, peer: str) -> None:
+        self._unreachable.add(peer)
+        self._wake.set()
+
+    def _on_snapshot_sent(self, peer: str, ok: bool) -> None:
+        self.core.report_snapshot(peer, ok)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        tick_s = self.config.tick_interval_ms / 1000
+        try:
+            while not self._stopping:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=tick_s)
+                except asyncio.TimeoutError:
+                    pass
+                self._wake.clear()
+                self._turn()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A storage error (e.g. a failed fsync) leaves durability unknown: stop the
+            # node rather than keep answering with state that may not be on disk.
+            log.exception("raft node %s stopped by an unexpected error", self.config.id)
+            self._fail_all_pending(ProposalDropped("node failed"))
+            raise
+
+    def _turn(self) -> None:
+        """One pass: time, inbound messages, proposals, then drain every Ready."""
+        self.core.tick(_monotonic_ms())
+        while self._unreachable:
+            self.core.report_unreachable(self._unreachable.pop())
+        while self._inbox:
+            self.core.step(self._inbox.popleft())
+        self._take_proposals()
+        while self.core.has_ready():
+            self._handle_ready(self.core.ready())
+        self._note_leader()
+
+    def _take_proposals(self) -> None:
+        while self._proposals:
+            payload, kind, fut = self._proposals.popleft()
+            if fut.done():
+                continue
+            try:
+                if kind == EntryType.CONF_CHANGE:
+                    index = self.core.propose_conf_change(payload)
+                else:
+                    index = self.core.propose(payload)
+            except (NotLeader, ProposalDropped) as exc:
+                fut.set_exception(exc)
+                continue
+            self.metrics.proposals += 1
+            self._pending[index] = _Pending(self.core.term, fut)
+
+    def _handle_ready(self, rd: Ready) -> None:
+        if rd.snapshot is not None:
+            self._persist_received_snapshot(rd.snapshot, rd.snapshot_data)
+        if rd.entries or rd.hard_state is not None:
+            self.storage.save(rd.hard_state, rd.entries, sync=rd.must_sync)
+        for msg in rd.messages:
+            self._send(msg)
+        if rd.snapshot is not None:
+            self._install_snapshot(rd.snapshot, rd.snapshot_data)
+        for entry in rd.committed_entries:
+            self._apply(entry)
+        self.core.advance(rd)
+        self._wake_apply_waiters()
+        self._maybe_snapshot()
+
+    def _send(self, msg: Message) -> None:
+        if msg.type == MessageType.SNAP and not msg.data:
+            if not self._snap_path.exists():
+                self.core.report_snapshot(msg.to, False)
+                return
+            msg.data = self._snap_path.read_bytes()
+        self.transport.send(msg)
+
+    # ------------------------------------------------------------------ apply
+
+    def _apply(self, entry: Entry) -> None:
+        pending = self._pending.pop(entry.index, None)
+        result: Any = None
+        if entry.type == EntryType.CONF_CHANGE:
+            self._apply_conf_change(entry)
+        elif entry.data:
+            result = self.sm.apply(entry.index, entry.data)
+        else:
+            # The new leader's empty entry: nothing for the state machine, but it must
+            # advance the applied index so a restart does not replay what came before.
+            result = self.sm.apply(entry.index, b"")
+        self.metrics.applied_entries += 1
+        self._last_applied_term = entry.term
+        if pending is None or pending.future.done():
+            return
+        if pending.term == entry.term:
+            pending.future.set_result(result)
+        else:
+            pending.future.set_exception(ProposalDropped("a leader change replaced the entry"))
+        self._drop_stale_pending(entry.index)
+
+    def _drop_stale_pending(self, applied: int) -> None:
+        """Proposals below the applied index that never matched were lost in a leader change."""
+        if not self._pending or min(self._pending) > applied:
+            return
+        for index in [i for i in self._pending if i <= applied]:
+            p = self._pending.pop(index)
+            if not p.future.done():
+                p.future.set_exception(ProposalDropped("a leader change replaced the entry"))
+
+    def _apply_conf_change(self, entry: Entry) -> None:
+        cc = decode_conf_change(entry.data)
+        if cc.type == ConfChangeType.ADD_LEARNER and cc.context:
+            info = msgpack.unpackb(cc.context, raw=False)
+            self._members[cc.node_id] = Member((info["host"], int(info["port"])), info.get("url", ""))
+        elif cc.type == ConfChangeType.REMOVE:
+            self._members.pop(cc.node_id, None)
+        self.transport.set_peers(self._peer_addrs())
+        self._save_members_file()
+        # The core applies the change itself when it commits; the entry still counts as
+        # applied so the state machine's index stays contiguous.
+        self.sm.apply(entry.index, b"")
+
+    def _wake_apply_waiters(self) -> None:
+        if not self._apply_waiters:
+            return
+        applied = self.sm.applied_index()
+        keep = []
+        for index, fut in self._apply_waiters:
+            if index <= applied:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((index, fut))
+        self._apply_waiters = keep
+
+    def _fail_all_pending(self, exc: Exception) -> None:
+        for p in self._pending.values():
+            if not p.future.done():
+                p.future.set_exception(exc)
+        self._pending.clear()
+        while self._proposals:
+            _, _, fut = self._proposals.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _note_leader(self) -> None:
+        leader = self.core.leader_id
+        if leader != self._last_leader:
+            self._last_leader = leader
+            if leader:
+                self.metrics.leader_changes += 1
+            log.info("node %s: leader is now %r (term %d)", self.config.id, leader, self.core.term)
+            if self.core.role != Role.LEADER:
+                # Entries we proposed may still commit under the new leader, but we can
+                # no longer tell the caller: fail them so the caller retries idempotently.
+                self._fail_all_pending(NotLeader(leader))
+            if self._on_leader_change is not None:
+                self._on_leader_change(leader)
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _maybe_snapshot(self) -> None:
+        applied = self.sm.applied_index()
+        if applied - self._snapshot_index < self.config.snapshot_every_entries:
+            return
+        data = self.sm.snapshot()
+        meta = SnapshotMeta(index=applied, term=self._last_applied_term, conf_state=self.core.conf_state)
+        self._write_snapshot_file(data)
+        self.storage.save_snapshot(meta)
+        self._snapshot_index = applied
+        self.metrics.snapshots_taken += 1
+        keep_from = applied - self.config.compaction_keep_entries
+        if keep_from > 0:
+            self.core.compact(keep_from, meta)
+            self.storage.compact(keep_from)
+        log.info("node %s: snapshot at index %d (%d bytes)", self.config.id, applied, len(data))
+
+    def _write_snapshot_file(self, data: bytes) -> None:
+        tmp = self._snap_path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            if self.config.durability == "strict":
+                os.fsync(f.fileno())
+        os.replace(tmp, self._snap_path)
+        if self.config.durability == "strict":
+            _fsync_dir(self._snap_path.parent)
+
+    def _persist_received_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        self._write_snapshot_file(data)
+        self.storage.save_snapshot(meta)
+        self._snapshot_index = meta.index
+
+    def _install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        self.sm.restore(data, meta.index)
+        self._last_applied_term = meta.term
+        self._members = {nid: m for nid, m in self._members.items() if nid in meta.conf_state.members()}
+        self.metrics.snapshots_installed += 1
+        log.info("node %s: installed snapshot at index %d", self.config.id, meta.index)
+
+    # ------------------------------------------------------------------ member addresses
+
+    def _members_path(self) -> Path:
+        return self.config.data_dir / "members.msgpack"
+
+    def _save_members_file(self) -> None:
+        raw = {nid: [m.raft_addr[0], m.raft_addr[1], m.url] for nid, m in self._members.items()}
+        tmp = self._members_path().with_suffix(".tmp")
+        tmp.write_bytes(msgpack.packb(raw, use_bin_type=True))
+        os.replace(tmp, self._members_path())
+
+    def _load_members_file(self) -> None:
+        path = self._members_path()
+        if not path.exists():
+            return
+        raw = msgpack.unpackb(path.read_bytes(), raw=False)
+        for nid, (host, port, url) in raw.items():
+            self._members.setdefault(nid, Member((host, int(port)), url))
+
+
+def member_context(host: str, port: int, url: str = "") -> bytes:
+    """The ConfChange context for ADD_LEARNER: where the new member listens."""
+    return msgpack.packb({"host": host, "port": port, "url": url}, use_bin_type=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,126 @@
+"""Three real node processes on loopback: SIGKILL the leader again and again.
+
+Evidence comes from outside the nodes: the test keeps its own ledger of every write a
+leader acknowledged as committed, and at the end reads every node's key-value dump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.support.kv_cluster import KVCluster, statuses, wait_for_leased_leader
+
+KILLS = 10
+WRITERS = 8
+
+
+async def _writer(cluster: KVCluster, session: aiohttp.ClientSession, acked: dict[str, str],
+                  counter: itertools.count, stop: asyncio.Event) -> None:
+    """Write unique keys to whichever node is leader; remember what was acknowledged."""
+    while not stop.is_set():
+        n = next(counter)
+        key, value = f"k{n}", f"v{n}"
+        for nid in cluster.alive():
+            try:
+                async with session.post(cluster.nodes[nid].url + "/put", json={"key": key, "value": value},
+                                        timeout=aiohttp.ClientTimeout(total=3)) as resp:
+                    if resp.status == 200:
+                        acked[key] = value
+                        break
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                continue
+        else:
+            await asyncio.sleep(0.02)  # no leader right now: back off briefly
+
+
+async def _wait_converged(cluster: KVCluster, session: aiohttp.ClientSession, deadline_s: float) -> dict:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline_s:
+        dumps = {}
+        for nid in cluster.alive():
+            try:
+                async with session.get(cluster.nodes[nid].url + "/dump") as resp:
+                    dumps[nid] = await resp.json()
+            except aiohttp.ClientError:
+                pass
+        applied = {d["applied"] for d in dumps.values()}
+        st = await statuses(cluster, session)
+        commits = {s["commit"] for s in st.values()}
+        if len(dumps) == len(cluster.nodes) and len(applied) == 1 and applied == commits:
+            return dumps
+        await asyncio.sleep(0.05)
+    raise AssertionError("nodes did not converge on one applied index")
+
+
+@pytest.mark.timeout(240)
+async def test_repeated_leader_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
+    cluster = KVCluster(tmp_path, size=3, durability="strict", election_min_ms=500, election_max_ms=1000)
+    cluster.start_all()
+    acked: dict[str, str] = {}
+    stop = asyncio.Event()
+    try:
+        async with aiohttp.ClientSession() as session:
+            leader, _ = await wait_for_leased_leader(cluster, session, deadline_s=20)
+            counter = itertools.count()
+            writers = [asyncio.create_task(_writer(cluster, session, acked, counter, stop)) for _ in range(WRITERS)]
+            failover_times = []
+            for round_no in range(KILLS):
+                before = len(acked)
+                t0 = time.monotonic()
+                while len(acked) < before + 50:  # let writes flow through this leader
+                    assert time.monotonic() - t0 < 20, f"round {round_no}: writes stalled at {len(acked)}"
+                    await asyncio.sleep(0.01)
+                cluster.kill(leader)
+                new_leader, took = await wait_for_leased_leader(cluster, session, deadline_s=15, exclude=leader)
+                failover_times.append(took)
+                cluster.start(leader)  # restart the killed node on its data dir
+                leader = new_leader
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*writers), timeout=15)
+            dumps = await _wait_converged(cluster, session, deadline_s=30)
+    finally:
+        stop.set()
+        cluster.stop_all()
+
+    assert len(acked) >= KILLS * 50
+    for nid, dump in dumps.items():
+        missing = [k for k, v in acked.items() if dump["kv"].get(k) != v]
+        assert not missing, f"{nid} lost {len(missing)} acknowledged writes, e.g. {missing[:5]}"
+    assert len(failover_times) == KILLS
+
+
+@pytest.mark.timeout(120)
+async def test_acknowledged_writes_survive_full_cluster_restart(tmp_path: Path) -> None:
+    """Every node SIGKILLed at once, then restarted: the acknowledged writes are all there."""
+    cluster = KVCluster(tmp_path, size=3, durability="strict", election_min_ms=500, election_max_ms=1000)
+    cluster.start_all()
+    acked: dict[str, str] = {}
+    stop = asyncio.Event()
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_for_leased_leader(cluster, session, deadline_s=20)
+            counter = itertools.count()
+            writers = [asyncio.create_task(_writer(cluster, session, acked, counter, stop)) for _ in range(WRITERS)]
+            t0 = time.monotonic()
+            while len(acked) < 300:
+                assert time.monotonic() - t0 < 20, "writes stalled"
+                await asyncio.sleep(0.01)
+            for nid in list(cluster.nodes):
+                cluster.kill(nid)
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*writers), timeout=15)
+            cluster.start_all()
+            await wait_for_leased_leader(cluster, session, deadline_s=20)
+            dumps = await _wait_converged(cluster, session, deadline_s=30)
+    finally:
+        stop.set()
+        cluster.stop_all()
+    for nid, dump in dumps.items():
+        missing = [k for k, v in acked.items() if dump["kv"].get(k) != v]
+        assert not missing, f"{nid} lost {len(missing)} acknowledged writes after restart"
