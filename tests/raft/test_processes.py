@@ -124,3 +124,44 @@ async def test_acknowledged_writes_survive_full_cluster_restart(tmp_path: Path) 
     for nid, dump in dumps.items():
         missing = [k for k, v in acked.items() if dump["kv"].get(k) != v]
         assert not missing, f"{nid} lost {len(missing)} acknowledged writes after restart"
+
+
+async def _raw_connect_and_send(port: int, payload: bytes) -> bytes:
+    """Open a raw TCP connection to a raft port, send bytes, return what came back."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout=5)
+    try:
+        writer.write(payload)
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.read(1024), timeout=6)
+        except (asyncio.TimeoutError, ConnectionError):
+            return b""
+    finally:
+        writer.close()
+
+
+@pytest.mark.timeout(120)
+async def test_bad_peers_are_dropped_and_the_cluster_keeps_serving(tmp_path: Path) -> None:
+    cluster = KVCluster(tmp_path, size=3, durability="relaxed", election_min_ms=500, election_max_ms=1000,
+                        extra_args=["--secret", "s3cret-for-test"])
+    cluster.start_all()
+    try:
+        async with aiohttp.ClientSession() as session:
+            leader, _ = await wait_for_leased_leader(cluster, session, deadline_s=20)
+            target = cluster.nodes[leader]
+            # 1. garbage; 2. an oversized length prefix; 3. a frame that is msgpack but no hello.
+            await _raw_connect_and_send(target.raft_port, b"\x00\x00\x00\x05hello garbage \xff\xfe" * 50)
+            await _raw_connect_and_send(target.raft_port, (2**31).to_bytes(4, "big") + b"x" * 64)
+            await _raw_connect_and_send(target.raft_port, b"\x00\x00\x00\x03\x93\x01\x02")
+            # The leader still leads and commits writes.
+            for i in range(20):
+                async with session.post(target.url + "/put", json={"key": f"after{i}", "value": "ok"},
+                                        timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    assert resp.status == 200, await resp.text()
+            still, _ = await wait_for_leased_leader(cluster, session, deadline_s=5)
+            assert still == leader
+    finally:
+        cluster.stop_all()
+    log_text = target.log_path.read_text(errors="replace").lower()
+    assert "refus" in log_text or "reject" in log_text or "drop" in log_text, \
+        "the node should log what it dropped"

@@ -1,0 +1,159 @@
+"""Several RaftNodes in one process (no global state), over real loopback TCP.
+
+Covers what ties core, storage and transport together: proposals return the state
+machine's result, a leadership transfer moves the lease, a learner joins through a
+snapshot after the log was compacted, is promoted and removed, and a restart resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import msgpack
+import pytest
+
+from dex_ha.raft.core import NotLeader
+from dex_ha.raft.node import Member, NodeConfig, RaftNode, member_context
+from dex_ha.raft.types import ConfChange, ConfChangeType, Role
+from tests.support.kv_cluster import free_ports
+from tests.support.kv_node import KVStateMachine
+
+SECRET = b"test-cluster-secret"
+
+
+def _config(nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int] | None = None,
+            **kw) -> NodeConfig:
+    return NodeConfig(id=nid, data_dir=root / nid, raft_listen=listen or members[nid].raft_addr,
+                      members=members, durability="relaxed",
+                      election_timeout_min_ms=300, election_timeout_max_ms=600,
+                      heartbeat_interval_ms=50, lease_drift_margin_ms=30, secret=SECRET, **kw)
+
+
+async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None:
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > deadline_s:
+            raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _leased_leaders(nodes: dict[str, RaftNode]) -> list[RaftNode]:
+    return [n for n in nodes.values() if n.is_leader and n.lease_valid()]
+
+
+async def _put(nodes: dict[str, RaftNode], key: str, value: str) -> int:
+    """Propose through whichever node is leader, retrying through elections."""
+    data = msgpack.packb([key, value], use_bin_type=True)
+    t0 = time.monotonic()
+    while True:
+        leaders = _leased_leaders(nodes)
+        if leaders:
+            try:
+                return await asyncio.wait_for(leaders[0].propose(data), timeout=5)
+            except NotLeader:
+                pass
+        assert time.monotonic() - t0 < 10, "no leader accepted the proposal"
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path):
+    ports = free_ports(3)
+    members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
+    sms = {nid: KVStateMachine() for nid in members}
+    nodes = {nid: RaftNode(_config(nid, tmp_path, members, snapshot_every_entries=50,
+                                   compaction_keep_entries=10), sms[nid]) for nid in members}
+    for n in nodes.values():
+        await n.start()
+    yield nodes, sms, members, tmp_path
+    for n in nodes.values():
+        await n.stop()
+
+
+async def test_proposal_commits_on_every_node(cluster) -> None:
+    nodes, sms, _, _ = cluster
+    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+    index = await _put(nodes, "a", "1")
+    assert index > 0
+    await _until(lambda: all(sm.kv.get("a") == "1" for sm in sms.values()), 5, "replication")
+    assert sum(n.is_leader for n in nodes.values()) == 1
+
+
+async def test_transfer_moves_leadership_and_lease(cluster) -> None:
+    nodes, sms, _, _ = cluster
+    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+    old = _leased_leaders(nodes)[0]
+    await _put(nodes, "before", "x")
+    target = next(nid for nid in nodes if nid != old.id)
+    old.transfer_leadership(target)
+    assert not old.lease_valid(), "the old leader must give up its lease before TimeoutNow"
+    await _until(lambda: nodes[target].is_leader and nodes[target].lease_valid(), 5, "target leads")
+    assert not old.is_leader
+    await _put(nodes, "after", "y")
+    await _until(lambda: all(sm.kv.get("after") == "y" for sm in sms.values()), 5, "replication")
+
+
+async def test_learner_joins_from_snapshot_then_promoted_and_removed(cluster) -> None:
+    nodes, sms, members, root = cluster
+    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+    for i in range(200):  # several snapshots; the log before them is compacted away
+        await _put(nodes, f"k{i}", str(i))
+    leader = _leased_leaders(nodes)[0]
+    assert leader.status()["snapshot_index"] > 0
+
+    (port,) = free_ports(1)
+    joiner_sm = KVStateMachine()
+    joiner = RaftNode(_config("n4", root, dict(members), listen=("127.0.0.1", port), join=True), joiner_sm)
+    await joiner.start()
+    nodes["n4"] = joiner  # the fixture stops it
+    await leader.change_membership(ConfChange(ConfChangeType.ADD_LEARNER, "n4",
+                                              member_context("127.0.0.1", port)))
+    await _until(lambda: joiner_sm.kv.get("k199") == "199", 10, "the learner to catch up")
+    assert joiner.metrics.snapshots_installed >= 1, "the learner should have needed a snapshot"
+    assert joiner.core.role == Role.LEARNER
+    assert "n4" in leader.core.conf_state.learners
+
+    await leader.change_membership(ConfChange(ConfChangeType.PROMOTE, "n4"))
+    await _until(lambda: "n4" in leader.core.conf_state.voters, 5, "promotion")
+    await _put(nodes, "post-promote", "1")
+    await _until(lambda: joiner_sm.kv.get("post-promote") == "1", 5, "replication to n4")
+
+    leader = _leased_leaders(nodes)[0]
+    victim = next(nid for nid in ("n1", "n2", "n3") if nid != leader.id)
+    await leader.change_membership(ConfChange(ConfChangeType.REMOVE, victim))
+    await _until(lambda: victim not in leader.core.conf_state.members(), 5, "removal")
+    await nodes.pop(victim).stop()
+    await _put(nodes, "after-remove", "1")
+    await _until(lambda: joiner_sm.kv.get("after-remove") == "1", 5, "replication after removal")
+
+
+async def test_restart_resumes_from_disk(tmp_path: Path) -> None:
+    ports = free_ports(3)
+    members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
+
+    async def boot() -> tuple[dict[str, RaftNode], dict[str, KVStateMachine]]:
+        sms = {nid: KVStateMachine() for nid in members}
+        nodes = {nid: RaftNode(_config(nid, tmp_path, members, snapshot_every_entries=30,
+                                       compaction_keep_entries=5), sms[nid]) for nid in members}
+        for n in nodes.values():
+            await n.start()
+        return nodes, sms
+
+    nodes, sms = await boot()
+    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader")
+    for i in range(100):
+        await _put(nodes, f"k{i}", str(i))
+    for n in nodes.values():
+        await n.stop()
+    nodes, sms = await boot()
+    try:
+        await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader after restart")
+        await _put(nodes, "after", "restart")
+        await _until(lambda: all(len(sm.kv) == 101 for sm in sms.values()), 5, "every node to replay")
+        assert all(sm.kv["k99"] == "99" for sm in sms.values())
+    finally:
+        for n in nodes.values():
+            await n.stop()
