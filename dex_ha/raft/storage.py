@@ -380,6 +380,12 @@ class RaftStorage:
             os.close(self._lock_fd)
             self._lock_fd = -1
 
+    def __enter__(self) -> RaftStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _load(self) -> None:
         for tmp in self.dir.glob("*.wal.tmp"):  # a rotation that did not finish
             tmp.unlink()

@@ -43,8 +43,15 @@ def records(path: Path) -> list[tuple[int, int]]:
 
 
 def reopen(dir: Path, **kw) -> tuple[RaftStorage, tuple]:
+    """Open (the caller closes) and read the initial state."""
     st = RaftStorage.open(dir, durability=kw.pop("durability", "relaxed"), **kw)
     return st, st.initial_state()
+
+
+def load(dir: Path, **kw) -> tuple:
+    """The initial state a restart would see."""
+    with RaftStorage.open(dir, durability=kw.pop("durability", "relaxed"), **kw) as st:
+        return st.initial_state()
 
 
 # ---------------------------------------------------------------------------- basics
@@ -65,6 +72,7 @@ def test_round_trip_across_reopen(tmp_path: Path) -> None:
     assert log == ents(1, 5, 6) + ents(2, 11, 5)
     assert (st.first_index(), st.last_index()) == (5, 15)
     assert (st.term(4), st.term(5), st.term(11)) == (1, 1, 2)
+    st.close()
 
 
 def test_overwrite_of_a_conflicting_suffix(tmp_path: Path) -> None:
@@ -73,7 +81,7 @@ def test_overwrite_of_a_conflicting_suffix(tmp_path: Path) -> None:
     st.save(HardState(2, "n2", 3), ents(2, 6, 2))  # a new leader replaces 6..10
     assert st.last_index() == 7 and st.term(6) == 2 and st.term(5) == 1
     st.close()
-    st, (_, _, log) = reopen(tmp_path)
+    _, _, log = load(tmp_path)
     assert log == ents(1, 1, 5) + ents(2, 6, 2)
 
 
@@ -84,7 +92,7 @@ def test_overwrite_reaching_into_an_earlier_segment(tmp_path: Path) -> None:
     assert len(segments(tmp_path)) > 3
     st.save(HardState(3, "n3", 0), ents(3, 5, 3))
     st.close()
-    st, (_, _, log) = reopen(tmp_path)
+    _, _, log = load(tmp_path)
     assert log == ents(1, 1, 4) + ents(3, 5, 3)
     assert st.last_index() == 7
 
@@ -127,7 +135,7 @@ def test_snapshot_keeps_a_matching_suffix_and_drops_a_conflicting_log(tmp_path: 
     assert (st.first_index(), st.last_index()) == (9, 8)
     st.save(None, ents(5, 9, 2))
     st.close()
-    _, (_, snap, log) = reopen(tmp_path)
+    _, snap, log = load(tmp_path)
     assert snap == SnapshotMeta(8, 5, CONF) and log == ents(5, 9, 2)
 
 
@@ -173,9 +181,25 @@ def test_compaction_drops_segments_and_survives_reopen(tmp_path: Path) -> None:
     assert len(starts) < before // 4
     st.save(HardState(1, "n1", 1000), ents(1, 1001, 5))
     st.close()
-    st, (hs, snap, log) = reopen(tmp_path)
+    hs, snap, log = load(tmp_path)
     assert hs.commit == 1000 and snap.index == 900
     assert log == ents(1, 901, 105)
+
+
+def test_hard_state_and_snapshot_survive_compaction_of_the_segment_that_recorded_them(tmp_path: Path) -> None:
+    """Every segment starts with the current hard state and snapshot for this reason."""
+    st = RaftStorage.open(tmp_path, durability="relaxed", segment_bytes=1024)
+    st.save(HardState(4, "n3", 10), ents(1, 1, 10))  # fills segment 0
+    st.save_snapshot(SnapshotMeta(20, 3, CONF))  # beyond our log: it is all dropped
+    for i in range(21, 61, 4):  # no hard state in these saves; segments rotate
+        st.save(None, ents(3, i, 4, size=100))
+    st.compact(20)
+    names = [p.name for p in segments(tmp_path)]
+    assert all(int(n.split("-")[1][:16], 16) >= 21 for n in names), names
+    st.close()
+    hs, snap, log = load(tmp_path)
+    assert hs == HardState(4, "n3", 10) and snap == SnapshotMeta(20, 3, CONF)
+    assert [e.index for e in log] == list(range(21, 61))
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -198,6 +222,7 @@ def test_random_workload_matches_model_across_reopens(tmp_path: Path, seed: int)
     st, state = reopen(tmp_path, segment_bytes=16384)
     assert state == model.state()
     assert st.initial_state() == model.state()  # a second call re-reads from disk
+    st.close()
 
 
 # ---------------------------------------------------------------------------- torn tails
@@ -234,8 +259,32 @@ def test_torn_tail_is_truncated_at_every_cut_point(tmp_path: Path, caplog) -> No
         assert cut == start or "torn tail" in caplog.text
         st.save(None, ents(2, 11, 1))  # and the log takes appends again
         st.close()
-        _, (_, _, log) = reopen(dst)
+        _, _, log = load(dst)
         assert log == before[2] + ents(2, 11, 1)
+        shutil.rmtree(dst)
+
+
+def test_torn_multi_record_save_leaves_an_entry_prefix_and_the_old_hard_state(tmp_path: Path) -> None:
+    """Entries are written before the hard state, so a commit index never outruns the log."""
+    src = tmp_path / "src"
+    st = RaftStorage.open(src, durability="relaxed")
+    first = Save(HardState(1, "n1", 0), tuple(ents(1, 1, 5)))
+    torn = Save(HardState(2, "n2", 9), tuple(ents(2, 4, 6, size=40)))
+    run_op(st, first)
+    (seg,) = segments(src)
+    start = seg.stat().st_size
+    run_op(st, torn)
+    st.close()
+    end = seg.stat().st_size
+    for cut in range(start, end):
+        dst = tmp_path / f"cut{cut}"
+        shutil.copytree(src, dst)
+        os.truncate(segments(dst)[0], cut)
+        with RaftStorage.open(dst, durability="relaxed") as st:
+            state = st.initial_state()
+        assert explain_crash_state([first, torn], 1, state) is None, cut
+        hs, _, log = state
+        assert hs.commit <= log[-1].index
         shutil.rmtree(dst)
 
 
@@ -244,7 +293,7 @@ def test_checksum_mismatch_in_the_last_record_is_a_torn_tail(tmp_path: Path, cap
     (seg,) = segments(tmp_path)
     _flip(seg, end - 7)
     with caplog.at_level(logging.WARNING, logger="dex_ha.raft.storage"):
-        _, state = reopen(tmp_path)
+        state = load(tmp_path)
     assert state == before
     assert "checksum mismatch" in caplog.text and str(seg) in caplog.text
 
@@ -262,7 +311,7 @@ def test_a_record_copied_into_entry_data_does_not_make_a_torn_tail_look_corrupt(
     st.save(None, [Entry(1, 4, data=b"x" * 7 + a_record + b"y" * 200)])
     st.close()
     os.truncate(seg, seg.stat().st_size - 50)
-    _, state = reopen(tmp_path)
+    state = load(tmp_path)
     assert state == before
 
 
@@ -317,6 +366,15 @@ def test_damage_at_the_end_of_a_non_last_segment_is_corruption(tmp_path: Path) -
         RaftStorage.open(tmp_path, durability="relaxed")
 
 
+def test_a_lost_first_segment_is_corruption(tmp_path: Path) -> None:
+    """Without a snapshot covering them, entries of a deleted first segment are missing."""
+    _three_saves(tmp_path, segment_bytes=2048)
+    segs = segments(tmp_path)
+    segs[0].unlink()
+    with pytest.raises(LogCorruptionError, match="missing"):
+        RaftStorage.open(tmp_path, durability="relaxed")
+
+
 def test_a_missing_segment_is_corruption(tmp_path: Path) -> None:
     _three_saves(tmp_path, segment_bytes=2048)
     segs = segments(tmp_path)
@@ -340,6 +398,8 @@ class _Child:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.raft.storage_crash_child", str(dir), str(seed), str(n_ops),
              str(segment_bytes)], stdout=subprocess.PIPE, cwd=REPO, env=env)
+        self._poll = select.poll()
+        self._poll.register(self.proc.stdout.fileno(), select.POLLIN)
         self._buf = b""
         self.acked = 0  # number of operations acknowledged
 
@@ -349,8 +409,7 @@ class _Child:
         while b"\n" not in self._buf:
             remaining = deadline - time.monotonic()
             assert remaining > 0, "crash child too slow"
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
+            if not self._poll.poll(remaining * 1000):
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
