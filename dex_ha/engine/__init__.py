@@ -1,1 +1,50 @@
-"""dex_ha.engine — see DESIGN.md §2."""
+"""dex_ha.engine — the deterministic session state machine (DESIGN.md §4).
+
+Public API (what a server and the Raft node call):
+
+- ``Engine(path, durable=True)`` — open or create the SQLite state at `path`.
+  - ``apply(index, data) -> ApplyResult`` and ``apply_batch([(index, data), ...])``:
+    apply committed log entries; never raise on a bad command (``ok=False`` with
+    ``code``, ``reason``, ``http_status``); idempotent by index.
+  - ``applied_index()``, ``snapshot() -> bytes``, ``restore(data, index)``, ``close()``.
+  - Leader queries: ``queued_steps(agent, limit)``, ``running_attempts(term_lt=None)``,
+    ``attempt_state(step_id, attempt, term)`` (heartbeat answers: current? cancel?),
+    ``next_timer()``, ``due_timers(now_ms, limit)``, ``task_for(step_id)``.
+  - API queries: ``get_agent_snapshot(session_id)``, ``list_sessions(agent, status, limit,
+    after)``, ``events(session_id, after, limit)``, ``stats()``; ``logical_dump()`` for tests.
+- Commands (dataclasses, each with ``at`` in leader wall-clock ms) and their wire format:
+  ``encode_command(cmd) -> bytes``, ``decode_command(data) -> Command``.
+- ``STEP_KINDS``: the step-kind table (kind → StepKindSpec); kind name constants.
+- ``ApplyResult``; ``TOOL_CALL_NOT_RUN_ERROR_PREFIX`` lives in ``dex_ha``.
+
+The engine never imports ``dex_ha.server`` or ``dex_ha.raft``.
+"""
+
+from dex_ha.engine.commands import (
+    AnswerQuestion, AttemptTimedOut, CancelTurn, Command, CommandDecodeError, CompleteAttempt,
+    CreateSession, DecideApproval, FailAttempt, FailHeldAttempts, FireTimer, Handout,
+    HeartbeatLost, ReconcileToolCall, RegisterAgent, SendMessage, StartAttempts, decode_command,
+    encode_command,
+)
+from dex_ha.engine.engine import Engine
+from dex_ha.engine.kinds import (
+    AWAIT_QUESTION_ANSWER, AWAIT_TIMER, AWAIT_TOOL_APPROVAL, AWAIT_USER_MESSAGE,
+    CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, NOT_COMPLETED, NOT_STARTED,
+    POLL_TOOL_TASK, RUN_MODEL, STEP_KINDS, StepKindSpec,
+)
+from dex_ha.engine.queries import (
+    AttemptState, QueuedStep, RunningAttempt, SessionEvent, Task, Timer, idempotency_key,
+)
+from dex_ha.engine.results import ApplyResult
+
+__all__ = [
+    "AWAIT_QUESTION_ANSWER", "AWAIT_TIMER", "AWAIT_TOOL_APPROVAL", "AWAIT_USER_MESSAGE",
+    "CALL_SINGLE_ATTEMPT_TOOL", "CALL_TOOL", "COMPACT_CONTEXT", "NOT_COMPLETED", "NOT_STARTED",
+    "POLL_TOOL_TASK", "RUN_MODEL", "STEP_KINDS",
+    "AnswerQuestion", "ApplyResult", "AttemptState", "AttemptTimedOut", "CancelTurn", "Command",
+    "CommandDecodeError", "CompleteAttempt", "CreateSession", "DecideApproval", "Engine",
+    "FailAttempt", "FailHeldAttempts", "FireTimer", "Handout", "HeartbeatLost", "QueuedStep",
+    "ReconcileToolCall", "RegisterAgent", "RunningAttempt", "SendMessage", "SessionEvent",
+    "StartAttempts", "StepKindSpec", "Task", "Timer", "decode_command", "encode_command",
+    "idempotency_key",
+]

@@ -1,0 +1,300 @@
+"""Commands: the entries of the Raft log that the engine applies.
+
+Every command is a frozen dataclass that carries `at`, the leader's wall-clock time in
+milliseconds when it proposed the command; the engine never reads a clock of its own.
+
+Wire format (versioned msgpack): ``[COMMAND_FORMAT_VERSION, "<ClassName>", {field: value}]``.
+Decoding checks the version, the command name and the type of every field, so a malformed
+entry becomes an `invalid` rejection instead of an exception deep inside a handler.
+Unknown fields are ignored, so a newer leader may add optional fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+import msgpack
+
+COMMAND_FORMAT_VERSION = 1
+
+
+class CommandDecodeError(ValueError):
+    """The bytes are not a command this engine understands."""
+
+
+# ---------------------------------------------------------------- sessions and agents
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CreateSession:
+    """Create a session; `session_id` None lets the engine derive one from the log index."""
+
+    at: int
+    agent: str
+    session_id: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RegisterAgent:
+    """Register or change an agent definition (DESIGN.md §6 `PUT /v1/agents/{name}`)."""
+
+    at: int
+    name: str
+    definition: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SendMessage:
+    """A user message. `mode="steer"` delivers it at the next model call of a running turn."""
+
+    at: int
+    session_id: str
+    text: str
+    message_id: str | None = None
+    mode: Literal["queue", "steer"] = "queue"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CancelTurn:
+    """Cancel the session's running turn."""
+
+    at: int
+    session_id: str
+    reason: str | None = None
+
+
+# ---------------------------------------------------------------- attempts
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Handout:
+    """One queued step handed to one Worker by the leader of `term`."""
+
+    step_id: str
+    worker_id: str
+    term: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StartAttempts:
+    """Many hand-outs in one entry: the leader batches the answers to Worker polls."""
+
+    at: int
+    handouts: list[Handout] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompleteAttempt:
+    """A Worker's result for attempt (`step_id`, `attempt`, `term`)."""
+
+    at: int
+    step_id: str
+    attempt: int
+    term: int
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FailAttempt:
+    """A Worker's failure report; `retryable=False` uses up every attempt left."""
+
+    at: int
+    step_id: str
+    attempt: int
+    term: int
+    error: str
+    retryable: bool = True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HeartbeatLost:
+    """The leader stopped hearing from the Worker: the attempt fails NOT_COMPLETED."""
+
+    at: int
+    step_id: str
+    attempt: int
+    term: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttemptTimedOut:
+    """The attempt ran past its start_to_close timeout: it fails NOT_COMPLETED."""
+
+    at: int
+    step_id: str
+    attempt: int
+    term: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FailHeldAttempts:
+    """Takeover: every attempt handed out in a term before `term` fails NOT_COMPLETED."""
+
+    at: int
+    term: int
+
+
+# ---------------------------------------------------------------- waits
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FireTimer:
+    at: int
+    timer_id: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecideApproval:
+    """Approve or deny a tool call that waits in AwaitToolApproval."""
+
+    at: int
+    session_id: str
+    call_id: str
+    approved: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AnswerQuestion:
+    at: int
+    session_id: str
+    question_id: str
+    answer: Any
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReconcileToolCall:
+    """An operator settles an `outcome_unknown` call as succeeded or failed."""
+
+    at: int
+    session_id: str
+    call_id: str
+    outcome: Literal["succeeded", "failed"]
+    result: Any = None
+    error: str | None = None
+
+
+Command = Union[
+    CreateSession, RegisterAgent, SendMessage, CancelTurn, StartAttempts, CompleteAttempt,
+    FailAttempt, HeartbeatLost, AttemptTimedOut, FailHeldAttempts, FireTimer, DecideApproval,
+    AnswerQuestion, ReconcileToolCall,
+]
+
+COMMAND_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}
+_NESTED_TYPES: dict[str, type] = {"Handout": Handout}
+# Field name -> resolved type hint, per class; computed once at import, never mutated.
+_HINTS: dict[type, dict[str, Any]] = {
+    cls: typing.get_type_hints(cls) for cls in [*COMMAND_TYPES.values(), *_NESTED_TYPES.values()]
+}
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def encode_command(cmd: Command) -> bytes:
+    """The log entry for `cmd`."""
+    name = type(cmd).__name__
+    if name not in COMMAND_TYPES:
+        raise TypeError(f"not a command: {cmd!r}")
+    return msgpack.packb([COMMAND_FORMAT_VERSION, name, _to_plain(cmd)], use_bin_type=True)
+
+
+def decode_command(data: bytes) -> Command:
+    """The command in a log entry; raises CommandDecodeError for anything malformed."""
+    try:
+        envelope = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CommandDecodeError(f"not msgpack: {exc}") from None
+    if not (isinstance(envelope, list) and len(envelope) == 3):
+        raise CommandDecodeError("a command is [version, name, fields]")
+    version, name, fields = envelope
+    if version != COMMAND_FORMAT_VERSION:
+        raise CommandDecodeError(f"unsupported command format version {version!r}")
+    cls = COMMAND_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise CommandDecodeError(f"unknown command {name!r}")
+    return _build(cls, fields, name)
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [_to_plain(x) for x in obj]
+    return obj
+
+
+def _build(cls: type, fields: Any, where: str) -> Any:
+    if not isinstance(fields, dict):
+        raise CommandDecodeError(f"{where}: fields must be a map")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in fields:
+            kwargs[f.name] = _check(fields[f.name], _HINTS[cls][f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise CommandDecodeError(f"{where}: missing field {f.name!r}")
+    return cls(**kwargs)
+
+
+def _check(value: Any, hint: Any, where: str) -> Any:
+    """`value` if it fits `hint` (nested dataclasses are built); raises otherwise."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return _check_json(value, where)
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _check(value, option, where)
+            except CommandDecodeError:
+                continue
+        raise CommandDecodeError(f"{where}: {value!r} does not fit {hint}")
+    if origin is Literal:
+        if value in typing.get_args(hint):
+            return value
+        raise CommandDecodeError(f"{where}: must be one of {typing.get_args(hint)}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise CommandDecodeError(f"{where}: must be a list")
+        (item_hint,) = typing.get_args(hint)
+        return [_check(v, item_hint, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise CommandDecodeError(f"{where}: must be a map")
+        return _check_json(value, where)
+    if hint is type(None):
+        if value is None:
+            return None
+        raise CommandDecodeError(f"{where}: must be null")
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, hint)
+    if not ok:
+        raise CommandDecodeError(f"{where}: must be {getattr(hint, '__name__', hint)}")
+    return value
+
+
+def _check_json(value: Any, where: str) -> Any:
+    """Free-form values (results, answers, metadata) are stored as JSON: they must fit it."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, list):
+        for v in value:
+            _check_json(v, where)
+        return value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise CommandDecodeError(f"{where}: map keys must be strings")
+            _check_json(v, where)
+        return value
+    raise CommandDecodeError(f"{where}: {type(value).__name__} is not JSON")

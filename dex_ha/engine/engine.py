@@ -1,0 +1,136 @@
+"""The Engine: applies committed log entries to the SQLite state, deterministically.
+
+`apply(index, data)` never raises on a bad command: an undecodable entry or a command the
+state refuses is rolled back and answered with `ok=False`, a machine code and a reason,
+while the applied index still moves (every node refuses the same entry the same way).
+The applied index is written in the same transaction as the change, so a restart resumes
+exactly; an index at or below it is a no-op ("already_applied").
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import tempfile
+from typing import Iterable
+
+from dex_ha.engine.commands import CommandDecodeError, decode_command
+from dex_ha.engine.context import ApplyContext
+from dex_ha.engine.handlers import HANDLERS
+from dex_ha.engine.queries import Queries
+from dex_ha.engine.results import ApplyResult, Rejected, accepted
+from dex_ha.engine.schema import SCHEMA_VERSION
+from dex_ha.engine.store import APPLIED_INDEX, Store, connect, init_schema
+
+log = logging.getLogger("dex_ha.engine")
+
+
+class Engine(Queries):
+    """The session state machine of one node (the Raft `StateMachine`).
+
+    Not thread-safe: the caller serialises apply, queries, snapshot and restore.
+    """
+
+    def __init__(self, path: str, durable: bool = True) -> None:
+        self.path = path
+        self._conn = connect(path, durable)
+        init_schema(self._conn)
+        self._store = Store(self._conn)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def applied_index(self) -> int:
+        return self._store.meta(APPLIED_INDEX)
+
+    # ---------------------------------------------------------- apply
+
+    def apply(self, index: int, data: bytes) -> ApplyResult:
+        """Apply one committed entry (empty `data`: a leader's no-op, only the index moves)."""
+        return self.apply_batch([(index, data)])[0]
+
+    def apply_batch(self, entries: Iterable[tuple[int, bytes]]) -> list[ApplyResult]:
+        """Apply entries in log order in ONE transaction (the applied index is in it too)."""
+        applied = self.applied_index()
+        results = []
+        self._conn.execute("BEGIN")
+        try:
+            for index, data in entries:
+                if index <= applied:
+                    results.append(ApplyResult(index=index, ok=True, code="already_applied", noop=True))
+                    continue
+                results.append(self._apply_entry(index, data))
+                applied = index
+            self._store.set_meta(APPLIED_INDEX, applied)
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        return results
+
+    def _apply_entry(self, index: int, data: bytes) -> ApplyResult:
+        if not data:
+            return accepted(index, noop=True)
+        try:
+            cmd = decode_command(data)
+        except CommandDecodeError as exc:
+            return Rejected("invalid", str(exc)).result(index)
+        handler = HANDLERS[type(cmd)]
+        try:
+            with self._store.savepoint("entry"):
+                handled = handler(ApplyContext(self._store, index, cmd.at), cmd)
+        except Rejected as rejected:
+            return rejected.result(index)
+        except sqlite3.IntegrityError as exc:  # a logic bug, the same on every node
+            return self._internal_error(index, cmd, exc)
+        except sqlite3.Error:
+            raise  # disk full, I/O error...: this node cannot go on; let it stop
+        except Exception as exc:  # a logic bug, the same on every node
+            return self._internal_error(index, cmd, exc)
+        return accepted(index, handled.value, noop=handled.noop)
+
+    def _internal_error(self, index: int, cmd: object, exc: Exception) -> ApplyResult:
+        log.exception("engine bug applying entry %d (%s)", index, type(cmd).__name__)
+        return Rejected("internal", f"{type(exc).__name__}: {exc}").result(index)
+
+    # ---------------------------------------------------------- snapshots
+
+    def snapshot(self) -> bytes:
+        """A consistent copy of the database at applied_index() (the Raft snapshot)."""
+        with tempfile.TemporaryDirectory(prefix="dex-engine-snap-") as tmp:
+            path = os.path.join(tmp, "snapshot.db")
+            self._conn.execute("VACUUM INTO ?", (path,))
+            with open(path, "rb") as f:
+                return f.read()
+
+    def restore(self, data: bytes, index: int) -> None:
+        """Replace the whole state with a snapshot taken at `index`.
+
+        The copy goes through SQLite's backup API into the open database, so a crash
+        during restore leaves either the old state or the new one.
+        """
+        with tempfile.TemporaryDirectory(prefix="dex-engine-restore-") as tmp:
+            path = os.path.join(tmp, "restore.db")
+            with open(path, "wb") as f:
+                f.write(data)
+            source = sqlite3.connect(path)
+            try:
+                _check_snapshot(source, index)
+                source.backup(self._conn)
+            finally:
+                source.close()
+        self._conn.execute("PRAGMA journal_mode=WAL")
+
+
+def _check_snapshot(source: sqlite3.Connection, index: int) -> None:
+    try:
+        version = source.execute("PRAGMA user_version").fetchone()[0]
+        row = source.execute("SELECT value FROM meta WHERE key = ?", (APPLIED_INDEX,)).fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"not an engine snapshot: {exc}") from None
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"snapshot has schema {version}, this engine knows {SCHEMA_VERSION}")
+    found = 0 if row is None else row[0]
+    if found != index:
+        raise ValueError(f"snapshot was taken at index {found}, not {index}")

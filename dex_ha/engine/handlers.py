@@ -1,0 +1,226 @@
+"""One handler per command: check the command against the state (raising `Rejected`),
+then hand over to the step, call and turn logic. A handler returns `Handled`; the engine
+turns it into an `ApplyResult`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from dex_ha.engine import calls, steps, turns
+from dex_ha.engine.agents import normalize_definition
+from dex_ha.engine.commands import (
+    AnswerQuestion, AttemptTimedOut, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
+    FailAttempt, FailHeldAttempts, FireTimer, HeartbeatLost, ReconcileToolCall, RegisterAgent,
+    SendMessage, StartAttempts,
+)
+from dex_ha.engine.context import ApplyContext
+from dex_ha.engine.kinds import (
+    CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, POLL_TOOL_TASK, RUN_MODEL,
+)
+from dex_ha.engine.results import Rejected
+from dex_ha.engine.store import to_json
+
+MAX_ID_LENGTH = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Handled:
+    value: dict[str, Any] | None = None
+    noop: bool = False  # accepted, but it changed nothing (a repeat)
+
+
+# ---------------------------------------------------------------- sessions and agents
+
+
+def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
+    session_id = cmd.session_id if cmd.session_id is not None else f"s{ctx.index}"
+    _check_id(session_id, "session_id")
+    _check_id(cmd.agent, "agent")
+    existing = ctx.store.session(session_id)
+    if existing is not None:
+        if existing["agent"] != cmd.agent:
+            raise Rejected("conflict", f"session {session_id} belongs to agent {existing['agent']}")
+        return Handled({"session_id": session_id, "created": False}, noop=True)
+    ctx.store.insert("sessions", session_id=session_id, agent=cmd.agent, status="idle",
+                     metadata=None if cmd.metadata is None else to_json(cmd.metadata),
+                     created_at=ctx.at, updated_at=ctx.at)
+    ctx.emit(session_id, "session_created", agent=cmd.agent, metadata=cmd.metadata)
+    return Handled({"session_id": session_id, "created": True})
+
+
+def register_agent(ctx: ApplyContext, cmd: RegisterAgent) -> Handled:
+    _check_id(cmd.name, "name")
+    definition = to_json(normalize_definition(cmd.definition))
+    row = ctx.store.row("SELECT definition, version FROM agents WHERE name = ?", (cmd.name,))
+    if row is not None and row["definition"] == definition:
+        return Handled({"name": cmd.name, "version": row["version"], "changed": False}, noop=True)
+    version = 1 if row is None else row["version"] + 1
+    ctx.store.conn.execute(
+        "INSERT INTO agents(name, definition, version, updated_at) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(name) DO UPDATE SET definition = excluded.definition, "
+        "version = excluded.version, updated_at = excluded.updated_at",
+        (cmd.name, definition, version, ctx.at))
+    return Handled({"name": cmd.name, "version": version, "changed": True})
+
+
+def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
+    session = _session(ctx, cmd.session_id)
+    message_id = cmd.message_id if cmd.message_id is not None else f"m{ctx.index}"
+    _check_id(message_id, "message_id")
+    if not cmd.text:
+        raise Rejected("invalid", "text must not be empty")
+    existing = ctx.store.message(cmd.session_id, message_id)
+    if existing is not None:
+        if existing["text"] != cmd.text:
+            raise Rejected("conflict", f"message {message_id} was already sent with another text")
+        return Handled({"message_id": message_id, "duplicate": True}, noop=True)
+    seq = session["message_count"] + 1
+    ctx.store.update("sessions", {"session_id": cmd.session_id}, message_count=seq, updated_at=ctx.at)
+    ctx.store.insert("messages", session_id=cmd.session_id, message_id=message_id, seq=seq,
+                     text=cmd.text, mode=cmd.mode, status="waiting", at=ctx.at)
+    ctx.emit(cmd.session_id, "message_received", message_id=message_id, text=cmd.text, mode=cmd.mode)
+    turns.start_next_turn_if_idle(ctx, cmd.session_id)
+    return Handled({"message_id": message_id, "duplicate": False})
+
+
+def cancel_turn(ctx: ApplyContext, cmd: CancelTurn) -> Handled:
+    session = _session(ctx, cmd.session_id)
+    turn_id = session["current_turn_id"]
+    if turn_id is None:
+        return Handled({"cancelled": None}, noop=True)
+    turns.cancel_turn(ctx, cmd.session_id, turn_id, cmd.reason)
+    return Handled({"cancelled": turn_id})
+
+
+# ---------------------------------------------------------------- attempts
+
+
+def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
+    """Each hand-out starts or is refused on its own; a refused one changes nothing."""
+    if not cmd.handouts:
+        raise Rejected("invalid", "handouts must not be empty")
+    started, refused = [], []
+    for h in cmd.handouts:
+        try:
+            with ctx.store.savepoint("handout"):
+                started.append(steps.hand_out(ctx, h.step_id, h.worker_id, h.term))
+        except Rejected as r:
+            refused.append({"step_id": h.step_id, "code": r.code, "reason": r.reason})
+    if not started:
+        first = refused[0]
+        raise Rejected(first["code"], "no hand-out started: " + "; ".join(r["reason"] for r in refused))
+    return Handled({"started": started, "refused": refused})
+
+
+def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
+    digest = hashlib.sha256(to_json(cmd.result).encode()).hexdigest()
+    repeat = ctx.store.attempt(cmd.step_id, cmd.attempt)
+    if (repeat is not None and repeat["status"] == "completed" and repeat["term"] == cmd.term
+            and repeat["result_digest"] == digest):
+        return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt}, noop=True)
+    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    if steps.record_completion(ctx, step, cmd.attempt, digest):
+        RESULT_HANDLERS[step["kind"]](ctx, step, cmd.result)
+    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
+
+
+# What a completed task step does with its result, by kind.
+RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] = {
+    RUN_MODEL: calls.record_model_response,
+    COMPACT_CONTEXT: turns.record_summary,
+    CALL_TOOL: calls.record_tool_result,
+    CALL_SINGLE_ATTEMPT_TOOL: calls.record_tool_result,
+    POLL_TOOL_TASK: calls.record_poll_result,
+}
+
+
+def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled:
+    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    steps.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable)
+    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
+
+
+def heartbeat_lost(ctx: ApplyContext, cmd: HeartbeatLost) -> Handled:
+    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    steps.fail_attempt(ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True)
+    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
+
+
+def attempt_timed_out(ctx: ApplyContext, cmd: AttemptTimedOut) -> Handled:
+    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    steps.fail_attempt(ctx, step, cmd.attempt, "the attempt ran past its start_to_close timeout", True)
+    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
+
+
+def fail_held_attempts(ctx: ApplyContext, cmd: FailHeldAttempts) -> Handled:
+    failed = steps.fail_held_attempts(ctx, cmd.term)
+    return Handled({"failed": failed}, noop=failed == 0)
+
+
+# ---------------------------------------------------------------- waits
+
+
+def fire_timer(ctx: ApplyContext, cmd: FireTimer) -> Handled:
+    timer = ctx.store.timer(cmd.timer_id)
+    if timer is None:
+        raise Rejected("not_found", f"unknown timer {cmd.timer_id}")
+    if timer["status"] != "pending":  # fires once; a cancelled one never fires
+        return Handled({"timer_id": cmd.timer_id, "status": timer["status"]}, noop=True)
+    if cmd.at < timer["due_at"]:
+        raise Rejected("conflict", f"timer {cmd.timer_id} is not due until {timer['due_at']}")
+    steps.fire_timer(ctx, timer)
+    return Handled({"timer_id": cmd.timer_id, "status": "fired"})
+
+
+def decide_approval(ctx: ApplyContext, cmd: DecideApproval) -> Handled:
+    _session(ctx, cmd.session_id)
+    changed = calls.decide_approval(ctx, cmd.session_id, cmd.call_id, cmd.approved, cmd.reason)
+    return Handled({"call_id": cmd.call_id, "approved": cmd.approved}, noop=not changed)
+
+
+def answer_question(ctx: ApplyContext, cmd: AnswerQuestion) -> Handled:
+    _session(ctx, cmd.session_id)
+    changed = calls.answer_question(ctx, cmd.session_id, cmd.question_id, cmd.answer)
+    return Handled({"question_id": cmd.question_id}, noop=not changed)
+
+
+def reconcile_tool_call(ctx: ApplyContext, cmd: ReconcileToolCall) -> Handled:
+    _session(ctx, cmd.session_id)
+    changed = calls.reconcile(ctx, cmd.session_id, cmd.call_id, cmd.outcome, cmd.result, cmd.error)
+    return Handled({"call_id": cmd.call_id, "status": cmd.outcome}, noop=not changed)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _session(ctx: ApplyContext, session_id: str) -> Any:
+    session = ctx.store.session(session_id)
+    if session is None:
+        raise Rejected("not_found", f"unknown session {session_id}")
+    return session
+
+
+def _check_id(value: str, field: str) -> None:
+    if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
+        raise Rejected("invalid", f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
+
+
+HANDLERS: dict[type, Callable[[ApplyContext, Any], Handled]] = {
+    CreateSession: create_session,
+    RegisterAgent: register_agent,
+    SendMessage: send_message,
+    CancelTurn: cancel_turn,
+    StartAttempts: start_attempts,
+    CompleteAttempt: complete_attempt,
+    FailAttempt: fail_attempt,
+    HeartbeatLost: heartbeat_lost,
+    AttemptTimedOut: attempt_timed_out,
+    FailHeldAttempts: fail_held_attempts,
+    FireTimer: fire_timer,
+    DecideApproval: decide_approval,
+    AnswerQuestion: answer_question,
+    ReconcileToolCall: reconcile_tool_call,
+}

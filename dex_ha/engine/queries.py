@@ -1,0 +1,324 @@
+"""Read side: what the leader needs to dispatch, heartbeat and fire timers, and what the
+API shows (get_agent_snapshot, list_sessions, session events). Reads only; no changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from itertools import groupby
+from typing import Any
+
+from dex_ha.engine.agents import model_tools
+from dex_ha.engine.kinds import (
+    CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    POLL_TOOL_TASK, RUN_MODEL, TASK_KINDS,
+)
+from dex_ha.engine.store import Store, from_json
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedStep:
+    step_id: str
+    session_id: str
+    turn_id: str
+    agent: str
+    kind: str
+    call_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunningAttempt:
+    step_id: str
+    attempt: int
+    term: int
+    worker_id: str
+    session_id: str
+    kind: str
+    started_at: int
+    deadline_at: int | None  # start_to_close: the leader fails it with AttemptTimedOut after
+    cancel_requested: bool  # the leader answers the next heartbeat with cancel=true
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptState:
+    """For a heartbeat: is (step, attempt, term) still current, and should it stop?"""
+
+    status: str  # running | completed | failed
+    current: bool
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    timer_id: str
+    due_at: int
+    session_id: str
+    step_id: str
+    purpose: str  # backoff | sleep | poll
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """What a Worker poll answer carries for one hand-out (DESIGN.md §6)."""
+
+    session_id: str
+    turn_id: str
+    step_id: str
+    kind: str
+    attempt: int
+    idempotency_key: str | None  # contract: "{session_id}:{call_id}" for tool steps
+    input: dict[str, Any]
+    heartbeat_timeout_ms: int
+    deadline_ms: int | None  # absolute leader wall-clock ms: hand-out + start_to_close
+    agent: str
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEvent:
+    event_id: int  # increasing; the SSE id (Last-Event-ID resume)
+    session_id: str
+    type: str
+    data: dict[str, Any]
+    at: int
+
+
+def idempotency_key(session_id: str, call_id: str) -> str:
+    """Contract (DESIGN.md §4): the same on every attempt of a call."""
+    return f"{session_id}:{call_id}"
+
+
+class Queries:
+    """Mixed into Engine: reads over `self._store`."""
+
+    _store: Store
+
+    # ---------------------------------------------------------- leader services
+
+    def queued_steps(self, agent: str, limit: int = 100) -> list[QueuedStep]:
+        """Queued task steps of one agent, first queued first (FIFO)."""
+        rows = self._store.rows(
+            "SELECT step_id, session_id, turn_id, agent, kind, call_id FROM steps "
+            "WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?", (agent, limit))
+        return [QueuedStep(*r) for r in rows]
+
+    def running_attempts(self, term_lt: int | None = None) -> list[RunningAttempt]:
+        """Running attempts; with `term_lt`, only those handed out before that term."""
+        sql = ("SELECT a.step_id, a.number, a.term, a.worker_id, s.session_id, s.kind, a.started_at, "
+               "a.deadline_at, a.cancel_requested FROM attempts a JOIN steps s ON s.step_id = a.step_id "
+               "WHERE a.status = 'running'")
+        params: tuple[Any, ...] = ()
+        if term_lt is not None:
+            sql, params = sql + " AND a.term < ?", (term_lt,)
+        rows = self._store.rows(sql + " ORDER BY a.term, a.step_id", params)
+        return [RunningAttempt(*r[:8], bool(r[8])) for r in rows]
+
+    def attempt_state(self, step_id: str, attempt: int, term: int) -> AttemptState | None:
+        row = self._store.attempt(step_id, attempt)
+        if row is None:
+            return None
+        current = row["status"] == "running" and row["term"] == term
+        return AttemptState(row["status"], current, bool(row["cancel_requested"]))
+
+    def next_timer(self) -> Timer | None:
+        """The earliest pending timer (overdue ones included)."""
+        timers = self.due_timers(None, 1)
+        return timers[0] if timers else None
+
+    def due_timers(self, now_ms: int | None, limit: int = 100) -> list[Timer]:
+        """Pending timers due at `now_ms` (all pending when None), earliest first."""
+        sql = "SELECT timer_id, due_at, session_id, step_id, purpose FROM timers WHERE status = 'pending'"
+        params: tuple[Any, ...] = ()
+        if now_ms is not None:
+            sql, params = sql + " AND due_at <= ?", (now_ms,)
+        return [Timer(*r) for r in self._store.rows(sql + " ORDER BY due_at, timer_id LIMIT ?",
+                                                     (*params, limit))]
+
+    def task_for(self, step_id: str, heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS) -> Task | None:
+        """The task of a task step's current attempt (or of its next one, while queued)."""
+        step = self._store.step(step_id)
+        if step is None or step["kind"] not in TASK_KINDS:
+            return None
+        number, deadline = step["attempts_used"] + 1, None
+        if step["status"] == "running":
+            number = step["attempts_used"]
+            deadline = self._store.scalar("SELECT deadline_at FROM attempts WHERE step_id = ? AND number = ?",
+                                          (step_id, number))
+        key = idempotency_key(step["session_id"], step["call_id"]) if step["call_id"] else None
+        return Task(session_id=step["session_id"], turn_id=step["turn_id"], step_id=step_id,
+                    kind=step["kind"], attempt=number, idempotency_key=key,
+                    input=self._task_input(step), heartbeat_timeout_ms=heartbeat_timeout_ms,
+                    deadline_ms=deadline, agent=step["agent"])
+
+    def _task_input(self, step: Any) -> dict[str, Any]:
+        """Task `input` by kind, exactly as DESIGN.md §6."""
+        kind = step["kind"]
+        if kind in (CALL_TOOL, CALL_SINGLE_ATTEMPT_TOOL, POLL_TOOL_TASK):
+            return from_json(step["params"])
+        session = self._store.session(step["session_id"])
+        after = session["summary_upto_seq"]
+        if kind == RUN_MODEL:
+            task = {"history": self._store.history_items(step["session_id"], after),
+                    "tools": model_tools(self._store.agent_definition(step["agent"]))}
+        elif kind == COMPACT_CONTEXT:
+            upto = from_json(step["params"])["upto_seq"]
+            items = self._store.history_items(step["session_id"], after)
+            task = {"history": items[:max(0, upto - after)]}
+        else:  # pragma: no cover - TASK_KINDS holds only the kinds above
+            raise AssertionError(kind)
+        if session["summary"] is not None:
+            task["summary"] = session["summary"]
+        return task
+
+    # ---------------------------------------------------------- API reads
+
+    def list_sessions(self, agent: str | None = None, status: str | None = None, limit: int = 100,
+                      after: str | None = None) -> list[dict[str, Any]]:
+        """Sessions ordered by id; pass the last id seen as `after` for the next page."""
+        conds, params = [], []
+        for column, value in (("agent", agent), ("status", status)):
+            if value is not None:
+                conds.append(f"{column} = ?")
+                params.append(value)
+        if after is not None:
+            conds.append("session_id > ?")
+            params.append(after)
+        where = f"WHERE {' AND '.join(conds)}" if conds else ""
+        rows = self._store.rows(
+            f"SELECT session_id, agent, status, current_turn_id, turn_count, created_at, updated_at, "
+            f"metadata FROM sessions {where} ORDER BY session_id LIMIT ?", (*params, limit))
+        return [{**dict(r), "metadata": from_json(r["metadata"])} for r in rows]
+
+    def events(self, session_id: str, after: int = 0, limit: int = 1000) -> list[SessionEvent]:
+        """Committed events of a session with ids greater than `after` (Last-Event-ID)."""
+        rows = self._store.rows("SELECT event_id, session_id, type, data, at FROM events "
+                                "WHERE session_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
+                                (session_id, after, limit))
+        return [SessionEvent(r[0], r[1], r[2], from_json(r[3]), r[4]) for r in rows]
+
+    def get_agent_snapshot(self, session_id: str) -> dict[str, Any] | None:
+        """Everything a client sees of a session (DESIGN.md §6 `GET /v1/sessions/{sid}`)."""
+        s = self._store.session(session_id)
+        if s is None:
+            return None
+        steps_by_call = self._call_steps(session_id)
+        return {
+            "session_id": session_id,
+            "agent": s["agent"],
+            "status": s["status"],
+            "metadata": from_json(s["metadata"]),
+            "created_at": s["created_at"],
+            "updated_at": s["updated_at"],
+            "current_turn": self._turn_view(s["current_turn_id"]) if s["current_turn_id"] else None,
+            "turns": [dict(r) for r in self._store.rows(
+                "SELECT turn_id, number, status, message_id, started_at, ended_at, error FROM turns "
+                "WHERE session_id = ? ORDER BY number", (session_id,))],
+            "history": [{"seq": r[0], **from_json(r[1])} for r in self._store.rows(
+                "SELECT seq, item FROM history WHERE session_id = ? ORDER BY seq", (session_id,))],
+            "summary": None if s["summary"] is None else {
+                "text": s["summary"], "upto_seq": s["summary_upto_seq"], "at": s["summary_at"]},
+            "tool_calls": [self._call_view(c, steps_by_call.get(c["call_id"], []))
+                           for c in self._store.rows("SELECT * FROM tool_calls WHERE session_id = ? "
+                                                     "ORDER BY created_at, response_step_id, position",
+                                                     (session_id,))],
+            "pending_approvals": [
+                {"call_id": r["call_id"], "name": r["name"], "arguments": from_json(r["arguments"]),
+                 "requested_at": r["requested_at"]}
+                for r in self._store.rows(
+                    "SELECT a.call_id, a.requested_at, c.name, c.arguments FROM approvals a "
+                    "JOIN tool_calls c ON c.session_id = a.session_id AND c.call_id = a.call_id "
+                    "WHERE a.session_id = ? AND a.status = 'pending' ORDER BY a.requested_at, a.call_id",
+                    (session_id,))],
+            "pending_questions": [
+                {"question_id": r["question_id"], "call_id": r["call_id"], "source": r["source"],
+                 "question": from_json(r["question"]), "asked_at": r["asked_at"]}
+                for r in self._store.rows("SELECT * FROM questions WHERE session_id = ? AND status = 'pending' "
+                                          "ORDER BY asked_at, question_id", (session_id,))],
+            "pending_timers": [dict(r) for r in self._store.rows(
+                "SELECT timer_id, step_id, purpose, due_at FROM timers WHERE session_id = ? "
+                "AND status = 'pending' ORDER BY due_at, timer_id", (session_id,))],
+            "waiting_messages": [dict(r) for r in self._store.rows(
+                "SELECT message_id, text, mode, at FROM messages WHERE session_id = ? "
+                "AND status = 'waiting' ORDER BY seq", (session_id,))],
+        }
+
+    def _turn_view(self, turn_id: str) -> dict[str, Any]:
+        turn = dict(self._store.turn(turn_id))
+        turn["steps"] = self._steps_with_attempts("WHERE s.turn_id = ?", (turn_id,))
+        return turn
+
+    def _call_steps(self, session_id: str) -> dict[str, list[dict[str, Any]]]:
+        steps = self._steps_with_attempts("WHERE s.session_id = ? AND s.call_id IS NOT NULL", (session_id,))
+        return {call_id: list(group) for call_id, group in
+                groupby(sorted(steps, key=lambda st: st["call_id"]), key=lambda st: st["call_id"])}
+
+    def _steps_with_attempts(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+        rows = self._store.rows(
+            "SELECT s.step_id, s.kind, s.status AS step_status, s.call_id, s.attempts_used, s.max_attempts, "
+            "s.created_at, s.error AS step_error, a.number, a.term, a.worker_id, a.status, a.started_at, "
+            f"a.ended_at, a.error, a.attempt_progress, a.cancel_requested FROM steps s "
+            f"LEFT JOIN attempts a ON a.step_id = s.step_id {where} ORDER BY s.created_at, s.step_id, a.number",
+            params)
+        steps = []
+        for step_id, group in groupby(rows, key=lambda r: r["step_id"]):
+            group = list(group)
+            first = group[0]
+            steps.append({
+                "step_id": step_id, "kind": first["kind"], "status": first["step_status"],
+                "call_id": first["call_id"], "attempts_used": first["attempts_used"],
+                "max_attempts": first["max_attempts"], "error": first["step_error"],
+                "attempts": [{"number": r["number"], "term": r["term"], "worker_id": r["worker_id"],
+                              "status": r["status"], "started_at": r["started_at"],
+                              "ended_at": r["ended_at"], "error": r["error"],
+                              "attempt_progress": r["attempt_progress"],
+                              "cancel_requested": bool(r["cancel_requested"])}
+                             for r in group if r["number"] is not None],
+            })
+        return steps
+
+    def _call_view(self, call: Any, steps: list[dict[str, Any]]) -> dict[str, Any]:
+        current = next((st for st in steps if st["step_id"] == call["step_id"]), None)
+        inline = call["step_id"] is not None and call["step_id"] == call["response_step_id"]
+        return {
+            "call_id": call["call_id"],
+            "turn_id": call["turn_id"],
+            "name": call["name"],
+            "arguments": from_json(call["arguments"]),
+            "effect": call["effect"],
+            "policy": from_json(call["policy"]),
+            "idempotency_key": idempotency_key(call["session_id"], call["call_id"]),
+            "status": call["status"],
+            "output": from_json(call["output"]),
+            "error": call["error"],
+            "attempt_progress": call["attempt_progress"],
+            "step_kind": RUN_MODEL if inline else (current["kind"] if current else None),
+            "step_status": current["status"] if current else None,
+            "handle": from_json(call["handle"]),
+            "reconciled_at": call["reconciled_at"],
+            "steps": steps,
+        }
+
+    # ---------------------------------------------------------- metrics and tests
+
+    def stats(self) -> dict[str, Any]:
+        """Gauges for /metrics: queued steps by (agent, kind), pending timers, sessions by status."""
+        return {
+            "steps_queued": {(r[0], r[1]): r[2] for r in self._store.rows(
+                "SELECT agent, kind, COUNT(*) FROM steps WHERE status = 'queued' GROUP BY agent, kind")},
+            "timers_pending": self._store.scalar("SELECT COUNT(*) FROM timers WHERE status = 'pending'"),
+            "sessions": {r[0]: r[1] for r in self._store.rows(
+                "SELECT status, COUNT(*) FROM sessions GROUP BY status")},
+            "attempts_running": self._store.scalar("SELECT COUNT(*) FROM attempts WHERE status = 'running'"),
+        }
+
+    def logical_dump(self, include_applied_index: bool = True) -> dict[str, list[tuple[Any, ...]]]:
+        """Every row of every table, sorted: equal dumps mean equal states."""
+        dump = {}
+        for (table,) in self._store.rows("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"):
+            rows = [tuple(r) for r in self._store.rows(f"SELECT * FROM {table}")]
+            if table == "meta" and not include_applied_index:
+                rows = [r for r in rows if r[0] != "applied_index"]
+            dump[table] = sorted(rows, key=repr)
+        return dump

@@ -1,0 +1,192 @@
+"""The SQLite schema of the engine state (one file; it is also the Raft snapshot).
+
+Ids are text derived from the log index (see `ids.IdGen`), so every node derives the same
+ids. Partial indexes keep the leader's hot queries (queued steps per agent, running
+attempts, the earliest timer) proportional to live work, not to history.
+"""
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS agents (
+    name       TEXT PRIMARY KEY,
+    definition TEXT NOT NULL,           -- normalised JSON (agents.normalize_definition)
+    version    INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id          TEXT PRIMARY KEY,
+    agent               TEXT NOT NULL,
+    status              TEXT NOT NULL,  -- idle | running
+    metadata            TEXT,
+    created_at          INTEGER NOT NULL,
+    updated_at          INTEGER NOT NULL,
+    current_turn_id     TEXT,
+    turn_count          INTEGER NOT NULL DEFAULT 0,
+    message_count       INTEGER NOT NULL DEFAULT 0,
+    history_count       INTEGER NOT NULL DEFAULT 0,  -- seq of the latest history item
+    history_tokens      INTEGER NOT NULL DEFAULT 0,  -- estimated tokens of all items
+    summary             TEXT,                        -- the one summary of the session
+    summary_upto_seq    INTEGER NOT NULL DEFAULT 0,  -- items up to here are summarised
+    summary_upto_tokens INTEGER NOT NULL DEFAULT 0,
+    summary_at          INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_by_agent ON sessions(agent, session_id);
+CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions(status, session_id);
+
+CREATE TABLE IF NOT EXISTS messages (
+    session_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    text       TEXT NOT NULL,
+    mode       TEXT NOT NULL,           -- queue | steer
+    status     TEXT NOT NULL,           -- waiting | delivered
+    turn_id    TEXT,                    -- the turn that delivered it
+    at         INTEGER NOT NULL,
+    PRIMARY KEY (session_id, message_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS messages_waiting ON messages(session_id, seq) WHERE status = 'waiting';
+
+CREATE TABLE IF NOT EXISTS turns (
+    turn_id    TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    number     INTEGER NOT NULL,
+    status     TEXT NOT NULL,           -- running | completed | failed | cancelled
+    message_id TEXT NOT NULL,
+    first_seq  INTEGER NOT NULL,        -- history seq of the message that started it
+    started_at INTEGER NOT NULL,
+    ended_at   INTEGER,
+    error      TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS turns_by_session ON turns(session_id, number);
+
+CREATE TABLE IF NOT EXISTS history (
+    session_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    turn_id    TEXT,
+    item       TEXT NOT NULL,           -- JSON {"type": user|assistant|tool_result|note, ...}
+    tokens     INTEGER NOT NULL,
+    at         INTEGER NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS tool_calls (
+    session_id       TEXT NOT NULL,
+    call_id          TEXT NOT NULL,
+    turn_id          TEXT NOT NULL,
+    response_step_id TEXT NOT NULL,     -- the RunModel step whose response made the call
+    position         INTEGER NOT NULL,  -- order within that response
+    name             TEXT NOT NULL,
+    arguments        TEXT NOT NULL,
+    policy           TEXT NOT NULL,     -- the tool policy in force when the response committed
+    effect           TEXT,              -- NULL when no registered agent defines the tool
+    step_id          TEXT,              -- the call's current (latest) step
+    status           TEXT NOT NULL,     -- pending | succeeded | failed | outcome_unknown
+    output           TEXT,
+    error            TEXT,
+    attempt_progress TEXT,              -- NOT_STARTED | NOT_COMPLETED, when it did not succeed
+    ran              INTEGER NOT NULL DEFAULT 0,  -- an attempt reached (may have reached) a Worker
+    handle           TEXT,              -- long-running task handle
+    poll_after_ms    INTEGER,
+    created_at       INTEGER NOT NULL,
+    ended_at         INTEGER,
+    reconciled_at    INTEGER,
+    PRIMARY KEY (session_id, call_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS tool_calls_by_response ON tool_calls(response_step_id, position);
+CREATE INDEX IF NOT EXISTS tool_calls_by_turn ON tool_calls(turn_id, created_at);
+
+CREATE TABLE IF NOT EXISTS steps (
+    step_id           TEXT PRIMARY KEY,
+    session_id        TEXT NOT NULL,
+    turn_id           TEXT NOT NULL,
+    agent             TEXT NOT NULL,
+    kind              TEXT NOT NULL,
+    call_id           TEXT,
+    status            TEXT NOT NULL,    -- queued | running | backoff | waiting | done | failed | cancelled
+    queue_seq         INTEGER,          -- FIFO position while queued
+    attempts_used     INTEGER NOT NULL DEFAULT 0,
+    max_attempts      INTEGER,
+    start_to_close_ms INTEGER,
+    first_handout_at  INTEGER,
+    params            TEXT,             -- JSON: what the kind needs (answer, handle, cutoff)
+    usage             TEXT,             -- JSON usage reported by a RunModel result
+    created_at        INTEGER NOT NULL,
+    ended_at          INTEGER,
+    error             TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS steps_queue ON steps(agent, queue_seq) WHERE status = 'queued';
+CREATE INDEX IF NOT EXISTS steps_by_turn ON steps(turn_id, created_at);
+CREATE INDEX IF NOT EXISTS steps_by_call ON steps(session_id, call_id) WHERE call_id IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS attempts (
+    step_id          TEXT NOT NULL,
+    number           INTEGER NOT NULL,
+    term             INTEGER NOT NULL,
+    worker_id        TEXT NOT NULL,
+    status           TEXT NOT NULL,     -- running | completed | failed
+    started_at       INTEGER NOT NULL,
+    deadline_at      INTEGER,
+    ended_at         INTEGER,
+    error            TEXT,
+    attempt_progress TEXT,              -- set when it failed
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    result_digest    TEXT,              -- to answer a repeated identical completion with ok
+    PRIMARY KEY (step_id, number)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS attempts_running ON attempts(term, step_id) WHERE status = 'running';
+
+CREATE TABLE IF NOT EXISTS timers (
+    timer_id   TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    turn_id    TEXT NOT NULL,
+    step_id    TEXT NOT NULL,
+    purpose    TEXT NOT NULL,           -- backoff | sleep | poll
+    due_at     INTEGER NOT NULL,
+    status     TEXT NOT NULL,           -- pending | fired | cancelled
+    fired_at   INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS timers_due ON timers(due_at, timer_id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS timers_by_session ON timers(session_id) WHERE status = 'pending';
+
+CREATE TABLE IF NOT EXISTS approvals (
+    session_id   TEXT NOT NULL,
+    call_id      TEXT NOT NULL,
+    step_id      TEXT NOT NULL,
+    status       TEXT NOT NULL,         -- pending | approved | denied | cancelled
+    reason       TEXT,
+    requested_at INTEGER NOT NULL,
+    decided_at   INTEGER,
+    PRIMARY KEY (session_id, call_id)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS questions (
+    question_id TEXT PRIMARY KEY,
+    session_id  TEXT NOT NULL,
+    call_id     TEXT NOT NULL,
+    step_id     TEXT NOT NULL,
+    source      TEXT NOT NULL,          -- ask_user (the model asked) | tool (a tool asked)
+    question    TEXT NOT NULL,          -- JSON
+    status      TEXT NOT NULL,          -- pending | answered | cancelled
+    answer      TEXT,
+    asked_at    INTEGER NOT NULL,
+    answered_at INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS questions_by_session ON questions(session_id, asked_at);
+
+CREATE TABLE IF NOT EXISTS events (
+    event_id   INTEGER PRIMARY KEY,     -- increasing; SSE id (Last-Event-ID resume)
+    session_id TEXT NOT NULL,
+    type       TEXT NOT NULL,
+    data       TEXT NOT NULL,
+    at         INTEGER NOT NULL,
+    log_index  INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_session ON events(session_id, event_id);
+"""

@@ -1,0 +1,204 @@
+"""Step lifecycle: create, hand out, complete, fail → retry after a backoff timer or
+exhaust, and timers. What a step does once it is over is up to its kind (`STEP_KINDS`)
+and to the call and turn logic (`calls.py`, `turns.py`).
+
+Step statuses: queued → running → done | failed, with `backoff` (waiting for a retry
+timer) between two attempts; wait steps are `waiting` until an event ends them; any open
+step of a cancelled turn becomes `cancelled`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from dex_ha.engine import calls, turns
+from dex_ha.engine.context import ApplyContext
+from dex_ha.engine.kinds import (
+    NOT_COMPLETED, NOT_STARTED, OnExhaustion, RUN_MODEL, retry_decision, spec_of,
+    tool_outcome_on_exhaustion,
+)
+from dex_ha.engine.results import Rejected
+from dex_ha.engine.store import FENCED_TERM, to_json
+
+OPEN_STEP_STATUSES = ("queued", "running", "backoff", "waiting")
+
+
+def create_step(ctx: ApplyContext, *, session_id: str, turn_id: str, agent: str, kind: str,
+                call_id: str | None = None, params: dict[str, Any] | None = None,
+                max_attempts: int | None = None, start_to_close_ms: int | None = None) -> str:
+    """A new step: queued for a Worker (task kinds) or waiting in the server (wait kinds)."""
+    spec = spec_of(kind)
+    step_id = ctx.ids.new("st")
+    ctx.store.insert(
+        "steps", step_id=step_id, session_id=session_id, turn_id=turn_id, agent=agent, kind=kind,
+        call_id=call_id, status="queued" if spec.is_task else "waiting",
+        queue_seq=ctx.ids.queue_position() if spec.is_task else None,
+        max_attempts=max_attempts if max_attempts is not None else spec.max_attempts,
+        start_to_close_ms=start_to_close_ms or spec.start_to_close_ms,
+        params=None if params is None else to_json(params), created_at=ctx.at)
+    if call_id is not None:
+        ctx.store.update("tool_calls", {"session_id": session_id, "call_id": call_id}, step_id=step_id)
+    ctx.emit(session_id, "step_queued" if spec.is_task else "step_waiting",
+             step_id=step_id, kind=kind, turn_id=turn_id, call_id=call_id)
+    return step_id
+
+
+def end_wait_step(ctx: ApplyContext, step_id: str) -> None:
+    ctx.store.update("steps", {"step_id": step_id}, status="done", ended_at=ctx.at)
+
+
+# ---------------------------------------------------------------- attempts
+
+
+def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int) -> dict[str, Any]:
+    """Start the next attempt of a queued step. Raises Rejected when it cannot start."""
+    step = ctx.store.step(step_id)
+    if step is None:
+        raise Rejected("not_found", f"unknown step {step_id}")
+    if step["status"] != "queued":
+        raise Rejected("conflict", f"step {step_id} is {step['status']}, not queued")
+    fenced = ctx.store.meta(FENCED_TERM)
+    if term < fenced:
+        raise Rejected("stale_attempt", f"term {term} ended: attempts of terms before {fenced} were failed")
+    number = step["attempts_used"] + 1
+    deadline = ctx.at + step["start_to_close_ms"] if step["start_to_close_ms"] else None
+    ctx.store.insert("attempts", step_id=step_id, number=number, term=term, worker_id=worker_id,
+                     status="running", started_at=ctx.at, deadline_at=deadline)
+    ctx.store.update("steps", {"step_id": step_id}, status="running", attempts_used=number,
+                     queue_seq=None, first_handout_at=step["first_handout_at"] or ctx.at)
+    if step["call_id"] is not None:
+        # From now on the tool may have run: a later failure is NOT_COMPLETED.
+        ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=1)
+    if step["kind"] == RUN_MODEL:
+        turns.deliver_steered_messages(ctx, step["session_id"], step["turn_id"])
+    ctx.emit(step["session_id"], "attempt_started", step_id=step_id, kind=step["kind"],
+             attempt=number, term=term, worker_id=worker_id, call_id=step["call_id"])
+    return {"step_id": step_id, "attempt": number, "term": term, "worker_id": worker_id,
+            "session_id": step["session_id"], "kind": step["kind"], "deadline_at": deadline}
+
+
+def current_attempt(ctx: ApplyContext, step_id: str, number: int,
+                    term: int) -> tuple[sqlite3.Row, sqlite3.Row]:
+    """Fencing: the step and attempt, if (step id, attempt number, term) is still running."""
+    step = ctx.store.step(step_id)
+    if step is None:
+        raise Rejected("not_found", f"unknown step {step_id}")
+    attempt = ctx.store.attempt(step_id, number)
+    if attempt is None:
+        raise Rejected("stale_attempt", f"attempt {number} of step {step_id} was never handed out")
+    if attempt["term"] != term:
+        raise Rejected("stale_attempt", f"attempt {number} of step {step_id} belongs to term "
+                                        f"{attempt['term']}, not {term}")
+    if attempt["status"] != "running":
+        raise Rejected("stale_attempt", f"attempt {number} of step {step_id} already {attempt['status']}")
+    return step, attempt
+
+
+def record_completion(ctx: ApplyContext, step: sqlite3.Row, number: int, digest: str) -> bool:
+    """Close the attempt as completed; False when the step no longer wants the result."""
+    ctx.store.update("attempts", {"step_id": step["step_id"], "number": number},
+                     status="completed", ended_at=ctx.at, result_digest=digest)
+    ctx.emit(step["session_id"], "attempt_completed", step_id=step["step_id"], kind=step["kind"],
+             attempt=number, call_id=step["call_id"])
+    if step["status"] != "running":  # the turn was cancelled while the attempt ran
+        return False
+    ctx.store.update("steps", {"step_id": step["step_id"]}, status="done", ended_at=ctx.at)
+    return True
+
+
+def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool) -> None:
+    """The attempt failed NOT_COMPLETED; the step retries after a backoff or is exhausted."""
+    ctx.store.update("attempts", {"step_id": step["step_id"], "number": number}, status="failed",
+                     ended_at=ctx.at, error=error, attempt_progress=NOT_COMPLETED)
+    ctx.emit(step["session_id"], "attempt_failed", step_id=step["step_id"], kind=step["kind"],
+             attempt=number, error=error, attempt_progress=NOT_COMPLETED, call_id=step["call_id"])
+    if step["status"] != "running":  # cancelled: nothing more to decide
+        return
+    decision = retry_decision(step["kind"], max_attempts=step["max_attempts"],
+                              attempts_used=step["attempts_used"], retryable=retryable,
+                              first_handout_at=step["first_handout_at"], at=ctx.at)
+    if decision.retry:
+        ctx.store.update("steps", {"step_id": step["step_id"]}, status="backoff")
+        set_timer(ctx, step, "backoff", ctx.at + decision.delay_ms)
+    else:
+        exhaust(ctx, step, f"{error} ({decision.why_not})")
+
+
+def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> None:
+    """The step can run no more: follow its kind's `on_exhaustion` (DESIGN.md §4)."""
+    ctx.store.update("steps", {"step_id": step["step_id"]}, status="failed", ended_at=ctx.at, error=error)
+    rule = spec_of(step["kind"]).on_exhaustion
+    if rule is OnExhaustion.FAIL_TURN:
+        turns.fail_turn(ctx, step["session_id"], step["turn_id"], f"{step['kind']} failed: {error}")
+    elif rule is OnExhaustion.TOOL_OUTCOME:
+        call = ctx.store.call(step["session_id"], step["call_id"])
+        progress = NOT_COMPLETED if call["ran"] else NOT_STARTED
+        status = tool_outcome_on_exhaustion(call["effect"], progress)
+        if status == "outcome_unknown":
+            error = f"the outcome is unknown: the tool may have run and will not run again ({error})"
+        calls.finish_call(ctx, call, status, error=error, progress=progress)
+
+
+def fail_held_attempts(ctx: ApplyContext, term: int) -> int:
+    """Takeover: fail every running attempt handed out before `term`; fence those terms."""
+    if term > ctx.store.meta(FENCED_TERM):
+        ctx.store.set_meta(FENCED_TERM, term)
+    held = ctx.store.rows("SELECT step_id, number, term FROM attempts "
+                          "WHERE status = 'running' AND term < ? ORDER BY step_id, number", (term,))
+    for a in held:
+        step = ctx.store.step(a["step_id"])
+        fail_attempt(ctx, step, a["number"],
+                     f"the node that handed out this attempt (term {a['term']}) lost its lease", True)
+    return len(held)
+
+
+# ---------------------------------------------------------------- timers
+
+
+def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: str, due_at: int) -> str:
+    timer_id = ctx.ids.new("tm")
+    ctx.store.insert("timers", timer_id=timer_id, session_id=step["session_id"], turn_id=step["turn_id"],
+                     step_id=step["step_id"], purpose=purpose, due_at=due_at, status="pending")
+    ctx.emit(step["session_id"], "timer_set", timer_id=timer_id, step_id=step["step_id"],
+             purpose=purpose, due_at=due_at)
+    return timer_id
+
+
+def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> None:
+    """A due timer fires once: requeue a step after its backoff, end a sleep, or poll."""
+    ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status="fired", fired_at=ctx.at)
+    ctx.emit(timer["session_id"], "timer_fired", timer_id=timer["timer_id"], step_id=timer["step_id"],
+             purpose=timer["purpose"])
+    step = ctx.store.step(timer["step_id"])
+    if timer["purpose"] == "backoff":
+        ctx.store.update("steps", {"step_id": step["step_id"]}, status="queued",
+                         queue_seq=ctx.ids.queue_position())
+        ctx.emit(step["session_id"], "step_queued", step_id=step["step_id"], kind=step["kind"],
+                 turn_id=step["turn_id"], call_id=step["call_id"])
+        return
+    end_wait_step(ctx, step["step_id"])
+    call = ctx.store.call(step["session_id"], step["call_id"])
+    if timer["purpose"] == "sleep":
+        calls.finish_call(ctx, call, "succeeded", output={"slept_ms": timer["due_at"] - step["created_at"]})
+    else:  # poll: the task's next poll, on the same handle
+        calls.queue_poll(ctx, call)
+
+
+def cancel_open_steps(ctx: ApplyContext, turn_id: str) -> None:
+    """Cancel: open steps stop; running attempts are flagged so heartbeats tell Workers."""
+    open_steps = ctx.store.rows(
+        f"SELECT step_id, status FROM steps WHERE turn_id = ? AND status IN "
+        f"({', '.join('?' * len(OPEN_STEP_STATUSES))}) ORDER BY step_id", (turn_id, *OPEN_STEP_STATUSES))
+    for step in open_steps:
+        sid = step["step_id"]
+        if step["status"] == "running":
+            ctx.store.conn.execute("UPDATE attempts SET cancel_requested = 1 "
+                                   "WHERE step_id = ? AND status = 'running'", (sid,))
+        ctx.store.update("steps", {"step_id": sid}, status="cancelled", ended_at=ctx.at, queue_seq=None)
+        ctx.store.conn.execute("UPDATE timers SET status = 'cancelled' "
+                               "WHERE step_id = ? AND status = 'pending'", (sid,))
+        ctx.store.conn.execute("UPDATE approvals SET status = 'cancelled', decided_at = ? "
+                               "WHERE step_id = ? AND status = 'pending'", (ctx.at, sid))
+        ctx.store.conn.execute("UPDATE questions SET status = 'cancelled', answered_at = ? "
+                               "WHERE step_id = ? AND status = 'pending'", (ctx.at, sid))

@@ -1,0 +1,183 @@
+"""The SQLite store: connection setup, transactions, and small row helpers.
+
+Durability: the Raft log is the durable record. After a crash the node replays the log from
+the applied index stored in this database, and that index is written in the same
+transaction as the change it covers. So the database never has to be more durable than
+"consistent": WAL with `synchronous=NORMAL` (durable=True) keeps the file consistent even
+on power loss (it may lose the last transactions, which the log replays);
+`synchronous=OFF` (durable=False: tests, benchmarks) is safe against a process crash but
+not against an OS crash. Neither mode fsyncs per command.
+
+The store holds no Python-side cache of state: memory stays bounded as sessions grow.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+from dex_ha.engine.schema import SCHEMA, SCHEMA_VERSION
+
+APPLIED_INDEX = "applied_index"
+FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-outs are stale
+
+
+def to_json(value: Any) -> str:
+    """Canonical JSON: the same value gives the same text on every node."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def from_json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def connect(path: str, durable: bool) -> sqlite3.Connection:
+    # isolation_level=None: we issue BEGIN/COMMIT/SAVEPOINT ourselves.
+    # check_same_thread=False: a server may apply from an executor thread; callers
+    # serialise access (the Engine is not thread-safe).
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                           cached_statements=512)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={'NORMAL' if durable else 'OFF'}")
+    conn.execute("PRAGMA temp_store=MEMORY")
+    conn.execute("PRAGMA foreign_keys=OFF")
+    return conn
+
+
+def init_schema(conn: sqlite3.Connection) -> None:
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version not in (0, SCHEMA_VERSION):
+        raise RuntimeError(f"engine database has schema {version}, this code knows {SCHEMA_VERSION}")
+    if version == 0:
+        conn.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+
+
+class Store:
+    """Row-level access to the state. Every write happens inside `Engine.apply`'s transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        # SQL text per (table, columns) shape; bounded by the few shapes the code uses.
+        self._sql: dict[tuple[Any, ...], str] = {}
+
+    # ------------------------------------------------------------- generic helpers
+
+    def row(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Row | None:
+        return self.conn.execute(sql, tuple(params)).fetchone()
+
+    def rows(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        return self.conn.execute(sql, tuple(params)).fetchall()
+
+    def scalar(self, sql: str, params: Iterable[Any] = ()) -> Any:
+        r = self.conn.execute(sql, tuple(params)).fetchone()
+        return None if r is None else r[0]
+
+    def insert(self, table: str, **cols: Any) -> None:
+        key = ("insert", table, *cols)
+        sql = self._sql.get(key)
+        if sql is None:
+            sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+            self._sql[key] = sql
+        self.conn.execute(sql, tuple(cols.values()))
+
+    def update(self, table: str, where: dict[str, Any], **cols: Any) -> None:
+        key = ("update", table, *where, "|", *cols)
+        sql = self._sql.get(key)
+        if sql is None:
+            sets = ", ".join(f"{c} = ?" for c in cols)
+            conds = " AND ".join(f"{c} = ?" for c in where)
+            sql = f"UPDATE {table} SET {sets} WHERE {conds}"
+            self._sql[key] = sql
+        self.conn.execute(sql, (*cols.values(), *where.values()))
+
+    @contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        """Changes inside are undone if the block raises (nested inside the apply transaction)."""
+        self.conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute(f"ROLLBACK TO {name}")
+            self.conn.execute(f"RELEASE {name}")
+            raise
+        self.conn.execute(f"RELEASE {name}")
+
+    # ------------------------------------------------------------- meta
+
+    def meta(self, key: str, default: int = 0) -> int:
+        value = self.scalar("SELECT value FROM meta WHERE key = ?", (key,))
+        return default if value is None else int(value)
+
+    def set_meta(self, key: str, value: int) -> None:
+        self.conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
+                          "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+    # ------------------------------------------------------------- reads by key
+
+    def agent_definition(self, name: str) -> dict[str, Any] | None:
+        return from_json(self.scalar("SELECT definition FROM agents WHERE name = ?", (name,)))
+
+    def session(self, session_id: str) -> sqlite3.Row | None:
+        return self.row("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
+
+    def turn(self, turn_id: str) -> sqlite3.Row | None:
+        return self.row("SELECT * FROM turns WHERE turn_id = ?", (turn_id,))
+
+    def step(self, step_id: str) -> sqlite3.Row | None:
+        return self.row("SELECT * FROM steps WHERE step_id = ?", (step_id,))
+
+    def call(self, session_id: str, call_id: str) -> sqlite3.Row | None:
+        return self.row("SELECT * FROM tool_calls WHERE session_id = ? AND call_id = ?",
+                        (session_id, call_id))
+
+    def attempt(self, step_id: str, number: int) -> sqlite3.Row | None:
+        return self.row("SELECT * FROM attempts WHERE step_id = ? AND number = ?", (step_id, number))
+
+    def timer(self, timer_id: str) -> sqlite3.Row | None:
+        return self.row("SELECT * FROM timers WHERE timer_id = ?", (timer_id,))
+
+    def approval(self, session_id: str, call_id: str) -> sqlite3.Row | None:
+        return self.row("SELECT * FROM approvals WHERE session_id = ? AND call_id = ?",
+                        (session_id, call_id))
+
+    def question(self, question_id: str) -> sqlite3.Row | None:
+        return self.row("SELECT * FROM questions WHERE question_id = ?", (question_id,))
+
+    def message(self, session_id: str, message_id: str) -> sqlite3.Row | None:
+        return self.row("SELECT * FROM messages WHERE session_id = ? AND message_id = ?",
+                        (session_id, message_id))
+
+    # ------------------------------------------------------------- history
+
+    def append_history(self, session: sqlite3.Row | str, turn_id: str | None, item: dict[str, Any],
+                       at: int) -> int:
+        """Append one history item; returns its seq. Keeps the session's counters current."""
+        session_id = session if isinstance(session, str) else session["session_id"]
+        text = to_json(item)
+        tokens = estimate_tokens(text)
+        self.conn.execute("UPDATE sessions SET history_count = history_count + 1, "
+                          "history_tokens = history_tokens + ?, updated_at = ? WHERE session_id = ?",
+                          (tokens, at, session_id))
+        seq = self.scalar("SELECT history_count FROM sessions WHERE session_id = ?", (session_id,))
+        self.insert("history", session_id=session_id, seq=seq, turn_id=turn_id, item=text,
+                    tokens=tokens, at=at)
+        return seq
+
+    def history_items(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
+        return [json.loads(r[0]) for r in self.conn.execute(
+            "SELECT item FROM history WHERE session_id = ? AND seq > ? ORDER BY seq",
+            (session_id, after_seq))]
+
+    # ------------------------------------------------------------- events
+
+    def add_event(self, session_id: str, type_: str, data: dict[str, Any], at: int, index: int) -> None:
+        self.conn.execute("INSERT INTO events(session_id, type, data, at, log_index) VALUES (?, ?, ?, ?, ?)",
+                          (session_id, type_, to_json(data), at, index))
+
+
+def estimate_tokens(text: str) -> int:
+    """A deterministic token estimate (about four characters per token)."""
+    return len(text) // 4 + 1

@@ -1,0 +1,142 @@
+"""Turns (DESIGN.md §4 "A turn"): a user message starts one on an idle session; each round
+compacts the history if it is over the agent's limit, then calls the model; a response
+with tool calls runs them (calls.py) and comes back here; a response without tool calls
+completes the turn. A turn ends completed, failed or cancelled, and the next waiting
+message (if any) starts the next turn at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dex_ha.engine import calls, steps
+from dex_ha.engine.context import ApplyContext
+from dex_ha.engine.kinds import COMPACT_CONTEXT, RUN_MODEL
+from dex_ha.engine.results import Rejected
+from dex_ha.engine.store import from_json
+
+
+def start_next_turn_if_idle(ctx: ApplyContext, session_id: str) -> None:
+    session = ctx.store.session(session_id)
+    if session["current_turn_id"] is not None:
+        return
+    message = ctx.store.row("SELECT * FROM messages WHERE session_id = ? AND status = 'waiting' "
+                            "ORDER BY seq LIMIT 1", (session_id,))
+    if message is None:
+        return
+    turn_id = ctx.ids.new("tu")
+    number = session["turn_count"] + 1
+    ctx.store.update("sessions", {"session_id": session_id}, status="running",
+                     current_turn_id=turn_id, turn_count=number, updated_at=ctx.at)
+    first_seq = _deliver_message(ctx, message, turn_id)
+    ctx.store.insert("turns", turn_id=turn_id, session_id=session_id, number=number, status="running",
+                     message_id=message["message_id"], first_seq=first_seq, started_at=ctx.at)
+    ctx.emit(session_id, "turn_started", turn_id=turn_id, number=number,
+             message_id=message["message_id"])
+    schedule_model_round(ctx, session_id, turn_id)
+
+
+def deliver_steered_messages(ctx: ApplyContext, session_id: str, turn_id: str) -> None:
+    """Steered messages join the history at the next model call of the running turn."""
+    for message in ctx.store.rows("SELECT * FROM messages WHERE session_id = ? AND status = 'waiting' "
+                                  "AND mode = 'steer' ORDER BY seq", (session_id,)):
+        _deliver_message(ctx, message, turn_id)
+
+
+def _deliver_message(ctx: ApplyContext, message: Any, turn_id: str) -> int:
+    ctx.store.update("messages", {"session_id": message["session_id"], "message_id": message["message_id"]},
+                     status="delivered", turn_id=turn_id)
+    seq = ctx.store.append_history(message["session_id"], turn_id,
+                                   {"type": "user", "text": message["text"]}, ctx.at)
+    ctx.emit(message["session_id"], "message_delivered", message_id=message["message_id"],
+             turn_id=turn_id, mode=message["mode"])
+    return seq
+
+
+# ---------------------------------------------------------------- rounds
+
+
+def schedule_model_round(ctx: ApplyContext, session_id: str, turn_id: str) -> None:
+    """Step 2/3 of a turn: CompactContext if the visible history is over the limit, else RunModel."""
+    session = ctx.store.session(session_id)
+    definition = ctx.store.agent_definition(session["agent"]) or {}
+    model_timeout = (definition.get("model") or {}).get("start_to_close_ms")
+    cutoff = _compaction_cutoff(ctx, session, turn_id, definition.get("compaction") or {})
+    if cutoff is not None:
+        seq, tokens = cutoff
+        steps.create_step(ctx, session_id=session_id, turn_id=turn_id, agent=session["agent"],
+                          kind=COMPACT_CONTEXT, params={"upto_seq": seq, "upto_tokens": tokens},
+                          start_to_close_ms=model_timeout)
+    else:
+        steps.create_step(ctx, session_id=session_id, turn_id=turn_id, agent=session["agent"],
+                          kind=RUN_MODEL, start_to_close_ms=model_timeout)
+
+
+def _compaction_cutoff(ctx: ApplyContext, session: Any, turn_id: str,
+                       limits: dict[str, Any]) -> tuple[int, int] | None:
+    """(seq, cumulative tokens) to summarise up to, or None when no compaction is due.
+
+    Everything before the current turn's user message is summarised; when that is already
+    summarised, everything but the latest item. The model always sees the latest item.
+    """
+    visible_items = session["history_count"] - session["summary_upto_seq"]
+    visible_tokens = session["history_tokens"] - session["summary_upto_tokens"]
+    over = ((limits.get("max_items") and visible_items > limits["max_items"])
+            or (limits.get("max_tokens") and visible_tokens > limits["max_tokens"]))
+    if not over:
+        return None
+    turn_start = ctx.store.scalar("SELECT first_seq FROM turns WHERE turn_id = ?", (turn_id,))
+    cutoff = turn_start - 1
+    if cutoff <= session["summary_upto_seq"]:
+        cutoff = session["history_count"] - 1
+    if cutoff <= session["summary_upto_seq"]:
+        return None
+    tokens_after = ctx.store.scalar("SELECT COALESCE(SUM(tokens), 0) FROM history "
+                                    "WHERE session_id = ? AND seq > ?", (session["session_id"], cutoff))
+    return cutoff, session["history_tokens"] - tokens_after
+
+
+def record_summary(ctx: ApplyContext, step: Any, result: dict[str, Any]) -> None:
+    """A committed CompactContext result replaces the session's one summary."""
+    summary = result.get("summary")
+    if not isinstance(summary, str):
+        raise Rejected("invalid", "result.summary must be a string")
+    params = from_json(step["params"])
+    ctx.store.update("sessions", {"session_id": step["session_id"]}, summary=summary,
+                     summary_upto_seq=params["upto_seq"], summary_upto_tokens=params["upto_tokens"],
+                     summary_at=ctx.at, updated_at=ctx.at)
+    ctx.emit(step["session_id"], "summary_updated", turn_id=step["turn_id"], step_id=step["step_id"],
+             upto_seq=params["upto_seq"])
+    schedule_model_round(ctx, step["session_id"], step["turn_id"])
+
+
+# ---------------------------------------------------------------- endings
+
+
+def fail_turn(ctx: ApplyContext, session_id: str, turn_id: str, error: str) -> None:
+    """The turn fails; if tools already ran in it, a note tells the next turn's model."""
+    ran = ctx.store.rows("SELECT call_id, name, status FROM tool_calls WHERE turn_id = ? AND ran = 1 "
+                         "ORDER BY created_at, response_step_id, position", (turn_id,))
+    if ran:
+        listed = "; ".join(f"{c['name']} (call {c['call_id']}): {c['status']}" for c in ran)
+        text = (f"The previous turn failed ({error}). These tool calls already ran in it, so do not "
+                f"repeat them: {listed}.")
+        ctx.store.append_history(session_id, turn_id, {"type": "note", "text": text}, ctx.at)
+    end_turn(ctx, session_id, turn_id, "failed", error)
+
+
+def cancel_turn(ctx: ApplyContext, session_id: str, turn_id: str, reason: str | None) -> None:
+    """Cancel: running attempts are flagged, open steps stop, each open call records an outcome."""
+    # Mark the turn first: calls that finish below must not start another model round.
+    ctx.store.update("turns", {"turn_id": turn_id}, status="cancelled")
+    steps.cancel_open_steps(ctx, turn_id)
+    calls.cancel_pending_calls(ctx, turn_id)
+    end_turn(ctx, session_id, turn_id, "cancelled", reason or "cancelled")
+
+
+def end_turn(ctx: ApplyContext, session_id: str, turn_id: str, status: str, error: str | None = None) -> None:
+    ctx.store.update("turns", {"turn_id": turn_id}, status=status, ended_at=ctx.at, error=error)
+    ctx.store.update("sessions", {"session_id": session_id}, status="idle", current_turn_id=None,
+                     updated_at=ctx.at)
+    ctx.emit(session_id, f"turn_{status}", turn_id=turn_id, error=error)
+    start_next_turn_if_idle(ctx, session_id)

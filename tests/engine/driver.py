@@ -1,0 +1,173 @@
+"""A fake leader for engine tests: proposes commands at increasing log indexes, with a
+clock it moves by hand, and keeps the log so tests can replay it into another engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dex_ha.engine import (
+    ApplyResult, AttemptTimedOut, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
+    Engine, FailAttempt, FailHeldAttempts, FireTimer, Handout, HeartbeatLost, RegisterAgent,
+    SendMessage, StartAttempts, AnswerQuestion, ReconcileToolCall, encode_command,
+)
+
+AGENT = "helper"
+
+DEFAULT_TOOLS = [
+    {"name": "lookup", "effect": "read"},
+    {"name": "put_item", "effect": "idempotent_write"},
+    {"name": "send_email", "effect": "write"},
+    {"name": "wire_money", "effect": "write", "approval": True},
+    {"name": "search_inline", "effect": "read", "inline": True},
+    {"name": "build", "effect": "idempotent_write"},
+]
+
+
+class Driver:
+    def __init__(self, path: str, *, term: int = 1, at: int = 1_700_000_000_000) -> None:
+        self.path = path
+        self.engine = Engine(path, durable=False)
+        self.index = self.engine.applied_index()
+        self.term = term
+        self.at = at
+        self.log: list[tuple[int, bytes]] = []
+
+    # ------------------------------------------------------------- log
+
+    def apply(self, cmd: Any) -> ApplyResult:
+        self.index += 1
+        data = encode_command(cmd)
+        self.log.append((self.index, data))
+        return self.engine.apply(self.index, data)
+
+    def ok(self, cmd: Any) -> ApplyResult:
+        result = self.apply(cmd)
+        assert result.ok, result
+        return result
+
+    def tick(self, ms: int) -> None:
+        self.at += ms
+
+    # ------------------------------------------------------------- failures
+
+    def takeover(self) -> ApplyResult:
+        """A new leader (new term) fails every attempt held by the old one."""
+        self.term += 1
+        return self.ok(FailHeldAttempts(at=self.at, term=self.term))
+
+    def restart(self) -> ApplyResult:
+        """The single node restarts on its data dir: reopen the store, new term, takeover."""
+        self.engine.close()
+        self.engine = Engine(self.path, durable=False)
+        assert self.engine.applied_index() == self.index
+        return self.takeover()
+
+    def worker_kill(self, step_id: str) -> ApplyResult:
+        attempt = self.running(step_id)
+        return self.ok(HeartbeatLost(at=self.at, step_id=step_id, attempt=attempt.attempt, term=attempt.term))
+
+    def fail_by(self, failure: str, step_id: str) -> None:
+        """Fail the running attempt of `step_id` the way `failure` would."""
+        if failure == "worker_kill":
+            self.worker_kill(step_id)
+        elif failure == "server_restart":
+            self.restart()
+        elif failure == "takeover":
+            self.takeover()
+        else:
+            raise ValueError(failure)
+
+    # ------------------------------------------------------------- setup
+
+    def register(self, tools: list[dict[str, Any]] | None = None, name: str = AGENT, **more: Any) -> None:
+        self.ok(RegisterAgent(at=self.at, name=name, definition={"tools": tools or DEFAULT_TOOLS, **more}))
+
+    def create(self, session_id: str = "s1", agent: str = AGENT) -> None:
+        self.ok(CreateSession(at=self.at, session_id=session_id, agent=agent))
+
+    def send(self, text: str = "hello", session_id: str = "s1", **kw: Any) -> ApplyResult:
+        return self.ok(SendMessage(at=self.at, session_id=session_id, text=text, **kw))
+
+    # ------------------------------------------------------------- leader services
+
+    def queued(self, agent: str = AGENT) -> list[Any]:
+        return self.engine.queued_steps(agent, 1000)
+
+    def queued_kinds(self, agent: str = AGENT) -> list[str]:
+        return [s.kind for s in self.queued(agent)]
+
+    def next_step(self, kind: str | None = None, call_id: str | None = None) -> str:
+        for s in self.queued():
+            if (kind is None or s.kind == kind) and (call_id is None or s.call_id == call_id):
+                return s.step_id
+        raise AssertionError(f"no queued step of kind {kind} / call {call_id}: {self.queued()}")
+
+    def hand_out(self, kind: str | None = None, call_id: str | None = None, worker: str = "w1") -> str:
+        step_id = self.next_step(kind, call_id)
+        self.ok(StartAttempts(at=self.at, handouts=[Handout(step_id=step_id, worker_id=worker, term=self.term)]))
+        return step_id
+
+    def running(self, step_id: str) -> Any:
+        found = [a for a in self.engine.running_attempts() if a.step_id == step_id]
+        assert len(found) == 1, found
+        return found[0]
+
+    def complete(self, step_id: str, result: dict[str, Any]) -> ApplyResult:
+        a = self.running(step_id)
+        return self.apply(CompleteAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term,
+                                          result=result))
+
+    def fail(self, step_id: str, error: str = "boom", retryable: bool = True) -> ApplyResult:
+        a = self.running(step_id)
+        return self.ok(FailAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term,
+                                   error=error, retryable=retryable))
+
+    def time_out(self, step_id: str) -> ApplyResult:
+        a = self.running(step_id)
+        return self.ok(AttemptTimedOut(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term))
+
+    def fire_due(self) -> int:
+        fired = 0
+        for t in self.engine.due_timers(self.at, 1000):
+            self.ok(FireTimer(at=self.at, timer_id=t.timer_id))
+            fired += 1
+        return fired
+
+    def model(self, step_id: str, content: str = "", calls: list[tuple[str, str, dict]] | None = None,
+              **extra: Any) -> ApplyResult:
+        tool_calls = [{"id": cid, "name": name, "arguments": args} for cid, name, args in (calls or [])]
+        result = self.complete(step_id, {"content": content, "tool_calls": tool_calls, **extra})
+        assert result.ok, result
+        return result
+
+    def run_model(self, content: str = "", calls: list[tuple[str, str, dict]] | None = None) -> str:
+        step_id = self.hand_out("RunModel")
+        self.model(step_id, content, calls)
+        return step_id
+
+    def approve(self, call_id: str, approved: bool = True, reason: str | None = None,
+                session_id: str = "s1") -> ApplyResult:
+        return self.apply(DecideApproval(at=self.at, session_id=session_id, call_id=call_id,
+                                         approved=approved, reason=reason))
+
+    def answer(self, question_id: str, answer: Any, session_id: str = "s1") -> ApplyResult:
+        return self.apply(AnswerQuestion(at=self.at, session_id=session_id, question_id=question_id,
+                                         answer=answer))
+
+    def cancel(self, session_id: str = "s1") -> ApplyResult:
+        return self.ok(CancelTurn(at=self.at, session_id=session_id))
+
+    def reconcile(self, call_id: str, outcome: str, session_id: str = "s1", **kw: Any) -> ApplyResult:
+        return self.apply(ReconcileToolCall(at=self.at, session_id=session_id, call_id=call_id,
+                                            outcome=outcome, **kw))
+
+    # ------------------------------------------------------------- reads
+
+    def snap(self, session_id: str = "s1") -> dict[str, Any]:
+        return self.engine.get_agent_snapshot(session_id)
+
+    def call(self, call_id: str, session_id: str = "s1") -> dict[str, Any]:
+        return next(c for c in self.snap(session_id)["tool_calls"] if c["call_id"] == call_id)
+
+    def turn_status(self, session_id: str = "s1") -> str:
+        return self.snap(session_id)["turns"][-1]["status"]
