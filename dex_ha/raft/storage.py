@@ -77,6 +77,7 @@ KIND_ENTRY = 1
 KIND_HARD_STATE = 2
 KIND_SNAPSHOT = 3
 _KINDS = frozenset((KIND_ENTRY, KIND_HARD_STATE, KIND_SNAPSHOT))
+_KIND_BYTE_RE = re.compile(b"[\x01-\x03]")
 
 _HEADER = struct.Struct("<II")  # length, crc32 of the payload
 _SEED = struct.Struct("<QQ")  # segment seq, byte offset: see _crc_seed
@@ -261,16 +262,16 @@ def _find_valid_record(buf: bytes, seq: int, start: int) -> int | None:
     """Offset of the first well-formed record at or after `start`, if any.
 
     Used only on the error path to tell a torn tail (nothing valid follows) from damage
-    inside the log (valid data follows). Scans byte by byte because a damaged length
-    field means record boundaries are unknown.
+    inside the log (valid data follows). Any byte may start a record because a damaged
+    length field leaves boundaries unknown; candidates are the positions whose kind byte
+    is plausible, found by a regex scan (C speed) rather than a Python loop per byte.
     """
     end = len(buf) - _HEADER.size
     view = memoryview(buf)
-    for p in range(start, end):
+    for m in _KIND_BYTE_RE.finditer(buf, start + _HEADER.size):
+        p = m.start() - _HEADER.size
         length, crc = _HEADER.unpack_from(buf, p)
-        if not 1 <= length <= end - p or buf[p + 8] not in _KINDS:
-            continue
-        if zlib.crc32(view[p + 8 : p + 8 + length], _crc_seed(seq, p)) == crc:
+        if 1 <= length <= end - p and zlib.crc32(view[p + 8 : p + 8 + length], _crc_seed(seq, p)) == crc:
             return p
     return None
 
