@@ -1,0 +1,161 @@
+"""Engine mechanics: idempotent apply by index, batches, restart, snapshots, encoding."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from dex_ha.engine import handlers
+from dex_ha.engine import (
+    STEP_KINDS, CreateSession, Engine, Handout, StartAttempts, decode_command, encode_command,
+)
+from dex_ha.engine.commands import COMMAND_TYPES
+from tests.engine.driver import Driver
+
+
+def busy_driver(path: str) -> Driver:
+    d = Driver(path)
+    d.register(compaction={"max_items": 4})
+    for sid in ("a", "b"):
+        d.create(sid)
+        d.send("go", session_id=sid)
+    step = d.hand_out("RunModel")
+    d.model(step, "", [("c1", "put_item", {}), ("c2", "wire_money", {})])
+    d.worker_kill(d.hand_out("CallTool"))
+    return d
+
+
+def test_an_index_at_or_below_the_applied_one_is_a_noop(tmp_path):
+    d = busy_driver(str(tmp_path / "e.db"))
+    dump = d.engine.logical_dump()
+    for index, data in d.log:
+        result = d.engine.apply(index, data)
+        assert result.ok and result.code == "already_applied"
+    assert d.engine.logical_dump() == dump
+
+
+def test_an_empty_entry_only_moves_the_applied_index(tmp_path):
+    d = busy_driver(str(tmp_path / "e.db"))
+    before = d.engine.logical_dump(include_applied_index=False)
+    result = d.engine.apply(d.index + 1, b"")
+    assert result.ok and result.noop and d.engine.applied_index() == d.index + 1
+    assert d.engine.logical_dump(include_applied_index=False) == before
+
+
+def test_apply_batch_equals_one_by_one(tmp_path):
+    d = busy_driver(str(tmp_path / "e.db"))
+    other = Engine(str(tmp_path / "batch.db"), durable=False)
+    results = other.apply_batch(d.log)
+    assert other.logical_dump() == d.engine.logical_dump()
+    assert all(r.ok for r in results) and other.applied_index() == d.index
+    assert [r.code for r in other.apply_batch(d.log[:3])] == ["already_applied"] * 3
+
+
+def test_a_restart_resumes_exactly_at_the_applied_index(tmp_path):
+    path = str(tmp_path / "e.db")
+    d = busy_driver(path)
+    dump = d.engine.logical_dump()
+    d.engine.close()
+    reopened = Engine(path)
+    assert reopened.applied_index() == d.index and reopened.logical_dump() == dump
+    reopened.close()
+
+
+def test_a_crash_inside_a_batch_keeps_neither_change_nor_index(tmp_path, monkeypatch):
+    path = str(tmp_path / "e.db")
+    d = busy_driver(path)
+    dump = d.engine.logical_dump()
+
+    def disk_full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setitem(handlers.HANDLERS, CreateSession, disk_full)
+    with pytest.raises(sqlite3.OperationalError):
+        d.engine.apply_batch([(d.index + 1, b""),
+                              (d.index + 2, encode_command(CreateSession(at=1, agent="helper")))])
+    assert d.engine.logical_dump() == dump
+
+
+def test_snapshot_and_restore_give_the_same_state(tmp_path):
+    d = busy_driver(str(tmp_path / "e.db"))
+    data = d.engine.snapshot()
+    fresh = Engine(str(tmp_path / "fresh.db"), durable=False)
+    fresh.apply(1, b"")  # whatever it held is replaced
+    fresh.restore(data, d.index)
+    assert fresh.logical_dump() == d.engine.logical_dump() and fresh.applied_index() == d.index
+    assert fresh._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    fresh.close()
+    reopened = Engine(str(tmp_path / "fresh.db"))
+    assert reopened.logical_dump() == d.engine.logical_dump()
+    with pytest.raises(ValueError):
+        reopened.restore(data, d.index + 5)
+    with pytest.raises(ValueError):
+        reopened.restore(b"not sqlite at all" * 100, d.index)
+    assert reopened.logical_dump() == d.engine.logical_dump()
+
+
+def test_two_engines_in_one_process_are_independent(tmp_path):
+    one = Engine(str(tmp_path / "1.db"), durable=False)
+    two = Engine(str(tmp_path / "2.db"), durable=False)
+    one.apply(1, encode_command(CreateSession(at=1, session_id="x", agent="a")))
+    assert two.get_agent_snapshot("x") is None and one.get_agent_snapshot("x") is not None
+
+
+def test_every_command_round_trips_through_its_encoding():
+    from dex_ha.engine import commands as c
+
+    samples = [
+        c.CreateSession(at=1, agent="a", session_id="s", metadata={"k": [1, "x"]}),
+        c.RegisterAgent(at=1, name="a", definition={"tools": []}),
+        c.SendMessage(at=1, session_id="s", text="t", message_id="m", mode="steer"),
+        c.CancelTurn(at=1, session_id="s", reason="r"),
+        c.StartAttempts(at=1, handouts=[Handout(step_id="st", worker_id="w", term=3)]),
+        c.CompleteAttempt(at=1, step_id="st", attempt=1, term=1, result={"status": "ok", "output": None}),
+        c.FailAttempt(at=1, step_id="st", attempt=1, term=1, error="e", retryable=False),
+        c.HeartbeatLost(at=1, step_id="st", attempt=1, term=1),
+        c.AttemptTimedOut(at=1, step_id="st", attempt=1, term=1),
+        c.FailHeldAttempts(at=1, term=2),
+        c.FireTimer(at=1, timer_id="tm"),
+        c.DecideApproval(at=1, session_id="s", call_id="c", approved=False, reason="no"),
+        c.AnswerQuestion(at=1, session_id="s", question_id="q", answer={"any": ["json"]}),
+        c.ReconcileToolCall(at=1, session_id="s", call_id="c", outcome="succeeded", result=1),
+    ]
+    assert {type(s).__name__ for s in samples} == set(COMMAND_TYPES)
+    for cmd in samples:
+        assert decode_command(encode_command(cmd)) == cmd
+
+
+def test_the_step_kind_table_holds_the_contract_kinds():
+    assert set(STEP_KINDS) == {"RunModel", "CallTool", "CallSingleAttemptTool", "AwaitToolApproval",
+                               "AwaitQuestionAnswer", "AwaitTimer", "PollToolTask", "CompactContext",
+                               "AwaitUserMessage"}
+    model = STEP_KINDS["RunModel"]
+    assert (model.max_attempts, model.retry_window_ms, model.backoff_initial_ms, model.backoff_factor) == (
+        3, 30 * 60_000, 1_000, 2)
+    assert STEP_KINDS["CallSingleAttemptTool"].max_attempts == 1
+
+
+def test_the_engine_imports_neither_server_nor_raft():
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "dex_ha" / "engine"
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any(n.startswith(("dex_ha.server", "dex_ha.raft")) for n in names), path
+
+
+def test_a_handout_batch_stays_one_entry(tmp_path):
+    d = busy_driver(str(tmp_path / "e.db"))
+    before = d.index
+    d.send("more", session_id="b")
+    queued = [s.step_id for s in d.queued()]
+    d.ok(StartAttempts(at=d.at, handouts=[Handout(step_id=s, worker_id="w", term=d.term) for s in queued]))
+    assert d.index == before + 2
