@@ -1,0 +1,720 @@
+"""Raft transport: TCP connections carrying length-prefixed msgpack frames between nodes.
+
+Each node dials every peer once and sends on that connection only; it receives on the
+connections its peers dialed. So between two nodes there are two one-way streams, each
+ordered, each with its own reconnect loop (the etcd "stream" model).
+
+Wire format, in both directions::
+
+    frame   = [u32 big-endian length][kind byte][body]      length counts kind + body
+    MESSAGE   body = types.encode_message(msg)
+    CHUNK     body = msgpack [offset, total, done, header, data]  (one piece of a SNAP)
+    HELLO / AUTH / AUTH_OK   the handshake below
+
+A frame longer than ``max_frame_bytes`` drops the connection as soon as its length is
+read: it is never buffered. Before authentication the limit is 4 KiB.
+
+Handshake (dialer D, acceptor A), under a deadline (``handshake_timeout``, 5 s)::
+
+    A -> D  HELLO    ["dex-ha-raft", 1, challenge_A]          32 random bytes
+    D -> A  AUTH     [id_D, challenge_D, mac("dialer", challenge_A, id_D)]
+    A -> D  AUTH_OK  [id_A, mac("acceptor", challenge_D, id_A)]
+
+    mac(role, challenge, id) = HMAC-SHA256(secret, "dex-ha-raft " + role + NUL + challenge + id)
+
+Each side proves it holds the secret by answering a fresh challenge of the other, so
+neither talks to an impostor, and a recorded answer cannot be replayed. The role label
+keeps an answer given as dialer from being reflected as an acceptor's answer. A only
+answers after checking D, so it cannot be used as an oracle. Comparisons are
+constant-time. Without a secret the MACs are empty and unchecked (insecure mode; the
+node loop logs it). With TLS contexts the connection is mutual TLS first (the acceptor
+requires a client certificate), then the same handshake inside it. After the handshake
+every message's ``frm`` must equal the authenticated id, or the connection is dropped.
+
+Snapshots: a SNAP message is sent as CHUNK frames of ``snapshot_chunk_bytes``; the first
+chunk carries the message without its data as ``header``. The receiver reassembles in
+memory (bounded by ``max_snapshot_bytes``, 4 GiB) and calls on_message once with the
+whole Message. Between two chunks the sender writes the other queued messages, so
+heartbeats keep flowing during a long transfer: a SNAP is the one message that later
+messages may overtake. ``on_snapshot_sent(peer, ok)`` reports that the last chunk was
+handed to the kernel (ok) or that the transfer failed (the core then retries).
+
+Loss: Raft tolerates lost messages, so the transport drops instead of blocking: when a
+peer's queue is full, while its connection is backing off after a failure, and whatever
+was queued when a connection fails. Each drop calls ``on_unreachable(peer)``.
+Callbacks triggered by send() run soon after it (loop.call_soon), never inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import hmac
+import logging
+import os
+import random
+import ssl
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgpack
+
+from .types import MalformedMessage, Message, MessageType, decode_message, encode_message
+
+Address = tuple[str, int]
+
+PROTOCOL = "dex-ha-raft"
+PROTOCOL_VERSION = 1
+CHALLENGE_BYTES = 32
+HANDSHAKE_MAX_FRAME = 4096
+MAX_NODE_ID_CHARS = 255
+
+KIND_MESSAGE = 1
+KIND_CHUNK = 2
+KIND_HELLO = 16
+KIND_AUTH = 17
+KIND_AUTH_OK = 18
+
+_LENGTH = struct.Struct(">I")
+READ_BYTES = 256 << 10  # one read() from a socket
+BATCH_BYTES = 1 << 20  # one write() to a socket: as many queued frames as fit
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+
+
+class FrameTooLarge(Exception):
+    """A length prefix above the limit: the peer is broken or hostile."""
+
+
+class ProtocolError(Exception):
+    """A frame that is well-formed but not allowed here (wrong kind, order, sender)."""
+
+
+class HandshakeError(Exception):
+    """The peer failed to authenticate (or we failed to authenticate it)."""
+
+
+@dataclass
+class TransportStats:
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    writes: int = 0  # socket writes: frames_sent / writes is the batching factor
+    frames_received: int = 0
+    bytes_received: int = 0
+    messages_dropped: int = 0  # not sent: queue full, peer unreachable, unknown peer, too large
+    connections_rejected: int = 0  # inbound connections that failed TLS or the handshake
+    connections_dropped: int = 0  # authenticated connections closed for a protocol error
+    connect_failures: int = 0  # outbound dials (incl. handshake) that failed
+    snapshots_sent: int = 0
+    snapshots_received: int = 0
+    snapshots_failed: int = 0
+
+
+# ---------------------------------------------------------------------------------- frames
+
+
+def pack_frame(kind: int, body: bytes) -> bytes:
+    return _LENGTH.pack(len(body) + 1) + bytes((kind,)) + body
+
+
+class FrameDecoder:
+    """Splits a byte stream into frames (kind byte + body).
+
+    Raises FrameTooLarge as soon as a length prefix above the limit arrives, so an
+    oversized frame is never buffered; the buffer holds at most one frame plus one read.
+    """
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf
+        buf += data
+        frames: list[bytes] = []
+        off, size = 0, len(buf)
+        with memoryview(buf) as view:
+            while size - off >= 4:
+                (n,) = _LENGTH.unpack_from(buf, off)
+                if n > self.max_frame_bytes:
+                    raise FrameTooLarge(f"frame length {n} (limit {self.max_frame_bytes})")
+                if n == 0:
+                    raise ProtocolError("empty frame")
+                if size - off - 4 < n:
+                    break
+                frames.append(bytes(view[off + 4 : off + 4 + n]))
+                off += 4 + n
+        del buf[:off]
+        return frames
+
+
+async def _read_frame(reader: asyncio.StreamReader, limit: int) -> tuple[int, bytes]:
+    """One frame during the handshake, before the bulk reader takes over."""
+    (n,) = _LENGTH.unpack(await reader.readexactly(4))
+    if not 1 <= n <= limit:
+        raise FrameTooLarge(f"handshake frame length {n} (limit {limit})")
+    frame = await reader.readexactly(n)
+    return frame[0], frame[1:]
+
+
+def _unpack_fields(kind: int, body: bytes, expected_kind: int, n: int) -> list[object]:
+    if kind != expected_kind:
+        raise HandshakeError(f"expected handshake frame {expected_kind}, got {kind}")
+    try:
+        fields = msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise HandshakeError(f"undecodable handshake frame: {exc}") from exc
+    if not isinstance(fields, list) or len(fields) != n:
+        raise HandshakeError("handshake frame has the wrong shape")
+    return fields
+
+
+def _check_node_id(value: object) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_NODE_ID_CHARS:
+        raise HandshakeError("invalid node id in handshake")
+    return value
+
+
+def _mac(secret: bytes | None, role: str, challenge: bytes, node_id: str) -> bytes:
+    if secret is None:
+        return b""
+    msg = f"{PROTOCOL} {role}\0".encode() + challenge + node_id.encode()
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def _verify_mac(secret: bytes | None, role: str, challenge: bytes, node_id: str, mac: object) -> None:
+    if secret is None:
+        return  # insecure mode: nothing to check
+    if not isinstance(mac, bytes) or not hmac.compare_digest(mac, _mac(secret, role, challenge, node_id)):
+        raise HandshakeError(f"bad or missing authentication from a peer claiming to be {node_id!r}")
+
+
+def _addr(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+
+# ---------------------------------------------------------------------------------- snapshots
+
+
+@dataclass
+class _Reassembly:
+    """A snapshot being received on one connection."""
+
+    header: Message
+    total: int
+    data: bytearray
+
+
+class _OutgoingSnapshot:
+    """A SNAP message being sent chunk by chunk."""
+
+    def __init__(self, msg: Message, chunk_bytes: int) -> None:
+        self.msg = msg
+        self.total = len(msg.data)
+        self.offset = 0
+        self.finished = False  # the last chunk has been taken
+        self._chunk_bytes = chunk_bytes
+        self._view = memoryview(msg.data)
+
+    def next_frame(self) -> bytes:
+        end = min(self.offset + self._chunk_bytes, self.total)
+        header = encode_message(dataclasses.replace(self.msg, data=b"")) if self.offset == 0 else None
+        done = end == self.total
+        body = msgpack.packb([self.offset, self.total, done, header, self._view[self.offset:end]],
+                             use_bin_type=True)
+        self.offset, self.finished = end, done
+        return pack_frame(KIND_CHUNK, body)
+
+
+# ---------------------------------------------------------------------------------- sending
+
+
+class _PeerSender:
+    """The outbound side for one peer: a bounded queue and a task that keeps one
+    connection up (dial, authenticate, write batches; on failure drop and back off)."""
+
+    def __init__(self, transport: RaftTransport, peer_id: str, addr: Address) -> None:
+        self.t = transport
+        self.peer_id = peer_id
+        self.addr = addr
+        self.queue: deque[bytes | Message] = deque()  # encoded frames; a SNAP stays a Message
+        self.queued_bytes = 0
+        self.backing_off = False
+        self.snapshot: _OutgoingSnapshot | None = None
+        self.task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._failures = 0  # consecutive failed connection attempts, for log levels
+
+    def start(self) -> None:
+        if self.task is None:
+            self.task = asyncio.create_task(self._run(), name=f"raft-send-{self.t.node_id}-{self.peer_id}")
+
+    # -- queueing (called from send(), must not block)
+
+    def enqueue(self, msg: Message) -> None:
+        t = self.t
+        if self.backing_off:
+            return self._drop(msg, "peer unreachable")
+        if len(self.queue) >= t.max_queue_messages or self.queued_bytes >= t.max_queue_bytes:
+            return self._drop(msg, "send queue full")
+        if msg.type == MessageType.SNAP:
+            self.queue.append(msg)
+        else:
+            frame = pack_frame(KIND_MESSAGE, encode_message(msg))
+            if len(frame) - 4 > t.max_frame_bytes:
+                t.log.error("raft message %s to %s is %d bytes, above max_frame_bytes %d: dropped",
+                            msg.type.name, self.peer_id, len(frame) - 4, t.max_frame_bytes)
+                return self._drop(msg, "too large")
+            self.queue.append(frame)
+            self.queued_bytes += len(frame)
+        self._wake.set()
+
+    def _drop(self, msg: Message, reason: str) -> None:
+        self.t.stats.messages_dropped += 1
+        self.t.log.debug("raft message %s to %s dropped: %s", msg.type.name, self.peer_id, reason)
+        self.t._notify_later(self.t.on_unreachable, self.peer_id)
+        if msg.type == MessageType.SNAP:
+            self.t.stats.snapshots_failed += 1
+            self.t._notify_later(self.t.on_snapshot_sent, self.peer_id, False)
+
+    def abandon(self) -> list[Message]:
+        """Forget everything queued; returns the SNAP messages that will not be sent."""
+        lost = [m for m in self.queue if isinstance(m, Message)]
+        if self.snapshot is not None:
+            lost.append(self.snapshot.msg)
+            self.snapshot = None
+        self.queue.clear()
+        self.queued_bytes = 0
+        return lost
+
+    def _fail_pending(self) -> None:
+        """The connection failed: whatever was queued or half-sent is lost."""
+        had_frames = bool(self.queue) or self.snapshot is not None
+        for _ in self.abandon():
+            self.t.stats.snapshots_failed += 1
+            self.t._notify(self.t.on_snapshot_sent, self.peer_id, False)
+        if had_frames:
+            self.t._notify(self.t.on_unreachable, self.peer_id)
+
+    # -- the connection loop
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN_S
+        while True:
+            try:
+                reader, writer = await self._connect()
+            except (OSError, asyncio.TimeoutError, HandshakeError, FrameTooLarge,
+                    asyncio.IncompleteReadError, ssl.SSLError) as exc:
+                self._log_connect_failure(exc)
+                self._fail_pending()
+                backoff = await self._back_off(backoff)
+                continue
+            backoff = BACKOFF_MIN_S
+            try:
+                await self._pump(reader, writer)
+            except (OSError, ProtocolError, asyncio.IncompleteReadError) as exc:
+                self.t.log.info("raft connection to %s at %s:%d lost: %s", self.peer_id, *self.addr, exc)
+            finally:
+                writer.close()  # also when cancelled by stop() or set_peers()
+            self._fail_pending()
+
+    async def _back_off(self, delay: float) -> float:
+        self.backing_off = True
+        try:
+            await asyncio.sleep(delay * (0.5 + self.t._rng.random()))
+        finally:
+            self.backing_off = False
+        return min(delay * 2, BACKOFF_MAX_S)
+
+    def _log_connect_failure(self, exc: BaseException) -> None:
+        self.t.stats.connect_failures += 1
+        self._failures += 1
+        # The first failure of a streak is news; the retries every few seconds are not.
+        level = logging.WARNING if self._failures == 1 else logging.DEBUG
+        self.t.log.log(level, "raft connection to %s at %s:%d failed: %s", self.peer_id, *self.addr,
+                       exc or type(exc).__name__)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        t = self.t
+        host, port = self.addr
+        async with asyncio.timeout(t.handshake_timeout):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=t.ssl_client, server_hostname=host if t.ssl_client else None)
+            try:
+                await self._dialer_handshake(reader, writer)
+            except BaseException:
+                writer.close()
+                raise
+        if self._failures:
+            t.log.info("raft connection to %s at %s:%d is back", self.peer_id, host, port)
+        self._failures = 0
+        return reader, writer
+
+    async def _dialer_handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        t = self.t
+        proto, version, challenge = _unpack_fields(*await _read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_HELLO, 3)
+        if proto != PROTOCOL or version != PROTOCOL_VERSION:
+            raise HandshakeError(f"peer speaks {proto!r} version {version!r}")
+        if not isinstance(challenge, bytes) or len(challenge) != CHALLENGE_BYTES:
+            raise HandshakeError("bad challenge from peer")
+        my_challenge = os.urandom(CHALLENGE_BYTES)
+        auth = [t.node_id, my_challenge, _mac(t.secret, "dialer", challenge, t.node_id)]
+        writer.write(pack_frame(KIND_AUTH, msgpack.packb(auth, use_bin_type=True)))
+        await writer.drain()
+        peer_id, mac = _unpack_fields(*await _read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_AUTH_OK, 2)
+        peer_id = _check_node_id(peer_id)
+        _verify_mac(t.secret, "acceptor", my_challenge, peer_id, mac)
+        if peer_id != self.peer_id:
+            raise HandshakeError(f"{self.addr[0]}:{self.addr[1]} is node {peer_id!r}, not {self.peer_id!r}")
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Write queued frames in batches until the connection fails."""
+        # The acceptor never writes after the handshake: a read completes only when the
+        # peer closes (or misbehaves), which tells us to reconnect without waiting for
+        # the next write to fail.
+        closed = asyncio.ensure_future(reader.read(1))
+        try:
+            while True:
+                if not self.queue and self.snapshot is None:
+                    await self._wait_for_work(closed)
+                    continue
+                batch, frames = self._next_batch()
+                writer.write(batch)
+                self.t.stats.frames_sent += frames
+                self.t.stats.writes += 1
+                self.t.stats.bytes_sent += len(batch)
+                await writer.drain()
+                if self.snapshot is not None and self.snapshot.finished:
+                    self._snapshot_done()
+                if closed.done():
+                    raise ProtocolError("peer closed the connection")
+        finally:
+            closed.cancel()
+            if closed.done() and not closed.cancelled():
+                closed.exception()  # retrieved, so asyncio does not log it as forgotten
+
+    async def _wait_for_work(self, closed: asyncio.Future[bytes]) -> None:
+        self._wake.clear()
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((woken, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+        if closed.done():
+            raise ProtocolError("peer closed the connection")
+
+    def _next_batch(self) -> tuple[bytes, int]:
+        """Many queued frames for one write, plus at most one snapshot chunk."""
+        parts: list[bytes] = []
+        size = 0
+        chunk_taken = False
+        while self.queue and size < BATCH_BYTES:
+            item = self.queue[0]
+            if isinstance(item, Message):  # a SNAP: starts in its place, one at a time
+                if self.snapshot is not None:
+                    break
+                self.queue.popleft()
+                self.snapshot = _OutgoingSnapshot(item, self.t.snapshot_chunk_bytes)
+                item = self.snapshot.next_frame()
+                chunk_taken = True
+            else:
+                self.queue.popleft()
+                self.queued_bytes -= len(item)
+            parts.append(item)
+            size += len(item)
+        if self.snapshot is not None and not chunk_taken and not self.snapshot.finished:
+            parts.append(self.snapshot.next_frame())
+        return b"".join(parts), len(parts)
+
+    def _snapshot_done(self) -> None:
+        assert self.snapshot is not None
+        self.t.stats.snapshots_sent += 1
+        self.t.log.info("raft snapshot (%d bytes) sent to %s", self.snapshot.total, self.peer_id)
+        self.snapshot = None
+        self.t._notify(self.t.on_snapshot_sent, self.peer_id, True)
+
+
+# ---------------------------------------------------------------------------------- transport
+
+
+class RaftTransport:
+    """Carries Raft messages between this node and its peers. See the module docstring."""
+
+    def __init__(self, node_id: str, listen: Address, peers: dict[str, Address],
+                 on_message: Callable[[Message], None], *, secret: bytes | None = None,
+                 ssl_server: ssl.SSLContext | None = None, ssl_client: ssl.SSLContext | None = None,
+                 max_frame_bytes: int = 16 << 20, snapshot_chunk_bytes: int = 1 << 20,
+                 max_snapshot_bytes: int = 4 << 30,
+                 max_queue_messages: int = 4096, max_queue_bytes: int = 64 << 20,
+                 handshake_timeout: float = 5.0,
+                 on_unreachable: Callable[[str], None] | None = None,
+                 on_snapshot_sent: Callable[[str, bool], None] | None = None,
+                 logger: logging.Logger | None = None) -> None:
+        if (ssl_server is None) != (ssl_client is None):
+            raise ValueError("mutual TLS needs both ssl_server and ssl_client (or neither)")
+        if snapshot_chunk_bytes + 64 * 1024 > max_frame_bytes:
+            raise ValueError("snapshot_chunk_bytes must leave 64 KiB of max_frame_bytes for the chunk header")
+        if secret is not None and len(secret) < 16:
+            raise ValueError("the cluster secret must be at least 16 bytes")
+        self.node_id = node_id
+        self.listen = listen
+        self.port: int | None = None
+        self.on_message = on_message
+        self.on_unreachable = on_unreachable
+        self.on_snapshot_sent = on_snapshot_sent
+        self.secret = secret
+        self.ssl_server = ssl_server
+        self.ssl_client = ssl_client
+        self.max_frame_bytes = max_frame_bytes
+        self.snapshot_chunk_bytes = snapshot_chunk_bytes
+        self.max_snapshot_bytes = max_snapshot_bytes
+        self.max_queue_messages = max_queue_messages
+        self.max_queue_bytes = max_queue_bytes
+        self.handshake_timeout = handshake_timeout
+        self.log = logger or logging.getLogger(__name__)
+        self.stats = TransportStats()
+        self._rng = random.Random()
+        self._server: asyncio.Server | None = None
+        self._senders: dict[str, _PeerSender] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # inbound handlers and retired senders
+        self._inbound_writers: set[asyncio.StreamWriter] = set()
+        self._started = False
+        self._peers: dict[str, Address] = {}
+        self.set_peers(peers)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Listen (port 0 picks a free port, stored in self.port) and dial the peers."""
+        host, port = self.listen
+        self._server = await asyncio.start_server(self._serve_inbound, host, port, limit=READ_BYTES)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._started = True
+        for sender in self._senders.values():
+            sender.start()
+
+    async def stop(self) -> None:
+        """Close the listener and every connection; no task is left behind."""
+        self._started = False
+        if self._server is not None:
+            self._server.close()
+        tasks = set(self._tasks)
+        for sender in self._senders.values():
+            if sender.task is not None:
+                tasks.add(sender.task)
+        for writer in list(self._inbound_writers):
+            writer.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+        self._senders = {pid: _PeerSender(self, pid, addr) for pid, addr in self._peers.items()}
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, msg: Message) -> None:
+        """Queue msg for msg.to; never blocks. Lost messages are reported, not raised."""
+        sender = self._senders.get(msg.to)
+        if sender is None:
+            self.stats.messages_dropped += 1
+            self.log.debug("raft message %s to unknown peer %r dropped", msg.type.name, msg.to)
+            return
+        sender.enqueue(msg)
+
+    def set_peers(self, peers: dict[str, Address]) -> None:
+        """Replace the peer set (membership change). Changed addresses reconnect."""
+        self._peers = {pid: tuple(addr) for pid, addr in peers.items() if pid != self.node_id}
+        for pid in list(self._senders):
+            sender = self._senders[pid]
+            if self._peers.get(pid) != sender.addr:
+                self._retire(self._senders.pop(pid))
+        for pid, addr in self._peers.items():
+            if pid not in self._senders:
+                sender = self._senders[pid] = _PeerSender(self, pid, addr)
+                if self._started:
+                    sender.start()
+
+    def _retire(self, sender: _PeerSender) -> None:
+        for _ in sender.abandon():
+            self.stats.snapshots_failed += 1
+            self._notify_later(self.on_snapshot_sent, sender.peer_id, False)
+        if sender.task is not None:
+            sender.task.cancel()
+            self._track(sender.task)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _notify(self, callback: Callable[..., None] | None, *args: object) -> None:
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:
+            self.log.exception("raft transport callback %r failed", callback)
+
+    def _notify_later(self, callback: Callable[..., None] | None, *args: object) -> None:
+        """From send(): the caller may be in the middle of handling a Ready."""
+        if callback is None:
+            return
+        try:
+            asyncio.get_running_loop().call_soon(self._notify, callback, *args)
+        except RuntimeError:  # no loop yet (before start): nobody is in the middle of anything
+            self._notify(callback, *args)
+
+    # ------------------------------------------------------------------ receiving
+
+    async def _serve_inbound(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._track(task)
+        self._inbound_writers.add(writer)
+        addr = _addr(writer)
+        try:
+            peer_id = await self._authenticate_inbound(reader, writer, addr)
+            if peer_id is not None:
+                await self._receive(reader, peer_id, addr)
+        except asyncio.CancelledError:
+            # stop(). This is the top of the connection's task: nobody awaits it but
+            # stop(), and asyncio's stream callback (3.11) logs a cancelled handler as
+            # an error, so end normally.
+            pass
+        finally:
+            self._inbound_writers.discard(writer)
+            writer.close()
+
+    async def _authenticate_inbound(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                    addr: str) -> str | None:
+        """TLS (if configured) and the handshake; None, logged, if the peer fails them."""
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                if self.ssl_server is not None:
+                    await writer.start_tls(self.ssl_server)
+                return await self._acceptor_handshake(reader, writer)
+        except (TimeoutError, HandshakeError, FrameTooLarge, asyncio.IncompleteReadError,
+                ssl.SSLError, OSError) as exc:
+            reason = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
+            self.stats.connections_rejected += 1
+            self.log.warning("raft connection from %s rejected: %s", addr, reason)
+            return None
+
+    async def _acceptor_handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+        challenge = os.urandom(CHALLENGE_BYTES)
+        writer.write(pack_frame(KIND_HELLO, msgpack.packb([PROTOCOL, PROTOCOL_VERSION, challenge],
+                                                          use_bin_type=True)))
+        await writer.drain()
+        peer_id, peer_challenge, mac = _unpack_fields(*await _read_frame(reader, HANDSHAKE_MAX_FRAME),
+                                                      KIND_AUTH, 3)
+        peer_id = _check_node_id(peer_id)
+        _verify_mac(self.secret, "dialer", challenge, peer_id, mac)
+        if peer_id == self.node_id:
+            raise HandshakeError("peer claims our own node id")
+        if not isinstance(peer_challenge, bytes) or len(peer_challenge) != CHALLENGE_BYTES:
+            raise HandshakeError("bad challenge from peer")
+        reply = [self.node_id, _mac(self.secret, "acceptor", peer_challenge, self.node_id)]
+        writer.write(pack_frame(KIND_AUTH_OK, msgpack.packb(reply, use_bin_type=True)))
+        await writer.drain()
+        return peer_id
+
+    async def _receive(self, reader: asyncio.StreamReader, peer_id: str, addr: str) -> None:
+        """Deliver frames until the peer closes or breaks the protocol (then drop it)."""
+        decoder = FrameDecoder(self.max_frame_bytes)
+        conn = _InboundConnection(self, peer_id)
+        try:
+            while data := await reader.read(READ_BYTES):
+                self.stats.bytes_received += len(data)
+                for frame in decoder.feed(data):
+                    self.stats.frames_received += 1
+                    conn.handle_frame(frame)
+        except (FrameTooLarge, ProtocolError, MalformedMessage) as exc:
+            self.stats.connections_dropped += 1
+            self.log.warning("raft connection from %s (%s) dropped: %s: %s",
+                             peer_id, addr, type(exc).__name__, exc)
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            self.log.info("raft connection from %s (%s) lost: %s", peer_id, addr, exc)
+        if conn.reassembly is not None:
+            self.stats.snapshots_failed += 1
+            self.log.warning("raft snapshot from %s abandoned after %d of %d bytes", peer_id,
+                             len(conn.reassembly.data), conn.reassembly.total)
+
+    def _deliver(self, msg: Message) -> None:
+        if msg.to != self.node_id:
+            self.stats.messages_dropped += 1
+            self.log.warning("raft message %s from %s is addressed to %r, not us (%r): dropped",
+                             msg.type.name, msg.frm, msg.to, self.node_id)
+            return
+        self._notify(self.on_message, msg)
+
+
+class _InboundConnection:
+    """Per-connection receive state: the authenticated sender and a snapshot in progress."""
+
+    def __init__(self, transport: RaftTransport, peer_id: str) -> None:
+        self.t = transport
+        self.peer_id = peer_id
+        self.reassembly: _Reassembly | None = None
+
+    def handle_frame(self, frame: bytes) -> None:
+        kind, body = frame[0], memoryview(frame)[1:]
+        if kind == KIND_MESSAGE:
+            self.t._deliver(self._check_sender(decode_message(body)))
+        elif kind == KIND_CHUNK:
+            self._handle_chunk(body)
+        else:
+            raise ProtocolError(f"unexpected frame kind {kind}")
+
+    def _check_sender(self, msg: Message) -> Message:
+        if msg.frm != self.peer_id:
+            raise ProtocolError(f"message claims to be from {msg.frm!r} on a connection "
+                                f"authenticated as {self.peer_id!r}")
+        return msg
+
+    def _handle_chunk(self, body: memoryview) -> None:
+        offset, total, done, header, data = self._parse_chunk(body)
+        if offset == 0:
+            self._begin_snapshot(total, header)
+        r = self.reassembly
+        if r is None or offset != len(r.data) or total != r.total:
+            raise ProtocolError(f"snapshot chunk at offset {offset} does not continue the transfer")
+        if len(r.data) + len(data) > total:
+            raise ProtocolError("snapshot chunks exceed the announced total")
+        r.data += data
+        if done:
+            if len(r.data) != total:
+                raise ProtocolError(f"snapshot ended after {len(r.data)} of {total} bytes")
+            self.reassembly = None
+            r.header.data = bytes(r.data)
+            self.t.stats.snapshots_received += 1
+            self.t._deliver(r.header)
+
+    @staticmethod
+    def _parse_chunk(body: memoryview) -> tuple[int, int, bool, bytes | None, bytes]:
+        try:
+            fields = msgpack.unpackb(body, raw=False)
+            offset, total, done, header, data = fields
+        except Exception as exc:
+            raise ProtocolError(f"undecodable snapshot chunk: {exc}") from exc
+        if not (isinstance(offset, int) and isinstance(total, int) and 0 <= offset <= total
+                and isinstance(data, bytes) and (header is None or isinstance(header, bytes))):
+            raise ProtocolError("malformed snapshot chunk")
+        return offset, total, bool(done), header, data
+
+    def _begin_snapshot(self, total: int, header: bytes | None) -> None:
+        if header is None:
+            raise ProtocolError("first snapshot chunk without its message header")
+        if total > self.t.max_snapshot_bytes:
+            raise ProtocolError(f"snapshot of {total} bytes exceeds the limit {self.t.max_snapshot_bytes}")
+        msg = self._check_sender(decode_message(header))
+        if msg.type != MessageType.SNAP:
+            raise ProtocolError(f"snapshot chunk header is a {msg.type.name} message")
+        if self.reassembly is not None:
+            self.t.stats.snapshots_failed += 1
+            self.t.log.warning("raft snapshot from %s restarted before it completed", self.peer_id)
+        self.reassembly = _Reassembly(msg, total, bytearray())
