@@ -1,0 +1,481 @@
+"""RaftTransport over loopback: ordering, reconnects, snapshots, bad peers, authentication, TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+from collections.abc import AsyncIterator
+
+import msgpack
+import pytest
+
+from dex_ha.raft.transport import FrameDecoder, FrameTooLarge, RaftTransport, pack_frame
+from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta
+from tests.raft.transport_helpers import (
+    KIND_AUTH_OK,
+    KIND_CHUNK,
+    KIND_HELLO,
+    LOOPBACK,
+    SECRET,
+    Node,
+    RawPeer,
+    app,
+    connect_all,
+    frame,
+    make_certs,
+    mac,
+    make_node,
+    wait_until,
+)
+
+LOGGER = "dex_ha.raft.transport"
+
+
+async def started(*nodes: Node) -> tuple[Node, ...]:
+    for n in nodes:
+        await n.transport.start()
+    await connect_all(*nodes)
+    return nodes
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[Node, Node]]:
+    """Two authenticated nodes, a and b, talking to each other."""
+    a, b = await started(make_node("a", secret=SECRET), make_node("b", secret=SECRET))
+    yield a, b
+    await a.transport.stop()
+    await b.transport.stop()
+
+
+async def still_talking(a: Node, b: Node) -> None:
+    """The good pair keeps exchanging messages both ways."""
+    a.transport.send(app("a", "b", 7001))
+    b.transport.send(app("b", "a", 7002))
+    assert (await b.recv()).index == 7001
+    assert (await a.recv()).index == 7002
+
+
+# ---------------------------------------------------------------------------- normal traffic
+
+
+async def test_messages_flow_both_ways_in_order(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    to_b = [app("a", "b", i) for i in range(500)]
+    to_a = [app("b", "a", i) for i in range(500)]
+    for x, y in zip(to_b, to_a):
+        a.transport.send(x)
+        b.transport.send(y)
+    assert await b.recv_n(500) == to_b
+    assert await a.recv_n(500) == to_a
+    assert a.transport.stats.frames_sent >= 500 and b.transport.stats.frames_received >= 500
+    assert a.transport.stats.writes < a.transport.stats.frames_sent / 5  # batched writes
+
+
+async def test_reconnect_after_the_peer_restarts(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    a.transport.send(app("a", "b", 1))
+    assert (await b.recv()).index == 1
+    port = b.transport.port
+    await b.transport.stop()
+    await wait_until(lambda: "b" in a.unreachable or a.transport.stats.connect_failures > 0
+                     or _send_and_count_drop(a))
+    b2 = make_node("b", port=port, secret=SECRET)
+    await b2.transport.start()
+    b2.transport.set_peers({"a": a.addr})
+    try:
+        async def first_delivery() -> Message:
+            i = 100
+            while True:  # messages sent while the link is down are lost, by design
+                a.transport.send(app("a", "b", i))
+                i += 1
+                try:
+                    return await asyncio.wait_for(b2.inbox.get(), 0.2)
+                except asyncio.TimeoutError:
+                    continue
+        got = await asyncio.wait_for(first_delivery(), 10)
+        assert got.frm == "a"
+        later = [app("a", "b", 10_000 + i) for i in range(20)]
+        for m in later:
+            a.transport.send(m)
+        received = []
+        while len(received) < 20:
+            m = await b2.recv()
+            if m.index >= 10_000:
+                received.append(m)
+        assert received == later
+        b2.transport.send(app("b", "a", 5))
+        assert (await a.recv()).index == 5
+    finally:
+        await b2.transport.stop()
+
+
+def _send_and_count_drop(a: Node) -> bool:
+    a.transport.send(app("a", "b", 2))
+    return a.transport.stats.messages_dropped > 0
+
+
+async def test_messages_are_dropped_and_reported_when_a_peer_is_down() -> None:
+    a = make_node("a", secret=SECRET, max_queue_messages=8)
+    await a.transport.start()
+    dead = make_node("dead")
+    await dead.transport.start()
+    port = dead.transport.port
+    await dead.transport.stop()  # nothing listens there now
+    a.transport.set_peers({"b": (LOOPBACK, port)})
+    try:
+        for i in range(100):
+            a.transport.send(app("a", "b", i))
+        await wait_until(lambda: a.transport.stats.messages_dropped >= 90 and "b" in a.unreachable)
+        a.transport.send(Message(MessageType.SNAP, "b", "a", data=b"s" * 10))
+        await wait_until(lambda: ("b", False) in a.snapshots_sent)
+    finally:
+        await a.transport.stop()
+
+
+async def test_messages_to_unknown_peers_are_dropped(pair: tuple[Node, Node]) -> None:
+    a, _ = pair
+    a.transport.send(app("a", "zz", 1))
+    assert a.transport.stats.messages_dropped == 1
+
+
+async def test_set_peers_adds_and_removes_peers(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    c = make_node("c", secret=SECRET)
+    await c.transport.start()
+    try:
+        a.transport.set_peers({"b": b.addr, "c": c.addr})
+        a.transport.send(app("a", "c", 1))
+        assert (await c.recv()).index == 1
+        a.transport.set_peers({"c": c.addr})
+        a.transport.send(app("a", "b", 2))
+        assert a.transport.stats.messages_dropped == 1  # b is no longer a peer
+        a.transport.send(app("a", "c", 3))
+        assert (await c.recv()).index == 3
+    finally:
+        await c.transport.stop()
+
+
+async def test_stop_leaves_no_task_behind(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    await still_talking(a, b)
+    await a.transport.stop()
+    await b.transport.stop()
+    await asyncio.sleep(0)
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+# ---------------------------------------------------------------------------- snapshots
+
+
+SNAP_META = SnapshotMeta(index=1234, term=7, conf_state=ConfState(voters=("a", "b", "c")))
+
+
+async def test_a_10_mib_snapshot_arrives_whole_in_chunks() -> None:
+    a, b = await started(make_node("a", secret=SECRET, max_frame_bytes=2 << 20),
+                         make_node("b", secret=SECRET, max_frame_bytes=2 << 20))
+    try:
+        data = os.urandom(10 << 20)  # 10 MiB: five times the frame limit
+        snap = Message(MessageType.SNAP, "b", "a", term=7, snapshot=SNAP_META, data=data)
+        a.transport.send(snap)
+        a.transport.send(Message(MessageType.HEARTBEAT, "b", "a", term=7))
+        got = [await b.recv(), await b.recv()]
+        (received,) = [m for m in got if m.type == MessageType.SNAP]
+        assert received == snap
+        assert b.transport.stats.frames_received >= 11  # ten 1 MiB chunks and the heartbeat
+        assert b.transport.stats.snapshots_received == 1
+        await wait_until(lambda: a.snapshots_sent == [("b", True)])
+        await still_talking(a, b)
+    finally:
+        await a.transport.stop()
+        await b.transport.stop()
+
+
+async def test_a_snapshot_above_the_receivers_limit_drops_the_connection(caplog) -> None:
+    a, b = await started(make_node("a", secret=SECRET),
+                         make_node("b", secret=SECRET, max_snapshot_bytes=1 << 20))
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            a.transport.send(Message(MessageType.SNAP, "b", "a", snapshot=SNAP_META, data=b"x" * (2 << 20)))
+            await wait_until(lambda: "exceeds the limit" in caplog.text)
+        assert b.inbox.empty()
+        await still_talking(a, b)  # the link comes back for normal traffic
+    finally:
+        await a.transport.stop()
+        await b.transport.stop()
+
+
+async def test_out_of_order_snapshot_chunk_drops_the_connection(pair: tuple[Node, Node], caplog) -> None:
+    a, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    await raw.handshake("a", SECRET)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        raw.send_raw(frame(KIND_CHUNK, msgpack.packb([5, 10, False, None, b"xxxxx"], use_bin_type=True)))
+        assert await raw.closed_by_peer()
+    assert "does not continue the transfer" in caplog.text
+    assert b.inbox.empty()
+    await still_talking(a, b)
+
+
+# ---------------------------------------------------------------------------- bad peers
+
+
+async def test_a_peer_without_the_secret_is_refused_and_logged(pair: tuple[Node, Node], caplog) -> None:
+    a, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        await raw.handshake("mallory", None)  # no MAC at all
+        assert await raw.closed_by_peer()
+        await wait_until(lambda: raw.local_addr in caplog.text)
+    assert "rejected" in caplog.text
+    assert b.transport.stats.connections_rejected == 1
+    await still_talking(a, b)
+
+
+async def test_a_wrong_hmac_is_refused_even_with_a_real_node_id(pair: tuple[Node, Node], caplog) -> None:
+    a, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        await raw.handshake("a", b"not-the-cluster-secret")
+        assert await raw.closed_by_peer()
+        await wait_until(lambda: raw.local_addr in caplog.text)
+    raw2 = await RawPeer.connect(b.transport.port)
+    await raw2.handshake("a", None, mac_override=b"\0" * 32)
+    assert await raw2.closed_by_peer()
+    assert b.transport.stats.connections_rejected == 2 and b.inbox.empty()
+    await still_talking(a, b)
+
+
+async def test_a_good_raw_peer_is_accepted_and_the_acceptor_proves_itself(pair: tuple[Node, Node]) -> None:
+    """The control for the tests above: the same raw peer with the secret gets through."""
+    _, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    await raw.handshake("a", SECRET)
+    await raw.expect_auth_ok("b", SECRET)
+    raw.send_message(app("a", "b", 42))
+    assert (await b.recv()).index == 42
+    raw.close()
+
+
+async def test_the_dialer_refuses_an_impostor_acceptor(caplog) -> None:
+    """Mutual: a node will not send to a listener that cannot prove it holds the secret,
+    even one that accepts anything and answers with the right node id."""
+    got_messages: list[bytes] = []
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(frame(KIND_HELLO, msgpack.packb(["dex-ha-raft", 1, os.urandom(32)], use_bin_type=True)))
+        await reader.readexactly(struct.unpack(">I", await reader.readexactly(4))[0])  # AUTH, unchecked
+        writer.write(frame(KIND_AUTH_OK, msgpack.packb(["b", mac(b"guessed-secret-123", "acceptor", b"?" * 32, "b")],
+                                                         use_bin_type=True)))
+        got_messages.append(await reader.read(65536))  # anything the dialer sends next
+        writer.close()
+
+    server = await asyncio.start_server(impostor, LOOPBACK, 0)
+    a = make_node("a", secret=SECRET)
+    await a.transport.start()
+    a.transport.set_peers({"b": (LOOPBACK, server.sockets[0].getsockname()[1])})
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            a.transport.send(app("a", "b", 1))
+            await wait_until(lambda: a.transport.stats.connect_failures > 0 and got_messages)
+        assert got_messages[0] == b""  # it hung up without sending a frame
+        assert "bad or missing authentication" in caplog.text
+    finally:
+        await a.transport.stop()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_silent_peer_times_out(caplog) -> None:
+    b = make_node("b", secret=SECRET, handshake_timeout=0.3)
+    await b.transport.start()
+    try:
+        raw = await RawPeer.connect(b.transport.port)
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            assert await raw.closed_by_peer()  # it never answers the HELLO
+        assert "timed out" in caplog.text and raw.local_addr in caplog.text
+    finally:
+        await b.transport.stop()
+
+
+async def test_garbage_before_authentication_is_refused(pair: tuple[Node, Node], caplog) -> None:
+    a, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        raw.send_raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await raw.closed_by_peer()
+        await wait_until(lambda: raw.local_addr in caplog.text)
+    await still_talking(a, b)
+
+
+async def test_garbage_after_authentication_drops_the_connection(pair: tuple[Node, Node], caplog) -> None:
+    a, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    await raw.handshake("a", SECRET)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        raw.send_raw(frame(1, b"\xc1\xc1 definitely not msgpack"))
+        assert await raw.closed_by_peer()
+        await wait_until(lambda: "MalformedMessage" in caplog.text)
+    assert b.transport.stats.connections_dropped == 1
+    await still_talking(a, b)
+
+
+async def test_an_oversized_length_prefix_drops_the_connection_without_buffering(caplog) -> None:
+    a, b = await started(make_node("a", secret=SECRET), make_node("b", secret=SECRET, max_frame_bytes=2 << 20))
+    try:
+        raw = await RawPeer.connect(b.transport.port)
+        await raw.handshake("a", SECRET)
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            raw.send_raw(struct.pack(">I", 3 << 30))  # announces 3 GiB, sends nothing more
+            assert await raw.closed_by_peer()  # closed on the prefix alone
+            await wait_until(lambda: "FrameTooLarge" in caplog.text)
+        assert "3221225472" in caplog.text
+        await still_talking(a, b)
+    finally:
+        await a.transport.stop()
+        await b.transport.stop()
+
+
+async def test_valid_msgpack_that_is_not_a_message_is_dropped(pair: tuple[Node, Node], caplog) -> None:
+    a, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    await raw.handshake("a", SECRET)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        raw.send_raw(frame(1, msgpack.packb({"type": "APP", "to": "b"})))
+        assert await raw.closed_by_peer()
+        await wait_until(lambda: "MalformedMessage" in caplog.text)
+    assert b.inbox.empty()
+    await still_talking(a, b)
+
+
+async def test_an_unknown_frame_kind_is_dropped(pair: tuple[Node, Node], caplog) -> None:
+    a, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    await raw.handshake("a", SECRET)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        raw.send_raw(frame(99, b"hello"))
+        assert await raw.closed_by_peer()
+    assert "unexpected frame kind 99" in caplog.text
+    await still_talking(a, b)
+
+
+async def test_a_peer_claiming_another_frm_is_dropped(pair: tuple[Node, Node], caplog) -> None:
+    a, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    await raw.handshake("c", SECRET)  # a real member, authenticated as c ...
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        raw.send_message(app("c", "b", 1))  # ... may speak as c
+        assert (await b.recv()).frm == "c"
+        raw.send_message(app("a", "b", 2))  # ... but not as a
+        assert await raw.closed_by_peer()
+    assert "claims to be from 'a'" in caplog.text
+    assert b.inbox.empty()
+    await still_talking(a, b)
+
+
+async def test_a_message_for_another_node_is_dropped_not_delivered(pair: tuple[Node, Node], caplog) -> None:
+    a, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    await raw.handshake("a", SECRET)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        raw.send_message(app("a", "zz", 1))
+        raw.send_message(app("a", "b", 2))
+        assert (await b.recv()).index == 2
+    assert "addressed to 'zz'" in caplog.text
+
+
+async def test_insecure_mode_talks_without_a_secret() -> None:
+    a, b = await started(make_node("a"), make_node("b"))
+    try:
+        await still_talking(a, b)
+    finally:
+        await a.transport.stop()
+        await b.transport.stop()
+
+
+async def test_a_node_with_a_secret_refuses_an_insecure_one(caplog) -> None:
+    a, b = await started(make_node("a"), make_node("b", secret=SECRET))
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            a.transport.send(app("a", "b", 1))
+            await wait_until(lambda: b.transport.stats.connections_rejected > 0)
+        b.transport.send(app("b", "a", 2))
+        await wait_until(lambda: b.transport.stats.connect_failures > 0)  # a cannot prove itself
+        assert a.inbox.empty() and b.inbox.empty()
+    finally:
+        await a.transport.stop()
+        await b.transport.stop()
+
+
+# ---------------------------------------------------------------------------- mutual TLS
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    pytest.importorskip("cryptography")
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+async def test_mutual_tls_carries_messages(certs) -> None:
+    def node(nid: str) -> Node:
+        return make_node(nid, ssl_server=certs.server_ctx(),
+                         ssl_client=certs.client_ctx(certs.node_cert, certs.node_key))
+    a, b = await started(node("a"), node("b"))
+    try:
+        await still_talking(a, b)
+        a.transport.send(Message(MessageType.SNAP, "b", "a", snapshot=SNAP_META, data=os.urandom(3 << 20)))
+        assert len((await b.recv()).data) == 3 << 20
+    finally:
+        await a.transport.stop()
+        await b.transport.stop()
+
+
+@pytest.mark.parametrize("client_cert", ["none", "other-ca"])
+async def test_mutual_tls_refuses_a_client_without_a_valid_certificate(certs, caplog, client_cert: str) -> None:
+    b = make_node("b", ssl_server=certs.server_ctx(), ssl_client=certs.client_ctx(certs.node_cert, certs.node_key))
+    await b.transport.start()
+    try:
+        ctx = (certs.client_ctx() if client_cert == "none"
+               else certs.client_ctx(certs.rogue_cert, certs.rogue_key))
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            try:
+                raw = await RawPeer.connect(b.transport.port, ssl_ctx=ctx)
+            except (ssl_errors()) :
+                raw = None  # refused during the TLS handshake itself
+            if raw is not None:
+                with pytest.raises((asyncio.IncompleteReadError, *ssl_errors())):
+                    await raw.read_frame()  # no HELLO for it: the server hung up
+            await wait_until(lambda: "rejected" in caplog.text)
+        assert b.transport.stats.connections_rejected == 1 and b.inbox.empty()
+    finally:
+        await b.transport.stop()
+
+
+def ssl_errors() -> tuple[type[BaseException], ...]:
+    import ssl
+    return (ssl.SSLError, ConnectionError)
+
+
+# ---------------------------------------------------------------------------- units
+
+
+def test_frame_decoder_reassembles_byte_by_byte_and_rejects_oversize_at_once() -> None:
+    frames = [pack_frame(1, b"x" * n) for n in (0, 1, 300, 70000)]
+    dec = FrameDecoder(max_frame_bytes=100_000)
+    out = []
+    for byte in b"".join(frames):
+        out += dec.feed(bytes([byte]))
+    assert out == [f[4:] for f in frames]
+    dec = FrameDecoder(max_frame_bytes=1000)
+    with pytest.raises(FrameTooLarge):
+        dec.feed(struct.pack(">I", 1001))  # just the prefix: no body needed to refuse it
+
+
+def test_configuration_is_validated() -> None:
+    with pytest.raises(ValueError, match="both"):
+        RaftTransport("a", (LOOPBACK, 0), {}, print, ssl_server=None, ssl_client=object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="chunk"):
+        RaftTransport("a", (LOOPBACK, 0), {}, print, max_frame_bytes=1 << 20, snapshot_chunk_bytes=1 << 20)
+    with pytest.raises(ValueError, match="secret"):
+        RaftTransport("a", (LOOPBACK, 0), {}, print, secret=b"short")
