@@ -35,8 +35,10 @@ class Driver:
     # ------------------------------------------------------------- log
 
     def apply(self, cmd: Any) -> ApplyResult:
+        return self.apply_raw(encode_command(cmd))
+
+    def apply_raw(self, data: bytes) -> ApplyResult:
         self.index += 1
-        data = encode_command(cmd)
         self.log.append((self.index, data))
         return self.engine.apply(self.index, data)
 

@@ -357,6 +357,11 @@ def test_fifo_per_agent_queue(d):
     assert [s.session_id for s in d.queued()] == ["s3", "s1", "s4"]
     assert [s.session_id for s in d.queued("other")] == ["s2"]
     assert [s.session_id for s in d.engine.queued_steps("helper", 2)] == ["s3", "s1"]
+    first = d.hand_out()  # s3's model step fails and retries: it queues behind s1 and s4
+    d.worker_kill(first)
+    d.tick(60_000)
+    d.fire_due()
+    assert [s.session_id for s in d.queued()] == ["s1", "s4", "s3"]
 
 
 # ---------------------------------------------------------------- reconcile, sessions, events
