@@ -1,0 +1,1275 @@
+"""The pure Raft consensus core: no I/O, no clock, no global state (the etcd-raft design).
+
+The node loop drives a `RaftCore`:
+
+* `tick(now_ms)` is the only way time enters; `step(msg)` feeds a message from a peer;
+  `propose`, `propose_conf_change` and `transfer_leadership` are the local requests.
+* `has_ready()` / `ready()` hand out what to persist, send and apply (see `Ready` in
+  types.py for the order the caller follows); `advance(rd)` says it was done. At most
+  one Ready is outstanding: `has_ready()` is False until the previous one is advanced.
+  Messages produced by `step()` between `ready()` and `advance()` wait for the next
+  Ready, so a message never depends on state that has not been persisted before it
+  is sent.
+
+Same configuration, same `rng` seed and same inputs give the same outputs.
+
+Configuration changes take effect when their entry is APPENDED to a log (the Raft
+dissertation §4.1 rule, single-server changes), not when committed. Why: with
+commit-time activation, nodes switch at different moments (when each learns of the
+commit) and a node that has not learned it yet can still run an election under a
+configuration two changes old. With append-time activation a node always uses the
+newest configuration in its own log, and a truncated configuration entry is undone
+(we re-derive the configuration from the snapshot's config plus the log's
+CONF_CHANGE entries). See "Safety: membership changes" below.
+
+Safety: membership changes
+--------------------------
+Two configurations that differ by one server have intersecting majorities. We allow
+one change at a time: the leader refuses a new change until (a) it has committed an
+entry of its own term (its no-op; this is Ongaro's fix for single-server changes:
+it guarantees no uncommitted configuration from an older term can still win) and
+(b) the previous change is committed. So the configurations any two live nodes use
+differ by at most one change, every vote quorum intersects every replication quorum,
+and election safety and leader completeness hold as in plain Raft. A leader that
+removes itself stops counting itself from the moment it appends the change and steps
+down once the change is committed.
+
+Safety: the leader lease
+------------------------
+Every heartbeat round is numbered (`Message.context`) and echoed in HEARTBEAT_RESP.
+The leader records the time (its clock, at the tick that started the round, which is
+no later than the real send) of each round. A voter that acknowledged round r received
+it after it was sent. The lease lasts until
+
+    (send time of the newest round acknowledged by a quorum of the current voters,
+     the leader counting itself) + election_timeout_min - lease_drift_margin.
+
+A voter refuses (pre)votes for a term above its own while it "heard from a leader"
+less than election_timeout_min ago by its own clock (the moment is taken at the first
+tick after the message, so it is never earlier than the real receipt). A leader counts
+as hearing from itself until it steps down; a restarted node counts its start as the
+last time it heard from a leader (it forgot). Any quorum that elects a new leader
+intersects the quorum that acknowledged round r, so the new leader is elected no
+earlier than (receipt of r) + election_timeout_min of a voter's clock. With clock rates
+within 1±rho, the old lease is over before that when
+(etmin - margin) / (1 - rho) <= etmin / (1 + rho); for the defaults (1000 ms, 100 ms)
+rho may be up to 5 %. Votes granted before acknowledging r cannot help a rival: such a
+voter is already in a higher term and does not acknowledge r. The intersection also
+holds across membership changes because the lease is evaluated with the configuration
+current at evaluation time, and that configuration and any rival's differ by at most
+one change (previous section).
+
+Two exceptions, both made safe by the leader giving its lease up first:
+* leadership transfer: the leader gives its lease up for the rest of its term before it
+  emits TIMEOUT_NOW, because the target's VOTE (context=1) bypasses the recent-leader
+  check. A transfer that does not finish within an election timeout is aborted and the
+  leader steps down: it cannot hold a lease again in this term (a delayed TIMEOUT_NOW
+  may still arrive), so a new election is the only way back to an active node;
+* the lease also requires that the leader committed and applied an entry of its own
+  term, so an active node has applied every entry committed before it was elected.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+
+from .progress import Inflights, Progress, ProgressState
+from .types import (
+    NO_NODE,
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    MessageType,
+    Ready,
+    Role,
+    SnapshotMeta,
+    decode_conf_change,
+    encode_conf_change,
+)
+
+__all__ = [
+    "NotLeader",
+    "ProposalDropped",
+    "RaftConfig",
+    "RaftCore",
+    "RaftLog",
+    "apply_conf_change",
+    "TRANSFER_CONTEXT",
+]
+
+# Message.context on VOTE that marks a leadership-transfer campaign.
+TRANSFER_CONTEXT = 1
+
+_MT = MessageType
+# Messages only a leader of the message's term sends.
+_FROM_LEADER = (_MT.APP, _MT.HEARTBEAT, _MT.SNAP)
+_MESSAGE_TYPES = frozenset(int(t) for t in MessageType)
+_ENTRY_TYPES = frozenset(int(t) for t in EntryType)
+
+
+class NotLeader(Exception):
+    """The request needs the leader; `leader_id` is the leader we know of ("" if none)."""
+
+    def __init__(self, leader_id: str) -> None:
+        super().__init__(f"not the leader (leader: {leader_id or 'unknown'})")
+        self.leader_id = leader_id
+
+
+class ProposalDropped(Exception):
+    """The leader cannot take this proposal now (transfer, pending change, invalid)."""
+
+
+@dataclass
+class RaftConfig:
+    id: str
+    election_timeout_min_ms: int = 1000  # randomized in [min, max)
+    election_timeout_max_ms: int = 2000
+    heartbeat_interval_ms: int = 100
+    lease_drift_margin_ms: int = 100  # clock-drift margin subtracted from the lease
+    max_msg_bytes: int = 1 << 20  # max entry bytes per APP message (batching)
+    max_inflight_msgs: int = 256  # pipelining: APP messages in flight per follower
+    max_inflight_bytes: int = 32 << 20  # flow control by bytes in flight
+    pre_vote: bool = True
+    check_quorum: bool = True
+    # Added: cap on committed-entry bytes handed out in one Ready (bounds apply batches).
+    max_committed_bytes_per_ready: int = 8 << 20
+
+
+# ---------------------------------------------------------------------------------
+# Configuration
+
+
+def canonical_conf(cs: ConfState) -> ConfState:
+    """Sorted, de-duplicated form, so equal configurations compare equal."""
+    voters = tuple(sorted(set(cs.voters)))
+    learners = tuple(sorted(set(cs.learners) - set(voters)))
+    return ConfState(voters, learners)
+
+
+def apply_conf_change(cs: ConfState, cc: ConfChange) -> ConfState | None:
+    """The configuration after `cc`, or None if `cc` is not valid in `cs`.
+
+    Every node replays the same entries from the same base, so an invalid change is a
+    no-op everywhere alike.
+    """
+    voters, learners = set(cs.voters), set(cs.learners)
+    node = cc.node_id
+    if not isinstance(node, str) or not node:
+        return None
+    if cc.type == ConfChangeType.ADD_LEARNER:
+        if node in voters or node in learners:
+            return None
+        learners.add(node)
+    elif cc.type == ConfChangeType.PROMOTE:
+        if node not in learners:
+            return None
+        learners.discard(node)
+        voters.add(node)
+    elif cc.type == ConfChangeType.REMOVE:
+        if node in learners:
+            learners.discard(node)
+        elif node in voters and len(voters) > 1:
+            voters.discard(node)
+        else:
+            return None
+    else:
+        return None
+    return canonical_conf(ConfState(tuple(voters), tuple(learners)))
+
+
+def _decode_change(data: bytes) -> ConfChange | None:
+    try:
+        cc = decode_conf_change(data)
+    except Exception:  # an undecodable change is a no-op on every node alike
+        return None
+    return cc
+
+
+# ---------------------------------------------------------------------------------
+# The in-memory log
+
+
+class RaftLog:
+    """Entries after a snapshot boundary, plus the commit / persistence bookkeeping.
+
+    * `snap_index`/`snap_term`: the last entry covered by the snapshot (0/0 if none);
+    * `persisted`: entries up to here are durable (caller advanced a Ready with them);
+    * `handed`: entries up to here were given to the caller to persist;
+    * `commit`: highest index known committed.
+    """
+
+    def __init__(self, snap_index: int, snap_term: int, entries: list[Entry]) -> None:
+        self.snap_index = snap_index
+        self.snap_term = snap_term
+        self._ents: list[Entry] = list(entries)
+        self.commit = snap_index
+        self.persisted = self.last_index
+        self.handed = self.last_index
+
+    @property
+    def first_index(self) -> int:
+        return self.snap_index + 1
+
+    @property
+    def last_index(self) -> int:
+        return self.snap_index + len(self._ents)
+
+    @property
+    def last_term(self) -> int:
+        return self._ents[-1].term if self._ents else self.snap_term
+
+    def term(self, index: int) -> int | None:
+        """Term of the entry at `index`; None if compacted away or beyond the end."""
+        if index == self.snap_index:
+            return self.snap_term
+        if self.snap_index < index <= self.last_index:
+            return self._ents[index - self.snap_index - 1].term
+        return None
+
+    def entry(self, index: int) -> Entry | None:
+        if self.snap_index < index <= self.last_index:
+            return self._ents[index - self.snap_index - 1]
+        return None
+
+    def slice(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        """Entries [lo, hi) up to `max_bytes` (always at least one if any)."""
+        lo = max(lo, self.first_index)
+        hi = min(hi, self.last_index + 1)
+        out: list[Entry] = []
+        size = 0
+        base = self.snap_index + 1
+        for i in range(lo, hi):
+            e = self._ents[i - base]
+            size += e.size()
+            if out and size > max_bytes:
+                break
+            out.append(e)
+        return out
+
+    def is_up_to_date(self, index: int, term: int) -> bool:
+        """Is a log ending at (index, term) at least as up to date as ours (§5.4.1)?"""
+        return term > self.last_term or (term == self.last_term and index >= self.last_index)
+
+    def find_conflict_by_term(self, index: int, term: int) -> int:
+        """Largest index <= `index` whose entry term is <= `term` (fast backtracking).
+
+        Returns `index` unchanged when it is beyond our log, and the snapshot index when
+        the search runs into the compacted prefix.
+        """
+        if index > self.last_index:
+            return index
+        i = index
+        while i > self.snap_index:
+            t = self.term(i)
+            if t is not None and t <= term:
+                return i
+            i -= 1
+        return min(index, self.snap_index)
+
+    def append(self, entries: list[Entry]) -> None:
+        """Write `entries` from entries[0].index on, dropping whatever was there."""
+        first = entries[0].index
+        del self._ents[first - self.snap_index - 1 :]
+        self._ents.extend(entries)
+        self.handed = min(self.handed, first - 1)
+        self.persisted = min(self.persisted, first - 1)
+
+    def unhanded(self) -> list[Entry]:
+        return self._ents[self.handed - self.snap_index :]
+
+    def commit_to(self, index: int) -> bool:
+        if index > self.commit:
+            self.commit = index
+            return True
+        return False
+
+    def stable_to(self, index: int, term: int) -> None:
+        """The caller persisted entries up to (index, term) unless the log moved on."""
+        if self.term(index) == term and index > self.persisted:
+            self.persisted = index
+
+    def compact(self, index: int, term: int) -> None:
+        del self._ents[: index - self.snap_index]
+        self.snap_index, self.snap_term = index, term
+
+    def restore(self, index: int, term: int) -> None:
+        """Replace everything with a snapshot at (index, term)."""
+        self._ents = []
+        self.snap_index, self.snap_term = index, term
+        self.commit = max(self.commit, index)
+        self.persisted = self.handed = index
+
+
+# ---------------------------------------------------------------------------------
+# The core
+
+
+class _Campaign(enum.Enum):
+    PRE_VOTE = "pre_vote"
+    ELECTION = "election"
+    TRANSFER = "transfer"  # after TIMEOUT_NOW: no pre-vote, context=1
+
+
+class _Poll(enum.Enum):
+    WON = "won"
+    LOST = "lost"
+    PENDING = "pending"
+
+
+@dataclass
+class _Transfer:
+    target: str
+    deadline_ms: int
+
+
+class RaftCore:
+    """One Raft node's consensus state machine. See the module docstring."""
+
+    def __init__(
+        self,
+        config: RaftConfig,
+        *,
+        hard_state: HardState,
+        conf_state: ConfState,
+        snapshot: SnapshotMeta | None,
+        entries: list[Entry],
+        applied: int,
+        now_ms: int,
+        rng: random.Random,
+    ) -> None:
+        self._cfg = config
+        self.id = config.id
+        self._rng = rng
+        snap_index = snapshot.index if snapshot is not None else 0
+        snap_term = snapshot.term if snapshot is not None else 0
+        for i, e in enumerate(entries):
+            if e.index != snap_index + 1 + i:
+                raise ValueError(f"entries must follow the snapshot contiguously (at {e.index})")
+        self._log = RaftLog(snap_index, snap_term, entries)
+        self._snapshot = snapshot
+        # Configuration: the base as of the snapshot, plus CONF_CHANGE entries in the log.
+        self._base_conf = canonical_conf(conf_state)
+        self._conf_entries = [e.index for e in entries if e.type == EntryType.CONF_CHANGE]
+        self._conf = self._conf_at(self._log.last_index)
+
+        self._term = hard_state.term
+        self._vote = hard_state.vote
+        commit = max(hard_state.commit, applied, snap_index)
+        self._log.commit = min(commit, self._log.last_index)
+        self._applied = max(min(applied, self._log.commit), snap_index)
+        self._applying = self._applied  # committed entries handed out up to here
+        self._prev_hs = hard_state  # the hard state the caller has (was handed)
+
+        self._now = now_ms
+        # A restarted node forgot whom it heard from: count its start as "heard from a
+        # leader" so it grants no vote for one election_timeout_min (lease safety).
+        self._last_heard_ms = now_ms
+        self._heard_pending = False
+
+        self._role = Role.FOLLOWER
+        self._leader = NO_NODE
+        self._election_deadline = 0
+        self._votes: dict[str, bool] = {}
+        self._msgs: list[Message] = []
+        self._pending_snapshot: tuple[SnapshotMeta, bytes] | None = None
+        self._outstanding: Ready | None = None
+        self._reset_leader_state()
+        self._reset_election_timer()
+
+    # -- public properties ---------------------------------------------------------------
+
+    @property
+    def role(self) -> Role:
+        if self._role == Role.FOLLOWER and self.id not in self._conf.voters:
+            return Role.LEARNER
+        return self._role
+
+    @property
+    def term(self) -> int:
+        return self._term
+
+    @property
+    def vote(self) -> str:
+        return self._vote
+
+    @property
+    def leader_id(self) -> str:
+        return self._leader
+
+    @property
+    def commit_index(self) -> int:
+        return self._log.commit
+
+    @property
+    def applied_index(self) -> int:
+        return self._applied
+
+    @property
+    def conf_state(self) -> ConfState:
+        """The current configuration (the newest one in the log)."""
+        return self._conf
+
+    @property
+    def last_index(self) -> int:
+        return self._log.last_index
+
+    @property
+    def first_index(self) -> int:
+        return self._log.first_index
+
+    @property
+    def snapshot(self) -> SnapshotMeta | None:
+        """The latest snapshot the log was compacted to or restored from."""
+        return self._snapshot
+
+    @property
+    def transferring_to(self) -> str:
+        """Target of an ongoing leadership transfer ("" if none)."""
+        return self._transfer.target if self._transfer is not None else NO_NODE
+
+    def term_at(self, index: int) -> int | None:
+        return self._log.term(index)
+
+    def entry(self, index: int) -> Entry | None:
+        """The entry at `index` if it is in the in-memory log (not compacted)."""
+        return self._log.entry(index)
+
+    # -- time ----------------------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> None:
+        """Advance the clock. Time never goes backwards here."""
+        if now_ms > self._now:
+            self._now = now_ms
+        if self._heard_pending:
+            # Take "heard from a leader" at a tick after the message arrived: never
+            # earlier than the real receipt, which the lease argument needs.
+            self._last_heard_ms = self._now
+            self._heard_pending = False
+        if self._role == Role.LEADER:
+            self._tick_leader()
+        else:
+            self._tick_election()
+
+    def _tick_election(self) -> None:
+        if self._now < self._election_deadline:
+            return
+        if not self._promotable():
+            self._reset_election_timer()
+            return
+        if self._cfg.check_quorum and self._in_lease():
+            return  # our own vote is a vote too: wait until the refusal window ends
+        self._campaign(_Campaign.PRE_VOTE if self._cfg.pre_vote else _Campaign.ELECTION)
+
+    def _tick_leader(self) -> None:
+        if self._now >= self._next_heartbeat_ms:
+            self._next_heartbeat_ms = self._now + self._cfg.heartbeat_interval_ms
+            self._bcast_heartbeat()
+        if self._cfg.check_quorum and not self._quorum_recently_active():
+            self._become_follower(self._term, NO_NODE)  # CheckQuorum: step down
+            return
+        if self._transfer is not None and self._now >= self._transfer.deadline_ms:
+            self._abort_transfer()
+
+    def _reset_election_timer(self) -> None:
+        lo = self._cfg.election_timeout_min_ms
+        spread = max(1, self._cfg.election_timeout_max_ms - lo)
+        self._election_deadline = self._now + lo + self._rng.randrange(spread)
+
+    def _in_lease(self) -> bool:
+        """Did we hear from a leader (or are we one) within election_timeout_min?"""
+        return (
+            self._role == Role.LEADER
+            or self._heard_pending
+            or self._now - self._last_heard_ms < self._cfg.election_timeout_min_ms
+        )
+
+    def _heard_from_leader(self) -> None:
+        self._heard_pending = True
+        self._reset_election_timer()
+
+    # -- role changes --------------------------------------------------------------------
+
+    def _promotable(self) -> bool:
+        return self.id in self._conf.voters
+
+    def _reset_leader_state(self) -> None:
+        self._prs: dict[str, Progress] = {}
+        self._transfer: _Transfer | None = None
+        self._lease_given_up = False
+        self._round = 0
+        self._round_sent_ms: dict[int, int] = {}
+        self._term_start_index = 0
+        self._pending_conf_index = 0
+        self._next_heartbeat_ms = 0
+        self._append_pending = False
+
+    def _become_follower(self, term: int, leader: str) -> None:
+        if term > self._term:
+            self._term = term
+            self._vote = NO_NODE
+        if self._role == Role.LEADER:
+            # Until now we were "hearing from a leader" (ourselves): keep refusing votes
+            # for an election timeout, like any follower of ours would.
+            self._heard_pending = True
+        self._role = Role.FOLLOWER
+        self._leader = leader
+        self._votes = {}
+        self._reset_leader_state()
+        self._reset_election_timer()
+
+    def _campaign(self, kind: _Campaign) -> None:
+        if kind is _Campaign.PRE_VOTE:
+            self._role = Role.PRE_CANDIDATE
+            vote_term, msg_type = self._term + 1, _MT.PRE_VOTE
+        else:
+            self._term += 1
+            self._vote = self.id
+            self._role = Role.CANDIDATE
+            vote_term, msg_type = self._term, _MT.VOTE
+        self._leader = NO_NODE
+        self._votes = {self.id: True}
+        self._reset_election_timer()
+        if self._poll() is _Poll.WON:  # a single-voter cluster
+            self._on_campaign_won()
+            return
+        context = TRANSFER_CONTEXT if kind is _Campaign.TRANSFER else 0
+        for voter in self._conf.voters:
+            if voter != self.id:
+                self._send(
+                    msg_type,
+                    voter,
+                    term=vote_term,
+                    index=self._log.last_index,
+                    log_term=self._log.last_term,
+                    context=context,
+                )
+
+    def _poll(self) -> _Poll:
+        voters = self._conf.voters
+        quorum = len(voters) // 2 + 1
+        granted = sum(1 for v in voters if self._votes.get(v) is True)
+        rejected = sum(1 for v in voters if self._votes.get(v) is False)
+        if granted >= quorum:
+            return _Poll.WON
+        if rejected > len(voters) - quorum:
+            return _Poll.LOST
+        return _Poll.PENDING
+
+    def _on_campaign_won(self) -> None:
+        if self._role == Role.PRE_CANDIDATE:
+            if self._cfg.check_quorum and self._in_lease():
+                self._become_follower(self._term, NO_NODE)  # defensive: see _tick_election
+                return
+            self._campaign(_Campaign.ELECTION)
+        else:
+            self._become_leader()
+
+    def _become_leader(self) -> None:
+        self._role = Role.LEADER
+        self._leader = self.id
+        self._votes = {}
+        self._reset_leader_state()
+        for member in self._conf.members():
+            if member != self.id:
+                self._prs[member] = self._new_progress(self._log.last_index + 1)
+        if self._log.last_index == 0:
+            self._append_bootstrap_conf()
+        # Raft §5.4.2 + §8: commit an entry of our own term before anything else counts;
+        # the lease and configuration changes both wait for it.
+        noop = Entry(self._term, self._log.last_index + 1, EntryType.NORMAL, b"")
+        self._log.append([noop])
+        self._term_start_index = noop.index
+        self._pending_conf_index = noop.index
+        self._next_heartbeat_ms = self._now + self._cfg.heartbeat_interval_ms
+        self._bcast_append()
+        self._bcast_heartbeat()  # start the lease as early as possible
+
+    def _append_bootstrap_conf(self) -> None:
+        """Write the bootstrap configuration into a brand-new cluster's log.
+
+        The initial members know it from their configuration, but a node added later
+        starts with an empty configuration and, if it receives the log from index 1
+        (no snapshot yet), must be able to rebuild it from the log alone. For the
+        initial members these entries are no-ops (the members already exist).
+        """
+        changes = []
+        for v in self._base_conf.voters:
+            changes.append(ConfChange(ConfChangeType.ADD_LEARNER, v))
+            changes.append(ConfChange(ConfChangeType.PROMOTE, v))
+        changes += [ConfChange(ConfChangeType.ADD_LEARNER, n) for n in self._base_conf.learners]
+        entries = [
+            Entry(self._term, i + 1, EntryType.CONF_CHANGE, encode_conf_change(cc))
+            for i, cc in enumerate(changes)
+        ]
+        if entries:
+            self._log.append(entries)
+            self._log_changed(1, entries)
+
+    def _new_progress(self, next_index: int) -> Progress:
+        return Progress(
+            next=max(1, next_index),
+            inflights=Inflights(self._cfg.max_inflight_msgs, self._cfg.max_inflight_bytes),
+            last_contact_ms=self._now,
+        )
+
+    # -- messages in -------------------------------------------------------------------
+
+    def step(self, msg: Message) -> None:
+        """Process a message from a peer. Malformed, stale or hostile input is ignored."""
+        if not self._well_formed(msg):
+            return
+        m = msg
+        if m.term > self._term:
+            if m.type in (_MT.PRE_VOTE, _MT.VOTE) and self._refuses_vote(m):
+                return  # do not even adopt the term: that is what keeps leaders stable
+            if m.type == _MT.PRE_VOTE or (m.type == _MT.PRE_VOTE_RESP and not m.reject):
+                pass  # pre-votes run one term ahead and never change ours
+            else:
+                self._become_follower(m.term, m.frm if m.type in _FROM_LEADER else NO_NODE)
+        elif m.term < self._term:
+            self._answer_stale(m)
+            return
+        if m.type in (_MT.PRE_VOTE, _MT.VOTE):
+            self._handle_vote_request(m)
+        elif self._role == Role.LEADER:
+            self._step_leader(m)
+        elif self._role in (Role.PRE_CANDIDATE, Role.CANDIDATE):
+            self._step_candidate(m)
+        else:
+            self._step_follower(m)
+
+    def _refuses_vote(self, m: Message) -> bool:
+        """Recent-leader check: ignore a (pre)vote while a leader may hold a lease."""
+        if m.type == _MT.VOTE and m.context == TRANSFER_CONTEXT:
+            return False  # the old leader gave its lease up before sending TIMEOUT_NOW
+        return self._cfg.check_quorum and self._in_lease()
+
+    def _answer_stale(self, m: Message) -> None:
+        if m.type in (_MT.APP, _MT.HEARTBEAT):
+            # A leader from an older term: our answer carries our term so it steps down
+            # (otherwise a node whose term ran ahead could be cut off for good).
+            self._send(_MT.APP_RESP, m.frm)
+        elif m.type == _MT.PRE_VOTE:
+            self._send(_MT.PRE_VOTE_RESP, m.frm, reject=True)
+
+    def _handle_vote_request(self, m: Message) -> None:
+        pre = m.type == _MT.PRE_VOTE
+        resp_type = _MT.PRE_VOTE_RESP if pre else _MT.VOTE_RESP
+        can_vote = (
+            self._vote == m.frm
+            or (self._vote == NO_NODE and self._leader == NO_NODE)
+            or (pre and m.term > self._term)
+        )
+        # The recent-leader check again, for a vote in a term we adopted from some other
+        # message (e.g. a delayed rejection carrying a higher term): the leader we heard
+        # from may still hold a lease that counts on us.
+        if can_vote and self._vote != m.frm and self._refuses_vote(m):
+            can_vote = False
+        if can_vote and self._log.is_up_to_date(m.index, m.log_term):
+            self._send(resp_type, m.frm, term=m.term)
+            if not pre:
+                self._vote = m.frm
+                self._reset_election_timer()
+        else:
+            self._send(resp_type, m.frm, reject=True)
+
+    def _step_candidate(self, m: Message) -> None:
+        if m.type in _FROM_LEADER:
+            self._become_follower(self._term, m.frm)
+            self._step_follower(m)
+            return
+        if m.type == _MT.PRE_VOTE_RESP and self._role == Role.PRE_CANDIDATE:
+            # A grant carries the term we asked for; a rejection the voter's (= ours).
+            expected = self._term if m.reject else self._term + 1
+            if m.term == expected:
+                self._record_vote(m.frm, not m.reject)
+        elif m.type == _MT.VOTE_RESP and self._role == Role.CANDIDATE:
+            self._record_vote(m.frm, not m.reject)
+
+    def _record_vote(self, voter: str, granted: bool) -> None:
+        if voter not in self._conf.voters:
+            return  # learners and strangers do not count
+        self._votes.setdefault(voter, granted)
+        result = self._poll()
+        if result is _Poll.WON:
+            self._on_campaign_won()
+        elif result is _Poll.LOST:
+            self._become_follower(self._term, NO_NODE)
+
+    def _step_follower(self, m: Message) -> None:
+        if m.type == _MT.APP:
+            self._handle_append(m)
+        elif m.type == _MT.HEARTBEAT:
+            self._handle_heartbeat(m)
+        elif m.type == _MT.SNAP:
+            self._handle_snapshot(m)
+        elif m.type == _MT.TIMEOUT_NOW:
+            if self._promotable() and self._leader in (NO_NODE, m.frm):
+                self._campaign(_Campaign.TRANSFER)
+        elif m.type == _MT.TRANSFER_LEADER and self._leader not in (NO_NODE, m.frm):
+            self._send(_MT.TRANSFER_LEADER, self._leader, frm=m.frm)
+
+    # -- follower ------------------------------------------------------------------------
+
+    def _handle_append(self, m: Message) -> None:
+        self._leader = m.frm
+        self._heard_from_leader()
+        log = self._log
+        if m.index < log.commit:
+            self._send(_MT.APP_RESP, m.frm, index=log.commit)
+            return
+        if log.term(m.index) != m.log_term:
+            hint = log.find_conflict_by_term(min(m.index, log.last_index), m.log_term)
+            self._send(
+                _MT.APP_RESP,
+                m.frm,
+                index=m.index,
+                reject=True,
+                reject_hint=hint,
+                log_term=log.term(hint) or 0,
+            )
+            return
+        if not self._append_from_leader(m.entries):
+            return
+        last_new = m.index + len(m.entries)
+        log.commit_to(min(m.commit, last_new))
+        self._send(_MT.APP_RESP, m.frm, index=last_new)
+
+    def _append_from_leader(self, entries: list[Entry]) -> bool:
+        """Append what we do not have yet; truncate a conflicting suffix first.
+
+        Returns False (and changes nothing) if that would overwrite a committed entry,
+        which only a buggy or hostile leader asks for.
+        """
+        conflict = next((e.index for e in entries if self._log.term(e.index) != e.term), 0)
+        if conflict == 0:
+            return True
+        if conflict <= self._log.commit:
+            return False
+        new = entries[conflict - entries[0].index :]
+        self._log.append(new)
+        self._log_changed(conflict, new)
+        return True
+
+    def _handle_heartbeat(self, m: Message) -> None:
+        self._leader = m.frm
+        self._heard_from_leader()
+        # The leader sends min(our match, its commit): our log matches it up to there.
+        self._log.commit_to(min(m.commit, self._log.last_index))
+        self._send(_MT.HEARTBEAT_RESP, m.frm, context=m.context)
+
+    def _handle_snapshot(self, m: Message) -> None:
+        self._leader = m.frm
+        self._heard_from_leader()
+        snap = m.snapshot
+        assert snap is not None  # checked by _well_formed
+        log = self._log
+        if snap.index <= log.commit:
+            self._send(_MT.APP_RESP, m.frm, index=log.commit)
+            return
+        if log.term(snap.index) == snap.term:
+            # We already have the snapshot's last entry: just fast-forward the commit.
+            log.commit_to(snap.index)
+            self._send(_MT.APP_RESP, m.frm, index=log.commit)
+            return
+        self._restore(snap, m.data)
+        self._send(_MT.APP_RESP, m.frm, index=log.last_index)
+
+    def _restore(self, snap: SnapshotMeta, data: bytes) -> None:
+        self._log.restore(snap.index, snap.term)
+        self._snapshot = snap
+        self._base_conf = canonical_conf(snap.conf_state)
+        self._conf_entries = []
+        self._conf = self._base_conf
+        self._pending_snapshot = (snap, data)
+        self._applying = max(self._applying, snap.index)  # the snapshot covers these
+
+    # -- leader: replication -------------------------------------------------------------
+
+    def _step_leader(self, m: Message) -> None:
+        pr = self._prs.get(m.frm)
+        if m.type == _MT.TRANSFER_LEADER:
+            self._start_transfer(m.frm, strict=False)
+            return
+        if pr is None:
+            return
+        pr.last_contact_ms = self._now
+        if m.type == _MT.APP_RESP:
+            self._handle_append_response(m, pr)
+        elif m.type == _MT.HEARTBEAT_RESP:
+            self._handle_heartbeat_response(m, pr)
+
+    def _handle_append_response(self, m: Message, pr: Progress) -> None:
+        if m.reject:
+            hint = m.reject_hint
+            if m.log_term > 0:
+                hint = self._log.find_conflict_by_term(m.reject_hint, m.log_term)
+            if pr.maybe_decr_to(m.index, hint + 1):
+                if pr.state is ProgressState.REPLICATE:
+                    pr.become_probe()
+                self._replicate_to(m.frm)
+            return
+        if m.index > self._log.last_index or not pr.maybe_update(m.index):
+            return
+        if pr.state is ProgressState.PROBE:
+            pr.become_replicate()
+        elif pr.state is ProgressState.SNAPSHOT and pr.match + 1 >= self._log.first_index:
+            pr.become_replicate()
+        else:
+            pr.inflights.free_le(m.index)
+        if self._maybe_commit():
+            if self._role != Role.LEADER:
+                return  # we committed our own removal and stepped down
+            self._bcast_append()
+        else:
+            self._replicate_to(m.frm)
+        self._maybe_send_timeout_now(m.frm)
+
+    def _handle_heartbeat_response(self, m: Message, pr: Progress) -> None:
+        sent = self._round_sent_ms.get(m.context)
+        if sent is not None and (pr.lease_ack_ms is None or sent > pr.lease_ack_ms):
+            pr.lease_ack_ms = sent
+        pr.probe_sent = False  # the peer is alive: allow the next probe
+        if pr.state is ProgressState.REPLICATE and pr.inflights.full():
+            pr.inflights.free_first()  # recover a window clogged by lost messages
+        if pr.match < self._log.last_index:
+            self._send_append(m.frm)
+        self._maybe_send_timeout_now(m.frm)
+
+    def _replicate_to(self, peer: str, announce_commit: bool = True) -> None:
+        """Send what the peer's progress allows: one message, more when pipelining."""
+        sent = self._send_append(peer, send_if_empty=announce_commit)
+        while sent and self._send_append(peer, send_if_empty=False):
+            pass
+
+    def _bcast_append(self) -> None:
+        for peer in self._prs:
+            self._replicate_to(peer)
+
+    def _flush_appends(self) -> None:
+        """Send the entries proposed since the last Ready, batched per peer."""
+        if self._append_pending and self._role == Role.LEADER:
+            for peer in self._prs:
+                self._replicate_to(peer, announce_commit=False)
+        self._append_pending = False
+
+    def _send_append(self, peer: str, send_if_empty: bool = True) -> bool:
+        pr = self._prs[peer]
+        if pr.is_paused():
+            return False
+        prev = pr.next - 1
+        prev_term = self._log.term(prev)
+        if prev_term is None:
+            if prev < self._log.snap_index:
+                return self._send_snapshot(peer, pr)
+            return False
+        ents = self._log.slice(pr.next, self._log.last_index + 1, self._cfg.max_msg_bytes)
+        if not ents and not send_if_empty:
+            return False
+        self._send(
+            _MT.APP, peer, index=prev, log_term=prev_term, entries=ents, commit=self._log.commit
+        )
+        last = ents[-1].index if ents else prev
+        pr.sent_entries(last, sum(e.size() for e in ents), len(ents))
+        return True
+
+    def _send_snapshot(self, peer: str, pr: Progress) -> bool:
+        snap = self._snapshot
+        if snap is None:
+            return False
+        # `data` is left empty: the node loop fills it from the snapshot on disk.
+        self._send(_MT.SNAP, peer, snapshot=snap)
+        pr.become_snapshot(snap.index)
+        return True
+
+    def _bcast_heartbeat(self) -> None:
+        self._round += 1
+        self._round_sent_ms[self._round] = self._now
+        # Acks of rounds older than an election timeout cannot extend the lease.
+        horizon = self._now - self._cfg.election_timeout_min_ms
+        for r in [r for r, t in self._round_sent_ms.items() if t < horizon]:
+            del self._round_sent_ms[r]
+        for peer, pr in self._prs.items():
+            commit = min(pr.match, self._log.commit)
+            self._send(_MT.HEARTBEAT, peer, commit=commit, context=self._round)
+
+    def _match_of(self, node: str) -> int:
+        if node == self.id:
+            return self._log.persisted  # our own entries count only once durable
+        pr = self._prs.get(node)
+        return pr.match if pr is not None else 0
+
+    def _maybe_commit(self) -> bool:
+        """Advance commit to what a quorum stores, for entries of our term only (§5.4.2)."""
+        voters = self._conf.voters
+        if not voters:
+            return False
+        matches = sorted((self._match_of(v) for v in voters), reverse=True)
+        n = matches[len(voters) // 2]
+        if n <= self._log.commit or self._log.term(n) != self._term:
+            return False
+        self._log.commit_to(n)
+        conf_index = self._conf_entries[-1] if self._conf_entries else self._log.snap_index
+        if self.id not in voters and self._log.commit >= conf_index:
+            self._become_follower(self._term, NO_NODE)  # our removal is committed
+        return True
+
+    def _quorum_recently_active(self) -> bool:
+        voters = self._conf.voters
+        horizon = self._now - self._cfg.election_timeout_min_ms
+        active = 0
+        for v in voters:
+            pr = self._prs.get(v)
+            if v == self.id or (pr is not None and pr.last_contact_ms > horizon):
+                active += 1
+        return active >= len(voters) // 2 + 1
+
+    # -- proposals -----------------------------------------------------------------------
+
+    def propose(self, data: bytes) -> int:
+        """Append `data` as a new entry; returns its index."""
+        self._check_can_propose()
+        return self._append_as_leader(EntryType.NORMAL, bytes(data))
+
+    def propose_conf_change(self, cc: ConfChange) -> int:
+        """Append a configuration change; one at a time. Returns its index."""
+        self._check_can_propose()
+        if self._log.commit < self._pending_conf_index:
+            raise ProposalDropped("a configuration change (or the leader's no-op) is pending")
+        if apply_conf_change(self._conf, cc) is None:
+            raise ProposalDropped(f"invalid configuration change {cc.type.name} {cc.node_id!r}")
+        index = self._append_as_leader(EntryType.CONF_CHANGE, encode_conf_change(cc))
+        self._pending_conf_index = index
+        return index
+
+    def _check_can_propose(self) -> None:
+        if self._role != Role.LEADER:
+            raise NotLeader(self._leader)
+        if self._transfer is not None:
+            raise ProposalDropped("leadership transfer in progress")
+        if self.id not in self._conf.voters:
+            raise ProposalDropped("this leader is being removed from the cluster")
+
+    def _append_as_leader(self, etype: EntryType, data: bytes) -> int:
+        entry = Entry(self._term, self._log.last_index + 1, etype, data)
+        self._log.append([entry])
+        self._log_changed(entry.index, [entry])
+        self._append_pending = True  # sent, batched, at the next has_ready()/ready()
+        return entry.index
+
+    # -- configuration tracking --------------------------------------------------------
+
+    def _log_changed(self, first_changed: int, new_entries: list[Entry]) -> None:
+        """Entries from `first_changed` on were replaced by `new_entries`."""
+        before = len(self._conf_entries)
+        self._conf_entries = [i for i in self._conf_entries if i < first_changed]
+        changed = len(self._conf_entries) != before
+        for e in new_entries:
+            if e.type == EntryType.CONF_CHANGE:
+                self._conf_entries.append(e.index)
+                changed = True
+        if changed:
+            self._conf = self._conf_at(self._log.last_index)
+            if self._role == Role.LEADER:
+                self._sync_progress()
+
+    def _conf_at(self, index: int) -> ConfState:
+        conf = self._base_conf
+        for i in self._conf_entries:
+            if i > index:
+                break
+            e = self._log.entry(i)
+            cc = _decode_change(e.data) if e is not None else None
+            if cc is not None:
+                conf = apply_conf_change(conf, cc) or conf
+        return conf
+
+    def _sync_progress(self) -> None:
+        members = self._conf.members()
+        for member in members:  # sorted: message order must not depend on set order
+            if member != self.id and member not in self._prs:
+                self._prs[member] = self._new_progress(self._log.last_index)
+        for gone in [p for p in self._prs if p not in members]:
+            del self._prs[gone]
+        if self._transfer is not None and self._transfer.target not in self._prs:
+            self._abort_transfer()
+
+    # -- leadership transfer -------------------------------------------------------------
+
+    def transfer_leadership(self, to: str) -> None:
+        """Hand leadership to voter `to`. A follower forwards the request to the leader.
+
+        Raises NotLeader("") on a non-leader that knows no leader, ProposalDropped on a
+        leader if `to` is not a voter.
+        """
+        if self._role != Role.LEADER:
+            if self._leader == NO_NODE:
+                raise NotLeader(NO_NODE)
+            if to != self._leader:
+                # TRANSFER_LEADER carries the target in `frm` (types.py).
+                self._send(_MT.TRANSFER_LEADER, self._leader, frm=to)
+            return
+        self._start_transfer(to, strict=True)
+
+    def _start_transfer(self, to: str, *, strict: bool) -> None:
+        if to == self.id or (self._transfer is not None and self._transfer.target == to):
+            return
+        if to not in self._conf.voters or to not in self._prs:
+            if strict:
+                raise ProposalDropped(f"cannot transfer leadership to {to!r}: not a voter")
+            return
+        # Give the lease up FIRST: the target's VOTE will bypass the recent-leader check.
+        self._lease_given_up = True
+        self._transfer = _Transfer(to, self._now + self._cfg.election_timeout_min_ms)
+        if not self._maybe_send_timeout_now(to):
+            self._replicate_to(to)  # bring the target up to date first
+
+    def _maybe_send_timeout_now(self, peer: str) -> bool:
+        t = self._transfer
+        pr = self._prs.get(peer)
+        if t is None or t.target != peer or pr is None or pr.match != self._log.last_index:
+            return False
+        assert self._lease_given_up
+        self._send(_MT.TIMEOUT_NOW, peer)
+        return True
+
+    def _abort_transfer(self) -> None:
+        # The lease is gone for this term (a delayed TIMEOUT_NOW may still make the
+        # target campaign), so staying leader would leave the cluster without an active
+        # node. Step down; the next election restores one.
+        self._become_follower(self._term, NO_NODE)
+
+    # -- lease ---------------------------------------------------------------------------
+
+    def _lease_end_ms(self) -> int | None:
+        if self._role != Role.LEADER or self._lease_given_up or not self._cfg.check_quorum:
+            return None
+        if self._applied < self._term_start_index or self._round == 0:
+            return None  # not active before our own-term entry is committed and applied
+        voters = self._conf.voters
+        acks: list[int] = []
+        for v in voters:
+            if v == self.id:
+                acks.append(self._round_sent_ms[self._round])
+            else:
+                pr = self._prs.get(v)
+                if pr is not None and pr.lease_ack_ms is not None:
+                    acks.append(pr.lease_ack_ms)
+        quorum = len(voters) // 2 + 1
+        if not voters or len(acks) < quorum:
+            return None
+        acks.sort(reverse=True)
+        start = acks[quorum - 1]
+        return start + self._cfg.election_timeout_min_ms - self._cfg.lease_drift_margin_ms
+
+    def lease_valid(self, now_ms: int) -> bool:
+        """May this node act as the active node at `now_ms` (its own clock)?"""
+        end = self._lease_end_ms()
+        return end is not None and now_ms < end
+
+    def lease_remaining_ms(self, now_ms: int) -> int:
+        end = self._lease_end_ms()
+        return max(0, end - now_ms) if end is not None else 0
+
+    # -- snapshots -----------------------------------------------------------------------
+
+    def snapshot_meta(self, index: int) -> SnapshotMeta:
+        """The SnapshotMeta for a snapshot of the state machine at `index`."""
+        term = self._log.term(index)
+        if term is None:
+            raise ValueError(f"index {index} is not in the log")
+        return SnapshotMeta(index, term, self._conf_at(index))
+
+    def compact(self, index: int, meta: SnapshotMeta) -> None:
+        """The app has a durable snapshot at `index`: drop the log up to it."""
+        if index <= self._log.snap_index:
+            return
+        if index > self._applied or index > self._log.persisted:
+            raise ValueError(f"cannot compact to {index}: not applied/persisted yet")
+        expected = self.snapshot_meta(index)
+        if (
+            meta.index != index
+            or meta.term != expected.term
+            or canonical_conf(meta.conf_state) != expected.conf_state
+        ):
+            raise ValueError(f"snapshot meta {meta} does not match the log ({expected})")
+        self._base_conf = expected.conf_state
+        self._conf_entries = [i for i in self._conf_entries if i > index]
+        self._log.compact(index, expected.term)
+        self._snapshot = meta
+
+    def report_snapshot(self, to: str, ok: bool) -> None:
+        """The node loop finished (ok) or failed sending a snapshot to `to`."""
+        pr = self._prs.get(to) if self._role == Role.LEADER else None
+        if pr is None or pr.state is not ProgressState.SNAPSHOT:
+            return
+        if not ok:
+            pr.pending_snapshot = 0
+        pr.become_probe()
+        pr.probe_sent = True  # probe again after the next heartbeat response
+
+    def report_unreachable(self, to: str) -> None:
+        pr = self._prs.get(to) if self._role == Role.LEADER else None
+        if pr is not None and pr.state is ProgressState.REPLICATE:
+            pr.become_probe()
+
+    # -- Ready / advance -----------------------------------------------------------------
+
+    def _hard_state(self) -> HardState:
+        return HardState(self._term, self._vote, self._log.commit)
+
+    def _committed_hi(self) -> int:
+        # Only entries we persisted ourselves may be applied.
+        return min(self._log.commit, self._log.persisted)
+
+    def has_ready(self) -> bool:
+        if self._outstanding is not None:
+            return False
+        self._flush_appends()
+        return bool(
+            self._msgs
+            or self._pending_snapshot is not None
+            or self._log.handed < self._log.last_index
+            or self._hard_state() != self._prev_hs
+            or self._committed_hi() > self._applying
+        )
+
+    def ready(self) -> Ready:
+        if self._outstanding is not None:
+            raise RuntimeError("advance() the previous Ready before asking for another")
+        self._flush_appends()
+        hs = self._hard_state()
+        rd = Ready()
+        if hs != self._prev_hs:
+            rd.hard_state = hs
+        rd.entries = self._log.unhanded()
+        self._log.handed = self._log.last_index
+        if self._pending_snapshot is not None:
+            rd.snapshot, rd.snapshot_data = self._pending_snapshot
+            self._pending_snapshot = None
+        hi = self._committed_hi()
+        if hi > self._applying:
+            rd.committed_entries = self._log.slice(
+                self._applying + 1, hi + 1, self._cfg.max_committed_bytes_per_ready
+            )
+            self._applying = rd.committed_entries[-1].index
+        rd.messages, self._msgs = self._msgs, []
+        rd.must_sync = (
+            bool(rd.entries)
+            or rd.snapshot is not None
+            or (hs.term, hs.vote) != (self._prev_hs.term, self._prev_hs.vote)
+        )
+        self._prev_hs = hs
+        self._outstanding = rd
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        if rd is not self._outstanding:
+            raise RuntimeError("advance() must get the Ready returned by the last ready()")
+        self._outstanding = None
+        if rd.entries:
+            self._log.stable_to(rd.entries[-1].index, rd.entries[-1].term)
+        if rd.committed_entries:
+            self._applied = max(self._applied, rd.committed_entries[-1].index)
+        if rd.snapshot is not None:
+            self._applied = max(self._applied, rd.snapshot.index)
+        if self._role == Role.LEADER and self._maybe_commit() and self._role == Role.LEADER:
+            self._bcast_append()
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        members = {}
+        for m in self._conf.members():
+            info: dict = {"voter": m in self._conf.voters}
+            pr = self._prs.get(m)
+            if m == self.id:
+                info.update(match=self._log.persisted, next=self._log.last_index + 1,
+                            state="self", last_contact_ms_ago=0)
+            elif pr is not None:
+                info.update(match=pr.match, next=pr.next, state=pr.state.value,
+                            last_contact_ms_ago=self._now - pr.last_contact_ms)
+            else:
+                info.update(match=None, next=None, state=None, last_contact_ms_ago=None)
+            members[m] = info
+        return {
+            "id": self.id,
+            "role": self.role.name.lower(),
+            "term": self._term,
+            "vote": self._vote,
+            "leader": self._leader,
+            "commit": self._log.commit,
+            "applied": self._applied,
+            "first_index": self._log.first_index,
+            "last_index": self._log.last_index,
+            "lease_remaining_ms": self.lease_remaining_ms(self._now),
+            "transferring_to": self.transferring_to,
+            "members": members,
+        }
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _send(self, mtype: MessageType, to: str, *, term: int | None = None,
+              frm: str | None = None, **fields: object) -> None:
+        self._msgs.append(
+            Message(
+                type=mtype,
+                to=to,
+                frm=self.id if frm is None else frm,
+                term=self._term if term is None else term,
+                **fields,  # type: ignore[arg-type]
+            )
+        )
+
+    def _well_formed(self, m: object) -> bool:
+        """Shape checks so that no peer input can make step() raise or corrupt state."""
+        if not isinstance(m, Message) or m.to != self.id:
+            return False
+        if not isinstance(m.frm, str) or not m.frm or m.frm == self.id:
+            return False
+        if not isinstance(m.type, int) or m.type not in _MESSAGE_TYPES:
+            return False
+        for v in (m.term, m.log_term, m.index, m.commit, m.reject_hint, m.context):
+            if not isinstance(v, int) or v < 0:
+                return False
+        if m.term == 0 or not isinstance(m.data, bytes) or not isinstance(m.entries, list):
+            return False
+        if m.entries and (m.type != _MT.APP or not self._entries_ok(m)):
+            return False
+        if m.type == _MT.SNAP:
+            return self._snapshot_ok(m.snapshot)
+        return True
+
+    @staticmethod
+    def _entries_ok(m: Message) -> bool:
+        prev_term = m.log_term
+        for i, e in enumerate(m.entries):
+            if not isinstance(e, Entry) or e.index != m.index + 1 + i:
+                return False
+            if not isinstance(e.term, int) or not prev_term <= e.term <= m.term:
+                return False
+            if not isinstance(e.data, bytes) or not isinstance(e.type, int):
+                return False
+            if e.type not in _ENTRY_TYPES:
+                return False
+            prev_term = e.term
+        return True
+
+    @staticmethod
+    def _snapshot_ok(s: object) -> bool:
+        if not isinstance(s, SnapshotMeta) or not isinstance(s.conf_state, ConfState):
+            return False
+        if not isinstance(s.index, int) or not isinstance(s.term, int):
+            return False
+        if s.index < 1 or s.term < 1:
+            return False
+        cs = s.conf_state
+        if not isinstance(cs.voters, tuple) or not isinstance(cs.learners, tuple):
+            return False
+        return all(isinstance(n, str) for n in (*cs.voters, *cs.learners))

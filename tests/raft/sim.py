@@ -1,0 +1,737 @@
+"""Deterministic simulation of a Raft cluster built from pure `RaftCore`s.
+
+One seeded `random.Random` drives everything: a priority queue of events in simulated
+milliseconds, per-node clocks that drift, a network that loses, duplicates, delays
+(hence reorders) and partitions (symmetric and one-way) messages, disks that lose
+what was not synced when a node crashes, leadership transfers, membership changes
+(add learner, promote, remove), snapshots with log compaction, and snapshot installs.
+Each node applies committed entries to a tiny state machine (a hash chain over the
+applied entries) that it snapshots.
+
+After EVERY event `Checker` verifies the safety properties; after the chaos phase the
+faults heal and the run checks liveness. A failure raises `SimFailure` whose message
+holds the command that replays the seed and the tail of the event trace.
+
+Same seed, same run: nothing here iterates over a set of strings or reads a clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgpack
+
+from dex_ha.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore
+from dex_ha.raft.types import (
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    MessageType,
+    Ready,
+    Role,
+    SnapshotMeta,
+    decode_message,
+    encode_message,
+)
+
+REPLAY = "DEX_HA_SIM_SEED={seed} python -m pytest tests/raft/test_sim.py -k replay"
+
+
+class SimFailure(AssertionError):
+    pass
+
+
+# ---------------------------------------------------------------------------------
+# Scenario: everything a seed decides up front
+
+
+@dataclass
+class Scenario:
+    seed: int
+    voters: int = 3
+    membership: bool = False  # add learners, promote them, remove voters
+    chaos_ms: int = 15_000
+    drift: float = 0.045  # clock rates in [1-drift, 1+drift]; margin 100/1000 covers 5 %
+    tick_ms: tuple[float, float] = (10.0, 25.0)
+    # Liveness bounds, measured from the heal.
+    lease_bound_ms: int = 15_000
+    commit_bound_ms: int = 3_000
+    catchup_bound_ms: int = 8_000
+    liveness_proposals: int = 5
+    raft: dict[str, Any] = field(default_factory=dict)  # RaftConfig overrides
+
+    @classmethod
+    def from_seed(cls, seed: int) -> Scenario:
+        """Seeds cycle through: 3 voters, 5 voters, 3 voters + membership, 5 + membership."""
+        kind = seed % 4
+        return cls(seed=seed, voters=3 if kind in (0, 2) else 5, membership=kind >= 2)
+
+
+# ---------------------------------------------------------------------------------
+# Node-local pieces: clock, disk, state machine
+
+
+@dataclass
+class Clock:
+    offset: float
+    rate: float
+
+    def local(self, t: float) -> int:
+        return int(self.offset + self.rate * t)
+
+
+class Disk:
+    """Durable log/hard state/snapshot, plus what was written but not yet synced."""
+
+    def __init__(self) -> None:
+        self.hs = HardState()
+        self.unsynced_hs: HardState | None = None
+        self.snap: SnapshotMeta | None = None
+        self.snap_data = b""
+        self.entries: list[Entry] = []
+
+    @property
+    def snap_index(self) -> int:
+        return self.snap.index if self.snap is not None else 0
+
+    def write(self, rd: Ready) -> None:
+        if rd.entries and not rd.must_sync:
+            raise SimFailure("a Ready with entries must be synced")
+        if rd.snapshot is not None:
+            self.snap, self.snap_data = rd.snapshot, rd.snapshot_data
+            self.entries = []
+        if rd.entries:
+            keep = rd.entries[0].index - self.snap_index - 1
+            if not 0 <= keep <= len(self.entries):
+                raise SimFailure(f"Ready entries start at {rd.entries[0].index}: not contiguous")
+            self.entries = self.entries[:keep] + rd.entries
+        if rd.hard_state is not None:
+            self.unsynced_hs = rd.hard_state
+        if rd.must_sync and self.unsynced_hs is not None:
+            self.hs, self.unsynced_hs = self.unsynced_hs, None  # fsync flushes everything
+
+    def crash(self) -> None:
+        self.unsynced_hs = None
+
+    def save_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        drop = meta.index - self.snap_index
+        self.entries = self.entries[drop:]
+        self.snap, self.snap_data = meta, data
+
+
+def _chain(digest: bytes, e: Entry) -> bytes:
+    h = hashlib.blake2b(digest, digest_size=8)
+    h.update(b"%d:%d:%d:" % (e.index, e.term, int(e.type)))
+    h.update(e.data)
+    return h.digest()
+
+
+# ---------------------------------------------------------------------------------
+# A simulated node
+
+
+class SimNode:
+    def __init__(self, node_id: str, clock: Clock, bootstrap: ConfState, compact_every: int):
+        self.id = node_id
+        self.clock = clock
+        self.bootstrap = bootstrap
+        self.compact_every = compact_every
+        self.disk = Disk()
+        self.core: RaftCore | None = None
+        self.incarnation = 0
+        self.outstanding: Ready | None = None
+        # State machine: index of the last applied entry and the hash chain up to it.
+        self.sm_index = 0
+        self.sm_digest = b""
+        self.checked_commit = 0  # commit scanned by the checker (this incarnation)
+        self.seen_commit = 0
+
+    @property
+    def up(self) -> bool:
+        return self.core is not None
+
+    def start(self, now: float, seed: int, raft: dict[str, Any]) -> None:
+        disk = self.disk
+        snap = disk.snap
+        self.sm_index, self.sm_digest = 0, b""
+        if snap is not None:
+            self.sm_index, self.sm_digest = msgpack.unpackb(disk.snap_data)
+        self.core = RaftCore(
+            RaftConfig(id=self.id, **raft),
+            hard_state=disk.hs,
+            conf_state=snap.conf_state if snap is not None else self.bootstrap,
+            snapshot=snap,
+            entries=list(disk.entries),
+            applied=self.sm_index,
+            now_ms=self.clock.local(now),
+            rng=random.Random(seed),
+        )
+        self.incarnation += 1
+        self.outstanding = None
+        self.checked_commit = 0
+        self.seen_commit = 0
+
+    def crash(self) -> None:
+        self.core = None
+        self.outstanding = None  # the in-flight write never completed
+        self.disk.crash()
+        self.incarnation += 1
+
+
+# ---------------------------------------------------------------------------------
+# Safety checker
+
+
+class Checker:
+    """Global records of what the cluster has promised, checked after every event."""
+
+    def __init__(self, fail: Callable[[str], None]) -> None:
+        self.fail = fail
+        self.leaders: dict[int, str] = {}
+        self.committed: dict[int, tuple[int, int, bytes]] = {}  # index -> (term, type, data)
+        self.max_committed = 0
+        self.by_index_term: dict[tuple[int, int], tuple[int, bytes, int | None]] = {}
+        self.digests: dict[int, bytes] = {}
+        self.lease_violations = 0
+
+    def on_persist(self, node: SimNode, rd: Ready, prev_term: int | None) -> None:
+        """Log matching: (index, term) fixes the entry and the term before it."""
+        for e in rd.entries:
+            key = (e.index, e.term)
+            val = (int(e.type), e.data, prev_term)
+            old = self.by_index_term.setdefault(key, val)
+            if old != val and not (old[:2] == val[:2] and None in (old[2], val[2])):
+                self.fail(f"log matching: {node.id} has {e} after term {prev_term}, seen {old}")
+            prev_term = e.term
+
+    def record_committed(self, who: str, e: Entry) -> None:
+        val = (e.term, int(e.type), e.data)
+        old = self.committed.setdefault(e.index, val)
+        if old != val:
+            self.fail(f"committed entry {e.index} changed on {who}: {old} -> {val}")
+        self.max_committed = max(self.max_committed, e.index)
+
+    def on_apply(self, node: SimNode, e: Entry) -> None:
+        if e.index != node.sm_index + 1:
+            self.fail(f"{node.id} applied {e.index} after {node.sm_index}")
+        self.record_committed(node.id, e)
+        node.sm_index, node.sm_digest = e.index, _chain(node.sm_digest, e)
+        self.check_digest(node)
+
+    def check_digest(self, node: SimNode) -> None:
+        old = self.digests.setdefault(node.sm_index, node.sm_digest)
+        if old != node.sm_digest:
+            self.fail(f"{node.id}'s applied sequence up to {node.sm_index} diverges")
+
+    def check_node(self, node: SimNode) -> None:
+        core = node.core
+        assert core is not None
+        if core.commit_index < node.seen_commit:
+            self.fail(f"{node.id} commit went back {node.seen_commit} -> {core.commit_index}")
+        node.seen_commit = core.commit_index
+        if core.role == Role.LEADER:
+            self._check_leader(node)
+        lo = max(node.checked_commit + 1, core.first_index)
+        for i in range(lo, core.commit_index + 1):
+            e = core.entry(i)
+            if e is not None:
+                self.record_committed(node.id, e)
+        node.checked_commit = max(node.checked_commit, core.commit_index)
+
+    def _check_leader(self, node: SimNode) -> None:
+        core = node.core
+        assert core is not None
+        holder = self.leaders.setdefault(core.term, node.id)
+        if holder != node.id:
+            self.fail(f"two leaders in term {core.term}: {holder} and {node.id}")
+        if getattr(node, "_completeness_term", None) == core.term:
+            return
+        node._completeness_term = core.term  # type: ignore[attr-defined]
+        # Leader completeness: every entry committed so far is in the new leader's log.
+        if self.max_committed > core.last_index:
+            self.fail(f"leader {node.id} (term {core.term}) lacks committed {self.max_committed}")
+        for i in range(core.first_index, self.max_committed + 1):
+            want = self.committed.get(i)
+            e = core.entry(i)
+            if want is not None and (e is None or (e.term, int(e.type), e.data) != want):
+                self.fail(f"leader {node.id} (term {core.term}) has {e} at {i}, committed {want}")
+
+
+# ---------------------------------------------------------------------------------
+# The simulation
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario) -> None:
+        self.sc = scenario
+        self.rng = random.Random(scenario.seed)
+        self.now = 0.0
+        self._queue: list[tuple[float, int, str, tuple]] = []
+        self._seq = 0
+        self.trace: deque[tuple] = deque(maxlen=400)
+        self.check = Checker(self._fail)
+        self.raft = {"max_msg_bytes": 400, "max_inflight_msgs": 8, **scenario.raft}
+        self.events = 0
+        self.stats: Counter[str] = Counter()  # what the run exercised (see test_sim)
+        # Network
+        self.blocked: set[tuple[str, str]] = set()
+        self.partition_gen = 0
+        self.loss = 0.0
+        self.dup = 0.02
+        self.slow = 0.03
+        # Phases
+        self.healed = False
+        self.proposals = 0
+        self.live_leader: str | None = None
+        self.live_pending: list[tuple[int, int, bytes, float]] = []
+        self.live_done = False
+        self.next_node_no = scenario.voters + 1
+        self.nodes: dict[str, SimNode] = {}
+        ids = [f"n{i}" for i in range(1, scenario.voters + 1)]
+        bootstrap = ConfState(tuple(ids), ())
+        for nid in ids:
+            self._add_node(nid, bootstrap)
+
+    # -- setup ----------------------------------------------------------------------------
+
+    def _add_node(self, nid: str, bootstrap: ConfState) -> SimNode:
+        d = self.sc.drift
+        rate = 1 + self.rng.choice([-d, d, self.rng.uniform(-d, d)])
+        clock = Clock(self.rng.uniform(0, 1e6), rate)
+        node = SimNode(nid, clock, bootstrap, compact_every=self.rng.randint(10, 60))
+        self.nodes[nid] = node
+        self._start(node)
+        return node
+
+    def _start(self, node: SimNode) -> None:
+        node.start(self.now, self.rng.getrandbits(32), self.raft)
+        self.trace.append((self.now, "start", node.id, node.incarnation))
+        self._schedule(self.rng.uniform(*self.sc.tick_ms), "tick", node.id, node.incarnation)
+
+    # -- event loop -----------------------------------------------------------------------
+
+    def _schedule(self, delay: float, kind: str, *args: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (self.now + delay, self._seq, kind, args))
+
+    def run(self) -> None:
+        self._schedule(0, "chaos")
+        self._schedule(0, "client")
+        self._schedule(self.sc.chaos_ms, "heal")
+        handlers = {
+            "tick": self._on_tick,
+            "deliver": self._on_deliver,
+            "io_done": self._on_io_done,
+            "chaos": self._on_chaos,
+            "client": self._on_client,
+            "heal": self._on_heal,
+            "restart": self._on_restart,
+            "unpartition": self._on_unpartition,
+            "deadline": self._on_deadline,
+        }
+        while self._queue and not self.live_done:
+            self.now, _, kind, args = heapq.heappop(self._queue)
+            self.events += 1
+            handlers[kind](*args)
+            self._check_all()
+        if not self.live_done:
+            self._fail("event queue ran dry before the liveness checks finished")
+
+    def _node_up(self, nid: str, incarnation: int | None = None) -> SimNode | None:
+        node = self.nodes.get(nid)
+        if node is None or node.core is None:
+            return None
+        if incarnation is not None and node.incarnation != incarnation:
+            return None
+        return node
+
+    def _on_tick(self, nid: str, incarnation: int) -> None:
+        node = self._node_up(nid, incarnation)
+        if node is None:
+            return
+        node.core.tick(node.clock.local(self.now))  # type: ignore[union-attr]
+        self._pump(node)
+        self._schedule(self.rng.uniform(*self.sc.tick_ms), "tick", nid, incarnation)
+
+    def _pump(self, node: SimNode) -> None:
+        """Start writing the next Ready if the node is not busy writing one."""
+        core = node.core
+        if core is None or node.outstanding is not None or not core.has_ready():
+            return
+        rd = core.ready()
+        if rd.entries:
+            self.check.on_persist(node, rd, core.term_at(rd.entries[0].index - 1))
+        node.outstanding = rd
+        latency = self.rng.uniform(0.5, 4.0) if rd.must_sync else self.rng.uniform(0, 0.5)
+        self._schedule(latency, "io_done", node.id, node.incarnation)
+
+    def _on_io_done(self, nid: str, incarnation: int) -> None:
+        node = self._node_up(nid, incarnation)
+        if node is None or node.outstanding is None:
+            return
+        rd, core = node.outstanding, node.core
+        assert core is not None
+        node.disk.write(rd)  # 1. persist
+        failed_snaps = [m.to for m in rd.messages if not self._send(node, m)]  # 2. send
+        if rd.snapshot is not None:  # 3. apply
+            self._install(node, rd)
+        for e in rd.committed_entries:
+            self.check.on_apply(node, e)
+        node.outstanding = None
+        core.advance(rd)  # 4. advance
+        for to in failed_snaps:
+            core.report_snapshot(to, False)
+        self._maybe_compact(node, force=False)
+        self._pump(node)
+
+    def _install(self, node: SimNode, rd: Ready) -> None:
+        snap = rd.snapshot
+        assert snap is not None
+        index, digest = msgpack.unpackb(rd.snapshot_data)
+        if index != snap.index:
+            self._fail(f"{node.id} got snapshot data for {index} with meta {snap}")
+        node.sm_index, node.sm_digest = index, digest
+        self.check.check_digest(node)
+        self.trace.append((self.now, "install", node.id, index))
+        self.stats["snapshot_install"] += 1
+
+    def _maybe_compact(self, node: SimNode, force: bool) -> None:
+        core = node.core
+        if core is None:
+            return
+        idx = min(node.sm_index, core.applied_index)
+        if idx <= node.disk.snap_index or (not force and idx - node.disk.snap_index < node.compact_every):
+            return
+        meta = core.snapshot_meta(idx)
+        node.disk.save_snapshot(meta, msgpack.packb([idx, node.sm_digest]))
+        core.compact(idx, meta)
+        self.trace.append((self.now, "compact", node.id, idx))
+        self.stats["compact"] += 1
+
+    # -- network --------------------------------------------------------------------------
+
+    def _send(self, node: SimNode, m: Message) -> bool:
+        """Put `m` on the wire. Returns False for a snapshot that is lost (to report it)."""
+        if m.type == MessageType.SNAP:
+            # Like a node loop: ship the snapshot on disk (it may be newer than `m`'s).
+            m.snapshot, m.data = node.disk.snap, node.disk.snap_data
+        if m.frm != node.id and m.type != MessageType.TRANSFER_LEADER:
+            self._fail(f"{node.id} sent a message from {m.frm}")
+        wire = encode_message(m)
+        lost = (node.id, m.to) in self.blocked or self.rng.random() < self.loss
+        self.stats[m.type.name] += 1
+        self.trace.append((self.now, "send", m.type.name, node.id, m.to, m.term, m.index,
+                           len(m.entries), m.commit, m.reject, m.context, "LOST" if lost else ""))
+        if lost:
+            return m.type != MessageType.SNAP
+        copies = 2 if self.rng.random() < self.dup else 1
+        for _ in range(copies):
+            if self.rng.random() < self.slow:
+                delay = self.rng.uniform(50, 1500)
+            else:
+                delay = self.rng.uniform(0.5, 15)
+            self._schedule(delay, "deliver", wire, node.id, node.incarnation)
+        return True
+
+    def _on_deliver(self, wire: bytes, frm: str, frm_incarnation: int) -> None:
+        m = decode_message(wire)
+        node = self._node_up(m.to)
+        delivered = node is not None and (frm, m.to) not in self.blocked
+        if m.type == MessageType.SNAP:
+            # The sender's transport learns whether the snapshot stream went through.
+            sender = self._node_up(frm, frm_incarnation)
+            if sender is not None:
+                sender.core.report_snapshot(m.to, delivered)  # type: ignore[union-attr]
+                self._pump(sender)
+        if not delivered:
+            return
+        assert node is not None
+        self.trace.append((self.now, "recv", m.type.name, frm, m.to, m.term, m.index,
+                           len(m.entries), m.commit, m.reject, m.context))
+        node.core.step(m)  # type: ignore[union-attr]
+        self._pump(node)
+
+    # -- chaos ----------------------------------------------------------------------------
+
+    def _leader(self) -> SimNode | None:
+        """The up node that believes it leads in the highest term."""
+        best = None
+        for nid in sorted(self.nodes):
+            node = self.nodes[nid]
+            if node.core is not None and node.core.role == Role.LEADER:
+                if best is None or node.core.term > best.core.term:  # type: ignore[union-attr]
+                    best = node
+        return best
+
+    def _on_chaos(self) -> None:
+        if self.healed:
+            return
+        actions: list[tuple[int, Callable[[], None]]] = [
+            (3, self._chaos_crash),
+            (3, self._chaos_partition),
+            (2, self._chaos_transfer),
+            (2, self._chaos_loss),
+            (1, self._chaos_compact),
+        ]
+        if self.sc.membership:
+            actions.append((3, self._chaos_membership))
+        total = sum(w for w, _ in actions)
+        pick = self.rng.uniform(0, total)
+        for w, action in actions:
+            pick -= w
+            if pick <= 0:
+                action()
+                break
+        self._schedule(self.rng.uniform(200, 2000), "chaos")
+
+    def _up_ids(self) -> list[str]:
+        return [nid for nid in sorted(self.nodes) if self.nodes[nid].core is not None]
+
+    def _chaos_crash(self) -> None:
+        up = self._up_ids()
+        if not up:
+            return
+        node = self.nodes[self.rng.choice(up)]
+        node.crash()
+        self.trace.append((self.now, "crash", node.id))
+        self.stats["crash"] += 1
+        self._schedule(self.rng.uniform(50, 2500), "restart", node.id)
+
+    def _on_restart(self, nid: str) -> None:
+        node = self.nodes[nid]
+        if node.core is None:
+            self._start(node)
+
+    def _chaos_partition(self) -> None:
+        ids = sorted(self.nodes)
+        kind = self.rng.choice(["split", "isolate_leader", "one_way", "random_edges"])
+        blocked: set[tuple[str, str]] = set()
+        if kind == "split":
+            group = self.rng.sample(ids, self.rng.randint(1, len(ids) // 2))
+            rest = [n for n in ids if n not in group]
+            blocked = {(a, b) for a in group for b in rest} | {(b, a) for a in group for b in rest}
+        elif kind == "isolate_leader":
+            leader = self._leader()
+            if leader is not None:
+                others = [n for n in ids if n != leader.id]
+                way = self.rng.choice(["in", "out", "both"])
+                if way in ("out", "both"):
+                    blocked |= {(leader.id, o) for o in others}
+                if way in ("in", "both"):
+                    blocked |= {(o, leader.id) for o in others}
+        elif kind == "one_way":
+            a, b = self.rng.sample(ids, 2)
+            blocked = {(a, b)}
+        else:
+            blocked = {(a, b) for a in ids for b in ids if a != b and self.rng.random() < 0.3}
+        self.blocked = blocked
+        self.partition_gen += 1
+        self.trace.append((self.now, "partition", kind, sorted(blocked)))
+        self.stats["partition_" + kind] += 1
+        self._schedule(self.rng.uniform(300, 3500), "unpartition", self.partition_gen)
+
+    def _on_unpartition(self, gen: int) -> None:
+        if gen == self.partition_gen:
+            self.blocked = set()
+            self.trace.append((self.now, "unpartition"))
+
+    def _chaos_transfer(self) -> None:
+        leader = self._leader()
+        if leader is None:
+            return
+        core = leader.core
+        assert core is not None
+        targets = [v for v in core.conf_state.voters if v != leader.id]
+        if not targets:
+            return
+        target = self.rng.choice(targets)
+        via = leader
+        if self.rng.random() < 0.3:
+            followers = [n for n in self._up_ids() if n != leader.id]
+            if followers:
+                via = self.nodes[self.rng.choice(followers)]
+        self.trace.append((self.now, "transfer", via.id, target))
+        try:
+            via.core.transfer_leadership(target)  # type: ignore[union-attr]
+        except (NotLeader, ProposalDropped):
+            pass
+        self._pump(via)
+
+    def _chaos_loss(self) -> None:
+        self.loss = self.rng.choice([0.0, 0.0, 0.01, 0.05, 0.2])
+        self.trace.append((self.now, "loss", self.loss))
+
+    def _chaos_compact(self) -> None:
+        up = self._up_ids()
+        if up:
+            self._maybe_compact(self.nodes[self.rng.choice(up)], force=True)
+
+    def _chaos_membership(self) -> None:
+        leader = self._leader()
+        if leader is None:
+            return
+        core = leader.core
+        assert core is not None
+        conf = core.conf_state
+        choice = self.rng.random()
+        if conf.learners and choice < 0.5:
+            cc = ConfChange(ConfChangeType.PROMOTE, self.rng.choice(conf.learners))
+        elif len(conf.voters) > self.sc.voters and choice < 0.8:
+            cc = ConfChange(ConfChangeType.REMOVE, self.rng.choice(conf.voters))
+        elif len(self.nodes) < self.sc.voters + 3:
+            cc = ConfChange(ConfChangeType.ADD_LEARNER, f"n{self.next_node_no}")
+        else:
+            return
+        try:
+            index = core.propose_conf_change(cc)
+        except (NotLeader, ProposalDropped):
+            return
+        self.trace.append((self.now, "conf_change", leader.id, cc.type.name, cc.node_id, index))
+        self.stats["conf_" + cc.type.name] += 1
+        if cc.type == ConfChangeType.ADD_LEARNER:
+            self.next_node_no += 1
+            # A fresh node knows no configuration; it learns it from the leader.
+            self._add_node(cc.node_id, ConfState())
+        self._pump(leader)
+
+    # -- clients --------------------------------------------------------------------------
+
+    def _propose(self, node: SimNode) -> tuple[int, bytes] | None:
+        self.proposals += 1
+        data = b"s%d-p%d" % (self.sc.seed, self.proposals)
+        try:
+            index = node.core.propose(data)  # type: ignore[union-attr]
+        except (NotLeader, ProposalDropped):
+            return None
+        self._pump(node)
+        return index, data
+
+    def _on_client(self) -> None:
+        if self.healed:
+            return
+        for nid in self._up_ids():
+            node = self.nodes[nid]
+            if node.core.role == Role.LEADER:  # type: ignore[union-attr]
+                for _ in range(self.rng.randint(1, 3)):
+                    self._propose(node)
+        self._schedule(self.rng.uniform(20, 200), "client")
+
+    # -- heal and liveness ----------------------------------------------------------------
+
+    def _on_heal(self) -> None:
+        self.healed = True
+        self.blocked = set()
+        self.loss = self.dup = self.slow = 0.0
+        self.trace.append((self.now, "heal"))
+        for nid in sorted(self.nodes):
+            if self.nodes[nid].core is None:
+                self._start(self.nodes[nid])
+        self.heal_time = self.now
+        self._schedule(self.sc.lease_bound_ms, "deadline", "lease")
+
+    def _on_deadline(self, what: str) -> None:
+        if what == "lease" and self.live_leader is None:
+            self._fail(f"no leader with a valid lease {self.sc.lease_bound_ms} ms after heal")
+        if what == "commit" and self.live_pending:
+            self._fail(f"proposals {[p[0] for p in self.live_pending]} did not commit in time")
+        if what == "catchup" and not self.live_done:
+            self._fail(f"members did not catch up: {self._catchup_state()}")
+
+    def _liveness_step(self) -> None:
+        if self.live_leader is None:
+            # A leased leader that is removing itself refuses proposals by design: wait
+            # for the leader the cluster settles on.
+            holders = [h for h in self._lease_holders()
+                       if h in self.nodes[h].core.conf_state.voters]  # type: ignore[union-attr]
+            if not holders:
+                return
+            leader = self.nodes[holders[0]]
+            self.live_leader = leader.id
+            self.trace.append((self.now, "live_leader", leader.id))
+            for _ in range(self.sc.liveness_proposals):
+                got = self._propose(leader)
+                if got is None:
+                    self._fail(f"leased leader {leader.id} refused a proposal")
+                index, data = got
+                self.live_pending.append((index, leader.core.term, data, self.now))  # type: ignore[union-attr]
+            self.live_target = max(p[0] for p in self.live_pending)
+            self._schedule(self.sc.commit_bound_ms, "deadline", "commit")
+            return
+        if self.live_pending:
+            committed = self.check.committed
+            self.live_pending = [
+                p for p in self.live_pending if committed.get(p[0]) != (p[1], 0, p[2])
+            ]
+            if not self.live_pending:
+                self._schedule(self.sc.catchup_bound_ms, "deadline", "catchup")
+            return
+        if self._caught_up():
+            self.live_done = True
+
+    def _members_now(self) -> list[str]:
+        leader = self._leader()
+        conf = leader.core.conf_state if leader is not None else ConfState()  # type: ignore[union-attr]
+        return sorted(conf.members())
+
+    def _caught_up(self) -> bool:
+        for nid in self._members_now():
+            node = self.nodes.get(nid)
+            if node is None or node.core is None or node.sm_index < self.live_target:
+                return False
+        return bool(self._members_now())
+
+    def _catchup_state(self) -> dict[str, Any]:
+        return {
+            nid: (self.nodes[nid].sm_index if nid in self.nodes else None)
+            for nid in self._members_now()
+        } | {"target": self.live_target}
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def _lease_holders(self) -> list[str]:
+        return [
+            nid
+            for nid in self._up_ids()
+            if self.nodes[nid].core.lease_valid(self.nodes[nid].clock.local(self.now))  # type: ignore[union-attr]
+        ]
+
+    def _check_all(self) -> None:
+        for nid in self._up_ids():
+            self.check.check_node(self.nodes[nid])
+        holders = self._lease_holders()
+        if len(holders) > 1:
+            self._fail(f"two valid leases at once: {holders}")
+        self.stats["events_with_lease"] += len(holders)
+        if self.healed:
+            self._liveness_step()
+
+    def _fail(self, what: str) -> None:
+        lines = [f"seed {self.sc.seed} at t={self.now:.1f} ms (event {self.events}): {what}"]
+        lines.append(f"replay: {REPLAY.format(seed=self.sc.seed)}")
+        lines.append(f"scenario: {self.sc}")
+        for nid in sorted(self.nodes):
+            node = self.nodes[nid]
+            st = node.core.status() if node.core is not None else "down"
+            lines.append(f"  {nid} clock={node.clock} sm={node.sm_index}: {st}")
+        lines.append("trace (oldest first):")
+        lines.extend(f"  {t:10.1f} {' '.join(map(str, rest))}" for t, *rest in self.trace)
+        raise SimFailure("\n".join(lines))
+
+
+def run_seed(seed: int, **overrides: Any) -> Simulation:
+    """Run one seeded simulation; raises SimFailure (with the replay command) on failure."""
+    sc = Scenario.from_seed(seed)
+    for k, v in overrides.items():
+        setattr(sc, k, v)
+    sim = Simulation(sc)
+    sim.run()
+    return sim
