@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from dex_ha.raft.transport import FrameDecoder, FrameTooLarge, RaftTransport, pack_frame
-from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta
+from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta, encode_message
 from tests.raft.transport_helpers import (
     KIND_AUTH_OK,
     KIND_CHUNK,
@@ -134,6 +134,30 @@ async def test_messages_are_dropped_and_reported_when_a_peer_is_down() -> None:
         await a.transport.stop()
 
 
+async def test_while_backing_off_send_drops_at_once() -> None:
+    """After a failed dial the peer is unreachable: send() drops and reports immediately
+    instead of queueing stale messages for a later connection."""
+    a = make_node("a", secret=SECRET)  # a large queue: drops cannot come from a full one
+    await a.transport.start()
+    dead = make_node("dead")
+    await dead.transport.start()
+    port = dead.transport.port
+    await dead.transport.stop()
+    a.transport.set_peers({"b": (LOOPBACK, port)})
+    try:
+        await wait_until(lambda: a.transport.stats.connect_failures > 0)
+
+        def dropped_synchronously() -> bool:
+            before = a.transport.stats.messages_dropped
+            a.transport.send(app("a", "b", 1))
+            return a.transport.stats.messages_dropped > before
+
+        await wait_until(dropped_synchronously)
+        await wait_until(lambda: "b" in a.unreachable)
+    finally:
+        await a.transport.stop()
+
+
 async def test_messages_to_unknown_peers_are_dropped(pair: tuple[Node, Node]) -> None:
     a, _ = pair
     a.transport.send(app("a", "zz", 1))
@@ -206,16 +230,35 @@ async def test_a_snapshot_above_the_receivers_limit_drops_the_connection(caplog)
         await b.transport.stop()
 
 
-async def test_out_of_order_snapshot_chunk_drops_the_connection(pair: tuple[Node, Node], caplog) -> None:
+@pytest.mark.parametrize("second_offset", [7, 3, 0])
+async def test_a_snapshot_chunk_that_does_not_continue_drops_the_connection(
+        pair: tuple[Node, Node], caplog, second_offset: int) -> None:
     a, b = pair
     raw = await RawPeer.connect(b.transport.port)
     await raw.handshake("a", SECRET)
+    header = encode_message(Message(MessageType.SNAP, "b", "a", snapshot=SNAP_META))
+    raw.send_raw(frame(KIND_CHUNK, msgpack.packb([0, 10, False, header, b"01234"], use_bin_type=True)))
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        raw.send_raw(frame(KIND_CHUNK, msgpack.packb([5, 10, False, None, b"xxxxx"], use_bin_type=True)))
+        # A gap, an overlap, or a restart without a header: all break the transfer.
+        raw.send_raw(frame(KIND_CHUNK, msgpack.packb([second_offset, 10, True, None, b"56789"],
+                                                     use_bin_type=True)))
         assert await raw.closed_by_peer()
-    assert "does not continue the transfer" in caplog.text
+    assert "snapshot" in caplog.text and "dropped" in caplog.text
     assert b.inbox.empty()
     await still_talking(a, b)
+
+
+async def test_a_snapshot_in_raw_chunks_is_reassembled(pair: tuple[Node, Node]) -> None:
+    """The control for the test above: the same chunks in order deliver the snapshot."""
+    _, b = pair
+    raw = await RawPeer.connect(b.transport.port)
+    await raw.handshake("a", SECRET)
+    header = encode_message(Message(MessageType.SNAP, "b", "a", snapshot=SNAP_META))
+    raw.send_raw(frame(KIND_CHUNK, msgpack.packb([0, 10, False, header, b"01234"], use_bin_type=True)))
+    raw.send_raw(frame(KIND_CHUNK, msgpack.packb([5, 10, True, None, b"56789"], use_bin_type=True)))
+    got = await b.recv()
+    assert (got.type, got.snapshot, got.data) == (MessageType.SNAP, SNAP_META, b"0123456789")
+    raw.close()
 
 
 # ---------------------------------------------------------------------------- bad peers
