@@ -91,9 +91,6 @@ class NodeConfig:
     lease_drift_margin_ms: int = 100
     tick_interval_ms: int = 10
     snapshot_every_entries: int = 20_000
-    # Entries kept behind a snapshot so that a briefly slow follower catches up from
-    # the log instead of needing the whole snapshot.
-    compaction_keep_entries: int = 5_000
     secret: bytes | None = None
     ssl_server: ssl.SSLContext | None = None
     ssl_client: ssl.SSLContext | None = None
@@ -141,11 +138,12 @@ class RaftNode:
         self._stopping = False
         self._members: dict[str, Member] = dict(config.members)
         self._last_leader = ""
-        self._snapshot_index = 0
-        self._last_applied_term = 0
+        self._snapshot_index = 0  # the log (core and storage) starts after this index
+        self._taken = SnapshotMeta(0, 0, ConfState())  # the newest snapshot file written
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        self._snap_path = config.data_dir / "snapshot.bin"
+        self._snap_dir = config.data_dir / "snapshots"
+        self._snap_dir.mkdir(exist_ok=True)
         self.storage = RaftStorage.open(config.data_dir / "raft", durability=config.durability,
                                         on_fsync=self._record_fsync)
         self.core = self._build_core()
@@ -168,7 +166,7 @@ class RaftNode:
         if snap_meta is not None:
             conf = snap_meta.conf_state
             self._snapshot_index = snap_meta.index
-            self._last_applied_term = snap_meta.term
+            self._taken = snap_meta
         elif self.config.join:
             conf = ConfState()
         else:
@@ -190,9 +188,10 @@ class RaftNode:
         """A state machine behind the durable snapshot (e.g. in-memory) starts from it."""
         if snap_meta is None or self.sm.applied_index() >= snap_meta.index:
             return
-        if not self._snap_path.exists():
-            raise RuntimeError(f"snapshot file {self._snap_path} missing for index {snap_meta.index}")
-        self.sm.restore(self._snap_path.read_bytes(), snap_meta.index)
+        path = self._snapshot_file(snap_meta.index)
+        if not path.exists():
+            raise RuntimeError(f"snapshot file {path} missing for index {snap_meta.index}")
+        self.sm.restore(path.read_bytes(), snap_meta.index)
 
     def _peer_addrs(self) -> dict[str, Address]:
         return {nid: m.raft_addr for nid, m in self._members.items() if nid != self.config.id}
@@ -358,11 +357,13 @@ class RaftNode:
         self._maybe_snapshot()
 
     def _send(self, msg: Message) -> None:
-        if msg.type == MessageType.SNAP and not msg.data:
-            if not self._snap_path.exists():
+        if msg.type == MessageType.SNAP and not msg.data and msg.snapshot is not None:
+            path = self._snapshot_file(msg.snapshot.index)
+            if not path.exists():
+                log.error("node %s: snapshot file %s missing; cannot send it to %s", self.config.id, path, msg.to)
                 self.core.report_snapshot(msg.to, False)
                 return
-            msg.data = self._snap_path.read_bytes()
+            msg.data = path.read_bytes()
         self.transport.send(msg)
 
     # ------------------------------------------------------------------ apply
@@ -379,7 +380,6 @@ class RaftNode:
             # advance the applied index so a restart does not replay what came before.
             result = self.sm.apply(entry.index, b"")
         self.metrics.applied_entries += 1
-        self._last_applied_term = entry.term
         if pending is None or pending.future.done():
             return
         if pending.term == entry.term:
@@ -448,42 +448,62 @@ class RaftNode:
                 self._on_leader_change(leader)
 
     # ------------------------------------------------------------------ snapshots
+    #
+    # Two generations of snapshot files are kept. When the state machine has applied
+    # `snapshot_every_entries` more entries, a new snapshot file is written, and the log
+    # is compacted only up to the PREVIOUS snapshot. So the log always holds at least
+    # `snapshot_every_entries` entries behind the applied index, and a follower that is
+    # merely a little behind catches up from the log instead of needing a whole snapshot.
+
+    def _snapshot_file(self, index: int) -> Path:
+        return self._snap_dir / f"snapshot-{index:020d}.bin"
 
     def _maybe_snapshot(self) -> None:
         applied = self.sm.applied_index()
-        if applied - self._snapshot_index < self.config.snapshot_every_entries:
+        if applied - self._taken.index < self.config.snapshot_every_entries:
             return
+        meta = self.core.snapshot_meta(applied)
         data = self.sm.snapshot()
-        meta = SnapshotMeta(index=applied, term=self._last_applied_term, conf_state=self.core.conf_state)
-        self._write_snapshot_file(data)
-        self.storage.save_snapshot(meta)
-        self._snapshot_index = applied
+        self._write_snapshot_file(applied, data)
+        previous, self._taken = self._taken, meta
         self.metrics.snapshots_taken += 1
-        keep_from = applied - self.config.compaction_keep_entries
-        if keep_from > 0:
-            self.core.compact(keep_from, meta)
-            self.storage.compact(keep_from)
         log.info("node %s: snapshot at index %d (%d bytes)", self.config.id, applied, len(data))
+        if previous.index > self._snapshot_index:
+            self._compact_to(previous)
 
-    def _write_snapshot_file(self, data: bytes) -> None:
-        tmp = self._snap_path.with_suffix(".tmp")
+    def _compact_to(self, meta: SnapshotMeta) -> None:
+        self.storage.save_snapshot(meta)
+        self.core.compact(meta.index, meta)
+        self.storage.compact(meta.index)
+        self._snapshot_index = meta.index
+        self._delete_snapshot_files_before(meta.index)
+
+    def _delete_snapshot_files_before(self, index: int) -> None:
+        for path in self._snap_dir.glob("snapshot-*.bin"):
+            if int(path.stem.split("-")[1]) < index:
+                path.unlink(missing_ok=True)
+
+    def _write_snapshot_file(self, index: int, data: bytes) -> None:
+        path = self._snapshot_file(index)
+        tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             if self.config.durability == "strict":
                 os.fsync(f.fileno())
-        os.replace(tmp, self._snap_path)
+        os.replace(tmp, path)
         if self.config.durability == "strict":
-            _fsync_dir(self._snap_path.parent)
+            _fsync_dir(self._snap_dir)
 
     def _persist_received_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
-        self._write_snapshot_file(data)
+        self._write_snapshot_file(meta.index, data)
         self.storage.save_snapshot(meta)
         self._snapshot_index = meta.index
+        self._taken = meta
+        self._delete_snapshot_files_before(meta.index)
 
     def _install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         self.sm.restore(data, meta.index)
-        self._last_applied_term = meta.term
         self._members = {nid: m for nid, m in self._members.items() if nid in meta.conf_state.members()}
         self.metrics.snapshots_installed += 1
         log.info("node %s: installed snapshot at index %d", self.config.id, meta.index)

@@ -199,6 +199,7 @@ class Checker:
         self.leaders: dict[int, str] = {}
         self.committed: dict[int, tuple[int, int, bytes]] = {}  # index -> (term, type, data)
         self.max_committed = 0
+        self.max_index_by_term: dict[int, int] = {}
         self.by_index_term: dict[tuple[int, int], tuple[int, bytes, int | None]] = {}
         self.digests: dict[int, bytes] = {}
         self.lease_violations = 0
@@ -219,6 +220,8 @@ class Checker:
         if old != val:
             self.fail(f"committed entry {e.index} changed on {who}: {old} -> {val}")
         self.max_committed = max(self.max_committed, e.index)
+        if e.index > self.max_index_by_term.get(e.term, 0):
+            self.max_index_by_term[e.term] = e.index
 
     def on_apply(self, node: SimNode, e: Entry) -> None:
         if e.index != node.sm_index + 1:
@@ -231,6 +234,15 @@ class Checker:
         old = self.digests.setdefault(node.sm_index, node.sm_digest)
         if old != node.sm_digest:
             self.fail(f"{node.id}'s applied sequence up to {node.sm_index} diverges")
+
+    def check_leased_read(self, node: SimNode) -> None:
+        """An active node serves reads from its state machine: it must already have
+        applied every entry committed in an earlier term."""
+        term = node.core.term  # type: ignore[union-attr]
+        need = max((i for t, i in self.max_index_by_term.items() if t < term), default=0)
+        if node.sm_index < need:
+            self.fail(f"{node.id} holds a lease in term {term} but applied only "
+                      f"{node.sm_index} < {need} committed before")
 
     def check_node(self, node: SimNode) -> None:
         core = node.core
@@ -288,6 +300,7 @@ class Simulation:
         self.loss = 0.0
         self.dup = 0.02
         self.slow = 0.03
+        self.client_idle = False  # idle periods let cut-off followers stay up to date
         # Phases
         self.healed = False
         self.proposals = 0
@@ -481,6 +494,7 @@ class Simulation:
             (2, self._chaos_transfer),
             (2, self._chaos_loss),
             (1, self._chaos_compact),
+            (2, self._chaos_client_mode),
         ]
         if self.sc.membership:
             actions.append((3, self._chaos_membership))
@@ -513,7 +527,7 @@ class Simulation:
 
     def _chaos_partition(self) -> None:
         ids = sorted(self.nodes)
-        kind = self.rng.choice(["split", "isolate_leader", "one_way", "random_edges"])
+        kind = self.rng.choice(["split", "isolate_leader", "cut_leader", "one_way", "random_edges"])
         blocked: set[tuple[str, str]] = set()
         if kind == "split":
             group = self.rng.sample(ids, self.rng.randint(1, len(ids) // 2))
@@ -528,6 +542,15 @@ class Simulation:
                     blocked |= {(leader.id, o) for o in others}
                 if way in ("in", "both"):
                     blocked |= {(o, leader.id) for o in others}
+        elif kind == "cut_leader":
+            # The leader keeps its lease through the others while one follower stops
+            # hearing from it: that follower's election races the lease.
+            leader = self._leader()
+            if leader is not None:
+                victim = self.rng.choice([n for n in ids if n != leader.id])
+                blocked = {(leader.id, victim)}
+                if self.rng.random() < 0.5:
+                    blocked.add((victim, leader.id))
         elif kind == "one_way":
             a, b = self.rng.sample(ids, 2)
             blocked = {(a, b)}
@@ -569,6 +592,10 @@ class Simulation:
     def _chaos_loss(self) -> None:
         self.loss = self.rng.choice([0.0, 0.0, 0.01, 0.05, 0.2])
         self.trace.append((self.now, "loss", self.loss))
+
+    def _chaos_client_mode(self) -> None:
+        self.client_idle = self.rng.random() < 0.5
+        self.trace.append((self.now, "client_idle", self.client_idle))
 
     def _chaos_compact(self) -> None:
         up = self._up_ids()
@@ -618,7 +645,7 @@ class Simulation:
     def _on_client(self) -> None:
         if self.healed:
             return
-        for nid in self._up_ids():
+        for nid in [] if self.client_idle else self._up_ids():
             node = self.nodes[nid]
             if node.core.role == Role.LEADER:  # type: ignore[union-attr]
                 for _ in range(self.rng.randint(1, 3)):
@@ -710,6 +737,8 @@ class Simulation:
         holders = self._lease_holders()
         if len(holders) > 1:
             self._fail(f"two valid leases at once: {holders}")
+        for nid in holders:
+            self.check.check_leased_read(self.nodes[nid])
         self.stats["events_with_lease"] += len(holders)
         if self.healed:
             self._liveness_step()

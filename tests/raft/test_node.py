@@ -21,7 +21,7 @@ from dex_ha.raft.types import ConfChange, ConfChangeType, Role
 from tests.support.kv_cluster import free_ports
 from tests.support.kv_node import KVStateMachine
 
-SECRET = b"test-cluster-secret"
+SECRET = b"test-cluster-secret-0123456789"
 
 
 def _config(nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int] | None = None,
@@ -64,8 +64,7 @@ async def cluster(tmp_path: Path):
     ports = free_ports(3)
     members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
     sms = {nid: KVStateMachine() for nid in members}
-    nodes = {nid: RaftNode(_config(nid, tmp_path, members, snapshot_every_entries=50,
-                                   compaction_keep_entries=10), sms[nid]) for nid in members}
+    nodes = {nid: RaftNode(_config(nid, tmp_path, members, snapshot_every_entries=50), sms[nid]) for nid in members}
     for n in nodes.values():
         await n.start()
     yield nodes, sms, members, tmp_path
@@ -136,8 +135,7 @@ async def test_restart_resumes_from_disk(tmp_path: Path) -> None:
 
     async def boot() -> tuple[dict[str, RaftNode], dict[str, KVStateMachine]]:
         sms = {nid: KVStateMachine() for nid in members}
-        nodes = {nid: RaftNode(_config(nid, tmp_path, members, snapshot_every_entries=30,
-                                       compaction_keep_entries=5), sms[nid]) for nid in members}
+        nodes = {nid: RaftNode(_config(nid, tmp_path, members, snapshot_every_entries=30), sms[nid]) for nid in members}
         for n in nodes.values():
             await n.start()
         return nodes, sms
