@@ -7,7 +7,7 @@ policy recorded on a tool call is complete.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from dex_ha.engine.results import Rejected
@@ -42,7 +42,8 @@ class ToolPolicy:
     max_attempts: int | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"name": self.name, "effect": self.effect, "approval": self.approval, "inline": self.inline,
+                "start_to_close_ms": self.start_to_close_ms, "max_attempts": self.max_attempts}
 
 
 # The policy recorded on built-in calls: they change nothing outside the session.

@@ -27,6 +27,8 @@ from dex_ha.engine.results import Rejected
 from dex_ha.engine.store import from_json, to_json
 
 DEFAULT_POLL_AFTER_MS = 1_000
+# A tool_calls row: read from the table, or the dict just inserted into it.
+CallRow = sqlite3.Row | dict[str, Any]
 FINAL_STATUSES = ("succeeded", "failed", "outcome_unknown")
 
 
@@ -51,10 +53,10 @@ def record_model_response(ctx: ApplyContext, step: sqlite3.Row, result: dict[str
     policies = [tool_policy(definition, c["name"]) for c in tool_calls]
     # Insert every call before routing any: a call that ends at once must not see its
     # response as complete while its siblings do not exist yet.
-    for position, (call, policy) in enumerate(zip(tool_calls, policies)):
-        _insert_call(ctx, step, position, call, policy)
-    for call, policy in zip(tool_calls, policies):
-        _route_call(ctx, ctx.store.call(step["session_id"], call["id"]), policy, call)
+    rows = [_insert_call(ctx, step, position, call, policy)
+            for position, (call, policy) in enumerate(zip(tool_calls, policies))]
+    for row, call, policy in zip(rows, tool_calls, policies):
+        _route_call(ctx, row, policy, call)
 
 
 def _validate_model_result(ctx: ApplyContext, session_id: str,
@@ -75,23 +77,29 @@ def _validate_model_result(ctx: ApplyContext, session_id: str,
             raise Rejected("invalid", f"{where}.name must be a non-empty string")
         if not isinstance(arguments, dict):
             raise Rejected("invalid", f"{where}.arguments must be an object")
-        if call_id in seen or ctx.store.call(session_id, call_id) is not None:
-            raise Rejected("invalid", f"{where}.id {call_id!r} is already used in this session")
+        if call_id in seen:
+            raise Rejected("invalid", f"{where}.id {call_id!r} is used twice")
         seen.add(call_id)
         normalized.append({**call, "arguments": arguments})
     return result.get("content"), normalized
 
 
 def _insert_call(ctx: ApplyContext, step: sqlite3.Row, position: int, call: dict[str, Any],
-                 policy: ToolPolicy | None) -> None:
-    ctx.store.insert(
-        "tool_calls", session_id=step["session_id"], call_id=call["id"], turn_id=step["turn_id"],
-        response_step_id=step["step_id"], position=position, name=call["name"],
-        arguments=to_json(call["arguments"]), policy=to_json(policy.as_json() if policy else None),
-        effect=policy.effect if policy else None, status="pending", created_at=ctx.at)
+                 policy: ToolPolicy | None) -> dict[str, Any]:
+    """Insert the call; returns the row as inserted (the routing reads it, not the table)."""
+    row = dict(session_id=step["session_id"], call_id=call["id"], turn_id=step["turn_id"],
+               agent=step["agent"], response_step_id=step["step_id"], position=position,
+               name=call["name"], arguments=to_json(call["arguments"]),
+               policy=to_json(policy.as_json() if policy else None),
+               effect=policy.effect if policy else None, status="pending", created_at=ctx.at)
+    try:
+        ctx.store.insert("tool_calls", **row)
+    except sqlite3.IntegrityError:
+        raise Rejected("invalid", f"tool call id {call['id']!r} is already used in this session") from None
+    return row
 
 
-def _route_call(ctx: ApplyContext, call: sqlite3.Row, policy: ToolPolicy | None,
+def _route_call(ctx: ApplyContext, call: dict[str, Any], policy: ToolPolicy | None,
                 raw: dict[str, Any]) -> None:
     name, arguments = call["name"], from_json(call["arguments"])
     if policy is None:
@@ -109,7 +117,7 @@ def _route_call(ctx: ApplyContext, call: sqlite3.Row, policy: ToolPolicy | None,
         queue_tool_step(ctx, call)
 
 
-def _start_sleep(ctx: ApplyContext, call: sqlite3.Row, arguments: dict[str, Any]) -> None:
+def _start_sleep(ctx: ApplyContext, call: CallRow, arguments: dict[str, Any]) -> None:
     ms = arguments.get("ms")
     if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
         finish_call(ctx, call, "failed", progress=NOT_STARTED,
@@ -119,7 +127,7 @@ def _start_sleep(ctx: ApplyContext, call: sqlite3.Row, arguments: dict[str, Any]
     steps.set_timer(ctx, _step_ref(call, step_id), "sleep", ctx.at + ms)
 
 
-def _record_inline_result(ctx: ApplyContext, call: sqlite3.Row, result: Any) -> None:
+def _record_inline_result(ctx: ApplyContext, call: CallRow, result: Any) -> None:
     """An inline tool ran inside the model call (at-least-once); it has no step of its own."""
     ctx.store.update("tool_calls", _key(call), ran=1, step_id=call["response_step_id"])
     status = result.get("status") if isinstance(result, dict) else None
@@ -131,7 +139,7 @@ def _record_inline_result(ctx: ApplyContext, call: sqlite3.Row, result: Any) -> 
         finish_call(ctx, call, "failed", error="the Worker reported no result for this inline tool")
 
 
-def _request_approval(ctx: ApplyContext, call: sqlite3.Row) -> None:
+def _request_approval(ctx: ApplyContext, call: CallRow) -> None:
     step_id = _create_call_step(ctx, call, AWAIT_TOOL_APPROVAL)
     ctx.store.insert("approvals", session_id=call["session_id"], call_id=call["call_id"],
                      step_id=step_id, status="pending", requested_at=ctx.at)
@@ -139,7 +147,7 @@ def _request_approval(ctx: ApplyContext, call: sqlite3.Row) -> None:
              arguments=from_json(call["arguments"]))
 
 
-def queue_tool_step(ctx: ApplyContext, call: sqlite3.Row, answer: Any = None) -> str:
+def queue_tool_step(ctx: ApplyContext, call: CallRow, answer: Any = None) -> str:
     """Queue the call's tool for a Worker, under the policy recorded on the call."""
     policy = from_json(call["policy"])
     kind = tool_step_kind(call["effect"])
@@ -152,12 +160,12 @@ def queue_tool_step(ctx: ApplyContext, call: sqlite3.Row, answer: Any = None) ->
                              start_to_close_ms=policy["start_to_close_ms"])
 
 
-def queue_poll(ctx: ApplyContext, call: sqlite3.Row) -> str:
+def queue_poll(ctx: ApplyContext, call: CallRow) -> str:
     params = {"call_id": call["call_id"], "name": call["name"], "handle": from_json(call["handle"])}
     return _create_call_step(ctx, call, POLL_TOOL_TASK, params=params)
 
 
-def ask_question(ctx: ApplyContext, call: sqlite3.Row, source: str, question: Any) -> None:
+def ask_question(ctx: ApplyContext, call: CallRow, source: str, question: Any) -> None:
     step_id = _create_call_step(ctx, call, AWAIT_QUESTION_ANSWER)
     question_id = ctx.ids.new("q")
     ctx.store.insert("questions", question_id=question_id, session_id=call["session_id"],
@@ -167,17 +175,16 @@ def ask_question(ctx: ApplyContext, call: sqlite3.Row, source: str, question: An
              source=source, question=question)
 
 
-def _create_call_step(ctx: ApplyContext, call: sqlite3.Row, kind: str, **kwargs: Any) -> str:
-    agent = ctx.store.scalar("SELECT agent FROM sessions WHERE session_id = ?", (call["session_id"],))
-    return steps.create_step(ctx, session_id=call["session_id"], turn_id=call["turn_id"], agent=agent,
+def _create_call_step(ctx: ApplyContext, call: CallRow, kind: str, **kwargs: Any) -> str:
+    return steps.create_step(ctx, session_id=call["session_id"], turn_id=call["turn_id"], agent=call["agent"],
                              kind=kind, call_id=call["call_id"], **kwargs)
 
 
-def _step_ref(call: sqlite3.Row, step_id: str) -> dict[str, Any]:
+def _step_ref(call: CallRow, step_id: str) -> dict[str, Any]:
     return {"session_id": call["session_id"], "turn_id": call["turn_id"], "step_id": step_id}
 
 
-def _key(call: sqlite3.Row) -> dict[str, Any]:
+def _key(call: CallRow) -> dict[str, Any]:
     return {"session_id": call["session_id"], "call_id": call["call_id"]}
 
 
@@ -200,7 +207,7 @@ def record_tool_result(ctx: ApplyContext, step: sqlite3.Row, result: dict[str, A
         raise Rejected("invalid", "result.status must be ok, error, question or task")
 
 
-def _start_task(ctx: ApplyContext, call: sqlite3.Row, result: dict[str, Any]) -> None:
+def _start_task(ctx: ApplyContext, call: CallRow, result: dict[str, Any]) -> None:
     if result.get("handle") is None:
         raise Rejected("invalid", "result.handle is required when status is task")
     poll_after = _poll_after(result, DEFAULT_POLL_AFTER_MS)
@@ -232,7 +239,7 @@ def _poll_after(result: dict[str, Any], default: int) -> int:
     return value
 
 
-def _wait_before_poll(ctx: ApplyContext, call: sqlite3.Row, delay_ms: int) -> None:
+def _wait_before_poll(ctx: ApplyContext, call: CallRow, delay_ms: int) -> None:
     step_id = _create_call_step(ctx, call, AWAIT_TIMER)
     steps.set_timer(ctx, _step_ref(call, step_id), "poll", ctx.at + delay_ms)
 
@@ -240,7 +247,7 @@ def _wait_before_poll(ctx: ApplyContext, call: sqlite3.Row, delay_ms: int) -> No
 # ---------------------------------------------------------------- outcomes
 
 
-def finish_call(ctx: ApplyContext, call: sqlite3.Row, status: str, *, output: Any = None,
+def finish_call(ctx: ApplyContext, call: CallRow, status: str, *, output: Any = None,
                 error: str | None = None, progress: str | None = None) -> None:
     """Record the call's one final outcome; the last call of a response moves the turn on."""
     assert status in FINAL_STATUSES, status
@@ -265,7 +272,7 @@ def _finish_response_if_done(ctx: ApplyContext, response_step_id: str, session_i
         turns.schedule_model_round(ctx, session_id, turn_id)
 
 
-def tool_result_item(call: sqlite3.Row) -> dict[str, Any]:
+def tool_result_item(call: CallRow) -> dict[str, Any]:
     """The history item the model sees for a call with an outcome."""
     item = {"type": "tool_result", "call_id": call["call_id"], "name": call["name"],
             "status": call["status"]}

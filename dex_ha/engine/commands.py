@@ -15,7 +15,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 import msgpack
 
@@ -186,12 +186,8 @@ Command = Union[
 ]
 
 COMMAND_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}
-_NESTED_TYPES: dict[str, type] = {"Handout": Handout}
-# Field name -> resolved type hint, per class; computed once at import, never mutated.
-_HINTS: dict[type, dict[str, Any]] = {
-    cls: typing.get_type_hints(cls) for cls in [*COMMAND_TYPES.values(), *_NESTED_TYPES.values()]
-}
 
+Validator = Callable[[Any, str], Any]  # (value, where) -> the value to use; raises on misfit
 
 # ---------------------------------------------------------------- encoding
 
@@ -233,68 +229,83 @@ def _build(cls: type, fields: Any, where: str) -> Any:
     if not isinstance(fields, dict):
         raise CommandDecodeError(f"{where}: fields must be a map")
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in fields:
-            kwargs[f.name] = _check(fields[f.name], _HINTS[cls][f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise CommandDecodeError(f"{where}: missing field {f.name!r}")
+    for name, required, validate, field_where in _FIELD_VALIDATORS[cls]:
+        if name in fields:
+            kwargs[name] = validate(fields[name], field_where)
+        elif required:
+            raise CommandDecodeError(f"{where}: missing field {name!r}")
     return cls(**kwargs)
 
 
-def _check(value: Any, hint: Any, where: str) -> Any:
-    """`value` if it fits `hint` (nested dataclasses are built); raises otherwise."""
+def _validator(hint: Any) -> Validator:
+    """A function that checks a decoded value against the type hint `hint`.
+
+    Built once per field at import, so decoding does no typing introspection.
+    """
     origin = typing.get_origin(hint)
     if hint is Any:
-        return _check_json(value, where)
+        return _check_json
     if origin in (Union, types.UnionType):
-        for option in typing.get_args(hint):
-            try:
-                return _check(value, option, where)
-            except CommandDecodeError:
-                continue
-        raise CommandDecodeError(f"{where}: {value!r} does not fit {hint}")
+        options = [_validator(option) for option in typing.get_args(hint)]
+        return lambda value, where: _first_fit(options, value, where, hint)
     if origin is Literal:
-        if value in typing.get_args(hint):
-            return value
-        raise CommandDecodeError(f"{where}: must be one of {typing.get_args(hint)}")
+        allowed = typing.get_args(hint)
+        return lambda value, where: value if value in allowed else _fail(where, f"must be one of {allowed}")
     if origin is list:
-        if not isinstance(value, list):
-            raise CommandDecodeError(f"{where}: must be a list")
-        (item_hint,) = typing.get_args(hint)
-        return [_check(v, item_hint, f"{where}[{i}]") for i, v in enumerate(value)]
+        item = _validator(typing.get_args(hint)[0])
+        return lambda value, where: ([item(v, f"{where}[]") for v in value] if isinstance(value, list)
+                                     else _fail(where, "must be a list"))
     if origin is dict:
-        if not isinstance(value, dict):
-            raise CommandDecodeError(f"{where}: must be a map")
-        return _check_json(value, where)
+        return lambda value, where: (_check_json(value, where) if isinstance(value, dict)
+                                     else _fail(where, "must be a map"))
     if hint is type(None):
-        if value is None:
-            return None
-        raise CommandDecodeError(f"{where}: must be null")
+        return lambda value, where: None if value is None else _fail(where, "must be null")
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
+        return lambda value, where: _build(hint, value, where)
     if hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif hint is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, hint)
-    if not ok:
-        raise CommandDecodeError(f"{where}: must be {getattr(hint, '__name__', hint)}")
-    return value
+        # type(...) is int: a bool is not an int here
+        return lambda value, where: value if type(value) is int else _fail(where, "must be int")
+    return lambda value, where: value if isinstance(value, hint) else _fail(where, f"must be {hint.__name__}")
+
+
+def _first_fit(options: list[Validator], value: Any, where: str, hint: Any) -> Any:
+    for validate in options:
+        try:
+            return validate(value, where)
+        except CommandDecodeError:
+            continue
+    raise CommandDecodeError(f"{where}: {value!r} does not fit {hint}")
+
+
+def _fail(where: str, why: str) -> Any:
+    raise CommandDecodeError(f"{where}: {why}")
 
 
 def _check_json(value: Any, where: str) -> Any:
     """Free-form values (results, answers, metadata) are stored as JSON: they must fit it."""
-    if value is None or isinstance(value, (str, int, float, bool)):
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
         return value
-    if isinstance(value, list):
+    if kind is list:
         for v in value:
             _check_json(v, where)
         return value
-    if isinstance(value, dict):
+    if kind is dict:
         for k, v in value.items():
-            if not isinstance(k, str):
+            if type(k) is not str:
                 raise CommandDecodeError(f"{where}: map keys must be strings")
             _check_json(v, where)
         return value
-    raise CommandDecodeError(f"{where}: {type(value).__name__} is not JSON")
+    raise CommandDecodeError(f"{where}: {kind.__name__} is not JSON")
+
+
+def _field_validators(cls: type) -> list[tuple[str, bool, Validator, str]]:
+    hints = typing.get_type_hints(cls)
+    return [(f.name, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+             _validator(hints[f.name]), f"{cls.__name__}.{f.name}") for f in dataclasses.fields(cls)]
+
+
+# Per class: (field, required, validator, where); computed once at import, never mutated.
+_FIELD_VALIDATORS: dict[type, list[tuple[str, bool, Validator, str]]] = {
+    cls: _field_validators(cls) for cls in [*COMMAND_TYPES.values(), Handout]
+}

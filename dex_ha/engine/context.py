@@ -36,10 +36,17 @@ class ApplyContext:
     index: int  # the log index being applied
     at: int  # the command's leader wall-clock ms: the only "now" the engine knows
     ids: IdGen = field(init=False)
+    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.ids = IdGen(self.index)
 
     def emit(self, session_id: str, type_: str, **data: Any) -> None:
-        """Store a session event (streamed over SSE with its increasing id)."""
-        self.store.add_event(session_id, type_, data, self.at, self.index)
+        """A session event (streamed over SSE with its increasing id); stored by `flush_events`."""
+        self.events.append((session_id, type_, data))
+
+    def flush_events(self) -> None:
+        """Store the entry's events in one statement, in the order they were emitted."""
+        if self.events:
+            self.store.add_events(self.events, self.at, self.index)
+            self.events.clear()

@@ -79,7 +79,9 @@ class Engine(Queries):
         handler = HANDLERS[type(cmd)]
         try:
             with self._store.savepoint("entry"):
-                handled = handler(ApplyContext(self._store, index, cmd.at), cmd)
+                ctx = ApplyContext(self._store, index, cmd.at)
+                handled = handler(ctx, cmd)
+                ctx.flush_events()
         except Rejected as rejected:
             return rejected.result(index)
         except sqlite3.IntegrityError as exc:  # a logic bug, the same on every node

@@ -21,7 +21,7 @@ from dex_ha.engine.kinds import (
     CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, POLL_TOOL_TASK, RUN_MODEL,
 )
 from dex_ha.engine.results import Rejected
-from dex_ha.engine.store import to_json
+from dex_ha.engine.store import FENCED_TERM, to_json
 
 MAX_ID_LENGTH = 200
 
@@ -103,10 +103,10 @@ def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
     if not cmd.handouts:
         raise Rejected("invalid", "handouts must not be empty")
     started, refused = [], []
+    fenced_term = ctx.store.meta(FENCED_TERM)
     for h in cmd.handouts:
         try:
-            with ctx.store.savepoint("handout"):
-                started.append(steps.hand_out(ctx, h.step_id, h.worker_id, h.term))
+            started.append(steps.hand_out(ctx, h.step_id, h.worker_id, h.term, fenced_term))
         except Rejected as r:
             refused.append({"step_id": h.step_id, "code": r.code, "reason": r.reason})
     if not started:
@@ -117,11 +117,15 @@ def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
 
 def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
     digest = hashlib.sha256(to_json(cmd.result).encode()).hexdigest()
-    repeat = ctx.store.attempt(cmd.step_id, cmd.attempt)
-    if (repeat is not None and repeat["status"] == "completed" and repeat["term"] == cmd.term
-            and repeat["result_digest"] == digest):
-        return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt}, noop=True)
-    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    try:
+        step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    except Rejected:
+        # A Worker retrying a completion that did commit gets ok, not 409.
+        done = ctx.store.attempt(cmd.step_id, cmd.attempt)
+        if (done is not None and done["status"] == "completed" and done["term"] == cmd.term
+                and done["result_digest"] == digest):
+            return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt}, noop=True)
+        raise
     if steps.record_completion(ctx, step, cmd.attempt, digest):
         RESULT_HANDLERS[step["kind"]](ctx, step, cmd.result)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})

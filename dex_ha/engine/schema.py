@@ -80,6 +80,7 @@ CREATE TABLE IF NOT EXISTS tool_calls (
     session_id       TEXT NOT NULL,
     call_id          TEXT NOT NULL,
     turn_id          TEXT NOT NULL,
+    agent            TEXT NOT NULL,     -- the session's agent (its queue for the call's steps)
     response_step_id TEXT NOT NULL,     -- the RunModel step whose response made the call
     position         INTEGER NOT NULL,  -- order within that response
     name             TEXT NOT NULL,

@@ -51,16 +51,16 @@ def end_wait_step(ctx: ApplyContext, step_id: str) -> None:
 # ---------------------------------------------------------------- attempts
 
 
-def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int) -> dict[str, Any]:
-    """Start the next attempt of a queued step. Raises Rejected when it cannot start."""
+def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int) -> dict[str, Any]:
+    """Start the next attempt of a queued step. Raises Rejected, having changed nothing,
+    when it cannot start (every check comes before the first write)."""
     step = ctx.store.step(step_id)
     if step is None:
         raise Rejected("not_found", f"unknown step {step_id}")
     if step["status"] != "queued":
         raise Rejected("conflict", f"step {step_id} is {step['status']}, not queued")
-    fenced = ctx.store.meta(FENCED_TERM)
-    if term < fenced:
-        raise Rejected("stale_attempt", f"term {term} ended: attempts of terms before {fenced} were failed")
+    if term < fenced_term:
+        raise Rejected("stale_attempt", f"term {term} ended: attempts of terms before {fenced_term} were failed")
     number = step["attempts_used"] + 1
     deadline = ctx.at + step["start_to_close_ms"] if step["start_to_close_ms"] else None
     ctx.store.insert("attempts", step_id=step_id, number=number, term=term, worker_id=worker_id,
@@ -99,8 +99,6 @@ def record_completion(ctx: ApplyContext, step: sqlite3.Row, number: int, digest:
     """Close the attempt as completed; False when the step no longer wants the result."""
     ctx.store.update("attempts", {"step_id": step["step_id"], "number": number},
                      status="completed", ended_at=ctx.at, result_digest=digest)
-    ctx.emit(step["session_id"], "attempt_completed", step_id=step["step_id"], kind=step["kind"],
-             attempt=number, call_id=step["call_id"])
     if step["status"] != "running":  # the turn was cancelled while the attempt ran
         return False
     ctx.store.update("steps", {"step_id": step["step_id"]}, status="done", ended_at=ctx.at)

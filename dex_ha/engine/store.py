@@ -24,9 +24,13 @@ APPLIED_INDEX = "applied_index"
 FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-outs are stale
 
 
+# Canonical JSON: the same value gives the same text on every node. One encoder, made
+# once: json.dumps with options builds a new encoder per call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def to_json(value: Any) -> str:
-    """Canonical JSON: the same value gives the same text on every node."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def from_json(text: str | None) -> Any:
@@ -62,6 +66,9 @@ class Store:
         self.conn = conn
         # SQL text per (table, columns) shape; bounded by the few shapes the code uses.
         self._sql: dict[tuple[Any, ...], str] = {}
+        # Parsed agent definitions by their JSON text (a pure memo: the text is the key,
+        # so a rolled-back or restored change can never serve a stale definition).
+        self._definitions: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------- generic helpers
 
@@ -118,7 +125,16 @@ class Store:
     # ------------------------------------------------------------- reads by key
 
     def agent_definition(self, name: str) -> dict[str, Any] | None:
-        return from_json(self.scalar("SELECT definition FROM agents WHERE name = ?", (name,)))
+        """The agent's normalised definition (shared: callers must not change it)."""
+        text = self.scalar("SELECT definition FROM agents WHERE name = ?", (name,))
+        if text is None:
+            return None
+        parsed = self._definitions.get(text)
+        if parsed is None:
+            if len(self._definitions) >= 64:
+                self._definitions.clear()
+            parsed = self._definitions[text] = json.loads(text)
+        return parsed
 
     def session(self, session_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
@@ -158,10 +174,9 @@ class Store:
         session_id = session if isinstance(session, str) else session["session_id"]
         text = to_json(item)
         tokens = estimate_tokens(text)
-        self.conn.execute("UPDATE sessions SET history_count = history_count + 1, "
-                          "history_tokens = history_tokens + ?, updated_at = ? WHERE session_id = ?",
-                          (tokens, at, session_id))
-        seq = self.scalar("SELECT history_count FROM sessions WHERE session_id = ?", (session_id,))
+        seq = self.scalar("SELECT history_count + 1 FROM sessions WHERE session_id = ?", (session_id,))
+        self.conn.execute("UPDATE sessions SET history_count = ?, history_tokens = history_tokens + ?, "
+                          "updated_at = ? WHERE session_id = ?", (seq, tokens, at, session_id))
         self.insert("history", session_id=session_id, seq=seq, turn_id=turn_id, item=text,
                     tokens=tokens, at=at)
         return seq
@@ -173,9 +188,9 @@ class Store:
 
     # ------------------------------------------------------------- events
 
-    def add_event(self, session_id: str, type_: str, data: dict[str, Any], at: int, index: int) -> None:
-        self.conn.execute("INSERT INTO events(session_id, type, data, at, log_index) VALUES (?, ?, ?, ?, ?)",
-                          (session_id, type_, to_json(data), at, index))
+    def add_events(self, events: list[tuple[str, str, dict[str, Any]]], at: int, index: int) -> None:
+        self.conn.executemany("INSERT INTO events(session_id, type, data, at, log_index) VALUES (?, ?, ?, ?, ?)",
+                              [(sid, type_, to_json(data), at, index) for sid, type_, data in events])
 
 
 def estimate_tokens(text: str) -> int:

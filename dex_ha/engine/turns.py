@@ -28,7 +28,7 @@ def start_next_turn_if_idle(ctx: ApplyContext, session_id: str) -> None:
     number = session["turn_count"] + 1
     ctx.store.update("sessions", {"session_id": session_id}, status="running",
                      current_turn_id=turn_id, turn_count=number, updated_at=ctx.at)
-    first_seq = _deliver_message(ctx, message, turn_id)
+    first_seq = _deliver_message(ctx, message, turn_id, announce=False)  # turn_started says it
     ctx.store.insert("turns", turn_id=turn_id, session_id=session_id, number=number, status="running",
                      message_id=message["message_id"], first_seq=first_seq, started_at=ctx.at)
     ctx.emit(session_id, "turn_started", turn_id=turn_id, number=number,
@@ -40,16 +40,17 @@ def deliver_steered_messages(ctx: ApplyContext, session_id: str, turn_id: str) -
     """Steered messages join the history at the next model call of the running turn."""
     for message in ctx.store.rows("SELECT * FROM messages WHERE session_id = ? AND status = 'waiting' "
                                   "AND mode = 'steer' ORDER BY seq", (session_id,)):
-        _deliver_message(ctx, message, turn_id)
+        _deliver_message(ctx, message, turn_id, announce=True)
 
 
-def _deliver_message(ctx: ApplyContext, message: Any, turn_id: str) -> int:
+def _deliver_message(ctx: ApplyContext, message: Any, turn_id: str, announce: bool) -> int:
     ctx.store.update("messages", {"session_id": message["session_id"], "message_id": message["message_id"]},
                      status="delivered", turn_id=turn_id)
     seq = ctx.store.append_history(message["session_id"], turn_id,
                                    {"type": "user", "text": message["text"]}, ctx.at)
-    ctx.emit(message["session_id"], "message_delivered", message_id=message["message_id"],
-             turn_id=turn_id, mode=message["mode"])
+    if announce:
+        ctx.emit(message["session_id"], "message_delivered", message_id=message["message_id"],
+                 turn_id=turn_id, mode=message["mode"])
     return seq
 
 

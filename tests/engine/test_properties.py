@@ -165,14 +165,15 @@ class RandomLeader:
 def check_invariants(engine: Engine) -> None:
     q = engine._store.rows
     assert q("SELECT step_id FROM attempts WHERE status = 'running' GROUP BY step_id HAVING COUNT(*) > 1") == []
-    # A single-attempt call never gets a second attempt, and no write repeats after an
-    # attempt that may have run without completing.
+    # A single-attempt call never gets a second attempt, and a write never runs again after
+    # an attempt that may have run without completing (polls of its task are not runs).
     assert q("SELECT step_id FROM steps WHERE kind = 'CallSingleAttemptTool' AND attempts_used > 1") == []
     assert q("SELECT a2.step_id FROM steps s1 JOIN attempts a1 ON a1.step_id = s1.step_id "
              "JOIN steps s2 ON s2.session_id = s1.session_id AND s2.call_id = s1.call_id "
              "JOIN attempts a2 ON a2.step_id = s2.step_id "
              "JOIN tool_calls c ON c.session_id = s1.session_id AND c.call_id = s1.call_id "
              "WHERE c.effect = 'write' AND a1.status = 'failed' AND a2.started_at >= a1.ended_at "
+             "AND s1.kind = 'CallSingleAttemptTool' AND s2.kind = 'CallSingleAttemptTool' "
              "AND (a2.step_id, a2.number) != (a1.step_id, a1.number)") == []
     # Every tool call of a finished turn has exactly one final outcome, seen once by the model.
     assert q("SELECT c.call_id FROM tool_calls c JOIN turns t ON t.turn_id = c.turn_id "
