@@ -83,6 +83,7 @@ READ_BYTES = 256 << 10  # one read() from a socket
 BATCH_BYTES = 1 << 20  # one write() to a socket: as many queued frames as fit
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
+STABLE_CONNECTION_S = 1.0  # a connection that lived this long resets the backoff
 
 
 class FrameTooLarge(Exception):
@@ -232,6 +233,9 @@ class _OutgoingSnapshot:
 
 # ---------------------------------------------------------------------------------- sending
 
+# What a failed dial may raise: the network, TLS, a timeout, or a peer failing the handshake.
+_CONNECT_ERRORS = (OSError, TimeoutError, HandshakeError, FrameTooLarge, asyncio.IncompleteReadError)
+
 
 class _PeerSender:
     """The outbound side for one peer: a bounded queue and a task that keeps one
@@ -243,7 +247,7 @@ class _PeerSender:
         self.addr = addr
         self.queue: deque[bytes | Message] = deque()  # encoded frames; a SNAP stays a Message
         self.queued_bytes = 0
-        self.backing_off = False
+        self.unreachable = False  # the last dial failed and we are waiting to retry
         self.snapshot: _OutgoingSnapshot | None = None
         self.task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -257,21 +261,28 @@ class _PeerSender:
 
     def enqueue(self, msg: Message) -> None:
         t = self.t
-        if self.backing_off:
-            return self._drop(msg, "peer unreachable")
-        if len(self.queue) >= t.max_queue_messages or self.queued_bytes >= t.max_queue_bytes:
-            return self._drop(msg, "send queue full")
-        if msg.type == MessageType.SNAP:
+        if self.unreachable:
+            self._drop(msg, "peer unreachable")
+        elif len(self.queue) >= t.max_queue_messages or self.queued_bytes >= t.max_queue_bytes:
+            self._drop(msg, "send queue full")
+        elif msg.type == MessageType.SNAP:
+            if len(msg.data) > t.max_snapshot_bytes:
+                t.log.error("raft snapshot for %s is %d bytes, above max_snapshot_bytes %d: dropped",
+                            self.peer_id, len(msg.data), t.max_snapshot_bytes)
+                self._drop(msg, "too large")
+                return
             self.queue.append(msg)
+            self._wake.set()
         else:
             frame = pack_frame(KIND_MESSAGE, encode_message(msg))
             if len(frame) - 4 > t.max_frame_bytes:
                 t.log.error("raft message %s to %s is %d bytes, above max_frame_bytes %d: dropped",
                             msg.type.name, self.peer_id, len(frame) - 4, t.max_frame_bytes)
-                return self._drop(msg, "too large")
+                self._drop(msg, "too large")
+                return
             self.queue.append(frame)
             self.queued_bytes += len(frame)
-        self._wake.set()
+            self._wake.set()
 
     def _drop(self, msg: Message, reason: str) -> None:
         self.t.stats.messages_dropped += 1
@@ -294,6 +305,7 @@ class _PeerSender:
     def _fail_pending(self) -> None:
         """The connection failed: whatever was queued or half-sent is lost."""
         had_frames = bool(self.queue) or self.snapshot is not None
+        self.t.stats.messages_dropped += len(self.queue)
         for _ in self.abandon():
             self.t.stats.snapshots_failed += 1
             self.t._notify(self.t.on_snapshot_sent, self.peer_id, False)
@@ -307,32 +319,51 @@ class _PeerSender:
         while True:
             try:
                 reader, writer = await self._connect()
-            except (OSError, asyncio.TimeoutError, HandshakeError, FrameTooLarge,
-                    asyncio.IncompleteReadError, ssl.SSLError) as exc:
+            except Exception as exc:
                 self._log_connect_failure(exc)
                 self._fail_pending()
-                backoff = await self._back_off(backoff)
+                # Unreachable: send() drops at once while we wait, rather than queue
+                # messages that would be stale by the time a connection exists.
+                backoff = await self._back_off(backoff, unreachable=True)
                 continue
-            backoff = BACKOFF_MIN_S
-            try:
-                await self._pump(reader, writer)
-            except (OSError, ProtocolError, asyncio.IncompleteReadError) as exc:
-                self.t.log.info("raft connection to %s at %s:%d lost: %s", self.peer_id, *self.addr, exc)
-            finally:
-                writer.close()  # also when cancelled by stop() or set_peers()
+            lived = await self._serve(reader, writer)
             self._fail_pending()
+            if lived < STABLE_CONNECTION_S:
+                # A peer that accepts and then drops us must not make us spin; the peer
+                # was reachable a moment ago, so keep queueing meanwhile.
+                backoff = await self._back_off(backoff, unreachable=False)
+            else:
+                backoff = BACKOFF_MIN_S
 
-    async def _back_off(self, delay: float) -> float:
-        self.backing_off = True
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> float:
+        """Run one connection until it fails; returns how long it lasted (seconds)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            await self._pump(reader, writer)
+        except (OSError, ProtocolError, asyncio.IncompleteReadError) as exc:
+            self.t.log.info("raft connection to %s at %s:%d lost: %s", self.peer_id, *self.addr, exc)
+        except Exception:
+            self.t.log.exception("raft connection to %s: unexpected error", self.peer_id)
+        finally:
+            writer.close()  # also when cancelled by stop() or set_peers()
+        return loop.time() - started
+
+    async def _back_off(self, delay: float, unreachable: bool) -> float:
+        """Sleep about `delay` (jittered so nodes do not retry in lockstep); next delay."""
+        self.unreachable = unreachable
         try:
             await asyncio.sleep(delay * (0.5 + self.t._rng.random()))
         finally:
-            self.backing_off = False
+            self.unreachable = False
         return min(delay * 2, BACKOFF_MAX_S)
 
-    def _log_connect_failure(self, exc: BaseException) -> None:
+    def _log_connect_failure(self, exc: Exception) -> None:
         self.t.stats.connect_failures += 1
         self._failures += 1
+        if not isinstance(exc, _CONNECT_ERRORS):  # a bug, not the network: say so loudly
+            self.t.log.error("raft connection to %s: unexpected error", self.peer_id, exc_info=exc)
+            return
         # The first failure of a streak is news; the retries every few seconds are not.
         level = logging.WARNING if self._failures == 1 else logging.DEBUG
         self.t.log.log(level, "raft connection to %s at %s:%d failed: %s", self.peer_id, *self.addr,
@@ -598,8 +629,7 @@ class RaftTransport:
                 if self.ssl_server is not None:
                     await writer.start_tls(self.ssl_server)
                 return await self._acceptor_handshake(reader, writer)
-        except (TimeoutError, HandshakeError, FrameTooLarge, asyncio.IncompleteReadError,
-                ssl.SSLError, OSError) as exc:
+        except (TimeoutError, HandshakeError, FrameTooLarge, asyncio.IncompleteReadError, OSError) as exc:
             reason = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
             self.stats.connections_rejected += 1
             self.log.warning("raft connection from %s rejected: %s", addr, reason)
@@ -639,6 +669,9 @@ class RaftTransport:
                              peer_id, addr, type(exc).__name__, exc)
         except (OSError, asyncio.IncompleteReadError) as exc:
             self.log.info("raft connection from %s (%s) lost: %s", peer_id, addr, exc)
+        except Exception:  # a bug on our side: drop this connection, keep the node serving
+            self.stats.connections_dropped += 1
+            self.log.exception("raft connection from %s (%s) dropped after an unexpected error", peer_id, addr)
         if conn.reassembly is not None:
             self.stats.snapshots_failed += 1
             self.log.warning("raft snapshot from %s abandoned after %d of %d bytes", peer_id,

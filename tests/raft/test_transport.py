@@ -134,7 +134,7 @@ async def test_messages_are_dropped_and_reported_when_a_peer_is_down() -> None:
         await a.transport.stop()
 
 
-async def test_while_backing_off_send_drops_at_once() -> None:
+async def test_while_unreachable_send_drops_at_once() -> None:
     """After a failed dial the peer is unreachable: send() drops and reports immediately
     instead of queueing stale messages for a later connection."""
     a = make_node("a", secret=SECRET)  # a large queue: drops cannot come from a full one
