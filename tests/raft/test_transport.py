@@ -158,6 +158,36 @@ async def test_while_unreachable_send_drops_at_once() -> None:
         await a.transport.stop()
 
 
+async def test_a_peer_that_keeps_dropping_us_is_not_redialed_in_a_hot_loop() -> None:
+    accepted = 0
+
+    async def flaky(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        peer = RawPeer(reader, writer)
+        challenge = os.urandom(32)
+        writer.write(frame(KIND_HELLO, msgpack.packb(["dex-ha-raft", 1, challenge], use_bin_type=True)))
+        kind, body = await peer.read_frame()
+        _, theirs, _ = msgpack.unpackb(body)
+        writer.write(frame(KIND_AUTH_OK, msgpack.packb(["b", mac(SECRET, "acceptor", theirs, "b")],
+                                                         use_bin_type=True)))
+        await writer.drain()
+        writer.close()  # authenticated, then gone
+
+    server = await asyncio.start_server(flaky, LOOPBACK, 0)
+    a = make_node("a", secret=SECRET)
+    await a.transport.start()
+    a.transport.set_peers({"b": (LOOPBACK, server.sockets[0].getsockname()[1])})
+    try:
+        await wait_until(lambda: accepted >= 1)
+        await asyncio.sleep(1.0)  # a measurement window, not a wait for a condition
+        assert accepted < 20  # exponential backoff: about 5 dials in a second, not thousands
+    finally:
+        await a.transport.stop()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_messages_to_unknown_peers_are_dropped(pair: tuple[Node, Node]) -> None:
     a, _ = pair
     a.transport.send(app("a", "zz", 1))
@@ -460,9 +490,10 @@ def certs(tmp_path_factory):
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-async def test_mutual_tls_carries_messages(certs) -> None:
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["tls-only", "tls-and-secret"])
+async def test_mutual_tls_carries_messages(certs, secret: bytes | None) -> None:
     def node(nid: str) -> Node:
-        return make_node(nid, ssl_server=certs.server_ctx(),
+        return make_node(nid, secret=secret, ssl_server=certs.server_ctx(),
                          ssl_client=certs.client_ctx(certs.node_cert, certs.node_key))
     a, b = await started(node("a"), node("b"))
     try:
