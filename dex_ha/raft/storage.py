@@ -6,8 +6,10 @@ Layout of the data directory::
     0000000000000000-0000000000000001.wal   segment <seq>-<start index>, both hex
     0000000000000001-00000000000f4241.wal   ...
 
-A segment is a sequence of records ``[u32 length][u32 crc32][payload]`` (little-endian,
-zlib's CRC-32 of the payload). The payload is one kind byte followed by a msgpack body:
+A segment is a sequence of records ``[u32 length][u32 crc32][payload]`` (little-endian;
+zlib's CRC-32 of the payload, started from a value derived from the segment's seq and the
+record's byte offset so a record is only valid where it was written: see _crc_seed).
+The payload is one kind byte followed by a msgpack body:
 
     ENTRY       an Entry. Writing index i truncates everything >= i first, so a
                 conflicting suffix is overwritten without a separate marker.
@@ -350,7 +352,10 @@ class RaftStorage:
         Raises LogCorruptionError if the log is damaged anywhere but its tail.
         """
         self = cls(Path(dir), durability, segment_bytes, on_fsync)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        if not self.dir.is_dir():
+            self.dir.mkdir(parents=True)
+            if self._strict:  # the new directory's own entry must survive a crash too
+                _fsync_dir(self.dir.parent)
         self._lock()
         try:
             self._load()
