@@ -261,13 +261,11 @@ def finish_call(ctx: ApplyContext, call: CallRow, status: str, *, output: Any = 
 
 def _finish_response_if_done(ctx: ApplyContext, response_step_id: str, session_id: str,
                              turn_id: str) -> None:
-    pending = ctx.store.scalar("SELECT COUNT(*) FROM tool_calls WHERE response_step_id = ? "
-                               "AND status = 'pending'", (response_step_id,))
-    if pending:
+    response = ctx.store.rows("SELECT * FROM tool_calls WHERE response_step_id = ? ORDER BY position",
+                              (response_step_id,))
+    if any(call["status"] == "pending" for call in response):
         return
-    for call in ctx.store.rows("SELECT * FROM tool_calls WHERE response_step_id = ? ORDER BY position",
-                               (response_step_id,)):
-        ctx.store.append_history(session_id, turn_id, tool_result_item(call), ctx.at)
+    ctx.store.append_history(session_id, turn_id, [tool_result_item(call) for call in response], ctx.at)
     if ctx.store.scalar("SELECT status FROM turns WHERE turn_id = ?", (turn_id,)) == "running":
         turns.schedule_model_round(ctx, session_id, turn_id)
 

@@ -182,12 +182,11 @@ CREATE TABLE IF NOT EXISTS questions (
 CREATE INDEX IF NOT EXISTS questions_by_session ON questions(session_id, asked_at);
 
 CREATE TABLE IF NOT EXISTS events (
-    event_id   INTEGER PRIMARY KEY,     -- increasing; SSE id (Last-Event-ID resume)
     session_id TEXT NOT NULL,
+    event_id   INTEGER NOT NULL,        -- (log index << 16) + n: increasing; the SSE id
     type       TEXT NOT NULL,
     data       TEXT NOT NULL,
     at         INTEGER NOT NULL,
-    log_index  INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS events_by_session ON events(session_id, event_id);
+    PRIMARY KEY (session_id, event_id)
+) WITHOUT ROWID;
 """

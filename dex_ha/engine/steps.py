@@ -84,7 +84,8 @@ def current_attempt(ctx: ApplyContext, step_id: str, number: int,
     step = ctx.store.step(step_id)
     if step is None:
         raise Rejected("not_found", f"unknown step {step_id}")
-    attempt = ctx.store.attempt(step_id, number)
+    attempt = ctx.store.row("SELECT term, status FROM attempts WHERE step_id = ? AND number = ?",
+                            (step_id, number))
     if attempt is None:
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} was never handed out")
     if attempt["term"] != term:

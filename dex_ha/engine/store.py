@@ -14,23 +14,35 @@ The store holds no Python-side cache of state: memory stays bounded as sessions 
 from __future__ import annotations
 
 import json
+import json.encoder
 import sqlite3
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from dex_ha.engine.schema import SCHEMA, SCHEMA_VERSION
 
 APPLIED_INDEX = "applied_index"
 FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-outs are stale
+EVENT_ID_SHIFT = 16  # event id = (log index << 16) + its number within the entry
 
 
-# Canonical JSON: the same value gives the same text on every node. One encoder, made
-# once: json.dumps with options builds a new encoder per call.
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def _canonical_encoder() -> Callable[[Any], str]:
+    """Canonical JSON (sorted keys, no spaces): the same value gives the same text on every
+    node. json.dumps builds a new C encoder on every call; on the hot path we build it once."""
+    options = dict(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+    if c_make_encoder is None:  # no C accelerator: the plain encoder
+        return json.JSONEncoder(**options).encode  # type: ignore[arg-type]
+
+    def not_json(value: Any) -> Any:
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+    encode_chunks = c_make_encoder(None, not_json, json.encoder.encode_basestring, None, ":", ",",
+                                   True, False, True)
+    return lambda value: "".join(encode_chunks(value, 0))
 
 
-def to_json(value: Any) -> str:
-    return _CANONICAL.encode(value)
+to_json: Callable[[Any], str] = _canonical_encoder()
 
 
 def from_json(text: str | None) -> Any:
@@ -47,6 +59,7 @@ def connect(path: str, durable: bool) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'NORMAL' if durable else 'OFF'}")
     conn.execute("PRAGMA temp_store=MEMORY")
+    conn.execute("PRAGMA cache_size=-16384")
     conn.execute("PRAGMA foreign_keys=OFF")
     return conn
 
@@ -168,18 +181,20 @@ class Store:
 
     # ------------------------------------------------------------- history
 
-    def append_history(self, session: sqlite3.Row | str, turn_id: str | None, item: dict[str, Any],
-                       at: int) -> int:
-        """Append one history item; returns its seq. Keeps the session's counters current."""
-        session_id = session if isinstance(session, str) else session["session_id"]
-        text = to_json(item)
-        tokens = estimate_tokens(text)
-        seq = self.scalar("SELECT history_count + 1 FROM sessions WHERE session_id = ?", (session_id,))
+    def append_history(self, session_id: str, turn_id: str | None,
+                       items: dict[str, Any] | list[dict[str, Any]], at: int) -> int:
+        """Append history items; returns the seq of the last. Keeps the session's counters current."""
+        texts = [to_json(item) for item in (items if isinstance(items, list) else [items])]
+        tokens = [estimate_tokens(text) for text in texts]
+        first = self.scalar("SELECT history_count + 1 FROM sessions WHERE session_id = ?", (session_id,))
+        last = first + len(texts) - 1
         self.conn.execute("UPDATE sessions SET history_count = ?, history_tokens = history_tokens + ?, "
-                          "updated_at = ? WHERE session_id = ?", (seq, tokens, at, session_id))
-        self.insert("history", session_id=session_id, seq=seq, turn_id=turn_id, item=text,
-                    tokens=tokens, at=at)
-        return seq
+                          "updated_at = ? WHERE session_id = ?", (last, sum(tokens), at, session_id))
+        self.conn.executemany("INSERT INTO history(session_id, seq, turn_id, item, tokens, at) "
+                              "VALUES (?, ?, ?, ?, ?, ?)",
+                              [(session_id, first + i, turn_id, text, n, at)
+                               for i, (text, n) in enumerate(zip(texts, tokens))])
+        return last
 
     def history_items(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
         return [json.loads(r[0]) for r in self.conn.execute(
@@ -189,8 +204,10 @@ class Store:
     # ------------------------------------------------------------- events
 
     def add_events(self, events: list[tuple[str, str, dict[str, Any]]], at: int, index: int) -> None:
-        self.conn.executemany("INSERT INTO events(session_id, type, data, at, log_index) VALUES (?, ?, ?, ?, ?)",
-                              [(sid, type_, to_json(data), at, index) for sid, type_, data in events])
+        """Event ids come from the log index, so they increase and every node has the same."""
+        self.conn.executemany("INSERT INTO events(session_id, event_id, type, data, at) VALUES (?, ?, ?, ?, ?)",
+                              [(sid, (index << EVENT_ID_SHIFT) + n, type_, to_json(data), at)
+                               for n, (sid, type_, data) in enumerate(events)])
 
 
 def estimate_tokens(text: str) -> int:

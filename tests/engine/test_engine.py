@@ -8,7 +8,8 @@ import pytest
 
 from dex_ha.engine import handlers
 from dex_ha.engine import (
-    STEP_KINDS, CreateSession, Engine, Handout, StartAttempts, decode_command, encode_command,
+    STEP_KINDS, CancelTurn, CompleteAttempt, CreateSession, Engine, Handout, StartAttempts,
+    decode_command, encode_command,
 )
 from dex_ha.engine.commands import COMMAND_TYPES
 from tests.engine.driver import Driver
@@ -159,3 +160,43 @@ def test_a_handout_batch_stays_one_entry(tmp_path):
     queued = [s.step_id for s in d.queued()]
     d.ok(StartAttempts(at=d.at, handouts=[Handout(step_id=s, worker_id="w", term=d.term) for s in queued]))
     assert d.index == before + 2
+
+
+def test_a_command_refused_after_it_wrote_keeps_nothing(tmp_path):
+    """A model result reusing a call id is found by the table's key after the assistant
+    message was written: the batch is applied again with savepoints, and the refused
+    entry keeps nothing while its neighbours in the batch apply."""
+    d = Driver(str(tmp_path / "e.db"))
+    d.register()
+    d.create()
+    d.send("go")
+    d.run_model("", [("c1", "lookup", {})])
+    d.complete(d.hand_out("CallTool"), {"status": "ok", "output": 1})
+    model = d.hand_out("RunModel")
+    attempt = d.running(model)
+    reuse = encode_command(CompleteAttempt(at=d.at, step_id=model, attempt=attempt.attempt, term=attempt.term,
+                                           result={"content": "", "tool_calls": [
+                                               {"id": "c1", "name": "lookup", "arguments": {}}]}))
+    create = encode_command(CreateSession(at=d.at, session_id="s9", agent="helper"))
+    before = d.engine.logical_dump(include_applied_index=False)
+    results = d.engine.apply_batch([(d.index + 1, create), (d.index + 2, reuse), (d.index + 3, b"")])
+    assert [r.code for r in results] == ["ok", "invalid", "ok"]
+    expected = Engine(str(tmp_path / "expected.db"), durable=False)
+    expected.apply_batch(d.log + [(d.index + 1, create)])
+    after = d.engine.logical_dump(include_applied_index=False)
+    assert after == expected.logical_dump(include_applied_index=False) != before
+    assert d.engine.applied_index() == d.index + 3
+
+
+def test_an_engine_bug_is_refused_as_internal_and_keeps_nothing(tmp_path, monkeypatch):
+    d = busy_driver(str(tmp_path / "e.db"))
+
+    def buggy(ctx, cmd):
+        ctx.store.update("sessions", {"session_id": cmd.session_id}, status="broken")
+        raise KeyError("oops")
+
+    monkeypatch.setitem(handlers.HANDLERS, CancelTurn, buggy)
+    before = d.engine.logical_dump(include_applied_index=False)
+    result = d.apply(CancelTurn(at=d.at, session_id="a"))
+    assert (result.ok, result.code, result.http_status) == (False, "internal", 500)
+    assert d.engine.logical_dump(include_applied_index=False) == before
