@@ -54,6 +54,7 @@ import hmac
 import logging
 import os
 import random
+import socket
 import ssl
 import struct
 from collections import deque
@@ -191,11 +192,6 @@ def _verify_mac(secret: bytes | None, role: str, challenge: bytes, node_id: str,
         return  # insecure mode: nothing to check
     if not isinstance(mac, bytes) or not hmac.compare_digest(mac, _mac(secret, role, challenge, node_id)):
         raise HandshakeError(f"bad or missing authentication from a peer claiming to be {node_id!r}")
-
-
-def _addr(writer: asyncio.StreamWriter) -> str:
-    peer = writer.get_extra_info("peername")
-    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
 
 # ---------------------------------------------------------------------------------- snapshots
@@ -367,7 +363,7 @@ class _PeerSender:
         # The first failure of a streak is news; the retries every few seconds are not.
         level = logging.WARNING if self._failures == 1 else logging.DEBUG
         self.t.log.log(level, "raft connection to %s at %s:%d failed: %s", self.peer_id, *self.addr,
-                       exc or type(exc).__name__)
+                       str(exc) or type(exc).__name__)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         t = self.t
@@ -509,7 +505,8 @@ class RaftTransport:
         self.log = logger or logging.getLogger(__name__)
         self.stats = TransportStats()
         self._rng = random.Random()
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._accept_task: asyncio.Task[None] | None = None
         self._senders: dict[str, _PeerSender] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # inbound handlers and retired senders
         self._inbound_writers: set[asyncio.StreamWriter] = set()
@@ -522,8 +519,14 @@ class RaftTransport:
     async def start(self) -> None:
         """Listen (port 0 picks a free port, stored in self.port) and dial the peers."""
         host, port = self.listen
-        self._server = await asyncio.start_server(self._serve_inbound, host, port, limit=READ_BYTES)
-        self.port = self._server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, *_, sockaddr = infos[0]
+        self._listener = socket.create_server(sockaddr[:2], family=family, backlog=128)
+        self._listener.setblocking(False)
+        self.port = self._listener.getsockname()[1]
+        self._accept_task = asyncio.create_task(self._accept_loop(self._listener),
+                                                name=f"raft-accept-{self.node_id}")
         self._started = True
         for sender in self._senders.values():
             sender.start()
@@ -531,9 +534,9 @@ class RaftTransport:
     async def stop(self) -> None:
         """Close the listener and every connection; no task is left behind."""
         self._started = False
-        if self._server is not None:
-            self._server.close()
         tasks = set(self._tasks)
+        if self._accept_task is not None:
+            tasks.add(self._accept_task)
         for sender in self._senders.values():
             if sender.task is not None:
                 tasks.add(sender.task)
@@ -542,9 +545,9 @@ class RaftTransport:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener, self._accept_task = None, None
         self._senders = {pid: _PeerSender(self, pid, addr) for pid, addr in self._peers.items()}
 
     # ------------------------------------------------------------------ sending
@@ -602,38 +605,55 @@ class RaftTransport:
 
     # ------------------------------------------------------------------ receiving
 
-    async def _serve_inbound(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._track(task)
-        self._inbound_writers.add(writer)
-        addr = _addr(writer)
-        try:
-            peer_id = await self._authenticate_inbound(reader, writer, addr)
-            if peer_id is not None:
-                await self._receive(reader, peer_id, addr)
-        except asyncio.CancelledError:
-            # stop(). This is the top of the connection's task: nobody awaits it but
-            # stop(), and asyncio's stream callback (3.11) logs a cancelled handler as
-            # an error, so end normally.
-            pass
-        finally:
-            self._inbound_writers.discard(writer)
-            writer.close()
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        # Our own accept loop rather than asyncio.start_server: TLS must start before
+        # any byte is read (start_tls on a stream races with the ClientHello), and a
+        # failed TLS handshake must reach our log with the peer's address.
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # e.g. out of file descriptors: do not spin
+                self.log.error("raft listener on port %s: accept failed: %s", self.port, exc)
+                await asyncio.sleep(0.1)
+                continue
+            self._track(asyncio.create_task(self._serve_inbound(conn)))
 
-    async def _authenticate_inbound(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                                    addr: str) -> str | None:
-        """TLS (if configured) and the handshake; None, logged, if the peer fails them."""
+    async def _serve_inbound(self, conn: socket.socket) -> None:
+        addr = "%s:%d" % conn.getpeername()[:2]
+        writer = None
         try:
             async with asyncio.timeout(self.handshake_timeout):
-                if self.ssl_server is not None:
-                    await writer.start_tls(self.ssl_server)
-                return await self._acceptor_handshake(reader, writer)
+                reader, writer = await self._open_stream(conn)
+                self._inbound_writers.add(writer)
+                peer_id = await self._acceptor_handshake(reader, writer)
         except (TimeoutError, HandshakeError, FrameTooLarge, asyncio.IncompleteReadError, OSError) as exc:
             reason = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
             self.stats.connections_rejected += 1
             self.log.warning("raft connection from %s rejected: %s", addr, reason)
-            return None
+        except Exception:  # a bug on our side: refuse this connection, keep serving
+            self.stats.connections_rejected += 1
+            self.log.exception("raft connection from %s rejected after an unexpected error", addr)
+        else:
+            await self._receive(reader, peer_id, addr)
+        finally:
+            if writer is not None:
+                self._inbound_writers.discard(writer)
+                writer.close()
+            else:
+                conn.close()
+
+    async def _open_stream(self, conn: socket.socket) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Wrap an accepted socket in streams, completing mutual TLS first if configured."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=READ_BYTES, loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        # (The returned protocol is the TLS layer under uvloop, so keep our own.)
+        transport, _ = await loop.connect_accepted_socket(
+            lambda: protocol, conn, ssl=self.ssl_server,
+            ssl_handshake_timeout=self.handshake_timeout if self.ssl_server else None)
+        # What asyncio.open_connection does for a dialed socket.
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
     async def _acceptor_handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
         challenge = os.urandom(CHALLENGE_BYTES)
