@@ -32,9 +32,8 @@ from dex_ha.engine.kinds import (
     CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, NOT_COMPLETED, NOT_STARTED,
     POLL_TOOL_TASK, RUN_MODEL, STEP_KINDS, StepKindSpec,
 )
-from dex_ha.engine.queries import (
-    AttemptState, QueuedStep, RunningAttempt, SessionEvent, Task, Timer, idempotency_key,
-)
+from dex_ha.engine.kinds import idempotency_key
+from dex_ha.engine.queries import AttemptState, QueuedStep, RunningAttempt, SessionEvent, Task, Timer
 from dex_ha.engine.results import ApplyResult
 
 __all__ = [

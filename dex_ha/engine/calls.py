@@ -27,6 +27,7 @@ from dex_ha.engine.results import Rejected
 from dex_ha.engine.store import from_json, to_json
 
 DEFAULT_POLL_AFTER_MS = 1_000
+MAX_TOOL_CALLS_PER_RESPONSE = 1_000  # keeps one entry's events within its event-id range
 # A tool_calls row: read from the table, or the dict just inserted into it.
 CallRow = sqlite3.Row | dict[str, Any]
 FINAL_STATUSES = ("succeeded", "failed", "outcome_unknown")
@@ -64,6 +65,8 @@ def _validate_model_result(ctx: ApplyContext, session_id: str,
     tool_calls = result.get("tool_calls") or []
     if not isinstance(tool_calls, list):
         raise Rejected("invalid", "result.tool_calls must be a list")
+    if len(tool_calls) > MAX_TOOL_CALLS_PER_RESPONSE:
+        raise Rejected("invalid", f"result.tool_calls: at most {MAX_TOOL_CALLS_PER_RESPONSE} calls")
     seen: set[str] = set()
     normalized = []
     for i, call in enumerate(tool_calls):

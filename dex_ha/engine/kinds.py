@@ -146,6 +146,11 @@ def not_run_error(detail: str) -> str:
     return f"{TOOL_CALL_NOT_RUN_ERROR_PREFIX}: {detail}"
 
 
+def idempotency_key(session_id: str, call_id: str) -> str:
+    """Contract (DESIGN.md §4): a tool call's key, the same on every attempt."""
+    return f"{session_id}:{call_id}"
+
+
 def tool_step_kind(effect: str) -> str:
     """A write runs at most once; reads and idempotent writes may be retried."""
     return CALL_SINGLE_ATTEMPT_TOOL if effect == "write" else CALL_TOOL

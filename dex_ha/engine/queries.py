@@ -11,7 +11,7 @@ from typing import Any
 from dex_ha.engine.agents import model_tools
 from dex_ha.engine.kinds import (
     CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, DEFAULT_HEARTBEAT_TIMEOUT_MS,
-    POLL_TOOL_TASK, RUN_MODEL, TASK_KINDS,
+    POLL_TOOL_TASK, RUN_MODEL, TASK_KINDS, idempotency_key,
 )
 from dex_ha.engine.store import Store, from_json
 
@@ -83,11 +83,6 @@ class SessionEvent:
     type: str
     data: dict[str, Any]
     at: int
-
-
-def idempotency_key(session_id: str, call_id: str) -> str:
-    """Contract (DESIGN.md §4): the same on every attempt of a call."""
-    return f"{session_id}:{call_id}"
 
 
 class Queries:
@@ -257,7 +252,8 @@ class Queries:
     def _steps_with_attempts(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
         rows = self._store.rows(
             "SELECT s.step_id, s.kind, s.status AS step_status, s.call_id, s.attempts_used, s.max_attempts, "
-            "s.created_at, s.error AS step_error, a.number, a.term, a.worker_id, a.status, a.started_at, "
+            "s.created_at, s.error AS step_error, a.number, a.term, a.worker_id, a.idempotency_key, "
+            "a.status, a.started_at, "
             f"a.ended_at, a.error, a.attempt_progress, a.cancel_requested FROM steps s "
             f"LEFT JOIN attempts a ON a.step_id = s.step_id {where} ORDER BY s.created_at, s.step_id, a.number",
             params)
@@ -270,6 +266,7 @@ class Queries:
                 "call_id": first["call_id"], "attempts_used": first["attempts_used"],
                 "max_attempts": first["max_attempts"], "error": first["step_error"],
                 "attempts": [{"number": r["number"], "term": r["term"], "worker_id": r["worker_id"],
+                              "idempotency_key": r["idempotency_key"],
                               "status": r["status"], "started_at": r["started_at"],
                               "ended_at": r["ended_at"], "error": r["error"],
                               "attempt_progress": r["attempt_progress"],

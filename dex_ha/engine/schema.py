@@ -131,6 +131,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     number           INTEGER NOT NULL,
     term             INTEGER NOT NULL,
     worker_id        TEXT NOT NULL,
+    idempotency_key  TEXT,              -- "{session_id}:{call_id}" for a tool call's attempts
     status           TEXT NOT NULL,     -- running | completed | failed
     started_at       INTEGER NOT NULL,
     deadline_at      INTEGER,

@@ -15,7 +15,7 @@ from typing import Any
 from dex_ha.engine import calls, turns
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED, NOT_STARTED, OnExhaustion, RUN_MODEL, retry_decision, spec_of,
+    NOT_COMPLETED, NOT_STARTED, RUN_MODEL, OnExhaustion, idempotency_key, retry_decision, spec_of,
     tool_outcome_on_exhaustion,
 )
 from dex_ha.engine.results import Rejected
@@ -63,8 +63,9 @@ def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_
         raise Rejected("stale_attempt", f"term {term} ended: attempts of terms before {fenced_term} were failed")
     number = step["attempts_used"] + 1
     deadline = ctx.at + step["start_to_close_ms"] if step["start_to_close_ms"] else None
+    key = idempotency_key(step["session_id"], step["call_id"]) if step["call_id"] is not None else None
     ctx.store.insert("attempts", step_id=step_id, number=number, term=term, worker_id=worker_id,
-                     status="running", started_at=ctx.at, deadline_at=deadline)
+                     idempotency_key=key, status="running", started_at=ctx.at, deadline_at=deadline)
     ctx.store.update("steps", {"step_id": step_id}, status="running", attempts_used=number,
                      queue_seq=None, first_handout_at=step["first_handout_at"] or ctx.at)
     if step["call_id"] is not None:

@@ -432,6 +432,15 @@ def row_inline(d: Driver, failure: str) -> None:
     assert d.queued_kinds() == ["RunModel"]  # the model goes on with the inline result
 
 
+def assert_key_on_every_attempt(d: Driver) -> None:
+    """Every attempt of every tool call carries the contract key {session_id}:{call_id}."""
+    for session in d.engine.list_sessions():
+        for call in d.snap(session["session_id"])["tool_calls"]:
+            for step in call["steps"]:
+                for attempt in step["attempts"]:
+                    assert attempt["idempotency_key"] == f"{session['session_id']}:{call['call_id']}"
+
+
 @dataclass(frozen=True)
 class Row:
     step: str
@@ -476,6 +485,7 @@ def test_crash_row(row_id: str, tmp_path) -> None:
         d = Driver(str(tmp_path / f"{failure}.db"))
         try:
             row.scenario(d, failure)
+            assert_key_on_every_attempt(d)
         except AssertionError as exc:
             raise AssertionError(f"{row_id} ({row.step}, {row.interrupted}) under {failure}: {exc}") from exc
         finally:
