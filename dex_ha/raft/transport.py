@@ -481,6 +481,10 @@ class RaftTransport:
                  on_unreachable: Callable[[str], None] | None = None,
                  on_snapshot_sent: Callable[[str, bool], None] | None = None,
                  logger: logging.Logger | None = None) -> None:
+        """Beyond the obvious: `max_snapshot_bytes` bounds a reassembled snapshot (it is
+        held in memory); `max_queue_messages` / `max_queue_bytes` bound each peer's send
+        queue (beyond them send() drops); `handshake_timeout` bounds dialing, TLS and
+        the handshake, in seconds. Peers equal to node_id are ignored."""
         if (ssl_server is None) != (ssl_client is None):
             raise ValueError("mutual TLS needs both ssl_server and ssl_client (or neither)")
         if snapshot_chunk_bytes + 64 * 1024 > max_frame_bytes:
