@@ -31,6 +31,7 @@ MAX_TOOL_CALLS_PER_RESPONSE = 1_000  # keeps one entry's events within its event
 # A tool_calls row: read from the table, or the dict just inserted into it.
 CallRow = sqlite3.Row | dict[str, Any]
 FINAL_STATUSES = ("succeeded", "failed", "outcome_unknown")
+NO_ANSWER = object()  # marks "the tool did not ask", as opposed to an answer of null
 
 
 # ---------------------------------------------------------------- model response
@@ -150,13 +151,14 @@ def _request_approval(ctx: ApplyContext, call: CallRow) -> None:
              arguments=from_json(call["arguments"]))
 
 
-def queue_tool_step(ctx: ApplyContext, call: CallRow, answer: Any = None) -> str:
-    """Queue the call's tool for a Worker, under the policy recorded on the call."""
+def queue_tool_step(ctx: ApplyContext, call: CallRow, answer: Any = NO_ANSWER) -> str:
+    """Queue the call's tool for a Worker, under the policy recorded on the call; with
+    `answer` when the tool asked a question (a JSON null is an answer too)."""
     policy = from_json(call["policy"])
     kind = tool_step_kind(call["effect"])
     params: dict[str, Any] = {"call_id": call["call_id"], "name": call["name"],
                               "arguments": from_json(call["arguments"])}
-    if answer is not None:
+    if answer is not NO_ANSWER:
         params["answer"] = answer
     return _create_call_step(ctx, call, kind, params=params,
                              max_attempts=max_attempts_for(kind, policy["max_attempts"]),

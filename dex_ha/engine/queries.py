@@ -10,7 +10,7 @@ from typing import Any
 
 from dex_ha.engine.agents import model_tools
 from dex_ha.engine.kinds import (
-    CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    AWAIT_USER_MESSAGE, CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, DEFAULT_HEARTBEAT_TIMEOUT_MS,
     POLL_TOOL_TASK, RUN_MODEL, TASK_KINDS, idempotency_key,
 )
 from dex_ha.engine.store import Store, from_json
@@ -207,6 +207,8 @@ class Queries:
             "created_at": s["created_at"],
             "updated_at": s["updated_at"],
             "current_turn": self._turn_view(s["current_turn_id"]) if s["current_turn_id"] else None,
+            # An idle session is in the AwaitUserMessage state: the next message starts a turn.
+            "waiting_for": None if s["current_turn_id"] else AWAIT_USER_MESSAGE,
             "turns": [dict(r) for r in self._store.rows(
                 "SELECT turn_id, number, status, message_id, started_at, ended_at, error FROM turns "
                 "WHERE session_id = ? ORDER BY number", (session_id,))],

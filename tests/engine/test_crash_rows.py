@@ -324,6 +324,7 @@ def row_idle(d: Driver, failure: str) -> None:
     start_turn(d)
     d.run_model("hi there")
     assert d.snap()["status"] == "idle" and d.queued() == []
+    assert d.snap()["waiting_for"] == "AwaitUserMessage"
     outage(d, failure)
     assert d.snap()["status"] == "idle" and d.queued() == [] and d.engine.running_attempts() == []
     d.send("next")
