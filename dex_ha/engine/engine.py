@@ -33,6 +33,13 @@ class Engine(Queries):
     """
 
     def __init__(self, path: str, durable: bool = True) -> None:
+        """Open or create the state at `path` (":memory:" for tests).
+
+        durable=True runs SQLite with synchronous=NORMAL, False with OFF; neither fsyncs
+        per command, because the Raft log is the durable record and the applied index
+        commits with each change (see store.py). Feed committed entries to `apply_batch`
+        in groups where possible: one transaction for many entries is much faster.
+        """
         self.path = path
         self._conn = connect(path, durable)
         init_schema(self._conn)
