@@ -147,6 +147,8 @@ class RaftNode:
         self.storage = RaftStorage.open(config.data_dir / "raft", durability=config.durability,
                                         on_fsync=self._record_fsync)
         self.core = self._build_core()
+        hs = self.storage.hard_state
+        self._persisted_term_vote = (hs.term, hs.vote)
         self.transport = RaftTransport(
             config.id, config.raft_listen, self._peer_addrs(), self._on_message,
             secret=config.secret, ssl_server=config.ssl_server, ssl_client=config.ssl_client,
@@ -342,11 +344,21 @@ class RaftNode:
             self._pending[index] = _Pending(self.core.term, fut)
 
     def _handle_ready(self, rd: Ready) -> None:
+        early, late = self._split_messages(rd)
+        if early:
+            # Raft thesis §10.2.1: a leader may replicate entries while it writes them to
+            # its own disk; it counts itself toward commit only after advance(). The
+            # fsync below blocks the loop, so the bytes go to the sockets first.
+            for msg in early:
+                self._send(msg)
+            self.transport.flush()
         if rd.snapshot is not None:
             self._persist_received_snapshot(rd.snapshot, rd.snapshot_data)
         if rd.entries or rd.hard_state is not None:
             self.storage.save(rd.hard_state, rd.entries, sync=rd.must_sync)
-        for msg in rd.messages:
+            if rd.hard_state is not None:
+                self._persisted_term_vote = (rd.hard_state.term, rd.hard_state.vote)
+        for msg in late:
             self._send(msg)
         if rd.snapshot is not None:
             self._install_snapshot(rd.snapshot, rd.snapshot_data)
@@ -355,6 +367,24 @@ class RaftNode:
         self.core.advance(rd)
         self._wake_apply_waiters()
         self._maybe_snapshot()
+
+    def _split_messages(self, rd: Ready) -> tuple[list[Message], list[Message]]:
+        """Messages that may go out before this Ready is persisted, and the rest.
+
+        Only a leader's appends and heartbeats qualify, and only when this Ready does not
+        change term or vote: those messages then depend on nothing but the (already
+        durable) term. Every response (votes, append acks) waits for the fsync.
+        """
+        if self.core.role != Role.LEADER or rd.snapshot is not None:
+            return [], rd.messages
+        hs = rd.hard_state
+        if hs is not None and (hs.term, hs.vote) != self._persisted_term_vote:
+            return [], rd.messages
+        early = [m for m in rd.messages if m.type in (MessageType.APP, MessageType.HEARTBEAT)]
+        if not early:
+            return [], rd.messages
+        late = [m for m in rd.messages if m.type not in (MessageType.APP, MessageType.HEARTBEAT)]
+        return early, late
 
     def _send(self, msg: Message) -> None:
         if msg.type == MessageType.SNAP and not msg.data and msg.snapshot is not None:

@@ -248,6 +248,7 @@ class _PeerSender:
         self.task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._failures = 0  # consecutive failed connection attempts, for log levels
+        self.writer: asyncio.StreamWriter | None = None  # set while a connection is up
 
     def start(self) -> None:
         if self.task is None:
@@ -404,6 +405,7 @@ class _PeerSender:
         # peer closes (or misbehaves), which tells us to reconnect without waiting for
         # the next write to fail.
         closed = asyncio.ensure_future(reader.read(1))
+        self.writer = writer
         try:
             while True:
                 if not self.queue and self.snapshot is None:
@@ -420,6 +422,7 @@ class _PeerSender:
                 if closed.done():
                     raise ProtocolError("peer closed the connection")
         finally:
+            self.writer = None
             closed.cancel()
             if closed.done() and not closed.cancelled():
                 closed.exception()  # retrieved, so asyncio does not log it as forgotten
@@ -433,6 +436,25 @@ class _PeerSender:
             woken.cancel()
         if closed.done():
             raise ProtocolError("peer closed the connection")
+
+    def write_now(self) -> None:
+        """Hand queued frames to the socket without waiting for the pump task.
+
+        The pump only runs when the event loop gets control; a caller about to block
+        the loop (the node loop's fsync) calls this first so the bytes are already on
+        their way. Skipped while a snapshot streams or the socket buffer is backed up:
+        the pump and its drain() keep flow control there.
+        """
+        w = self.writer
+        if w is None or not self.queue or self.snapshot is not None or w.transport.is_closing():
+            return
+        if w.transport.get_write_buffer_size() > BATCH_BYTES:
+            return
+        batch, frames = self._next_batch()
+        w.write(batch)
+        self.t.stats.frames_sent += frames
+        self.t.stats.writes += 1
+        self.t.stats.bytes_sent += len(batch)
 
     def _next_batch(self) -> tuple[bytes, int]:
         """Many queued frames for one write, plus at most one snapshot chunk."""
@@ -564,6 +586,11 @@ class RaftTransport:
             self.log.debug("raft message %s to unknown peer %r dropped", msg.type.name, msg.to)
             return
         sender.enqueue(msg)
+
+    def flush(self) -> None:
+        """Write what is queued for every peer now (see _PeerSender.write_now)."""
+        for sender in self._senders.values():
+            sender.write_now()
 
     def set_peers(self, peers: dict[str, Address]) -> None:
         """Replace the peer set (membership change). Changed addresses reconnect."""
