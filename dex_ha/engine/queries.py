@@ -13,7 +13,7 @@ from dex_ha.engine.kinds import (
     AWAIT_USER_MESSAGE, CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, DEFAULT_HEARTBEAT_TIMEOUT_MS,
     POLL_TOOL_TASK, RUN_MODEL, TASK_KINDS, idempotency_key,
 )
-from dex_ha.engine.store import Store, from_json
+from dex_ha.engine.store import EVENT_ID_SHIFT, Store, from_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +188,17 @@ class Queries:
 
     def events(self, session_id: str, after: int = 0, limit: int = 1000) -> list[SessionEvent]:
         """Committed events of a session with ids greater than `after` (Last-Event-ID)."""
-        rows = self._store.rows("SELECT event_id, session_id, type, data, at FROM events "
-                                "WHERE session_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
-                                (session_id, after, limit))
-        return [SessionEvent(r[0], r[1], r[2], from_json(r[3]), r[4]) for r in rows]
+        found: list[SessionEvent] = []
+        for index, at, events in self._store.conn.execute(
+                "SELECT log_index, at, events FROM events WHERE session_id = ? AND log_index >= ? "
+                "ORDER BY log_index", (session_id, after >> EVENT_ID_SHIFT)):
+            for n, (type_, data) in enumerate(from_json(events)):
+                event_id = (index << EVENT_ID_SHIFT) + n
+                if event_id > after:
+                    found.append(SessionEvent(event_id, session_id, type_, data, at))
+                    if len(found) == limit:
+                        return found
+        return found
 
     def get_agent_snapshot(self, session_id: str) -> dict[str, Any] | None:
         """Everything a client sees of a session (DESIGN.md §6 `GET /v1/sessions/{sid}`)."""

@@ -182,12 +182,14 @@ CREATE TABLE IF NOT EXISTS questions (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS questions_by_session ON questions(session_id, asked_at);
 
+-- The events one log entry made in one session, as one row (one insert per entry, not
+-- per event). Event n of the row has the id (log_index << 16) + n: ids increase, and
+-- every node derives the same ones (the SSE id, for Last-Event-ID resume).
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
-    event_id   INTEGER NOT NULL,        -- (log index << 16) + n: increasing; the SSE id
-    type       TEXT NOT NULL,
-    data       TEXT NOT NULL,
+    log_index  INTEGER NOT NULL,
     at         INTEGER NOT NULL,
-    PRIMARY KEY (session_id, event_id)
+    events     TEXT NOT NULL,           -- JSON [[type, data], ...] in the order they happened
+    PRIMARY KEY (session_id, log_index)
 ) WITHOUT ROWID;
 """
