@@ -51,11 +51,12 @@ Address = tuple[str, int]
 class StateMachine(Protocol):
     """What the node applies committed entries to (the engine implements this)."""
 
-    def apply(self, index: int, data: bytes) -> Any:
-        """Apply one committed entry; the result goes back to the proposer.
+    def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[Any]:
+        """Apply committed entries (index, data) in order; one result per entry goes
+        back to its proposer. A durable machine stores the last index with the changes.
 
         Empty `data` carries no command (a new leader's no-op entry, or a membership
-        change the core handles): the machine only records `index` as applied.
+        change the core handles): the machine only records the index as applied.
         """
 
     def applied_index(self) -> int:
@@ -362,8 +363,7 @@ class RaftNode:
             self._send(msg)
         if rd.snapshot is not None:
             self._install_snapshot(rd.snapshot, rd.snapshot_data)
-        for entry in rd.committed_entries:
-            self._apply(entry)
+        self._apply_committed(rd.committed_entries)
         self.core.advance(rd)
         self._wake_apply_waiters()
         self._maybe_snapshot()
@@ -398,34 +398,46 @@ class RaftNode:
 
     # ------------------------------------------------------------------ apply
 
-    def _apply(self, entry: Entry) -> None:
+    def _apply_committed(self, entries: list[Entry]) -> None:
+        """Apply in log order; runs of normal entries go to the machine as one batch
+        (one SQLite transaction for the engine), membership changes one by one."""
+        run: list[Entry] = []
+        for entry in entries:
+            if entry.type == EntryType.CONF_CHANGE:
+                self._apply_run(run)
+                run = []
+                self._apply_conf_change(entry)
+                self._settle(entry, None)
+            else:
+                run.append(entry)
+        self._apply_run(run)
+
+    def _apply_run(self, run: list[Entry]) -> None:
+        if not run:
+            return
+        # Empty data is a new leader's no-op: the machine only records the index, so a
+        # restart does not replay what came before it.
+        results = self.sm.apply_batch([(e.index, e.data) for e in run])
+        for entry, result in zip(run, results):
+            self._settle(entry, result)
+        self.metrics.applied_entries += len(run)
+
+    def _settle(self, entry: Entry, result: Any) -> None:
+        """Answer the proposer of `entry`, if it is waiting on this node."""
         pending = self._pending.pop(entry.index, None)
-        result: Any = None
-        if entry.type == EntryType.CONF_CHANGE:
-            self._apply_conf_change(entry)
-        elif entry.data:
-            result = self.sm.apply(entry.index, entry.data)
-        else:
-            # The new leader's empty entry: nothing for the state machine, but it must
-            # advance the applied index so a restart does not replay what came before.
-            result = self.sm.apply(entry.index, b"")
-        self.metrics.applied_entries += 1
         if pending is None or pending.future.done():
             return
         if pending.term == entry.term:
             pending.future.set_result(result)
         else:
             pending.future.set_exception(ProposalDropped("a leader change replaced the entry"))
-        self._drop_stale_pending(entry.index)
 
-    def _drop_stale_pending(self, applied: int) -> None:
-        """Proposals below the applied index that never matched were lost in a leader change."""
-        if not self._pending or min(self._pending) > applied:
-            return
-        for index in [i for i in self._pending if i <= applied]:
-            p = self._pending.pop(index)
+    def _drop_pending_through(self, index: int) -> None:
+        """Proposals covered by an installed snapshot: their outcome is unknown here."""
+        for i in [i for i in self._pending if i <= index]:
+            p = self._pending.pop(i)
             if not p.future.done():
-                p.future.set_exception(ProposalDropped("a leader change replaced the entry"))
+                p.future.set_exception(ProposalDropped("replaced by a snapshot from the leader"))
 
     def _apply_conf_change(self, entry: Entry) -> None:
         cc = decode_conf_change(entry.data)
@@ -438,7 +450,7 @@ class RaftNode:
         self._save_members_file()
         # The core applies the change itself when it commits; the entry still counts as
         # applied so the state machine's index stays contiguous.
-        self.sm.apply(entry.index, b"")
+        self.sm.apply_batch([(entry.index, b"")])
 
     def _wake_apply_waiters(self) -> None:
         if not self._apply_waiters:
@@ -534,6 +546,7 @@ class RaftNode:
 
     def _install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         self.sm.restore(data, meta.index)
+        self._drop_pending_through(meta.index)
         self._members = {nid: m for nid, m in self._members.items() if nid in meta.conf_state.members()}
         self.metrics.snapshots_installed += 1
         log.info("node %s: installed snapshot at index %d", self.config.id, meta.index)

@@ -36,13 +36,15 @@ class KVStateMachine:
         self.kv: dict[str, str] = {}
         self._applied = 0
 
-    def apply(self, index: int, data: bytes) -> Any:
-        self._applied = index
-        if not data:
-            return None
-        key, value = msgpack.unpackb(data, raw=False)
-        self.kv[key] = value
-        return index
+    def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[Any]:
+        results: list[Any] = []
+        for index, data in entries:
+            self._applied = index
+            if data:
+                key, value = msgpack.unpackb(data, raw=False)
+                self.kv[key] = value
+            results.append(index if data else None)
+        return results
 
     def applied_index(self) -> int:
         return self._applied
