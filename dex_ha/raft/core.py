@@ -433,6 +433,24 @@ class RaftCore:
         """Target of an ongoing leadership transfer ("" if none)."""
         return self._transfer.target if self._transfer is not None else NO_NODE
 
+    @property
+    def refuses_votes(self) -> bool:
+        """True while this node ignores (pre)votes that are not a transfer campaign,
+        because it is a leader or heard from one within election_timeout_min (or
+        restarted less than that ago). A leader's lease rests on a quorum of these."""
+        return self._cfg.check_quorum and self._in_lease()
+
+    @property
+    def refuses_votes_until_ms(self) -> float:
+        """Local time at which `refuses_votes` ends if nothing else happens: +inf while
+        leader or before the tick that timestamps a leader's message, -inf without
+        check_quorum. For checkers that look at the real clock between ticks."""
+        if not self._cfg.check_quorum:
+            return float("-inf")
+        if self._role == Role.LEADER or self._heard_pending:
+            return float("inf")
+        return self._last_heard_ms + self._cfg.election_timeout_min_ms
+
     def term_at(self, index: int) -> int | None:
         return self._log.term(index)
 

@@ -62,6 +62,12 @@ class Scenario:
     chaos_ms: int = 15_000
     drift: float = 0.045  # clock rates in [1-drift, 1+drift]; margin 100/1000 covers 5 %
     tick_ms: tuple[float, float] = (10.0, 25.0)
+    fsync_ms: tuple[float, float] = (0.5, 4.0)
+    # "Quiet" runs: mostly idle clients (cut-off followers stay up to date and can win
+    # elections) and partitions that cut the leader from one follower: lease races.
+    client_idle_prob: float = 0.5
+    partition_kinds: tuple[str, ...] = (
+        "split", "isolate_leader", "cut_leader", "one_way", "random_edges")
     # Liveness bounds, measured from the heal.
     lease_bound_ms: int = 15_000
     commit_bound_ms: int = 3_000
@@ -73,7 +79,15 @@ class Scenario:
     def from_seed(cls, seed: int) -> Scenario:
         """Seeds cycle through: 3 voters, 5 voters, 3 voters + membership, 5 + membership."""
         kind = seed % 4
-        return cls(seed=seed, voters=3 if kind in (0, 2) else 5, membership=kind >= 2)
+        sc = cls(seed=seed, voters=3 if kind in (0, 2) else 5, membership=kind >= 2)
+        if (seed // 4) % 2:
+            sc.fsync_ms = (2.0, 40.0)  # slow disks widen crash-during-write windows
+        if (seed // 16) % 2:
+            sc.tick_ms = (20.0, 60.0)  # a coarse tick: "heard" times must not go early
+        if (seed // 8) % 2:
+            sc.client_idle_prob = 0.85
+            sc.partition_kinds = ("cut_leader", "cut_leader", "one_way", "split", "isolate_leader")
+        return sc
 
 
 # ---------------------------------------------------------------------------------
@@ -122,6 +136,12 @@ class Disk:
     def crash(self) -> None:
         self.unsynced_hs = None
 
+    def has(self, index: int, term: int) -> bool:
+        if index <= self.snap_index:
+            return True  # covered by the snapshot (only committed entries are compacted)
+        i = index - self.snap_index - 1
+        return i < len(self.entries) and self.entries[i].term == term
+
     def save_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         drop = meta.index - self.snap_index
         self.entries = self.entries[drop:]
@@ -152,6 +172,7 @@ class SimNode:
         # State machine: index of the last applied entry and the hash chain up to it.
         self.sm_index = 0
         self.sm_digest = b""
+        self.max_sent_term = 0
         self.checked_commit = 0  # commit scanned by the checker (this incarnation)
         self.seen_commit = 0
 
@@ -194,7 +215,8 @@ class SimNode:
 class Checker:
     """Global records of what the cluster has promised, checked after every event."""
 
-    def __init__(self, fail: Callable[[str], None]) -> None:
+    def __init__(self, nodes: dict[str, SimNode], fail: Callable[[str], None]) -> None:
+        self.nodes = nodes
         self.fail = fail
         self.leaders: dict[int, str] = {}
         self.committed: dict[int, tuple[int, int, bytes]] = {}  # index -> (term, type, data)
@@ -202,6 +224,7 @@ class Checker:
         self.max_index_by_term: dict[int, int] = {}
         self.by_index_term: dict[tuple[int, int], tuple[int, bytes, int | None]] = {}
         self.digests: dict[int, bytes] = {}
+        self.votes: dict[tuple[str, int], str] = {}  # (voter, term) -> candidate
         self.lease_violations = 0
 
     def on_persist(self, node: SimNode, rd: Ready, prev_term: int | None) -> None:
@@ -213,6 +236,37 @@ class Checker:
             if old != val and not (old[:2] == val[:2] and None in (old[2], val[2])):
                 self.fail(f"log matching: {node.id} has {e} after term {prev_term}, seen {old}")
             prev_term = e.term
+
+    def on_sent(self, node: SimNode, m: Message) -> None:
+        """Durability: what a node told others survives its crashes."""
+        pre = m.type in (MessageType.PRE_VOTE, MessageType.PRE_VOTE_RESP)
+        if m.term > node.max_sent_term and not pre:  # pre-votes run a term ahead
+            node.max_sent_term = m.term
+        if m.type == MessageType.VOTE_RESP and not m.reject:
+            self.on_vote_sent(m)
+
+    def on_restart(self, node: SimNode) -> None:
+        core = node.core
+        assert core is not None
+        if core.term < node.max_sent_term:
+            self.fail(f"{node.id} restarted in term {core.term} after sending in {node.max_sent_term}")
+        voted = self.votes.get((node.id, core.term))
+        if voted is not None and core.vote != voted:
+            self.fail(f"{node.id} restarted with vote {core.vote!r}, but voted {voted} in {core.term}")
+
+    def check_commit_durable(self, leader: SimNode, index: int, term: int) -> None:
+        """A leader may only count entries that are durable (etcd ordering)."""
+        voters = leader.core.conf_state.voters  # type: ignore[union-attr]
+        durable = [v for v in voters if v in self.nodes and self.nodes[v].disk.has(index, term)]
+        if len(durable) < len(voters) // 2 + 1:
+            self.fail(f"{leader.id} committed {index} but it is durable only on {durable}")
+
+    def on_vote_sent(self, m: Message) -> None:
+        """A voter grants at most one candidate per term, across crashes."""
+        key = (m.frm, m.term)
+        old = self.votes.setdefault(key, m.to)
+        if old != m.to:
+            self.fail(f"{m.frm} voted for {old} and {m.to} in term {m.term}")
 
     def record_committed(self, who: str, e: Entry) -> None:
         val = (e.term, int(e.type), e.data)
@@ -256,6 +310,8 @@ class Checker:
         for i in range(lo, core.commit_index + 1):
             e = core.entry(i)
             if e is not None:
+                if i > self.max_committed and core.role == Role.LEADER:
+                    self.check_commit_durable(node, i, e.term)
                 self.record_committed(node.id, e)
         node.checked_commit = max(node.checked_commit, core.commit_index)
 
@@ -290,7 +346,8 @@ class Simulation:
         self._queue: list[tuple[float, int, str, tuple]] = []
         self._seq = 0
         self.trace: deque[tuple] = deque(maxlen=400)
-        self.check = Checker(self._fail)
+        self.nodes: dict[str, SimNode] = {}
+        self.check = Checker(self.nodes, self._fail)
         self.raft = {"max_msg_bytes": 400, "max_inflight_msgs": 8, **scenario.raft}
         self.events = 0
         self.stats: Counter[str] = Counter()  # what the run exercised (see test_sim)
@@ -308,7 +365,6 @@ class Simulation:
         self.live_pending: list[tuple[int, int, bytes, float]] = []
         self.live_done = False
         self.next_node_no = scenario.voters + 1
-        self.nodes: dict[str, SimNode] = {}
         ids = [f"n{i}" for i in range(1, scenario.voters + 1)]
         bootstrap = ConfState(tuple(ids), ())
         for nid in ids:
@@ -327,6 +383,7 @@ class Simulation:
 
     def _start(self, node: SimNode) -> None:
         node.start(self.now, self.rng.getrandbits(32), self.raft)
+        self.check.on_restart(node)
         self.trace.append((self.now, "start", node.id, node.incarnation))
         self._schedule(self.rng.uniform(*self.sc.tick_ms), "tick", node.id, node.incarnation)
 
@@ -384,7 +441,7 @@ class Simulation:
         if rd.entries:
             self.check.on_persist(node, rd, core.term_at(rd.entries[0].index - 1))
         node.outstanding = rd
-        latency = self.rng.uniform(0.5, 4.0) if rd.must_sync else self.rng.uniform(0, 0.5)
+        latency = self.rng.uniform(*self.sc.fsync_ms) if rd.must_sync else self.rng.uniform(0, 0.5)
         self._schedule(latency, "io_done", node.id, node.incarnation)
 
     def _on_io_done(self, nid: str, incarnation: int) -> None:
@@ -439,6 +496,7 @@ class Simulation:
             m.snapshot, m.data = node.disk.snap, node.disk.snap_data
         if m.frm != node.id and m.type != MessageType.TRANSFER_LEADER:
             self._fail(f"{node.id} sent a message from {m.frm}")
+        self.check.on_sent(node, m)
         wire = encode_message(m)
         lost = (node.id, m.to) in self.blocked or self.rng.random() < self.loss
         self.stats[m.type.name] += 1
@@ -514,11 +572,16 @@ class Simulation:
         up = self._up_ids()
         if not up:
             return
+        writing = [nid for nid in up if self.nodes[nid].outstanding is not None]
+        if writing and self.rng.random() < 0.5:
+            up = writing  # crash in the middle of a write: its data is lost
         node = self.nodes[self.rng.choice(up)]
         node.crash()
         self.trace.append((self.now, "crash", node.id))
         self.stats["crash"] += 1
-        self._schedule(self.rng.uniform(50, 2500), "restart", node.id)
+        fast = self.rng.random() < 0.3
+        self._schedule(self.rng.uniform(5, 150) if fast else self.rng.uniform(150, 2500),
+                       "restart", node.id)
 
     def _on_restart(self, nid: str) -> None:
         node = self.nodes[nid]
@@ -527,7 +590,7 @@ class Simulation:
 
     def _chaos_partition(self) -> None:
         ids = sorted(self.nodes)
-        kind = self.rng.choice(["split", "isolate_leader", "cut_leader", "one_way", "random_edges"])
+        kind = self.rng.choice(self.sc.partition_kinds)
         blocked: set[tuple[str, str]] = set()
         if kind == "split":
             group = self.rng.sample(ids, self.rng.randint(1, len(ids) // 2))
@@ -591,10 +654,11 @@ class Simulation:
 
     def _chaos_loss(self) -> None:
         self.loss = self.rng.choice([0.0, 0.0, 0.01, 0.05, 0.2])
-        self.trace.append((self.now, "loss", self.loss))
+        self.slow = self.rng.choice([0.0, 0.03, 0.03, 0.2])
+        self.trace.append((self.now, "loss", self.loss, "slow", self.slow))
 
     def _chaos_client_mode(self) -> None:
-        self.client_idle = self.rng.random() < 0.5
+        self.client_idle = self.rng.random() < self.sc.client_idle_prob
         self.trace.append((self.now, "client_idle", self.client_idle))
 
     def _chaos_compact(self) -> None:
@@ -739,9 +803,36 @@ class Simulation:
             self._fail(f"two valid leases at once: {holders}")
         for nid in holders:
             self.check.check_leased_read(self.nodes[nid])
+            self._check_lease_quorum(self.nodes[nid])
         self.stats["events_with_lease"] += len(holders)
         if self.healed:
             self._liveness_step()
+
+    def _check_lease_quorum(self, leader: SimNode) -> None:
+        """The lease argument's invariant, checked directly and ahead of time: a quorum
+        of the leader's voters will refuse votes (by their own clocks) until the lease
+        has ended (by the leader's clock), comparing in simulated real time. A down
+        node cannot vote, and refuses for election_timeout_min after it restarts."""
+        core = leader.core
+        assert core is not None
+        local = leader.clock.local(self.now)
+        lease_end = self._real(leader, local + core.lease_remaining_ms(local))
+        voters = core.conf_state.voters
+        refusing = []
+        for v in voters:
+            node = self.nodes.get(v)
+            if node is None:
+                continue
+            if node.core is None or self._real(node, node.core.refuses_votes_until_ms) >= lease_end:
+                refusing.append(v)
+        if len(refusing) < len(voters) // 2 + 1:
+            self._fail(f"{leader.id}'s lease (ends {lease_end:.1f}) outlives the vote refusal "
+                       f"of all but {refusing} of {voters}")
+
+    @staticmethod
+    def _real(node: SimNode, local_ms: float) -> float:
+        """Simulated real time at which `node`'s clock reads `local_ms`."""
+        return (local_ms - node.clock.offset) / node.clock.rate
 
     def _fail(self, what: str) -> None:
         lines = [f"seed {self.sc.seed} at t={self.now:.1f} ms (event {self.events}): {what}"]
