@@ -86,10 +86,13 @@ class NodeConfig:
     members: dict[str, Member]
     join: bool = False
     durability: str = "strict"
-    election_timeout_min_ms: int = 1000
-    election_timeout_max_ms: int = 2000
-    heartbeat_interval_ms: int = 100
-    lease_drift_margin_ms: int = 100
+    # Failover takes about election_timeout_min + a random part of the range: the lease
+    # forbids a faster election. 500-1000 ms keeps a SIGKILL failover under a second
+    # while leaving 10 heartbeats of slack before a busy leader looks dead.
+    election_timeout_min_ms: int = 500
+    election_timeout_max_ms: int = 1000
+    heartbeat_interval_ms: int = 50
+    lease_drift_margin_ms: int = 50
     tick_interval_ms: int = 10
     snapshot_every_entries: int = 20_000
     secret: bytes | None = None
@@ -361,6 +364,8 @@ class RaftNode:
                 self._persisted_term_vote = (rd.hard_state.term, rd.hard_state.vote)
         for msg in late:
             self._send(msg)
+        if late:
+            self.transport.flush()  # out now, not when the per-peer pump task next runs
         if rd.snapshot is not None:
             self._install_snapshot(rd.snapshot, rd.snapshot_data)
         self._apply_committed(rd.committed_entries)

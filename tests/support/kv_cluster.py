@@ -18,6 +18,8 @@ from typing import Any
 
 import aiohttp
 
+from dex_ha.raft.node import NodeConfig
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -54,8 +56,8 @@ class KVCluster:
     root: Path
     size: int = 3
     durability: str = "strict"
-    election_min_ms: int = 1000
-    election_max_ms: int = 2000
+    election_min_ms: int = NodeConfig.election_timeout_min_ms
+    election_max_ms: int = NodeConfig.election_timeout_max_ms
     extra_args: list[str] = field(default_factory=list)
     nodes: dict[str, KVProc] = field(default_factory=dict)
 

@@ -71,9 +71,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--member", action="append", default=[], help="id=host:port")
     p.add_argument("--durability", default="strict")
     p.add_argument("--secret", default=None)
-    p.add_argument("--election-min-ms", type=int, default=1000)
-    p.add_argument("--election-max-ms", type=int, default=2000)
-    p.add_argument("--heartbeat-ms", type=int, default=100)
+    p.add_argument("--election-min-ms", type=int, default=NodeConfig.election_timeout_min_ms)
+    p.add_argument("--election-max-ms", type=int, default=NodeConfig.election_timeout_max_ms)
+    p.add_argument("--heartbeat-ms", type=int, default=NodeConfig.heartbeat_interval_ms)
     p.add_argument("--snapshot-every", type=int, default=20_000)
     return p.parse_args(argv)
 
