@@ -411,11 +411,7 @@ class _PeerSender:
                 if not self.queue and self.snapshot is None:
                     await self._wait_for_work(closed)
                     continue
-                batch, frames = self._next_batch()
-                writer.write(batch)
-                self.t.stats.frames_sent += frames
-                self.t.stats.writes += 1
-                self.t.stats.bytes_sent += len(batch)
+                self._write_batch(writer)
                 await writer.drain()
                 if self.snapshot is not None and self.snapshot.finished:
                     self._snapshot_done()
@@ -450,8 +446,11 @@ class _PeerSender:
             return
         if w.transport.get_write_buffer_size() > BATCH_BYTES:
             return
+        self._write_batch(w)
+
+    def _write_batch(self, writer: asyncio.StreamWriter) -> None:
         batch, frames = self._next_batch()
-        w.write(batch)
+        writer.write(batch)
         self.t.stats.frames_sent += frames
         self.t.stats.writes += 1
         self.t.stats.bytes_sent += len(batch)

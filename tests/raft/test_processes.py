@@ -39,6 +39,34 @@ async def _writer(cluster: KVCluster, session: aiohttp.ClientSession, acked: dic
             await asyncio.sleep(0.02)  # no leader right now: back off briefly
 
 
+class _Writers:
+    """WRITERS concurrent writers and the ledger of what a leader acknowledged."""
+
+    def __init__(self, cluster: KVCluster, session: aiohttp.ClientSession) -> None:
+        self.acked: dict[str, str] = {}
+        self.stop = asyncio.Event()
+        counter = itertools.count()
+        self.tasks = [asyncio.create_task(_writer(cluster, session, self.acked, counter, self.stop))
+                      for _ in range(WRITERS)]
+
+    async def wait_for_more(self, n: int, deadline_s: float = 20) -> None:
+        target = len(self.acked) + n
+        t0 = time.monotonic()
+        while len(self.acked) < target:
+            assert time.monotonic() - t0 < deadline_s, f"writes stalled at {len(self.acked)}"
+            await asyncio.sleep(0.01)
+
+    async def finish(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(asyncio.gather(*self.tasks), timeout=15)
+
+
+def _assert_all_present(acked: dict[str, str], dumps: dict) -> None:
+    for nid, dump in dumps.items():
+        missing = [k for k, v in acked.items() if dump["kv"].get(k) != v]
+        assert not missing, f"{nid} lost {len(missing)} acknowledged writes, e.g. {missing[:5]}"
+
+
 async def _wait_converged(cluster: KVCluster, session: aiohttp.ClientSession, deadline_s: float) -> dict:
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
@@ -62,36 +90,25 @@ async def _wait_converged(cluster: KVCluster, session: aiohttp.ClientSession, de
 async def test_repeated_leader_sigkill_loses_no_acknowledged_write(tmp_path: Path) -> None:
     cluster = KVCluster(tmp_path, size=3, durability="strict", election_min_ms=500, election_max_ms=1000)
     cluster.start_all()
-    acked: dict[str, str] = {}
-    stop = asyncio.Event()
     try:
         async with aiohttp.ClientSession() as session:
             leader, _ = await wait_for_leased_leader(cluster, session, deadline_s=20)
-            counter = itertools.count()
-            writers = [asyncio.create_task(_writer(cluster, session, acked, counter, stop)) for _ in range(WRITERS)]
+            writers = _Writers(cluster, session)
             failover_times = []
-            for round_no in range(KILLS):
-                before = len(acked)
-                t0 = time.monotonic()
-                while len(acked) < before + 50:  # let writes flow through this leader
-                    assert time.monotonic() - t0 < 20, f"round {round_no}: writes stalled at {len(acked)}"
-                    await asyncio.sleep(0.01)
+            for _ in range(KILLS):
+                await writers.wait_for_more(50)  # let writes flow through this leader
                 cluster.kill(leader)
                 new_leader, took = await wait_for_leased_leader(cluster, session, deadline_s=15, exclude=leader)
                 failover_times.append(took)
                 cluster.start(leader)  # restart the killed node on its data dir
                 leader = new_leader
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*writers), timeout=15)
+            await writers.finish()
             dumps = await _wait_converged(cluster, session, deadline_s=30)
     finally:
-        stop.set()
         cluster.stop_all()
 
-    assert len(acked) >= KILLS * 50
-    for nid, dump in dumps.items():
-        missing = [k for k, v in acked.items() if dump["kv"].get(k) != v]
-        assert not missing, f"{nid} lost {len(missing)} acknowledged writes, e.g. {missing[:5]}"
+    assert len(writers.acked) >= KILLS * 50
+    _assert_all_present(writers.acked, dumps)
     assert len(failover_times) == KILLS
 
 
@@ -100,30 +117,21 @@ async def test_acknowledged_writes_survive_full_cluster_restart(tmp_path: Path) 
     """Every node SIGKILLed at once, then restarted: the acknowledged writes are all there."""
     cluster = KVCluster(tmp_path, size=3, durability="strict", election_min_ms=500, election_max_ms=1000)
     cluster.start_all()
-    acked: dict[str, str] = {}
-    stop = asyncio.Event()
     try:
         async with aiohttp.ClientSession() as session:
             await wait_for_leased_leader(cluster, session, deadline_s=20)
-            counter = itertools.count()
-            writers = [asyncio.create_task(_writer(cluster, session, acked, counter, stop)) for _ in range(WRITERS)]
-            t0 = time.monotonic()
-            while len(acked) < 300:
-                assert time.monotonic() - t0 < 20, "writes stalled"
-                await asyncio.sleep(0.01)
+            writers = _Writers(cluster, session)
+            await writers.wait_for_more(300)
             for nid in list(cluster.nodes):
                 cluster.kill(nid)
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*writers), timeout=15)
+            await writers.finish()
             cluster.start_all()
             await wait_for_leased_leader(cluster, session, deadline_s=20)
             dumps = await _wait_converged(cluster, session, deadline_s=30)
     finally:
-        stop.set()
         cluster.stop_all()
-    for nid, dump in dumps.items():
-        missing = [k for k, v in acked.items() if dump["kv"].get(k) != v]
-        assert not missing, f"{nid} lost {len(missing)} acknowledged writes after restart"
+    assert len(writers.acked) >= 300
+    _assert_all_present(writers.acked, dumps)
 
 
 async def _raw_connect_and_send(port: int, payload: bytes) -> bytes:
