@@ -1,0 +1,933 @@
+"""Focused unit tests of the pure Raft core, driven in lockstep (no randomness in the
+network: messages are delivered in order unless a test drops or holds them)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+
+from dex_ha.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore
+from dex_ha.raft.types import (
+    NO_NODE,
+    ConfChange,
+    ConfChangeType,
+    ConfState,
+    Entry,
+    EntryType,
+    HardState,
+    Message,
+    MessageType,
+    Ready,
+    Role,
+    SnapshotMeta,
+    decode_message,
+    encode_conf_change,
+    encode_message,
+)
+
+MT = MessageType
+ETMIN = 1000
+MARGIN = 100
+
+
+# ---------------------------------------------------------------------------------
+# Harness
+
+
+@dataclass
+class Store:
+    """What a node persisted, and what it applied."""
+
+    hs: HardState = field(default_factory=HardState)
+    snap: SnapshotMeta | None = None
+    entries: list[Entry] = field(default_factory=list)
+    applied: list[Entry] = field(default_factory=list)
+    applied_index: int = 0
+
+    def write(self, rd: Ready) -> None:
+        if rd.snapshot is not None:
+            self.snap, self.entries = rd.snapshot, []
+            self.applied_index = rd.snapshot.index
+        if rd.entries:
+            offset = (self.snap.index if self.snap else 0) + 1
+            del self.entries[rd.entries[0].index - offset :]
+            self.entries.extend(rd.entries)
+        if rd.hard_state is not None:
+            self.hs = rd.hard_state
+
+    def apply(self, rd: Ready) -> None:
+        for e in rd.committed_entries:
+            assert e.index == self.applied_index + 1
+            self.applied.append(e)
+            self.applied_index = e.index
+
+
+class Cluster:
+    """Cores plus a perfect network that tests can cut, hold, or watch."""
+
+    def __init__(self, voters: list[str], learners: list[str] = (), seed: int = 0,
+                 **cfg: object) -> None:
+        self.conf = ConfState(tuple(voters), tuple(learners))
+        self.cfg = cfg
+        self.seed = seed
+        self.now = 0
+        self.stores: dict[str, Store] = {}
+        self.cores: dict[str, RaftCore] = {}
+        self.cut: set[tuple[str, str]] = set()
+        self.drop: Callable[[Message], bool] = lambda m: False
+        self.sent: list[Message] = []
+        for nid in [*voters, *learners]:
+            self.stores[nid] = Store()
+            self.start(nid)
+
+    def start(self, nid: str, conf: ConfState | None = None) -> RaftCore:
+        st = self.stores.setdefault(nid, Store())
+        self.cores[nid] = RaftCore(
+            RaftConfig(id=nid, **self.cfg),  # type: ignore[arg-type]
+            hard_state=st.hs,
+            conf_state=st.snap.conf_state if st.snap else (conf or self.conf),
+            snapshot=st.snap,
+            entries=list(st.entries),
+            applied=st.applied_index,
+            now_ms=self.now,
+            rng=random.Random(f"{self.seed}/{nid}/{self.now}"),
+        )
+        return self.cores[nid]
+
+    def crash(self, nid: str) -> None:
+        del self.cores[nid]
+
+    def isolate(self, nid: str) -> None:
+        for other in self.stores:
+            self.cut |= {(nid, other), (other, nid)}
+
+    def heal(self) -> None:
+        self.cut = set()
+
+    # -- running -----------------------------------------------------------------------
+
+    def process(self, nid: str) -> list[Message]:
+        """Run one node's Ready cycle; returns the messages it sends."""
+        core = self.cores[nid]
+        if not core.has_ready():
+            return []
+        rd = core.ready()
+        st = self.stores[nid]
+        st.write(rd)
+        st.apply(rd)
+        core.advance(rd)
+        return rd.messages
+
+    def flush(self, limit: int = 10_000) -> None:
+        """Deliver everything until the cluster is quiet."""
+        for _ in range(limit):
+            msgs = [m for nid in sorted(self.cores) for m in self.process(nid)]
+            if not msgs:
+                return
+            for m in msgs:
+                self.deliver(m)
+        raise AssertionError("cluster did not go quiet")
+
+    def deliver(self, m: Message) -> None:
+        self.sent.append(m)
+        if (m.frm, m.to) in self.cut or m.to not in self.cores or self.drop(m):
+            return
+        self.cores[m.to].step(decode_message(encode_message(m)))
+
+    def tick(self, ms: int = 10, only: list[str] | None = None) -> None:
+        self.now += ms
+        for nid in sorted(only or self.cores):
+            self.cores[nid].tick(self.now)
+        self.flush()
+
+    def run(self, ms: int, step: int = 10) -> None:
+        for _ in range(ms // step):
+            self.tick(step)
+
+    def elect(self, nid: str) -> RaftCore:
+        """Make `nid` win an election: only its clock runs until it campaigns."""
+        if self.now < ETMIN:
+            self.tick(ETMIN - self.now)  # the restart guard: nobody votes before this
+        core = self.cores[nid]
+        t = self.now
+        while core.role != Role.LEADER:
+            t += 10
+            core.tick(t)
+            self.flush()
+            assert t < self.now + 5 * ETMIN, "no election"
+        self.now = t
+        self.tick(0)
+        return core
+
+    def leader(self) -> RaftCore:
+        leaders = [c for c in self.cores.values() if c.role == Role.LEADER]
+        assert len(leaders) == 1, [c.id for c in leaders]
+        return leaders[0]
+
+
+def data_of(st: Store) -> list[bytes]:
+    return [e.data for e in st.applied if e.type == EntryType.NORMAL and e.data]
+
+
+# ---------------------------------------------------------------------------------
+# Elections
+
+
+def test_election_and_first_entries() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    leader = c.elect("n1")
+    assert leader.term == 1 and leader.leader_id == "n1"
+    for nid in ("n2", "n3"):
+        assert c.cores[nid].role == Role.FOLLOWER and c.cores[nid].leader_id == "n1"
+    # The log starts with the bootstrap configuration, then the leader's no-op.
+    types = [e.type for e in c.stores["n2"].entries]
+    assert types[:-1] == [EntryType.CONF_CHANGE] * 6 and types[-1] == EntryType.NORMAL
+    assert all(core.commit_index == 7 for core in c.cores.values())
+
+
+def test_no_vote_during_restart_guard_then_election_happens() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.tick(ETMIN - 10)
+    assert all(core.role == Role.FOLLOWER and core.term == 0 for core in c.cores.values())
+    c.run(3000)
+    assert c.leader().term >= 1
+
+
+def test_randomized_timeouts_are_deterministic_per_seed() -> None:
+    def first_campaign(seed: int) -> tuple[int, str]:
+        c = Cluster(["n1", "n2", "n3"], seed=seed)
+        while not any(m.type == MT.PRE_VOTE for m in c.sent):
+            c.tick(1)
+        return c.now, next(m.frm for m in c.sent if m.type == MT.PRE_VOTE)
+
+    assert first_campaign(1) == first_campaign(1)  # same seed, same run
+    runs = [first_campaign(seed) for seed in range(20)]
+    assert all(ETMIN <= t < 2000 for t, _ in runs)
+    assert len({t for t, _ in runs}) > 10 and len({who for _, who in runs}) == 3
+
+
+def test_prevote_refused_while_leader_heard_recently() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    n2 = c.cores["n2"]
+    term = n2.term
+    pre = Message(MT.PRE_VOTE, to="n2", frm="n3", term=term + 1, index=100, log_term=term)
+    n2.step(pre)
+    assert not c.process("n2") and n2.term == term  # ignored: no answer, no term change
+    vote = Message(MT.VOTE, to="n2", frm="n3", term=term + 1, index=100, log_term=term)
+    n2.step(vote)
+    assert n2.term == term and n2.vote != "n3"
+    # The leader itself ignores them too.
+    c.cores["n1"].step(Message(MT.PRE_VOTE, to="n1", frm="n3", term=term + 1, index=100,
+                               log_term=term))
+    assert c.cores["n1"].role == Role.LEADER
+
+
+def test_prevote_granted_after_leader_silent_and_term_unchanged() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    c.crash("n1")
+    c.tick(ETMIN)  # n2 and n3 have not heard from a leader for election_timeout_min
+    n2 = c.cores["n2"]
+    term = n2.term
+    n2.step(Message(MT.PRE_VOTE, to="n2", frm="n3", term=term + 1, index=100, log_term=term))
+    (resp,) = c.process("n2")
+    assert resp.type == MT.PRE_VOTE_RESP and not resp.reject and resp.term == term + 1
+    assert n2.term == term  # a pre-vote never changes the voter's term
+
+
+def test_partitioned_node_does_not_inflate_its_term() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    c.isolate("n3")
+    c.run(10_000)
+    assert c.cores["n3"].term == c.cores["n1"].term  # pre-votes failed, term unchanged
+    c.heal()
+    c.run(500)
+    assert c.leader().id == "n1"
+
+
+def test_check_quorum_leader_steps_down() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    leader = c.elect("n1")
+    c.isolate("n1")
+    c.run(ETMIN - 100)
+    assert leader.role == Role.LEADER
+    c.run(200)
+    assert leader.role == Role.FOLLOWER and leader.leader_id == NO_NODE
+
+
+def test_restarted_node_grants_no_vote_for_election_timeout_min() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    c.crash("n1")
+    c.run(ETMIN)
+    c.crash("n2")
+    n2 = c.start("n2")
+    term = n2.term
+    vote = Message(MT.VOTE, to="n2", frm="n3", term=term + 1, index=100, log_term=term)
+    n2.step(vote)
+    assert n2.term == term and not c.process("n2")
+    c.tick(ETMIN, only=["n2"])
+    n2.step(vote)
+    (resp,) = c.process("n2")
+    assert resp.type == MT.VOTE_RESP and not resp.reject and n2.vote == "n3"
+
+
+def test_heard_from_leader_is_timestamped_at_the_next_tick() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    n2 = c.cores["n2"]
+    c.cores["n1"].tick(c.now + 100)  # a heartbeat round, delivered before n2's next tick
+    c.flush()
+    assert n2.refuses_votes_until_ms == float("inf")  # heard, not yet timestamped
+    n2.tick(c.now + 37)
+    assert n2.refuses_votes_until_ms == c.now + 37 + ETMIN
+
+
+def test_learner_never_campaigns_and_its_vote_does_not_count() -> None:
+    c = Cluster(["n1", "n2"], learners=["n3"])
+    c.elect("n1")
+    assert c.cores["n3"].role == Role.LEARNER
+    c.crash("n1")
+    c.crash("n2")
+    c.run(10 * ETMIN)
+    assert c.cores["n3"].role == Role.LEARNER
+    assert not any(m.frm == "n3" and m.type in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
+    assert not any(m.to == "n3" and m.type in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
+    # A candidate among voters {n1, n2} does not count a grant from the learner.
+    cand = RaftCore(RaftConfig(id="n1", pre_vote=False), hard_state=HardState(term=1),
+                    conf_state=c.conf, snapshot=None, entries=[], applied=0, now_ms=0,
+                    rng=random.Random(3))
+    t = ETMIN
+    while cand.role != Role.CANDIDATE:
+        t += 10
+        cand.tick(t)
+    cand.step(Message(MT.VOTE_RESP, to="n1", frm="n3", term=cand.term))
+    assert cand.role == Role.CANDIDATE
+    cand.step(Message(MT.VOTE_RESP, to="n1", frm="n2", term=cand.term))
+    assert cand.role == Role.LEADER
+
+
+# ---------------------------------------------------------------------------------
+# Lease
+
+
+def test_lease_starts_after_quorum_acked_round_and_own_entry_applied() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    acks = (MT.APP_RESP, MT.HEARTBEAT_RESP)
+    c.drop = lambda m: m.to == "n1" and m.type in acks
+    n1 = c.elect("n1")
+    assert n1.role == Role.LEADER and not n1.lease_valid(c.now)  # nothing acknowledged
+    c.drop = lambda m: m.to == "n1" and m.type == MT.APP_RESP
+    c.tick(100)  # a heartbeat round that a quorum acknowledges...
+    assert n1.commit_index < n1.last_index
+    assert not n1.lease_valid(c.now)  # ...but the own-term no-op is not committed
+    c.cut = {("n1", "n2"), ("n1", "n3")}
+    n1.step(Message(MT.APP_RESP, to="n1", frm="n2", term=n1.term, index=n1.last_index))
+    assert n1.commit_index == n1.last_index
+    assert not n1.lease_valid(c.now)  # committed, not applied yet
+    c.process("n1")
+    assert n1.lease_valid(c.now)
+    assert 0 < n1.lease_remaining_ms(c.now) <= ETMIN - MARGIN
+
+
+def run_to_heartbeat_round(c: Cluster, leader: str) -> int:
+    """Tick until `leader` sends a heartbeat round; returns the round's send time."""
+    while True:
+        mark = len(c.sent)
+        c.tick(10)
+        if any(m.type == MT.HEARTBEAT and m.frm == leader for m in c.sent[mark:]):
+            return c.now
+
+
+def test_lease_expires_at_round_send_plus_timeout_minus_margin() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    leader = c.elect("n1")
+    c.run(300)
+    sent_at = run_to_heartbeat_round(c, "n1")  # acknowledged by everyone in flush()
+    c.isolate("n1")
+    end = sent_at + ETMIN - MARGIN
+    assert leader.lease_remaining_ms(sent_at) == ETMIN - MARGIN
+    c.run(end - 10 - c.now)
+    assert leader.lease_valid(end - 1) and not leader.lease_valid(end)
+    assert leader.lease_remaining_ms(end - 1) == 1 and leader.lease_remaining_ms(end) == 0
+    assert leader.role == Role.LEADER  # CheckQuorum steps down a bit later
+    c.run(200)
+    assert leader.role == Role.FOLLOWER
+
+
+def test_lease_needs_a_quorum_of_acks() -> None:
+    c = Cluster(["n1", "n2", "n3", "n4", "n5"])
+    leader = c.elect("n1")
+    c.cut = {("n2", "n1"), ("n3", "n1")}  # n4 and n5 answer: 3 of 5 with the leader
+    for _ in range(200):
+        c.tick(10)
+        assert leader.lease_valid(c.now)
+    sent_at = run_to_heartbeat_round(c, "n1")
+    c.cut.add(("n4", "n1"))  # now only n5 answers: 2 of 5
+    c.run(sent_at + ETMIN - MARGIN - 10 - c.now)
+    assert leader.lease_valid(c.now)
+    c.tick(10)
+    assert not leader.lease_valid(c.now) and leader.role == Role.LEADER
+
+
+def test_lease_counts_from_round_send_not_ack_arrival() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    leader = c.elect("n1")
+    c.run(300)
+    held: list[Message] = []
+    c.drop = lambda m: m.type == MT.HEARTBEAT_RESP and (held.append(m) or True)
+    sent_at = run_to_heartbeat_round(c, "n1")
+    late_acks = list(held)
+    c.run(300)  # later rounds go unanswered too
+    before = leader.lease_remaining_ms(c.now)
+    for m in late_acks:
+        leader.step(decode_message(encode_message(m)))
+    assert leader.lease_remaining_ms(c.now) == sent_at + ETMIN - MARGIN - c.now
+    assert leader.lease_remaining_ms(c.now) == before + 100  # one round later than before
+
+
+def test_no_lease_without_check_quorum() -> None:
+    c = Cluster(["n1"], check_quorum=False)
+    leader = c.elect("n1")
+    assert leader.role == Role.LEADER and not leader.lease_valid(c.now)
+
+
+def test_single_node_lease() -> None:
+    c = Cluster(["n1"])
+    leader = c.elect("n1")
+    c.run(100)
+    assert leader.lease_valid(c.now)
+    assert leader.propose(b"x") == leader.last_index
+
+
+# ---------------------------------------------------------------------------------
+# Leadership transfer
+
+
+def test_transfer_gives_up_lease_before_timeout_now() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.run(200)
+    assert n1.lease_valid(c.now)
+    n1.transfer_leadership("n2")
+    assert not n1.lease_valid(c.now)  # before any message went out
+    with pytest.raises(ProposalDropped):
+        n1.propose(b"x")
+    rd = n1.ready()
+    assert [m.type for m in rd.messages] == [MT.TIMEOUT_NOW]
+    n1.advance(rd)
+    for m in rd.messages:
+        c.deliver(m)
+    c.flush()
+    n2 = c.cores["n2"]
+    assert n2.role == Role.LEADER and n2.term == 2
+    votes = [m for m in c.sent if m.type == MT.VOTE and m.frm == "n2"]
+    assert votes and all(m.context == 1 for m in votes)  # voters skip the lease check
+    assert not any(m.type == MT.PRE_VOTE and m.frm == "n2" for m in c.sent)
+
+
+def test_transfer_waits_for_target_to_catch_up() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.cut = {("n1", "n3")}
+    for i in range(5):
+        n1.propose(b"p%d" % i)
+    c.flush()
+    c.sent.clear()
+    n1.transfer_leadership("n3")
+    c.flush()
+    assert not any(m.type == MT.TIMEOUT_NOW for m in c.sent)  # n3 is behind
+    c.heal()
+    c.run(200)
+    timeout_now = [i for i, m in enumerate(c.sent) if m.type == MT.TIMEOUT_NOW]
+    apps = [i for i, m in enumerate(c.sent) if m.type == MT.APP and m.to == "n3" and m.entries]
+    assert timeout_now and apps and apps[0] < timeout_now[0]
+    assert c.cores["n3"].role == Role.LEADER
+
+
+def test_transfer_aborts_after_election_timeout_and_leader_steps_down() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.drop = lambda m: m.type == MT.TIMEOUT_NOW
+    n1.transfer_leadership("n2")
+    c.run(ETMIN - 50)
+    assert n1.role == Role.LEADER and n1.transferring_to == "n2"
+    c.run(100)
+    assert n1.role == Role.FOLLOWER  # no lease is possible again in this term
+    c.drop = lambda m: False
+    c.run(4 * ETMIN)
+    leader = c.leader()
+    assert leader.term > 1
+    c.run(200)
+    assert leader.lease_valid(c.now)
+
+
+def test_follower_forwards_transfer_request() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    c.cores["n3"].transfer_leadership("n2")
+    c.flush()
+    fwd = [m for m in c.sent if m.type == MT.TRANSFER_LEADER]
+    assert fwd and fwd[0].to == "n1" and fwd[0].frm == "n2"
+    assert c.cores["n2"].role == Role.LEADER
+
+
+def test_transfer_errors() -> None:
+    c = Cluster(["n1", "n2"], learners=["n3"])
+    n1 = c.elect("n1")
+    with pytest.raises(ProposalDropped):
+        n1.transfer_leadership("n3")  # a learner cannot lead
+    c2 = Cluster(["n1", "n2"])
+    with pytest.raises(NotLeader) as info:
+        c2.cores["n1"].transfer_leadership("n2")
+    assert info.value.leader_id == NO_NODE
+
+
+# ---------------------------------------------------------------------------------
+# Replication
+
+
+def test_propose_on_follower_names_the_leader() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    with pytest.raises(NotLeader) as info:
+        c.cores["n2"].propose(b"x")
+    assert info.value.leader_id == "n1"
+
+
+def test_replication_is_batched_and_pipelined() -> None:
+    c = Cluster(["n1", "n2"], max_msg_bytes=100, max_inflight_msgs=3)
+    n1 = c.elect("n1")
+    for i in range(40):
+        n1.propose(b"%032d" % i)  # 48 bytes each counted: two per message
+    rd = n1.ready()
+    apps = [m for m in rd.messages if m.type == MT.APP]
+    assert len(apps) == 3  # three in flight without waiting for an answer
+    assert all(len(m.entries) == 2 for m in apps)
+    n1.advance(rd)
+    for m in rd.messages:
+        c.deliver(m)
+    c.flush()
+    assert data_of(c.stores["n2"]) == [b"%032d" % i for i in range(40)]
+
+
+def test_inflight_bytes_limit() -> None:
+    c = Cluster(["n1", "n2"], max_msg_bytes=1000, max_inflight_bytes=1500)
+    n1 = c.elect("n1")
+    for i in range(10):
+        n1.propose(b"x" * 900)
+    rd = n1.ready()
+    apps = [m for m in rd.messages if m.type == MT.APP]
+    assert len(apps) == 2  # 916 + 916 bytes reach the 1500-byte window
+    n1.advance(rd)
+
+
+def test_follower_conflicting_suffix_is_truncated() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.cut = {("n1", "n2"), ("n1", "n3")}
+    for i in range(3):
+        n1.propose(b"lost%d" % i)  # only n1 has these (term 1, uncommitted)
+    c.flush()
+    lost_from = n1.commit_index + 1
+    c.heal()
+    c.isolate("n1")
+    c.run(3 * ETMIN)
+    n2 = c.leader()
+    assert n2.id != "n1"
+    n2.propose(b"kept")
+    c.flush()
+    c.heal()
+    c.crash("n1")
+    n1 = c.start("n1")
+    c.cores["n1"] = n1
+    seen: list[Ready] = []
+    original = n1.ready
+
+    def spy() -> Ready:
+        rd = original()
+        seen.append(rd)
+        return rd
+
+    n1.ready = spy  # type: ignore[method-assign]
+    c.run(500)
+    first_overwrite = next(rd for rd in seen if rd.entries)
+    assert first_overwrite.entries[0].index == lost_from  # caller overwrites from here
+    assert not any(e.data.startswith(b"lost") for e in c.stores["n1"].entries)
+    assert data_of(c.stores["n1"]) == [b"kept"]
+
+
+def test_fast_backtracking_with_reject_hint() -> None:
+    common = [Entry(1, i) for i in range(1, 6)]
+    leader_log = common + [Entry(2, i, data=b"t2") for i in range(6, 106)]
+    stale_log = common + [Entry(1, i, data=b"stale") for i in range(6, 156)]
+    c = Cluster(["n1", "n2", "n3"])
+    for nid, log in (("n1", leader_log), ("n2", leader_log), ("n3", stale_log)):
+        c.stores[nid] = Store(hs=HardState(term=2, commit=5), entries=list(log))
+        c.start(nid)
+    c.cut = {("n1", "n3"), ("n3", "n1")}
+    n1 = c.elect("n1")
+    c.heal()
+    c.sent.clear()
+    c.run(300)
+    rejects = [m for m in c.sent if m.type == MT.APP_RESP and m.frm == "n3" and m.reject]
+    assert len(rejects) == 1  # one round trip, not one per divergent entry
+    assert c.stores["n3"].entries == c.stores["n1"].entries
+    assert c.cores["n3"].last_index == n1.last_index == 106
+
+
+def test_commit_only_by_counting_current_term_entries() -> None:
+    """Raft §5.4.2 (Figure 8): an old-term entry on a majority is not committed."""
+    conf = ConfState(("n1", "n2", "n3"), ())
+    old = [Entry(1, 1), Entry(2, 2, data=b"old")]
+    core = RaftCore(
+        RaftConfig(id="n1", pre_vote=False), hard_state=HardState(term=2, vote="n1", commit=1),
+        conf_state=conf, snapshot=None, entries=old, applied=1, now_ms=0,
+        rng=random.Random(1),
+    )
+    now = ETMIN
+    while core.role != Role.CANDIDATE:
+        now += 10
+        core.tick(now)
+    core.advance(core.ready())
+    core.step(Message(MT.VOTE_RESP, to="n1", frm="n2", term=core.term))
+    assert core.role == Role.LEADER and core.term == 3
+    core.advance(core.ready())  # the no-op (index 3, term 3) is persisted
+    core.step(Message(MT.APP_RESP, to="n1", frm="n2", term=3, index=2))
+    assert core.commit_index == 1  # index 2 (term 2) is on n1 and n2, yet not committed
+    core.step(Message(MT.APP_RESP, to="n1", frm="n2", term=3, index=3))
+    assert core.commit_index == 3  # committing the term-3 entry commits index 2 too
+
+
+def test_leader_counts_its_own_entries_only_once_persisted() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    idx = n1.propose(b"x")
+    rd = n1.ready()  # not advanced: n1 has not persisted idx yet
+    for m in rd.messages:
+        c.deliver(m)
+    for nid in ("n2",):  # a single follower acknowledges
+        for m in c.process(nid):
+            c.deliver(m)
+    assert n1.commit_index < idx  # n2 alone is no quorum without n1's own disk
+    n1.advance(rd)
+    assert n1.commit_index == idx
+
+
+def test_heartbeat_commit_is_capped_by_match() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.cut = {("n1", "n3")}
+    n1.propose(b"x")
+    c.flush()
+    c.heal()
+    c.drop = lambda m: m.type == MT.APP
+    c.sent.clear()
+    c.run(150)
+    hb = [m for m in c.sent if m.type == MT.HEARTBEAT and m.to == "n3"]
+    assert hb and all(m.commit < n1.commit_index for m in hb)
+
+
+# ---------------------------------------------------------------------------------
+# Snapshots
+
+
+def compact_node(c: Cluster, nid: str) -> int:
+    core = c.cores[nid]
+    idx = core.applied_index
+    meta = core.snapshot_meta(idx)
+    st = c.stores[nid]
+    st.entries = st.entries[idx - (st.snap.index if st.snap else 0):]
+    st.snap = meta
+    core.compact(idx, meta)
+    return idx
+
+
+def test_snapshot_sent_when_follower_lags_behind_compaction() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.crash("n3")
+    for i in range(10):
+        n1.propose(b"p%d" % i)
+    c.flush()
+    idx = compact_node(c, "n1")
+    assert n1.first_index == idx + 1
+    n3 = c.start("n3")
+    c.sent.clear()
+    installed: list[Ready] = []
+    original = n3.ready
+
+    def spy() -> Ready:
+        rd = original()
+        if rd.snapshot is not None:
+            installed.append(rd)
+        return rd
+
+    n3.ready = spy  # type: ignore[method-assign]
+    c.run(300)
+    snaps = [m for m in c.sent if m.type == MT.SNAP]
+    assert snaps and snaps[0].snapshot.index == idx and snaps[0].to == "n3"
+    assert installed and installed[0].snapshot.index == idx
+    assert n3.conf_state == n1.conf_state
+    assert n3.last_index == n1.last_index
+    n1.propose(b"after")
+    c.run(100)
+    assert c.stores["n3"].applied[-1].data == b"after"
+
+
+def test_compact_rejects_bad_requests() -> None:
+    c = Cluster(["n1"])
+    n1 = c.elect("n1")
+    with pytest.raises(ValueError):
+        n1.compact(n1.applied_index + 1, SnapshotMeta(n1.applied_index + 1, 1, c.conf))
+    meta = n1.snapshot_meta(n1.applied_index)
+    with pytest.raises(ValueError):
+        n1.compact(meta.index, SnapshotMeta(meta.index, meta.term + 1, meta.conf_state))
+    n1.compact(meta.index, meta)
+    n1.compact(meta.index, meta)  # idempotent
+    assert n1.snapshot == meta
+
+
+def test_report_snapshot_failure_retries() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.crash("n3")
+    n1.propose(b"x")
+    c.flush()
+    compact_node(c, "n1")
+    c.start("n3")
+    c.drop = lambda m: m.type == MT.SNAP
+    c.run(100)
+    n1.report_snapshot("n3", False)
+    c.drop = lambda m: False
+    c.run(300)
+    assert sum(m.type == MT.SNAP for m in c.sent) >= 2
+    assert c.cores["n3"].commit_index == n1.commit_index
+
+
+# ---------------------------------------------------------------------------------
+# Membership
+
+
+def add_member(c: Cluster, nid: str) -> None:
+    leader = c.leader()
+    leader.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, nid))
+    c.stores[nid] = Store()
+    c.start(nid, conf=ConfState())  # a new node knows no configuration
+    c.flush()
+
+
+def test_learner_joins_from_empty_configuration_then_is_promoted() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    n1.propose(b"before")
+    c.flush()
+    add_member(c, "n4")
+    c.run(200)
+    n4 = c.cores["n4"]
+    assert n4.role == Role.LEARNER and n4.conf_state == n1.conf_state
+    assert data_of(c.stores["n4"]) == [b"before"]
+    with pytest.raises(ProposalDropped):  # the previous change must commit first...
+        n1.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, "n4"))  # ...and be valid
+    n1.propose_conf_change(ConfChange(ConfChangeType.PROMOTE, "n4"))
+    c.run(100)
+    assert n4.role == Role.FOLLOWER and "n4" in n1.conf_state.voters
+    n1.transfer_leadership("n4")
+    c.run(100)
+    assert n4.role == Role.LEADER
+
+
+def test_conf_change_pending_rules() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.tick(ETMIN)
+    n1 = c.cores["n1"]
+    t = c.now
+    c.drop = lambda m: m.type == MT.APP  # votes pass, replication does not
+    while n1.role != Role.LEADER:
+        t += 10
+        n1.tick(t)
+        c.flush()
+    c.now = t
+    with pytest.raises(ProposalDropped):  # the no-op of this term is not committed yet
+        n1.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, "n4"))
+    c.drop = lambda m: False
+    c.tick(100)
+    idx = n1.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, "n4"))
+    c.drop = lambda m: m.type == MT.APP
+    with pytest.raises(ProposalDropped):  # one change at a time
+        n1.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, "n5"))
+    assert n1.commit_index < idx
+    with pytest.raises(ProposalDropped):
+        n1.propose_conf_change(ConfChange(ConfChangeType.REMOVE, "nobody"))
+
+
+def test_configuration_takes_effect_when_appended_and_reverts_if_truncated() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.drop = lambda m: m.type == MT.APP_RESP  # followers append, n1 never commits
+    idx = n1.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, "n9"))
+    c.flush()
+    n2 = c.cores["n2"]
+    assert "n9" in n2.conf_state.learners and n2.commit_index < idx  # in effect, uncommitted
+    # A leader of a later term overwrites the uncommitted entry: the change is undone.
+    n2.step(Message(MT.APP, to="n2", frm="n3", term=5, index=idx - 1, log_term=1,
+                    entries=[Entry(5, idx)]))
+    assert n2.entry(idx) == Entry(5, idx)
+    assert n2.conf_state == c.conf
+
+
+def test_removed_leader_steps_down_after_commit() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    idx = n1.propose_conf_change(ConfChange(ConfChangeType.REMOVE, "n1"))
+    assert "n1" not in n1.conf_state.voters and n1.role == Role.LEADER
+    with pytest.raises(ProposalDropped):
+        n1.propose(b"x")
+    c.flush()
+    assert n1.commit_index >= idx and n1.role == Role.LEARNER  # a non-voting follower
+    c.run(4 * ETMIN)
+    leader = c.leader()
+    assert leader.id in ("n2", "n3") and leader.conf_state.voters == ("n2", "n3")
+    assert n1.role != Role.LEADER
+
+
+# ---------------------------------------------------------------------------------
+# Ready / advance contract, robustness
+
+
+def test_ready_contract() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    n2 = c.cores["n2"]
+    idx = n1.propose(b"x")
+    rd = n1.ready()
+    n1.advance(rd)
+    for m in rd.messages:
+        c.deliver(m)
+    for m in c.process("n2") + c.process("n3"):
+        c.deliver(m)
+    assert n1.commit_index == idx and n2.commit_index < idx
+    assert not n2.has_ready()
+    # A follower's commit-only change: hard state without sync.
+    n2.step(Message(MT.HEARTBEAT, to="n2", frm="n1", term=n1.term, commit=idx, context=99))
+    rd = n2.ready()
+    assert rd.hard_state is not None and not rd.must_sync and not rd.entries
+    assert not n2.has_ready()  # one Ready at a time
+    with pytest.raises(RuntimeError):
+        n2.ready()
+    n2.advance(rd)
+    # Term/vote changes must be synced.
+    n2.step(Message(MT.APP_RESP, to="n2", frm="n3", term=n1.term + 1))
+    rd = n2.ready()
+    assert rd.hard_state is not None and rd.hard_state.term == n1.term + 1 and rd.must_sync
+    n2.advance(rd)
+    assert not n2.has_ready()
+
+
+def test_committed_entries_handed_out_once_and_only_when_persisted() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    n2 = c.cores["n2"]
+    idx = n1.propose(b"x")
+    rd1 = n1.ready()
+    n1.advance(rd1)
+    app = next(m for m in rd1.messages if m.type == MT.APP and m.to == "n2")
+    app.commit = idx  # pretend the leader already knows it is committed
+    n2.step(app)
+    rd = n2.ready()
+    assert [e.index for e in rd.entries] == [idx]
+    assert all(e.index < idx for e in rd.committed_entries)  # not persisted yet
+    n2.advance(rd)
+    rd = n2.ready()
+    assert [e.index for e in rd.committed_entries] == [idx]
+    n2.advance(rd)
+    assert not n2.has_ready() and n2.applied_index == idx
+
+
+def test_stale_messages_are_ignored() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    c.cores["n1"].transfer_leadership("n2")
+    c.flush()
+    n2 = c.cores["n2"]
+    assert n2.role == Role.LEADER and n2.term == 2
+    before = (n2.term, n2.last_index, n2.commit_index)
+    # An APP from the old term: answered with our term, log untouched.
+    n2.step(Message(MT.APP, to="n2", frm="n1", term=1, index=n2.last_index, log_term=1,
+                    entries=[Entry(1, n2.last_index + 1, data=b"evil")]))
+    (resp,) = c.process("n2")
+    assert resp.type == MT.APP_RESP and resp.term == 2 and resp.to == "n1"
+    # Old-term answers and votes change nothing.
+    for m in (
+        Message(MT.APP_RESP, to="n2", frm="n3", term=1, index=999),
+        Message(MT.HEARTBEAT_RESP, to="n2", frm="n3", term=1, context=1),
+        Message(MT.VOTE, to="n2", frm="n3", term=1, index=999, log_term=9),
+        Message(MT.TIMEOUT_NOW, to="n2", frm="n1", term=1),
+    ):
+        n2.step(m)
+    assert (n2.term, n2.last_index, n2.commit_index) == before and n2.role == Role.LEADER
+    # A stale APP_RESP in the current term (rejecting an index we already matched).
+    n2.step(Message(MT.APP_RESP, to="n2", frm="n3", term=2, index=1, reject=True,
+                    reject_hint=0))
+    c.flush()
+    assert c.cores["n3"].last_index == n2.last_index
+
+
+def test_hostile_messages_never_raise() -> None:
+    rng = random.Random(42)
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    junk_values: list[object] = [-1, 0, 1, 2, 10**12, "x", None, 3.5, [], b"\x00"]
+    for _ in range(3000):
+        target = rng.choice(["n1", "n2", "n3"])
+        kw: dict[str, object] = {
+            "type": rng.choice(list(MessageType) + [99, -1, "APP"]),
+            "to": rng.choice([target, target, "zz", ""]),
+            "frm": rng.choice(["n1", "n2", "n3", "n9", "", target]),
+            "term": rng.choice(junk_values + [1, 2, 3]),
+            "log_term": rng.choice(junk_values),
+            "index": rng.choice(junk_values + [5, 7, 8]),
+            "commit": rng.choice(junk_values + [10**6]),
+            "reject": rng.random() < 0.5,
+            "reject_hint": rng.choice(junk_values),
+            "context": rng.choice(junk_values),
+            "data": rng.choice([b"", b"zz", "str"]),
+        }
+        if rng.random() < 0.3:
+            start = rng.choice([0, 5, 7, 100])
+            kw["entries"] = [
+                Entry(rng.choice([1, 2, 5]), start + 1 + i, rng.choice([0, 1, 7]),
+                      rng.choice([b"", b"\xff\xfe", b"garbage"]))
+                for i in range(rng.randint(1, 3))
+            ]
+        if rng.random() < 0.2:
+            kw["snapshot"] = rng.choice([
+                SnapshotMeta(rng.choice([0, 3, 50]), rng.choice([0, 1, 9]), c.conf),
+                SnapshotMeta(5, 1, ConfState(("n1",), ())),
+                "not a snapshot",
+            ])
+        c.cores[target].step(Message(**kw))  # type: ignore[arg-type]
+        c.flush()
+        if rng.random() < 0.05:
+            c.tick(50)
+    c.run(5 * ETMIN)
+    c.leader()  # the cluster still works
+
+
+def test_status_shape() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.run(200)
+    st = n1.status()
+    assert st["id"] == "n1" and st["role"] == "leader" and st["leader"] == "n1"
+    assert st["commit"] == n1.commit_index and st["applied"] == n1.applied_index
+    assert 0 < st["lease_remaining_ms"] <= ETMIN - MARGIN
+    assert set(st["members"]) == {"n1", "n2", "n3"}
+    n2 = st["members"]["n2"]
+    assert n2["voter"] and n2["match"] == n1.last_index and n2["last_contact_ms_ago"] >= 0
+    assert c.cores["n2"].status()["role"] == "follower"
