@@ -13,6 +13,21 @@ The node loop drives a `RaftCore`:
 
 Same configuration, same `rng` seed and same inputs give the same outputs.
 
+Conventions worth knowing:
+
+* The first leader of a brand-new cluster (empty log, no snapshot) writes the bootstrap
+  configuration into the log as CONF_CHANGE entries (ADD_LEARNER + PROMOTE per voter)
+  before its no-op. They are no-ops for the initial members; a node added later starts
+  with an empty configuration and rebuilds it from the log (or from a snapshot).
+* A learner never campaigns, and candidates only count votes from voters of their own
+  configuration. A learner does answer a vote request (like etcd): the candidate may
+  already know that the learner was promoted, and refusing could block elections.
+* `compact(index, meta)` wants `meta` as made by `snapshot_meta(index)`; for SNAP
+  messages the node loop fills `data` and must call `report_snapshot(to, ok)` once the
+  transfer ended, or the leader keeps waiting for that follower.
+* Without `check_quorum` there is no recent-leader vote refusal, so `lease_valid()` is
+  always False.
+
 Configuration changes take effect when their entry is APPENDED to a log (the Raft
 dissertation §4.1 rule, single-server changes), not when committed. Why: with
 commit-time activation, nodes switch at different moments (when each learns of the
@@ -833,6 +848,7 @@ class RaftCore:
                     pr.become_probe()
                 self._replicate_to(m.frm)
             return
+        was_paused = pr.is_paused()
         if m.index > self._log.last_index or not pr.maybe_update(m.index):
             return
         if pr.state is ProgressState.PROBE:
@@ -846,7 +862,9 @@ class RaftCore:
                 return  # we committed our own removal and stepped down
             self._bcast_append()
         else:
-            self._replicate_to(m.frm)
+            # A peer we had paused may lack the latest commit index: tell it, even with
+            # no entries. Otherwise only send entries (no empty APP per ack).
+            self._replicate_to(m.frm, announce_commit=was_paused)
         self._maybe_send_timeout_now(m.frm)
 
     def _handle_heartbeat_response(self, m: Message, pr: Progress) -> None:
@@ -1123,7 +1141,11 @@ class RaftCore:
         self._snapshot = meta
 
     def report_snapshot(self, to: str, ok: bool) -> None:
-        """The node loop finished (ok) or failed sending a snapshot to `to`."""
+        """The node loop finished (ok) or failed sending a snapshot to `to`.
+
+        Required after every SNAP message: until then the leader sends `to` nothing
+        but heartbeats. Either way the leader then probes `to` again.
+        """
         pr = self._prs.get(to) if self._role == Role.LEADER else None
         if pr is None or pr.state is not ProgressState.SNAPSHOT:
             return
