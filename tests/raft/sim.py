@@ -63,6 +63,7 @@ class Scenario:
     drift: float = 0.045  # clock rates in [1-drift, 1+drift]; margin 100/1000 covers 5 %
     tick_ms: tuple[float, float] = (10.0, 25.0)
     fsync_ms: tuple[float, float] = (0.5, 4.0)
+    leader_sends_early: bool = True  # leader APP/HEARTBEAT before its own fsync
     # "Quiet" runs: mostly idle clients (cut-off followers stay up to date and can win
     # elections) and partitions that cut the leader from one follower: lease races.
     client_idle_prob: float = 0.5
@@ -82,6 +83,8 @@ class Scenario:
         sc = cls(seed=seed, voters=3 if kind in (0, 2) else 5, membership=kind >= 2)
         if (seed // 4) % 2:
             sc.fsync_ms = (2.0, 40.0)  # slow disks widen crash-during-write windows
+        if (seed // 32) % 2:
+            sc.leader_sends_early = False  # strict: persist, then send everything
         if (seed // 16) % 2:
             sc.tick_ms = (20.0, 60.0)  # a coarse tick: "heard" times must not go early
         if (seed // 8) % 2:
@@ -169,6 +172,7 @@ class SimNode:
         self.core: RaftCore | None = None
         self.incarnation = 0
         self.outstanding: Ready | None = None
+        self.late_messages: list[Message] = []  # the outstanding Ready's, sent after the write
         # State machine: index of the last applied entry and the hash chain up to it.
         self.sm_index = 0
         self.sm_digest = b""
@@ -441,8 +445,25 @@ class Simulation:
         if rd.entries:
             self.check.on_persist(node, rd, core.term_at(rd.entries[0].index - 1))
         node.outstanding = rd
+        node.late_messages = rd.messages
+        if self.sc.leader_sends_early and self._may_send_early(node, rd):
+            # Like the node loop (thesis §10.2.1): a leader's appends and heartbeats go
+            # out while it writes its own disk; it counts itself only after advance().
+            kinds = (MessageType.APP, MessageType.HEARTBEAT)
+            node.late_messages = [m for m in rd.messages if m.type not in kinds]
+            for m in rd.messages:
+                if m.type in kinds:
+                    self._send(node, m)
         latency = self.rng.uniform(*self.sc.fsync_ms) if rd.must_sync else self.rng.uniform(0, 0.5)
         self._schedule(latency, "io_done", node.id, node.incarnation)
+
+    @staticmethod
+    def _may_send_early(node: SimNode, rd: Ready) -> bool:
+        """Only a leader, and only if this Ready keeps the durable term and vote."""
+        hs, durable = rd.hard_state, node.disk.hs
+        same_term_vote = hs is None or (hs.term, hs.vote) == (durable.term, durable.vote)
+        leader = node.core is not None and node.core.role == Role.LEADER
+        return leader and rd.snapshot is None and same_term_vote
 
     def _on_io_done(self, nid: str, incarnation: int) -> None:
         node = self._node_up(nid, incarnation)
@@ -451,7 +472,7 @@ class Simulation:
         rd, core = node.outstanding, node.core
         assert core is not None
         node.disk.write(rd)  # 1. persist
-        failed_snaps = [m.to for m in rd.messages if not self._send(node, m)]  # 2. send
+        failed_snaps = [m.to for m in node.late_messages if not self._send(node, m)]  # 2. send
         if rd.snapshot is not None:  # 3. apply
             self._install(node, rd)
         for e in rd.committed_entries:
