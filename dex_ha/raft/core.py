@@ -41,13 +41,15 @@ Safety: membership changes
 --------------------------
 Two configurations that differ by one server have intersecting majorities. We allow
 one change at a time: the leader refuses a new change until (a) it has committed an
-entry of its own term (its no-op; this is Ongaro's fix for single-server changes:
-it guarantees no uncommitted configuration from an older term can still win) and
-(b) the previous change is committed. So the configurations any two live nodes use
-differ by at most one change, every vote quorum intersects every replication quorum,
-and election safety and leader completeness hold as in plain Raft. A leader that
-removes itself stops counting itself from the moment it appends the change and steps
-down once the change is committed.
+entry of its own term (its no-op; this is Ongaro's fix for single-server changes: an
+uncommitted configuration left by an older term can then no longer win an election)
+and (b) the previous change is committed. A node whose log lacks a committed
+configuration entry cannot collect votes from the quorum that stores that entry (its
+log is not up to date), so any node that can still be elected uses either the newest
+committed configuration or the one uncommitted change after it: its quorums intersect
+the leader's, and election safety and leader completeness hold as in plain Raft. A
+leader that removes itself stops counting itself from the moment it appends the change
+and steps down once the change is committed.
 
 Safety: the leader lease
 ------------------------
@@ -67,8 +69,8 @@ last time it heard from a leader (it forgot). Any quorum that elects a new leade
 intersects the quorum that acknowledged round r, so the new leader is elected no
 earlier than (receipt of r) + election_timeout_min of a voter's clock. With clock rates
 within 1±rho, the old lease is over before that when
-(etmin - margin) / (1 - rho) <= etmin / (1 + rho); for the defaults (1000 ms, 100 ms)
-rho may be up to 5 %. Votes granted before acknowledging r cannot help a rival: such a
+(etmin - margin) / (1 - rho) <= etmin / (1 + rho), i.e. rho <= margin / (2 etmin - margin):
+5.26 % for the defaults (1000 ms, 100 ms), 11 % for 500 ms and 100 ms. Votes granted before acknowledging r cannot help a rival: such a
 voter is already in a higher term and does not acknowledge r. The intersection also
 holds across membership changes because the lease is evaluated with the configuration
 current at evaluation time, and that configuration and any rival's differ by at most

@@ -83,6 +83,9 @@ class Scenario:
         sc = cls(seed=seed, voters=3 if kind in (0, 2) else 5, membership=kind >= 2)
         if (seed // 4) % 2:
             sc.fsync_ms = (2.0, 40.0)  # slow disks widen crash-during-write windows
+        if (seed // 64) % 2:  # the node loop's faster failover settings
+            sc.raft = {"election_timeout_min_ms": 500, "election_timeout_max_ms": 1000,
+                       "heartbeat_interval_ms": 50}
         if (seed // 32) % 2:
             sc.leader_sends_early = False  # strict: persist, then send everything
         if (seed // 16) % 2:
