@@ -32,7 +32,6 @@ from dex_ha.raft.types import (
     ConfChangeType,
     ConfState,
     Entry,
-    EntryType,
     HardState,
     Message,
     MessageType,
@@ -60,7 +59,7 @@ class Scenario:
     voters: int = 3
     membership: bool = False  # add learners, promote them, remove voters
     chaos_ms: int = 15_000
-    drift: float = 0.045  # clock rates in [1-drift, 1+drift]; margin 100/1000 covers 5 %
+    drift: float = 0.045  # clock rates in [1-drift, 1+drift]; margin 100/1000 covers 5.26 %
     tick_ms: tuple[float, float] = (10.0, 25.0)
     fsync_ms: tuple[float, float] = (0.5, 4.0)
     leader_sends_early: bool = True  # leader APP/HEARTBEAT before its own fsync
@@ -78,21 +77,30 @@ class Scenario:
 
     @classmethod
     def from_seed(cls, seed: int) -> Scenario:
-        """Seeds cycle through: 3 voters, 5 voters, 3 voters + membership, 5 + membership."""
+        """The seed's low bits pick the family; any 128 consecutive seeds cover all:
+
+        seed % 4  3 or 5 voters, without or with membership changes
+        bit 2     slow disks: crashes in the middle of a write are likelier
+        bit 3     quiet clients and leader-cutting partitions: lease races
+        bit 4     coarse ticks: "heard from a leader" must not be timestamped early
+        bit 5     strict ordering: a leader sends nothing before its own fsync
+        bit 6     the node loop's settings: 500-1000 ms elections, 50 ms heartbeats
+        """
         kind = seed % 4
         sc = cls(seed=seed, voters=3 if kind in (0, 2) else 5, membership=kind >= 2)
-        if (seed // 4) % 2:
-            sc.fsync_ms = (2.0, 40.0)  # slow disks widen crash-during-write windows
-        if (seed // 64) % 2:  # the node loop's faster failover settings
+        if seed & 4:
+            sc.fsync_ms = (2.0, 40.0)
+        if seed & 8:
+            sc.client_idle_prob = 0.85
+            sc.partition_kinds = ("cut_leader", "cut_leader", "one_way", "split",
+                                  "isolate_leader")
+        if seed & 16:
+            sc.tick_ms = (20.0, 60.0)
+        if seed & 32:
+            sc.leader_sends_early = False
+        if seed & 64:
             sc.raft = {"election_timeout_min_ms": 500, "election_timeout_max_ms": 1000,
                        "heartbeat_interval_ms": 50}
-        if (seed // 32) % 2:
-            sc.leader_sends_early = False  # strict: persist, then send everything
-        if (seed // 16) % 2:
-            sc.tick_ms = (20.0, 60.0)  # a coarse tick: "heard" times must not go early
-        if (seed // 8) % 2:
-            sc.client_idle_prob = 0.85
-            sc.partition_kinds = ("cut_leader", "cut_leader", "one_way", "split", "isolate_leader")
         return sc
 
 
@@ -180,6 +188,7 @@ class SimNode:
         self.sm_index = 0
         self.sm_digest = b""
         self.max_sent_term = 0
+        self.completeness_checked_term = -1
         self.checked_commit = 0  # commit scanned by the checker (this incarnation)
         self.seen_commit = 0
 
@@ -232,7 +241,6 @@ class Checker:
         self.by_index_term: dict[tuple[int, int], tuple[int, bytes, int | None]] = {}
         self.digests: dict[int, bytes] = {}
         self.votes: dict[tuple[str, int], str] = {}  # (voter, term) -> candidate
-        self.lease_violations = 0
 
     def on_persist(self, node: SimNode, rd: Ready, prev_term: int | None) -> None:
         """Log matching: (index, term) fixes the entry and the term before it."""
@@ -240,7 +248,7 @@ class Checker:
             key = (e.index, e.term)
             val = (int(e.type), e.data, prev_term)
             old = self.by_index_term.setdefault(key, val)
-            if old != val and not (old[:2] == val[:2] and None in (old[2], val[2])):
+            if old != val:
                 self.fail(f"log matching: {node.id} has {e} after term {prev_term}, seen {old}")
             prev_term = e.term
 
@@ -256,10 +264,12 @@ class Checker:
         core = node.core
         assert core is not None
         if core.term < node.max_sent_term:
-            self.fail(f"{node.id} restarted in term {core.term} after sending in {node.max_sent_term}")
+            self.fail(f"{node.id} restarted in term {core.term} "
+                      f"after sending in {node.max_sent_term}")
         voted = self.votes.get((node.id, core.term))
         if voted is not None and core.vote != voted:
-            self.fail(f"{node.id} restarted with vote {core.vote!r}, but voted {voted} in {core.term}")
+            self.fail(f"{node.id} restarted with vote {core.vote!r}, "
+                      f"but voted {voted} in {core.term}")
 
     def check_commit_durable(self, leader: SimNode, index: int, term: int) -> None:
         """A leader may only count entries that are durable (etcd ordering)."""
@@ -328,9 +338,9 @@ class Checker:
         holder = self.leaders.setdefault(core.term, node.id)
         if holder != node.id:
             self.fail(f"two leaders in term {core.term}: {holder} and {node.id}")
-        if getattr(node, "_completeness_term", None) == core.term:
+        if node.completeness_checked_term == core.term:
             return
-        node._completeness_term = core.term  # type: ignore[attr-defined]
+        node.completeness_checked_term = core.term
         # Leader completeness: every entry committed so far is in the new leader's log.
         if self.max_committed > core.last_index:
             self.fail(f"leader {node.id} (term {core.term}) lacks committed {self.max_committed}")
@@ -355,6 +365,7 @@ class Simulation:
         self.trace: deque[tuple] = deque(maxlen=400)
         self.nodes: dict[str, SimNode] = {}
         self.check = Checker(self.nodes, self._fail)
+        # Small batches and windows so that batching and flow control really happen.
         self.raft = {"max_msg_bytes": 400, "max_inflight_msgs": 8, **scenario.raft}
         self.events = 0
         self.stats: Counter[str] = Counter()  # what the run exercised (see test_sim)
@@ -503,8 +514,11 @@ class Simulation:
         if core is None:
             return
         idx = min(node.sm_index, core.applied_index)
-        if idx <= node.disk.snap_index or (not force and idx - node.disk.snap_index < node.compact_every):
+        behind = idx - node.disk.snap_index
+        if behind <= 0 or (not force and behind < node.compact_every):
             return
+        if core.term_at(idx) is None:
+            return  # a newer snapshot from the leader is being installed right now
         meta = core.snapshot_meta(idx)
         node.disk.save_snapshot(meta, msgpack.packb([idx, node.sm_digest]))
         core.compact(idx, meta)
@@ -777,7 +791,8 @@ class Simulation:
                 if got is None:
                     self._fail(f"leased leader {leader.id} refused a proposal")
                 index, data = got
-                self.live_pending.append((index, leader.core.term, data, self.now))  # type: ignore[union-attr]
+                term = leader.core.term  # type: ignore[union-attr]
+                self.live_pending.append((index, term, data, self.now))
             self.live_target = max(p[0] for p in self.live_pending)
             self._schedule(self.sc.commit_bound_ms, "deadline", "commit")
             return
@@ -794,7 +809,9 @@ class Simulation:
 
     def _members_now(self) -> list[str]:
         leader = self._leader()
-        conf = leader.core.conf_state if leader is not None else ConfState()  # type: ignore[union-attr]
+        if leader is None or leader.core is None:
+            return []
+        conf = leader.core.conf_state
         return sorted(conf.members())
 
     def _caught_up(self) -> bool:
@@ -813,11 +830,12 @@ class Simulation:
     # -- checks ---------------------------------------------------------------------------
 
     def _lease_holders(self) -> list[str]:
-        return [
-            nid
-            for nid in self._up_ids()
-            if self.nodes[nid].core.lease_valid(self.nodes[nid].clock.local(self.now))  # type: ignore[union-attr]
-        ]
+        holders = []
+        for nid in self._up_ids():
+            node = self.nodes[nid]
+            if node.core is not None and node.core.lease_valid(node.clock.local(self.now)):
+                holders.append(nid)
+        return holders
 
     def _check_all(self) -> None:
         for nid in self._up_ids():
