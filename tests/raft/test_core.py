@@ -24,7 +24,6 @@ from dex_ha.raft.types import (
     Role,
     SnapshotMeta,
     decode_message,
-    encode_conf_change,
     encode_message,
 )
 
@@ -237,6 +236,20 @@ def test_prevote_granted_after_leader_silent_and_term_unchanged() -> None:
     (resp,) = c.process("n2")
     assert resp.type == MT.PRE_VOTE_RESP and not resp.reject and resp.term == term + 1
     assert n2.term == term  # a pre-vote never changes the voter's term
+
+
+def test_vote_refused_in_a_term_adopted_from_another_message() -> None:
+    """A delayed answer can carry a higher term without being a vote request; the
+    recent-leader check must still hold for the vote that follows in that term."""
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    n2 = c.cores["n2"]
+    term = n2.term
+    n2.step(Message(MT.PRE_VOTE_RESP, to="n2", frm="n3", term=term + 1, reject=True))
+    assert n2.term == term + 1 and n2.vote == NO_NODE and n2.leader_id == NO_NODE
+    n2.step(Message(MT.VOTE, to="n2", frm="n3", term=term + 1, index=100, log_term=term))
+    (resp,) = c.process("n2")
+    assert resp.type == MT.VOTE_RESP and resp.reject and n2.vote == NO_NODE
 
 
 def test_partitioned_node_does_not_inflate_its_term() -> None:
