@@ -61,7 +61,7 @@ def test_simulation_exercises_every_fault_and_feature() -> None:
     assert leader_terms > 100
 
 
-def test_failure_message_has_replay_command(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failure_message_names_the_command_to_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
     _break_lease_margin(monkeypatch)
     with pytest.raises(SimFailure) as info:
         for seed in range(20):
