@@ -70,11 +70,13 @@ intersects the quorum that acknowledged round r, so the new leader is elected no
 earlier than (receipt of r) + election_timeout_min of a voter's clock. With clock rates
 within 1±rho, the old lease is over before that when
 (etmin - margin) / (1 - rho) <= etmin / (1 + rho), i.e. rho <= margin / (2 etmin - margin):
-5.26 % for the defaults (1000 ms, 100 ms), 11 % for 500 ms and 100 ms. Votes granted before acknowledging r cannot help a rival: such a
-voter is already in a higher term and does not acknowledge r. The intersection also
-holds across membership changes because the lease is evaluated with the configuration
-current at evaluation time, and that configuration and any rival's differ by at most
-one change (previous section).
+5.26 % for the defaults (1000 ms, 100 ms), 11 % for 500 ms and 100 ms. Votes granted
+before acknowledging r cannot help a rival: such a voter is already in a higher term
+and does not acknowledge r. The intersection also holds across membership changes:
+the lease is evaluated with the configuration current at evaluation time, and any
+node that can still be elected uses that configuration or one a single change away
+(previous section). tests/raft/sim.py checks the invariant itself at every event: while
+a lease is valid, a quorum of the leader's voters will refuse votes until it ends.
 
 Two exceptions, both made safe by the leader giving its lease up first:
 * leadership transfer: the leader gives its lease up for the rest of its term before it
