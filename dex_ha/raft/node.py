@@ -267,6 +267,11 @@ class RaftNode:
         await self._submit(cc, EntryType.CONF_CHANGE)
 
     def transfer_leadership(self, to: str) -> None:
+        """Planned step down: hand leadership to `to`. Only on the leader: the core's
+        forwarded request names the target as sender, which authenticated transports
+        rightly refuse, so callers route a step down to the active node instead."""
+        if self.core.role != Role.LEADER:
+            raise NotLeader(self.core.leader_id)
         self.core.transfer_leadership(to)
         self._wake.set()
 
@@ -453,8 +458,9 @@ class RaftNode:
             self._members.pop(cc.node_id, None)
         self.transport.set_peers(self._peer_addrs())
         self._save_members_file()
-        # The core applies the change itself when it commits; the entry still counts as
-        # applied so the state machine's index stays contiguous.
+        # The core put the change in force when it appended the entry; here, once it is
+        # committed, the transport learns the address. The entry still counts as applied
+        # so the state machine's index stays contiguous.
         self.sm.apply_batch([(entry.index, b"")])
 
     def _wake_apply_waiters(self) -> None:
