@@ -944,3 +944,37 @@ def test_status_shape() -> None:
     n2 = st["members"]["n2"]
     assert n2["voter"] and n2["match"] == n1.last_index and n2["last_contact_ms_ago"] >= 0
     assert c.cores["n2"].status()["role"] == "follower"
+
+
+def test_simultaneous_pre_candidates_do_not_split_the_vote() -> None:
+    """Both followers time out in the same tick after the leader dies: with equal logs
+    exactly one of them (the lower id) gets the other's pre-vote and wins term+1."""
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    term = c.leader().term
+    c.crash("n1")
+    c.tick(10)  # followers note the leader's last contact at this tick
+    c.now += ETMIN * 3  # every follower's timer and refusal window are long past
+    for nid in ("n2", "n3"):  # both tick before either's messages are delivered
+        c.cores[nid].tick(c.now)
+    assert all(c.cores[n].role == Role.PRE_CANDIDATE for n in ("n2", "n3"))
+    c.flush()
+    assert c.cores["n2"].role == Role.LEADER and c.cores["n2"].term == term + 1
+    assert c.cores["n3"].leader_id == "n2" and c.cores["n3"].term == term + 1
+
+
+def test_pre_candidate_with_the_better_log_still_wins_against_a_lower_id() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    c.cut = {("n1", "n2")}  # n2 misses the last entry
+    c.leader().propose(b"only-n1-and-n3")
+    c.flush()
+    c.crash("n1")
+    c.tick(10)  # followers note the leader's last contact at this tick
+    c.heal()
+    c.now += ETMIN * 3
+    for nid in ("n2", "n3"):
+        c.cores[nid].tick(c.now)
+    assert all(c.cores[n].role == Role.PRE_CANDIDATE for n in ("n2", "n3"))
+    c.flush()
+    assert c.cores["n3"].role == Role.LEADER
