@@ -20,7 +20,7 @@ import random
 import ssl
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -113,7 +113,6 @@ class NodeMetrics:
 
     leader_changes: int = 0
     fsyncs: int = 0
-    fsync_seconds: list[float] = field(default_factory=list)  # drained by the exporter
     proposals: int = 0
     applied_entries: int = 0
     snapshots_taken: int = 0
@@ -128,11 +127,15 @@ class RaftNode:
     """One member of a Raft group, running its loop on the current event loop."""
 
     def __init__(self, config: NodeConfig, state_machine: StateMachine,
-                 on_leader_change: Callable[[str], None] | None = None) -> None:
+                 on_leader_change: Callable[[str], None] | None = None,
+                 on_fsync: Callable[[float], None] | None = None) -> None:
+        """`on_leader_change(leader_id)` and `on_fsync(seconds)` let the server layer feed
+        its metrics (a histogram of fsync time) without raft/ importing anything of ours."""
         self.config = config
         self.sm = state_machine
         self.metrics = NodeMetrics()
         self._on_leader_change = on_leader_change
+        self._on_fsync = on_fsync
         self._inbox: deque[Message] = deque()
         self._unreachable: set[str] = set()
         self._proposals: deque[tuple[bytes, EntryType, asyncio.Future[Any]]] = deque()
@@ -163,8 +166,8 @@ class RaftNode:
 
     def _record_fsync(self, seconds: float) -> None:
         self.metrics.fsyncs += 1
-        if len(self.metrics.fsync_seconds) < 100_000:
-            self.metrics.fsync_seconds.append(seconds)
+        if self._on_fsync is not None:
+            self._on_fsync(seconds)
 
     def _build_core(self) -> RaftCore:
         hard_state, snap_meta, entries = self.storage.initial_state()
@@ -260,10 +263,15 @@ class RaftNode:
         """
         return await self._submit(data, EntryType.NORMAL)
 
-    async def change_membership(self, cc: ConfChange, url: str = "") -> None:
+    async def change_membership(self, cc: ConfChange) -> None:
         """Add a learner, promote or remove a member; waits until the change applied."""
-        if cc.type == ConfChangeType.ADD_LEARNER and not cc.context:
-            raise ValueError("ADD_LEARNER needs the member's address in context")
+        if cc.type == ConfChangeType.ADD_LEARNER:
+            if not cc.context:
+                raise ValueError("ADD_LEARNER needs the member's address in context")
+            # The core replicates to the learner from the moment it appends the entry;
+            # tell the transport where it listens now rather than when the entry commits.
+            self._learn_address(cc)
+            self.transport.set_peers(self._peer_addrs())
         await self._submit(cc, EntryType.CONF_CHANGE)
 
     def transfer_leadership(self, to: str) -> None:
@@ -452,8 +460,7 @@ class RaftNode:
     def _apply_conf_change(self, entry: Entry) -> None:
         cc = decode_conf_change(entry.data)
         if cc.type == ConfChangeType.ADD_LEARNER and cc.context:
-            info = msgpack.unpackb(cc.context, raw=False)
-            self._members[cc.node_id] = Member((info["host"], int(info["port"])), info.get("url", ""))
+            self._learn_address(cc)
         elif cc.type == ConfChangeType.REMOVE:
             self._members.pop(cc.node_id, None)
         self.transport.set_peers(self._peer_addrs())
@@ -462,6 +469,10 @@ class RaftNode:
         # committed, the transport learns the address. The entry still counts as applied
         # so the state machine's index stays contiguous.
         self.sm.apply_batch([(entry.index, b"")])
+
+    def _learn_address(self, cc: ConfChange) -> None:
+        info = msgpack.unpackb(cc.context, raw=False)
+        self._members[cc.node_id] = Member((info["host"], int(info["port"])), info.get("url", ""))
 
     def _wake_apply_waiters(self) -> None:
         if not self._apply_waiters:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Callable
 
 import msgpack
 import pytest
