@@ -731,6 +731,18 @@ class RaftCore:
                 self._reset_election_timer()
         else:
             self._send(resp_type, m.frm, reject=True)
+            if pre and can_vote:
+                self._campaign_for_a_stale_rival()
+
+    def _campaign_for_a_stale_rival(self) -> None:
+        """A pre-vote we refused only because the rival's log is behind ours: the rival
+        cannot win, and it asked because the leader went silent, which we see too (we
+        are past our own refusal window, or can_vote would be false). Campaign now
+        instead of waiting out the rest of our timer: failover no longer costs up to two
+        election timeouts when the stale node's timer fires first. Liveness only: a
+        pre-vote decides nothing."""
+        if self._role == Role.FOLLOWER and self._promotable():
+            self._campaign(_Campaign.PRE_VOTE if self._cfg.pre_vote else _Campaign.ELECTION)
 
     def _step_candidate(self, m: Message) -> None:
         if m.type in _FROM_LEADER:

@@ -978,3 +978,25 @@ def test_pre_candidate_with_the_better_log_still_wins_against_a_lower_id() -> No
     assert all(c.cores[n].role == Role.PRE_CANDIDATE for n in ("n2", "n3"))
     c.flush()
     assert c.cores["n3"].role == Role.LEADER
+
+
+def test_follower_with_the_better_log_campaigns_when_a_stale_rival_asks() -> None:
+    """The stale follower's timer fires first; the up-to-date one refuses its pre-vote and
+    wins at once instead of waiting for its own timer."""
+    c = Cluster(["n1", "n2", "n3"])
+    c.elect("n1")
+    c.cut = {("n1", "n2")}  # n2 misses the last entry
+    c.leader().propose(b"only-n1-and-n3")
+    c.flush()
+    c.crash("n1")
+    c.heal()
+    c.tick(10)  # followers note the leader's last contact at this tick
+    c.now += ETMIN + 1  # past n3's refusal window, well before its own timer can fire
+    # Timers are random; pin them so that n2's fires now and n3's much later.
+    c.cores["n2"]._election_deadline = c.now
+    c.cores["n3"]._election_deadline = c.now + 10 * ETMIN
+    c.cores["n2"].tick(c.now)
+    c.cores["n3"].tick(c.now)
+    assert c.cores["n2"].role == Role.PRE_CANDIDATE and c.cores["n3"].role == Role.FOLLOWER
+    c.flush()
+    assert c.cores["n3"].role == Role.LEADER
