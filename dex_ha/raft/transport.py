@@ -233,6 +233,32 @@ class _OutgoingSnapshot:
 _CONNECT_ERRORS = (OSError, TimeoutError, HandshakeError, FrameTooLarge, asyncio.IncompleteReadError)
 
 
+REJECTION_LOG_BURST = 10  # rejected-connection lines per window
+REJECTION_LOG_WINDOW_S = 10.0
+
+
+class LogBudget:
+    """At most `burst` log lines per `window_s`; the rest are counted, and the count is
+    handed back with the first allowed line of a later window."""
+
+    def __init__(self, burst: int, window_s: float) -> None:
+        self.burst, self.window_s = burst, window_s
+        self._window_start = float("-inf")
+        self._used = 0
+        self._unlogged = 0
+
+    def take(self, now: float) -> tuple[bool, int]:
+        """(may this line be logged, how many lines went unlogged before it)."""
+        if now - self._window_start >= self.window_s:
+            self._window_start, self._used = now, 0
+        if self._used >= self.burst:
+            self._unlogged += 1
+            return False, 0
+        self._used += 1
+        unlogged, self._unlogged = self._unlogged, 0
+        return True, unlogged
+
+
 class _PeerSender:
     """The outbound side for one peer: a bounded queue and a task that keeps one
     connection up (dial, authenticate, write batches; on failure drop and back off)."""
@@ -529,6 +555,7 @@ class RaftTransport:
         self.handshake_timeout = handshake_timeout
         self.log = logger or logging.getLogger(__name__)
         self.stats = TransportStats()
+        self._rejection_log = LogBudget(burst=REJECTION_LOG_BURST, window_s=REJECTION_LOG_WINDOW_S)
         self._rng = random.Random()
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
@@ -649,6 +676,15 @@ class RaftTransport:
                 continue
             self._track(asyncio.create_task(self._serve_inbound(conn)))
 
+    def _log_rejection(self, addr: str, reason: str) -> None:
+        """A scanner or a misconfigured peer can open thousands of connections: log the
+        first few of each window and then how many were not logged."""
+        allowed, unlogged = self._rejection_log.take(asyncio.get_running_loop().time())
+        if unlogged:
+            self.log.warning("raft: %d more rejected connections were not logged (see stats)", unlogged)
+        if allowed:
+            self.log.warning("raft connection from %s rejected: %s", addr, reason)
+
     async def _serve_inbound(self, conn: socket.socket) -> None:
         addr = "%s:%d" % conn.getpeername()[:2]
         writer = None
@@ -660,7 +696,7 @@ class RaftTransport:
         except (TimeoutError, HandshakeError, FrameTooLarge, asyncio.IncompleteReadError, OSError) as exc:
             reason = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
             self.stats.connections_rejected += 1
-            self.log.warning("raft connection from %s rejected: %s", addr, reason)
+            self._log_rejection(addr, reason)
         except Exception:  # a bug on our side: refuse this connection, keep serving
             self.stats.connections_rejected += 1
             self.log.exception("raft connection from %s rejected after an unexpected error", addr)

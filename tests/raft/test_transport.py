@@ -553,3 +553,30 @@ def test_configuration_is_validated() -> None:
         RaftTransport("a", (LOOPBACK, 0), {}, print, max_frame_bytes=1 << 20, snapshot_chunk_bytes=1 << 20)
     with pytest.raises(ValueError, match="secret"):
         RaftTransport("a", (LOOPBACK, 0), {}, print, secret=b"short")
+
+
+def test_log_budget_allows_a_burst_per_window_and_reports_what_it_held_back() -> None:
+    from dex_ha.raft.transport import LogBudget
+
+    budget = LogBudget(burst=3, window_s=10.0)
+    first = [budget.take(0.0) for _ in range(5)]
+    assert first == [(True, 0)] * 3 + [(False, 0)] * 2
+    assert budget.take(5.0) == (False, 0)  # same window
+    assert budget.take(10.0) == (True, 3)  # next window: the three held back are reported
+    assert budget.take(10.1) == (True, 0)
+
+
+async def test_a_flood_of_bad_connections_is_counted_but_not_all_logged(pair: tuple[Node, Node], caplog) -> None:
+    from dex_ha.raft.transport import REJECTION_LOG_BURST
+
+    a, b = pair
+    flood = REJECTION_LOG_BURST * 3
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(flood):
+            raw = await RawPeer.connect(b.transport.port)
+            raw.send_raw(b"GET / HTTP/1.1\r\n\r\n")
+            assert await raw.closed_by_peer()
+        await wait_until(lambda: b.transport.stats.connections_rejected >= flood)
+    lines = [r for r in caplog.records if "rejected:" in r.getMessage()]
+    assert len(lines) == REJECTION_LOG_BURST
+    await still_talking(a, b)
