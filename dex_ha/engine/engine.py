@@ -13,7 +13,7 @@ import logging
 import os
 import sqlite3
 import tempfile
-from typing import Iterable
+from typing import Callable, Iterable
 
 from dex_ha.engine.commands import Command, CommandDecodeError, decode_command
 from dex_ha.engine.context import ApplyContext
@@ -140,11 +140,30 @@ class Engine(Queries):
 
     def snapshot(self) -> bytes:
         """A consistent copy of the database at applied_index() (the Raft snapshot)."""
-        with tempfile.TemporaryDirectory(prefix="dex-engine-snap-") as tmp:
-            path = os.path.join(tmp, "snapshot.db")
-            self._conn.execute("VACUUM INTO ?", (path,))
-            with open(path, "rb") as f:
-                return f.read()
+        return self.snapshot_copier()()[1]
+
+    def snapshot_copier(self) -> Callable[[], tuple[int, bytes]]:
+        """A function that copies the state, safe to run in another thread while this
+        engine goes on applying; it returns (the applied index of the copy, its bytes).
+
+        Copying a large database takes seconds, which the Raft node must not spend on its
+        event loop (heartbeats would stop). The copy reads through its own connection in
+        one read transaction: in WAL mode that sees one committed state and never blocks
+        the writer, and the applied index is read from the copy itself.
+        """
+        if self.path == ":memory:":  # no second connection can see it: copy here, now
+            index, data = _backup_copy(self._conn)
+            return lambda: (index, data)
+        path = self.path
+
+        def copy() -> tuple[int, bytes]:
+            source = sqlite3.connect(path)
+            try:
+                return _backup_copy(source)
+            finally:
+                source.close()
+
+        return copy
 
     def restore(self, data: bytes, index: int) -> None:
         """Replace the whole state with a snapshot taken at `index`.
@@ -163,6 +182,25 @@ class Engine(Queries):
             finally:
                 source.close()
         self._conn.execute("PRAGMA journal_mode=WAL")
+
+
+def _backup_copy(source: sqlite3.Connection) -> tuple[int, bytes]:
+    """Copy the database `source` reads; returns the copy's applied index and bytes.
+
+    One backup step of all pages (pages=-1) holds one read transaction on the source, so
+    the copy is one committed state even while another connection writes (WAL mode).
+    """
+    with tempfile.TemporaryDirectory(prefix="dex-engine-snap-") as tmp:
+        path = os.path.join(tmp, "snapshot.db")
+        target = sqlite3.connect(path)
+        try:
+            source.backup(target, pages=-1)
+            row = target.execute("SELECT value FROM meta WHERE key = ?", (APPLIED_INDEX,)).fetchone()
+            target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file, no -wal beside it
+        finally:
+            target.close()
+        with open(path, "rb") as f:
+            return (0 if row is None else row[0]), f.read()
 
 
 class _ReplayCarefully(Exception):

@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import ssl
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -62,8 +63,9 @@ class StateMachine(Protocol):
     def applied_index(self) -> int:
         """The last index applied (durably, if the machine is durable)."""
 
-    def snapshot(self) -> bytes:
-        """A consistent copy of the whole state at applied_index()."""
+    def snapshot_copier(self) -> Callable[[], tuple[int, bytes]]:
+        """Called on the loop; returns a function that the node runs in a worker thread
+        while applies go on. It returns (the index the copy is at, the copy's bytes)."""
 
     def restore(self, data: bytes, index: int) -> None:
         """Replace the whole state with a snapshot taken at `index`."""
@@ -147,10 +149,13 @@ class RaftNode:
         self._last_leader = ""
         self._snapshot_index = 0  # the log (core and storage) starts after this index
         self._taken = SnapshotMeta(0, 0, ConfState())  # the newest snapshot file written
+        self._snapshot_task: asyncio.Task[None] | None = None
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self._snap_dir = config.data_dir / "snapshots"
         self._snap_dir.mkdir(exist_ok=True)
+        for leftover in self._snap_dir.glob("*.tmp"):  # a write cut short by a crash
+            leftover.unlink()
         self.storage = RaftStorage.open(config.data_dir / "raft", durability=config.durability,
                                         on_fsync=self._record_fsync)
         self.core = self._build_core()
@@ -216,6 +221,8 @@ class RaftNode:
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -523,17 +530,36 @@ class RaftNode:
         return self._snap_dir / f"snapshot-{index:020d}.bin"
 
     def _maybe_snapshot(self) -> None:
-        applied = self.sm.applied_index()
-        if applied - self._taken.index < self.config.snapshot_every_entries:
+        if self._snapshot_task is not None:
+            return  # one at a time
+        if self.sm.applied_index() - self._taken.index < self.config.snapshot_every_entries:
             return
-        meta = self.core.snapshot_meta(applied)
-        data = self.sm.snapshot()
-        self._write_snapshot_file(applied, data)
-        previous, self._taken = self._taken, meta
-        self.metrics.snapshots_taken += 1
-        log.info("node %s: snapshot at index %d (%d bytes)", self.config.id, applied, len(data))
-        if previous.index > self._snapshot_index:
-            self._compact_to(previous)
+        copy = self.sm.snapshot_copier()
+        self._snapshot_task = asyncio.create_task(self._take_snapshot(copy),
+                                                  name=f"raft-snapshot-{self.config.id}")
+
+    async def _take_snapshot(self, copy: Callable[[], tuple[int, bytes]]) -> None:
+        """Copy and write the snapshot off the event loop (a large state takes seconds,
+        and heartbeats must go on), then compact to the previous one on the loop."""
+        try:
+            index, data = await asyncio.to_thread(copy)
+            if index <= self._taken.index:
+                return  # a snapshot from the leader overtook this one
+            meta = self.core.snapshot_meta(index)  # in the log: compaction stops one snapshot behind
+            await asyncio.to_thread(self._write_snapshot_file, index, data)
+            if index <= self._taken.index:
+                return
+            previous, self._taken = self._taken, meta
+            self.metrics.snapshots_taken += 1
+            log.info("node %s: snapshot at index %d (%d bytes)", self.config.id, index, len(data))
+            if previous.index > self._snapshot_index:
+                self._compact_to(previous)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("node %s: taking a snapshot failed; will try again", self.config.id)
+        finally:
+            self._snapshot_task = None
 
     def _compact_to(self, meta: SnapshotMeta) -> None:
         self.storage.save_snapshot(meta)
@@ -548,9 +574,11 @@ class RaftNode:
                 path.unlink(missing_ok=True)
 
     def _write_snapshot_file(self, index: int, data: bytes) -> None:
+        """Atomically (temp file, rename). Runs on the loop or in the snapshot thread, so
+        each writer has its own temp file."""
         path = self._snapshot_file(index)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
+        fd, tmp = tempfile.mkstemp(dir=self._snap_dir, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             if self.config.durability == "strict":

@@ -200,3 +200,34 @@ def test_an_engine_bug_is_refused_as_internal_and_keeps_nothing(tmp_path, monkey
     result = d.apply(CancelTurn(at=d.at, session_id="a"))
     assert (result.ok, result.code, result.http_status) == (False, "internal", 500)
     assert d.engine.logical_dump(include_applied_index=False) == before
+
+
+def test_snapshot_copier_runs_in_a_thread_while_applies_go_on(tmp_path):
+    """The copy is one consistent state at the index it reports, though the engine kept
+    applying while the copier ran on another thread."""
+    import threading
+
+    d = busy_driver(str(tmp_path / "e.db"))
+    copier = d.engine.snapshot_copier()
+    result: list[tuple[int, bytes]] = []
+    started = threading.Event()
+
+    def run() -> None:
+        started.set()
+        result.append(copier())
+
+    t = threading.Thread(target=run)
+    t.start()
+    started.wait(5)
+    base = d.index
+    for i in range(200):  # keep writing while the copy runs
+        d.engine.apply(base + 1 + i, encode_command(CreateSession(at=1, agent="helper", session_id=f"late{i}")))
+    t.join(30)
+    assert not t.is_alive() and result
+    index, data = result[0]
+    assert base <= index <= base + 200
+    fresh = Engine(str(tmp_path / "fresh.db"), durable=False)
+    fresh.restore(data, index)
+    late = [r for r in fresh.logical_dump()["sessions"] if str(r[0]).startswith("late")]
+    assert len(late) == index - base  # exactly the entries up to the copy's index
+    fresh.close()

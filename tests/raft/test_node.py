@@ -155,3 +155,48 @@ async def test_restart_resumes_from_disk(tmp_path: Path) -> None:
     finally:
         for n in nodes.values():
             await n.stop()
+
+
+class SlowCopyKV(KVStateMachine):
+    """A state machine whose snapshot copy takes far longer than an election timeout."""
+
+    COPY_SECONDS = 1.5
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies_started = 0
+
+    def snapshot_copier(self):
+        inner = super().snapshot_copier()
+        self.copies_started += 1
+
+        def copy():
+            time.sleep(self.COPY_SECONDS)  # blocks its thread, never the event loop
+            return inner()
+
+        return copy
+
+
+async def test_a_slow_snapshot_copy_does_not_cost_leadership(tmp_path: Path) -> None:
+    ports = free_ports(3)
+    members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
+    sms = {nid: SlowCopyKV() for nid in members}
+    nodes = {nid: RaftNode(_config(nid, tmp_path, members, snapshot_every_entries=20), sms[nid])
+             for nid in members}
+    for n in nodes.values():
+        await n.start()
+    try:
+        await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+        leader = _leased_leaders(nodes)[0]
+        term = leader.core.term
+        for i in range(25):  # crosses the snapshot threshold on every node
+            await _put(nodes, f"k{i}", str(i))
+        await _until(lambda: all(sm.copies_started for sm in sms.values()), 5, "copies to start")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < SlowCopyKV.COPY_SECONDS:  # while every copy runs
+            await _put(nodes, f"during{time.monotonic()}", "x")
+            assert leader.is_leader and leader.lease_valid() and leader.core.term == term
+        await _until(lambda: all(n.metrics.snapshots_taken >= 1 for n in nodes.values()), 5, "snapshots")
+    finally:
+        for n in nodes.values():
+            await n.stop()

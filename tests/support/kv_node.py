@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 from aiohttp import web
@@ -49,8 +49,9 @@ class KVStateMachine:
     def applied_index(self) -> int:
         return self._applied
 
-    def snapshot(self) -> bytes:
-        return msgpack.packb([self._applied, self.kv], use_bin_type=True)
+    def snapshot_copier(self) -> Callable[[], tuple[int, bytes]]:
+        applied, kv = self._applied, dict(self.kv)  # the copy the worker thread encodes
+        return lambda: (applied, msgpack.packb([applied, kv], use_bin_type=True))
 
     def restore(self, data: bytes, index: int) -> None:
         applied, kv = msgpack.unpackb(data, raw=False)
