@@ -275,6 +275,7 @@ class _PeerSender:
         self._wake = asyncio.Event()
         self._failures = 0  # consecutive failed connection attempts, for log levels
         self.writer: asyncio.StreamWriter | None = None  # set while a connection is up
+        self._peer_is_back = asyncio.Event()
 
     def start(self) -> None:
         if self.task is None:
@@ -373,13 +374,23 @@ class _PeerSender:
         return loop.time() - started
 
     async def _back_off(self, delay: float, unreachable: bool) -> float:
-        """Sleep about `delay` (jittered so nodes do not retry in lockstep); next delay."""
+        """Sleep about `delay` (jittered so nodes do not retry in lockstep), or until the
+        peer shows it is back by dialing us; returns the next delay."""
         self.unreachable = unreachable
+        self._peer_is_back.clear()
         try:
-            await asyncio.sleep(delay * (0.5 + self.t._rng.random()))
+            await asyncio.wait_for(self._peer_is_back.wait(), delay * (0.5 + self.t._rng.random()))
+            return BACKOFF_MIN_S
+        except TimeoutError:
+            return min(delay * 2, BACKOFF_MAX_S)
         finally:
             self.unreachable = False
-        return min(delay * 2, BACKOFF_MAX_S)
+
+    def peer_dialed_us(self) -> None:
+        """The peer just authenticated an inbound connection: it is up again, so redial
+        now rather than at the end of a backoff that may have grown to seconds (after a
+        restart, that wait would swallow our vote requests and cost an election)."""
+        self._peer_is_back.set()
 
     def _log_connect_failure(self, exc: Exception) -> None:
         self.t.stats.connect_failures += 1
@@ -693,6 +704,9 @@ class RaftTransport:
                 reader, writer = await self._open_stream(conn)
                 self._inbound_writers.add(writer)
                 peer_id = await self._acceptor_handshake(reader, writer)
+            sender = self._senders.get(peer_id)
+            if sender is not None:
+                sender.peer_dialed_us()
         except (TimeoutError, HandshakeError, FrameTooLarge, asyncio.IncompleteReadError, OSError) as exc:
             reason = "timed out" if isinstance(exc, TimeoutError) else (str(exc) or type(exc).__name__)
             self.stats.connections_rejected += 1

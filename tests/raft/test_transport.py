@@ -580,3 +580,46 @@ async def test_a_flood_of_bad_connections_is_counted_but_not_all_logged(pair: tu
     lines = [r for r in caplog.records if "rejected:" in r.getMessage()]
     assert len(lines) == REJECTION_LOG_BURST
     await still_talking(a, b)
+
+
+async def test_a_peer_that_dials_us_ends_our_backoff_towards_it(pair: tuple[Node, Node]) -> None:
+    """After a long outage our redial backoff is seconds long; when the restarted peer
+    connects to us, we redial at once, so our next message (a vote request) gets through."""
+    import time
+
+    from dex_ha.raft.transport import BACKOFF_MAX_S
+
+    a, b = pair
+    a.transport.send(app("a", "b", 1))
+    assert (await b.recv()).index == 1
+    port = b.transport.port
+    await b.transport.stop()
+    # Let a's backoff grow to its maximum: keep failing to dial b for a while.
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2 * BACKOFF_MAX_S:
+        a.transport.send(app("a", "b", 1))
+        await asyncio.sleep(0.05)
+    assert a.transport.stats.connect_failures >= 3
+    b2 = make_node("b", port=port, secret=SECRET)
+    await b2.transport.start()
+    b2.transport.set_peers({"a": a.addr})
+    try:
+        b2.transport.send(app("b", "a", 7))  # b dials a
+        assert (await a.recv()).index == 7
+        start = time.monotonic()
+
+        async def first_delivery() -> float:
+            i = 100
+            while True:
+                a.transport.send(app("a", "b", i))
+                i += 1
+                try:
+                    await asyncio.wait_for(b2.inbox.get(), 0.02)
+                    return time.monotonic() - start
+                except asyncio.TimeoutError:
+                    continue
+
+        took = await asyncio.wait_for(first_delivery(), 10)
+        assert took < BACKOFF_MAX_S / 4, f"a waited {took:.2f}s to redial b after b dialed a"
+    finally:
+        await b2.transport.stop()
