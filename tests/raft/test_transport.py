@@ -85,16 +85,7 @@ async def test_reconnect_after_the_peer_restarts(pair: tuple[Node, Node]) -> Non
     await b2.transport.start()
     b2.transport.set_peers({"a": a.addr})
     try:
-        async def first_delivery() -> Message:
-            i = 100
-            while True:  # messages sent while the link is down are lost, by design
-                a.transport.send(app("a", "b", i))
-                i += 1
-                try:
-                    return await asyncio.wait_for(b2.inbox.get(), 0.2)
-                except asyncio.TimeoutError:
-                    continue
-        got = await asyncio.wait_for(first_delivery(), 10)
+        got = await asyncio.wait_for(_send_until_delivered(a, b2, poll_s=0.2), 10)
         assert got.frm == "a"
         later = [app("a", "b", 10_000 + i) for i in range(20)]
         for m in later:
@@ -109,6 +100,19 @@ async def test_reconnect_after_the_peer_restarts(pair: tuple[Node, Node]) -> Non
         assert (await a.recv()).index == 5
     finally:
         await b2.transport.stop()
+
+
+async def _send_until_delivered(sender: Node, receiver: Node, poll_s: float) -> Message:
+    """Send from `sender` until `receiver` gets one: messages sent while the link is down
+    are lost, by design. Callers put a deadline around it."""
+    i = 100
+    while True:
+        sender.transport.send(app(sender.id, receiver.id, i))
+        i += 1
+        try:
+            return await asyncio.wait_for(receiver.inbox.get(), poll_s)
+        except asyncio.TimeoutError:
+            continue
 
 
 def _send_and_count_drop(a: Node) -> bool:
@@ -607,19 +611,8 @@ async def test_a_peer_that_dials_us_ends_our_backoff_towards_it(pair: tuple[Node
         b2.transport.send(app("b", "a", 7))  # b dials a
         assert (await a.recv()).index == 7
         start = time.monotonic()
-
-        async def first_delivery() -> float:
-            i = 100
-            while True:
-                a.transport.send(app("a", "b", i))
-                i += 1
-                try:
-                    await asyncio.wait_for(b2.inbox.get(), 0.02)
-                    return time.monotonic() - start
-                except asyncio.TimeoutError:
-                    continue
-
-        took = await asyncio.wait_for(first_delivery(), 10)
+        await asyncio.wait_for(_send_until_delivered(a, b2, poll_s=0.02), 10)
+        took = time.monotonic() - start
         assert took < BACKOFF_MAX_S / 4, f"a waited {took:.2f}s to redial b after b dialed a"
     finally:
         await b2.transport.stop()
