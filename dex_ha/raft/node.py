@@ -140,7 +140,7 @@ class RaftNode:
         self._on_fsync = on_fsync
         self._inbox: deque[Message] = deque()
         self._unreachable: set[str] = set()
-        self._proposals: deque[tuple[bytes, EntryType, asyncio.Future[Any]]] = deque()
+        self._proposals: deque[tuple[bytes | ConfChange, EntryType, asyncio.Future[Any]]] = deque()
         self._pending: dict[int, _Pending] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -300,7 +300,7 @@ class RaftNode:
 
     # ------------------------------------------------------------------ loop
 
-    async def _submit(self, payload: Any, kind: EntryType) -> Any:
+    async def _submit(self, payload: bytes | ConfChange, kind: EntryType) -> Any:
         if self.core.role != Role.LEADER:
             raise NotLeader(self.core.leader_id)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
