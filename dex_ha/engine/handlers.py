@@ -160,8 +160,9 @@ def attempt_timed_out(ctx: ApplyContext, cmd: AttemptTimedOut) -> Handled:
 
 
 def fail_held_attempts(ctx: ApplyContext, cmd: FailHeldAttempts) -> Handled:
-    failed = steps.fail_held_attempts(ctx, cmd.term)
-    return Handled({"failed": failed}, noop=failed == 0)
+    by_kind = steps.fail_held_attempts(ctx, cmd.term)
+    failed = sum(by_kind.values())
+    return Handled({"failed": failed, "by_kind": by_kind}, noop=failed == 0)
 
 
 # ---------------------------------------------------------------- waits

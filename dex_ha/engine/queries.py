@@ -24,6 +24,7 @@ class QueuedStep:
     agent: str
     kind: str
     call_id: str | None
+    queued_at: int  # leader wall-clock ms when it last became queued
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,18 +96,21 @@ class Queries:
     def queued_steps(self, agent: str, limit: int = 100) -> list[QueuedStep]:
         """Queued task steps of one agent, first queued first (FIFO)."""
         rows = self._store.rows(
-            "SELECT step_id, session_id, turn_id, agent, kind, call_id FROM steps "
+            "SELECT step_id, session_id, turn_id, agent, kind, call_id, queued_at FROM steps "
             "WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?", (agent, limit))
         return [QueuedStep(*r) for r in rows]
 
-    def running_attempts(self, term_lt: int | None = None) -> list[RunningAttempt]:
-        """Running attempts; with `term_lt`, only those handed out before that term."""
+    def running_attempts(self, term_lt: int | None = None, term: int | None = None) -> list[RunningAttempt]:
+        """Running attempts; with `term_lt`, only those handed out before that term; with
+        `term`, only those handed out in it."""
         sql = ("SELECT a.step_id, a.number, a.term, a.worker_id, s.session_id, s.kind, a.started_at, "
                "a.deadline_at, a.cancel_requested FROM attempts a JOIN steps s ON s.step_id = a.step_id "
                "WHERE a.status = 'running'")
         params: tuple[Any, ...] = ()
         if term_lt is not None:
             sql, params = sql + " AND a.term < ?", (term_lt,)
+        elif term is not None:
+            sql, params = sql + " AND a.term = ?", (term,)
         rows = self._store.rows(sql + " ORDER BY a.term, a.step_id", params)
         return [RunningAttempt(*r[:8], bool(r[8])) for r in rows]
 
@@ -317,6 +321,10 @@ class Queries:
             "sessions": {r[0]: r[1] for r in self._store.rows(
                 "SELECT status, COUNT(*) FROM sessions GROUP BY status")},
             "attempts_running": self._store.scalar("SELECT COUNT(*) FROM attempts WHERE status = 'running'"),
+            # Final outcomes only: a counter that survives failovers because it is replicated state.
+            "tool_calls": {r[0]: r[1] for r in self._store.rows(
+                "SELECT status, COUNT(*) FROM tool_calls WHERE status IN ('succeeded', 'failed', "
+                "'outcome_unknown') GROUP BY status")},
         }
 
     def logical_dump(self, include_applied_index: bool = True) -> dict[str, list[tuple[Any, ...]]]:

@@ -112,6 +112,7 @@ CREATE TABLE IF NOT EXISTS steps (
     call_id           TEXT,
     status            TEXT NOT NULL,    -- queued | running | backoff | waiting | done | failed | cancelled
     queue_seq         INTEGER,          -- FIFO position while queued
+    queued_at         INTEGER,          -- when it last became queued (schedule-to-start)
     attempts_used     INTEGER NOT NULL DEFAULT 0,
     max_attempts      INTEGER,
     start_to_close_ms INTEGER,

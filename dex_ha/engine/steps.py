@@ -34,6 +34,7 @@ def create_step(ctx: ApplyContext, *, session_id: str, turn_id: str, agent: str,
         "steps", step_id=step_id, session_id=session_id, turn_id=turn_id, agent=agent, kind=kind,
         call_id=call_id, status="queued" if spec.is_task else "waiting",
         queue_seq=ctx.ids.queue_position() if spec.is_task else None,
+        queued_at=ctx.at if spec.is_task else None,
         max_attempts=max_attempts if max_attempts is not None else spec.max_attempts,
         start_to_close_ms=start_to_close_ms or spec.start_to_close_ms,
         params=None if params is None else to_json(params), created_at=ctx.at)
@@ -140,17 +141,20 @@ def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> None:
         calls.finish_call(ctx, call, status, error=error, progress=progress)
 
 
-def fail_held_attempts(ctx: ApplyContext, term: int) -> int:
-    """Takeover: fail every running attempt handed out before `term`; fence those terms."""
+def fail_held_attempts(ctx: ApplyContext, term: int) -> dict[str, int]:
+    """Takeover: fail every running attempt handed out before `term`; fence those terms.
+    Returns how many failed, by step kind (for the leader's metrics)."""
     if term > ctx.store.meta(FENCED_TERM):
         ctx.store.set_meta(FENCED_TERM, term)
     held = ctx.store.rows("SELECT step_id, number, term FROM attempts "
                           "WHERE status = 'running' AND term < ? ORDER BY step_id, number", (term,))
+    by_kind: dict[str, int] = {}
     for a in held:
         step = ctx.store.step(a["step_id"])
+        by_kind[step["kind"]] = by_kind.get(step["kind"], 0) + 1
         fail_attempt(ctx, step, a["number"],
                      f"the node that handed out this attempt (term {a['term']}) lost its lease", True)
-    return len(held)
+    return by_kind
 
 
 # ---------------------------------------------------------------- timers
@@ -173,7 +177,7 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> None:
     step = ctx.store.step(timer["step_id"])
     if timer["purpose"] == "backoff":
         ctx.store.update("steps", {"step_id": step["step_id"]}, status="queued",
-                         queue_seq=ctx.ids.queue_position())
+                         queue_seq=ctx.ids.queue_position(), queued_at=ctx.at)
         ctx.emit(step["session_id"], "step_queued", step_id=step["step_id"], kind=step["kind"],
                  turn_id=step["turn_id"], call_id=step["call_id"])
         return

@@ -1,0 +1,365 @@
+"""Every route of the HTTP API (DESIGN.md §6), declared once.
+
+This table is the single source for request validation (`validation.py`), token checks
+(`auth.py`) and the OpenAPI document (`openapi.py`); the aiohttp app binds one handler to
+each route by its `name`. Names, methods and paths are a contract: SDKs in any language and
+tests outside this repository use them.
+
+A route's `responses` list every status it can answer. The statuses that follow from the
+shape of a route (400 when it takes input, 401/403 when it needs a token, 413 when it takes
+a body, 503 when only the active node serves it) are added by `_route`, so no route can
+forget them; a route declares only its own (2xx, 404, 409).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "array", "any")
+
+# String formats checked by validation.py and named in the OpenAPI document.
+#   id:        1..200 printable characters (the same rule as the engine's ids)
+#   host-port: "host:port" (IPv6 hosts in brackets), port 1..65535
+#   uri:       an absolute http:// or https:// URL
+FORMATS = ("id", "host-port", "uri")
+
+MAX_ID_LENGTH = 200
+MAX_MEMBER_ID_LENGTH = 64
+MAX_TEXT_LENGTH = 262_144
+MAX_REASON_LENGTH = 4096
+MAX_ERROR_LENGTH = 65_536
+MAX_ITEMS = 1000
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+CLIENT = frozenset({"client"})
+WORKER = frozenset({"worker"})
+ADMIN = frozenset({"admin"})
+ANY_ROLE = frozenset({"admin", "client", "worker"})
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One named input: a body field, a query parameter, a path parameter or a header."""
+
+    name: str
+    type: str  # one of FIELD_TYPES; "any" is any JSON value, null included
+    required: bool = False
+    description: str = ""
+    enum: tuple[str, ...] | None = None
+    min: int | None = None  # integer bounds, inclusive
+    max: int | None = None
+    max_length: int | None = None  # strings: characters; arrays: items
+    items: str | None = None  # element type of an array
+    nullable: bool = False
+    default: Any = None
+    min_length: int | None = None  # strings: characters; arrays: items
+    pattern: str | None = None  # strings: a regular expression the whole value must match
+    format: str | None = None  # strings: one of FORMATS
+
+    def __post_init__(self) -> None:
+        # A typo in the table should fail at import, not as a confusing 400 later.
+        if self.type not in FIELD_TYPES:
+            raise ValueError(f"field {self.name!r}: unknown type {self.type!r}")
+        if self.type == "array" and self.items not in FIELD_TYPES:
+            raise ValueError(f"field {self.name!r}: an array needs an items type")
+        if self.format is not None and self.format not in FORMATS:
+            raise ValueError(f"field {self.name!r}: unknown format {self.format!r}")
+        if self.pattern is not None:
+            re.compile(self.pattern)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """One route: where it lives, who may call it, what it takes and what it answers."""
+
+    name: str  # the handler's name, e.g. "create_session"
+    method: str  # "GET" | "POST" | "PUT" | "DELETE"
+    path: str  # aiohttp pattern, e.g. "/v1/sessions/{session_id}"
+    roles: frozenset[str] | None  # roles allowed (admin always is); None: operations route
+    summary: str
+    body: tuple[FieldSpec, ...] | None = None  # None: no JSON body expected
+    query: tuple[FieldSpec, ...] = ()
+    path_params: tuple[FieldSpec, ...] = ()
+    responses: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    active_only: bool = True  # only the active node serves it; others answer 503
+    stream: bool = False  # Server-Sent Events
+    headers: tuple[FieldSpec, ...] = ()  # request headers the route reads
+    content_type: str = "application/json"  # of the success response
+
+    @property
+    def body_required(self) -> bool:
+        """True when a request without a body cannot be valid (some body field is required)."""
+        return self.body is not None and any(f.required for f in self.body)
+
+
+# ---------------------------------------------------------------- field helpers
+
+
+def _id(name: str, description: str, *, required: bool = True, nullable: bool = False,
+        max_length: int = MAX_ID_LENGTH) -> FieldSpec:
+    return FieldSpec(name, "string", required=required, nullable=nullable, description=description,
+                     min_length=1, max_length=max_length, format="id")
+
+
+def _reason(name: str, description: str) -> FieldSpec:
+    return FieldSpec(name, "string", nullable=True, max_length=MAX_REASON_LENGTH, description=description)
+
+
+def _object(name: str, description: str) -> FieldSpec:
+    return FieldSpec(name, "object", nullable=True, description=description)
+
+
+SESSION_ID = _id("session_id", "The session's id.")
+CALL_ID = _id("call_id", "The tool call's id (the model's call id).")
+QUESTION_ID = _id("question_id", "The question's id.")
+TASK_TOKEN = _id("task_token", "The task token that the poll answer handed out.")
+AGENT_NAME = _id("name", "The agent's name.")
+MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_LENGTH)
+
+
+# ---------------------------------------------------------------- the route factory
+
+
+def _route(name: str, method: str, path: str, roles: frozenset[str] | None, summary: str, *,
+           success: Mapping[int, str], errors: Mapping[int, str] | None = None,
+           body: tuple[FieldSpec, ...] | None = None, query: tuple[FieldSpec, ...] = (),
+           path_params: tuple[FieldSpec, ...] = (), headers: tuple[FieldSpec, ...] = (),
+           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, active_only: bool = True,
+           stream: bool = False, content_type: str = "application/json") -> RouteSpec:
+    """A RouteSpec whose responses include every status that its shape implies."""
+    responses: dict[int, str] = {**success, **(errors or {})}
+    if body is not None or query or path_params or headers:
+        responses.setdefault(400, "invalid: a field, parameter or header is missing or wrong (the message names it)")
+    if roles is not None:
+        responses.setdefault(401, "unauthorized: no token, a malformed Authorization header or an unknown token")
+        responses.setdefault(403, "forbidden: the token's role may not call this route")
+    if body is not None:
+        responses.setdefault(413, f"too_large: the body is over {max_body_bytes} bytes")
+    if active_only:
+        responses.setdefault(503, "not_active: this node is not the active node; retry, or follow leader_url")
+    return RouteSpec(name=name, method=method, path=path, roles=roles, summary=summary, body=body,
+                     query=query, path_params=path_params, headers=headers,
+                     responses=MappingProxyType(dict(sorted(responses.items()))),
+                     max_body_bytes=max_body_bytes, active_only=active_only, stream=stream,
+                     content_type=content_type)
+
+
+# ---------------------------------------------------------------- operations
+
+
+_OPERATIONS = (
+    _route("livez", "GET", "/livez", None, "Liveness: 200 while the process serves HTTP.",
+           success={200: "the process is alive"}, active_only=False),
+    _route("readyz", "GET", "/readyz", None,
+           "Readiness: 200 only on the active node (leader, lease valid, takeover done, not draining).",
+           success={200: "this node is the active node"},
+           errors={503: "not ready: not the leader, lease not valid, takeover not done, or draining"},
+           active_only=False),
+    _route("metrics", "GET", "/metrics", None, "Prometheus metrics (prefix dex_).",
+           success={200: "metrics in the Prometheus text format"}, active_only=False,
+           content_type="text/plain; version=0.0.4"),
+    _route("openapi", "GET", "/openapi.json", None, "This OpenAPI document.",
+           success={200: "the OpenAPI 3.1 document"}, active_only=False),
+)
+
+
+# ---------------------------------------------------------------- client role
+
+
+_SESSIONS = (
+    _route("create_session", "POST", "/v1/sessions", CLIENT, "Create a session (idempotent by session_id).",
+           success={200: "the session already exists with the same agent; the same session",
+                    201: "created; the body holds session_id"},
+           errors={409: "conflict: the session id exists with another agent"},
+           body=(
+               _id("agent", "The name of the agent that runs the session."),
+               _id("session_id", "The id to use; omitted or null lets the server choose one.",
+                   required=False, nullable=True),
+               _object("metadata", "Free-form JSON object stored with the session."),
+           )),
+    _route("list_sessions", "GET", "/v1/sessions", CLIENT, "List sessions, filtered and paginated.",
+           success={200: "a page of sessions and the cursor for the next page"},
+           query=(
+               FieldSpec("agent", "string", max_length=MAX_ID_LENGTH, description="Only this agent's sessions."),
+               FieldSpec("status", "string", enum=("idle", "running"), description="Only sessions in this status."),
+               FieldSpec("limit", "integer", min=1, max=1000, default=100, description="Page size."),
+               FieldSpec("after", "string", max_length=MAX_ID_LENGTH,
+                         description="The cursor from the previous page: sessions after it."),
+           )),
+    _route("get_session", "GET", "/v1/sessions/{session_id}", CLIENT,
+           "The agent snapshot: status, turn, history, tool calls with their attempts, pending waits.",
+           success={200: "the agent snapshot"}, errors={404: "not_found: no such session"},
+           path_params=(SESSION_ID,)),
+    _route("send_message", "POST", "/v1/sessions/{session_id}/messages", CLIENT,
+           "Send a user message; a repeated message_id is a no-op.",
+           success={202: "accepted (or already accepted, for a repeated message_id)"},
+           errors={404: "not_found: no such session",
+                   409: "conflict: the message_id was already sent with another text"},
+           path_params=(SESSION_ID,),
+           body=(
+               FieldSpec("text", "string", required=True, min_length=1, max_length=MAX_TEXT_LENGTH,
+                         description="The user's message."),
+               _id("message_id", "Client-chosen id that makes retries safe.", required=False, nullable=True),
+               FieldSpec("mode", "string", enum=("queue", "steer"), default="queue",
+                         description="queue: after the running turn; steer: at the next model call."),
+           ),
+           # Room for MAX_TEXT_LENGTH characters even when every one is JSON-escaped.
+           max_body_bytes=4 << 20),
+    _route("decide_approval", "POST", "/v1/sessions/{session_id}/approvals/{call_id}", CLIENT,
+           "Approve or deny a tool call that waits for approval.",
+           success={200: "recorded (the same decision again is a no-op)"},
+           errors={404: "not_found: no such session, or the call awaits no approval",
+                   409: "conflict: a different decision was already made, or the turn was cancelled"},
+           path_params=(SESSION_ID, CALL_ID),
+           body=(
+               FieldSpec("approved", "boolean", required=True, description="true runs the tool; false denies it."),
+               _reason("reason", "Why; a denial's reason is what the model sees."),
+           )),
+    _route("answer_question", "POST", "/v1/sessions/{session_id}/questions/{question_id}/answer", CLIENT,
+           "Answer a question that the model or a tool asked.",
+           success={200: "recorded (the same answer again is a no-op)"},
+           errors={404: "not_found: no such session or question",
+                   409: "conflict: a different answer was already given, or the turn was cancelled"},
+           path_params=(SESSION_ID, QUESTION_ID),
+           body=(FieldSpec("answer", "any", required=True, description="The answer, any JSON value."),)),
+    _route("cancel_turn", "POST", "/v1/sessions/{session_id}/cancel", CLIENT,
+           "Cancel the running turn (the body is optional).",
+           success={200: "cancelled, or nothing was running"},
+           errors={404: "not_found: no such session"},
+           path_params=(SESSION_ID,),
+           body=(_reason("reason", "Why the turn was cancelled."),)),
+    _route("reconcile_tool_call", "POST", "/v1/sessions/{session_id}/tool-calls/{call_id}/reconcile", CLIENT,
+           "Settle a tool call whose outcome is unknown.",
+           success={200: "reconciled (the same outcome again is a no-op)"},
+           errors={404: "not_found: no such session or tool call",
+                   409: "conflict: the call's outcome is not unknown, or it was reconciled differently"},
+           path_params=(SESSION_ID, CALL_ID),
+           body=(
+               FieldSpec("outcome", "string", required=True, enum=("succeeded", "failed"),
+                         description="What really happened."),
+               FieldSpec("result", "any", description="The tool's output, when it succeeded."),
+               FieldSpec("error", "string", nullable=True, description="The error, when it failed."),
+           )),
+    _route("session_events", "GET", "/v1/sessions/{session_id}/events", CLIENT,
+           "Server-Sent Events: committed session events (with ids) and live delta events.",
+           success={200: "an event stream"},
+           errors={404: "not_found: no such session"},
+           path_params=(SESSION_ID,),
+           query=(FieldSpec("after", "string", pattern=r"[0-9]{1,20}",
+                            description="Resume after this event id."),),
+           headers=(FieldSpec("Last-Event-ID", "string", pattern=r"[0-9]{1,20}",
+                              description="Resume after this event id (the SSE reconnect header)."),),
+           stream=True, content_type="text/event-stream"),
+)
+
+
+# ---------------------------------------------------------------- worker role
+
+
+_WORKER = (
+    _route("register_agent", "PUT", "/v1/agents/{name}", WORKER,
+           "Register or change an agent definition (tools and their policies).",
+           success={200: "registered (the same definition again is a no-op)"},
+           path_params=(AGENT_NAME,),
+           body=(
+               FieldSpec("tools", "array", required=True, items="object", max_length=MAX_ITEMS,
+                         description="The tools: name, description, input_schema, effect, approval, inline, "
+                                     "start_to_close_ms, max_attempts."),
+               _object("compaction", "When to compact the history: max_items, max_tokens."),
+               _object("model", "Model step policy: start_to_close_ms."),
+               FieldSpec("description", "string", nullable=True, description="What the agent does."),
+               _object("metadata", "Free-form JSON object stored with the agent."),
+           )),
+    _route("worker_poll", "POST", "/v1/worker/poll", WORKER,
+           "Long-poll for tasks of the given agents; each hand-out is committed before the answer.",
+           success={200: "tasks (possibly none when wait_ms ran out)"},
+           body=(
+               _id("worker_id", "The Worker's id, for attempt records and metrics."),
+               FieldSpec("agents", "array", required=True, items="string", min_length=1, max_length=100,
+                         description="The agents whose steps this Worker runs."),
+               FieldSpec("max_tasks", "integer", min=1, max=1000, default=1,
+                         description="At most this many tasks in the answer."),
+               FieldSpec("wait_ms", "integer", min=0, max=60_000, default=20_000,
+                         description="How long to wait for a task before answering with none."),
+           )),
+    _route("task_heartbeat", "POST", "/v1/worker/tasks/{task_token}/heartbeat", WORKER,
+           "Keep a task's attempt alive and relay stream deltas; the answer says whether to cancel.",
+           success={200: "the attempt is current; the body says whether to cancel"},
+           errors={404: "not_found: unknown task token", 409: "stale_attempt: the attempt is no longer current"},
+           path_params=(TASK_TOKEN,),
+           body=(FieldSpec("deltas", "array", items="object", max_length=MAX_ITEMS, nullable=True,
+                           description="Live output since the previous heartbeat (model text deltas)."),),
+           max_body_bytes=256 << 10),
+    _route("task_complete", "POST", "/v1/worker/tasks/{task_token}/complete", WORKER,
+           "Report a task's result.",
+           success={200: "the result is committed"},
+           errors={404: "not_found: unknown task token", 409: "stale_attempt: the attempt is no longer current"},
+           path_params=(TASK_TOKEN,),
+           body=(FieldSpec("result", "any", required=True,
+                           description="The step's result (its shape depends on the kind)."),),
+           max_body_bytes=4 << 20),
+    _route("task_fail", "POST", "/v1/worker/tasks/{task_token}/fail", WORKER,
+           "Report that a task's attempt failed.",
+           success={200: "the failure is committed"},
+           errors={404: "not_found: unknown task token", 409: "stale_attempt: the attempt is no longer current"},
+           path_params=(TASK_TOKEN,),
+           body=(
+               FieldSpec("error", "string", required=True, max_length=MAX_ERROR_LENGTH, description="What went wrong."),
+               FieldSpec("retryable", "boolean", default=True,
+                         description="false: do not try this step again "
+                                     "(the rows of DESIGN.md §4 decide the outcome)."),
+           )),
+)
+
+
+# ---------------------------------------------------------------- cluster (admin)
+
+
+_CLUSTER = (
+    _route("cluster", "GET", "/v1/cluster", ANY_ROLE,
+           "This node's view of the cluster: role, term, leader, indexes, lease, members.",
+           success={200: "the cluster table"}, active_only=False),
+    _route("step_down", "POST", "/v1/cluster/step-down", ADMIN,
+           "Planned step down: drain, then transfer leadership (the body is optional).",
+           success={200: "leadership was transferred"},
+           errors={404: "not_found: `to` is not a voting member",
+                   409: "conflict: no voter can take over, or a step down is already in progress"},
+           body=(
+               _id("to", "The member to hand leadership to; omitted: the most caught-up voter.",
+                   required=False, nullable=True, max_length=MAX_MEMBER_ID_LENGTH),
+               FieldSpec("drain_timeout_ms", "integer", min=0, max=3_600_000, nullable=True,
+                         description="How long running attempts may finish first; omitted: the configured default."),
+           )),
+    _route("add_member", "POST", "/v1/cluster/members", ADMIN, "Add a node as a learner (cold standby).",
+           success={200: "the member was added as a learner"},
+           errors={409: "conflict: the id or address is already a member, or another change is in progress"},
+           body=(
+               _id("id", "The new member's node id.", max_length=MAX_MEMBER_ID_LENGTH),
+               FieldSpec("raft_addr", "string", required=True, max_length=MAX_ID_LENGTH, format="host-port",
+                         description="The member's Raft address, host:port."),
+               FieldSpec("url", "string", required=True, max_length=2048, format="uri",
+                         description="The member's HTTP base URL (http or https)."),
+           )),
+    _route("promote_member", "POST", "/v1/cluster/members/{member_id}/promote", ADMIN,
+           "Promote a learner to a voter.",
+           success={200: "the member is a voter"},
+           errors={404: "not_found: no such member",
+                   409: "conflict: the member is already a voter, not caught up, or another change is in progress"},
+           path_params=(MEMBER_ID,)),
+    _route("remove_member", "DELETE", "/v1/cluster/members/{member_id}", ADMIN, "Remove a member.",
+           success={200: "the member was removed"},
+           errors={404: "not_found: no such member",
+                   409: "conflict: another membership change is in progress"},
+           path_params=(MEMBER_ID,)),
+)
+
+
+ROUTES: tuple[RouteSpec, ...] = _OPERATIONS + _SESSIONS + _WORKER + _CLUSTER
+ROUTES_BY_NAME: Mapping[str, RouteSpec] = MappingProxyType({route.name: route for route in ROUTES})
+
+if len(ROUTES_BY_NAME) != len(ROUTES):  # pragma: no cover - guards edits to the table
+    raise RuntimeError("two routes share a name")

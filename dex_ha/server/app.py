@@ -1,0 +1,409 @@
+"""The HTTP API (DESIGN.md §6): one handler per route of `api_spec.ROUTES`, bound by name.
+
+Every request goes through the same pipeline (`_handle`): token → active node? → size and
+JSON → path, query, header and body validation → handler → JSON answer. Handlers get the
+validated arguments and return `(status, body)` or a response; errors are raised as
+exceptions that the pipeline turns into `{"error", "message"}` answers, so no handler
+writes an error response of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from dex_ha.engine import (
+    AnswerQuestion, ApplyResult, CancelTurn, CompleteAttempt, CreateSession, DecideApproval, FailAttempt,
+    ReconcileToolCall, RegisterAgent, SendMessage,
+)
+from dex_ha.server.api_spec import ROUTES, RouteSpec
+from dex_ha.server.auth import AuthError, TokenAuth
+from dex_ha.server.config import ConfigError, parse_address
+from dex_ha.server.leader import NotServing, parse_task_token, wall_ms
+from dex_ha.server.node import NOT_ACTIVE_ERRORS, NodeServer, StepDownFailed
+from dex_ha.server.openapi import openapi_document
+from dex_ha.server.validation import (
+    BodyTooLarge, InvalidRequest, decode_json_body, validate_body, validate_headers, validate_path,
+    validate_query,
+)
+
+log = logging.getLogger("dex_ha.server.http")
+
+RETRY_AFTER_S = "1"
+SSE_KEEPALIVE_S = 15.0
+SSE_EVENTS_PER_READ = 500
+
+Answer = tuple[int, Any] | web.StreamResponse
+Handler = Callable[["Api", dict[str, Any], web.Request], Awaitable[Answer]]
+
+
+class ApiError(Exception):
+    """An error answer: `{"error": code, "message": message, **extra}` with `status`."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.extra = status, code, message, extra
+
+
+@dataclass
+class Api:
+    """The handlers' view of the node."""
+
+    node: NodeServer
+    openapi: dict[str, Any]
+
+    @property
+    def engine(self) -> Any:
+        return self.node.replica.engine
+
+    async def propose(self, cmd: Any) -> ApplyResult:
+        result = await self.node.propose(cmd)
+        if not result.ok:
+            raise ApiError(result.http_status, result.code, result.reason)
+        return result
+
+
+def build_app(node: NodeServer) -> web.Application:
+    auth = TokenAuth(node.config.tokens)
+    api = Api(node, openapi_document(version=_version()))
+    # aiohttp refuses bodies above client_max_size before we see them; our per-route
+    # limits are lower, so this only has to be the largest of them.
+    app = web.Application(client_max_size=max(r.max_body_bytes for r in ROUTES) + 1)
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, _pipeline(api, auth, route, HANDLERS[route.name]))
+    return app
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dex-ha")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            response = await _handle(api, auth, route, handler, request)
+        except ApiError as exc:
+            response = _error(exc.status, exc.code, exc.message, **exc.extra)
+        except (InvalidRequest, BodyTooLarge) as exc:
+            response = _error(exc.status, exc.code, exc.message)
+        except AuthError as exc:
+            response = _error(exc.status, exc.code, exc.message, headers=exc.headers)
+        except NOT_ACTIVE_ERRORS as exc:
+            response = _not_active(api.node, str(exc) or type(exc).__name__)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s %s failed", route.method, request.path)
+            response = _error(500, "internal", "the server failed to answer; see its log")
+        api.node.metrics.http_requests.labels(route=route.name, code=str(response.status)).inc()
+        return response
+
+    return handle
+
+
+async def _handle(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler,
+                  request: web.Request) -> web.StreamResponse:
+    auth.check(request.headers.get("Authorization"), route)
+    if route.active_only:
+        api.node.serving()  # raises NotServing: 503 with leader_url
+    args = {**validate_path(route, request.match_info), **validate_query(route, request.query),
+            **validate_headers(route, request.headers)}
+    if route.body is not None:
+        if request.content_length is not None and request.content_length > route.max_body_bytes:
+            raise BodyTooLarge(route.max_body_bytes, request.content_length)
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BodyTooLarge(route.max_body_bytes) from None
+        args.update(validate_body(route, decode_json_body(route, raw)))
+    answer = await handler(api, args, request)
+    if isinstance(answer, web.StreamResponse):
+        return answer
+    status, body = answer
+    return web.json_response(body, status=status, dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None,
+           **extra: Any) -> web.Response:
+    return web.json_response({"error": code, "message": message, **extra}, status=status,
+                             headers=headers, dumps=_dumps)
+
+
+def _not_active(node: NodeServer, why: str) -> web.Response:
+    leader_url = node.leader_url() if not node.raft.is_leader else None
+    return _error(503, "not_active", f"this node is not the active node ({why})",
+                  headers={"Retry-After": RETRY_AFTER_S}, leader_url=leader_url)
+
+
+async def openapi(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    return 200, api.openapi
+
+
+# ---------------------------------------------------------------- operations
+
+
+async def livez(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    return 200, {"status": "alive", "node_id": api.node.config.node_id}
+
+
+async def readyz(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    node = api.node
+    if node.is_ready():
+        return 200, {"status": "ready", "node_id": node.config.node_id, "role": "active"}
+    raise ApiError(503, "not_ready", f"node {node.config.node_id} is {node.role()}, not the active node",
+                   leader_url=node.leader_url(), role=node.role())
+
+
+async def metrics(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    body = api.node.metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def cluster(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    return 200, api.node.cluster_view()
+
+
+async def step_down(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    try:
+        return 200, await api.node.step_down(args.get("to"), args.get("drain_timeout_ms"))
+    except StepDownFailed as exc:
+        raise ApiError(409, "step_down_failed", str(exc)) from None
+
+
+async def add_member(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    try:
+        raft_addr = parse_address(args["raft_addr"], "raft_addr")
+    except ConfigError as exc:
+        raise InvalidRequest("raft_addr", str(exc)) from None
+    await _membership(api.node.add_member(args["id"], raft_addr, args["url"]))
+    return 200, {"id": args["id"], "voter": False, **_members(api)}
+
+
+async def promote_member(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    _known_member(api, args["member_id"])
+    await _membership(api.node.promote_member(args["member_id"]))
+    return 200, {"id": args["member_id"], "voter": True, **_members(api)}
+
+
+async def remove_member(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    _known_member(api, args["member_id"])
+    await _membership(api.node.remove_member(args["member_id"]))
+    return 200, {"id": args["member_id"], "removed": True, **_members(api)}
+
+
+def _known_member(api: Api, member_id: str) -> None:
+    if member_id not in api.node.raft.core.status()["members"]:
+        raise ApiError(404, "not_found", f"no member {member_id!r} in the cluster")
+
+
+def _members(api: Api) -> dict[str, Any]:
+    return {"members": api.node.cluster_view()["members"]}
+
+
+async def _membership(change: Awaitable[None]) -> None:
+    try:
+        await change
+    except NOT_ACTIVE_ERRORS:
+        raise
+    except ValueError as exc:  # the core refuses: another change pending, unknown member, …
+        raise ApiError(409, "conflict", str(exc)) from None
+
+
+# ---------------------------------------------------------------- sessions
+
+
+async def create_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    result = await api.propose(CreateSession(at=wall_ms(), agent=args["agent"], session_id=args.get("session_id"),
+                                             metadata=args.get("metadata")))
+    session_id = result.value["session_id"]
+    return (201 if result.value["created"] else 200), api.engine.get_agent_snapshot(session_id)
+
+
+async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    limit = args["limit"]
+    sessions = api.engine.list_sessions(args.get("agent"), args.get("status"), limit, args.get("after"))
+    return 200, {"sessions": sessions,
+                 "next_after": sessions[-1]["session_id"] if len(sessions) == limit else None}
+
+
+async def get_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    return 200, _snapshot(api, args["session_id"])
+
+
+def _snapshot(api: Api, session_id: str) -> dict[str, Any]:
+    snapshot = api.engine.get_agent_snapshot(session_id)
+    if snapshot is None:
+        raise ApiError(404, "not_found", f"no session {session_id!r}")
+    return snapshot
+
+
+async def send_message(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    result = await api.propose(SendMessage(at=wall_ms(), session_id=args["session_id"], text=args["text"],
+                                           message_id=args.get("message_id"), mode=args["mode"]))
+    return 202, {"session_id": args["session_id"], **result.value}
+
+
+async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    result = await api.propose(DecideApproval(at=wall_ms(), session_id=args["session_id"], call_id=args["call_id"],
+                                              approved=args["approved"], reason=args.get("reason")))
+    return 200, {**result.value, "noop": result.noop}
+
+
+async def answer_question(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    result = await api.propose(AnswerQuestion(at=wall_ms(), session_id=args["session_id"],
+                                              question_id=args["question_id"], answer=args["answer"]))
+    return 200, {**result.value, "noop": result.noop}
+
+
+async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    result = await api.propose(CancelTurn(at=wall_ms(), session_id=args["session_id"], reason=args.get("reason")))
+    return 200, {"session_id": args["session_id"], **result.value}
+
+
+async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    result = await api.propose(ReconcileToolCall(at=wall_ms(), session_id=args["session_id"], call_id=args["call_id"],
+                                                 outcome=args["outcome"], result=args.get("result"),
+                                                 error=args.get("error")))
+    return 200, {**result.value, "noop": result.noop}
+
+
+async def session_events(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    """SSE: committed events from `after` (or Last-Event-ID) on, then live ones and deltas.
+
+    The stream ends when this node stops being the active node; the client resumes from
+    the last id it saw on whichever node is active then.
+    """
+    session_id = args["session_id"]
+    _snapshot(api, session_id)  # 404 before the stream starts
+    after_text = args.get("Last-Event-ID") or args.get("after")
+    after = int(after_text) if after_text else 0
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+    await response.prepare(request)
+    wake = asyncio.Event()
+    changed = api.node.replica.changed
+    changed.add_listener(wake.set)
+    deltas = api.node.relay.subscribe(session_id, wake)
+    try:
+        await response.write(b": stream of session events\n\n")
+        while True:
+            wake.clear()
+            after = await _write_committed_events(api, response, session_id, after)
+            while not deltas.empty():
+                await response.write(_sse(None, "delta", deltas.get_nowait()))
+            if not api.node.is_serving():
+                break
+            try:
+                await asyncio.wait_for(wake.wait(), SSE_KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                await response.write(b": keep-alive\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        changed.remove_listener(wake.set)
+        api.node.relay.unsubscribe(session_id, deltas)
+    return response
+
+
+async def _write_committed_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> int:
+    while True:
+        events = api.engine.events(session_id, after, SSE_EVENTS_PER_READ)
+        for e in events:
+            body = {"id": str(e.event_id), "type": e.type, "at": e.at, "data": e.data}
+            await response.write(_sse(str(e.event_id), e.type, body))
+            after = e.event_id
+        if len(events) < SSE_EVENTS_PER_READ:
+            return after
+
+
+def _sse(event_id: str | None, event_type: str, data: dict[str, Any]) -> bytes:
+    lines = [] if event_id is None else [f"id: {event_id}"]
+    lines += [f"event: {event_type}", f"data: {_dumps(data)}", "", ""]
+    return "\n".join(lines).encode()
+
+
+# ---------------------------------------------------------------- workers
+
+
+async def register_agent(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    definition = {k: args[k] for k in ("tools", "compaction", "model", "description", "metadata")
+                  if args.get(k) is not None}
+    result = await api.propose(RegisterAgent(at=wall_ms(), name=args["name"], definition=definition))
+    return 200, result.value
+
+
+async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    leader = api.node.serving()
+    tasks = await leader.poll(args["worker_id"], args["agents"], args["max_tasks"], args["wait_ms"])
+    return 200, {"tasks": tasks}
+
+
+def _attempt_of(token: str) -> tuple[str, int, int]:
+    parsed = parse_task_token(token)
+    if parsed is None:
+        raise ApiError(404, "not_found", f"{token!r} is not a task token this cluster handed out")
+    return parsed
+
+
+async def task_heartbeat(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    step_id, attempt, term = _attempt_of(args["task_token"])
+    leader = api.node.serving()
+    state = api.engine.attempt_state(step_id, attempt, term)
+    if state is None:
+        raise ApiError(404, "not_found", f"no attempt {attempt} of step {step_id!r}")
+    if not state.current or term != leader.term:
+        raise ApiError(409, "stale_attempt", f"attempt {attempt} of step {step_id!r} is no longer current "
+                                             f"({state.status}); stop working on it")
+    running = leader.heartbeat(step_id, attempt)
+    if running is not None and args.get("deltas"):
+        api.node.relay.publish(running.session_id, step_id, attempt, args["deltas"])
+    return 200, {"cancel": state.cancel_requested}
+
+
+async def task_complete(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    step_id, attempt, term = _attempt_of(args["task_token"])
+    leader = api.node.serving()
+    await api.propose(CompleteAttempt(at=wall_ms(), step_id=step_id, attempt=attempt, term=term,
+                                      result=args["result"]))
+    leader.forget(step_id, attempt)
+    return 200, {"step_id": step_id, "attempt": attempt, "status": "completed"}
+
+
+async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    step_id, attempt, term = _attempt_of(args["task_token"])
+    leader = api.node.serving()
+    await api.propose(FailAttempt(at=wall_ms(), step_id=step_id, attempt=attempt, term=term,
+                                  error=args["error"], retryable=args["retryable"]))
+    running = leader.running.get((step_id, attempt))
+    kind = running.kind if running is not None else "unknown"
+    leader.forget(step_id, attempt)
+    api.node.metrics.attempts_failed.labels(kind=kind, reason="worker_error").inc()
+    return 200, {"step_id": step_id, "attempt": attempt, "status": "failed"}
+
+
+HANDLERS: dict[str, Handler] = {
+    "livez": livez, "readyz": readyz, "metrics": metrics, "openapi": openapi, "cluster": cluster,
+    "step_down": step_down, "add_member": add_member, "promote_member": promote_member,
+    "remove_member": remove_member, "create_session": create_session, "list_sessions": list_sessions,
+    "get_session": get_session, "send_message": send_message, "decide_approval": decide_approval,
+    "answer_question": answer_question, "cancel_turn": cancel_turn,
+    "reconcile_tool_call": reconcile_tool_call, "session_events": session_events,
+    "register_agent": register_agent, "worker_poll": worker_poll, "task_heartbeat": task_heartbeat,
+    "task_complete": task_complete, "task_fail": task_fail,
+}
+
+__all__ = ["ApiError", "HANDLERS", "NotServing", "build_app"]

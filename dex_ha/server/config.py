@@ -1,0 +1,220 @@
+"""Node configuration: one dataclass, loaded from TOML with `DEX_HA_*` environment overrides.
+
+Example `node.toml` (every key; `deploy/` has a three-node set):
+
+    node_id = "n1"
+    data_dir = "/var/lib/dex-ha/n1"
+    http_listen = "0.0.0.0:8801"
+    url = "http://10.0.0.1:8801"          # how clients and peers reach this node (leader_url)
+    raft_listen = "0.0.0.0:9801"
+    durability = "strict"                 # strict (fsync) | relaxed (tests, demos)
+    cluster_secret = "…"                  # or cluster_secret_file = "/etc/dex-ha/secret"
+    join = false                          # true: a new node that joins a running cluster as a learner
+    heartbeat_timeout_ms = 30000          # a running attempt with no heartbeat for this long fails
+    drain_timeout_ms = 30000              # SIGTERM / step down: how long running attempts may finish
+    election_timeout_min_ms = 500
+    election_timeout_max_ms = 1000
+    raft_heartbeat_interval_ms = 50
+    log_json = false
+
+    [tokens]                              # role -> list of bearer tokens (≥ 16 characters each)
+    client = ["…"]
+    worker = ["…"]
+    admin = ["…"]
+
+    [[peers]]                             # every voter at bootstrap, this node included
+    id = "n1"
+    raft_addr = "10.0.0.1:9801"
+    url = "http://10.0.0.1:8801"
+
+Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
+DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
+DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
+DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LOG_JSON,
+DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from dex_ha.server.auth import ROLES
+
+Address = tuple[str, int]
+
+
+class ConfigError(ValueError):
+    """The configuration cannot run; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    id: str
+    raft_addr: Address
+    url: str
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    node_id: str
+    data_dir: Path
+    http_listen: Address
+    url: str
+    raft_listen: Address
+    peers: tuple[Peer, ...]
+    durability: str = "strict"
+    cluster_secret: str | None = None
+    tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    insecure: bool = False  # run without tokens / cluster secret (a node says so loudly)
+    join: bool = False
+    heartbeat_timeout_ms: int = 30_000
+    drain_timeout_ms: int = 30_000
+    election_timeout_min_ms: int = 500
+    election_timeout_max_ms: int = 1_000
+    raft_heartbeat_interval_ms: int = 50
+    snapshot_every_entries: int = 20_000
+    log_json: bool = False
+    dev: bool = False  # `dex-ha dev`: one node; no auth unless tokens are configured
+
+    @property
+    def auth_enabled(self) -> bool:
+        return any(self.tokens.get(role) for role in ROLES)
+
+    def check(self) -> None:
+        """Refuse a configuration that cannot run safely (DESIGN.md §7)."""
+        if self.durability not in ("strict", "relaxed"):
+            raise ConfigError(f"durability: must be strict or relaxed, not {self.durability!r}")
+        if not self.node_id:
+            raise ConfigError("node_id: required")
+        if self.node_id not in {p.id for p in self.peers} and not self.join:
+            raise ConfigError(f"peers: must list this node ({self.node_id!r}) unless join = true")
+        if self.election_timeout_min_ms >= self.election_timeout_max_ms:
+            raise ConfigError("election_timeout_min_ms: must be below election_timeout_max_ms")
+        for name in ("heartbeat_timeout_ms", "drain_timeout_ms", "raft_heartbeat_interval_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must not be negative")
+        if self.dev or self.insecure:
+            return
+        if not self.auth_enabled:
+            raise ConfigError("tokens: a node needs client, worker and admin tokens (or --insecure)")
+        if not self.cluster_secret or len(self.cluster_secret) < 16:
+            raise ConfigError("cluster_secret: a node needs a cluster secret of ≥ 16 characters (or --insecure)")
+
+
+def parse_address(text: str, key: str) -> Address:
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"{key}: expected host:port, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def dev_config(data_dir: Path, port: int, *, host: str = "127.0.0.1", raft_port: int = 0,
+               tokens: Mapping[str, tuple[str, ...]] | None = None,
+               durability: str = "strict") -> ServerConfig:
+    """`dex-ha dev`: a single voter on loopback (its Raft port is never dialled)."""
+    url = f"http://{host}:{port}"
+    raft_addr = (host, raft_port)
+    return ServerConfig(node_id="dev", data_dir=data_dir, http_listen=(host, port), url=url,
+                        raft_listen=raft_addr, peers=(Peer("dev", raft_addr, url),),
+                        tokens=dict(tokens or {}), dev=True, durability=durability,
+                        # One voter: no one to wait for, so a restart is ready at once.
+                        election_timeout_min_ms=150, election_timeout_max_ms=300)
+
+
+def load_config(path: Path | None, env: Mapping[str, str] | None = None, *,
+                insecure: bool = False) -> ServerConfig:
+    """The configuration of `dex-ha node`: the TOML file, then environment overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    raw = _apply_env(raw, os.environ if env is None else env)
+    config = _from_raw(raw, insecure=insecure)
+    config.check()
+    return config
+
+
+_ENV_KEYS = {
+    "node_id": str, "data_dir": str, "http_listen": str, "url": str, "raft_listen": str,
+    "durability": str, "cluster_secret": str, "join": bool, "heartbeat_timeout_ms": int,
+    "drain_timeout_ms": int, "election_timeout_min_ms": int, "election_timeout_max_ms": int,
+    "raft_heartbeat_interval_ms": int, "log_json": bool,
+}
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    raw = dict(raw)
+    for key, kind in _ENV_KEYS.items():
+        value = env.get(f"DEX_HA_{key.upper()}")
+        if value is None:
+            continue
+        if kind is bool:
+            raw[key] = value.strip().lower() in ("1", "true", "yes", "on")
+        elif kind is int:
+            try:
+                raw[key] = int(value)
+            except ValueError:
+                raise ConfigError(f"DEX_HA_{key.upper()}: must be an integer, got {value!r}") from None
+        else:
+            raw[key] = value
+    tokens = dict(raw.get("tokens") or {})
+    for role in ROLES:
+        value = env.get(f"DEX_HA_TOKENS_{role.upper()}")
+        if value is not None:
+            tokens[role] = [t.strip() for t in value.split(",") if t.strip()]
+    if tokens:
+        raw["tokens"] = tokens
+    return raw
+
+
+def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
+    known = {f.name for f in fields(ServerConfig)} | {"cluster_secret_file"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown configuration key")
+    for key in ("node_id", "data_dir", "http_listen", "raft_listen"):
+        if not raw.get(key):
+            raise ConfigError(f"{key}: required")
+    http_listen = parse_address(raw["http_listen"], "http_listen")
+    peers = tuple(_peer(p, i) for i, p in enumerate(raw.get("peers") or []))
+    secret = raw.get("cluster_secret")
+    if raw.get("cluster_secret_file"):
+        secret = Path(raw["cluster_secret_file"]).read_text().strip()
+    tokens = raw.get("tokens") or {}
+    if not isinstance(tokens, dict) or any(role not in ROLES for role in tokens):
+        raise ConfigError(f"tokens: roles are {', '.join(ROLES)}")
+    simple = {k: raw[k] for k in ("durability", "join", "heartbeat_timeout_ms", "drain_timeout_ms",
+                                  "election_timeout_min_ms", "election_timeout_max_ms",
+                                  "raft_heartbeat_interval_ms", "snapshot_every_entries", "log_json")
+              if k in raw}
+    for key, value in simple.items():
+        expected = type(getattr(_DEFAULTS, key))
+        if type(value) is not expected:
+            raise ConfigError(f"{key}: must be {expected.__name__}, got {value!r}")
+    return ServerConfig(
+        node_id=str(raw["node_id"]), data_dir=Path(raw["data_dir"]), http_listen=http_listen,
+        url=str(raw.get("url") or f"http://{http_listen[0]}:{http_listen[1]}").rstrip("/"),
+        raft_listen=parse_address(raw["raft_listen"], "raft_listen"), peers=peers,
+        cluster_secret=secret, tokens={r: tuple(t) for r, t in tokens.items()},
+        insecure=insecure, **simple)
+
+
+def _peer(raw: Any, i: int) -> Peer:
+    if not isinstance(raw, dict) or not {"id", "raft_addr", "url"} <= set(raw):
+        raise ConfigError(f"peers[{i}]: needs id, raft_addr and url")
+    return Peer(str(raw["id"]), parse_address(raw["raft_addr"], f"peers[{i}].raft_addr"),
+                str(raw["url"]).rstrip("/"))
+
+
+# Defaults of the optional keys, for type checks of the TOML values.
+_DEFAULTS = ServerConfig(node_id="", data_dir=Path("."), http_listen=("", 0), url="",
+                         raft_listen=("", 0), peers=())
+__all__ = ["ConfigError", "Peer", "ServerConfig", "dev_config", "load_config", "parse_address", "replace"]

@@ -1,0 +1,334 @@
+"""Leader services (DESIGN.md §5): the work only the active node does, for one term.
+
+A `LeaderTerm` lives from the moment this node becomes leader until it loses leadership
+(or the process stops). It:
+
+1. takes over: proposes `FailHeldAttempts(term)`. When that entry has applied, every entry
+   of earlier terms has applied too (it comes after them in the log), and every attempt an
+   earlier leader handed out has failed and followed its crash-matrix row;
+2. then runs dispatch (Worker long polls), the heartbeat and start_to_close monitor, and
+   the timers, until it is stopped.
+
+Time: command `at` values are wall-clock milliseconds (the engine compares them with the
+due times and deadlines it stored); heartbeat silence is measured on the monotonic clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from dex_ha.engine import (
+    ApplyResult, AttemptTimedOut, Command, FailHeldAttempts, FireTimer, Handout, HeartbeatLost,
+    QueuedStep, StartAttempts,
+)
+from dex_ha.server.metrics import ServerMetrics
+from dex_ha.server.replica import Replica
+
+log = logging.getLogger("dex_ha.server.leader")
+
+Propose = Callable[[Command], Awaitable[ApplyResult]]
+
+
+class NotServing(Exception):
+    """This node cannot do that now (not the active node, draining, or stopping)."""
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def task_token(step_id: str, attempt: int, term: int) -> str:
+    """The handle a Worker uses for one attempt: fencing by step id + attempt + term."""
+    return f"{step_id}-{attempt}-{term}"
+
+
+def parse_task_token(token: str) -> tuple[str, int, int] | None:
+    step_id, sep1, rest = token.rpartition("-")
+    step_id2, sep2, attempt = step_id.rpartition("-")
+    if not (sep1 and sep2 and step_id2 and attempt.isdigit() and rest.isdigit()):
+        return None
+    return step_id2, int(attempt), int(rest)
+
+
+@dataclass
+class RunningAttempt:
+    """What the leader keeps in memory about an attempt it handed out."""
+
+    step_id: str
+    attempt: int
+    session_id: str
+    kind: str
+    worker_id: str
+    last_seen: float  # monotonic seconds of the hand-out or the latest heartbeat
+
+
+@dataclass
+class _WaitingPoll:
+    worker_id: str
+    agents: list[str]
+    max_tasks: int
+    future: asyncio.Future[list[dict[str, Any]]] = field(repr=False)
+    claimed: bool = False  # included in a hand-out proposal: its answer is on the way
+
+
+class LeaderTerm:
+    """The leader services of one term."""
+
+    def __init__(self, term: int, replica: Replica, propose: Propose, metrics: ServerMetrics, *,
+                 heartbeat_timeout_ms: int, monitor_interval_s: float | None = None) -> None:
+        self.term = term
+        self.replica = replica
+        self.engine = replica.engine
+        self._propose = propose
+        self.metrics = metrics
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        # Check often enough that a silent attempt fails within ~10% past its timeout.
+        self._monitor_interval_s = monitor_interval_s or min(1.0, max(0.02, heartbeat_timeout_ms / 10_000))
+        self.takeover_done = False
+        self.draining = False
+        self.running: dict[tuple[str, int], RunningAttempt] = {}
+        self.workers_seen: dict[str, float] = {}
+        self._waiting: deque[_WaitingPoll] = deque()
+        self._wake_dispatch = asyncio.Event()
+        self._wake_timers = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started_mono = time.monotonic()
+        self._stopped = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.replica.changed.add_listener(self._on_change)
+        self._tasks.append(asyncio.create_task(self._run(), name=f"leader-term-{self.term}"))
+
+    async def stop(self) -> None:
+        self._stopped = True
+        self.replica.changed.remove_listener(self._on_change)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._answer_waiting_polls(NotServing("this node is no longer the active node"))
+
+    def _on_change(self) -> None:
+        self._wake_dispatch.set()
+        self._wake_timers.set()
+
+    async def _run(self) -> None:
+        await self._take_over()
+        self._tasks.append(asyncio.create_task(self._dispatch_loop(), name=f"dispatch-{self.term}"))
+        self._tasks.append(asyncio.create_task(self._monitor_loop(), name=f"monitor-{self.term}"))
+        self._tasks.append(asyncio.create_task(self._timer_loop(), name=f"timers-{self.term}"))
+
+    async def _take_over(self) -> None:
+        started = time.monotonic()
+        while True:
+            try:
+                result = await self._propose(FailHeldAttempts(at=wall_ms(), term=self.term))
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a dropped proposal: this term may still be ours; retry
+                log.warning("takeover of term %d: FailHeldAttempts not applied (%s); retrying", self.term, exc)
+                await asyncio.sleep(0.05)
+        by_kind = (result.value or {}).get("by_kind", {})
+        for kind, n in by_kind.items():
+            self.metrics.attempts_failed.labels(kind=kind, reason="takeover").inc(n)
+        self.takeover_done = True
+        log.info("takeover of term %d done in %.0f ms: %d attempts of earlier terms failed",
+                 self.term, (time.monotonic() - started) * 1000, sum(by_kind.values()))
+
+    # ------------------------------------------------------------------ dispatch
+
+    async def poll(self, worker_id: str, agents: list[str], max_tasks: int, wait_ms: int) -> list[dict[str, Any]]:
+        """A Worker long poll: the tasks handed to it (committed), or [] when wait_ms passed."""
+        self._check_dispatching()
+        self.workers_seen[worker_id] = time.monotonic()
+        poll = _WaitingPoll(worker_id, agents, max_tasks, asyncio.get_running_loop().create_future())
+        self._waiting.append(poll)
+        self._wake_dispatch.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(poll.future), wait_ms / 1000)
+        except asyncio.TimeoutError:
+            if poll.claimed:  # its hand-out is being committed: the answer comes shortly
+                return await poll.future
+            self._waiting.remove(poll)
+            return []
+        finally:
+            if poll in self._waiting:  # the Worker went away (request cancelled)
+                self._waiting.remove(poll)
+            if not poll.future.done():
+                poll.future.cancel()
+
+    def _check_dispatching(self) -> None:
+        if self._stopped or not self.takeover_done:
+            raise NotServing("this node is not the active node yet")
+        if self.draining:
+            raise NotServing("this node is draining: it hands out no new work")
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            self._wake_dispatch.clear()
+            if self._waiting and not self.draining:
+                matched = self._match_polls()
+                if matched:
+                    await self._hand_out(matched)
+                    continue
+            await self._wake_dispatch.wait()
+
+    def _match_polls(self) -> list[tuple[_WaitingPoll, list[QueuedStep]]]:
+        """Queued steps for the waiting polls, first poll first, FIFO per agent queue."""
+        wanted: dict[str, int] = {}
+        for poll in self._waiting:
+            for agent in poll.agents:
+                wanted[agent] = wanted.get(agent, 0) + poll.max_tasks
+        queues = {agent: deque(self.engine.queued_steps(agent, limit)) for agent, limit in wanted.items()}
+        matched = []
+        for poll in list(self._waiting):
+            if poll.future.done():  # answered with an error already
+                self._waiting.remove(poll)
+                continue
+            steps: list[QueuedStep] = []
+            for agent in poll.agents:
+                queue = queues[agent]
+                while queue and len(steps) < poll.max_tasks:
+                    steps.append(queue.popleft())
+            if steps:
+                poll.claimed = True
+                self._waiting.remove(poll)
+                matched.append((poll, steps))
+        return matched
+
+    async def _hand_out(self, matched: list[tuple[_WaitingPoll, list[QueuedStep]]]) -> None:
+        """One proposal for every hand-out of this pass; answer the polls once it applied."""
+        handouts = [Handout(step_id=s.step_id, worker_id=poll.worker_id, term=self.term)
+                    for poll, steps in matched for s in steps]
+        try:
+            result = await self._propose(StartAttempts(at=wall_ms(), handouts=handouts))
+        except Exception as exc:
+            for poll, _ in matched:
+                if not poll.future.done():
+                    poll.future.set_exception(NotServing(f"hand-out not committed: {exc}"))
+            return
+        started = {s["step_id"]: s for s in (result.value or {}).get("started", [])}
+        now = time.monotonic()
+        for poll, steps in matched:
+            tasks = [self._task(started[s.step_id], s, poll.worker_id, now) for s in steps if s.step_id in started]
+            if tasks or self._stopped:
+                if not poll.future.done():
+                    poll.future.set_result(tasks)
+            else:  # every step it was offered went away meanwhile (cancelled): wait on
+                poll.claimed = False
+                self._waiting.appendleft(poll)
+
+    def _task(self, started: dict[str, Any], step: QueuedStep, worker_id: str, now: float) -> dict[str, Any]:
+        attempt = started["attempt"]
+        self.running[(step.step_id, attempt)] = RunningAttempt(step.step_id, attempt, step.session_id, step.kind,
+                                                               worker_id, now)
+        self.metrics.attempts_started.labels(kind=step.kind).inc()
+        self.metrics.schedule_to_start.labels(kind=step.kind).observe(
+            max(0.0, (wall_ms() - (step.queued_at or wall_ms())) / 1000))
+        task = self.engine.task_for(step.step_id, self.heartbeat_timeout_ms)
+        body = task.as_json() if task is not None else {"step_id": step.step_id, "kind": step.kind}
+        body.update(task_token=task_token(step.step_id, attempt, self.term), attempt=attempt,
+                    deadline_ms=started.get("deadline_at"))
+        return body
+
+    def _answer_waiting_polls(self, exc: Exception) -> None:
+        while self._waiting:
+            poll = self._waiting.popleft()
+            if not poll.future.done():
+                poll.future.set_exception(exc)
+
+    def begin_drain(self) -> None:
+        """Planned step down / SIGTERM: hand out nothing more; waiting polls go elsewhere."""
+        self.draining = True
+        self._answer_waiting_polls(NotServing("this node is draining: it hands out no new work"))
+
+    def end_drain(self) -> None:
+        self.draining = False
+        self._wake_dispatch.set()
+
+    def running_in_term(self) -> int:
+        return len(self.engine.running_attempts(term=self.term))
+
+    # ------------------------------------------------------------------ heartbeats
+
+    def heartbeat(self, step_id: str, attempt: int, worker_id: str | None = None) -> RunningAttempt | None:
+        """Note that the attempt is alive; None when this term did not hand it out."""
+        running = self.running.get((step_id, attempt))
+        if running is not None:
+            running.last_seen = time.monotonic()
+            self.workers_seen[running.worker_id] = running.last_seen
+        return running
+
+    def forget(self, step_id: str, attempt: int) -> None:
+        self.running.pop((step_id, attempt), None)
+
+    def workers_connected(self) -> int:
+        window = max(self.heartbeat_timeout_ms / 1000, 30.0)
+        now = time.monotonic()
+        for worker_id, seen in list(self.workers_seen.items()):
+            if now - seen > window:
+                del self.workers_seen[worker_id]
+        return len(self.workers_seen)
+
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._monitor_interval_s)
+            await self._fail_silent_and_late_attempts()
+
+    async def _fail_silent_and_late_attempts(self) -> None:
+        now_mono, now_wall = time.monotonic(), wall_ms()
+        timeout_s = self.heartbeat_timeout_ms / 1000
+        commands: list[tuple[Command, str, str]] = []
+        for a in self.engine.running_attempts(term=self.term):
+            tracked = self.running.get((a.step_id, a.attempt))
+            last_seen = tracked.last_seen if tracked is not None else self._started_mono
+            if a.deadline_at is not None and now_wall > a.deadline_at:
+                commands.append((AttemptTimedOut(at=now_wall, step_id=a.step_id, attempt=a.attempt, term=a.term),
+                                 a.kind, "start_to_close"))
+            elif now_mono - last_seen > timeout_s:
+                commands.append((HeartbeatLost(at=now_wall, step_id=a.step_id, attempt=a.attempt, term=a.term),
+                                 a.kind, "heartbeat_timeout"))
+        if commands:
+            await asyncio.gather(*(self._fail_attempt(*c) for c in commands))
+
+    async def _fail_attempt(self, cmd: HeartbeatLost | AttemptTimedOut, kind: str, reason: str) -> None:
+        try:
+            result = await self._propose(cmd)
+        except Exception as exc:  # lost leadership: the next leader's takeover fails it instead
+            log.info("could not fail attempt %s/%d (%s): %s", cmd.step_id, cmd.attempt, reason, exc)
+            return
+        self.forget(cmd.step_id, cmd.attempt)
+        if result.ok:
+            self.metrics.attempts_failed.labels(kind=kind, reason=reason).inc()
+            log.info("attempt %s/%d (%s) failed: %s", cmd.step_id, cmd.attempt, kind, reason)
+
+    # ------------------------------------------------------------------ timers
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._wake_timers.clear()
+            timer = self.engine.next_timer()
+            now = wall_ms()
+            if timer is not None and timer.due_at <= now:
+                due = self.engine.due_timers(now, limit=256)
+                await asyncio.gather(*(self._fire(t.timer_id) for t in due))
+                continue
+            wait_s = None if timer is None else (timer.due_at - now) / 1000
+            try:
+                await asyncio.wait_for(self._wake_timers.wait(), wait_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _fire(self, timer_id: str) -> None:
+        try:
+            await self._propose(FireTimer(at=wall_ms(), timer_id=timer_id))
+        except Exception as exc:
+            log.info("timer %s not fired (%s); the next active node fires it", timer_id, exc)
+            await asyncio.sleep(0.05)

@@ -1,0 +1,81 @@
+"""The node's Prometheus metrics (DESIGN.md §8, prefix `dex_`; the names are a contract).
+
+Each node has its own registry (no global state: tests run several nodes in one process).
+Counters and histograms are updated where things happen; gauges that describe state
+(term, indexes, queued steps, sessions, …) are read when /metrics is scraped, from the
+Raft node and the engine. `dex_tool_calls_total` is read from the replicated state, so it
+does not restart from zero on the node that takes over.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+SCHEDULE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
+
+
+class ServerMetrics:
+    """Counters and histograms, plus a collector for the state gauges."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.proposal_seconds = Histogram("dex_raft_proposal_seconds", "Time from propose to applied.",
+                                          buckets=LATENCY_BUCKETS, registry=r)
+        self.fsync_seconds = Histogram("dex_raft_fsync_seconds", "Time of one Raft log fsync.",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.attempts_started = Counter("dex_attempts_started", "Attempts handed out to Workers.",
+                                        ["kind"], registry=r)
+        self.attempts_failed = Counter("dex_attempts_failed", "Attempts failed, by reason.",
+                                       ["kind", "reason"], registry=r)
+        self.schedule_to_start = Histogram("dex_step_schedule_to_start_seconds",
+                                           "Time a task step waited in its queue before hand-out.",
+                                           ["kind"], buckets=SCHEDULE_BUCKETS, registry=r)
+        self.http_requests = Counter("dex_http_requests", "HTTP requests by route and status code.",
+                                     ["route", "code"], registry=r)
+
+    def add_state_gauges(self, read_state: Callable[[], dict[str, Any]]) -> None:
+        """`read_state()` returns the gauge values at scrape time (see NodeServer.metrics_state)."""
+        self.registry.register(_StateCollector(read_state))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector:
+    def __init__(self, read_state: Callable[[], dict[str, Any]]) -> None:
+        self._read_state = read_state
+
+    def describe(self) -> list[Metric]:
+        return []  # values come at scrape time; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._read_state()
+        for name, help_text in (("dex_raft_term", "Current Raft term."),
+                                ("dex_raft_is_leader", "1 on the Raft leader."),
+                                ("dex_active", "1 only on the active node (leader, lease, takeover done, not draining)."),
+                                ("dex_raft_commit_index", "Highest log index known committed."),
+                                ("dex_raft_applied_index", "Highest log index applied to the engine."),
+                                ("dex_lease_remaining_seconds", "Seconds left on the leader's lease (0 elsewhere)."),
+                                ("dex_timers_pending", "Timers waiting to fire."),
+                                ("dex_workers_connected", "Workers seen polling or heartbeating recently.")):
+            yield GaugeMetricFamily(name, help_text, value=s[name])
+        leader_changes = CounterMetricFamily("dex_raft_leader_changes", "Leader changes seen by this node.")
+        leader_changes.add_metric([], s["dex_raft_leader_changes_total"])
+        yield leader_changes
+        queued = GaugeMetricFamily("dex_steps_queued", "Task steps waiting for a Worker.", labels=["agent", "kind"])
+        for (agent, kind), n in sorted(s["steps_queued"].items()):
+            queued.add_metric([agent, kind], n)
+        yield queued
+        sessions = GaugeMetricFamily("dex_sessions", "Sessions by status.", labels=["status"])
+        for status, n in sorted(s["sessions"].items()):
+            sessions.add_metric([status], n)
+        yield sessions
+        calls = CounterMetricFamily("dex_tool_calls", "Tool calls by final outcome.", labels=["outcome"])
+        for outcome, n in sorted(s["tool_calls"].items()):
+            calls.add_metric([outcome], n)
+        yield calls

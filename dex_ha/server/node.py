@@ -1,0 +1,293 @@
+"""The node process: one Raft member with the engine as its state machine, the HTTP API,
+and — while it is the active node — the leader services of its term.
+
+Roles (`/v1/cluster`): `active` (leader, lease valid, takeover done), `draining` (the
+active node during a planned step down), `standby` (a voting follower), `learner`,
+`candidate` (an election is running, or a leader whose takeover or lease is not there yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from dex_ha.engine import ApplyResult, Command, Engine, encode_command
+from dex_ha.raft.core import NotLeader, ProposalDropped
+from dex_ha.raft.node import Member, NodeConfig, RaftNode, member_context
+from dex_ha.raft.types import ConfChange, ConfChangeType
+from dex_ha.server.config import ServerConfig
+from dex_ha.server.leader import LeaderTerm, NotServing
+from dex_ha.server.metrics import ServerMetrics
+from dex_ha.server.replica import Replica
+from dex_ha.server.streams import DeltaRelay
+
+log = logging.getLogger("dex_ha.server")
+
+STATE_DB = "state.db"
+
+
+class StepDownFailed(Exception):
+    """The planned step down could not move the leadership (the message says why)."""
+
+
+class NodeServer:
+    def __init__(self, config: ServerConfig) -> None:
+        config.check()
+        self.config = config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True))
+        self.metrics = ServerMetrics()
+        self.relay = DeltaRelay()
+        self.raft = RaftNode(self._raft_config(), self.replica, on_leader_change=self._on_leader_change,
+                             on_fsync=self.metrics.fsync_seconds.observe)
+        self.metrics.add_state_gauges(self.metrics_state)
+        self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
+        self._leader_tasks: set[asyncio.Task[None]] = set()
+        self._runner: web.AppRunner | None = None
+        self.http_port: int | None = None
+        self.stopping = False
+        self.started_at = time.time()
+
+    def _raft_config(self) -> NodeConfig:
+        c = self.config
+        secret = c.cluster_secret.encode() if c.cluster_secret else None
+        return NodeConfig(
+            id=c.node_id, data_dir=c.data_dir, raft_listen=c.raft_listen,
+            members={p.id: Member(p.raft_addr, p.url) for p in c.peers}, join=c.join,
+            durability=c.durability, election_timeout_min_ms=c.election_timeout_min_ms,
+            election_timeout_max_ms=c.election_timeout_max_ms,
+            heartbeat_interval_ms=c.raft_heartbeat_interval_ms,
+            snapshot_every_entries=c.snapshot_every_entries, secret=secret)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        from dex_ha.server.app import build_app  # the app imports this module
+
+        if self.config.insecure:
+            log.warning("node %s runs INSECURE: no API tokens and no cluster secret (--insecure)",
+                        self.config.node_id)
+        elif not self.config.auth_enabled:
+            log.warning("node %s runs WITHOUT authentication (dev mode, no tokens configured)",
+                        self.config.node_id)
+        await self.raft.start()
+        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        host, port = self.config.http_listen
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        log.info("node %s serves HTTP on %s:%d (raft on %s:%d, data in %s)", self.config.node_id, host,
+                 self.http_port, *self.config.raft_listen, self.config.data_dir)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        await self._stop_leader_services()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.raft.stop()
+        self.replica.close()
+
+    # ------------------------------------------------------------------ leadership
+
+    def _on_leader_change(self, leader_id: str) -> None:
+        """Called by the Raft loop: start our term's services, or stop them."""
+        task = asyncio.create_task(self._follow_leadership(), name="leadership")
+        self._leader_tasks.add(task)
+        task.add_done_callback(self._leader_tasks.discard)
+
+    async def _follow_leadership(self) -> None:
+        term = self.raft.core.term
+        if self.leader is not None and (self.leader.term != term or not self.raft.is_leader):
+            await self._stop_leader_services()
+        if self.raft.is_leader and self.leader is None and not self.stopping:
+            log.info("node %s is leader of term %d: taking over", self.config.node_id, term)
+            self.leader = LeaderTerm(term, self.replica, self.propose, self.metrics,
+                                     heartbeat_timeout_ms=self.config.heartbeat_timeout_ms)
+            self.leader.start()
+
+    async def _stop_leader_services(self) -> None:
+        leader, self.leader = self.leader, None
+        if leader is not None:
+            log.info("node %s stops the leader services of term %d", self.config.node_id, leader.term)
+            await leader.stop()
+            # Wake the SSE streams so they notice at once that this node no longer serves.
+            self.replica.changed.notify()
+
+    def serving(self) -> LeaderTerm:
+        """The services of the term we lead, if this node is the active node; else NotServing."""
+        leader = self.leader
+        if (leader is None or not leader.takeover_done or not self.raft.is_leader
+                or leader.term != self.raft.core.term or not self.raft.lease_valid() or self.stopping):
+            raise NotServing("this node is not the active node")
+        return leader
+
+    def is_serving(self) -> bool:
+        try:
+            self.serving()
+            return True
+        except NotServing:
+            return False
+
+    def is_ready(self) -> bool:
+        """`/readyz`: leader, lease valid, takeover done, not draining."""
+        try:
+            return not self.serving().draining
+        except NotServing:
+            return False
+
+    def role(self) -> str:
+        if self.is_ready():
+            return "active"
+        if self.leader is not None and self.leader.draining:
+            return "draining"
+        status = self.raft.core.status()
+        voter = status["members"].get(self.config.node_id, {}).get("voter", False)
+        if status["role"] in ("pre_candidate", "candidate", "leader"):
+            return "candidate"
+        return "standby" if voter else "learner"
+
+    def leader_url(self) -> str | None:
+        member = self.raft.members().get(self.raft.leader_id)
+        return member.url or None if member is not None else None
+
+    # ------------------------------------------------------------------ proposals
+
+    async def propose(self, cmd: Command) -> ApplyResult:
+        """Replicate a command and return the engine's result (raises NotLeader or ProposalDropped)."""
+        started = time.perf_counter()
+        result = await self.raft.propose(encode_command(cmd))
+        self.metrics.proposal_seconds.observe(time.perf_counter() - started)
+        return result
+
+    # ------------------------------------------------------------------ step down
+
+    async def step_down(self, to: str | None, drain_timeout_ms: int | None) -> dict[str, Any]:
+        """Planned step down: stop handing out work, let running attempts finish for up to
+        the drain timeout, then hand the leadership to `to` or the most caught-up voter."""
+        leader = self.serving()
+        if leader.draining:
+            raise StepDownFailed("a step down is already running")
+        target = to or self._most_caught_up_voter()
+        if target is None:
+            raise StepDownFailed("no other voter to hand the leadership to")
+        members = self.raft.core.status()["members"]
+        if target not in members or not members[target]["voter"] or target == self.config.node_id:
+            raise StepDownFailed(f"{target!r} is not another voting member")
+        timeout_ms = self.config.drain_timeout_ms if drain_timeout_ms is None else drain_timeout_ms
+        left = await self.drain(leader, timeout_ms)
+        try:
+            await self._transfer(target)
+        finally:
+            leader.end_drain()
+        return {"from": self.config.node_id, "to": self.raft.leader_id or target,
+                "running_attempts_left": left}
+
+    async def drain(self, leader: LeaderTerm, timeout_ms: int) -> int:
+        """Stop handing out work and wait for this term's running attempts; how many are left."""
+        leader.begin_drain()
+        log.info("node %s drains: %d attempts running, up to %d ms", self.config.node_id,
+                 leader.running_in_term(), timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while (left := leader.running_in_term()) and time.monotonic() < deadline:
+            version = self.replica.changed.version
+            await self.replica.changed.wait_past(version, max(0.0, deadline - time.monotonic()))
+        if left:
+            log.warning("drain timeout: %d attempts still running; they follow their rows on the next leader", left)
+        return left
+
+    async def _transfer(self, target: str) -> None:
+        log.info("node %s hands the leadership to %s", self.config.node_id, target)
+        try:
+            self.raft.transfer_leadership(target)
+        except NotLeader as exc:
+            raise StepDownFailed(f"lost the leadership before the transfer (leader now {exc.leader_id!r})")
+        deadline = time.monotonic() + 2 * self.config.election_timeout_max_ms / 1000
+        while self.raft.is_leader and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self.raft.is_leader:
+            raise StepDownFailed(f"{target} did not take the leadership in time; this node stays active")
+
+    def _most_caught_up_voter(self) -> str | None:
+        members = self.raft.core.status()["members"]
+        others = [(info.get("match") or 0, -(info.get("last_contact_ms_ago") or 0), node_id)
+                  for node_id, info in members.items() if info["voter"] and node_id != self.config.node_id]
+        return max(others)[2] if others else None
+
+    async def shutdown_gracefully(self) -> None:
+        """SIGTERM: drain, hand the leadership over (if active), then stop."""
+        try:
+            leader = self.serving()
+        except NotServing:
+            leader = None
+        if leader is not None and not leader.draining:
+            await self.drain(leader, self.config.drain_timeout_ms)
+            target = self._most_caught_up_voter()
+            if target is not None:
+                try:
+                    await self._transfer(target)
+                except StepDownFailed as exc:
+                    log.warning("graceful stop: %s", exc)
+        await self.stop()
+
+    # ------------------------------------------------------------------ membership
+
+    async def add_member(self, node_id: str, raft_addr: tuple[str, int], url: str) -> None:
+        await self.raft.change_membership(ConfChange(ConfChangeType.ADD_LEARNER, node_id,
+                                                     member_context(raft_addr[0], raft_addr[1], url)))
+
+    async def promote_member(self, node_id: str) -> None:
+        await self.raft.change_membership(ConfChange(ConfChangeType.PROMOTE, node_id))
+
+    async def remove_member(self, node_id: str) -> None:
+        await self.raft.change_membership(ConfChange(ConfChangeType.REMOVE, node_id))
+
+    # ------------------------------------------------------------------ reads
+
+    def cluster_view(self) -> dict[str, Any]:
+        status = self.raft.status()
+        members = self.raft.members()
+        leader = self.raft.leader_id
+        return {
+            "node_id": self.config.node_id,
+            "role": self.role(),
+            "term": status["term"],
+            "leader_id": leader or None,
+            "leader_url": self.leader_url(),
+            "commit_index": status["commit"],
+            "applied_index": self.replica.applied_index(),
+            "lease_remaining_ms": max(0, status["lease_remaining_ms"]) if self.raft.is_leader else 0,
+            "insecure": self.config.insecure or not self.config.auth_enabled,
+            "durability": self.config.durability,
+            "members": [
+                {"id": node_id, "voter": info["voter"], "url": members[node_id].url if node_id in members else None,
+                 "match_index": info["match"], "last_contact_ms_ago": info["last_contact_ms_ago"]}
+                for node_id, info in sorted(status["members"].items())],
+        }
+
+    def metrics_state(self) -> dict[str, Any]:
+        status = self.raft.status()
+        stats = self.replica.engine.stats()
+        leader = self.leader
+        return {
+            "dex_raft_term": status["term"],
+            "dex_raft_is_leader": int(self.raft.is_leader),
+            "dex_active": int(self.is_ready()),
+            "dex_raft_commit_index": status["commit"],
+            "dex_raft_applied_index": self.replica.applied_index(),
+            "dex_lease_remaining_seconds": max(0, status["lease_remaining_ms"]) / 1000 if self.raft.is_leader else 0,
+            "dex_timers_pending": stats["timers_pending"],
+            "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
+            "dex_raft_leader_changes_total": self.raft.metrics.leader_changes,
+            "steps_queued": stats["steps_queued"],
+            "sessions": stats["sessions"],
+            "tool_calls": stats["tool_calls"],
+        }
+
+
+NOT_ACTIVE_ERRORS = (NotServing, NotLeader, ProposalDropped)
+

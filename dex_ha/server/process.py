@@ -1,0 +1,80 @@
+"""Running a node as a process: logging, signals, and the wait until it stops.
+
+SIGTERM (and Ctrl-C) is a graceful stop (DESIGN.md §5): the active node stops handing out
+work, lets running attempts finish for up to `drain_timeout_ms`, hands the leadership to
+the most caught-up voter, and exits. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Callable
+
+from dex_ha.server.config import ServerConfig
+from dex_ha.server.node import NodeServer
+
+log = logging.getLogger("dex_ha.server")
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the exception)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+                 + f".{int(record.msecs):03d}Z",
+                 "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(json_logs: bool, level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter() if json_logs else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def use_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def serve(config: ServerConfig, on_started: Callable[[NodeServer], None] | None = None) -> None:
+    """Run one node until SIGTERM/SIGINT; a second signal stops without draining."""
+    node = NodeServer(config)
+    await node.start()
+    if on_started is not None:
+        on_started(node)
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            log.info("%s: graceful stop (drain up to %d ms, then hand over)", signal.Signals(signum).name,
+                     config.drain_timeout_ms)
+            stop_requested.set()
+        else:
+            log.warning("second signal: stopping now")
+            for task in asyncio.all_tasks(loop):
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await stop_requested.wait()
+    await node.shutdown_gracefully()
+    log.info("node %s stopped", config.node_id)
