@@ -1,1 +1,10 @@
-"""dex_ha.client — see DESIGN.md §2."""
+"""dex_ha.client — the Client SDK (DESIGN.md §2, §6).
+
+:class:`Connection` reaches the active node of a cluster over HTTP and follows it across
+failovers (the Worker SDK uses it too); :class:`DexClient` wraps every client route.
+"""
+
+from dex_ha.client.client import DexClient, IdleTimeoutError, SessionEvent
+from dex_ha.client.connection import Connection, DexError, DexUnavailable
+
+__all__ = ["Connection", "DexClient", "DexError", "DexUnavailable", "IdleTimeoutError", "SessionEvent"]

@@ -1,0 +1,363 @@
+"""DexClient: an async client for every client route of the dex-ha HTTP API (DESIGN.md §6).
+
+Every call goes through a :class:`~dex_ha.client.connection.Connection`, which follows
+the active node across failovers and retries. Retrying is safe because each call is
+idempotent: the client picks the session id and the message id itself (when the caller
+does not), so a call retried after a failover never makes two sessions or starts two
+turns; repeating the same approval, answer, cancel or reconcile is a no-op.
+
+Example::
+
+    async with DexClient(["http://n1:8801", "http://n2:8801"], token="...") as client:
+        session = await client.create_session("support-bot")
+        await client.send_message(session["session_id"], "Hello")
+        snapshot = await client.wait_until_idle(session["session_id"])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+import aiohttp
+
+from dex_ha.client.connection import Connection
+from dex_ha.client.sse import RawEvent, read_events
+
+log = logging.getLogger("dex_ha.client")
+
+MESSAGE_MODES = ("queue", "steer")
+RECONCILE_OUTCOMES = ("succeeded", "failed")
+# wait_until_idle re-reads the snapshot this often (growing from the first to the last).
+IDLE_POLL_FIRST_S = 0.05
+IDLE_POLL_MAX_S = 0.5
+
+
+@dataclass(frozen=True)
+class SessionEvent:
+    """One event of a session's event stream.
+
+    Committed events have an ``id`` (resume after it with ``events(after=id)``) and
+    ``at`` (the leader's wall clock, ms). Live ``delta`` events (model output while a
+    step runs) have id None, are never replayed, and carry ``step_id`` and ``attempt``
+    so that a client can drop the deltas of an attempt that failed; their ``data`` is
+    what the Worker sent.
+    """
+
+    id: str | None
+    type: str
+    data: dict[str, Any]
+    at: int | None
+    step_id: str | None = None
+    attempt: int | None = None
+
+
+class IdleTimeoutError(asyncio.TimeoutError):
+    """wait_until_idle's deadline passed. ``session_id`` and ``last_status`` say where it stood."""
+
+    def __init__(self, session_id: str, last_status: str | None, timeout_s: float) -> None:
+        super().__init__(
+            f"session {session_id!r} is not idle after {timeout_s} s (last status: {last_status!r})"
+        )
+        self.session_id = session_id
+        self.last_status = last_status
+
+
+def _segment(value: Any, argument: str) -> str:
+    """An id checked and quoted for use as one path segment."""
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a string, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{argument} must not be empty")
+    return quote(value, safe="")
+
+
+def _optional_str(value: Any, argument: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{argument} must be a string or None, got {type(value).__name__}")
+
+
+class DexClient:
+    """Async client of the dex-ha client API. Use ``async with`` or call :meth:`close`.
+
+    ``urls`` and ``token`` and the keyword arguments go to :class:`Connection`
+    (``give_up_after_s``, ``request_timeout_s``, backoff settings).
+    """
+
+    def __init__(self, urls: str | Sequence[str], token: str | None = None, **connection_kwargs: Any) -> None:
+        self._conn = Connection(urls, token, **connection_kwargs)
+
+    @property
+    def connection(self) -> Connection:
+        """The connection this client sends through (its current_url shows the active node)."""
+        return self._conn
+
+    # ----------------------------------------------------------------- sessions
+
+    async def create_session(
+        self, agent: str, session_id: str | None = None, metadata: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Create a session of ``agent`` (or get it, when ``session_id`` already exists for that agent).
+
+        The session id is chosen here when not given, so a retry after a failover finds
+        the session the first try made instead of making a second one.
+        """
+        _segment(agent, "agent")
+        if session_id is None:
+            session_id = "s-" + uuid.uuid4().hex
+        _segment(session_id, "session_id")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be a dict or None, got {type(metadata).__name__}")
+        body: dict[str, Any] = {"agent": agent, "session_id": session_id}
+        if metadata is not None:
+            body["metadata"] = metadata
+        return await self._conn.request("POST", "/v1/sessions", body)
+
+    async def get_session(self, session_id: str) -> dict[str, Any]:
+        """The agent snapshot of a session: status, turns, history, tool calls, pending waits."""
+        return await self._conn.request("GET", f"/v1/sessions/{_segment(session_id, 'session_id')}")
+
+    async def list_sessions(
+        self,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of sessions: ``{"sessions": [...], "next_after": str | None}``.
+
+        Pass ``next_after`` as ``after`` to get the next page; None means no more pages.
+        """
+        _optional_str(agent, "agent")
+        _optional_str(status, "status")
+        _optional_str(after, "after")
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
+            raise ValueError(f"limit must be a positive int or None, got {limit!r}")
+        params = {
+            name: str(value)
+            for name, value in (("agent", agent), ("status", status), ("limit", limit), ("after", after))
+            if value is not None
+        }
+        return await self._conn.request("GET", "/v1/sessions", params=params)
+
+    async def iter_sessions(
+        self, agent: str | None = None, status: str | None = None, page_size: int = 100
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every session matching the filters, fetching page after page."""
+        after: str | None = None
+        while True:
+            page = await self.list_sessions(agent=agent, status=status, limit=page_size, after=after)
+            for session in page.get("sessions", []):
+                yield session
+            next_after = page.get("next_after")
+            if not next_after or next_after == after:
+                return  # the last page (or a server that would loop forever)
+            after = next_after
+
+    # ----------------------------------------------------------------- turns
+
+    async def send_message(
+        self, session_id: str, text: str, message_id: str | None = None, mode: str = "queue"
+    ) -> dict[str, Any]:
+        """Send a user message; returns the 202 body.
+
+        The message id is chosen here when not given: a retry after a failover repeats
+        the same id, which the server treats as a no-op, so it never starts a second turn.
+        ``mode="steer"`` delivers the message at the running turn's next model call.
+        """
+        sid = _segment(session_id, "session_id")
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}")
+        if mode not in MESSAGE_MODES:
+            raise ValueError(f"mode must be one of {MESSAGE_MODES}, got {mode!r}")
+        if message_id is None:
+            message_id = uuid.uuid4().hex
+        _segment(message_id, "message_id")
+        body = {"text": text, "message_id": message_id, "mode": mode}
+        return await self._conn.request("POST", f"/v1/sessions/{sid}/messages", body)
+
+    async def approve(
+        self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None
+    ) -> dict[str, Any]:
+        """Decide a tool call that waits for approval (the same decision again is a no-op)."""
+        sid = _segment(session_id, "session_id")
+        cid = _segment(call_id, "call_id")
+        if not isinstance(approved, bool):
+            raise TypeError(f"approved must be a bool, got {type(approved).__name__}")
+        _optional_str(reason, "reason")
+        body: dict[str, Any] = {"approved": approved}
+        if reason is not None:
+            body["reason"] = reason
+        return await self._conn.request("POST", f"/v1/sessions/{sid}/approvals/{cid}", body)
+
+    async def deny(self, session_id: str, call_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Refuse a tool call that waits for approval; the call records ``failed`` with the reason."""
+        return await self.approve(session_id, call_id, approved=False, reason=reason)
+
+    async def answer(self, session_id: str, question_id: str, answer: Any) -> dict[str, Any]:
+        """Answer a pending question (asked by the model or by a tool)."""
+        sid = _segment(session_id, "session_id")
+        qid = _segment(question_id, "question_id")
+        return await self._conn.request("POST", f"/v1/sessions/{sid}/questions/{qid}/answer", {"answer": answer})
+
+    async def cancel(self, session_id: str) -> dict[str, Any]:
+        """Cancel the running turn of a session."""
+        sid = _segment(session_id, "session_id")
+        return await self._conn.request("POST", f"/v1/sessions/{sid}/cancel", {})
+
+    async def reconcile(
+        self,
+        session_id: str,
+        call_id: str,
+        outcome: Literal["succeeded", "failed"],
+        result: Any = None,
+        error: str | None = None,
+    ) -> dict[str, Any]:
+        """Settle a tool call whose outcome is unknown, after checking what really happened."""
+        sid = _segment(session_id, "session_id")
+        cid = _segment(call_id, "call_id")
+        if outcome not in RECONCILE_OUTCOMES:
+            raise ValueError(f"outcome must be one of {RECONCILE_OUTCOMES}, got {outcome!r}")
+        _optional_str(error, "error")
+        body: dict[str, Any] = {"outcome": outcome}
+        if result is not None:
+            body["result"] = result
+        if error is not None:
+            body["error"] = error
+        return await self._conn.request("POST", f"/v1/sessions/{sid}/tool-calls/{cid}/reconcile", body)
+
+    # ----------------------------------------------------------------- cluster
+
+    async def cluster(self) -> dict[str, Any]:
+        """The cluster view of the node the connection is on (any node answers this)."""
+        return await self._conn.request("GET", "/v1/cluster")
+
+    # ----------------------------------------------------------------- events
+
+    def events(self, session_id: str, after: str | None = None) -> AsyncGenerator[SessionEvent, None]:
+        """The session's events, committed ones after ``after`` and live deltas, without end.
+
+        When the stream ends or the connection drops (the node died, a failover), it
+        reconnects through the Connection (leader following, backoff), resumes after the
+        last committed event seen (``Last-Event-ID``) and never yields an event twice.
+        It stops only when the caller stops iterating (``break`` or ``aclose()``), or
+        with a :class:`DexError` when the server refuses the stream (404: no such session).
+        """
+        sid = _segment(session_id, "session_id")
+        _optional_str(after, "after")
+        return self._follow_events(sid, after)
+
+    async def _follow_events(self, quoted_sid: str, after: str | None) -> AsyncGenerator[SessionEvent, None]:
+        last_id = after
+        empty_streams = 0  # streams in a row that ended without an event: backs off reconnects
+        path = f"/v1/sessions/{quoted_sid}/events"
+        while True:
+            headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+            if last_id is not None:
+                headers["Last-Event-ID"] = last_id
+            resp = await self._conn.open_stream(path, headers)
+            got_event = False
+            try:
+                async for raw in read_events(resp):
+                    got_event = True
+                    event = _decode_event(raw)
+                    if event is None:
+                        continue
+                    if event.id is not None:
+                        if last_id is not None and not _is_newer(event.id, last_id):
+                            continue  # already yielded before a reconnect
+                        last_id = event.id
+                    yield event
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                log.info("dex-ha client: event stream of %s dropped (%s); reconnecting", path, exc)
+            finally:
+                resp.close()
+            empty_streams = 0 if got_event else empty_streams + 1
+            if empty_streams:
+                await self._conn.sleep_before_retry(empty_streams - 1)
+
+    # ----------------------------------------------------------------- waiting
+
+    async def wait_until_idle(self, session_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Wait until the session is idle with no waiting messages; return that snapshot.
+
+        Re-reads the snapshot on a short, growing interval (the snapshot is the truth;
+        nothing here depends on the event stream). Raises :class:`IdleTimeoutError` (an
+        ``asyncio.TimeoutError``) naming the session and its last status at the deadline.
+        """
+        _segment(session_id, "session_id")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        interval = IDLE_POLL_FIRST_S
+        last_status: str | None = None
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                snapshot = await asyncio.wait_for(self.get_session(session_id), max(remaining, 0.001))
+            except TimeoutError:
+                raise IdleTimeoutError(session_id, last_status, timeout_s) from None
+            last_status = snapshot.get("status")
+            if last_status == "idle" and not snapshot.get("waiting_messages"):
+                return snapshot
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise IdleTimeoutError(session_id, last_status, timeout_s)
+            await asyncio.sleep(min(interval, remaining))
+            interval = min(interval * 1.5, IDLE_POLL_MAX_S)
+
+    # ----------------------------------------------------------------- lifetime
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        await self._conn.close()
+
+    async def __aenter__(self) -> DexClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+def _decode_event(raw: RawEvent) -> SessionEvent | None:
+    """A SessionEvent from a wire event, or None (logged) when its data is not a JSON object."""
+    try:
+        payload = json.loads(raw.data)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        log.warning("dex-ha client: skipping an event whose data is not a JSON object: %.200r", raw.data)
+        return None
+    data = payload.get("data")
+    data = data if isinstance(data, dict) else {} if data is None else {"value": data}
+    at = payload.get("at")
+    if raw.id is None:  # a live delta
+        attempt = payload.get("attempt")
+        return SessionEvent(
+            id=None,
+            type=str(payload.get("type") or raw.event),
+            data=data,
+            at=at if isinstance(at, int) else None,
+            step_id=payload.get("step_id"),
+            attempt=attempt if isinstance(attempt, int) else None,
+        )
+    return SessionEvent(
+        id=raw.id,
+        type=str(payload.get("type") or raw.event),
+        data=data,
+        at=at if isinstance(at, int) else None,
+    )
+
+
+def _is_newer(event_id: str, last_id: str) -> bool:
+    """Whether ``event_id`` comes after ``last_id``. Ids are decimal strings that grow."""
+    if event_id.isdigit() and last_id.isdigit():
+        return int(event_id) > int(last_id)
+    return event_id != last_id  # not decimal: only an exact repeat is known to be a duplicate
