@@ -1,0 +1,619 @@
+"""The Worker: registers its agents, long-polls the server for tasks, runs each task in
+its own asyncio task with heartbeats, and delivers the result (DESIGN.md §5, §6).
+
+    worker = Worker("http://127.0.0.1:8801", agents=[agent])
+    runner = asyncio.create_task(worker.run())
+    ...
+    await worker.stop()          # drain, then cancel what is left
+    await runner
+
+Every HTTP call goes through `dex_ha.client.Connection`, which retries transport errors
+and 503s forever while following the active node, so a failover costs the Worker nothing
+but a pause. Results are fenced by the server (step, attempt, term): a 409 means the
+attempt is no longer current, and the Worker drops what it was doing for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from dex_ha.client.connection import Connection, DexError, DexUnavailable
+from dex_ha.worker.agent import Agent, Tool
+from dex_ha.worker.context import AttemptCancelled, Pending, QuestionAsked, TaskHandle, ToolContext, ToolError
+from dex_ha.worker.model import ModelRequest, ModelResponse
+
+log = logging.getLogger("dex_ha.worker")
+
+# Task kinds (contract strings, DESIGN.md §4).
+RUN_MODEL = "RunModel"
+CALL_TOOL = "CallTool"
+CALL_SINGLE_ATTEMPT_TOOL = "CallSingleAttemptTool"
+POLL_TOOL_TASK = "PollToolTask"
+COMPACT_CONTEXT = "CompactContext"
+
+# After a delta, wait this long before the heartbeat that carries it, so a burst of
+# deltas travels in one request; well under the ~100 ms a live stream can afford.
+DELTA_BATCH_S = 0.03
+MAX_HEARTBEAT_INTERVAL_S = 5.0
+MIN_HEARTBEAT_INTERVAL_S = 0.01
+# How long stop() waits for cancelled tasks to unwind (a sync tool in a thread cannot be
+# interrupted; its thread keeps running, but the Worker no longer waits for it).
+CANCEL_GRACE_S = 1.0
+# Pause after a poll the server refused (a 4xx other than auth), so the loop cannot spin.
+POLL_ERROR_PAUSE_S = 1.0
+# A long poll's request timeout is its wait plus this margin.
+POLL_TIMEOUT_MARGIN_S = 10.0
+# An empty poll answer that came back faster than this is followed by a pause of this
+# length, so a server that does not hold polls (or poll_wait_ms=0) cannot make us spin.
+EMPTY_POLL_PAUSE_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTask:
+    """One hand-out from a poll answer (DESIGN.md §6)."""
+
+    task_token: str
+    session_id: str
+    turn_id: str
+    step_id: str
+    kind: str
+    attempt: int
+    input: dict[str, Any]
+    heartbeat_timeout_ms: int
+    agent: str | None = None
+    idempotency_key: str | None = None
+    deadline_ms: int | None = None
+
+    @classmethod
+    def from_json(cls, raw: Any) -> WorkerTask:
+        """Parse one element of `tasks`; ValueError naming the bad field."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"a task must be an object, got {type(raw).__name__}")
+        for name in ("task_token", "session_id", "turn_id", "step_id", "kind"):
+            if not isinstance(raw.get(name), str) or not raw[name]:
+                raise ValueError(f"task.{name} must be a non-empty string")
+        if not isinstance(raw.get("input"), dict):
+            raise ValueError("task.input must be an object")
+        return cls(task_token=raw["task_token"], session_id=raw["session_id"], turn_id=raw["turn_id"],
+                   step_id=raw["step_id"], kind=raw["kind"], attempt=int(raw.get("attempt") or 1),
+                   input=raw["input"], heartbeat_timeout_ms=int(raw.get("heartbeat_timeout_ms") or 30_000),
+                   agent=raw.get("agent"), idempotency_key=raw.get("idempotency_key"),
+                   deadline_ms=raw.get("deadline_ms"))
+
+    def path(self, action: str) -> str:
+        return f"/v1/worker/tasks/{quote(self.task_token, safe='')}/{action}"
+
+    def __str__(self) -> str:
+        return f"{self.kind} step {self.step_id} attempt {self.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a finished task delivers: `complete` with `result`, or `fail` with `error`."""
+
+    result: Any = None
+    error: str | None = None
+    retryable: bool = True
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+class Unrunnable(Exception):
+    """The Worker cannot run this task at all (unknown agent, tool or kind; a tool that
+    breaks the protocol): it fails with retryable=False, since another attempt on the
+    same code would fail the same way."""
+
+
+class AttemptHeartbeats:
+    """The heartbeats of one running attempt, and the live deltas they carry.
+
+    It is the `DeltaSink` a model streams into: a delta wakes the heartbeat loop, which
+    sends it (with any others that arrived meanwhile) within DELTA_BATCH_S. When the
+    server answers `{"cancel": true}` or 409 it calls `on_stop` once and sends no more.
+    """
+
+    def __init__(self, conn: Connection, task: WorkerTask, interval_s: float) -> None:
+        self._conn = conn
+        self._task = task
+        self._interval_s = interval_s
+        self._pending: list[dict[str, Any]] = []
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()  # one heartbeat at a time keeps the deltas in order
+        self.stopped = False  # the server said stop: deliver nothing for this attempt
+        self.stop_reason = ""
+        self.on_stop: Callable[[], None] | None = None
+        self.contexts: list[ToolContext] = []  # marked cancelled when the server says stop
+
+    def send_text(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a string, got {type(text).__name__}")
+        if text:
+            self.send({"text": text})
+
+    def send(self, delta: dict[str, Any]) -> None:
+        if not isinstance(delta, dict):
+            raise TypeError(f"delta must be a dict, got {type(delta).__name__}")
+        self._pending.append(delta)
+        self._wake.set()
+
+    async def beat(self) -> bool:
+        """Send one heartbeat with the queued deltas; False once the attempt must stop."""
+        async with self._lock:
+            if self.stopped:
+                return False
+            deltas, self._pending = self._pending, []
+            body: dict[str, Any] = {"deltas": deltas} if deltas else {}
+            try:
+                answer = await self._conn.request("POST", self._task.path("heartbeat"), body,
+                                                  timeout_s=max(1.0, self._task.heartbeat_timeout_ms / 1000))
+            except DexError as exc:
+                if exc.status == 409:
+                    self._stop("the attempt is no longer current (409)")
+                else:  # not fatal: the next heartbeat may get through
+                    log.error("%s: heartbeat refused: %s", self._task, exc)
+            else:
+                if isinstance(answer, dict) and answer.get("cancel") is True:
+                    self._stop("the server cancelled it")
+            return not self.stopped
+
+    async def flush(self) -> bool:
+        """Let a heartbeat in flight finish, then send the deltas still queued; False
+        when the attempt must stop."""
+        async with self._lock:
+            pass
+        if self._pending:
+            return await self.beat()
+        return not self.stopped
+
+    async def run(self) -> None:
+        """Heartbeat every interval, and soon after each delta, until stopped or cancelled."""
+        while not self.stopped:
+            try:
+                async with asyncio.timeout(self._interval_s):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            else:
+                await asyncio.sleep(DELTA_BATCH_S)
+            self._wake.clear()
+            await self.beat()
+
+    async def beat_with_progress(self, progress: dict[str, Any]) -> bool:
+        """`ToolContext.heartbeat`: progress travels as a delta `{"progress": {...}}`.
+        Queued without waking the loop: this heartbeat carries it now."""
+        if progress:
+            self._pending.append({"progress": progress})
+        return await self.beat()
+
+    def _stop(self, reason: str) -> None:
+        self.stopped, self.stop_reason = True, reason
+        for ctx in self.contexts:
+            ctx.cancelled = True
+        if self.on_stop is not None:
+            self.on_stop()
+
+
+class Worker:
+    """Runs the tasks of its agents: poll, run with heartbeats, deliver (see module doc)."""
+
+    def __init__(self, urls: str | Sequence[str], token: str | None = None,
+                 agents: Sequence[Agent] = (), worker_id: str | None = None, max_concurrency: int = 8,
+                 poll_wait_ms: int = 20_000, heartbeat_interval_s: float | None = None,
+                 drain_timeout_s: float = 30.0, **connection_kwargs: Any) -> None:
+        self._agents = _check_agents(agents)
+        if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
+            raise ValueError("worker_id must be a non-empty string or None")
+        if not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
+        if not isinstance(poll_wait_ms, int) or isinstance(poll_wait_ms, bool) or poll_wait_ms < 0:
+            raise ValueError(f"poll_wait_ms must be a non-negative integer, got {poll_wait_ms!r}")
+        if heartbeat_interval_s is not None and not heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat_interval_s must be > 0 or None, got {heartbeat_interval_s!r}")
+        if not drain_timeout_s >= 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s!r}")
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        self.max_concurrency = max_concurrency
+        self.poll_wait_ms = poll_wait_ms
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.drain_timeout_s = drain_timeout_s
+        self._conn = Connection(urls, token, **connection_kwargs)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_or_stop = asyncio.Event()  # set when a task ends or stop() begins
+        self._stop_requested = asyncio.Event()
+        self._loop_exited = asyncio.Event()
+        self._in_flight: asyncio.Task[Any] | None = None  # the registration or poll request
+        self._started = False
+        self.completed = 0  # tasks whose result (complete or fail) the server accepted
+
+    @property
+    def running(self) -> int:
+        """Tasks running now (never more than max_concurrency)."""
+        return len(self._tasks)
+
+    @property
+    def agents(self) -> dict[str, Agent]:
+        return dict(self._agents)
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Register every agent, then poll and run tasks until `stop()`.
+
+        Raises DexError when the server refuses the registration, or a poll for
+        authentication (401/403): both are configuration errors that retrying cannot fix.
+        """
+        if self._started:
+            raise RuntimeError("Worker.run() was already called; make a new Worker")
+        self._started = True
+        clean_exit = False
+        try:
+            if not self._stop_requested.is_set():
+                await self._register_agents()
+            await self._poll_until_stopped()
+            clean_exit = True
+        finally:
+            self._loop_exited.set()
+            if not clean_exit:  # an error or an outside cancel: nobody will drain
+                await self._cancel_running()
+                await self._conn.close()
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
+        """Stop polling; let running tasks finish for up to the drain timeout; cancel the
+        rest (the server fails their attempts when their heartbeats stop)."""
+        timeout = self.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        self._stop_requested.set()
+        self._slot_or_stop.set()
+        if self._in_flight is not None:
+            self._in_flight.cancel()
+        if self._started:
+            await self._loop_exited.wait()  # tasks from a poll answered just now are started first
+        if self._tasks:
+            log.info("worker %s stopping: draining %d running tasks (up to %.1f s)",
+                     self.worker_id, len(self._tasks), timeout)
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+        if self._tasks:
+            log.warning("worker %s: %d tasks still running after the drain timeout; cancelling them",
+                        self.worker_id, len(self._tasks))
+            await self._cancel_running()
+        await self._conn.close()
+
+    # ------------------------------------------------------------ registration and polling
+
+    async def _register_agents(self) -> None:
+        for agent in self._agents.values():
+            path = f"/v1/agents/{quote(agent.name, safe='')}"
+            await self._interruptible(self._conn.request("PUT", path, agent.definition()))
+            if self._stop_requested.is_set():
+                return
+            log.info("worker %s registered agent %s (%d tools)", self.worker_id, agent.name, len(agent.tools))
+
+    async def _poll_until_stopped(self) -> None:
+        while not self._stop_requested.is_set():
+            free = self.max_concurrency - self.running
+            if free <= 0:
+                self._slot_or_stop.clear()
+                if self.max_concurrency - self.running <= 0 and not self._stop_requested.is_set():
+                    await self._slot_or_stop.wait()
+                continue
+            asked_at = time.monotonic()
+            tasks = await self._poll(free)
+            for raw in tasks:
+                self._start(raw)
+            if not tasks and time.monotonic() - asked_at < EMPTY_POLL_PAUSE_S:
+                await self._pause(EMPTY_POLL_PAUSE_S)
+
+    async def _poll(self, max_tasks: int) -> list[Any]:
+        """One long poll for up to `max_tasks` tasks; [] when interrupted or refused."""
+        body = {"worker_id": self.worker_id, "agents": list(self._agents), "max_tasks": max_tasks,
+                "wait_ms": self.poll_wait_ms}
+        request = self._conn.request("POST", "/v1/worker/poll", body,
+                                     timeout_s=self.poll_wait_ms / 1000 + POLL_TIMEOUT_MARGIN_S)
+        try:
+            answer = await self._interruptible(request)
+        except DexError as exc:
+            if exc.status in (401, 403):
+                raise
+            log.error("worker %s: poll refused: %s", self.worker_id, exc)
+            await self._pause(POLL_ERROR_PAUSE_S)
+            return []
+        tasks = answer.get("tasks") if isinstance(answer, dict) else None
+        if not isinstance(tasks, list):
+            return []  # interrupted by stop() (None), or an answer without a task list
+        if len(tasks) > max_tasks:  # never run more than max_concurrency
+            log.warning("worker %s: asked for %d tasks, got %d; ignoring the extra ones (they time out)",
+                        self.worker_id, max_tasks, len(tasks))
+        return list(tasks[:max_tasks])
+
+    async def _interruptible(self, request: Coroutine[Any, Any, Any]) -> Any:
+        """Await `request` in a task that stop() can cancel; None when it did."""
+        task = asyncio.ensure_future(request)
+        self._in_flight = task
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            self._in_flight = None
+        return None if task.cancelled() else task.result()
+
+    async def _pause(self, seconds: float) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await self._stop_requested.wait()
+        except TimeoutError:
+            pass
+
+    def _start(self, raw: Any) -> None:
+        try:
+            task = WorkerTask.from_json(raw)
+        except (TypeError, ValueError) as exc:  # without a usable token there is nobody to tell
+            log.error("worker %s: ignoring a malformed task (%s): %r", self.worker_id, exc, raw)
+            return
+        runner = asyncio.create_task(self._run_task(task), name=f"dex-ha {task}")
+        self._tasks.add(runner)
+        runner.add_done_callback(self._task_ended)
+
+    def _task_ended(self, runner: asyncio.Task[None]) -> None:
+        self._tasks.discard(runner)
+        self._slot_or_stop.set()
+
+    async def _cancel_running(self) -> None:
+        running = set(self._tasks)
+        for runner in running:
+            runner.cancel()
+        if running:
+            await asyncio.wait(running, timeout=CANCEL_GRACE_S)
+
+    # ------------------------------------------------------------ one task
+
+    async def _run_task(self, task: WorkerTask) -> None:
+        log.debug("%s: start (session %s)", task, task.session_id)
+        try:
+            outcome = await self._work(task)
+            if outcome is not None:
+                await self._deliver(task, outcome)
+        except asyncio.CancelledError:
+            log.debug("%s: cancelled inside the Worker; no result sent", task)
+            raise
+        except Exception:  # a bug in the Worker itself: keep the other tasks running
+            log.exception("%s: the Worker failed while running it", task)
+        log.debug("%s: end", task)
+
+    async def _work(self, task: WorkerTask) -> Outcome | None:
+        """Run the task with heartbeats; None when the server said stop (deliver nothing)."""
+        heartbeats = AttemptHeartbeats(self._conn, task, self._interval_for(task))
+        work = asyncio.create_task(self._execute(task, heartbeats))
+        heartbeats.on_stop = lambda: _cancel_from_outside(work)
+        beating = asyncio.create_task(heartbeats.run())
+        try:
+            await asyncio.wait({work})
+        except asyncio.CancelledError:  # stop(): the work must not outlive its runner
+            work.cancel()
+            beating.cancel()
+            await asyncio.wait({beating, work}, timeout=CANCEL_GRACE_S)
+            raise
+        try:
+            if heartbeats.stopped:
+                log.info("%s: %s; dropping its result", task, heartbeats.stop_reason)
+                return None
+            if work.cancelled():  # the tool itself raised CancelledError
+                return Outcome(error="the task was cancelled inside the Worker", retryable=True)
+            # The last deltas reach the server before the result, so a stream ends complete.
+            if not await heartbeats.flush():
+                log.info("%s: %s; dropping its result", task, heartbeats.stop_reason)
+                return None
+            return work.result()
+        finally:
+            beating.cancel()
+
+    def _interval_for(self, task: WorkerTask) -> float:
+        if self.heartbeat_interval_s is not None:
+            return self.heartbeat_interval_s
+        return max(MIN_HEARTBEAT_INTERVAL_S, min(task.heartbeat_timeout_ms / 3000, MAX_HEARTBEAT_INTERVAL_S))
+
+    async def _execute(self, task: WorkerTask, heartbeats: AttemptHeartbeats) -> Outcome:
+        """Dispatch by kind; every exception becomes a `fail` outcome."""
+        handlers: dict[str, Callable[[WorkerTask, Agent, AttemptHeartbeats], Awaitable[Any]]] = {
+            RUN_MODEL: self._run_model, CALL_TOOL: self._call_tool, CALL_SINGLE_ATTEMPT_TOOL: self._call_tool,
+            POLL_TOOL_TASK: self._poll_tool_task, COMPACT_CONTEXT: self._compact_context}
+        try:
+            handler = handlers.get(task.kind)
+            if handler is None:
+                raise Unrunnable(f"this Worker does not know the task kind {task.kind!r}")
+            result = await handler(task, self._agent_for(task), heartbeats)
+            _check_json(result)
+            return Outcome(result=result)
+        except Unrunnable as exc:
+            log.error("%s: cannot run it: %s", task, exc)
+            return Outcome(error=str(exc), retryable=False)
+        except AttemptCancelled:
+            return Outcome(error="cancelled by the server", retryable=True)  # dropped: heartbeats.stopped
+        except Exception as exc:
+            log.exception("%s: raised %s: %s", task, type(exc).__name__, exc)
+            return Outcome(error=f"{type(exc).__name__}: {exc}", retryable=True)
+
+    def _agent_for(self, task: WorkerTask) -> Agent:
+        name = task.agent
+        if name is None and len(self._agents) == 1:
+            name = next(iter(self._agents))
+        agent = self._agents.get(name) if name is not None else None
+        if agent is None:
+            raise Unrunnable(f"this Worker has no agent {name!r}")
+        return agent
+
+    def _context(self, task: WorkerTask, heartbeats: AttemptHeartbeats, *, call_id: str | None,
+                 idempotency_key: str | None) -> ToolContext:
+        ctx = ToolContext(session_id=task.session_id, turn_id=task.turn_id, step_id=task.step_id,
+                          call_id=call_id, attempt=task.attempt, idempotency_key=idempotency_key,
+                          worker_id=self.worker_id, answer=task.input.get("answer"),
+                          has_answer="answer" in task.input, send_heartbeat=heartbeats.beat_with_progress)
+        heartbeats.contexts.append(ctx)
+        return ctx
+
+    # ------------------------------------------------------------ task kinds
+
+    async def _run_model(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+        if agent.model is None:
+            raise Unrunnable(f"agent {agent.name!r} has no model")
+        request = ModelRequest(history=list(task.input.get("history") or []), summary=task.input.get("summary"),
+                               tools=list(task.input.get("tools") or []))
+        response = ModelResponse.coerce(await agent.model.respond(request, heartbeats), "the model's response")
+        calls = []
+        for i, call in enumerate(response.tool_calls):
+            if not call.id:
+                raise ValueError(f"the model's tool_calls[{i}] has no id")
+            entry = call.as_json()
+            tool = agent.tools.get(call.name)
+            if tool is not None and tool.inline:
+                entry["result"] = await self._run_inline(task, heartbeats, tool, call.id, call.arguments)
+            calls.append(entry)
+        return {"content": response.content, "tool_calls": calls, "usage": dict(response.usage)}
+
+    async def _run_inline(self, task: WorkerTask, heartbeats: AttemptHeartbeats, tool: Tool, call_id: str,
+                          arguments: dict[str, Any]) -> dict[str, Any]:
+        """An inline tool runs inside the model call; its result rides in the RunModel
+        result. An exception (not ToolError) fails the whole RunModel attempt, which
+        then runs again with its inline tools (at-least-once)."""
+        ctx = self._context(task, heartbeats, call_id=call_id, idempotency_key=f"{task.session_id}:{call_id}")
+        try:
+            value = await tool.invoke(ctx, arguments)
+        except ToolError as exc:
+            return {"status": "error", "error": exc.message}
+        except QuestionAsked:
+            return {"status": "error", "error": f"inline tool {tool.name!r} cannot ask the user a question"}
+        if isinstance(value, (TaskHandle, Pending)):
+            return {"status": "error", "error": f"inline tool {tool.name!r} cannot be long-running"}
+        return {"status": "ok", "output": value}
+
+    async def _call_tool(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+        tool = _tool_for(agent, task)
+        ctx = self._context(task, heartbeats, call_id=task.input.get("call_id"),
+                            idempotency_key=task.idempotency_key)
+        try:
+            value = await tool.invoke(ctx, task.input.get("arguments") or {})
+        except ToolError as exc:
+            return {"status": "error", "error": exc.message}
+        except QuestionAsked as asked:
+            return {"status": "question", "question": asked.question}
+        if isinstance(value, TaskHandle):
+            if tool.poll_fn is None:
+                raise Unrunnable(f"tool {tool.name!r} returned a task handle but has no poll function")
+            return {"status": "task", "handle": value.handle, "poll_after_ms": value.poll_after_ms}
+        if isinstance(value, Pending):
+            raise Unrunnable(f"tool {tool.name!r} returned ctx.pending(); only its poll function may")
+        return {"status": "ok", "output": value}
+
+    async def _poll_tool_task(self, task: WorkerTask, agent: Agent,
+                              heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+        tool = _tool_for(agent, task)
+        if tool.poll_fn is None:
+            raise Unrunnable(f"tool {tool.name!r} has no poll function")
+        ctx = self._context(task, heartbeats, call_id=task.input.get("call_id"),
+                            idempotency_key=task.idempotency_key)
+        try:
+            value = await tool.invoke_poll(ctx, task.input.get("handle"))
+        except ToolError as exc:
+            return {"status": "error", "error": exc.message}
+        except QuestionAsked:
+            raise Unrunnable(f"the poll function of tool {tool.name!r} cannot ask the user") from None
+        if isinstance(value, Pending):
+            # The server rejects a null poll_after_ms: leave the key out to keep the old interval.
+            return {"status": "pending"} if value.poll_after_ms is None else \
+                {"status": "pending", "poll_after_ms": value.poll_after_ms}
+        if isinstance(value, TaskHandle):
+            raise Unrunnable(f"the poll function of tool {tool.name!r} returned a new task handle")
+        return {"status": "ok", "output": value}
+
+    async def _compact_context(self, task: WorkerTask, agent: Agent,
+                               heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+        if agent.model is None:
+            raise Unrunnable(f"agent {agent.name!r} has no model")
+        summary = await agent.model.summarize(list(task.input.get("history") or []), task.input.get("summary"))
+        if not isinstance(summary, str):
+            raise TypeError(f"the model's summarize() returned {type(summary).__name__}, not a string")
+        return {"summary": summary}
+
+    # ------------------------------------------------------------ delivery
+
+    async def _deliver(self, task: WorkerTask, outcome: Outcome) -> None:
+        """complete or fail, retried by the Connection until 200 or 409."""
+        if outcome.failed:
+            await self._send_fail(task, outcome.error or "", outcome.retryable)
+            return
+        try:
+            await self._conn.request("POST", task.path("complete"), {"result": outcome.result})
+        except DexError as exc:
+            if exc.status == 409:
+                log.info("%s: result not needed any more (409: %s)", task, exc.message)
+            elif isinstance(exc, DexUnavailable):
+                log.error("%s: could not deliver the result: %s", task, exc.message)
+            else:
+                log.error("%s: the server refused the result (%d %s): %s", task, exc.status, exc.code, exc.message)
+                await self._send_fail(task, f"the server refused the result: {exc.message}", retryable=False)
+            return
+        self.completed += 1
+        log.debug("%s: completed", task)
+
+    async def _send_fail(self, task: WorkerTask, error: str, retryable: bool) -> None:
+        try:
+            await self._conn.request("POST", task.path("fail"), {"error": error, "retryable": retryable})
+        except DexError as exc:
+            if exc.status == 409:
+                log.info("%s: failure not needed any more (409: %s)", task, exc.message)
+            else:
+                log.error("%s: the server refused the failure report (%d %s): %s",
+                          task, exc.status, exc.code, exc.message)
+            return
+        self.completed += 1
+        log.debug("%s: reported failed (retryable=%s): %s", task, retryable, error)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _check_agents(agents: Any) -> dict[str, Agent]:
+    if isinstance(agents, Agent) or not isinstance(agents, Sequence) or not agents:
+        raise ValueError("agents must be a non-empty list of Agent objects")
+    by_name: dict[str, Agent] = {}
+    for i, agent in enumerate(agents):
+        if not isinstance(agent, Agent):
+            raise TypeError(f"agents[{i}] must be an Agent, got {type(agent).__name__}")
+        if agent.name in by_name:
+            raise ValueError(f"agents: two agents are named {agent.name!r}")
+        by_name[agent.name] = agent
+    return by_name
+
+
+def _tool_for(agent: Agent, task: WorkerTask) -> Tool:
+    name = task.input.get("name")
+    tool = agent.tools.get(name) if isinstance(name, str) else None
+    if tool is None:
+        raise Unrunnable(f"agent {agent.name!r} has no tool {name!r}")
+    return tool
+
+
+def _check_json(result: Any) -> None:
+    try:
+        json.dumps(result)
+    except (TypeError, ValueError) as exc:
+        raise Unrunnable(f"the result is not JSON: {exc}") from None
+
+
+def _cancel_from_outside(work: asyncio.Task[Any]) -> None:
+    """Cancel `work` unless the stop was noticed inside it (ctx.heartbeat): then the tool
+    gets AttemptCancelled instead and may clean up without a CancelledError mid-way."""
+    if asyncio.current_task() is not work:
+        work.cancel()
