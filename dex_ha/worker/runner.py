@@ -131,7 +131,8 @@ class AttemptHeartbeats:
         self._pending: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()  # one heartbeat at a time keeps the deltas in order
-        self.stopped = False  # the server said stop: deliver nothing for this attempt
+        self.stopped = False  # the server said stop: deliver no result for this attempt
+        self.cancelled_by_server = False  # stop because of {"cancel": true} (not a 409)
         self.stop_reason = ""
         self.on_stop: Callable[[], None] | None = None
         self.contexts: list[ToolContext] = []  # marked cancelled when the server says stop
@@ -160,12 +161,12 @@ class AttemptHeartbeats:
                                                   timeout_s=max(1.0, self._task.heartbeat_timeout_ms / 1000))
             except DexError as exc:
                 if exc.status == 409:
-                    self._stop("the attempt is no longer current (409)")
+                    self._stop("the attempt is no longer current (409)", cancelled_by_server=False)
                 else:  # not fatal: the next heartbeat may get through
                     log.error("%s: heartbeat refused: %s", self._task, exc)
             else:
                 if isinstance(answer, dict) and answer.get("cancel") is True:
-                    self._stop("the server cancelled it")
+                    self._stop("the server cancelled it", cancelled_by_server=True)
             return not self.stopped
 
     async def flush(self) -> bool:
@@ -197,8 +198,9 @@ class AttemptHeartbeats:
             self._pending.append({"progress": progress})
         return await self.beat()
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, *, cancelled_by_server: bool) -> None:
         self.stopped, self.stop_reason = True, reason
+        self.cancelled_by_server = cancelled_by_server
         for ctx in self.contexts:
             ctx.cancelled = True
         if self.on_stop is not None:
@@ -407,17 +409,26 @@ class Worker:
             raise
         try:
             if heartbeats.stopped:
-                log.info("%s: %s; dropping its result", task, heartbeats.stop_reason)
-                return None
+                return self._stopped_outcome(task, heartbeats)
             if work.cancelled():  # the tool itself raised CancelledError
                 return Outcome(error="the task was cancelled inside the Worker", retryable=True)
             # The last deltas reach the server before the result, so a stream ends complete.
             if not await heartbeats.flush():
-                log.info("%s: %s; dropping its result", task, heartbeats.stop_reason)
-                return None
+                return self._stopped_outcome(task, heartbeats)
             return work.result()
         finally:
             beating.cancel()
+
+    @staticmethod
+    def _stopped_outcome(task: WorkerTask, heartbeats: AttemptHeartbeats) -> Outcome | None:
+        """The server said stop. After a cancel, report that the work stopped, so the
+        attempt ends now instead of at its heartbeat timeout (and a graceful drain does not
+        wait for it). After a 409 the attempt is someone else's business: send nothing."""
+        log.info("%s: %s; dropping its result", task, heartbeats.stop_reason)
+        if heartbeats.cancelled_by_server:
+            return Outcome(error="cancelled: the Worker stopped the attempt at the server's request",
+                           retryable=False)
+        return None
 
     def _interval_for(self, task: WorkerTask) -> float:
         if self.heartbeat_interval_s is not None:

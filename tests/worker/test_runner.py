@@ -434,9 +434,15 @@ async def test_progress_from_ctx_heartbeat_is_sent_at_once_as_a_delta(fake: Fake
 # ---------------------------------------------------------------- cancellation
 
 
+CANCELLED_FAIL = {"error": "cancelled: the Worker stopped the attempt at the server's request", "retryable": False}
+
+
 @pytest.mark.parametrize("answer", ["cancel", "409"])
 async def test_a_stop_answer_to_a_heartbeat_cancels_the_tool_and_sends_no_result(
         fake: FakeServer, answer: str) -> None:
+    """Neither answer delivers the tool's result. After a cancel the Worker says the
+    attempt stopped (one non-retryable fail, so the attempt ends now, not at its heartbeat
+    timeout); after a 409 the attempt is no longer ours, so it sends nothing at all."""
     box = Toolbox()
     token = fake.add_tool_task("wait_gate", {"name": "doomed"})
     (fake.cancel_tokens if answer == "cancel" else fake.stale_heartbeat_tokens).add(token)
@@ -445,8 +451,8 @@ async def test_a_stop_answer_to_a_heartbeat_cancels_the_tool_and_sends_no_result
         await fake.wait_for(lambda: box.cancelled == ["doomed"], "the tool cancelled")
         await fake.wait_for(lambda: worker.running == 0, "the task ended")
         assert len(fake.heartbeats[token]) == 1  # no heartbeat after the stop answer
-    assert fake.completes[token] == [] and fake.fails[token] == []
-    assert worker.completed == 0
+    assert fake.completes[token] == []
+    assert fake.fails[token] == ([CANCELLED_FAIL] if answer == "cancel" else [])
 
 
 async def test_ctx_heartbeat_raises_attempt_cancelled_and_the_return_value_is_dropped(fake: FakeServer) -> None:
@@ -458,7 +464,7 @@ async def test_ctx_heartbeat_raises_attempt_cancelled_and_the_return_value_is_dr
         fake.cancel_tokens.add(token)
         await fake.wait_for(lambda: box.cancelled == ["beat_until_told"], "the tool saw the cancel")
         await fake.wait_for(lambda: worker.running == 0, "the task ended")
-    assert fake.completes[token] == [] and fake.fails[token] == []
+    assert fake.completes[token] == [] and fake.fails[token] == [CANCELLED_FAIL]
     assert fake.deltas_of(token)[0] == {"progress": {"stage": "working"}}
 
 

@@ -1,0 +1,72 @@
+"""`dex-ha dev` as a real child process for end-to-end tests: free port, own data dir,
+a deadline on every wait, stopped by pid."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from tests.support.kv_cluster import free_ports
+
+
+class DevProcess:
+    def __init__(self, data_dir: Path, log_path: Path, *, extra_env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.port = free_ports(1)[0]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.extra_env}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dex_ha.cli", "dev", "--data-dir", str(self.data_dir),
+                 "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    async def wait_ready(self, deadline_s: float = 20.0) -> None:
+        deadline = time.monotonic() + deadline_s
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                assert self.proc is not None and self.proc.poll() is None, self.log_tail()
+                try:
+                    async with session.get(self.url + "/readyz", timeout=aiohttp.ClientTimeout(total=1)) as r:
+                        if r.status == 200:
+                            return
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"dex-ha dev not ready within {deadline_s} s\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: the crash the tests are about."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> int | None:
+        """SIGTERM (graceful stop), then SIGKILL after a deadline; the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
