@@ -1,0 +1,100 @@
+"""A three-node cluster started with `dex-ha cluster up` (real processes) for end-to-end
+tests: the layout and tokens come from the files the command writes; nodes are killed and
+stopped by pid."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from dex_ha.cli_cluster import LAYOUT_FILE, read_pids
+
+
+def contiguous_free_ports(count: int, low: int = 20_000, high: int = 60_000) -> int:
+    """A base port with `count` free loopback ports after it (cluster up takes base + i)."""
+    for base in range(low + os.getpid() % 1000 * 37 % (high - low - count), high - count, count):
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                s.bind(("127.0.0.1", port))
+                sockets.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+class LocalCluster:
+    def __init__(self, directory: Path, nodes: int = 3) -> None:
+        self.dir = directory
+        self.nodes = nodes
+        self.http_base = contiguous_free_ports(nodes)
+        self.raft_base = contiguous_free_ports(nodes, low=self.http_base + nodes + 1)
+        self.layout: dict = {}
+
+    def run_cli(self, *args: str, timeout_s: float = 90.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "dex_ha.cli", *args], capture_output=True, text=True,
+                              timeout=timeout_s)
+
+    def up(self) -> None:
+        done = self.run_cli("cluster", "up", "--nodes", str(self.nodes), "--dir", str(self.dir),
+                            "--base-port", str(self.http_base), "--raft-base-port", str(self.raft_base),
+                            "--relaxed")
+        assert done.returncode == 0, f"cluster up failed:\n{done.stdout}\n{done.stderr}"
+        self.layout = json.loads((self.dir / LAYOUT_FILE).read_text())
+
+    def down(self) -> None:
+        self.run_cli("cluster", "down", "--dir", str(self.dir))
+        for pid in read_pids(self.dir).values():  # belt and braces: nothing may outlive the test
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    @property
+    def tokens(self) -> dict[str, str]:
+        return self.layout["tokens"]
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return {node_id: f"http://127.0.0.1:{http_port}" for node_id, http_port, _ in self.layout["layout"]["nodes"]}
+
+    def pid(self, node_id: str) -> int:
+        return read_pids(self.dir)[node_id]
+
+    def kill(self, node_id: str) -> None:
+        os.kill(self.pid(node_id), signal.SIGKILL)
+
+    async def active_node(self, deadline_s: float = 20.0, not_: str | None = None) -> str:
+        """The one node whose /readyz answers 200 (other than `not_`), within the deadline."""
+        deadline = time.monotonic() + deadline_s
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                ready = []
+                for node_id, url in self.urls.items():
+                    if node_id == not_:
+                        continue
+                    try:
+                        async with session.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=0.5)) as r:
+                            if r.status == 200:
+                                ready.append(node_id)
+                    except (aiohttp.ClientError, OSError, TimeoutError):
+                        pass
+                assert len(ready) <= 1, f"two nodes ready at once: {ready}"
+                if ready:
+                    return ready[0]
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"no active node within {deadline_s} s")

@@ -1,0 +1,153 @@
+"""End to end on a three-node cluster started with `dex-ha cluster up` (real processes).
+
+- A SIGKILL of the active node while a tool runs: a standby takes over, the attempt that
+  the dead node handed out fails (takeover), the same call runs again with the same
+  idempotency key (row R04), and the session goes on; the Worker and the client were
+  given all three URLs.
+- A planned step down while a tool runs: the running attempt finishes within the drain
+  timeout, another node becomes active, and no attempt failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+
+from dex_ha.client import DexClient
+from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from tests.e2e.cluster_process import LocalCluster
+
+AGENT = "ha"
+DEADLINE_S = 45.0
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, str, int]] = []  # (tool, idempotency key, attempt)
+        self.first_attempt_running = asyncio.Event()
+        self.cancelled: list[int] = []
+
+
+def script(request: ModelRequest) -> dict[str, Any]:
+    last = request.history[-1]
+    if last["type"] == "user":
+        tool = "slow_put" if last["text"] == "failover" else "steady_put"
+        return {"content": "on it", "tool_calls": [{"id": f"c-{last['text']}", "name": tool,
+                                                     "arguments": {"item": last["text"]}}]}
+    return {"content": "all done", "tool_calls": []}
+
+
+def make_agent(ledger: Ledger) -> Agent:
+    agent = Agent(AGENT, model=ScriptedModel(script))
+
+    @agent.tool(effect="idempotent_write")
+    async def slow_put(ctx: ToolContext, item: str) -> str:
+        ledger.runs.append(("slow_put", ctx.idempotency_key or "", ctx.attempt))
+        if ctx.attempt == 1:  # the first attempt runs until its node dies under it
+            ledger.first_attempt_running.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                ledger.cancelled.append(ctx.attempt)
+                raise
+        return f"stored {item}"
+
+    @agent.tool(effect="idempotent_write")
+    async def steady_put(ctx: ToolContext, item: str) -> str:
+        ledger.runs.append(("steady_put", ctx.idempotency_key or "", ctx.attempt))
+        ledger.first_attempt_running.set()
+        await asyncio.sleep(1.0)  # well within the drain timeout
+        return f"stored {item}"
+
+    return agent
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "cluster")
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.fixture
+async def stack(cluster: LocalCluster) -> AsyncIterator[tuple[DexClient, Ledger]]:
+    ledger = Ledger()
+    urls = list(cluster.urls.values())
+    worker = Worker(urls, token=cluster.tokens["worker"], agents=[make_agent(ledger)], poll_wait_ms=2_000,
+                    heartbeat_interval_s=0.2, drain_timeout_s=1.0)
+    run = asyncio.create_task(worker.run())
+    client = DexClient(urls, token=cluster.tokens["client"])
+    try:
+        yield client, ledger
+    finally:
+        await client.close()
+        await worker.stop()
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+
+
+def attempts_of(snapshot: dict[str, Any], call_id: str) -> list[dict[str, Any]]:
+    call = next(c for c in snapshot["tool_calls"] if c["call_id"] == call_id)
+    return [a for step in call["steps"] for a in step["attempts"]]
+
+
+async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
+        cluster: LocalCluster, stack: tuple[DexClient, Ledger]) -> None:
+    client, ledger = stack
+    sid = (await client.create_session(AGENT))["session_id"]
+    await client.send_message(sid, "failover")
+    await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
+    old = await cluster.active_node()
+    killed_at = time.monotonic()
+    cluster.kill(old)
+    new = await cluster.active_node(not_=old)
+    failover_s = time.monotonic() - killed_at
+    assert new != old
+
+    final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+    assert final["turns"][-1]["status"] == "completed"
+    call = next(c for c in final["tool_calls"] if c["call_id"] == "c-failover")
+    assert call["status"] == "succeeded" and call["output"] == "stored failover"
+    attempts = attempts_of(final, "c-failover")
+    assert [a["status"] for a in attempts] == ["failed", "completed"]
+    assert "lost its lease" in attempts[0]["error"]  # failed by the new node's takeover
+    assert attempts[1]["term"] > attempts[0]["term"]
+    # The ledger (outside the server): the call ran twice, with the same idempotency key.
+    assert ledger.runs == [("slow_put", f"{sid}:c-failover", 1), ("slow_put", f"{sid}:c-failover", 2)]
+    # The Worker stops the stale attempt once a heartbeat reaches the new node (409).
+    deadline = time.monotonic() + 10
+    while ledger.cancelled != [1] and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert ledger.cancelled == [1], "the Worker kept running an attempt the new active node had failed"
+    assert failover_s < 10, f"failover took {failover_s:.1f} s"
+
+
+async def test_step_down_moves_the_active_node_without_failing_a_running_attempt(
+        cluster: LocalCluster, stack: tuple[DexClient, Ledger]) -> None:
+    client, ledger = stack
+    sid = (await client.create_session(AGENT))["session_id"]
+    await client.send_message(sid, "deploy")
+    await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
+    old = await cluster.active_node()
+    done = await asyncio.to_thread(cluster.run_cli, "step-down", "--url", cluster.urls[old],
+                                   "--token", cluster.tokens["admin"], "--drain-timeout-ms", "20000")
+    assert done.returncode == 0, f"step-down failed:\n{done.stdout}\n{done.stderr}"
+    new = await cluster.active_node(not_=old)
+    assert new != old
+
+    final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+    assert final["turns"][-1]["status"] == "completed"
+    every_attempt = [a for c in final["tool_calls"] for s in c["steps"] for a in s["attempts"]]
+    assert every_attempt and all(a["status"] == "completed" for a in every_attempt)
+    assert attempts_of(final, "c-deploy")[0]["status"] == "completed"
+    assert [r[2] for r in ledger.runs] == [1]  # the tool ran once
+    counts = collections.Counter(s for s in (a["status"] for a in every_attempt))
+    assert counts == {"completed": len(every_attempt)}
