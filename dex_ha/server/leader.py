@@ -26,6 +26,7 @@ from dex_ha.engine import (
     ApplyResult, AttemptTimedOut, Command, FailHeldAttempts, FireTimer, Handout, HeartbeatLost,
     QueuedStep, StartAttempts,
 )
+from dex_ha.raft.core import NotLeader, ProposalDropped
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
 
@@ -120,9 +121,21 @@ class LeaderTerm:
 
     async def _run(self) -> None:
         await self._take_over()
-        self._tasks.append(asyncio.create_task(self._dispatch_loop(), name=f"dispatch-{self.term}"))
-        self._tasks.append(asyncio.create_task(self._monitor_loop(), name=f"monitor-{self.term}"))
-        self._tasks.append(asyncio.create_task(self._timer_loop(), name=f"timers-{self.term}"))
+        for name, loop in (("dispatch", self._dispatch_loop), ("monitor", self._monitor_loop),
+                           ("timers", self._timer_loop)):
+            self._tasks.append(asyncio.create_task(self._supervised(name, loop), name=f"{name}-{self.term}"))
+
+    async def _supervised(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """Run a service loop; a bug that raises is logged and the loop starts again, so one
+        bad step cannot silently stop all dispatch or all timers of the term."""
+        while True:
+            try:
+                await loop()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("leader service %r of term %d failed; restarting it", name, self.term)
+                await asyncio.sleep(0.1)
 
     async def _take_over(self) -> None:
         started = time.monotonic()
@@ -209,21 +222,24 @@ class LeaderTerm:
                     for poll, steps in matched for s in steps]
         try:
             result = await self._propose(StartAttempts(at=wall_ms(), handouts=handouts))
-        except Exception as exc:
+            started = {s["step_id"]: s for s in (result.value or {}).get("started", [])}
+            now = time.monotonic()
+            for poll, steps in matched:
+                tasks = [self._task(started[s.step_id], s, poll.worker_id, now)
+                         for s in steps if s.step_id in started]
+                if tasks or self._stopped:
+                    if not poll.future.done():
+                        poll.future.set_result(tasks)
+                else:  # every step it was offered went away meanwhile (cancelled): wait on
+                    poll.claimed = False
+                    self._waiting.appendleft(poll)
+        except (NotLeader, ProposalDropped) as exc:  # the polls are answered 503 below
+            log.info("hand-out of %d steps not committed: %r", len(handouts), exc)
+        finally:
+            # A claimed poll must never wait forever: whatever went wrong, answer it.
             for poll, _ in matched:
-                if not poll.future.done():
-                    poll.future.set_exception(NotServing(f"hand-out not committed: {exc}"))
-            return
-        started = {s["step_id"]: s for s in (result.value or {}).get("started", [])}
-        now = time.monotonic()
-        for poll, steps in matched:
-            tasks = [self._task(started[s.step_id], s, poll.worker_id, now) for s in steps if s.step_id in started]
-            if tasks or self._stopped:
-                if not poll.future.done():
-                    poll.future.set_result(tasks)
-            else:  # every step it was offered went away meanwhile (cancelled): wait on
-                poll.claimed = False
-                self._waiting.appendleft(poll)
+                if poll.claimed and not poll.future.done():
+                    poll.future.set_exception(NotServing("the hand-out was not committed; poll again"))
 
     def _task(self, started: dict[str, Any], step: QueuedStep, worker_id: str, now: float) -> dict[str, Any]:
         attempt = started["attempt"]
