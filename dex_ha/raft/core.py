@@ -141,7 +141,14 @@ class NotLeader(Exception):
 
 
 class ProposalDropped(Exception):
-    """The leader cannot take this proposal now (transfer, pending change, invalid)."""
+    """The leader cannot take this proposal now (not leader yet in lease, transfer, being removed)."""
+
+
+class ConfChangeRefused(ValueError):
+    """The configuration change cannot be made now: another one is pending, or it does
+    not fit the current configuration (adding a member twice, promoting a voter, removing
+    the last voter, ...). Nothing was appended; unlike ProposalDropped, retrying the same
+    change will not help until the configuration changes."""
 
 
 @dataclass
@@ -1008,13 +1015,18 @@ class RaftCore:
     def propose_conf_change(self, cc: ConfChange) -> int:
         """Append a configuration change; one at a time. Returns its index."""
         self._check_can_propose()
-        if self._log.commit < self._pending_conf_index:
-            raise ProposalDropped("a configuration change (or the leader's no-op) is pending")
-        if apply_conf_change(self._conf, cc) is None:
-            raise ProposalDropped(f"invalid configuration change {cc.type.name} {cc.node_id!r}")
+        self.check_conf_change(cc)
         index = self._append_as_leader(EntryType.CONF_CHANGE, encode_conf_change(cc))
         self._pending_conf_index = index
         return index
+
+    def check_conf_change(self, cc: ConfChange) -> None:
+        """Raise ConfChangeRefused unless `cc` could be proposed now."""
+        if self._log.commit < self._pending_conf_index:
+            raise ConfChangeRefused("a configuration change (or the leader's no-op) is pending")
+        if apply_conf_change(self._conf, cc) is None:
+            raise ConfChangeRefused(f"{cc.type.name.lower()} {cc.node_id!r} does not fit the configuration "
+                                    f"(voters {sorted(self._conf.voters)}, learners {sorted(self._conf.learners)})")
 
     def _check_can_propose(self) -> None:
         if self._role != Role.LEADER:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 import msgpack
 
-from .core import NotLeader, ProposalDropped, RaftConfig, RaftCore
+from .core import ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore
 from .storage import RaftStorage
 from .transport import RaftTransport
 from .types import (
@@ -271,7 +271,11 @@ class RaftNode:
         return await self._submit(data, EntryType.NORMAL)
 
     async def change_membership(self, cc: ConfChange) -> None:
-        """Add a learner, promote or remove a member; waits until the change applied."""
+        """Add a learner, promote or remove a member; waits until the change applied.
+        Raises ConfChangeRefused (nothing changed) when the change does not fit."""
+        if self.core.role != Role.LEADER:
+            raise NotLeader(self.core.leader_id)
+        self.core.check_conf_change(cc)  # before we learn an address from a refused change
         if cc.type == ConfChangeType.ADD_LEARNER:
             if not cc.context:
                 raise ValueError("ADD_LEARNER needs the member's address in context")
@@ -361,7 +365,7 @@ class RaftNode:
                     index = self.core.propose_conf_change(payload)
                 else:
                     index = self.core.propose(payload)
-            except (NotLeader, ProposalDropped) as exc:
+            except (NotLeader, ProposalDropped, ConfChangeRefused) as exc:
                 fut.set_exception(exc)
                 continue
             self.metrics.proposals += 1

@@ -25,7 +25,8 @@ from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import AuthError, TokenAuth
 from dex_ha.server.config import ConfigError, parse_address
 from dex_ha.server.leader import NotServing, parse_task_token, wall_ms
-from dex_ha.server.node import NOT_ACTIVE_ERRORS, NodeServer, StepDownFailed
+from dex_ha.raft.core import ConfChangeRefused
+from dex_ha.server.node import NOT_ACTIVE_ERRORS, MemberNotCaughtUp, NodeServer, StepDownFailed, UnknownMember
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.validation import (
     BodyTooLarge, InvalidRequest, decode_json_body, validate_body, validate_headers, validate_path,
@@ -95,7 +96,7 @@ def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler) -> 
         except ApiError as exc:
             response = _error(exc.status, exc.code, exc.message, **exc.extra)
         except (InvalidRequest, BodyTooLarge) as exc:
-            response = _error(exc.status, exc.code, exc.message)
+            response = _error(exc.status, exc.code, str(exc))  # "<field>: <what is wrong>"
         except AuthError as exc:
             response = _error(exc.status, exc.code, exc.message, headers=exc.headers)
         except NOT_ACTIVE_ERRORS as exc:
@@ -180,6 +181,8 @@ async def cluster(api: Api, args: dict[str, Any], request: web.Request) -> Answe
 async def step_down(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     try:
         return 200, await api.node.step_down(args.get("to"), args.get("drain_timeout_ms"))
+    except UnknownMember as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
     except StepDownFailed as exc:
         raise ApiError(409, "step_down_failed", str(exc)) from None
 
@@ -217,9 +220,7 @@ def _members(api: Api) -> dict[str, Any]:
 async def _membership(change: Awaitable[None]) -> None:
     try:
         await change
-    except NOT_ACTIVE_ERRORS:
-        raise
-    except ValueError as exc:  # the core refuses: another change pending, unknown member, …
+    except (ConfChangeRefused, MemberNotCaughtUp) as exc:  # nothing changed
         raise ApiError(409, "conflict", str(exc)) from None
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -34,10 +36,26 @@ class StepDownFailed(Exception):
     """The planned step down could not move the leadership (the message says why)."""
 
 
+class UnknownMember(StepDownFailed):
+    """The step down names a node that is not another voting member."""
+
+
+class MemberNotCaughtUp(Exception):
+    """A learner may become a voter only once its log is close to the leader's: a voter
+    that lags would count towards quorums it cannot serve (on one node: no quorum at all)."""
+
+
+# How far behind the commit index a learner may be, in entries, to be promoted.
+PROMOTE_MAX_LAG_ENTRIES = 1_000
+
+
 class NodeServer:
     def __init__(self, config: ServerConfig) -> None:
         config.check()
-        self.config = config
+        # Bind the HTTP port first: with port 0 the URL (our leader_url) is known only now.
+        self._http_socket = _bind(config.http_listen)
+        self.http_port: int = self._http_socket.getsockname()[1]
+        self.config = config = _with_bound_port(config, self.http_port)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True))
         self.metrics = ServerMetrics()
@@ -48,7 +66,6 @@ class NodeServer:
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
-        self.http_port: int | None = None
         self.stopping = False
         self.started_at = time.time()
 
@@ -77,18 +94,16 @@ class NodeServer:
         await self.raft.start()
         self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
-        host, port = self.config.http_listen
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        self.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        log.info("node %s serves HTTP on %s:%d (raft on %s:%d, data in %s)", self.config.node_id, host,
-                 self.http_port, *self.config.raft_listen, self.config.data_dir)
+        await web.SockSite(self._runner, self._http_socket).start()
+        log.info("node %s serves HTTP on %s:%d (raft on %s:%d, data in %s)", self.config.node_id,
+                 self.config.http_listen[0], self.http_port, *self.config.raft_listen, self.config.data_dir)
 
     async def stop(self) -> None:
         self.stopping = True
         await self._stop_leader_services()
         if self._runner is not None:
             await self._runner.cleanup()
+        self._http_socket.close()
         await self.raft.stop()
         self.replica.close()
 
@@ -177,7 +192,7 @@ class NodeServer:
             raise StepDownFailed("no other voter to hand the leadership to")
         members = self.raft.core.status()["members"]
         if target not in members or not members[target]["voter"] or target == self.config.node_id:
-            raise StepDownFailed(f"{target!r} is not another voting member")
+            raise UnknownMember(f"{target!r} is not another voting member")
         timeout_ms = self.config.drain_timeout_ms if drain_timeout_ms is None else drain_timeout_ms
         left = await self.drain(leader, timeout_ms)
         try:
@@ -241,6 +256,14 @@ class NodeServer:
                                                      member_context(raft_addr[0], raft_addr[1], url)))
 
     async def promote_member(self, node_id: str) -> None:
+        status = self.raft.core.status()
+        info = status["members"].get(node_id, {})
+        if not info.get("voter"):  # promoting a voter is refused by the core (409) below
+            match, contact = info.get("match"), info.get("last_contact_ms_ago")
+            if (not match or status["commit"] - match > PROMOTE_MAX_LAG_ENTRIES or contact is None
+                    or contact > self.config.election_timeout_max_ms):
+                raise MemberNotCaughtUp(f"learner {node_id!r} is not caught up (match index {match}, commit index "
+                                        f"{status['commit']}, last contact {contact} ms ago); promote it once it is")
         await self.raft.change_membership(ConfChange(ConfChangeType.PROMOTE, node_id))
 
     async def remove_member(self, node_id: str) -> None:
@@ -287,6 +310,30 @@ class NodeServer:
             "sessions": stats["sessions"],
             "tool_calls": stats["tool_calls"],
         }
+
+
+def _bind(address: tuple[str, int]) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen for HTTP on {address[0]}:{address[1]}: {exc.strerror}") from None
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _with_bound_port(config: ServerConfig, port: int) -> ServerConfig:
+    """A config asked for port 0: put the bound port into its URL and its own peer entry."""
+    if config.http_listen[1] != 0:
+        return config
+    host = config.http_listen[0]
+    url = f"http://{host}:{port}"
+    peers = tuple(replace(p, url=url) if p.id == config.node_id else p for p in config.peers)
+    return replace(config, http_listen=(host, port), url=url, peers=peers)
 
 
 NOT_ACTIVE_ERRORS = (NotServing, NotLeader, ProposalDropped)

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from dex_ha.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore
+from dex_ha.raft.core import ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore
 from dex_ha.raft.types import (
     ConfChange,
     ConfChangeType,
@@ -722,7 +722,7 @@ class Simulation:
             return
         try:
             index = core.propose_conf_change(cc)
-        except (NotLeader, ProposalDropped):
+        except (NotLeader, ProposalDropped, ConfChangeRefused):
             return
         self.trace.append((self.now, "conf_change", leader.id, cc.type.name, cc.node_id, index))
         self.stats["conf_" + cc.type.name] += 1

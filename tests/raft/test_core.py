@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-from dex_ha.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore
+from dex_ha.raft.core import ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore
 from dex_ha.raft.types import (
     NO_NODE,
     ConfChange,
@@ -745,7 +745,7 @@ def test_learner_joins_from_empty_configuration_then_is_promoted() -> None:
     n4 = c.cores["n4"]
     assert n4.role == Role.LEARNER and n4.conf_state == n1.conf_state
     assert data_of(c.stores["n4"]) == [b"before"]
-    with pytest.raises(ProposalDropped):  # the previous change must commit first...
+    with pytest.raises(ConfChangeRefused):  # the previous change must commit first...
         n1.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, "n4"))  # ...and be valid
     n1.propose_conf_change(ConfChange(ConfChangeType.PROMOTE, "n4"))
     c.run(100)
@@ -766,16 +766,16 @@ def test_conf_change_pending_rules() -> None:
         n1.tick(t)
         c.flush()
     c.now = t
-    with pytest.raises(ProposalDropped):  # the no-op of this term is not committed yet
+    with pytest.raises(ConfChangeRefused):  # the no-op of this term is not committed yet
         n1.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, "n4"))
     c.drop = lambda m: False
     c.tick(100)
     idx = n1.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, "n4"))
     c.drop = lambda m: m.type == MT.APP
-    with pytest.raises(ProposalDropped):  # one change at a time
+    with pytest.raises(ConfChangeRefused):  # one change at a time
         n1.propose_conf_change(ConfChange(ConfChangeType.ADD_LEARNER, "n5"))
     assert n1.commit_index < idx
-    with pytest.raises(ProposalDropped):
+    with pytest.raises(ConfChangeRefused):
         n1.propose_conf_change(ConfChange(ConfChangeType.REMOVE, "nobody"))
 
 

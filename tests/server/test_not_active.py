@@ -1,0 +1,107 @@
+"""Nodes that are not the active node (DESIGN.md §5): every active-only route answers 503
+`not_active` with `leader_url` and Retry-After; /readyz is 503; /livez and /v1/cluster are
+200. A 2-of-3 cluster in one process elects exactly one active node, the other points to it,
+and a planned step down moves the active role to the other node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dex_ha.server.api_spec import ROUTES, RouteSpec
+from dex_ha.server.node import NodeServer
+from tests.server.node_fixture import (
+    ClusterPlan, HttpApi, assert_error, concrete_path, expect, role_for, wait_until,
+)
+
+covers = pytest.mark.covers
+
+ACTIVE_ONLY = [route for route in ROUTES if route.active_only]
+ELECTION_DEADLINE_S = 15.0
+
+
+async def request_route(api: HttpApi, route: RouteSpec) -> Any:
+    body = {} if route.body is not None else None
+    return await api.call(route.method, concrete_path(route), role=role_for(route), json_body=body)
+
+
+def assert_not_active(reply: Any, route_name: str, leader_url: str | None) -> None:
+    assert reply.status == 503, f"{route_name}: expected 503, got {reply.status}: {reply.body}"
+    assert reply.body["error"] == "not_active" and isinstance(reply.body["message"], str), reply.body
+    assert "leader_url" in reply.body and reply.body["leader_url"] == leader_url, (route_name, reply.body)
+    assert reply.headers.get("Retry-After", "").isdigit(), f"{route_name}: no Retry-After: {reply.headers}"
+
+
+@pytest.fixture
+def plan(tmp_path) -> ClusterPlan:
+    return ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+
+
+@covers("cluster", "livez")
+async def test_a_node_that_cannot_win_an_election_serves_no_v1_route(nodes, http, plan: ClusterPlan):
+    node: NodeServer = await nodes(plan.config("n1"), wait_ready=False)  # n2 and n3 never start
+    api = http(node)
+
+    async def has_campaigned() -> bool:
+        view = expect(await api.get("/v1/cluster", role="client"), 200)
+        return view["role"] == "candidate"
+
+    await wait_until(has_campaigned, timeout_s=ELECTION_DEADLINE_S, what="n1 to try an election")
+    for route in ACTIVE_ONLY:
+        assert_not_active(await request_route(api, route), route.name, leader_url=None)
+
+    ready = await api.get("/readyz", role=None)
+    assert_error(ready, 503, "not_ready")
+    assert expect(await api.get("/livez", role=None), 200)["node_id"] == "n1"
+    view = expect(await api.get("/v1/cluster", role="admin"), 200)
+    assert view["node_id"] == "n1" and view["role"] != "active" and view["leader_id"] is None
+    assert {m["id"] for m in view["members"]} == {"n1", "n2", "n3"}
+    metrics = await api.get("/metrics", role=None)
+    assert metrics.status == 200 and "\ndex_active 0.0\n" in metrics.body
+
+
+async def wait_for_one_active(apis: dict[str, HttpApi]) -> str:
+    """The id of the one node whose /readyz is 200 (never two at once)."""
+
+    async def the_ready_node() -> str | None:
+        ready = [nid for nid, api in apis.items() if (await api.get("/readyz", role=None)).status == 200]
+        assert len(ready) <= 1, f"two active nodes at once: {ready}"
+        return ready[0] if ready else None
+
+    return await wait_until(the_ready_node, timeout_s=ELECTION_DEADLINE_S, what="one node to become active")
+
+
+async def wait_for_leader_url(api: HttpApi, url: str) -> None:
+    async def knows_leader() -> bool:
+        return expect(await api.get("/v1/cluster", role="client"), 200)["leader_url"] == url
+
+    await wait_until(knows_leader, timeout_s=ELECTION_DEADLINE_S, what=f"{api.url} to name {url} as leader")
+
+
+@covers("step_down", "create_session")
+async def test_two_of_three_nodes_elect_one_active_node_and_the_other_points_to_it(nodes, http,
+                                                                                   plan: ClusterPlan):
+    apis = {nid: http(await nodes(plan.config(nid), wait_ready=False)) for nid in ("n1", "n2")}
+    active = await wait_for_one_active(apis)
+    standby = "n2" if active == "n1" else "n1"
+    await wait_for_leader_url(apis[standby], plan.url(active))
+
+    for route in ACTIVE_ONLY:
+        assert_not_active(await request_route(apis[standby], route), route.name, leader_url=plan.url(active))
+    not_ready = await apis[standby].get("/readyz", role=None)
+    assert_error(not_ready, 503, "not_ready")
+    assert not_ready.body["leader_url"] == plan.url(active)
+    view = expect(await apis[standby].get("/v1/cluster", role="client"), 200)
+    assert view["role"] == "standby" and view["leader_id"] == active
+
+    # The active node serves; a planned step down hands the active role to the standby.
+    expect(await apis[active].post("/v1/sessions", {"agent": "helper", "session_id": "s1"}), 201)
+    moved = expect(await apis[active].post("/v1/cluster/step-down", {"to": standby}, role="admin"), 200)
+    assert moved["from"] == active and moved["to"] == standby
+    assert await wait_for_one_active(apis) == standby
+    await wait_for_leader_url(apis[active], plan.url(standby))
+    assert_not_active(await apis[active].get("/v1/sessions/s1"), "get_session", leader_url=plan.url(standby))
+    # The session committed on the old active node is there on the new one.
+    assert expect(await apis[standby].get("/v1/sessions/s1"), 200)["agent"] == "helper"
