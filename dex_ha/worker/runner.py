@@ -11,6 +11,10 @@ Every HTTP call goes through `dex_ha.client.Connection`, which retries transport
 and 503s forever while following the active node, so a failover costs the Worker nothing
 but a pause. Results are fenced by the server (step, attempt, term): a 409 means the
 attempt is no longer current, and the Worker drops what it was doing for it.
+
+`poll_concurrency` polls (default 2) are in flight at once, each asking for its share of
+the free slots, so the server can hand out work to one while another's answer is on its
+way; together they never ask for more than `max_concurrency - running`.
 """
 
 from __future__ import annotations
@@ -213,7 +217,7 @@ class Worker:
     def __init__(self, urls: str | Sequence[str], token: str | None = None,
                  agents: Sequence[Agent] = (), worker_id: str | None = None, max_concurrency: int = 8,
                  poll_wait_ms: int = 20_000, heartbeat_interval_s: float | None = None,
-                 drain_timeout_s: float = 30.0, **connection_kwargs: Any) -> None:
+                 drain_timeout_s: float = 30.0, poll_concurrency: int = 2, **connection_kwargs: Any) -> None:
         self._agents = _check_agents(agents)
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
             raise ValueError("worker_id must be a non-empty string or None")
@@ -225,17 +229,24 @@ class Worker:
             raise ValueError(f"heartbeat_interval_s must be > 0 or None, got {heartbeat_interval_s!r}")
         if not drain_timeout_s >= 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s!r}")
+        if not isinstance(poll_concurrency, int) or isinstance(poll_concurrency, bool) or poll_concurrency < 1:
+            raise ValueError(f"poll_concurrency must be a positive integer, got {poll_concurrency!r}")
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.max_concurrency = max_concurrency
         self.poll_wait_ms = poll_wait_ms
         self.heartbeat_interval_s = heartbeat_interval_s
         self.drain_timeout_s = drain_timeout_s
+        # Several polls in flight: while one answer travels back, the server can already
+        # hand out the next steps to another poll (as Temporal's pollers do).
+        self.poll_concurrency = min(poll_concurrency, max_concurrency)
         self._conn = Connection(urls, token, **connection_kwargs)
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_or_stop = asyncio.Event()  # set when a task ends or stop() begins
         self._stop_requested = asyncio.Event()
         self._loop_exited = asyncio.Event()
-        self._in_flight: asyncio.Task[Any] | None = None  # the registration or poll request
+        self._in_flight: set[asyncio.Task[Any]] = set()  # the registration or poll requests
+        self._reserved = 0  # slots promised to polls in flight (max_tasks they asked for)
+        self._polls_in_flight = 0
         self._started = False
         self.completed = 0  # tasks whose result (complete or fail) the server accepted
 
@@ -277,8 +288,8 @@ class Worker:
         timeout = self.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._stop_requested.set()
         self._slot_or_stop.set()
-        if self._in_flight is not None:
-            self._in_flight.cancel()
+        for request in list(self._in_flight):
+            request.cancel()
         if self._started:
             await self._loop_exited.wait()  # tasks from a poll answered just now are started first
         if self._tasks:
@@ -302,17 +313,40 @@ class Worker:
             log.info("worker %s registered agent %s (%d tools)", self.worker_id, agent.name, len(agent.tools))
 
     async def _poll_until_stopped(self) -> None:
+        pollers = [asyncio.create_task(self._poller()) for _ in range(self.poll_concurrency)]
+        try:
+            await asyncio.gather(*pollers)
+        finally:
+            for poller in pollers:
+                poller.cancel()
+            await asyncio.gather(*pollers, return_exceptions=True)
+
+    def _free_slots(self) -> int:
+        return self.max_concurrency - self.running - self._reserved
+
+    async def _poller(self) -> None:
+        """One poll loop; each asks for its share of the slots no other poll has claimed,
+        so running + promised tasks never exceed max_concurrency."""
         while not self._stop_requested.is_set():
-            free = self.max_concurrency - self.running
+            free = self._free_slots()
             if free <= 0:
                 self._slot_or_stop.clear()
-                if self.max_concurrency - self.running <= 0 and not self._stop_requested.is_set():
+                if self._free_slots() <= 0 and not self._stop_requested.is_set():
                     await self._slot_or_stop.wait()
                 continue
+            idle_pollers = self.poll_concurrency - self._polls_in_flight  # this one included
+            ask = -(-free // idle_pollers)  # ceil: a lone free slot is still asked for
+            self._reserved += ask
+            self._polls_in_flight += 1
             asked_at = time.monotonic()
-            tasks = await self._poll(free)
-            for raw in tasks:
-                self._start(raw)
+            try:
+                tasks = await self._poll(ask)
+                for raw in tasks:
+                    self._start(raw)
+            finally:
+                self._reserved -= ask
+                self._polls_in_flight -= 1
+                self._slot_or_stop.set()  # the slots this poll did not fill are free again
             if not tasks and time.monotonic() - asked_at < EMPTY_POLL_PAUSE_S:
                 await self._pause(EMPTY_POLL_PAUSE_S)
 
@@ -341,14 +375,14 @@ class Worker:
     async def _interruptible(self, request: Coroutine[Any, Any, Any]) -> Any:
         """Await `request` in a task that stop() can cancel; None when it did."""
         task = asyncio.ensure_future(request)
-        self._in_flight = task
+        self._in_flight.add(task)
         try:
             await asyncio.wait({task})
         except asyncio.CancelledError:
             task.cancel()
             raise
         finally:
-            self._in_flight = None
+            self._in_flight.discard(task)
         return None if task.cancelled() else task.result()
 
     async def _pause(self, seconds: float) -> None:

@@ -115,8 +115,9 @@ async def fake() -> AsyncIterator[FakeServer]:
 
 
 def make_worker(fake: FakeServer, *agents: Agent, **overrides: Any) -> Worker:
+    # One poll at a time unless a test says otherwise: the tests count polls and their sizes.
     settings: dict[str, Any] = dict(worker_id="w-test", max_concurrency=4, poll_wait_ms=1000,
-                                    heartbeat_interval_s=0.05, drain_timeout_s=5.0,
+                                    heartbeat_interval_s=0.05, drain_timeout_s=5.0, poll_concurrency=1,
                                     backoff_initial_s=0.01, backoff_max_s=0.05)
     settings.update(overrides)
     return Worker(fake.url, agents=list(agents), **settings)
@@ -355,6 +356,24 @@ async def test_each_poll_asks_for_exactly_the_free_slots(fake: FakeServer) -> No
         assert all(poll["max_tasks"] > 0 for poll in fake.polls)
         box.gates["a"].set()
         box.gates["c"].set()
+
+
+async def test_concurrent_polls_share_the_free_slots_and_never_promise_more(fake: FakeServer) -> None:
+    """Two polls in flight at once (the server can hand out to one while the other's
+    answer travels back); together they never ask for more than the free slots."""
+    box = Toolbox()
+    worker = make_worker(fake, box.agent, max_concurrency=5, poll_concurrency=2, poll_wait_ms=3000)
+    async with running(worker):
+        await fake.wait_for(lambda: len(fake.polls) >= 2, "two polls")
+        first, second = fake.polls[0], fake.polls[1]
+        assert first["max_tasks"] + second["max_tasks"] == 5  # ceil(5/2) and the 2 left
+        assert sorted([first["max_tasks"], second["max_tasks"]]) == [2, 3]
+        for name in "abcde":
+            fake.add_tool_task("wait_gate", {"name": name}, call_id=f"c{name}")
+        await fake.wait_for(lambda: box.active == 5, "5 tools running")
+        assert box.max_active <= 5 and worker.running == 5
+        for gate in box.gates.values():
+            gate.set()
 
 
 # ---------------------------------------------------------------- heartbeats and deltas
