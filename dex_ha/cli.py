@@ -1,13 +1,52 @@
-"""The `dex-ha` command (DESIGN.md §7)."""
+"""The `dex-ha` command (DESIGN.md §7).
+
+    dex-ha dev | node | cluster up | cluster down | status | step-down | members … | demo
+
+Exit codes: 0 done; 1 the server refused (its message is printed) or a cluster command
+could not go on; 2 bad usage, or a config that cannot run; 3 no node answered. An expected
+error prints one line to stderr, never a traceback.
+
+The commands that talk to a cluster take `--url` (several allowed) and follow the active
+node like the SDKs do; they use the Client SDK's Connection for every request.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
 
+from dex_ha import cli_cluster
+from dex_ha.client import Connection, DexError, DexUnavailable
 from dex_ha.server.config import ConfigError, dev_config, load_config
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_NO_NODE = 3
+DEFAULT_URL = "http://127.0.0.1:8801"
+# How long a command looks for the active node (an election takes about a second).
+FIND_ACTIVE_TIMEOUT_S = 15.0
+# `status`: how long one node may take to answer before it is marked as not answering.
+STATUS_NODE_TIMEOUT_S = 2.0
+# `step-down` without --drain-timeout-ms waits for the server's configured drain (≤ 1 h).
+STEP_DOWN_MAX_WAIT_S = 3600.0
+
+
+class CommandFailed(Exception):
+    """An expected failure: one line for stderr and the exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# ---------------------------------------------------------------- the parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +66,77 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--insecure", action="store_true",
                       help="allow running without API tokens and cluster secret (says so loudly)")
     node.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
+
+    _add_cluster_parser(sub)
+    remote = _remote_options()
+    status = sub.add_parser("status", parents=[remote], help="the cluster table, from every node")
+    status.add_argument("--json", action="store_true", help="print the raw /v1/cluster answers")
+
+    step_down = sub.add_parser("step-down", parents=[remote], help="move the active node elsewhere (planned)")
+    step_down.add_argument("--to", metavar="NODE", help="the node to hand over to (default: the most caught-up)")
+    step_down.add_argument("--drain-timeout-ms", type=_non_negative_int, metavar="N",
+                           help="how long running attempts may finish first (default: the node's drain_timeout_ms)")
+
+    _add_members_parser(sub, remote)
+
+    demo = sub.add_parser("demo", help="a scripted agent session through a failover, on a local cluster")
+    demo.add_argument("--dir", help="where the cluster lives (default: a new temporary directory)")
+    demo.add_argument("--keep", action="store_true", help="leave the cluster and the Worker running at the end")
     return parser
+
+
+def _add_cluster_parser(sub: argparse._SubParsersAction) -> None:
+    cluster = sub.add_parser("cluster", help="a local cluster on loopback, for trying HA")
+    actions = cluster.add_subparsers(dest="cluster_command", required=True, metavar="{up,down}")
+    up = actions.add_parser("up", help="write configs, start the nodes, wait for the active node")
+    up.add_argument("--nodes", type=_positive_int, default=3, help="how many nodes (default 3)")
+    up.add_argument("--dir", default="./dex-cluster", help="configs, data, logs and pids (default ./dex-cluster)")
+    up.add_argument("--base-port", type=_positive_int, default=8801, help="HTTP port of n1; n2 gets +1, … (8801)")
+    up.add_argument("--raft-base-port", type=_positive_int, default=9801, help="Raft port of n1, then +1 (9801)")
+    up.add_argument("--relaxed", action="store_true", help="durability relaxed: no fsync (tests, demos)")
+    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the active node (60)")
+    down = actions.add_parser("down", help="stop the nodes that `cluster up` started (SIGTERM, then SIGKILL)")
+    down.add_argument("--dir", default="./dex-cluster", help="the directory given to `cluster up`")
+    down.add_argument("--timeout", type=float, default=45.0,
+                      help="seconds to wait after SIGTERM before SIGKILL (45: above the 30 s drain)")
+
+
+def _add_members_parser(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser) -> None:
+    members = sub.add_parser("members", help="add, promote or remove cluster members")
+    actions = members.add_subparsers(dest="members_command", required=True, metavar="{add,promote,remove}")
+    add = actions.add_parser("add", parents=[remote], help="add a node as a learner (cold standby)")
+    add.add_argument("--id", required=True, help="the new node's id")
+    add.add_argument("--raft-addr", required=True, metavar="HOST:PORT", help="the new node's Raft address")
+    add.add_argument("--node-url", required=True, metavar="URL", help="the new node's HTTP URL")
+    for name, what in (("promote", "promote a learner to a voter"), ("remove", "remove a member")):
+        action = actions.add_parser(name, parents=[remote], help=what)
+        action.add_argument("id", metavar="ID", help="the member's node id")
+
+
+def _remote_options() -> argparse.ArgumentParser:
+    """--url and --token, shared by the commands that talk to a running cluster."""
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument("--url", action="append", metavar="URL",
+                        help=f"a node URL; repeat for several (default {DEFAULT_URL})")
+    remote.add_argument("--token", help="a bearer token (default: $DEX_HA_TOKEN)")
+    return remote
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+# ---------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +150,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return COMMANDS[args.command](args)
+    name = " ".join(filter(None, [args.command, getattr(args, "cluster_command", None),
+                                  getattr(args, "members_command", None)]))
+    try:
+        return COMMANDS[args.command](args)
+    except CommandFailed as exc:
+        print(f"dex-ha {name}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"dex-ha {name}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`dex-ha status | head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 1
+
+
+# ---------------------------------------------------------------- dev and node
 
 
 def _run_node(config, json_logs: bool) -> int:
@@ -74,7 +198,245 @@ def cmd_node(args: argparse.Namespace) -> int:
     return _run_node(config, args.log_json)
 
 
-COMMANDS = {"dev": cmd_dev, "node": cmd_node}
+# ---------------------------------------------------------------- cluster up / down
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    try:
+        if args.cluster_command == "down":
+            for line in cli_cluster.cluster_down(Path(args.dir), timeout_s=args.timeout):
+                print(line)
+            return 0
+        http_ports = cli_cluster.contiguous_ports(args.base_port, args.nodes, "--base-port")
+        raft_ports = cli_cluster.contiguous_ports(args.raft_base_port, args.nodes, "--raft-base-port")
+        plan = cli_cluster.plan_cluster(Path(args.dir), http_ports, raft_ports,
+                                        durability="relaxed" if args.relaxed else "strict")
+        result = cli_cluster.cluster_up(plan, timeout_s=args.timeout)
+    except ValueError as exc:
+        raise CommandFailed(str(exc), EXIT_USAGE) from None
+    except cli_cluster.ClusterError as exc:
+        raise CommandFailed(str(exc), EXIT_REFUSED) from None
+    print(cli_cluster.format_up_report(result))
+    return 0
+
+
+# ---------------------------------------------------------------- talking to a cluster
+
+
+def _urls(args: argparse.Namespace) -> list[str]:
+    urls = []
+    for url in args.url or [DEFAULT_URL]:
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise CommandFailed(f"--url: expected http://host:port, got {url!r}", EXIT_USAGE)
+        if url.strip().rstrip("/") not in urls:
+            urls.append(url.strip().rstrip("/"))
+    return urls
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    return args.token or os.environ.get("DEX_HA_TOKEN") or None
+
+
+def _refusal(exc: DexError) -> str:
+    return f"refused ({exc.status} {exc.code}): {exc.message}"
+
+
+async def find_active(urls: list[str], token: str | None, timeout_s: float = FIND_ACTIVE_TIMEOUT_S) -> str:
+    """The URL of the active node: /readyz, following `leader_url` like the SDKs do.
+
+    The member URLs that the nodes list join the given ones, so that one --url of any
+    node is enough (a Connection follows `leader_url` only when it has several URLs).
+    CommandFailed with exit 3 when no URL answers at all, or when no node becomes
+    active within `timeout_s`.
+    """
+    answers = await gather_views(urls, token)
+    if not any(a.view or a.refused for a in answers):
+        raise CommandFailed(f"no dex-ha node answers at {', '.join(urls)}", EXIT_NO_NODE)
+    if not any(a.view for a in answers):  # every node that answered refused (a token problem)
+        raise CommandFailed(next(a.error for a in answers if a.refused), EXIT_REFUSED)
+    candidates = list(dict.fromkeys(urls + [a.url for a in answers]))
+    async with Connection(candidates, token, give_up_after_s=timeout_s,
+                          request_timeout_s=STATUS_NODE_TIMEOUT_S) as conn:
+        try:
+            await conn.request("GET", "/readyz")
+        except DexUnavailable as exc:
+            raise CommandFailed(f"no active node within {timeout_s:.0f} s: {exc.message}", EXIT_NO_NODE) from None
+        except DexError as exc:
+            raise CommandFailed(_refusal(exc), EXIT_REFUSED) from None
+        return conn.current_url
+
+
+async def call_once(url: str, token: str | None, method: str, path: str, body: Any = None,
+                    timeout_s: float = 30.0) -> Any:
+    """One request to one node, never repeated: an admin change must not run twice."""
+    async with Connection(url, token, give_up_after_s=0, request_timeout_s=timeout_s) as conn:
+        try:
+            return await conn.request(method, path, body)
+        except DexUnavailable as exc:
+            raise CommandFailed(f"{url} did not answer as the active node: {exc.message}", EXIT_NO_NODE) from None
+        except DexError as exc:
+            raise CommandFailed(_refusal(exc), EXIT_REFUSED) from None
+
+
+async def call_active(args: argparse.Namespace, method: str, path: str, body: Any = None,
+                      timeout_s: float = 30.0) -> Any:
+    url = await find_active(_urls(args), _token(args))
+    return await call_once(url, _token(args), method, path, body, timeout_s)
+
+
+# ---------------------------------------------------------------- status
+
+
+@dataclass
+class NodeAnswer:
+    """What one URL answered to GET /v1/cluster: the view, or why there is none."""
+
+    url: str
+    view: dict[str, Any] | None = None
+    error: str | None = None
+    refused: bool = False  # it answered with an error status (it is up, but said no)
+
+
+async def fetch_view(url: str, token: str | None) -> NodeAnswer:
+    async with Connection(url, token, give_up_after_s=STATUS_NODE_TIMEOUT_S / 2,
+                          request_timeout_s=STATUS_NODE_TIMEOUT_S) as conn:
+        try:
+            return NodeAnswer(url, view=await conn.request("GET", "/v1/cluster"))
+        except DexUnavailable:
+            return NodeAnswer(url, error="no answer")
+        except DexError as exc:
+            return NodeAnswer(url, error=_refusal(exc), refused=True)
+
+
+async def gather_views(urls: list[str], token: str | None) -> list[NodeAnswer]:
+    """/v1/cluster from the given URLs, then from every member URL they list that was not asked yet."""
+    answers = list(await asyncio.gather(*(fetch_view(url, token) for url in urls)))
+    seen_ids = {a.view["node_id"] for a in answers if a.view}
+    member_urls = [m["url"].rstrip("/") for a in answers if a.view for m in a.view.get("members", [])
+                   if m.get("url") and m["id"] not in seen_ids]
+    extra = [url for url in dict.fromkeys(member_urls) if url not in urls]
+    answers += await asyncio.gather(*(fetch_view(url, token) for url in extra))
+    return answers
+
+
+def _reference_members(answers: list[NodeAnswer]) -> dict[str, dict[str, Any]]:
+    """Members as the active node sees them (match index and contact are the leader's knowledge)."""
+    views = [a.view for a in answers if a.view]
+    reference = next((v for v in views if v.get("role") in ("active", "draining")), views[0] if views else None)
+    return {m["id"]: m for m in (reference or {}).get("members", [])}
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def status_rows(answers: list[NodeAnswer]) -> list[list[str]]:
+    members = _reference_members(answers)
+    id_by_url = {(m.get("url") or "").rstrip("/"): node_id for node_id, m in members.items()}
+    rows = []
+    for a in answers:
+        v = a.view
+        node_id = v["node_id"] if v else id_by_url.get(a.url, "?")
+        m = members.get(node_id, {})
+        voter = {True: "yes", False: "no"}.get(m.get("voter"), "-")
+        contact = m.get("last_contact_ms_ago")
+        contact_text = "-" if contact is None else f"{contact} ms ago"
+        if v is None:
+            rows.append([node_id, a.url, "REFUSED" if a.refused else "NO ANSWER", "-", "-", "-", "-", "-",
+                         voter, _dash(m.get("match_index")), contact_text])
+            continue
+        rows.append([node_id, a.url, v["role"], _dash(v.get("term")), _dash(v.get("leader_id")),
+                     _dash(v.get("commit_index")), _dash(v.get("applied_index")), _dash(v.get("lease_remaining_ms")),
+                     voter, _dash(m.get("match_index")), contact_text])
+    return rows
+
+
+def format_status(answers: list[NodeAnswer]) -> str:
+    headers = ["node", "url", "role", "term", "leader", "commit", "applied", "lease ms", "voter", "match",
+               "last contact"]
+    lines = [cli_cluster.format_table(headers, status_rows(answers)), ""]
+    active = [a for a in answers if a.view and a.view.get("role") == "active"]
+    if len(active) == 1:
+        lines.append(f"active node: {active[0].view['node_id']} ({active[0].url})")
+    elif not active:
+        lines.append("NO active node answered (an election may be running; try again in a second)")
+    else:
+        lines.append(f"WARNING: {len(active)} nodes say they are active: "
+                     + ", ".join(a.view["node_id"] for a in active))
+    lines += [f"{a.url}: {a.error}" for a in answers if a.error]
+    if any(a.view.get("insecure") for a in answers if a.view):
+        lines.append("note: the cluster runs WITHOUT authentication (--insecure or dev mode)")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    answers = asyncio.run(gather_views(_urls(args), _token(args)))
+    if args.json:
+        print(json.dumps({"nodes": [{"url": a.url, "answer": a.view} if a.view else {"url": a.url, "error": a.error}
+                                    for a in answers]}, indent=2))
+    else:
+        print(format_status(answers))
+    if any(a.view for a in answers):
+        return 0
+    if any(a.refused for a in answers):
+        raise CommandFailed(next(a.error for a in answers if a.refused), EXIT_REFUSED)
+    raise CommandFailed(f"no dex-ha node answers at {', '.join(a.url for a in answers)}", EXIT_NO_NODE)
+
+
+# ---------------------------------------------------------------- step down and members
+
+
+def cmd_step_down(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {}
+    if args.to is not None:
+        body["to"] = args.to
+    if args.drain_timeout_ms is not None:
+        body["drain_timeout_ms"] = args.drain_timeout_ms
+    # The answer comes after the drain and the transfer: wait for both.
+    wait_s = STEP_DOWN_MAX_WAIT_S if args.drain_timeout_ms is None else args.drain_timeout_ms / 1000
+    answer = asyncio.run(call_active(args, "POST", "/v1/cluster/step-down", body, timeout_s=wait_s + 30))
+    left = answer.get("running_attempts_left", 0)
+    still = "1 attempt was" if left == 1 else f"{left} attempts were"
+    print(f"active node moved from {answer.get('from')} to {answer.get('to')} ({still} still running)")
+    return 0
+
+
+def format_members(members: list[dict[str, Any]]) -> str:
+    rows = [[m["id"], "voter" if m.get("voter") else "learner", _dash(m.get("url")), _dash(m.get("match_index")),
+             "-" if m.get("last_contact_ms_ago") is None else f"{m['last_contact_ms_ago']} ms ago"]
+            for m in members]
+    return cli_cluster.format_table(["member", "kind", "url", "match", "last contact"], rows)
+
+
+def cmd_members(args: argparse.Namespace) -> int:
+    member = quote(args.id, safe="")
+    if args.members_command == "add":
+        body = {"id": args.id, "raft_addr": args.raft_addr, "url": args.node_url}
+        answer = asyncio.run(call_active(args, "POST", "/v1/cluster/members", body))
+        done = f"{args.id} added as a learner (cold standby); promote it with: dex-ha members promote {args.id}"
+    elif args.members_command == "promote":
+        answer = asyncio.run(call_active(args, "POST", f"/v1/cluster/members/{member}/promote"))
+        done = f"{args.id} is a voter now"
+    else:
+        answer = asyncio.run(call_active(args, "DELETE", f"/v1/cluster/members/{member}"))
+        done = f"{args.id} removed from the cluster"
+    print(done)
+    print(format_members(answer.get("members", [])))
+    return 0
+
+
+# ---------------------------------------------------------------- demo
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from dex_ha.demo import run_demo
+
+    return run_demo(Path(args.dir) if args.dir else None, keep=args.keep)
+
+
+COMMANDS = {"dev": cmd_dev, "node": cmd_node, "cluster": cmd_cluster, "status": cmd_status,
+            "step-down": cmd_step_down, "members": cmd_members, "demo": cmd_demo}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -142,7 +142,7 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None, *,
     return config
 
 
-_ENV_KEYS = {
+ENV_KEYS = {
     "node_id": str, "data_dir": str, "http_listen": str, "url": str, "raft_listen": str,
     "durability": str, "cluster_secret": str, "join": bool, "heartbeat_timeout_ms": int,
     "drain_timeout_ms": int, "election_timeout_min_ms": int, "election_timeout_max_ms": int,
@@ -152,7 +152,7 @@ _ENV_KEYS = {
 
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     raw = dict(raw)
-    for key, kind in _ENV_KEYS.items():
+    for key, kind in ENV_KEYS.items():
         value = env.get(f"DEX_HA_{key.upper()}")
         if value is None:
             continue

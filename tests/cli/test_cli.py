@@ -1,0 +1,302 @@
+"""`dex-ha dev`, `dex-ha node`, usage errors, unreachable nodes, the demo, and the pure pieces
+behind `cluster up` and `status` (real processes on loopback, free ports, deadlines)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dex_ha.cli import NodeAnswer, format_status, status_rows
+from dex_ha.cli_cluster import (
+    ClusterError,
+    check_ports_free,
+    node_process_alive,
+    plan_cluster,
+    write_cluster_files,
+)
+from dex_ha.demo import WORKER_READY
+from dex_ha.server.config import load_config
+from tests.cli import (
+    free_port_range,
+    free_ports,
+    http_status,
+    pid_gone,
+    run_cli,
+    start_cli,
+    stop,
+    wait_until,
+)
+
+# ---------------------------------------------------------------- dev and node
+
+
+def test_dev_prints_its_url_becomes_ready_and_exits_0_on_sigterm(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    log = tmp_path / "dev.log"
+    proc = start_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--relaxed", log=log)
+    try:
+        url_line = wait_until(lambda: next((line for line in log.read_text().splitlines()
+                                            if "serving http://" in line), None), 30, "the dev URL line")
+        assert f"http://127.0.0.1:{port}" in url_line
+        assert "NO authentication" in url_line  # dev mode without tokens says so
+        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        stop(proc)
+
+
+def _single_node_toml(tmp_path: Path, http_port: int, raft_port: int, extra: str = "") -> Path:
+    path = tmp_path / "node.toml"
+    path.write_text(f'''node_id = "n1"
+data_dir = "{tmp_path / 'n1'}"
+http_listen = "127.0.0.1:{http_port}"
+raft_listen = "127.0.0.1:{raft_port}"
+durability = "relaxed"
+{extra}
+[[peers]]
+id = "n1"
+raft_addr = "127.0.0.1:{raft_port}"
+url = "http://127.0.0.1:{http_port}"
+''')
+    return path
+
+
+def test_node_without_tokens_or_secret_refuses_to_start_naming_what_is_missing(tmp_path: Path) -> None:
+    http_port, raft_port = free_ports(2)
+    config = _single_node_toml(tmp_path, http_port, raft_port)
+    result = run_cli("node", "--config", str(config), timeout=30)
+    assert result.returncode == 2
+    assert "tokens" in result.stderr and "--insecure" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    tokens = '[tokens]\nclient = ["client-token-0123456789"]\nworker = ["worker-token-0123456789"]\n' \
+             'admin = ["admin-token-01234567890"]\n'
+    config = _single_node_toml(tmp_path, http_port, raft_port, extra=tokens)
+    result = run_cli("node", "--config", str(config), timeout=30)
+    assert result.returncode == 2
+    assert "cluster_secret" in result.stderr
+    assert http_status(f"http://127.0.0.1:{http_port}/livez") is None  # it never served
+
+
+def test_node_with_insecure_starts_and_says_so_in_its_log_and_cluster_view(tmp_path: Path) -> None:
+    http_port, raft_port = free_ports(2)
+    config = _single_node_toml(tmp_path, http_port, raft_port)
+    log = tmp_path / "node.log"
+    proc = start_cli("node", "--config", str(config), "--insecure", log=log)
+    try:
+        url = f"http://127.0.0.1:{http_port}"
+        wait_until(lambda: http_status(url + "/readyz") == 200, 30, "/readyz 200")
+        result = run_cli("status", "--url", url, "--json", timeout=30)
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout)["nodes"][0]["answer"]
+        assert answer["insecure"] is True and answer["role"] == "active"
+        assert "INSECURE" in log.read_text()
+        assert "WITHOUT authentication" in run_cli("status", "--url", url, timeout=30).stdout
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        stop(proc)
+
+
+# ---------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("args", [
+    ["status"],
+    ["step-down"],
+    ["members", "promote", "n2"],
+])
+def test_no_node_reachable_exits_3_with_one_line(args: list[str]) -> None:
+    dead = f"http://127.0.0.1:{free_ports(1)[0]}"
+    result = run_cli(*args, "--url", dead, timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert dead in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.startswith("dex-ha")]) == 1
+
+
+@pytest.mark.parametrize("args", [
+    ["status", "--url", "not-a-url"],
+    ["cluster", "up", "--nodes", "0"],
+    ["step-down", "--drain-timeout-ms", "-5"],
+    ["members", "add", "--id", "n4"],  # --raft-addr and --node-url missing
+    ["cluster"],  # up or down missing
+])
+def test_bad_usage_exits_2(args: list[str]) -> None:
+    result = run_cli(*args, timeout=30)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+
+
+def test_cluster_up_names_the_port_that_is_taken(tmp_path: Path) -> None:
+    base = free_port_range(6)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", base + 4))  # the Raft port of n2
+        busy.listen()
+        result = run_cli("cluster", "up", "--dir", str(tmp_path / "c"), "--base-port", str(base),
+                         "--raft-base-port", str(base + 3), timeout=30)
+    assert result.returncode == 1
+    assert f"port {base + 4} (Raft of n2) is taken" in result.stderr
+    assert not (tmp_path / "c" / "pids").exists()  # nothing was started
+
+
+# ---------------------------------------------------------------- cluster plan and files (no processes)
+
+
+def test_cluster_files_load_as_node_configs_and_keep_secrets_private(tmp_path: Path) -> None:
+    ports = free_ports(6)
+    plan = plan_cluster(tmp_path / "c", ports[:3], ports[3:], durability="relaxed")
+    write_cluster_files(plan)
+    for node in plan.nodes:
+        config = load_config(node.config_path, env={})
+        assert config.node_id == node.node_id
+        assert config.http_listen == ("127.0.0.1", node.http_port)
+        assert config.raft_listen == ("127.0.0.1", node.raft_port)
+        assert [(p.id, p.raft_addr, p.url) for p in config.peers] == \
+               [(n.node_id, ("127.0.0.1", n.raft_port), n.url) for n in plan.nodes]
+        assert config.cluster_secret == plan.cluster_secret and config.durability == "relaxed"
+        assert config.tokens == {role: (token,) for role, token in plan.tokens.items()}
+        assert stat.S_IMODE(node.config_path.stat().st_mode) == 0o600
+    tokens_env = plan.cluster_dir / "tokens.env"
+    assert stat.S_IMODE(tokens_env.stat().st_mode) == 0o600
+    assert f"DEX_HA_TOKEN={plan.tokens['admin']}" in tokens_env.read_text()
+    assert len(set(plan.tokens.values())) == 3  # one distinct token per role
+
+
+def test_a_second_plan_for_the_same_dir_keeps_its_secrets_and_refuses_another_layout(tmp_path: Path) -> None:
+    ports = free_ports(6)
+    first = plan_cluster(tmp_path, ports[:3], ports[3:])
+    write_cluster_files(first)
+    again = plan_cluster(tmp_path, ports[:3], ports[3:])
+    assert again.cluster_secret == first.cluster_secret and dict(again.tokens) == dict(first.tokens)
+    with pytest.raises(ClusterError, match="holds another cluster"):
+        plan_cluster(tmp_path, ports[:2], ports[3:5])
+
+
+def test_check_ports_free_accepts_free_ports_and_names_a_listening_one(tmp_path: Path) -> None:
+    ports = free_ports(4)
+    plan = plan_cluster(tmp_path, ports[:2], ports[2:])
+    check_ports_free(plan)  # all free: no error
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", ports[1]))
+        busy.listen()
+        with pytest.raises(ClusterError, match=f"port {ports[1]} \\(HTTP of n2\\)"):
+            check_ports_free(plan)
+
+
+def test_node_process_alive_knows_a_node_by_its_command_line_and_not_a_zombie(tmp_path: Path) -> None:
+    config = tmp_path / "n1.toml"
+    # A stand-in whose command line reads like a node's (`python -c … dex_ha.cli node --config n1.toml`).
+    lookalike = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                  "dex_ha.cli", "node", "--config", str(config)])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert node_process_alive(lookalike.pid, config)
+        assert not node_process_alive(lookalike.pid, tmp_path / "n2.toml")  # another node's config
+        assert not node_process_alive(other.pid)  # alive, but no dex-ha node: never to be signalled
+        lookalike.kill()
+        # Dead but not reaped yet (a zombie, as orphaned nodes are until init reaps them): not running.
+        wait_until(lambda: not node_process_alive(lookalike.pid, config), 10, "the zombie counted as gone")
+        assert not pid_gone(lookalike.pid)  # the zombie is still there: the check above did not rely on reaping
+    finally:
+        for proc in (lookalike, other):
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+# ---------------------------------------------------------------- the status table
+
+
+def _view(node_id: str, role: str, leader: str | None, members: list[dict] | None = None) -> dict:
+    return {"node_id": node_id, "role": role, "term": 7, "leader_id": leader, "commit_index": 40,
+            "applied_index": 39, "lease_remaining_ms": 300 if role == "active" else 0, "insecure": False,
+            "members": members or []}
+
+
+def test_status_table_marks_the_silent_node_and_names_the_active_one() -> None:
+    members = [{"id": n, "voter": True, "url": f"http://h{n[-1]}:8801", "match_index": 40 - i,
+                "last_contact_ms_ago": 10 * i} for i, n in enumerate(["n1", "n2", "n3"])]
+    answers = [NodeAnswer("http://h1:8801", view=_view("n1", "active", "n1", members)),
+               NodeAnswer("http://h2:8801", view=_view("n2", "standby", "n1", members)),
+               NodeAnswer("http://h3:8801", error="no answer")]
+    rows = status_rows(answers)
+    assert [row[0] for row in rows] == ["n1", "n2", "n3"]  # the silent node is named from the member list
+    assert rows[2][2] == "NO ANSWER"
+    assert rows[1][9] == "39" and rows[1][10] == "10 ms ago"  # match and contact as the active node sees them
+    text = format_status(answers)
+    assert "active node: n1 (http://h1:8801)" in text
+    assert "http://h3:8801: no answer" in text
+
+
+def test_status_table_warns_when_no_node_is_active() -> None:
+    answers = [NodeAnswer("http://h1:8801", view=_view("n1", "candidate", None)),
+               NodeAnswer("http://h2:8801", error="refused (401 unauthorized): unknown token", refused=True)]
+    text = format_status(answers)
+    assert "NO active node" in text
+    assert status_rows(answers)[1][2] == "REFUSED"
+
+
+# ---------------------------------------------------------------- the demo
+
+
+def test_demo_runs_through_a_failover_and_stops_everything(tmp_path: Path) -> None:
+    demo_dir = tmp_path / "demo"
+    started = time.monotonic()
+    result = run_cli("demo", "--dir", str(demo_dir), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert time.monotonic() - started < 120
+    out = result.stdout
+    assert re.search(r"^\s*\d+\.\d\ds  \[demo\] node n\d \(the active node, pid \d+\) killed with SIGKILL", out, re.MULTILINE)
+    assert re.search(r"^\s*\d+\.\d\ds  \[demo\] n\d is the active node \d+ ms after the kill", out, re.MULTILINE)
+    assert re.search(r"tool reserve_stock re-run on n\d: attempt 2, same idempotency key", out)
+    assert re.search(r"^\s*\d+\.\d\ds  turn completed$", out, re.MULTILINE)
+    # Evidence from outside the server: the Worker's tools ran reserve_stock twice with ONE key,
+    # and the write (charge_card) once.
+    ledger = [json.loads(line) for line in (demo_dir / "ledger.jsonl").read_text().splitlines()]
+    reserve = [e for e in ledger if e["tool"] == "reserve_stock" and e["event"] == "started"]
+    assert [e["attempt"] for e in reserve] == [1, 2]
+    assert len({e["idempotency_key"] for e in reserve}) == 1
+    assert len([e for e in ledger if e["tool"] == "charge_card"]) == 1
+    # Everything it started is stopped (by pid) when it exits.
+    pids = [int(p) for p in re.search(r"stopped every process the demo started \(pids ([\d, ]+)\)", out)
+            .group(1).split(", ")]
+    assert len(pids) == 4  # three nodes and the Worker
+    wait_until(lambda: all(pid_gone(pid) for pid in pids), 30, "every demo process gone")
+
+
+def test_demo_refuses_a_dir_that_is_not_empty(tmp_path: Path) -> None:
+    (tmp_path / "something").write_text("x")
+    result = run_cli("demo", "--dir", str(tmp_path), timeout=30)
+    assert result.returncode == 2
+    assert "not empty" in result.stderr
+
+
+def test_demo_interrupted_by_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
+    demo_dir = tmp_path / "demo"
+    log = tmp_path / "demo.log"
+    proc = start_cli("demo", "--dir", str(demo_dir), log=log)
+    try:
+        # Interrupt once the nodes run and the Worker is up: every kind of child exists.
+        wait_until(lambda: WORKER_READY in ((demo_dir / "worker.log").read_text()
+                                       if (demo_dir / "worker.log").exists() else ""), 60, "the demo Worker up")
+        node_pids = [int(line.split()[1]) for line in (demo_dir / "pids").read_text().splitlines()]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 1
+    finally:
+        stop(proc)
+    output = log.read_text()
+    assert "interrupted; stopping everything" in output and "Traceback" not in output
+    stopped = re.search(r"stopped every process the demo started \(pids ([\d, ]+)\)", output)
+    pids = {int(p) for p in stopped.group(1).split(", ")}
+    assert set(node_pids) < pids and len(pids) == 4  # the nodes and the Worker
+    wait_until(lambda: all(pid_gone(pid) for pid in pids), 30, "every demo process gone")
