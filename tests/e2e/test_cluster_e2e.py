@@ -1,4 +1,6 @@
-"""End to end on a three-node cluster started with `dex-ha cluster up` (real processes).
+"""End to end on a three-node cluster started with `dex-ha cluster up` (real processes),
+reached two ways: the SDKs given the three node URLs, and one readiness-following address
+(HAProxy with the shipped deploy/haproxy.cfg).
 
 - A SIGKILL of the active node while a tool runs: a standby takes over, the attempt that
   the dead node handed out fails (takeover), the same call runs again with the same
@@ -21,6 +23,7 @@ import pytest
 from dex_ha.client import DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.e2e.cluster_process import LocalCluster
+from tests.e2e.haproxy_process import HAProxyProcess, haproxy_binary
 
 AGENT = "ha"
 DEADLINE_S = 45.0
@@ -77,10 +80,27 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
         local.down()
 
 
+@pytest.fixture(params=["node_urls", "haproxy"])
+async def addresses(request: pytest.FixtureRequest, cluster: LocalCluster,
+                    tmp_path: Path) -> AsyncIterator[list[str]]:
+    if request.param == "node_urls":
+        yield list(cluster.urls.values())
+        return
+    if haproxy_binary() is None:
+        pytest.skip("haproxy is not installed (scripts/test installs it with apt-get)")
+    ports = {node_id: int(url.rsplit(":", 1)[1]) for node_id, url in cluster.urls.items()}
+    proxy = HAProxyProcess(ports, tmp_path)
+    proxy.start()
+    try:
+        yield [proxy.url]
+    finally:
+        proxy.stop()
+
+
 @pytest.fixture
-async def stack(cluster: LocalCluster) -> AsyncIterator[tuple[DexClient, Ledger]]:
+async def stack(addresses: list[str], cluster: LocalCluster) -> AsyncIterator[tuple[DexClient, Ledger]]:
     ledger = Ledger()
-    urls = list(cluster.urls.values())
+    urls = addresses
     worker = Worker(urls, token=cluster.tokens["worker"], agents=[make_agent(ledger)], poll_wait_ms=2_000,
                     heartbeat_interval_s=0.2, drain_timeout_s=1.0)
     run = asyncio.create_task(worker.run())

@@ -1,0 +1,54 @@
+"""HAProxy with the shipped deploy/haproxy.cfg, pointed at a local cluster: the
+readiness-following address that clients and Workers use in production."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.support.kv_cluster import free_ports
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_CONFIG = REPO / "deploy" / "haproxy.cfg"
+
+
+def haproxy_binary() -> str | None:
+    return shutil.which("haproxy")
+
+
+class HAProxyProcess:
+    def __init__(self, node_ports: dict[str, int], work_dir: Path) -> None:
+        self.port = free_ports(1)[0]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = work_dir / "haproxy.cfg"
+        self.log_path = work_dir / "haproxy.log"
+        self.config_path.write_text(self._config(node_ports))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _config(self, node_ports: dict[str, int]) -> str:
+        """The shipped file with loopback addresses: what is tested is what we ship."""
+        text = SHIPPED_CONFIG.read_text().replace("bind :8800", f"bind 127.0.0.1:{self.port}")
+        for i, (node_id, port) in enumerate(sorted(node_ports.items()), start=1):
+            text, n = re.subn(rf"server {node_id} 10\.0\.0\.{i}:8801", f"server {node_id} 127.0.0.1:{port}", text)
+            assert n == 2, f"deploy/haproxy.cfg has no server line for {node_id} in both backends"
+        return text
+
+    def start(self) -> None:
+        binary = haproxy_binary()
+        assert binary is not None
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([binary, "-db", "-f", str(self.config_path)],
+                                         stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
