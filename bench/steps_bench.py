@@ -1,0 +1,838 @@
+"""Durable steps benchmark: steps per second and per-step latency, one node and three.
+
+A step is one task step handed out to the Worker, run by it, and its result committed.
+The workload is N concurrent sessions ("lanes"); each turn of a session is three steps:
+RunModel (the scripted model calls one no-op `read` tool, not inline), CallTool, RunModel
+(the model answers). Each lane creates a session, queues `--turns-per-session` user
+messages at once (they run one turn after the other without a client round trip) and,
+when the Worker has completed all of that session's steps, starts the next session (so
+histories stay short and every turn costs the same).
+
+Both deployments use `strict` durability (fsync), started with the command line:
+- dev:     `dex-ha dev` (one node);
+- cluster: `dex-ha cluster up --nodes 3` (three nodes on loopback), stopped with
+           `dex-ha cluster down`.
+
+The Worker is the Python Worker SDK in its own process (bench/steps_worker.py), with
+max_concurrency = the number of lanes, so server and Worker CPU are separate processes.
+For each concurrency the bench reports, over a window after a warm-up:
+- durable steps per second, counted from the Worker's accepted results (and the delta of
+  the server's `dex_attempts_started_total`, summed over the nodes, as a cross-check);
+- per-step latency p50/p99: the time between consecutive step completions of one session
+  (each gap is one hand-out + run + commit; at concurrency 1 nothing else waits);
+- CPU milliseconds per step of the server node processes (utime+stime from /proc), of the
+  Worker process, and the load of everything else on the machine (other people's work).
+
+It prints a table and writes JSON (default bench/results/steps_bench.json).
+
+    python bench/steps_bench.py [--duration-s 20] [--concurrency 1,16,64,128] [--only dev|cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from dex_ha.cli_cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
+from dex_ha.client import DexClient  # noqa: E402
+
+WORKER_SCRIPT = REPO_ROOT / "bench" / "steps_worker.py"
+DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "steps_bench.json"
+STEPS_PER_TURN = 3  # RunModel, CallTool, RunModel
+
+TARGETS = {
+    "dev_steps_per_second": ">= 1500",
+    "dev_p50_ms_c1": "<= 2.0",
+    "cluster_steps_per_second": ">= 800",
+    "cluster_p50_ms_c1": "<= 3.0",
+}
+REFERENCE = ("a well-known durable execution engine with a Python SDK: ~700 steps/s one node, "
+             "~270 three nodes, 2.4 / 5.6 ms per step on these machines")
+
+# Deadlines (seconds) for the processes this bench starts and stops.
+START_DEADLINE_S = 60.0
+STOP_DEADLINE_S = 15.0  # a node drains running attempts on SIGTERM (none are left: see stop_lanes)
+WORKER_READY_DEADLINE_S = 30.0
+WORKER_STOP_DEADLINE_S = 15.0
+SESSION_DEADLINE_S = 60.0  # a session whose steps stop coming is abandoned (and counted)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- processes and CPU
+
+
+class ProcessRegistry:
+    """Every pid this bench started (directly or through `cluster up`), so that the last
+    line of defence can kill what is still alive, and the JSON can list them."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+
+    def add(self, pid: int) -> None:
+        self.pids.append(pid)
+
+    def kill_leftovers(self) -> list[int]:
+        """SIGKILL every recorded pid that still runs; the ones it had to kill."""
+        killed = []
+        for pid in self.pids:
+            if is_running(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                except ProcessLookupError:
+                    pass
+        return killed
+
+
+def is_running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (a zombie has exited; only its parent
+    has not collected it yet, which for `cluster up` nodes is init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of proc(5)
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent not idle since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (values + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def cpu_pressure_us() -> int | None:
+    """Microseconds so far in which some runnable task waited for a CPU (Linux PSI,
+    /proc/pressure/cpu "some total"); None where the kernel does not offer it."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            first = f.readline()
+    except OSError:
+        return None
+    match = re.search(r"total=(\d+)", first)
+    return int(match.group(1)) if match else None
+
+
+def wait_gone(pids: list[int], deadline_s: float) -> list[int]:
+    """Poll until every pid is gone or the deadline passes; the ones still running."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if is_running(p)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if is_running(p)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def consecutive_free_ports(count: int, avoid: set[int] = frozenset()) -> int:
+    """A base port b with b..b+count-1 free on loopback (checked by binding them)."""
+    for _ in range(200):
+        base = free_port()
+        if base + count >= 65536 or any(p in avoid for p in range(base, base + count)):
+            continue
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"found no {count} consecutive free loopback ports")
+
+
+# ---------------------------------------------------------------- deployments
+
+
+@dataclass
+class Deployment:
+    """Running server nodes: where they answer, their pids, and how to stop them."""
+
+    name: str  # "dev" | "cluster"
+    urls: list[str]
+    node_pids: list[int]
+    worker_token: str | None
+    client_token: str | None
+    stop: Callable[[], list[int]]  # stops every node; returns the pids it had to SIGKILL
+    command: str = ""
+
+
+async def wait_ready(urls: list[str], deadline_s: float) -> str:
+    """Poll /readyz on every URL until one answers 200; that URL."""
+    deadline = time.monotonic() + deadline_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            for url in urls:
+                try:
+                    async with http.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                        if resp.status == 200:
+                            return url
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+            await asyncio.sleep(0.05)
+    raise TimeoutError(f"no node answered /readyz 200 within {deadline_s:.0f} s ({', '.join(urls)})")
+
+
+def cli_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dex_ha.cli", *args]
+
+
+async def start_dev(root: Path, registry: ProcessRegistry) -> Deployment:
+    """`dex-ha dev` (strict durability) on a free port; its URL from its start line."""
+    log_path = root / "dev.log"
+    command = cli_command("dev", "--data-dir", str(root / "dev-data"), "--port", "0")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    registry.add(proc.pid)
+
+    def stop() -> list[int]:
+        return stop_child(proc, STOP_DEADLINE_S)
+
+    try:
+        url = await read_dev_url(log_path, proc, START_DEADLINE_S)
+        await wait_ready([url], START_DEADLINE_S)
+    except BaseException:
+        stop()
+        raise
+    return Deployment("dev", [url], [proc.pid], None, None, stop, shlex.join(command))
+
+
+async def read_dev_url(log_path: Path, proc: subprocess.Popen[bytes], deadline_s: float) -> str:
+    """The URL `dex-ha dev` prints when it serves ("dex-ha dev: serving http://...")."""
+    pattern = re.compile(r"dex-ha dev: serving (http://\S+)")
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        match = pattern.search(log_path.read_text(errors="replace"))
+        if match:
+            return match.group(1)
+        if proc.poll() is not None:
+            raise RuntimeError(f"dex-ha dev exited with {proc.returncode}; see {log_path}")
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"dex-ha dev printed no URL within {deadline_s:.0f} s; see {log_path}")
+
+
+def stop_child(proc: subprocess.Popen[bytes], deadline_s: float) -> list[int]:
+    """SIGTERM (graceful stop: the node drains), a second SIGTERM (stop now) after the
+    deadline, SIGKILL as the last resort; reaps it. The pids it had to SIGKILL."""
+    for signum, wait_s in ((signal.SIGTERM, deadline_s), (signal.SIGTERM, 5.0)):
+        if proc.poll() is not None:
+            return []
+        proc.send_signal(signum)
+        try:
+            proc.wait(timeout=wait_s)
+            return []
+        except subprocess.TimeoutExpired:
+            continue
+    proc.kill()
+    proc.wait(timeout=10)
+    return [proc.pid]
+
+
+async def start_cluster(root: Path, registry: ProcessRegistry, nodes: int = 3) -> Deployment:
+    """`dex-ha cluster up --nodes 3` (strict durability) on free ports; its pids and tokens
+    from the files it writes. Retries with other ports if one was taken meanwhile."""
+    last_error = ""
+    for attempt in range(1, 4):
+        cluster_dir = root / f"cluster-{attempt}"  # a failed `up` leaves a layout that a retry may not reuse
+        http_base = consecutive_free_ports(nodes)
+        raft_base = consecutive_free_ports(nodes, avoid=set(range(http_base, http_base + nodes)))
+        command = cli_command("cluster", "up", "--nodes", str(nodes), "--dir", str(cluster_dir),
+                              "--base-port", str(http_base), "--raft-base-port", str(raft_base))
+        try:
+            done = await asyncio.to_thread(subprocess.run, command, cwd=REPO_ROOT, check=False,
+                                           capture_output=True, text=True, timeout=START_DEADLINE_S + 30,
+                                           stdin=subprocess.DEVNULL)
+        finally:  # also on a timeout or Ctrl-C: whatever it started is ours to stop
+            pids = list(read_cluster_pids(cluster_dir).values()) if (cluster_dir / "pids").exists() else []
+            for pid in pids:
+                registry.add(pid)
+        if done.returncode == 0:
+            break
+        last_error = (done.stderr or done.stdout).strip()
+        stop_cluster(cluster_dir, pids)
+    else:
+        raise RuntimeError(f"dex-ha cluster up failed 3 times; the last time: {last_error}")
+    urls = [f"http://127.0.0.1:{http_base + i}" for i in range(nodes)]
+    tokens = read_tokens(cluster_dir)
+
+    def stop() -> list[int]:
+        return stop_cluster(cluster_dir, pids)
+
+    try:
+        if len(pids) != nodes:
+            raise RuntimeError(f"dex-ha cluster up recorded {len(pids)} pids, expected {nodes}")
+        await wait_ready(urls, START_DEADLINE_S)
+    except BaseException:
+        stop()
+        raise
+    return Deployment("cluster", urls, pids, tokens.get("worker"), tokens.get("client"), stop,
+                      shlex.join(command))
+
+
+def read_tokens(cluster_dir: Path) -> dict[str, str]:
+    """Role → token from the DIR/tokens.env that `cluster up` writes for its users
+    (lines `export DEX_HA_WORKER_TOKEN=...`)."""
+    tokens: dict[str, str] = {}
+    try:
+        lines = (cluster_dir / "tokens.env").read_text().splitlines()
+    except FileNotFoundError:
+        return tokens
+    for line in lines:
+        match = re.fullmatch(r"(?:export\s+)?DEX_HA_(CLIENT|WORKER|ADMIN)_TOKEN=['\"]?([^'\"\s]+)['\"]?", line.strip())
+        if match:
+            tokens[match.group(1).lower()] = match.group(2)
+    return tokens
+
+
+def stop_cluster(cluster_dir: Path, pids: list[int]) -> list[int]:
+    """`dex-ha cluster down --dir DIR`, then make sure: SIGKILL what still runs."""
+    try:
+        subprocess.run(cli_command("cluster", "down", "--dir", str(cluster_dir)), cwd=REPO_ROOT, check=False,
+                       capture_output=True, timeout=STOP_DEADLINE_S + 20, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pass
+    stragglers = wait_gone(pids, 5.0)
+    for pid in stragglers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_gone(stragglers, 5.0)
+    return stragglers
+
+
+# ---------------------------------------------------------------- the Worker process
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One result the server accepted for a step of a session (a line of the Worker)."""
+
+    session_id: str
+    kind: str
+    at_ns: int  # CLOCK_MONOTONIC, the same clock as time.monotonic_ns() here
+    ok: bool
+
+
+class CompletionTracker:
+    """Collects the Worker's completions and wakes the lane whose session is done."""
+
+    def __init__(self) -> None:
+        self.completions: list[Completion] = []
+        self.ready = asyncio.Event()
+        self.ended: int | None = None  # the Worker's own count, from its `end` line
+        self._remaining: dict[str, int] = {}
+        self._done: dict[str, asyncio.Event] = {}
+
+    def expect(self, session_id: str, steps: int) -> asyncio.Event:
+        """An event set once `steps` completions of `session_id` have arrived."""
+        self._remaining[session_id] = steps
+        self._done[session_id] = event = asyncio.Event()
+        return event
+
+    def forget(self, session_id: str) -> None:
+        self._remaining.pop(session_id, None)
+        self._done.pop(session_id, None)
+
+    def on_line(self, line: str) -> None:
+        parts = line.split()
+        if not parts:
+            return
+        if parts[0] == "c" and len(parts) == 5:
+            done = Completion(parts[1], parts[2], int(parts[3]), parts[4] == "1")
+            self.completions.append(done)
+            if done.ok:
+                self._count(done.session_id)
+        elif parts[0] == "ready":
+            self.ready.set()
+        elif parts[0] == "end" and len(parts) == 2:
+            self.ended = int(parts[1])
+
+    def _count(self, session_id: str) -> None:
+        left = self._remaining.get(session_id)
+        if left is None:
+            return
+        self._remaining[session_id] = left - 1
+        if left <= 1:
+            self._done.pop(session_id).set()
+            del self._remaining[session_id]
+
+    async def read(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            self.on_line(line.decode(errors="replace"))
+
+
+class WorkerProcess:
+    """bench/steps_worker.py in a child process, its stdout read by a CompletionTracker."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, tracker: CompletionTracker,
+                 reader: asyncio.Task[None], log_path: Path) -> None:
+        self.proc = proc
+        self.tracker = tracker
+        self.reader = reader
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @classmethod
+    async def start(cls, deployment: Deployment, agent: str, concurrency: int, turns_per_session: int,
+                    log_path: Path, registry: ProcessRegistry) -> WorkerProcess:
+        command = [sys.executable, str(WORKER_SCRIPT), "--agent", agent, "--max-concurrency", str(concurrency),
+                   "--turns-per-session", str(turns_per_session)]
+        for url in deployment.urls:
+            command += ["--url", url]
+        env = dict(os.environ)
+        if deployment.worker_token:
+            env["DEX_HA_WORKER_TOKEN"] = deployment.worker_token
+        with open(log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(*command, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=log, stdin=asyncio.subprocess.DEVNULL, env=env)
+        registry.add(proc.pid)
+        tracker = CompletionTracker()
+        worker = cls(proc, tracker, asyncio.create_task(tracker.read(proc.stdout)), log_path)
+        try:
+            await worker.wait_ready()
+        except BaseException:
+            await worker.stop()
+            raise
+        return worker
+
+    async def wait_ready(self) -> None:
+        ready = asyncio.create_task(self.tracker.ready.wait())
+        try:
+            await asyncio.wait({ready, self.reader}, timeout=WORKER_READY_DEADLINE_S,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if not self.tracker.ready.is_set():
+            raise RuntimeError(f"the Worker process did not get ready; see {self.log_path}")
+
+    async def stop(self) -> bool:
+        """SIGTERM (the Worker drains and says `end`), then SIGKILL after the deadline.
+        True when it stopped by itself."""
+        graceful = True
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), WORKER_STOP_DEADLINE_S)
+            except TimeoutError:
+                graceful = False
+                self.proc.kill()
+                await asyncio.wait_for(self.proc.wait(), 10)
+        try:
+            await asyncio.wait_for(self.reader, 5)
+        except (TimeoutError, asyncio.CancelledError):
+            pass
+        return graceful and self.proc.returncode == 0
+
+
+# ---------------------------------------------------------------- one measurement
+
+
+@dataclass
+class Sample:
+    """Counters read at one moment of a measurement."""
+
+    at_ns: int
+    node_cpu_s: list[float]
+    worker_cpu_s: float
+    bench_cpu_s: float
+    machine_busy_s: float
+    cpu_pressure_us: int | None
+    attempts_started: float | None
+
+
+@dataclass
+class Row:
+    """The result of one measurement (one deployment, one concurrency)."""
+
+    deployment: str
+    concurrency: int
+    duration_s: float
+    steps: int
+    steps_per_second: float
+    p50_ms: float | None
+    p99_ms: float | None
+    gaps: int
+    p50_ms_by_kind: dict[str, float]
+    attempts_started_delta: float | None
+    failed_results: int
+    sessions_started: int
+    sessions_abandoned: int
+    server_cpu_ms_per_step: float | None
+    server_cpu_ms_per_step_by_node: list[float]
+    server_busiest_node_cores: float  # CPU seconds per second of the busiest node (1.0 = a full core)
+    worker_cpu_ms_per_step: float | None
+    worker_cores: float
+    bench_cpu_ms_per_step: float | None
+    other_load_cores: float
+    cpu_wait_fraction: float | None  # PSI: share of the window in which some task waited for a CPU
+    load_average: list[float]  # 1, 5, 15 min at the end of the window
+    worker_pid: int
+    worker_stopped_cleanly: bool
+    worker_completed_total: int | None
+
+
+async def scrape_attempts_started(http: aiohttp.ClientSession, urls: list[str]) -> float | None:
+    """Sum of `dex_attempts_started_total` over every node (only the active one counts
+    hand-outs; the sum stays right across a change of leader). None if a node is silent."""
+    total = 0.0
+    for url in urls:
+        try:
+            async with http.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+        for line in text.splitlines():
+            if line.startswith("dex_attempts_started_total"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def take_sample(http: aiohttp.ClientSession, deployment: Deployment, worker: WorkerProcess) -> Sample:
+    at_ns, times = time.monotonic_ns(), os.times()
+    sample = Sample(at_ns=at_ns, node_cpu_s=[cpu_seconds(p) for p in deployment.node_pids],
+                    worker_cpu_s=cpu_seconds(worker.pid), bench_cpu_s=times.user + times.system,
+                    machine_busy_s=machine_busy_seconds(), cpu_pressure_us=cpu_pressure_us(),
+                    attempts_started=None)
+    # The scrape takes a few ms; in-flight steps make the cross-check approximate anyway.
+    sample.attempts_started = await scrape_attempts_started(http, deployment.urls)
+    return sample
+
+
+@dataclass
+class LaneStats:
+    started: int = 0
+    abandoned: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)  # set: start no new session
+
+
+async def run_lane(client: DexClient, agent: str, tracker: CompletionTracker, turns: int,
+                   stats: LaneStats) -> None:
+    """One concurrent session slot: a session with `turns` queued messages, then the next,
+    until `stats.stop`; the session it is in then runs to its end (see stop_lanes)."""
+    while not stats.stop.is_set():
+        session_id = f"bench-{uuid.uuid4().hex[:16]}"
+        done = tracker.expect(session_id, turns * STEPS_PER_TURN)
+        await client.create_session(agent, session_id)
+        # Queue every message now: the server starts each turn as the previous one ends.
+        await asyncio.gather(*(client.send_message(session_id, f"turn {i}", message_id=f"{session_id}-m{i}")
+                               for i in range(turns)))
+        stats.started += 1
+        try:
+            await asyncio.wait_for(done.wait(), SESSION_DEADLINE_S)
+        except TimeoutError:
+            stats.abandoned += 1  # a step failed for good or stalled; the report shows it
+            tracker.forget(session_id)
+
+
+async def stop_lanes(lanes: list[asyncio.Task[None]], stats: LaneStats) -> None:
+    """Let every lane finish its session, so that nothing is queued or running when the
+    Worker stops. (Cancelling a turn would start the next queued one; and a step queued
+    after the Worker stopped could be handed to its last long poll, which the server still
+    holds, and then wait for its heartbeat timeout, as would a node's graceful stop.)"""
+    stats.stop.set()
+    if lanes:
+        _, late = await asyncio.wait(lanes, timeout=SESSION_DEADLINE_S)
+        stats.abandoned += len(late)
+    await cancel_all(lanes)
+
+
+async def measure(deployment: Deployment, concurrency: int, args: argparse.Namespace, root: Path,
+                  registry: ProcessRegistry) -> Row:
+    agent = f"bench-{deployment.name}-c{concurrency}-{uuid.uuid4().hex[:6]}"  # leftovers of other rows stay away
+    worker = await WorkerProcess.start(deployment, agent, concurrency, args.turns_per_session,
+                                       root / f"worker-{agent}.log", registry)
+    lanes: list[asyncio.Task[None]] = []
+    stats = LaneStats()
+    try:
+        async with DexClient(deployment.urls, deployment.client_token) as client, aiohttp.ClientSession() as http:
+            lanes = [asyncio.create_task(run_lane(client, agent, worker.tracker, args.turns_per_session, stats))
+                     for _ in range(concurrency)]
+            await watch(worker, lanes, args.warmup_s)
+            first = await take_sample(http, deployment, worker)
+            await watch(worker, lanes, args.duration_s)
+            last = await take_sample(http, deployment, worker)
+            load_average = [round(v, 2) for v in os.getloadavg()]
+            await stop_lanes(lanes, stats)
+    finally:
+        await cancel_all(lanes)
+        stopped_cleanly = await worker.stop()
+    return summarize(deployment, concurrency, worker, first, last, stats, stopped_cleanly, load_average)
+
+
+async def watch(worker: WorkerProcess, lanes: list[asyncio.Task[None]], seconds: float) -> None:
+    """Wait `seconds`, but fail at once if the Worker process or a lane died."""
+    watched = {worker.reader, *lanes}
+    done, _ = await asyncio.wait(watched, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        if task is worker.reader:
+            raise RuntimeError(f"the Worker process ended early (exit {worker.proc.returncode}); "
+                               f"see {worker.log_path}")
+        task.result()  # a lane that raised: its error (a lane never ends on its own)
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def summarize(deployment: Deployment, concurrency: int, worker: WorkerProcess, first: Sample, last: Sample,
+              stats: LaneStats, stopped_cleanly: bool, load_average: list[float]) -> Row:
+    window_s = (last.at_ns - first.at_ns) / 1e9
+    in_window = [c for c in worker.tracker.completions if first.at_ns <= c.at_ns < last.at_ns]
+    steps = sum(1 for c in in_window if c.ok)
+    gaps_by_kind = completion_gaps(worker.tracker.completions, first.at_ns, last.at_ns)
+    all_gaps = sorted(g for gaps in gaps_by_kind.values() for g in gaps)
+    node_cpu = [b - a for a, b in zip(first.node_cpu_s, last.node_cpu_s)]
+    worker_cpu = last.worker_cpu_s - first.worker_cpu_s
+    bench_cpu = last.bench_cpu_s - first.bench_cpu_s
+    other_cpu = max(0.0, last.machine_busy_s - first.machine_busy_s - sum(node_cpu) - worker_cpu - bench_cpu)
+
+    def per_step_ms(cpu_s: float) -> float | None:
+        return round(cpu_s / steps * 1000, 3) if steps else None
+
+    def cores(cpu_s: float) -> float:
+        return round(cpu_s / window_s, 2)
+
+    attempts = None
+    if last.attempts_started is not None and first.attempts_started is not None:
+        attempts = last.attempts_started - first.attempts_started
+    cpu_wait = None
+    if last.cpu_pressure_us is not None and first.cpu_pressure_us is not None:
+        cpu_wait = round((last.cpu_pressure_us - first.cpu_pressure_us) / 1e6 / window_s, 3)
+    return Row(
+        deployment=deployment.name, concurrency=concurrency, duration_s=round(window_s, 3), steps=steps,
+        steps_per_second=round(steps / window_s, 1),
+        p50_ms=percentile_ms(all_gaps, 50), p99_ms=percentile_ms(all_gaps, 99), gaps=len(all_gaps),
+        p50_ms_by_kind={kind: percentile_ms(sorted(g), 50) for kind, g in gaps_by_kind.items() if g},
+        attempts_started_delta=attempts, failed_results=sum(1 for c in in_window if not c.ok),
+        sessions_started=stats.started, sessions_abandoned=stats.abandoned,
+        server_cpu_ms_per_step=per_step_ms(sum(node_cpu)),
+        server_cpu_ms_per_step_by_node=[per_step_ms(c) or 0.0 for c in node_cpu],
+        server_busiest_node_cores=cores(max(node_cpu)),
+        worker_cpu_ms_per_step=per_step_ms(worker_cpu), worker_cores=cores(worker_cpu),
+        bench_cpu_ms_per_step=per_step_ms(bench_cpu), other_load_cores=cores(other_cpu),
+        cpu_wait_fraction=cpu_wait, load_average=load_average, worker_pid=worker.pid,
+        worker_stopped_cleanly=stopped_cleanly, worker_completed_total=worker.tracker.ended)
+
+
+def completion_gaps(completions: list[Completion], start_ns: int, end_ns: int) -> dict[str, list[float]]:
+    """Seconds between consecutive accepted results of the same session, for the results
+    inside [start, end), keyed by the kind of the later step. The first step of a session
+    has no gap (it was queued by a user message, not by a previous result)."""
+    last_by_session: dict[str, int] = {}
+    gaps: dict[str, list[float]] = {}
+    for c in sorted((c for c in completions if c.ok), key=lambda c: c.at_ns):
+        previous = last_by_session.get(c.session_id)
+        last_by_session[c.session_id] = c.at_ns
+        if previous is not None and start_ns <= c.at_ns < end_ns:
+            gaps.setdefault(c.kind, []).append((c.at_ns - previous) / 1e9)
+    return gaps
+
+
+def percentile_ms(sorted_values: list[float], pct: float) -> float | None:
+    """The nearest-rank percentile of seconds, in ms (None for no values)."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
+    return round(sorted_values[min(rank, len(sorted_values)) - 1] * 1000, 3)
+
+
+# ---------------------------------------------------------------- the run
+
+
+async def bench_deployment(name: str, args: argparse.Namespace, root: Path,
+                           registry: ProcessRegistry) -> dict[str, Any]:
+    start = start_dev if name == "dev" else start_cluster
+    print(f"[{name}] starting ...", flush=True)
+    deployment = await start(root, registry)
+    rows: list[Row] = []
+    leftovers: list[int] = []
+    try:
+        for concurrency in args.concurrency:
+            print(f"[{name}] concurrency {concurrency}: {args.warmup_s:g} s warm-up + {args.duration_s:g} s ...",
+                  flush=True)
+            row = await measure(deployment, concurrency, args, root, registry)
+            rows.append(row)
+            print(f"[{name}] concurrency {concurrency}: {row.steps_per_second:.0f} steps/s, "
+                  f"p50 {fmt(row.p50_ms)} ms", flush=True)
+    finally:
+        leftovers = await asyncio.to_thread(deployment.stop)
+    return {"command": deployment.command, "urls": deployment.urls, "node_pids": deployment.node_pids,
+            "killed_after_deadline": leftovers, "rows": [asdict(r) for r in rows]}
+
+
+def summary_of(results: dict[str, Any]) -> dict[str, float | None]:
+    summary: dict[str, float | None] = {}
+    for name in ("dev", "cluster"):
+        rows = results.get(name, {}).get("rows", [])
+        best = max((r["steps_per_second"] for r in rows), default=None)
+        c1 = [r["p50_ms"] for r in rows if r["concurrency"] == 1]
+        summary[f"{name}_steps_per_second"] = best
+        summary[f"{name}_p50_ms_c1"] = c1[0] if c1 else None
+    return summary
+
+
+def meets(value: float | None, goal: str) -> str:
+    if value is None:
+        return "not measured"
+    op, number = goal.split()
+    ok = value >= float(number) if op == ">=" else value <= float(number)
+    return "met" if ok else "MISSED"
+
+
+def fmt_pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"\nDurable steps benchmark (strict durability; a turn = RunModel, CallTool (no-op read), RunModel; "
+          f"{result['turns_per_session']} turns per session; Worker in its own process)")
+    print(f"machine: {result['cores']} cores. CPU columns: ms of CPU per step, and cores busy (1.00 = one full "
+          f"core) of the busiest server node, of the Worker, and of processes outside this bench (other); cpu wait = "
+          f"share of the time some runnable process waited for a CPU (PSI)")
+    print(f"{'deployment':<10} {'conc':>5} {'steps':>7} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'started Δ':>9} {'srv ms/step':>11} {'srv cores':>9} {'wrk ms/step':>11} {'wrk cores':>9} "
+          f"{'other':>6} {'cpu wait':>8}")
+    for name in ("dev", "cluster"):
+        for r in result.get(name, {}).get("rows", []):
+            print(f"{name:<10} {r['concurrency']:>5} {r['steps']:>7} {r['steps_per_second']:>8.0f} "
+                  f"{fmt(r['p50_ms']):>7} {fmt(r['p99_ms']):>7} {fmt(r['attempts_started_delta'], '.0f'):>9} "
+                  f"{fmt(r['server_cpu_ms_per_step'], '.3f'):>11} {r['server_busiest_node_cores']:>9.2f} "
+                  f"{fmt(r['worker_cpu_ms_per_step'], '.3f'):>11} {r['worker_cores']:>9.2f} "
+                  f"{r['other_load_cores']:>6.2f} {fmt_pct(r['cpu_wait_fraction']):>8}")
+            notes = [f"{r['failed_results']} failed results" if r["failed_results"] else "",
+                     f"{r['sessions_abandoned']} sessions abandoned" if r["sessions_abandoned"] else "",
+                     "" if r["worker_stopped_cleanly"] else "the Worker had to be killed"]
+            if any(notes):
+                print(f"{'':<10} warning: {', '.join(n for n in notes if n)}")
+    print("\ntarget                        measured    goal")
+    for name, goal in TARGETS.items():
+        value = result["summary"].get(name)
+        print(f"{name:<28} {fmt(value, '10.2f'):>10}    {goal:<9} {meets(value, goal)}")
+    print(f"reference: {REFERENCE}")
+
+
+async def main_async(args: argparse.Namespace, registry: ProcessRegistry) -> dict[str, Any]:
+    # SIGTERM stops the bench like Ctrl-C: the finally blocks stop every process by pid.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    names = [args.only] if args.only else ["dev", "cluster"]
+    result: dict[str, Any] = {"duration_s": args.duration_s, "warmup_s": args.warmup_s,
+                              "concurrency": args.concurrency, "turns_per_session": args.turns_per_session,
+                              "cores": os.cpu_count(), "load_average_at_start": list(os.getloadavg()),
+                              "reference": REFERENCE, "targets": TARGETS}
+    with tempfile.TemporaryDirectory(prefix="dex-steps-bench-") as tmp:
+        for name in names:
+            result[name] = await bench_deployment(name, args, Path(tmp), registry)
+    result["summary"] = summary_of(result)
+    return result
+
+
+def parse_concurrency(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--concurrency: a comma-separated list of integers, got {text!r}")
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"--concurrency: positive integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per concurrency")
+    parser.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured seconds before each window")
+    parser.add_argument("--concurrency", type=parse_concurrency, default=[1, 16, 64, 128],
+                        help="comma-separated session concurrencies (default 1,16,64,128)")
+    parser.add_argument("--only", choices=("dev", "cluster"), help="measure one deployment only")
+    parser.add_argument("--turns-per-session", type=int, default=10,
+                        help="turns queued in each session before the lane starts a new one")
+    parser.add_argument("--json", default=str(DEFAULT_JSON), help=f"where to write the JSON (default {DEFAULT_JSON})")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.duration_s <= 0 or args.warmup_s < 0 or args.turns_per_session < 1:
+        build_parser().error("--duration-s must be > 0, --warmup-s >= 0, --turns-per-session >= 1")
+    try:
+        import uvloop  # same event loop as the server and the Worker when installed
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    registry = ProcessRegistry()
+    try:
+        result = asyncio.run(main_async(args, registry))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("\ninterrupted: stopped every process this bench started", file=sys.stderr)
+        return 130
+    finally:
+        killed = registry.kill_leftovers()
+        if killed:
+            print(f"killed leftover processes: {killed}", file=sys.stderr)
+    result["pids"] = registry.pids
+    print_table(result)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

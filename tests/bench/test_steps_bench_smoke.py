@@ -1,0 +1,132 @@
+"""bench/steps_bench.py: a very short real run (one `dex-ha dev` node, a Worker process),
+plus the arithmetic it reports (gaps between completions, percentiles).
+
+The smoke run proves the bench works end to end: it exits 0, prints its table, writes JSON
+whose every row counted committed steps, and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BENCH = REPO_ROOT / "bench" / "steps_bench.py"
+WORKER = REPO_ROOT / "bench" / "steps_worker.py"
+SMOKE_DEADLINE_S = 90.0  # the run takes ~15 s; the rest is slack for a loaded machine
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """Import a bench script by path (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+steps_bench = load_module(BENCH, "steps_bench_under_test")
+steps_worker = load_module(WORKER, "steps_worker_under_test")
+
+
+def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_path: Path) -> None:
+    out = tmp_path / "steps.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--only", "dev", "--duration-s", "2", "--warmup-s", "0.5",
+         "--concurrency", "1,4", "--turns-per-session", "3", "--json", str(out)],
+        cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=SMOKE_DEADLINE_S,
+        stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+
+    assert "steps/s" in done.stdout and "p50 ms" in done.stdout
+    assert "dev_steps_per_second" in done.stdout and "reference:" in done.stdout
+    result = json.loads(out.read_text())
+    rows = result["dev"]["rows"]
+    assert [r["concurrency"] for r in rows] == [1, 4]
+    for row in rows:
+        table_line = [line for line in done.stdout.splitlines()
+                      if line.split()[:3] == ["dev", str(row["concurrency"]), str(row["steps"])]]
+        assert table_line, f"no table line for concurrency {row['concurrency']}"
+        assert row["steps"] > 0
+        assert row["steps_per_second"] > 0
+        assert row["failed_results"] == 0
+        # The server counted the hand-outs of the same window (steps in flight at either
+        # edge may differ, at most one per session slot each side, and a few ms of scrape).
+        assert row["attempts_started_delta"] is not None
+        assert abs(row["attempts_started_delta"] - row["steps"]) <= max(10, 0.1 * row["steps"])
+        assert row["p50_ms"] is not None and 0 < row["p50_ms"] <= row["p99_ms"]
+        assert row["server_cpu_ms_per_step"] > 0
+        assert row["worker_stopped_cleanly"] is True
+    assert result["summary"]["dev_steps_per_second"] == max(r["steps_per_second"] for r in rows)
+    assert result["summary"]["dev_p50_ms_c1"] == rows[0]["p50_ms"]
+
+    # One node and one Worker per row, all stopped by the bench before it exited.
+    pids = result["pids"]
+    assert len(pids) == 1 + len(rows)
+    assert set(result["dev"]["node_pids"]) <= set(pids)
+    assert {r["worker_pid"] for r in rows} <= set(pids)
+    assert [pid for pid in pids if steps_bench.is_running(pid)] == []
+
+
+def completion(session: str, kind: str, at_ms: float) -> object:
+    return steps_bench.Completion(session, kind, int(at_ms * 1_000_000), True)
+
+
+def test_gaps_are_between_completions_of_the_same_session_inside_the_window() -> None:
+    completions = [
+        completion("a", "RunModel", 10), completion("b", "RunModel", 11),
+        completion("a", "CallTool", 13), completion("b", "CallTool", 17),
+        completion("a", "RunModel", 14), completion("b", "RunModel", 30),  # b's last is after the window
+    ]
+    gaps = steps_bench.completion_gaps(completions, start_ns=12_000_000, end_ns=20_000_000)
+    # a: 10 -> 13 (CallTool, 3 ms), 13 -> 14 (RunModel, 1 ms); b: 11 -> 17 (CallTool, 6 ms).
+    # The first completion of a session has no gap; b's 17 -> 30 ends outside the window.
+    assert sorted(gaps["CallTool"]) == [0.003, 0.006]
+    assert gaps["RunModel"] == [0.001]
+
+
+def test_failed_results_are_neither_steps_nor_gap_ends() -> None:
+    failed = steps_bench.Completion("a", "CallTool", 12_000_000, False)
+    completions = [completion("a", "RunModel", 10), failed, completion("a", "CallTool", 15)]
+    gaps = steps_bench.completion_gaps(completions, start_ns=0, end_ns=100_000_000)
+    assert gaps == {"CallTool": [0.005]}
+
+
+def test_percentiles_pick_the_nearest_rank() -> None:
+    values = [i / 1000 for i in range(1, 101)]  # 1 ms .. 100 ms
+    assert steps_bench.percentile_ms(values, 50) == 50.0
+    assert steps_bench.percentile_ms(values, 99) == 99.0
+    assert steps_bench.percentile_ms([0.004], 99) == 4.0
+    assert steps_bench.percentile_ms([], 50) is None
+
+
+def test_tracker_wakes_the_lane_when_its_session_has_all_its_steps() -> None:
+    tracker = steps_bench.CompletionTracker()
+    done = tracker.expect("s1", 2)
+    tracker.on_line("c s1 RunModel 100 1\n")
+    tracker.on_line("c s1 CallTool 200 0\n")  # a failed result: the step is not done yet
+    assert not done.is_set()
+    tracker.on_line("c s2 RunModel 250 1\n")  # another session's step
+    assert not done.is_set()
+    tracker.on_line("c s1 CallTool 300 1\n")
+    assert done.is_set()
+    assert [c.ok for c in tracker.completions] == [True, False, True, True]
+
+
+def test_the_scripted_model_calls_the_read_tool_then_answers() -> None:
+    request = steps_worker.ModelRequest
+    first = steps_worker.bench_script(request(history=[{"type": "user", "text": "hi"}], summary=None, tools=[]))
+    assert [c["name"] for c in first["tool_calls"]] == ["read"]
+    after_tool = steps_worker.bench_script(request(
+        history=[{"type": "user", "text": "hi"}, {"type": "assistant", "content": "", "tool_calls": []},
+                 {"type": "tool_result", "call_id": "c0_0", "name": "read", "status": "succeeded"}],
+        summary=None, tools=[]))
+    assert after_tool["tool_calls"] == []
+    agent = steps_worker.bench_agent("bench-x")
+    tool = agent.definition()["tools"][0]
+    assert tool["name"] == "read" and tool["effect"] == "read" and tool["inline"] is False
