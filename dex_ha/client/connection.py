@@ -410,7 +410,9 @@ class Connection:
     def _get_session(self) -> aiohttp.ClientSession:
         # Created lazily so that it belongs to the running event loop.
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            # No pool limit: a Worker keeps a long poll, heartbeats and results in flight
+            # for every running task; a queue for a pooled connection would delay them all.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
     def _headers(self, *, json_body: bool) -> dict[str, str]:

@@ -74,7 +74,8 @@ class Task:
     agent: str
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Shallow on purpose: asdict() deep-copies the whole history of a RunModel task.
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True, slots=True)

@@ -349,7 +349,8 @@ async def register_agent(api: Api, args: dict[str, Any], request: web.Request) -
 
 async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     leader = api.node.serving()
-    tasks = await leader.poll(args["worker_id"], args["agents"], args["max_tasks"], args["wait_ms"])
+    tasks = await leader.poll(args["worker_id"], args["agents"], args["max_tasks"], args["wait_ms"],
+                              gone=lambda: request.transport is None or request.transport.is_closing())
     return 200, {"tasks": tasks}
 
 

@@ -74,6 +74,9 @@ class _WaitingPoll:
     agents: list[str]
     max_tasks: int
     future: asyncio.Future[list[dict[str, Any]]] = field(repr=False)
+    # True once the Worker hung up (aiohttp does not cancel the handler): such a poll must
+    # not be handed steps, or they would wait for their heartbeat timeout.
+    gone: Callable[[], bool] = field(repr=False, default=lambda: False)
     claimed: bool = False  # included in a hand-out proposal: its answer is on the way
 
 
@@ -157,11 +160,13 @@ class LeaderTerm:
 
     # ------------------------------------------------------------------ dispatch
 
-    async def poll(self, worker_id: str, agents: list[str], max_tasks: int, wait_ms: int) -> list[dict[str, Any]]:
-        """A Worker long poll: the tasks handed to it (committed), or [] when wait_ms passed."""
+    async def poll(self, worker_id: str, agents: list[str], max_tasks: int, wait_ms: int,
+                   gone: Callable[[], bool] = lambda: False) -> list[dict[str, Any]]:
+        """A Worker long poll: the tasks handed to it (committed), or [] when wait_ms passed.
+        `gone()` says whether the Worker hung up meanwhile."""
         self._check_dispatching()
         self.workers_seen[worker_id] = time.monotonic()
-        poll = _WaitingPoll(worker_id, agents, max_tasks, asyncio.get_running_loop().create_future())
+        poll = _WaitingPoll(worker_id, agents, max_tasks, asyncio.get_running_loop().create_future(), gone)
         self._waiting.append(poll)
         self._wake_dispatch.set()
         try:
@@ -176,6 +181,10 @@ class LeaderTerm:
                 self._waiting.remove(poll)
             if not poll.future.done():
                 poll.future.cancel()
+
+    def waiting_polls(self) -> int:
+        """Long polls waiting for work now."""
+        return len(self._waiting)
 
     def _check_dispatching(self) -> None:
         if self._stopped or not self.takeover_done:
@@ -202,8 +211,10 @@ class LeaderTerm:
         queues = {agent: deque(self.engine.queued_steps(agent, limit)) for agent, limit in wanted.items()}
         matched = []
         for poll in list(self._waiting):
-            if poll.future.done():  # answered with an error already
+            if poll.future.done() or poll.gone():  # answered with an error already, or hung up
                 self._waiting.remove(poll)
+                if not poll.future.done():
+                    poll.future.set_result([])
                 continue
             steps: list[QueuedStep] = []
             for agent in poll.agents:

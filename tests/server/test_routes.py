@@ -9,6 +9,7 @@ fixture checks that the test really called those routes, and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -19,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, RouteSpec
+from dex_ha.server.node import NodeServer
 from tests.server import test_not_active
 from tests.server.node_fixture import (
     HttpApi, Reply, assert_error, call_view, concrete_path, expect, free_ports, model_result, open_sse,
@@ -321,6 +323,27 @@ async def test_poll_with_nothing_queued_answers_no_tasks_after_wait_ms(api: Http
                            role="worker")
     assert expect(reply, 200) == {"tasks": []}
     assert wait_ms / 1000 * 0.8 <= reply.elapsed_s < wait_ms / 1000 + 2.0, reply.elapsed_s
+
+
+@covers("worker_poll")
+async def test_a_poll_whose_worker_hung_up_is_handed_nothing(api: HttpApi, node: NodeServer):
+    """aiohttp keeps the handler of a closed request running: the dispatcher must notice
+    that the Worker is gone, or the step would wait for its heartbeat timeout there."""
+    await api.register_agent("helper", [])
+    await api.create_session("helper", "s1")
+    abandoned = asyncio.create_task(api.post("/v1/worker/poll", {
+        "worker_id": "gone", "agents": ["helper"], "max_tasks": 1, "wait_ms": 20_000}, role="worker"))
+    async def one_poll_waits() -> bool:
+        return node.leader is not None and node.leader.waiting_polls() == 1
+
+    await wait_until(one_poll_waits, timeout_s=5, what="the first poll to wait")
+    abandoned.cancel()  # closes its connection
+    await asyncio.gather(abandoned, return_exceptions=True)
+    await api.send_message("s1", "hi")
+    task = await api.poll_one("helper", worker_id="alive")
+    assert task["kind"] == "RunModel"
+    snapshot = await api.snapshot("s1")
+    assert [a["worker_id"] for s in snapshot["current_turn"]["steps"] for a in s["attempts"]] == ["alive"]
 
 
 @covers("task_heartbeat")
