@@ -98,24 +98,17 @@ class CompletionLog:
 
 
 class ReportingWorker(Worker):
-    """A Worker that reports each result the server accepted, at the moment it did.
-
-    The SDK counts accepted results in `completed` but has no per-result callback, so this
-    wraps its delivery method: when `completed` grew, the result was committed (the server
-    answers `complete` only after the commit).
-    """
+    """A Worker that reports each result the server accepted, at the moment it did (the
+    server answers `complete` only after the commit), through the SDK's `on_result`."""
 
     def __init__(self, *args: Any, completions: CompletionLog, turns_per_session: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, on_result=self._report, **kwargs)
         self._completions = completions
         self._turns_per_session = turns_per_session
 
-    async def _deliver(self, task: WorkerTask, outcome: Any) -> None:
-        before = self.completed
-        await super()._deliver(task, outcome)
-        if self.completed > before:
-            self._completions.completion(task.session_id, task.kind, not outcome.failed,
-                                         ends_session=self._ends_session(task, outcome))
+    def _report(self, task: WorkerTask, outcome: Any) -> None:
+        self._completions.completion(task.session_id, task.kind, not outcome.failed,
+                                     ends_session=self._ends_session(task, outcome))
 
     def _ends_session(self, task: WorkerTask, outcome: Any) -> bool:
         """The answer (no tool call) of the session's last turn: the bench starts the next

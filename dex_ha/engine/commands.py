@@ -90,13 +90,21 @@ class StartAttempts:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CompleteAttempt:
-    """A Worker's result for attempt (`step_id`, `attempt`, `term`)."""
+    """A Worker's result for attempt (`step_id`, `attempt`, `term`).
+
+    Eager dispatch: with `next_max` > 0 the same entry also hands out up to `next_max`
+    steps of the same session to `next_worker_id` (in this term), but only steps at the
+    head of the agent's queue, so no other session's queued step is overtaken. It saves
+    the Worker a poll and the log an entry for each step of a turn.
+    """
 
     at: int
     step_id: str
     attempt: int
     term: int
     result: dict[str, Any]
+    next_worker_id: str | None = None
+    next_max: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

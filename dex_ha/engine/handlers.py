@@ -24,6 +24,7 @@ from dex_ha.engine.results import Rejected
 from dex_ha.engine.store import FENCED_TERM, to_json
 
 MAX_ID_LENGTH = 200
+MAX_EAGER_HANDOUTS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +127,30 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
                 and done["result_digest"] == digest):
             return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt}, noop=True)
         raise
+    if not 0 <= cmd.next_max <= MAX_EAGER_HANDOUTS:
+        raise Rejected("invalid", f"next_max must be between 0 and {MAX_EAGER_HANDOUTS}")
+    started: list[dict[str, Any]] = []
     if steps.record_completion(ctx, step, cmd.attempt, digest):
         RESULT_HANDLERS[step["kind"]](ctx, step, cmd.result)
-    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
+        if cmd.next_max and cmd.next_worker_id:
+            started = _hand_out_next_steps(ctx, step, cmd.next_worker_id, cmd.term, cmd.next_max)
+    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt, "started": started})
+
+
+def _hand_out_next_steps(ctx: ApplyContext, step: Any, worker_id: str, term: int, limit: int) -> list[dict[str, Any]]:
+    """Eager dispatch (see CompleteAttempt): the session's steps at the head of its agent's
+    queue go to the Worker that just completed one; FIFO for everyone else holds."""
+    fenced_term = ctx.store.meta(FENCED_TERM)
+    started = []
+    for row in ctx.store.rows("SELECT step_id, session_id FROM steps WHERE agent = ? AND status = 'queued' "
+                              "ORDER BY queue_seq LIMIT ?", (step["agent"], limit)):
+        if row["session_id"] != step["session_id"]:
+            break
+        try:
+            started.append(steps.hand_out(ctx, row["step_id"], worker_id, term, fenced_term))
+        except Rejected:  # changed nothing; the step waits for a poll instead
+            break
+    return started
 
 
 # What a completed task step does with its result, by kind.

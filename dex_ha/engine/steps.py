@@ -77,7 +77,8 @@ def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_
     ctx.emit(step["session_id"], "attempt_started", step_id=step_id, kind=step["kind"],
              attempt=number, term=term, worker_id=worker_id, call_id=step["call_id"])
     return {"step_id": step_id, "attempt": number, "term": term, "worker_id": worker_id,
-            "session_id": step["session_id"], "kind": step["kind"], "deadline_at": deadline}
+            "session_id": step["session_id"], "kind": step["kind"], "deadline_at": deadline,
+            "queued_at": step["queued_at"]}
 
 
 def current_attempt(ctx: ApplyContext, step_id: str, number: int,

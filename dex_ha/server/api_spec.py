@@ -296,11 +296,16 @@ _WORKER = (
            max_body_bytes=256 << 10),
     _route("task_complete", "POST", "/v1/worker/tasks/{task_token}/complete", WORKER,
            "Report a task's result.",
-           success={200: "the result is committed"},
+           success={200: "the result is committed; `tasks` holds the session's next steps handed to this "
+                         "Worker in the same entry when `next_tasks` asked for them"},
            errors={404: "not_found: unknown task token", 409: "stale_attempt: the attempt is no longer current"},
            path_params=(TASK_TOKEN,),
            body=(FieldSpec("result", "any", required=True,
-                           description="The step's result (its shape depends on the kind)."),),
+                           description="The step's result (its shape depends on the kind)."),
+                 FieldSpec("next_tasks", "integer", min=0, max=16, default=0,
+                           description="Eager dispatch: hand this Worker up to this many of the session's "
+                                       "next steps in the same commit (only steps no other session's queued "
+                                       "step is waiting ahead of); they come back in `tasks`, as a poll's.")),
            max_body_bytes=4 << 20),
     _route("task_fail", "POST", "/v1/worker/tasks/{task_token}/fail", WORKER,
            "Report that a task's attempt failed.",

@@ -379,10 +379,16 @@ async def task_heartbeat(api: Api, args: dict[str, Any], request: web.Request) -
 async def task_complete(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     step_id, attempt, term = _attempt_of(args["task_token"])
     leader = api.node.serving()
-    await api.propose(CompleteAttempt(at=wall_ms(), step_id=step_id, attempt=attempt, term=term,
-                                      result=args["result"]))
+    running = leader.running.get((step_id, attempt))
+    # Eager dispatch only for an attempt of this term whose Worker we know.
+    eager = args["next_tasks"] if running is not None and term == leader.term and not leader.draining else 0
+    result = await api.propose(CompleteAttempt(
+        at=wall_ms(), step_id=step_id, attempt=attempt, term=term, result=args["result"],
+        next_worker_id=running.worker_id if eager else None, next_max=eager))
     leader.forget(step_id, attempt)
-    return 200, {"step_id": step_id, "attempt": attempt, "status": "completed"}
+    started = (result.value or {}).get("started", [])
+    tasks = [leader.task_for_handout(s, running.worker_id, s.get("queued_at")) for s in started] if running else []
+    return 200, {"step_id": step_id, "attempt": attempt, "status": "completed", "tasks": tasks}
 
 
 async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Answer:

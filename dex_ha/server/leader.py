@@ -253,15 +253,21 @@ class LeaderTerm:
                     poll.future.set_exception(NotServing("the hand-out was not committed; poll again"))
 
     def _task(self, started: dict[str, Any], step: QueuedStep, worker_id: str, now: float) -> dict[str, Any]:
-        attempt = started["attempt"]
-        self.running[(step.step_id, attempt)] = RunningAttempt(step.step_id, attempt, step.session_id, step.kind,
-                                                               worker_id, now)
-        self.metrics.attempts_started.labels(kind=step.kind).inc()
-        self.metrics.schedule_to_start.labels(kind=step.kind).observe(
-            max(0.0, (wall_ms() - (step.queued_at or wall_ms())) / 1000))
-        task = self.engine.task_for(step.step_id, self.heartbeat_timeout_ms)
-        body = task.as_json() if task is not None else {"step_id": step.step_id, "kind": step.kind}
-        body.update(task_token=task_token(step.step_id, attempt, self.term), attempt=attempt,
+        return self.task_for_handout(started, worker_id, step.queued_at, now)
+
+    def task_for_handout(self, started: dict[str, Any], worker_id: str, queued_at: int | None,
+                         now: float | None = None) -> dict[str, Any]:
+        """The task a Worker gets for a committed hand-out (`started`, as the engine
+        reports it); from now on the attempt's heartbeats are watched."""
+        step_id, attempt, kind = started["step_id"], started["attempt"], started["kind"]
+        self.running[(step_id, attempt)] = RunningAttempt(step_id, attempt, started["session_id"], kind, worker_id,
+                                                          time.monotonic() if now is None else now)
+        self.metrics.attempts_started.labels(kind=kind).inc()
+        self.metrics.schedule_to_start.labels(kind=kind).observe(
+            max(0.0, (wall_ms() - (queued_at or wall_ms())) / 1000))
+        task = self.engine.task_for(step_id, self.heartbeat_timeout_ms)
+        body = task.as_json() if task is not None else {"step_id": step_id, "kind": kind}
+        body.update(task_token=task_token(step_id, attempt, self.term), attempt=attempt,
                     deadline_ms=started.get("deadline_at"))
         return body
 

@@ -217,7 +217,9 @@ class Worker:
     def __init__(self, urls: str | Sequence[str], token: str | None = None,
                  agents: Sequence[Agent] = (), worker_id: str | None = None, max_concurrency: int = 8,
                  poll_wait_ms: int = 20_000, heartbeat_interval_s: float | None = None,
-                 drain_timeout_s: float = 30.0, poll_concurrency: int = 2, **connection_kwargs: Any) -> None:
+                 drain_timeout_s: float = 30.0, poll_concurrency: int = 2, eager: bool = True,
+                 on_result: Callable[[WorkerTask, Outcome], None] | None = None,
+                 **connection_kwargs: Any) -> None:
         self._agents = _check_agents(agents)
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
             raise ValueError("worker_id must be a non-empty string or None")
@@ -239,6 +241,10 @@ class Worker:
         # Several polls in flight: while one answer travels back, the server can already
         # hand out the next steps to another poll (as Temporal's pollers do).
         self.poll_concurrency = min(poll_concurrency, max_concurrency)
+        # Eager dispatch: a result also asks for the session's next step, which comes back
+        # in the answer (committed with the result), saving a poll per step of a turn.
+        self.eager = eager
+        self.on_result = on_result  # called for each result (complete or fail) the server accepted
         self._conn = Connection(urls, token, **connection_kwargs)
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_or_stop = asyncio.Event()  # set when a task ends or stop() begins
@@ -598,8 +604,11 @@ class Worker:
         if outcome.failed:
             await self._send_fail(task, outcome.error or "", outcome.retryable)
             return
+        body: dict[str, Any] = {"result": outcome.result}
+        if self.eager and not self._stop_requested.is_set():
+            body["next_tasks"] = 1  # the slot this task frees
         try:
-            await self._conn.request("POST", task.path("complete"), {"result": outcome.result})
+            answer = await self._conn.request("POST", task.path("complete"), body)
         except DexError as exc:
             if exc.status == 409:
                 log.info("%s: result not needed any more (409: %s)", task, exc.message)
@@ -611,6 +620,14 @@ class Worker:
             return
         self.completed += 1
         log.debug("%s: completed", task)
+        if self.on_result is not None:
+            self.on_result(task, outcome)
+        eager_tasks = answer.get("tasks") if isinstance(answer, dict) else None
+        if eager_tasks:
+            # This runner ends now: its slot goes to the task handed out with the result.
+            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            for raw in eager_tasks[:1]:
+                self._start(raw)
 
     async def _send_fail(self, task: WorkerTask, error: str, retryable: bool) -> None:
         try:
@@ -624,6 +641,8 @@ class Worker:
             return
         self.completed += 1
         log.debug("%s: reported failed (retryable=%s): %s", task, retryable, error)
+        if self.on_result is not None:
+            self.on_result(task, Outcome(error=error, retryable=retryable))
 
 
 # ---------------------------------------------------------------- helpers

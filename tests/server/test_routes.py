@@ -365,6 +365,28 @@ async def test_heartbeat_of_a_running_attempt_answers_no_cancel(api: HttpApi):
 
 
 @covers("task_complete")
+async def test_complete_with_next_tasks_hands_out_the_sessions_next_steps_in_the_same_commit(api: HttpApi):
+    await api.register_agent("helper", [tool("lookup", "read"), tool("pay", "write")])
+    await api.create_session("helper", "s1")
+    await api.send_message("s1", "pay the bill")
+    task = await api.poll_one("helper", worker_id="w-eager")
+    result = model_result("on it", [tool_call("c1", "lookup", q="bill"), tool_call("c2", "pay", amount=5)])
+    reply = await api.post(f"/v1/worker/tasks/{task['task_token']}/complete",
+                           {"result": result, "next_tasks": 1}, role="worker")
+    tasks = expect(reply, 200)["tasks"]
+    assert [(t["kind"], t["input"]["call_id"], t["idempotency_key"]) for t in tasks] == [
+        ("CallTool", "c1", "s1:c1")]  # one asked for; the other waits in the queue
+    # The eager task is a real hand-out: it heartbeats, and the snapshot shows its attempt.
+    heartbeat = await api.post(f"/v1/worker/tasks/{tasks[0]['task_token']}/heartbeat", {}, role="worker")
+    assert expect(heartbeat, 200) == {"cancel": False}
+    calls = {c["call_id"]: c for c in (await api.snapshot("s1"))["tool_calls"]}
+    assert [a["worker_id"] for s in calls["c1"]["steps"] for a in s["attempts"]] == ["w-eager"]
+    assert [s["status"] for s in calls["c2"]["steps"]] == ["queued"]
+    rest = await api.poll_one("helper", worker_id="w-other")
+    assert rest["input"]["call_id"] == "c2"
+
+
+@covers("task_complete")
 async def test_complete_with_tool_calls_puts_their_steps_in_the_snapshot(api: HttpApi):
     await api.register_agent("helper", [tool("lookup", "read"), tool("pay", "write")])
     await api.create_session("helper", "s1")
@@ -372,7 +394,7 @@ async def test_complete_with_tool_calls_puts_their_steps_in_the_snapshot(api: Ht
     task = await api.poll_one("helper")
     result = model_result("on it", [tool_call("c1", "lookup", q="bill"), tool_call("c2", "pay", amount=5)])
     done = await api.complete(task, result)
-    assert done == {"step_id": task["step_id"], "attempt": 1, "status": "completed"}
+    assert done == {"step_id": task["step_id"], "attempt": 1, "status": "completed", "tasks": []}
 
     snap = await api.snapshot("s1")
     assistant = snap["history"][-1]
@@ -743,6 +765,8 @@ INVALID: list[Bad] = [
     Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "deltas", body={"deltas": "Hel"}),
     Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "deltas[0]", body={"deltas": [1]}),
     Bad("task_complete", f"{TOKEN}/complete", 400, "result", body={}),
+    Bad("task_complete", f"{TOKEN}/complete", 400, "next_tasks", body={"result": 1, "next_tasks": 17}),
+    Bad("task_complete", f"{TOKEN}/complete", 400, "next_tasks", body={"result": 1, "next_tasks": True}),
     Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={}),
     Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={"error": 5}),
     Bad("task_fail", f"{TOKEN}/fail", 400, "retryable", body={"error": "x", "retryable": "no"}),

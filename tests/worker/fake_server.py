@@ -45,6 +45,8 @@ class FakeServer:
         self.heartbeats: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.complete_tries: dict[str, int] = defaultdict(int)  # complete requests, 503-answered ones too
         self.completes: dict[str, list[Any]] = defaultdict(list)  # results of the complete requests served
+        self.next_tasks_asked: dict[str, Any] = {}  # the `next_tasks` of each complete request
+        self.eager_after: dict[str, str] = {}  # token -> token of a queued task handed out with its complete
         self.fails: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.log: list[tuple[str, str]] = []  # (route, token) in arrival order
         # What the fake answers.
@@ -193,6 +195,14 @@ class FakeServer:
             return web.json_response({"error": "invalid", "message": "result.status must be ok, error, "
                                       "question or task"}, status=400)
         self.counters.end(token)
+        self.next_tasks_asked[token] = body.get("next_tasks")
+        eager = self.eager_after.get(token)
+        if eager is not None and body.get("next_tasks"):
+            task = next(t for t in self._queue if t["task_token"] == eager)
+            self._queue.remove(task)
+            self.handed_out[eager] = task
+            self.counters.start(eager)
+            return web.json_response({"tasks": [{k: v for k, v in task.items() if k != "queue"}]})
         return web.json_response({})
 
     async def _fail(self, request: web.Request) -> web.Response:
@@ -204,6 +214,14 @@ class FakeServer:
         if token in self.stale_result_tokens:
             return _stale()
         self.counters.end(token)
+        self.next_tasks_asked[token] = body.get("next_tasks")
+        eager = self.eager_after.get(token)
+        if eager is not None and body.get("next_tasks"):
+            task = next(t for t in self._queue if t["task_token"] == eager)
+            self._queue.remove(task)
+            self.handed_out[eager] = task
+            self.counters.start(eager)
+            return web.json_response({"tasks": [{k: v for k, v in task.items() if k != "queue"}]})
         return web.json_response({})
 
 

@@ -358,6 +358,30 @@ async def test_each_poll_asks_for_exactly_the_free_slots(fake: FakeServer) -> No
         box.gates["c"].set()
 
 
+async def test_a_task_handed_out_with_a_result_runs_without_a_poll(fake: FakeServer) -> None:
+    """Eager dispatch: `complete` asks for the session's next step (next_tasks = 1, the
+    slot it frees); the task in the answer runs at once in that slot."""
+    box = Toolbox()
+    first = fake.add_tool_task("refund", {"amount": 5}, call_id="c1")
+    # Queued for an agent no poll asks for: only the eager answer can deliver it.
+    second = fake.add_task("CallTool", {"call_id": "c2", "name": "refund", "arguments": {"amount": 7}},
+                           agent="eager-only", named_agent="support", idempotency_key="s1:c2")
+    fake.eager_after[first] = second
+    worker = make_worker(fake, box.agent, max_concurrency=1)
+    async with running(worker):
+        await fake.wait_for(lambda: fake.completes[second], "the eager task's result")
+    assert fake.next_tasks_asked[first] == 1
+    assert fake.completes[first] == [{"status": "ok", "output": "refunded 5"}]
+    assert fake.completes[second] == [{"status": "ok", "output": "refunded 7"}]
+    assert worker.completed == 2
+
+
+async def test_without_eager_a_result_asks_for_nothing(fake: FakeServer) -> None:
+    box = Toolbox()
+    token = await run_one(fake, box, lambda f: f.add_tool_task("refund", {"amount": 5}), eager=False)
+    assert fake.next_tasks_asked[token] is None
+
+
 async def test_concurrent_polls_share_the_free_slots_and_never_promise_more(fake: FakeServer) -> None:
     """Two polls in flight at once (the server can hand out to one while the other's
     answer travels back); together they never ask for more than the free slots."""

@@ -1,0 +1,91 @@
+"""Eager dispatch: a CompleteAttempt may hand the session's next steps to the same Worker
+in the same entry, but never ahead of another session's queued step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dex_ha.engine import CompleteAttempt, Engine
+from tests.engine.driver import Driver
+
+
+def complete_eagerly(d: Driver, step_id: str, result: dict, worker: str = "w1", limit: int = 4):
+    a = d.running(step_id)
+    return d.ok(CompleteAttempt(at=d.at, step_id=step_id, attempt=a.attempt, term=a.term, result=result,
+                                next_worker_id=worker, next_max=limit))
+
+
+def model_result(*calls: tuple[str, str]) -> dict:
+    return {"content": "", "tool_calls": [{"id": cid, "name": name, "arguments": {}} for cid, name in calls]}
+
+
+def test_the_next_steps_of_the_session_start_in_the_same_entry(tmp_path: Path) -> None:
+    d = Driver(str(tmp_path / "e.db"))
+    d.register()
+    d.create()
+    d.send()
+    step = d.hand_out("RunModel")
+    result = complete_eagerly(d, step, model_result(("c1", "lookup"), ("c2", "put_item")), worker="w9")
+    started = result.value["started"]
+    assert [(s["kind"], s["worker_id"], s["attempt"], s["session_id"]) for s in started] == [
+        ("CallTool", "w9", 1, "s1"), ("CallTool", "w9", 1, "s1")]
+    assert d.queued() == []  # nothing left for a poll
+    assert {a.step_id for a in d.engine.running_attempts()} == {s["step_id"] for s in started}
+
+
+def test_another_sessions_queued_step_is_never_overtaken(tmp_path: Path) -> None:
+    d = Driver(str(tmp_path / "e.db"))
+    d.register()
+    for sid in ("s1", "s2"):
+        d.create(sid)
+    d.send(session_id="s1")
+    step = d.hand_out("RunModel")
+    d.send(session_id="s2")  # s2's RunModel now waits at the head of the agent's queue
+    result = complete_eagerly(d, step, model_result(("c1", "lookup")))
+    assert result.value["started"] == []
+    assert [(s.session_id, s.kind) for s in d.queued()] == [("s2", "RunModel"), ("s1", "CallTool")]
+
+
+def test_without_next_max_nothing_is_handed_out_and_the_limit_holds(tmp_path: Path) -> None:
+    d = Driver(str(tmp_path / "e.db"))
+    d.register()
+    d.create()
+    d.send()
+    step = d.hand_out("RunModel")
+    assert d.model(step, calls=[("c1", "lookup", {}), ("c2", "lookup", {})]).value["started"] == []
+    assert len(d.queued()) == 2
+
+    d2 = Driver(str(tmp_path / "e2.db"))
+    d2.register()
+    d2.create()
+    d2.send()
+    step = d2.hand_out("RunModel")
+    result = complete_eagerly(d2, step, model_result(("c1", "lookup"), ("c2", "lookup"), ("c3", "lookup")), limit=2)
+    assert len(result.value["started"]) == 2 and len(d2.queued()) == 1
+
+
+def test_a_bad_next_max_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
+    d = Driver(str(tmp_path / "e.db"))
+    d.register()
+    d.create()
+    d.send()
+    step = d.hand_out("RunModel")
+    a = d.running(step)
+    before = d.engine.logical_dump(include_applied_index=False)
+    result = d.apply(CompleteAttempt(at=d.at, step_id=step, attempt=a.attempt, term=a.term,
+                                     result=model_result(("c1", "lookup")), next_worker_id="w1", next_max=10_000))
+    assert not result.ok and result.code == "invalid" and result.http_status == 400
+    assert d.engine.logical_dump(include_applied_index=False) == before
+
+
+def test_replaying_the_log_gives_the_same_state(tmp_path: Path) -> None:
+    d = Driver(str(tmp_path / "e.db"))
+    d.register()
+    d.create()
+    d.send()
+    step = d.hand_out("RunModel")
+    started = complete_eagerly(d, step, model_result(("c1", "lookup"))).value["started"]
+    complete_eagerly(d, started[0]["step_id"], {"status": "ok", "output": 1})
+    replica = Engine(str(tmp_path / "replica.db"), durable=False)
+    replica.apply_batch(d.log)
+    assert replica.logical_dump() == d.engine.logical_dump()
