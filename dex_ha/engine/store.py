@@ -200,9 +200,11 @@ class Store:
         return last
 
     def history_items(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
-        return [json.loads(r[0]) for r in self.conn.execute(
-            "SELECT item FROM history WHERE session_id = ? AND seq > ? ORDER BY seq",
-            (session_id, after_seq))]
+        # One parse of a JSON array instead of one json.loads per item: every RunModel
+        # task carries the history, so this is on the hot path.
+        rows = self.conn.execute("SELECT item FROM history WHERE session_id = ? AND seq > ? ORDER BY seq",
+                                 (session_id, after_seq)).fetchall()
+        return json.loads("[" + ",".join(r[0] for r in rows) + "]")
 
     # ------------------------------------------------------------- events
 

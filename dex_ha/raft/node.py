@@ -151,6 +151,12 @@ class RaftNode:
         self._taken = SnapshotMeta(0, 0, ConfState())  # the newest snapshot file written
         self._snapshot_task: asyncio.Task[None] | None = None
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        # Changes to the core or the log from outside the loop (snapshot reports, a
+        # transfer, compaction) run at once, except while the loop waits for an fsync
+        # between ready() and advance(): nothing else may touch them then, so they wait
+        # here for the loop's next turn.
+        self._in_ready = False
+        self._deferred: deque[Callable[[], None]] = deque()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self._snap_dir = config.data_dir / "snapshots"
         self._snap_dir.mkdir(exist_ok=True)
@@ -291,8 +297,7 @@ class RaftNode:
         rightly refuse, so callers route a step down to the active node instead."""
         if self.core.role != Role.LEADER:
             raise NotLeader(self.core.leader_id)
-        self.core.transfer_leadership(to)
-        self._wake.set()
+        self._defer(lambda: self.core.transfer_leadership(to))
 
     async def wait_applied(self, index: int) -> None:
         """Wait until the state machine applied at least `index` (read-your-writes)."""
@@ -321,7 +326,15 @@ class RaftNode:
         self._wake.set()
 
     def _on_snapshot_sent(self, peer: str, ok: bool) -> None:
-        self.core.report_snapshot(peer, ok)
+        self._defer(lambda: self.core.report_snapshot(peer, ok))
+
+    def _defer(self, change: Callable[[], None]) -> None:
+        """Run `change` now, or at the start of the loop's next turn while a Ready is
+        being handled (see `_deferred`)."""
+        if self._in_ready:
+            self._deferred.append(change)
+        else:
+            change()
         self._wake.set()
 
     async def _run(self) -> None:
@@ -333,7 +346,7 @@ class RaftNode:
                 except asyncio.TimeoutError:
                     pass
                 self._wake.clear()
-                self._turn()
+                await self._turn()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -343,8 +356,14 @@ class RaftNode:
             self._fail_all_pending(ProposalDropped("node failed"))
             raise
 
-    def _turn(self) -> None:
-        """One pass: time, inbound messages, proposals, then drain every Ready."""
+    async def _turn(self) -> None:
+        """One pass: deferred changes, time, inbound messages, proposals, then drain
+        every Ready."""
+        while self._deferred:
+            try:
+                self._deferred.popleft()()
+            except Exception as exc:  # e.g. a transfer to a node that left meanwhile
+                log.warning("node %s: deferred change failed: %r", self.config.id, exc)
         self.core.tick(_monotonic_ms())
         while self._unreachable:
             self.core.report_unreachable(self._unreachable.pop())
@@ -352,7 +371,11 @@ class RaftNode:
             self.core.step(self._inbox.popleft())
         self._take_proposals()
         while self.core.has_ready():
-            self._handle_ready(self.core.ready())
+            self._in_ready = True
+            try:
+                await self._handle_ready(self.core.ready())
+            finally:
+                self._in_ready = False
         self._note_leader()
 
     def _take_proposals(self) -> None:
@@ -371,19 +394,23 @@ class RaftNode:
             self.metrics.proposals += 1
             self._pending[index] = _Pending(self.core.term, fut)
 
-    def _handle_ready(self, rd: Ready) -> None:
+    async def _handle_ready(self, rd: Ready) -> None:
         early, late = self._split_messages(rd)
         if early:
             # Raft thesis §10.2.1: a leader may replicate entries while it writes them to
-            # its own disk; it counts itself toward commit only after advance(). The
-            # fsync below blocks the loop, so the bytes go to the sockets first.
+            # its own disk; it counts itself toward commit only after advance(). So the
+            # bytes go to the sockets before the fsync.
             for msg in early:
                 self._send(msg)
             self.transport.flush()
         if rd.snapshot is not None:
             self._persist_received_snapshot(rd.snapshot, rd.snapshot_data)
         if rd.entries or rd.hard_state is not None:
-            self.storage.save(rd.hard_state, rd.entries, sync=rd.must_sync)
+            self.storage.append(rd.hard_state, rd.entries)
+            if rd.must_sync and self.storage.syncs:
+                # The fsync runs in a thread: HTTP requests and applies on this loop go on
+                # meanwhile. The core is untouched until advance() (see `_deferred`).
+                await asyncio.to_thread(self.storage.sync)
             if rd.hard_state is not None:
                 self._persisted_term_vote = (rd.hard_state.term, rd.hard_state.vote)
         for msg in late:
@@ -557,7 +584,7 @@ class RaftNode:
             self.metrics.snapshots_taken += 1
             log.info("node %s: snapshot at index %d (%d bytes)", self.config.id, index, len(data))
             if previous.index > self._snapshot_index:
-                self._compact_to(previous)
+                self._defer(lambda: self._compact_to(previous))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -566,6 +593,8 @@ class RaftNode:
             self._snapshot_task = None
 
     def _compact_to(self, meta: SnapshotMeta) -> None:
+        if meta.index <= self._snapshot_index:  # a snapshot from the leader got there first
+            return
         self.storage.save_snapshot(meta)
         self.core.compact(meta.index, meta)
         self.storage.compact(meta.index)

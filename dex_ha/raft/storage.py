@@ -520,6 +520,13 @@ class RaftStorage:
         One write and, when strict and `sync`, one fsync for the whole call: durable on
         return. Entries must be contiguous and start within [first_index, last_index + 1].
         """
+        self.append(hard_state, entries)
+        if sync:
+            self.sync()
+
+    def append(self, hard_state: HardState | None, entries: list[Entry]) -> None:
+        """The write half of `save`: in the file, not yet durable until `sync()`. The node
+        loop runs `sync()` in a thread so the event loop goes on while the disk works."""
         self._check_usable()
         if not entries and hard_state is None:
             return
@@ -536,13 +543,21 @@ class RaftStorage:
             _add_record(buf, seq, base, KIND_HARD_STATE, encode_hard_state(hard_state))
         self._write(buf)
         self._failpoints.hit("storage.save.after-write")
-        if sync and self._strict:
-            self._fsync(self._fd)
-            self._failpoints.hit("storage.save.after-fsync")
         if entries:
             self._terms.append(entries)
         if hard_state is not None:
             self._hard_state = hard_state
+
+    @property
+    def syncs(self) -> bool:
+        """True when `sync()` really fsyncs (strict durability)."""
+        return self._strict
+
+    def sync(self) -> None:
+        """Make everything appended so far durable (strict); nothing in relaxed mode."""
+        if self._strict:
+            self._fsync(self._fd)
+            self._failpoints.hit("storage.save.after-fsync")
 
     def _check_append(self, entries: list[Entry]) -> None:
         first = entries[0].index
