@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -216,6 +217,41 @@ def write_cluster_files(plan: ClusterPlan) -> None:
 
 
 # ---------------------------------------------------------------- ports and processes
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held together while asking, so they cannot repeat)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port_range(count: int, attempts: int = 200) -> int:
+    """The first of `count` consecutive free loopback ports (`cluster up` uses base + i)."""
+    rng = random.Random()
+    for _ in range(attempts):
+        base = rng.randrange(20_000, 60_000)
+        if all(_bindable(base + i) for i in range(count)):
+            return base
+    raise ClusterError(f"no {count} consecutive free ports found")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        # As the node's own listeners do: a port left in TIME_WAIT is free to use.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+            return True
+        except OSError:
+            return False
 
 
 def check_ports_free(plan: ClusterPlan) -> None:

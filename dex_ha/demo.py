@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dex_ha.cli_cluster import (
+    free_ports,
     ClusterError,
     ClusterPlan,
     check_ports_free,
@@ -241,20 +241,6 @@ class EventLog:
     async def close(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held together while asking, so they cannot repeat)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 async def wait_for_worker(proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = STEP_TIMEOUT_S) -> None:

@@ -6,8 +6,6 @@ Every process a test starts is stopped by its pid; every wait has a deadline.
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +14,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from dex_ha.cli_cluster import free_port_range, free_ports  # noqa: F401  (the tests import them from here)
+from tests.support.processes import stop  # noqa: F401
 
 T = TypeVar("T")
 
@@ -38,52 +39,6 @@ def start_cli(*args: str, log: Path, env: dict[str, str] | None = None) -> subpr
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "dex_ha.cli", *args], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env if env is not None else clean_env())
-
-
-def stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
-    """SIGTERM by pid, wait (deadline), SIGKILL if it did not stop; the exit code."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    return proc.returncode
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports, held together while asking."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port_range(count: int, attempts: int = 200) -> int:
-    """The first port of `count` consecutive free loopback ports (`cluster up` uses base + i)."""
-    rng = random.Random()
-    for _ in range(attempts):
-        base = rng.randrange(20_000, 60_000)
-        if all(_bindable(base + i) for i in range(count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports found")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def http_status(url: str, token: str | None = None, timeout: float = 2.0) -> int | None:

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,33 +15,17 @@ from pathlib import Path
 
 import aiohttp
 
-from dex_ha.cli_cluster import LAYOUT_FILE, read_pids
-
-
-def contiguous_free_ports(count: int, low: int = 20_000, high: int = 60_000) -> int:
-    """A base port with `count` free loopback ports after it (cluster up takes base + i)."""
-    for base in range(low + os.getpid() % 1000 * 37 % (high - low - count), high - count, count):
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                s.bind(("127.0.0.1", port))
-                sockets.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError("no free port range")
+from dex_ha.cli_cluster import LAYOUT_FILE, free_port_range, read_pids
 
 
 class LocalCluster:
     def __init__(self, directory: Path, nodes: int = 3) -> None:
         self.dir = directory
         self.nodes = nodes
-        self.http_base = contiguous_free_ports(nodes)
-        self.raft_base = contiguous_free_ports(nodes, low=self.http_base + nodes + 1)
+        self.http_base = free_port_range(nodes)
+        self.raft_base = free_port_range(nodes)
+        while abs(self.raft_base - self.http_base) < nodes:  # the two ranges must not overlap
+            self.raft_base = free_port_range(nodes)
         self.layout: dict = {}
 
     def run_cli(self, *args: str, timeout_s: float = 90.0) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from tests.support.kv_cluster import free_ports
+from tests.support.processes import stop
 
 
 class DevProcess:
@@ -54,16 +55,7 @@ class DevProcess:
 
     def stop(self) -> int | None:
         """SIGTERM (graceful stop), then SIGKILL after a deadline; the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        return self.proc.returncode
+        return None if self.proc is None else stop(self.proc, timeout=15)
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -3,14 +3,13 @@ readiness-following address that clients and Workers use in production."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 from tests.support.kv_cluster import free_ports
+from tests.support.processes import stop
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = REPO / "deploy" / "haproxy.cfg"
@@ -45,10 +44,5 @@ class HAProxyProcess:
                                          stdout=log, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        if self.proc is not None:
+            stop(self.proc, timeout=10)

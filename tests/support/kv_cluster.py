@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,23 +17,10 @@ from typing import Any
 
 import aiohttp
 
+from dex_ha.cli_cluster import free_ports  # noqa: F401  (raft tests import it from here)
 from dex_ha.raft.node import NodeConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_ports(n: int) -> list[int]:
-    """Distinct free loopback ports (bound together so they cannot collide)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass
