@@ -30,6 +30,7 @@ from dex_ha.server.streams import DeltaRelay
 log = logging.getLogger("dex_ha.server")
 
 STATE_DB = "state.db"
+HTTP_BACKLOG = 4096
 
 
 class StepDownFailed(Exception):
@@ -94,7 +95,9 @@ class NodeServer:
         await self.raft.start()
         self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.SockSite(self._runner, self._http_socket).start()
+        # A deep accept queue: Workers open a connection per task in flight, and a dropped
+        # SYN costs its request a 1 s retransmit.
+        await web.SockSite(self._runner, self._http_socket, backlog=HTTP_BACKLOG).start()
         log.info("node %s serves HTTP on %s:%d (raft on %s:%d, data in %s)", self.config.node_id,
                  self.config.http_listen[0], self.http_port, *self.config.raft_listen, self.config.data_dir)
 
@@ -321,7 +324,7 @@ def _bind(address: tuple[str, int]) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise OSError(exc.errno, f"cannot listen for HTTP on {address[0]}:{address[1]}: {exc.strerror}") from None
-    sock.listen(1024)
+    sock.listen(HTTP_BACKLOG)
     sock.setblocking(False)
     return sock
 
