@@ -226,9 +226,13 @@ def decode_command(data: bytes) -> Command:
 
 
 def _to_plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, list):
+    # Only commands and Handout are dataclasses here; everything else is plain JSON-like
+    # data (results, answers) that msgpack takes as it is. A type lookup is much cheaper
+    # than dataclasses.is_dataclass()/fields() on every value of a hot-path command.
+    names = _FIELD_NAMES.get(type(obj))
+    if names is not None:
+        return {name: _to_plain(getattr(obj, name)) for name in names}
+    if type(obj) is list:
         return [_to_plain(x) for x in obj]
     return obj
 
@@ -316,4 +320,9 @@ def _field_validators(cls: type) -> list[tuple[str, bool, Validator, str]]:
 # Per class: (field, required, validator, where); computed once at import, never mutated.
 _FIELD_VALIDATORS: dict[type, list[tuple[str, bool, Validator, str]]] = {
     cls: _field_validators(cls) for cls in [*COMMAND_TYPES.values(), Handout]
+}
+
+# Field names per dataclass, for encoding; computed once at import, never mutated.
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in [*COMMAND_TYPES.values(), Handout]
 }

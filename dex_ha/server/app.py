@@ -106,7 +106,7 @@ def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler) -> 
         except Exception:
             log.exception("%s %s failed", route.method, request.path)
             response = _error(500, "internal", "the server failed to answer; see its log")
-        api.node.metrics.http_requests.labels(route=route.name, code=str(response.status)).inc()
+        api.node.metrics.count_request(route.name, response.status)
         return response
 
     return handle

@@ -37,6 +37,14 @@ class ServerMetrics:
                                            ["kind"], buckets=SCHEDULE_BUCKETS, registry=r)
         self.http_requests = Counter("dex_http_requests", "HTTP requests by route and status code.",
                                      ["route", "code"], registry=r)
+        self._http_children: dict[tuple[str, int], Any] = {}
+
+    def count_request(self, route: str, code: int) -> None:
+        """`dex_http_requests_total{route,code}` + 1 (the labelled child is looked up once)."""
+        child = self._http_children.get((route, code))
+        if child is None:
+            child = self._http_children[(route, code)] = self.http_requests.labels(route=route, code=str(code))
+        child.inc()
 
     def add_state_gauges(self, read_state: Callable[[], dict[str, Any]]) -> None:
         """`read_state()` returns the gauge values at scrape time (see NodeServer.metrics_state)."""
