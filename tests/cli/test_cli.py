@@ -55,6 +55,26 @@ def test_dev_prints_its_url_becomes_ready_and_exits_0_on_sigterm(tmp_path: Path)
         stop(proc)
 
 
+def test_log_json_writes_one_json_object_per_log_line(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    log = tmp_path / "dev.log"
+    proc = start_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--relaxed",
+                     "--log-json", log=log)
+    try:
+        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        stop(proc)
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    messages = [r["message"] for r in records]
+    assert any("takeover of term" in m for m in messages) and any("stopped" in m for m in messages)
+    # Every log line is JSON; the one plain line is the URL that `dex-ha dev` prints for people.
+    plain = [line for line in log.read_text().splitlines() if line and not line.startswith("{")]
+    assert len(plain) == 1 and "serving http://" in plain[0]
+
+
 def _single_node_toml(tmp_path: Path, http_port: int, raft_port: int, extra: str = "") -> Path:
     path = tmp_path / "node.toml"
     path.write_text(f'''node_id = "n1"

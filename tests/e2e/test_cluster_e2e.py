@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import pytest
 
+from dex_ha.cli_cluster import node_process_alive
 from dex_ha.client import DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.e2e.cluster_process import LocalCluster
@@ -171,3 +174,30 @@ async def test_step_down_moves_the_active_node_without_failing_a_running_attempt
     assert [r[2] for r in ledger.runs] == [1]  # the tool ran once
     counts = collections.Counter(s for s in (a["status"] for a in every_attempt))
     assert counts == {"completed": len(every_attempt)}
+
+
+async def test_sigterm_on_the_active_node_drains_hands_over_and_exits(
+        cluster: LocalCluster, stack: tuple[DexClient, Ledger]) -> None:
+    """A deploy's graceful stop: the running attempt finishes on the draining node, another
+    node becomes active, the old process exits; no attempt failed, the tool ran once."""
+    client, ledger = stack
+    sid = (await client.create_session(AGENT))["session_id"]
+    await client.send_message(sid, "deploy")
+    await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
+    old = await cluster.active_node()
+    pid = cluster.pid(old)
+    os.kill(pid, signal.SIGTERM)
+    new = await cluster.active_node(not_=old)
+    assert new != old
+
+    final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+    assert final["turns"][-1]["status"] == "completed"
+    every_attempt = [a for c in final["tool_calls"] for s in c["steps"] for a in s["attempts"]]
+    assert every_attempt and all(a["status"] == "completed" for a in every_attempt)
+    assert [r[2] for r in ledger.runs] == [1]
+    deadline = time.monotonic() + 20
+    while node_process_alive(pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not node_process_alive(pid), "the old active node did not exit after its drain"
+    log = (cluster.dir / f"{old}.log").read_text()
+    assert "graceful stop" in log and "hands the leadership" in log
