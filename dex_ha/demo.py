@@ -234,7 +234,8 @@ class EventLog:
                 raise DemoFailed(f"no {what} within {timeout_s:.0f} s")
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
             except TimeoutError:
                 pass
 

@@ -301,7 +301,8 @@ class DexClient:
         while True:
             remaining = deadline - loop.time()
             try:
-                snapshot = await asyncio.wait_for(self.get_session(session_id), max(remaining, 0.001))
+                async with asyncio.timeout(max(remaining, 0.001)):  # not wait_for: see sse.read_events
+                    snapshot = await self.get_session(session_id)
             except TimeoutError:
                 raise IdleTimeoutError(session_id, last_status, timeout_s) from None
             last_status = snapshot.get("status")

@@ -54,10 +54,6 @@ SLOW_RETRY_WARNING_S = 5.0
 T = TypeVar("T")
 
 
-# A stream that sees no byte for this long is treated as broken (the server's keep-alive
-# comes every 15 s), so a vanished node does not hang an event iterator forever.
-STREAM_IDLE_TIMEOUT_S = 45.0
-
 class DexError(Exception):
     """An answer the caller must handle: any 4xx, or a 500.
 
@@ -256,22 +252,20 @@ class Connection:
 
         return await self._with_retries(f"{method} {path}", send_once)
 
-    async def open_stream(self, path: str, headers: dict[str, str] | None = None, *,
-                          idle_timeout_s: float | None = STREAM_IDLE_TIMEOUT_S) -> aiohttp.ClientResponse:
+    async def open_stream(self, path: str, headers: dict[str, str] | None = None) -> aiohttp.ClientResponse:
         """Open a GET whose body the caller reads incrementally (SSE), on the active node.
 
         Follows the active node and retries like :meth:`request` until a 2xx answer
         arrives; the caller reads and then closes the returned response. There is no
-        total timeout (an event stream lasts as long as it is read); a read that sees no
-        byte for `idle_timeout_s` fails, so a node that vanished without closing the
-        connection (a partition, a dead host) is noticed: the server sends a keep-alive
-        comment every 15 s. The connect timeout still applies.
+        total or read timeout here (an event stream lasts as long as it is read; the
+        reader applies its own idle timeout, see `sse.read_events`); the connect timeout
+        still applies.
         """
         _check_path(path)
         all_headers = self._headers(json_body=False)
         all_headers.update(headers or {})
         timeout = aiohttp.ClientTimeout(
-            total=None, sock_read=idle_timeout_s, sock_connect=self._request_timeout_s, connect=self._request_timeout_s
+            total=None, sock_read=None, sock_connect=self._request_timeout_s, connect=self._request_timeout_s
         )
 
         async def open_once(session: aiohttp.ClientSession, base_url: str) -> aiohttp.ClientResponse:

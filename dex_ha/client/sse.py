@@ -12,6 +12,8 @@ client must tell committed events from live deltas.
 
 from __future__ import annotations
 
+import asyncio
+
 import codecs
 import re
 from collections.abc import AsyncIterator
@@ -89,13 +91,26 @@ class SSEParser:
         return event if event.data or event.id is not None else None
 
 
-async def read_events(resp: aiohttp.ClientResponse) -> AsyncIterator[RawEvent]:
+# The server sends a keep-alive comment every 15 s: three missed ones mean the stream is dead.
+STREAM_IDLE_TIMEOUT_S = 45.0
+
+
+async def read_events(resp: aiohttp.ClientResponse,
+                      idle_timeout_s: float = STREAM_IDLE_TIMEOUT_S) -> AsyncIterator[RawEvent]:
     """Yield the events of an open event-stream response until it ends.
 
-    A connection that drops mid-stream raises an aiohttp.ClientError (the caller
-    reconnects); an event cut off by the end of the stream is not yielded.
+    A connection that drops mid-stream raises an aiohttp.ClientError, and one that sees no
+    byte for `idle_timeout_s` raises TimeoutError: a node that vanished without closing
+    the connection (a partition, a dead host) must not hang the reader. The caller
+    reconnects. An event cut off by the end of the stream is not yielded.
     """
     parser = SSEParser()
-    async for chunk in resp.content.iter_any():
+    while True:
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+        # races with the read finishing, and the reader would then never stop.
+        async with asyncio.timeout(idle_timeout_s):
+            chunk = await resp.content.readany()
+        if not chunk:
+            return
         for event in parser.feed(chunk):
             yield event

@@ -342,8 +342,11 @@ class RaftNode:
         try:
             while not self._stopping:
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=tick_s)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                    # cancellation that races with the event being set.
+                    async with asyncio.timeout(tick_s):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass
                 self._wake.clear()
                 await self._turn()

@@ -379,7 +379,8 @@ class _PeerSender:
         self.unreachable = unreachable
         self._peer_is_back.clear()
         try:
-            await asyncio.wait_for(self._peer_is_back.wait(), delay * (0.5 + self.t._rng.random()))
+            async with asyncio.timeout(delay * (0.5 + self.t._rng.random())):  # not wait_for (3.11 cancel race)
+                await self._peer_is_back.wait()
             return BACKOFF_MIN_S
         except TimeoutError:
             return min(delay * 2, BACKOFF_MAX_S)

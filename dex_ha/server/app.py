@@ -309,8 +309,9 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
             if not api.node.is_serving():
                 break
             try:
-                await asyncio.wait_for(wake.wait(), SSE_KEEPALIVE_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(SSE_KEEPALIVE_S):  # not wait_for: see dex_ha.server.leader
+                    await wake.wait()
+            except TimeoutError:
                 await response.write(b": keep-alive\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         pass

@@ -9,6 +9,10 @@ A `LeaderTerm` lives from the moment this node becomes leader until it loses lea
 2. then runs dispatch (Worker long polls), the heartbeat and start_to_close monitor, and
    the timers, until it is stopped.
 
+Waits use `asyncio.timeout`, never `asyncio.wait_for`: on Python 3.11, wait_for can swallow
+a cancellation that races with the awaited thing finishing, and a loop that missed its
+cancellation would keep the term's services running after stop().
+
 Time: command `at` values are wall-clock milliseconds (the engine compares them with the
 due times and deadlines it stored); heartbeat silence is measured on the monotonic clock.
 """
@@ -170,8 +174,9 @@ class LeaderTerm:
         self._waiting.append(poll)
         self._wake_dispatch.set()
         try:
-            return await asyncio.wait_for(asyncio.shield(poll.future), wait_ms / 1000)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(wait_ms / 1000):
+                return await asyncio.shield(poll.future)
+        except TimeoutError:
             if poll.claimed:  # its hand-out is being committed: the answer comes shortly
                 return await poll.future
             self._waiting.remove(poll)
@@ -355,8 +360,9 @@ class LeaderTerm:
                 continue
             wait_s = None if timer is None else (timer.due_at - now) / 1000
             try:
-                await asyncio.wait_for(self._wake_timers.wait(), wait_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(wait_s):
+                    await self._wake_timers.wait()
+            except TimeoutError:
                 pass
 
     async def _fire(self, timer_id: str) -> None:

@@ -46,9 +46,10 @@ class ChangeSignal:
             return True
         event = self._event
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see dex_ha.server.leader
+                await event.wait()
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self.version > version
 
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from dex_ha.client import Connection, DexError, DexUnavailable
+from dex_ha.client.sse import read_events
 from tests.client.fake_server import (
     FakeCluster,
     FakeNode,
@@ -338,3 +339,35 @@ async def test_the_session_is_made_inside_the_running_loop_and_closed(nodes: lis
     assert session is not None and not session.closed
     await conn.close()
     assert session.closed
+
+
+async def test_a_stream_that_goes_silent_times_out_instead_of_hanging() -> None:
+    """A node that vanished without closing the connection must not hang an event reader."""
+    from aiohttp import web
+
+    async def silent(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b": hello\n\n")
+        await asyncio.sleep(30)  # then nothing, like a partitioned node
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/sessions/s1/events", silent)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    conn = Connection(f"http://127.0.0.1:{port}")
+    try:
+        resp = await conn.open_stream("/v1/sessions/s1/events")
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(asyncio.TimeoutError):
+            async for _ in read_events(resp, idle_timeout_s=0.3):
+                pass
+        assert asyncio.get_running_loop().time() - started < 5
+        resp.release()
+    finally:
+        await conn.close()
+        await runner.cleanup()
