@@ -58,6 +58,7 @@ from typing import Any
 
 import msgpack
 
+from .failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE, Failpoints  # noqa: F401  (re-exported)
 from .types import (
     Entry,
     HardState,
@@ -85,8 +86,6 @@ _HEADER = struct.Struct("<II")  # length, crc32 of the payload
 _SEED = struct.Struct("<QQ")  # segment seq, byte offset: see _crc_seed
 _SEGMENT_RE = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.wal$")
 
-FAILPOINT_ENV = "DEX_HA_FAILPOINTS"
-FAILPOINT_EXIT_CODE = 99
 FAILPOINTS = (
     "storage.save.after-write",  # records written, not yet fsynced
     "storage.save.after-fsync",  # durable, save() not yet returned
@@ -140,23 +139,6 @@ def _fsync_dir(path: Path) -> None:
 
 # fdatasync also flushes the file size, which is all an append changes; not on macOS.
 _datasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
-
-
-class _Failpoints:
-    """Named crash points armed by the DEX_HA_FAILPOINTS environment variable."""
-
-    def __init__(self, spec: str) -> None:
-        self._remaining: dict[str, int] = {}
-        for item in filter(None, (s.strip() for s in spec.split(","))):
-            name, _, count = item.partition("@")
-            self._remaining[name] = int(count) if count else 1
-
-    def hit(self, name: str) -> None:
-        if name not in self._remaining:
-            return
-        self._remaining[name] -= 1
-        if self._remaining[name] == 0:
-            os._exit(FAILPOINT_EXIT_CODE)
 
 
 class _Terms:
@@ -328,7 +310,7 @@ class RaftStorage:
         self._strict = durability == "strict"
         self._segment_bytes = segment_bytes
         self._on_fsync = on_fsync
-        self._failpoints = _Failpoints(os.environ.get(FAILPOINT_ENV, ""))
+        self._failpoints = Failpoints()
         self._packer = msgpack.Packer(use_bin_type=True)
         self._hard_state = HardState()
         self._snapshot: SnapshotMeta | None = None

@@ -383,9 +383,11 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
     running = leader.running.get((step_id, attempt))
     # Eager dispatch only for an attempt of this term whose Worker we know.
     eager = args["next_tasks"] if running is not None and term == leader.term and not leader.draining else 0
+    api.node.failpoints.hit("server.complete.before-propose")
     result = await api.propose(CompleteAttempt(
         at=wall_ms(), step_id=step_id, attempt=attempt, term=term, result=args["result"],
         next_worker_id=running.worker_id if eager else None, next_max=eager))
+    api.node.failpoints.hit("server.complete.after-commit")
     leader.forget(step_id, attempt)
     started = (result.value or {}).get("started", [])
     tasks = [leader.task_for_handout(s, running.worker_id, s.get("queued_at")) for s in started] if running else []

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from dex_ha.engine import ApplyResult, Command, Engine, encode_command
 from dex_ha.raft.core import NotLeader, ProposalDropped
+from dex_ha.raft.failpoints import Failpoints
 from dex_ha.raft.node import Member, NodeConfig, RaftNode, member_context
 from dex_ha.raft.types import ConfChange, ConfChangeType
 from dex_ha.server.config import ServerConfig
@@ -30,6 +31,12 @@ from dex_ha.server.streams import DeltaRelay
 log = logging.getLogger("dex_ha.server")
 
 STATE_DB = "state.db"
+# Crash points of the server (armed with DEX_HA_FAILPOINTS, see dex_ha.raft.failpoints):
+# the moments of crash-matrix row R19 that timing alone cannot hit.
+SERVER_FAILPOINTS = (
+    "server.complete.before-propose",  # a Worker's result arrived; not proposed yet
+    "server.complete.after-commit",  # the result is committed; the Worker has no answer yet
+)
 HTTP_BACKLOG = 4096
 
 
@@ -61,6 +68,7 @@ class NodeServer:
         self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True))
         self.metrics = ServerMetrics()
         self.relay = DeltaRelay()
+        self.failpoints = Failpoints()
         self.raft = RaftNode(self._raft_config(), self.replica, on_leader_change=self._on_leader_change,
                              on_fsync=self.metrics.fsync_seconds.observe)
         self.metrics.add_state_gauges(self.metrics_state)

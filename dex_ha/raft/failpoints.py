@@ -1,0 +1,33 @@
+"""Named crash points for crash tests, armed by an environment variable.
+
+``DEX_HA_FAILPOINTS="storage.save.after-write@3,server.complete.after-commit"`` makes the
+process ``os._exit(FAILPOINT_EXIT_CODE)`` the 3rd time it passes the first point and the
+1st time it passes the second (``@N`` is optional, default 1). Unset, a point costs one dict
+lookup. The points are listed where they are: `dex_ha.raft.storage.FAILPOINTS` and
+`dex_ha.server.node.SERVER_FAILPOINTS`.
+"""
+
+from __future__ import annotations
+
+import os
+
+FAILPOINT_ENV = "DEX_HA_FAILPOINTS"
+FAILPOINT_EXIT_CODE = 99
+
+
+class Failpoints:
+    """The crash points armed for this process (the spec comes from FAILPOINT_ENV)."""
+
+    def __init__(self, spec: str | None = None) -> None:
+        spec = os.environ.get(FAILPOINT_ENV, "") if spec is None else spec
+        self._remaining: dict[str, int] = {}
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            name, _, count = item.partition("@")
+            self._remaining[name] = int(count) if count else 1
+
+    def hit(self, name: str) -> None:
+        if name not in self._remaining:
+            return
+        self._remaining[name] -= 1
+        if self._remaining[name] == 0:
+            os._exit(FAILPOINT_EXIT_CODE)
