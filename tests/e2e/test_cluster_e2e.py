@@ -73,16 +73,6 @@ def make_agent(ledger: Ledger) -> Agent:
     return agent
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "cluster")
-    try:
-        local.up()
-        yield local
-    finally:
-        local.down()
-
-
 @pytest.fixture(params=["node_urls", "haproxy"])
 async def addresses(request: pytest.FixtureRequest, cluster: LocalCluster,
                     tmp_path: Path) -> AsyncIterator[list[str]]:
@@ -117,6 +107,14 @@ async def stack(addresses: list[str], cluster: LocalCluster) -> AsyncIterator[tu
         await asyncio.gather(run, return_exceptions=True)
 
 
+async def start_a_turn(client: DexClient, ledger: Ledger, cluster: LocalCluster, text: str) -> tuple[str, str]:
+    """A session whose turn has its tool running now; (session id, the active node)."""
+    sid = (await client.create_session(AGENT))["session_id"]
+    await client.send_message(sid, text)
+    await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
+    return sid, await cluster.active_node()
+
+
 def attempts_of(snapshot: dict[str, Any], call_id: str) -> list[dict[str, Any]]:
     call = next(c for c in snapshot["tool_calls"] if c["call_id"] == call_id)
     return [a for step in call["steps"] for a in step["attempts"]]
@@ -125,10 +123,7 @@ def attempts_of(snapshot: dict[str, Any], call_id: str) -> list[dict[str, Any]]:
 async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
         cluster: LocalCluster, stack: tuple[DexClient, Ledger]) -> None:
     client, ledger = stack
-    sid = (await client.create_session(AGENT))["session_id"]
-    await client.send_message(sid, "failover")
-    await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
-    old = await cluster.active_node()
+    sid, old = await start_a_turn(client, ledger, cluster, "failover")
     killed_at = time.monotonic()
     cluster.kill(old)
     new = await cluster.active_node(not_=old)
@@ -156,10 +151,7 @@ async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
 async def test_step_down_moves_the_active_node_without_failing_a_running_attempt(
         cluster: LocalCluster, stack: tuple[DexClient, Ledger]) -> None:
     client, ledger = stack
-    sid = (await client.create_session(AGENT))["session_id"]
-    await client.send_message(sid, "deploy")
-    await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
-    old = await cluster.active_node()
+    sid, old = await start_a_turn(client, ledger, cluster, "deploy")
     done = await asyncio.to_thread(cluster.run_cli, "step-down", "--url", cluster.urls[old],
                                    "--token", cluster.tokens["admin"], "--drain-timeout-ms", "20000")
     assert done.returncode == 0, f"step-down failed:\n{done.stdout}\n{done.stderr}"
@@ -181,10 +173,7 @@ async def test_sigterm_on_the_active_node_drains_hands_over_and_exits(
     """A deploy's graceful stop: the running attempt finishes on the draining node, another
     node becomes active, the old process exits; no attempt failed, the tool ran once."""
     client, ledger = stack
-    sid = (await client.create_session(AGENT))["session_id"]
-    await client.send_message(sid, "deploy")
-    await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
-    old = await cluster.active_node()
+    sid, old = await start_a_turn(client, ledger, cluster, "deploy")
     pid = cluster.pid(old)
     os.kill(pid, signal.SIGTERM)
     new = await cluster.active_node(not_=old)

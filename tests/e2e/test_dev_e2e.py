@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -18,6 +17,7 @@ import pytest
 
 from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, ToolError, Worker
+from tests.e2e.conftest import eventually
 from tests.e2e.dev_process import DevProcess
 
 AGENT = "e2e"
@@ -142,18 +142,6 @@ async def stack(dev: DevProcess) -> AsyncIterator[tuple[DexClient, Ledger, Worke
         await worker.stop()
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
-
-
-async def eventually(check: Any, what: str, deadline_s: float = DEADLINE_S) -> Any:
-    """Poll `check()` (async) until it returns something truthy; fail after the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def collect_events(client: DexClient, session_id: str, until: str, sink: list[SessionEvent]) -> None:

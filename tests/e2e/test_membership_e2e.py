@@ -9,29 +9,17 @@ import asyncio
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import AsyncIterator
 
 import aiohttp
-import pytest
 
 from dex_ha.cli_cluster import free_ports
 from dex_ha.client import DexClient
 from tests.e2e.cluster_process import LocalCluster
+from tests.e2e.conftest import eventually
 from tests.support.processes import stop
 
 DEADLINE_S = 30.0
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "cluster")
-    try:
-        local.up()
-        yield local
-    finally:
-        local.down()
 
 
 def joiner_config(cluster: LocalCluster, http_port: int, raft_port: int) -> Path:
@@ -59,17 +47,6 @@ async def cluster_view(url: str, token: str) -> dict | None:
         return None
 
 
-async def until(check, what: str, deadline_s: float = DEADLINE_S):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: LocalCluster) -> None:
     admin, client_token = cluster.tokens["admin"], cluster.tokens["client"]
     urls = list(cluster.urls.values())
@@ -94,15 +71,15 @@ async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: L
             return view if view and view["role"] == "learner" and view["applied_index"] >= view["commit_index"] > 0 \
                 else None
 
-        await until(caught_up_learner, "n4 to catch up as a learner")
+        await eventually(caught_up_learner, "n4 to catch up as a learner")
 
         async def promoted() -> bool:  # 409 until the leader has seen n4 caught up
             done = await asyncio.to_thread(cluster.run_cli, "members", "promote", "n4", "--url", urls[0],
                                            "--token", admin)
             return done.returncode == 0
 
-        await until(promoted, "the promotion of n4")
-        view = await until(lambda: cluster_view(urls[0], admin), "the cluster view")
+        await eventually(promoted, "the promotion of n4")
+        view = await eventually(lambda: cluster_view(urls[0], admin), "the cluster view")
         assert sorted(m["id"] for m in view["members"] if m["voter"]) == ["n1", "n2", "n3", "n4"]
 
         old = await cluster.active_node()

@@ -1,0 +1,36 @@
+"""Fixtures and helpers shared by the end-to-end tests (real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from tests.e2e.cluster_process import LocalCluster
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    """Three nodes from `dex-ha cluster up` (relaxed durability), stopped by pid afterwards."""
+    local = LocalCluster(tmp_path / "cluster")
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], what: str, deadline_s: float = 30.0,
+                     interval_s: float = 0.05) -> Any:
+    """Poll `check()` until it returns something truthy; fail after the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
+        await asyncio.sleep(interval_s)
