@@ -15,16 +15,21 @@ def complete_eagerly(d: Driver, step_id: str, result: dict, worker: str = "w1", 
                                 next_worker_id=worker, next_max=limit))
 
 
+def running_model_step(path: Path) -> tuple[Driver, str]:
+    """A session whose first RunModel step is handed out; (driver, that step's id)."""
+    d = Driver(str(path))
+    d.register()
+    d.create()
+    d.send()
+    return d, d.hand_out("RunModel")
+
+
 def model_result(*calls: tuple[str, str]) -> dict:
     return {"content": "", "tool_calls": [{"id": cid, "name": name, "arguments": {}} for cid, name in calls]}
 
 
 def test_the_next_steps_of_the_session_start_in_the_same_entry(tmp_path: Path) -> None:
-    d = Driver(str(tmp_path / "e.db"))
-    d.register()
-    d.create()
-    d.send()
-    step = d.hand_out("RunModel")
+    d, step = running_model_step(tmp_path / "e.db")
     result = complete_eagerly(d, step, model_result(("c1", "lookup"), ("c2", "put_item")), worker="w9")
     started = result.value["started"]
     assert [(s["kind"], s["worker_id"], s["attempt"], s["session_id"]) for s in started] == [
@@ -47,29 +52,17 @@ def test_another_sessions_queued_step_is_never_overtaken(tmp_path: Path) -> None
 
 
 def test_without_next_max_nothing_is_handed_out_and_the_limit_holds(tmp_path: Path) -> None:
-    d = Driver(str(tmp_path / "e.db"))
-    d.register()
-    d.create()
-    d.send()
-    step = d.hand_out("RunModel")
+    d, step = running_model_step(tmp_path / "e.db")
     assert d.model(step, calls=[("c1", "lookup", {}), ("c2", "lookup", {})]).value["started"] == []
     assert len(d.queued()) == 2
 
-    d2 = Driver(str(tmp_path / "e2.db"))
-    d2.register()
-    d2.create()
-    d2.send()
-    step = d2.hand_out("RunModel")
+    d2, step = running_model_step(tmp_path / "e2.db")
     result = complete_eagerly(d2, step, model_result(("c1", "lookup"), ("c2", "lookup"), ("c3", "lookup")), limit=2)
     assert len(result.value["started"]) == 2 and len(d2.queued()) == 1
 
 
 def test_a_bad_next_max_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
-    d = Driver(str(tmp_path / "e.db"))
-    d.register()
-    d.create()
-    d.send()
-    step = d.hand_out("RunModel")
+    d, step = running_model_step(tmp_path / "e.db")
     a = d.running(step)
     before = d.engine.logical_dump(include_applied_index=False)
     result = d.apply(CompleteAttempt(at=d.at, step_id=step, attempt=a.attempt, term=a.term,
@@ -79,11 +72,7 @@ def test_a_bad_next_max_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
 
 
 def test_replaying_the_log_gives_the_same_state(tmp_path: Path) -> None:
-    d = Driver(str(tmp_path / "e.db"))
-    d.register()
-    d.create()
-    d.send()
-    step = d.hand_out("RunModel")
+    d, step = running_model_step(tmp_path / "e.db")
     started = complete_eagerly(d, step, model_result(("c1", "lookup"))).value["started"]
     complete_eagerly(d, started[0]["step_id"], {"status": "ok", "output": 1})
     replica = Engine(str(tmp_path / "replica.db"), durable=False)

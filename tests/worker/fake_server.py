@@ -214,14 +214,6 @@ class FakeServer:
         if token in self.stale_result_tokens:
             return _stale()
         self.counters.end(token)
-        self.next_tasks_asked[token] = body.get("next_tasks")
-        eager = self.eager_after.get(token)
-        if eager is not None and body.get("next_tasks"):
-            task = next(t for t in self._queue if t["task_token"] == eager)
-            self._queue.remove(task)
-            self.handed_out[eager] = task
-            self.counters.start(eager)
-            return web.json_response({"tasks": [{k: v for k, v in task.items() if k != "queue"}]})
         return web.json_response({})
 
 
