@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -23,12 +24,15 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
         local.down()
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, deadline_s: float = 30.0,
+async def eventually(check: Callable[[], Any | Awaitable[Any]], what: str, deadline_s: float = 30.0,
                      interval_s: float = 0.05) -> Any:
-    """Poll `check()` until it returns something truthy; fail after the deadline."""
+    """Poll `check()` (a plain or an async function) until it returns something truthy;
+    fail after the deadline."""
     deadline = time.monotonic() + deadline_s
     while True:
-        value = await check()
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() > deadline:

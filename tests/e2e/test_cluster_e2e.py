@@ -23,9 +23,10 @@ from typing import Any, AsyncIterator
 import pytest
 
 from dex_ha.cli_cluster import node_process_alive
-from dex_ha.client import DexClient
+from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.e2e.cluster_process import LocalCluster
+from tests.e2e.conftest import eventually
 from tests.e2e.haproxy_process import HAProxyProcess, haproxy_binary
 
 AGENT = "ha"
@@ -107,6 +108,13 @@ async def stack(addresses: list[str], cluster: LocalCluster) -> AsyncIterator[tu
         await asyncio.gather(run, return_exceptions=True)
 
 
+async def read_until(client: DexClient, sid: str, last_type: str, sink: list[SessionEvent]) -> None:
+    async for event in client.events(sid):
+        sink.append(event)
+        if event.type == last_type:
+            return
+
+
 async def start_a_turn(client: DexClient, ledger: Ledger, cluster: LocalCluster, text: str) -> tuple[str, str]:
     """A session whose turn has its tool running now; (session id, the active node)."""
     sid = (await client.create_session(AGENT))["session_id"]
@@ -124,6 +132,9 @@ async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
         cluster: LocalCluster, stack: tuple[DexClient, Ledger]) -> None:
     client, ledger = stack
     sid, old = await start_a_turn(client, ledger, cluster, "failover")
+    events: list[SessionEvent] = []
+    reader = asyncio.create_task(read_until(client, sid, "turn_completed", events))
+    await eventually(lambda: any(e.type == "attempt_started" for e in events), "the stream to be open")
     killed_at = time.monotonic()
     cluster.kill(old)
     new = await cluster.active_node(not_=old)
@@ -132,6 +143,12 @@ async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
 
     final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
     assert final["turns"][-1]["status"] == "completed"
+    # The event stream resumed on the new active node: nothing twice, nothing missed.
+    await asyncio.wait_for(reader, DEADLINE_S)
+    fresh: list[SessionEvent] = []
+    await read_until(client, sid, "turn_completed", fresh)  # the whole committed history, read anew
+    assert [e.id for e in events if e.id is not None] == [e.id for e in fresh]
+    assert {"attempt_failed", "timer_fired", "turn_completed"} <= {e.type for e in events}
     call = next(c for c in final["tool_calls"] if c["call_id"] == "c-failover")
     assert call["status"] == "succeeded" and call["output"] == "stored failover"
     attempts = attempts_of(final, "c-failover")
