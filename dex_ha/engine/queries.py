@@ -322,10 +322,9 @@ class Queries:
             "sessions": {r[0]: r[1] for r in self._store.rows(
                 "SELECT status, COUNT(*) FROM sessions GROUP BY status")},
             "attempts_running": self._store.scalar("SELECT COUNT(*) FROM attempts WHERE status = 'running'"),
-            # Final outcomes only: a counter that survives failovers because it is replicated state.
-            "tool_calls": {r[0]: r[1] for r in self._store.rows(
-                "SELECT status, COUNT(*) FROM tool_calls WHERE status IN ('succeeded', 'failed', "
-                "'outcome_unknown') GROUP BY status")},
+            # Outcomes recorded (only grows; replicated, so it survives failovers).
+            "tool_calls": {r[0].removeprefix("tool_calls."): r[1] for r in self._store.rows(
+                "SELECT name, value FROM counters WHERE name LIKE 'tool_calls.%'")},
         }
 
     def logical_dump(self, include_applied_index: bool = True) -> dict[str, list[tuple[Any, ...]]]:

@@ -193,4 +193,12 @@ CREATE TABLE IF NOT EXISTS events (
     events     TEXT NOT NULL,           -- JSON [[type, data], ...] in the order they happened
     PRIMARY KEY (session_id, log_index)
 ) WITHOUT ROWID;
+
+-- Counters that only grow (Prometheus counters read them), kept with the state so they
+-- are the same on every node and survive a failover: tool_calls.<outcome> counts each
+-- outcome recorded, a reconciled call once as outcome_unknown and once as its settlement.
+CREATE TABLE IF NOT EXISTS counters (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
 """

@@ -138,6 +138,11 @@ class Store:
         self.conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
                           "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
+    def bump(self, counter: str, by: int = 1) -> None:
+        """Add `by` to a counter of the `counters` table."""
+        self.conn.execute("INSERT INTO counters(name, value) VALUES (?, ?) "
+                          "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (counter, by))
+
     # ------------------------------------------------------------- reads by key
 
     def agent_definition(self, name: str) -> dict[str, Any] | None:

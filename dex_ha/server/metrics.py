@@ -83,7 +83,8 @@ class _StateCollector:
         for status, n in sorted(s["sessions"].items()):
             sessions.add_metric([status], n)
         yield sessions
-        calls = CounterMetricFamily("dex_tool_calls", "Tool calls by final outcome.", labels=["outcome"])
+        calls = CounterMetricFamily("dex_tool_calls", "Tool call outcomes recorded (a reconciled call counts "
+                                    "as outcome_unknown and again as its settlement).", labels=["outcome"])
         for outcome, n in sorted(s["tool_calls"].items()):
             calls.add_metric([outcome], n)
         yield calls

@@ -231,3 +231,22 @@ def test_snapshot_copier_runs_in_a_thread_while_applies_go_on(tmp_path):
     late = [r for r in fresh.logical_dump()["sessions"] if str(r[0]).startswith("late")]
     assert len(late) == index - base  # exactly the entries up to the copy's index
     fresh.close()
+
+
+def test_tool_call_outcome_counts_only_grow_and_count_a_settlement(tmp_path) -> None:
+    """stats()["tool_calls"] feeds a Prometheus counter: reconciling an outcome_unknown call
+    adds a `succeeded` and leaves `outcome_unknown` as it was (a counter never decreases)."""
+    from tests.engine.driver import Driver
+
+    d = Driver(str(tmp_path / "counts.db"))
+    d.register()
+    d.create()
+    d.send()
+    d.run_model(calls=[("c1", "send_email", {}), ("c2", "lookup", {})])
+    d.complete(d.hand_out("CallTool", call_id="c2"), {"status": "ok", "output": 1})
+    d.worker_kill(d.hand_out("CallSingleAttemptTool", call_id="c1"))
+    assert d.engine.stats()["tool_calls"] == {"succeeded": 1, "outcome_unknown": 1}
+    d.reconcile("c1", "succeeded", result={"sent": True})
+    assert d.engine.stats()["tool_calls"] == {"succeeded": 2, "outcome_unknown": 1}
+    d.reconcile("c1", "succeeded", result={"sent": True})  # a repeat changes nothing
+    assert d.engine.stats()["tool_calls"] == {"succeeded": 2, "outcome_unknown": 1}
