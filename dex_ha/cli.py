@@ -24,7 +24,8 @@ from urllib.parse import quote, urlsplit
 
 from dex_ha import cli_cluster
 from dex_ha.client import Connection, DexError, DexUnavailable
-from dex_ha.server.config import ConfigError, dev_config, load_config
+from dex_ha.server.auth import TokenAuth
+from dex_ha.server.config import ConfigError, dev_config, load_config, tokens_from_env
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -184,8 +185,16 @@ def _print_started(node) -> None:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    config = dev_config(Path(args.data_dir), args.port, host=args.host,
-                        durability="relaxed" if args.relaxed else "strict")
+    # No authentication unless tokens are configured (DESIGN §7): DEX_HA_TOKENS_* set them.
+    tokens = {role: tuple(values) for role, values in tokens_from_env(os.environ).items()}
+    try:
+        config = dev_config(Path(args.data_dir), args.port, host=args.host, tokens=tokens,
+                            durability="relaxed" if args.relaxed else "strict")
+        config.check()
+        TokenAuth(config.tokens)  # refuses short, duplicated or unknown-role tokens, naming them
+    except (ConfigError, ValueError) as exc:
+        print(f"dex-ha dev: {exc}", file=sys.stderr)
+        return 2
     return _run_node(config, args.log_json)
 
 

@@ -165,14 +165,20 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
                 raise ConfigError(f"DEX_HA_{key.upper()}: must be an integer, got {value!r}") from None
         else:
             raw[key] = value
-    tokens = dict(raw.get("tokens") or {})
+    tokens = {**(raw.get("tokens") or {}), **tokens_from_env(env)}
+    if tokens:
+        raw["tokens"] = tokens
+    return raw
+
+
+def tokens_from_env(env: Mapping[str, str]) -> dict[str, list[str]]:
+    """The tokens given by DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated)."""
+    tokens = {}
     for role in ROLES:
         value = env.get(f"DEX_HA_TOKENS_{role.upper()}")
         if value is not None:
             tokens[role] = [t.strip() for t in value.split(",") if t.strip()]
-    if tokens:
-        raw["tokens"] = tokens
-    return raw
+    return tokens
 
 
 def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:

@@ -26,6 +26,7 @@ from dex_ha.cli_cluster import (
 from dex_ha.demo import WORKER_READY
 from dex_ha.server.config import load_config
 from tests.cli import (
+    clean_env,
     free_port_range,
     free_ports,
     http_status,
@@ -320,3 +321,26 @@ def test_demo_interrupted_by_ctrl_c_stops_every_process_it_started(tmp_path: Pat
     pids = {int(p) for p in stopped.group(1).split(", ")}
     assert set(node_pids) < pids and len(pids) == 4  # the nodes and the Worker
     wait_until(lambda: all(pid_gone(pid) for pid in pids), 30, "every demo process gone")
+
+
+def test_dev_with_tokens_from_the_environment_requires_them(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    log = tmp_path / "dev.log"
+    token = "client-token-0123456789"
+    proc = start_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--relaxed", log=log,
+                     env=clean_env(DEX_HA_TOKENS_CLIENT=token, DEX_HA_TOKENS_WORKER="worker-token-0123456789",
+                                   DEX_HA_TOKENS_ADMIN="admin-token-0123456789"))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_status(url + "/readyz") == 200, 30, "/readyz 200")
+        assert "token auth ON" in log.read_text()
+        assert http_status(url + "/v1/sessions") == 401
+        assert http_status(url + "/v1/sessions", token=token) == 200
+    finally:
+        stop(proc)
+
+
+def test_dev_refuses_a_short_token_naming_its_role(tmp_path: Path) -> None:
+    done = run_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", "0",
+                   env=clean_env(DEX_HA_TOKENS_CLIENT="short"))
+    assert done.returncode == 2 and "client" in done.stderr and "Traceback" not in done.stderr
