@@ -132,8 +132,9 @@ def plan_cluster(cluster_dir: Path, http_ports: list[int], raft_ports: list[int]
     cluster_dir = cluster_dir.resolve()
     nodes = tuple(NodePlan(f"n{i + 1}", http, raft, cluster_dir)
                   for i, (http, raft) in enumerate(zip(http_ports, raft_ports)))
-    fresh = ClusterPlan(cluster_dir, nodes, durability, secrets.token_urlsafe(32),
-                        {role: secrets.token_urlsafe(24) for role in ROLES}, drain_timeout_ms)
+    # Hex, not urlsafe: a token that starts with "-" reads as an option on a command line.
+    fresh = ClusterPlan(cluster_dir, nodes, durability, secrets.token_hex(32),
+                        {role: secrets.token_hex(24) for role in ROLES}, drain_timeout_ms)
     return _reuse_existing(fresh)
 
 

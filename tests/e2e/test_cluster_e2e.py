@@ -170,7 +170,7 @@ async def test_step_down_moves_the_active_node_without_failing_a_running_attempt
     client, ledger = stack
     sid, old = await start_a_turn(client, ledger, cluster, "deploy")
     done = await asyncio.to_thread(cluster.run_cli, "step-down", "--url", cluster.urls[old],
-                                   "--token", cluster.tokens["admin"], "--drain-timeout-ms", "20000")
+                                   f"--token={cluster.tokens['admin']}", "--drain-timeout-ms", "20000")
     assert done.returncode == 0, f"step-down failed:\n{done.stdout}\n{done.stderr}"
     new = await cluster.active_node(not_=old)
     assert new != old

@@ -63,7 +63,7 @@ async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: L
     try:
         added = await asyncio.to_thread(cluster.run_cli, "members", "add", "--id", "n4", "--raft-addr",
                                         f"127.0.0.1:{raft_port}", "--node-url", n4_url, "--url", urls[0],
-                                        "--token", admin)
+                                        f"--token={admin}")
         assert added.returncode == 0, added.stdout + added.stderr
 
         async def caught_up_learner() -> dict | None:
@@ -75,7 +75,7 @@ async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: L
 
         async def promoted() -> bool:  # 409 until the leader has seen n4 caught up
             done = await asyncio.to_thread(cluster.run_cli, "members", "promote", "n4", "--url", urls[0],
-                                           "--token", admin)
+                                           f"--token={admin}")
             return done.returncode == 0
 
         await eventually(promoted, "the promotion of n4")
