@@ -89,7 +89,8 @@ def _version() -> str:
         return "0.0.0"
 
 
-def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
+              handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             response = await _handle(api, auth, route, handler, request)
@@ -390,7 +391,7 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
     api.node.failpoints.hit("server.complete.after-commit")
     leader.forget(step_id, attempt)
     started = (result.value or {}).get("started", [])
-    tasks = [leader.task_for_handout(s, running.worker_id, s.get("queued_at")) for s in started] if running else []
+    tasks = [leader.task_for_handout(s, running.worker_id) for s in started] if running else []
     return 200, {"step_id": step_id, "attempt": attempt, "status": "completed", "tasks": tasks}
 
 

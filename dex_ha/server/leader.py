@@ -61,7 +61,7 @@ def parse_task_token(token: str) -> tuple[str, int, int] | None:
 
 
 @dataclass
-class RunningAttempt:
+class HandedOutAttempt:
     """What the leader keeps in memory about an attempt it handed out."""
 
     step_id: str
@@ -99,7 +99,7 @@ class LeaderTerm:
         self._monitor_interval_s = monitor_interval_s or min(1.0, max(0.02, heartbeat_timeout_ms / 10_000))
         self.takeover_done = False
         self.draining = False
-        self.running: dict[tuple[str, int], RunningAttempt] = {}
+        self.running: dict[tuple[str, int], HandedOutAttempt] = {}
         self.workers_seen: dict[str, float] = {}
         self._waiting: deque[_WaitingPoll] = deque()
         self._wake_dispatch = asyncio.Event()
@@ -239,9 +239,8 @@ class LeaderTerm:
         try:
             result = await self._propose(StartAttempts(at=wall_ms(), handouts=handouts))
             started = {s["step_id"]: s for s in (result.value or {}).get("started", [])}
-            now = time.monotonic()
             for poll, steps in matched:
-                tasks = [self._task(started[s.step_id], s, poll.worker_id, now)
+                tasks = [self.task_for_handout(started[s.step_id], poll.worker_id)
                          for s in steps if s.step_id in started]
                 if tasks or self._stopped:
                     if not poll.future.done():
@@ -257,19 +256,16 @@ class LeaderTerm:
                 if poll.claimed and not poll.future.done():
                     poll.future.set_exception(NotServing("the hand-out was not committed; poll again"))
 
-    def _task(self, started: dict[str, Any], step: QueuedStep, worker_id: str, now: float) -> dict[str, Any]:
-        return self.task_for_handout(started, worker_id, step.queued_at, now)
-
-    def task_for_handout(self, started: dict[str, Any], worker_id: str, queued_at: int | None,
-                         now: float | None = None) -> dict[str, Any]:
+    def task_for_handout(self, started: dict[str, Any], worker_id: str) -> dict[str, Any]:
         """The task a Worker gets for a committed hand-out (`started`, as the engine
         reports it); from now on the attempt's heartbeats are watched."""
         step_id, attempt, kind = started["step_id"], started["attempt"], started["kind"]
-        self.running[(step_id, attempt)] = RunningAttempt(step_id, attempt, started["session_id"], kind, worker_id,
-                                                          time.monotonic() if now is None else now)
+        self.running[(step_id, attempt)] = HandedOutAttempt(step_id, attempt, started["session_id"], kind, worker_id,
+                                                          time.monotonic())
         self.metrics.attempts_started.labels(kind=kind).inc()
+        now_ms = wall_ms()
         self.metrics.schedule_to_start.labels(kind=kind).observe(
-            max(0.0, (wall_ms() - (queued_at or wall_ms())) / 1000))
+            max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000))
         task = self.engine.task_for(step_id, self.heartbeat_timeout_ms)
         body = task.as_json() if task is not None else {"step_id": step_id, "kind": kind}
         body.update(task_token=task_token(step_id, attempt, self.term), attempt=attempt,
@@ -296,7 +292,7 @@ class LeaderTerm:
 
     # ------------------------------------------------------------------ heartbeats
 
-    def heartbeat(self, step_id: str, attempt: int, worker_id: str | None = None) -> RunningAttempt | None:
+    def heartbeat(self, step_id: str, attempt: int) -> HandedOutAttempt | None:
         """Note that the attempt is alive; None when this term did not hand it out."""
         running = self.running.get((step_id, attempt))
         if running is not None:

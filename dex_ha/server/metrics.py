@@ -65,7 +65,7 @@ class _StateCollector:
         s = self._read_state()
         for name, help_text in (("dex_raft_term", "Current Raft term."),
                                 ("dex_raft_is_leader", "1 on the Raft leader."),
-                                ("dex_active", "1 only on the active node (leader, lease, takeover done, not draining)."),
+                                ("dex_active", "1 only on the active node (leader, lease, takeover, not draining)."),
                                 ("dex_raft_commit_index", "Highest log index known committed."),
                                 ("dex_raft_applied_index", "Highest log index applied to the engine."),
                                 ("dex_lease_remaining_seconds", "Seconds left on the leader's lease (0 elsewhere)."),

@@ -76,7 +76,6 @@ class NodeServer:
         self._leader_tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self.stopping = False
-        self.started_at = time.time()
 
     def _raft_config(self) -> NodeConfig:
         c = self.config

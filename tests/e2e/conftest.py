@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from dex_ha.worker import Worker
 from tests.e2e.cluster_process import LocalCluster
 
 
@@ -22,6 +24,18 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
         yield local
     finally:
         local.down()
+
+
+@contextlib.asynccontextmanager
+async def running(worker: Worker) -> AsyncIterator[Worker]:
+    """Run `worker` for the body of the block; stop it (its drain) and its task afterwards."""
+    run = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
 
 
 async def eventually(check: Callable[[], Any | Awaitable[Any]], what: str, deadline_s: float = 30.0,

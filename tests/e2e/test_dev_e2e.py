@@ -17,7 +17,7 @@ import pytest
 
 from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, ToolError, Worker
-from tests.e2e.conftest import eventually
+from tests.e2e.conftest import eventually, running
 from tests.e2e.dev_process import DevProcess
 
 AGENT = "e2e"
@@ -133,15 +133,8 @@ async def stack(dev: DevProcess) -> AsyncIterator[tuple[DexClient, Ledger, Worke
     ledger = Ledger()
     worker = Worker(dev.url, agents=[make_agent(ledger)], max_concurrency=16, poll_wait_ms=2_000,
                     heartbeat_interval_s=0.2, drain_timeout_s=1.0)
-    run = asyncio.create_task(worker.run())
-    client = DexClient(dev.url)
-    try:
+    async with running(worker), DexClient(dev.url) as client:
         yield client, ledger, worker
-    finally:
-        await client.close()
-        await worker.stop()
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
 
 
 async def collect_events(client: DexClient, session_id: str, until: str, sink: list[SessionEvent]) -> None:
@@ -261,23 +254,18 @@ async def test_a_restart_keeps_the_session_and_the_next_message_runs(tmp_path: P
     server.start()
     ledger = Ledger()
     worker = Worker(server.url, agents=[make_agent(ledger)], poll_wait_ms=1_000, heartbeat_interval_s=0.2)
-    run = asyncio.create_task(worker.run())
-    client = DexClient(server.url)
     try:
-        await server.wait_ready()
-        sid = (await client.create_session(AGENT))["session_id"]
-        await client.send_message(sid, "hello")
-        first = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
-        server.kill()
-        server.start()
-        await server.wait_ready()
-        await client.send_message(sid, "again")
-        second = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
-        assert [t["status"] for t in second["turns"]] == ["completed", "completed"]
-        assert second["history"][:len(first["history"])] == first["history"]
+        async with running(worker), DexClient(server.url) as client:
+            await server.wait_ready()
+            sid = (await client.create_session(AGENT))["session_id"]
+            await client.send_message(sid, "hello")
+            first = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+            server.kill()
+            server.start()
+            await server.wait_ready()
+            await client.send_message(sid, "again")
+            second = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
     finally:
-        await client.close()
-        await worker.stop()
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
         server.stop()
+    assert [t["status"] for t in second["turns"]] == ["completed", "completed"]
+    assert second["history"][:len(first["history"])] == first["history"]

@@ -18,6 +18,7 @@ import pytest
 from dex_ha.client import DexClient
 from dex_ha.raft.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from tests.e2e.conftest import running
 from tests.e2e.dev_process import DevProcess
 
 DEADLINE_S = 30.0
@@ -54,24 +55,19 @@ async def test_a_result_in_flight_when_the_node_dies_is_committed_or_its_attempt
     server = DevProcess(tmp_path / "data", tmp_path / "dev.log", extra_env={FAILPOINT_ENV: f"{failpoint}@2"})
     server.start()
     worker = Worker(server.url, agents=[agent], poll_wait_ms=1_000, heartbeat_interval_s=0.2)
-    running = asyncio.create_task(worker.run())
-    client = DexClient(server.url)
     try:
-        await server.wait_ready()
-        sid = (await client.create_session("r19"))["session_id"]
-        await client.send_message(sid, "look it up")
-        deadline = time.monotonic() + DEADLINE_S
-        while server.proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        assert server.proc.poll() == FAILPOINT_EXIT_CODE, f"the failpoint was not reached\n{server.log_tail()}"
-        server.extra_env = {}
-        server.start()  # same port and data dir; the Worker and the client were never told
-        final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+        async with running(worker), DexClient(server.url) as client:
+            await server.wait_ready()
+            sid = (await client.create_session("r19"))["session_id"]
+            await client.send_message(sid, "look it up")
+            deadline = time.monotonic() + DEADLINE_S
+            while server.proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert server.proc.poll() == FAILPOINT_EXIT_CODE, f"the failpoint was not reached\n{server.log_tail()}"
+            server.extra_env = {}
+            server.start()  # same port and data dir; the Worker and the client were never told
+            final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
     finally:
-        await client.close()
-        await worker.stop()
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
         server.stop()
     assert final["turns"][-1]["status"] == "completed"
     call = final["tool_calls"][0]
