@@ -12,7 +12,8 @@ Where it sends requests:
 - SEVERAL node URLs: a 503 that names ``leader_url`` moves the connection to that URL,
   even one missing from the list (the cluster knows its members better than the
   caller); a 503 without it, a 502/504, or a connection error rotates to the next URL
-  of the list.
+  of the list. A 503 ``overloaded`` comes from the active node itself, busy: the
+  connection stays there and backs off (honouring ``Retry-After``).
 
 When it waits: switching node is free for the first pass through the list (a dead node
 costs no sleep); after that, and always with one URL, it backs off exponentially from
@@ -48,6 +49,8 @@ log = logging.getLogger("dex_ha.client")
 
 # Answers that mean "not here / not now": the request may succeed on another node or later.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
+# The 503 of an active node that sheds load: retry it, after Retry-After, on the same node.
+OVERLOADED = "overloaded"
 # How long a request must have been retrying before an operator is warned, and how often.
 SLOW_RETRY_WARNING_S = 5.0
 
@@ -329,6 +332,8 @@ class Connection:
         """Pick the node for the next try after a retryable answer from ``base_url``."""
         if len(self._urls) == 1 or self._current_url != base_url:
             return  # one URL: stay; or a concurrent request already moved on
+        if answer.code == OVERLOADED:
+            return  # the active node, shedding load: another node would only send us back
         if answer.leader_url is not None:
             try:
                 leader_url = _normalize_url(answer.leader_url, "leader_url")

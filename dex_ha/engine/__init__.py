@@ -7,6 +7,8 @@ Public API (what a server and the Raft node call):
     apply committed log entries; never raise on a bad command (``ok=False`` with
     ``code``, ``reason``, ``http_status``); idempotent by index.
   - ``applied_index()``, ``snapshot() -> bytes``, ``restore(data, index)``, ``close()``.
+  - ``reader() -> EngineReader``: the queries below through a connection of their own, for
+    a thread other than the one that applies (the node's HTTP side).
   - Leader queries: ``queued_steps(agent, limit)``, ``running_attempts(term_lt=None)``,
     ``attempt_state(step_id, attempt, term)`` (heartbeat answers: current? cancel?),
     ``next_timer()``, ``due_timers(now_ms, limit)``, ``task_for(step_id)``.
@@ -26,7 +28,7 @@ from dex_ha.engine.commands import (
     HeartbeatLost, ReconcileToolCall, RegisterAgent, SendMessage, StartAttempts, decode_command,
     encode_command,
 )
-from dex_ha.engine.engine import Engine
+from dex_ha.engine.engine import Engine, EngineReader
 from dex_ha.engine.kinds import (
     AWAIT_QUESTION_ANSWER, AWAIT_TIMER, AWAIT_TOOL_APPROVAL, AWAIT_USER_MESSAGE,
     CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, NOT_COMPLETED, NOT_STARTED,
@@ -41,7 +43,7 @@ __all__ = [
     "CALL_SINGLE_ATTEMPT_TOOL", "CALL_TOOL", "COMPACT_CONTEXT", "NOT_COMPLETED", "NOT_STARTED",
     "POLL_TOOL_TASK", "RUN_MODEL", "STEP_KINDS",
     "AnswerQuestion", "ApplyResult", "AttemptState", "AttemptTimedOut", "CancelTurn", "Command",
-    "CommandDecodeError", "CompleteAttempt", "CreateSession", "DecideApproval", "Engine",
+    "CommandDecodeError", "CompleteAttempt", "CreateSession", "DecideApproval", "Engine", "EngineReader",
     "FailAttempt", "FailHeldAttempts", "FireTimer", "Handout", "HeartbeatLost", "QueuedStep",
     "ReconcileToolCall", "RegisterAgent", "RunningAttempt", "SendMessage", "SessionEvent",
     "StartAttempts", "StepKindSpec", "Task", "Timer", "decode_command", "encode_command",

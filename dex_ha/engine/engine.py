@@ -9,11 +9,12 @@ exactly; an index at or below it is a no-op ("already_applied").
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sqlite3
 import tempfile
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from dex_ha.engine.commands import Command, CommandDecodeError, decode_command
 from dex_ha.engine.context import ApplyContext
@@ -48,8 +49,11 @@ class Engine(Queries):
     def close(self) -> None:
         self._conn.close()
 
-    def applied_index(self) -> int:
-        return self._store.meta(APPLIED_INDEX)
+    def reader(self) -> EngineReader:
+        """The queries through a connection of their own, for another thread (see EngineReader)."""
+        if self.path == ":memory:":
+            raise ValueError("an in-memory engine has no second connection; read it directly")
+        return EngineReader(self.path)
 
     # ---------------------------------------------------------- apply
 
@@ -182,6 +186,50 @@ class Engine(Queries):
             finally:
                 source.close()
         self._conn.execute("PRAGMA journal_mode=WAL")
+
+
+class EngineReader(Queries):
+    """The engine's queries for a thread other than the one that applies.
+
+    The node applies committed entries on its Raft thread while its HTTP side reads. A
+    SQLite connection must not be used by two threads at once, so readers have their own;
+    in WAL mode each read transaction sees one committed state and neither side blocks the
+    other. Every public query runs in one read transaction, so a query of several
+    statements (a session snapshot) never sees half of an apply. Use from one thread only.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._conn = connect(path, durable=True)
+        self._conn.execute("PRAGMA query_only=ON")
+        self._store = Store(self._conn)
+        self._reading = False
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _in_read_transaction(self, query: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._reading:  # a query that calls another: one transaction for both
+            return query(self, *args, **kwargs)
+        self._reading = True
+        self._conn.execute("BEGIN")
+        try:
+            return query(self, *args, **kwargs)
+        finally:
+            self._reading = False
+            self._conn.execute("COMMIT")
+
+
+def _read_transaction(query: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(query)
+    def read(self: EngineReader, *args: Any, **kwargs: Any) -> Any:
+        return self._in_read_transaction(query, *args, **kwargs)
+
+    return read
+
+
+for _name, _query in list(vars(Queries).items()):
+    if callable(_query) and not _name.startswith("_"):
+        setattr(EngineReader, _name, _read_transaction(_query))
 
 
 def _backup_copy(source: sqlite3.Connection) -> tuple[int, bytes]:

@@ -13,7 +13,7 @@ from dex_ha.engine.kinds import (
     AWAIT_USER_MESSAGE, CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, DEFAULT_HEARTBEAT_TIMEOUT_MS,
     POLL_TOOL_TASK, RUN_MODEL, TASK_KINDS, idempotency_key,
 )
-from dex_ha.engine.store import EVENT_ID_SHIFT, Store, from_json
+from dex_ha.engine.store import APPLIED_INDEX, EVENT_ID_SHIFT, Store, from_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +91,10 @@ class Queries:
     """Mixed into Engine: reads over `self._store`."""
 
     _store: Store
+
+    def applied_index(self) -> int:
+        """The last log index applied (stored with the changes it covers)."""
+        return self._store.meta(APPLIED_INDEX)
 
     # ---------------------------------------------------------- leader services
 

@@ -21,7 +21,7 @@ import ssl
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -106,7 +106,7 @@ class NodeConfig:
 @dataclass
 class _Pending:
     term: int
-    future: asyncio.Future[Any]
+    future: Reply
 
 
 @dataclass
@@ -119,10 +119,57 @@ class NodeMetrics:
     applied_entries: int = 0
     snapshots_taken: int = 0
     snapshots_installed: int = 0
+    # The largest gap between two messages from the leader of the current term, measured
+    # where they arrive (on a follower): how close load brought the cluster to an election.
+    leader_contact_gap_max_ms: int = 0
 
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def now_ms() -> int:
+    """The clock of lease and election timing (the one `RaftView.lease_valid` compares with)."""
+    return _monotonic_ms()
+
+
+@dataclass(frozen=True)
+class RaftView:
+    """What the node's loop publishes of the core after every change that matters, so that
+    code on another thread (the HTTP side) reads it without touching the core.
+
+    Published before each Ready is handled (before any message of it leaves) and at the end
+    of each turn: a lease given up for a transfer is gone from the view before TimeoutNow is
+    sent, so the HTTP side never acts on a lease the core has already given away.
+    """
+
+    term: int
+    role: Role
+    leader_id: str
+    lease_end_ms: int | None  # on the `now_ms()` clock; None: no valid lease
+    commit: int
+    voter: bool  # this node is a voting member
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == Role.LEADER
+
+    def lease_valid(self, at_ms: int | None = None) -> bool:
+        return self.lease_end_ms is not None and (now_ms() if at_ms is None else at_ms) < self.lease_end_ms
+
+    def lease_remaining_ms(self) -> int:
+        return 0 if self.lease_end_ms is None else max(0, self.lease_end_ms - now_ms())
+
+
+class Reply(Protocol):
+    """Where a proposal's outcome goes: an asyncio.Future of the node's loop, or an object
+    that carries it to another thread (see dex_ha.raft.threaded)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any) -> None: ...
+
+    def set_exception(self, exc: BaseException) -> None: ...
 
 
 class RaftNode:
@@ -130,17 +177,23 @@ class RaftNode:
 
     def __init__(self, config: NodeConfig, state_machine: StateMachine,
                  on_leader_change: Callable[[str], None] | None = None,
-                 on_fsync: Callable[[float], None] | None = None) -> None:
+                 on_fsync: Callable[[float], None] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         """`on_leader_change(leader_id)` and `on_fsync(seconds)` let the server layer feed
-        its metrics (a histogram of fsync time) without raft/ importing anything of ours."""
+        its metrics (a histogram of fsync time) without raft/ importing anything of ours.
+        `on_fatal(exc)` is called when the loop dies of an error it cannot go on from (a
+        failed fsync): the node then serves nothing, and a process should exit."""
         self.config = config
         self.sm = state_machine
         self.metrics = NodeMetrics()
         self._on_leader_change = on_leader_change
         self._on_fsync = on_fsync
+        self._on_fatal = on_fatal
+        self.failure: BaseException | None = None  # why the loop died, if it did
         self._inbox: deque[Message] = deque()
         self._unreachable: set[str] = set()
-        self._proposals: deque[tuple[bytes | ConfChange, EntryType, asyncio.Future[Any]]] = deque()
+        self._proposals: deque[tuple[bytes | ConfChange, EntryType, Reply]] = deque()
+        self._contact = (0, "", 0)  # (term, leader, arrival ms) of the latest leader message
         self._pending: dict[int, _Pending] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -165,6 +218,7 @@ class RaftNode:
         self.storage = RaftStorage.open(config.data_dir / "raft", durability=config.durability,
                                         on_fsync=self._record_fsync)
         self.core = self._build_core()
+        self.view = self._current_view()
         hs = self.storage.hard_state
         self._persisted_term_vote = (hs.term, hs.vote)
         self.transport = RaftTransport(
@@ -234,6 +288,8 @@ class RaftNode:
             try:
                 await self._task
             except asyncio.CancelledError:
+                pass
+            except Exception:  # the loop died of it earlier: logged then, and in `failure`
                 pass
         await self.transport.stop()
         self._fail_all_pending(ProposalDropped("node stopped"))
@@ -313,13 +369,34 @@ class RaftNode:
         if self.core.role != Role.LEADER:
             raise NotLeader(self.core.leader_id)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._proposals.append((payload, kind, fut))
-        self._wake.set()
+        self.enqueue(payload, kind, fut)
         return await fut
 
+    def enqueue(self, payload: bytes | ConfChange, kind: EntryType, reply: Reply) -> None:
+        """Queue a proposal for the next turn; its outcome goes to `reply`. On the loop only."""
+        if self.failure is not None:
+            reply.set_exception(ProposalDropped("node failed"))
+            return
+        self._proposals.append((payload, kind, reply))
+        self._wake.set()
+
     def _on_message(self, msg: Message) -> None:
+        self._note_contact(msg)
         self._inbox.append(msg)
         self._wake.set()
+
+    def _note_contact(self, msg: Message) -> None:
+        """Track the largest gap between messages of the current leader, as they arrive."""
+        view = self.view
+        if msg.frm != view.leader_id or msg.term != view.term or view.is_leader:
+            return
+        now = _monotonic_ms()
+        term, leader, last = self._contact
+        if (term, leader) == (msg.term, msg.frm):
+            self.metrics.leader_contact_gap_max_ms = max(self.metrics.leader_contact_gap_max_ms, now - last)
+        else:  # a new leader or term: the gap starts again (an election is not load)
+            self.metrics.leader_contact_gap_max_ms = 0
+        self._contact = (msg.term, msg.frm, now)
 
     def _on_unreachable(self, peer: str) -> None:
         self._unreachable.add(peer)
@@ -352,11 +429,15 @@ class RaftNode:
                 await self._turn()
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
             # A storage error (e.g. a failed fsync) leaves durability unknown: stop the
             # node rather than keep answering with state that may not be on disk.
-            log.exception("raft node %s stopped by an unexpected error", self.config.id)
+            log.critical("raft node %s stopped by an unexpected error", self.config.id, exc_info=True)
+            self.failure = exc
+            self.view = replace(self.view, role=Role.FOLLOWER, lease_end_ms=None)
             self._fail_all_pending(ProposalDropped("node failed"))
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
             raise
 
     async def _turn(self) -> None:
@@ -376,10 +457,20 @@ class RaftNode:
         while self.core.has_ready():
             self._in_ready = True
             try:
-                await self._handle_ready(self.core.ready())
+                rd = self.core.ready()
+                self.view = self._current_view()  # before any message of this Ready leaves
+                await self._handle_ready(rd)
             finally:
                 self._in_ready = False
+        self.view = self._current_view()
         self._note_leader()
+
+    def _current_view(self) -> RaftView:
+        core, now = self.core, _monotonic_ms()
+        remaining = core.lease_remaining_ms(now)
+        return RaftView(term=core.term, role=core.role, leader_id=core.leader_id,
+                        lease_end_ms=now + remaining if core.lease_valid(now) else None,
+                        commit=core.commit_index, voter=self.config.id in core.conf_state.voters)
 
     def _take_proposals(self) -> None:
         while self._proposals:

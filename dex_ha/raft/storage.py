@@ -93,6 +93,7 @@ FAILPOINTS = (
     "storage.rotate.after-rename",  # new segment in place, old one still the open one
     "storage.snapshot.after-write",  # snapshot record written, not yet fsynced
     "storage.compact.mid-delete",  # after deleting the first of several segments
+    "storage.fsync",  # an fsync of the log is about to run (armed with ":eio": it fails)
 )
 
 
@@ -657,6 +658,7 @@ class RaftStorage:
     def _fsync(self, fd: int) -> None:
         t0 = time.perf_counter()
         try:
+            self._failpoints.hit("storage.fsync")  # ":eio" arms a failed fsync
             _datasync(fd)
         except BaseException as exc:
             # After a failed fsync the kernel may have dropped the dirty pages; retrying

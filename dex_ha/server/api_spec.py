@@ -86,6 +86,9 @@ class RouteSpec:
     responses: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     active_only: bool = True  # only the active node serves it; others answer 503
+    # Counted in the node's bound on requests in flight (503 `overloaded` past it). False
+    # for probes, which must never be shed, and for long-lived requests (see admission.py).
+    bounded: bool = True
     stream: bool = False  # Server-Sent Events
     headers: tuple[FieldSpec, ...] = ()  # request headers the route reads
     content_type: str = "application/json"  # of the success response
@@ -128,7 +131,7 @@ def _route(name: str, method: str, path: str, roles: frozenset[str] | None, summ
            success: Mapping[int, str], errors: Mapping[int, str] | None = None,
            body: tuple[FieldSpec, ...] | None = None, query: tuple[FieldSpec, ...] = (),
            path_params: tuple[FieldSpec, ...] = (), headers: tuple[FieldSpec, ...] = (),
-           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, active_only: bool = True,
+           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, active_only: bool = True, bounded: bool = True,
            stream: bool = False, content_type: str = "application/json") -> RouteSpec:
     """A RouteSpec whose responses include every status that its shape implies."""
     responses: dict[int, str] = {**success, **(errors or {})}
@@ -140,11 +143,14 @@ def _route(name: str, method: str, path: str, roles: frozenset[str] | None, summ
     if body is not None:
         responses.setdefault(413, f"too_large: the body is over {max_body_bytes} bytes")
     if active_only:
-        responses.setdefault(503, "not_active: this node is not the active node; retry, or follow leader_url")
+        responses.setdefault(503, "not_active: this node is not the active node; retry, or follow leader_url"
+                             + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else ""))
+    elif bounded:
+        responses.setdefault(503, "overloaded: the node sheds load; retry after Retry-After")
     return RouteSpec(name=name, method=method, path=path, roles=roles, summary=summary, body=body,
                      query=query, path_params=path_params, headers=headers,
                      responses=MappingProxyType(dict(sorted(responses.items()))),
-                     max_body_bytes=max_body_bytes, active_only=active_only, stream=stream,
+                     max_body_bytes=max_body_bytes, active_only=active_only, bounded=bounded, stream=stream,
                      content_type=content_type)
 
 
@@ -153,12 +159,12 @@ def _route(name: str, method: str, path: str, roles: frozenset[str] | None, summ
 
 _OPERATIONS = (
     _route("livez", "GET", "/livez", None, "Liveness: 200 while the process serves HTTP.",
-           success={200: "the process is alive"}, active_only=False),
+           success={200: "the process is alive"}, active_only=False, bounded=False),
     _route("readyz", "GET", "/readyz", None,
            "Readiness: 200 only on the active node (leader, lease valid, takeover done, not draining).",
            success={200: "this node is the active node"},
            errors={503: "not ready: not the leader, lease not valid, takeover not done, or draining"},
-           active_only=False),
+           active_only=False, bounded=False),
     _route("metrics", "GET", "/metrics", None, "Prometheus metrics (prefix dex_).",
            success={200: "metrics in the Prometheus text format"}, active_only=False,
            content_type="text/plain; version=0.0.4"),
@@ -253,7 +259,7 @@ _SESSIONS = (
                             description="Resume after this event id."),),
            headers=(FieldSpec("Last-Event-ID", "string", pattern=r"[0-9]{1,20}",
                               description="Resume after this event id (the SSE reconnect header)."),),
-           stream=True, content_type="text/event-stream"),
+           stream=True, bounded=False, content_type="text/event-stream"),
 )
 
 
@@ -285,7 +291,8 @@ _WORKER = (
                          description="At most this many tasks in the answer."),
                FieldSpec("wait_ms", "integer", min=0, max=60_000, default=20_000,
                          description="How long to wait for a task before answering with none."),
-           )),
+           ),
+           bounded=False),
     _route("task_heartbeat", "POST", "/v1/worker/tasks/{task_token}/heartbeat", WORKER,
            "Keep a task's attempt alive and relay stream deltas; the answer says whether to cancel.",
            success={200: "the attempt is current; the body says whether to cancel"},

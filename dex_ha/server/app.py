@@ -18,9 +18,10 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from dex_ha.engine import (
-    AnswerQuestion, ApplyResult, CancelTurn, CompleteAttempt, CreateSession, DecideApproval, FailAttempt,
+    AnswerQuestion, ApplyResult, CancelTurn, CompleteAttempt, CreateSession, DecideApproval, EngineReader, FailAttempt,
     ReconcileToolCall, RegisterAgent, SendMessage,
 )
+from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import AuthError, TokenAuth
 from dex_ha.server.config import ConfigError, parse_address
@@ -59,8 +60,9 @@ class Api:
     openapi: dict[str, Any]
 
     @property
-    def engine(self) -> Any:
-        return self.node.replica.engine
+    def engine(self) -> EngineReader:
+        """The state, read-only (changes go through `propose`)."""
+        return self.node.replica.reads
 
     async def propose(self, cmd: Any) -> ApplyResult:
         result = await self.node.propose(cmd)
@@ -91,7 +93,15 @@ def _version() -> str:
 
 def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
               handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    admission = api.node.admission
+
     async def handle(request: web.Request) -> web.StreamResponse:
+        if route.bounded and not admission.try_enter():
+            response = _error(503, "overloaded", f"node {api.node.config.node_id} is at its bound of "
+                              f"{admission.limit} requests in flight; retry after Retry-After",
+                              headers={"Retry-After": OVERLOADED_RETRY_AFTER_S})
+            api.node.metrics.count_request(route.name, response.status)
+            return response
         try:
             response = await _handle(api, auth, route, handler, request)
         except ApiError as exc:
@@ -107,6 +117,9 @@ def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
         except Exception:
             log.exception("%s %s failed", route.method, request.path)
             response = _error(500, "internal", "the server failed to answer; see its log")
+        finally:
+            if route.bounded:
+                admission.leave()
         api.node.metrics.count_request(route.name, response.status)
         return response
 
@@ -146,7 +159,7 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 
 def _not_active(node: NodeServer, why: str) -> web.Response:
-    leader_url = node.leader_url() if not node.raft.is_leader else None
+    leader_url = node.leader_url() if not node.raft.view.is_leader else None
     return _error(503, "not_active", f"this node is not the active node ({why})",
                   headers={"Retry-After": RETRY_AFTER_S}, leader_url=leader_url)
 
@@ -171,12 +184,12 @@ async def readyz(api: Api, args: dict[str, Any], request: web.Request) -> Answer
 
 
 async def metrics(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    body = api.node.metrics.render()
+    body = api.node.metrics.render_cached()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 async def cluster(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    return 200, api.node.cluster_view()
+    return 200, await api.node.cluster_view()
 
 
 async def step_down(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -194,28 +207,28 @@ async def add_member(api: Api, args: dict[str, Any], request: web.Request) -> An
     except ConfigError as exc:
         raise InvalidRequest("raft_addr", str(exc)) from None
     await _membership(api.node.add_member(args["id"], raft_addr, args["url"]))
-    return 200, {"id": args["id"], "voter": False, **_members(api)}
+    return 200, {"id": args["id"], "voter": False, **await _members(api)}
 
 
 async def promote_member(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    _known_member(api, args["member_id"])
+    await _known_member(api, args["member_id"])
     await _membership(api.node.promote_member(args["member_id"]))
-    return 200, {"id": args["member_id"], "voter": True, **_members(api)}
+    return 200, {"id": args["member_id"], "voter": True, **await _members(api)}
 
 
 async def remove_member(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    _known_member(api, args["member_id"])
+    await _known_member(api, args["member_id"])
     await _membership(api.node.remove_member(args["member_id"]))
-    return 200, {"id": args["member_id"], "removed": True, **_members(api)}
+    return 200, {"id": args["member_id"], "removed": True, **await _members(api)}
 
 
-def _known_member(api: Api, member_id: str) -> None:
-    if member_id not in api.node.raft.core.status()["members"]:
+async def _known_member(api: Api, member_id: str) -> None:
+    if not await api.node.is_member(member_id):
         raise ApiError(404, "not_found", f"no member {member_id!r} in the cluster")
 
 
-def _members(api: Api) -> dict[str, Any]:
-    return {"members": api.node.cluster_view()["members"]}
+async def _members(api: Api) -> dict[str, Any]:
+    return {"members": (await api.node.cluster_view())["members"]}
 
 
 async def _membership(change: Awaitable[None]) -> None:

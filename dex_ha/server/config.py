@@ -12,6 +12,7 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     join = false                          # true: a new node that joins a running cluster as a learner
     heartbeat_timeout_ms = 30000          # a running attempt with no heartbeat for this long fails
     drain_timeout_ms = 30000              # SIGTERM / step down: how long running attempts may finish
+    max_inflight_requests = 512           # requests worked on at once; past it: 503 overloaded
     election_timeout_min_ms = 500
     election_timeout_max_ms = 1000
     raft_heartbeat_interval_ms = 50
@@ -29,7 +30,7 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
 
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
-DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
+DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LOG_JSON,
 DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated).
 """
@@ -73,6 +74,10 @@ class ServerConfig:
     join: bool = False
     heartbeat_timeout_ms: int = 30_000
     drain_timeout_ms: int = 30_000
+    # Admission control (admission.py): requests worked on at once, probes and long-lived
+    # requests not counted. Enough for every Worker's heartbeats and results plus a burst of
+    # clients; past it the node answers 503 `overloaded` at once instead of queueing.
+    max_inflight_requests: int = 512
     election_timeout_min_ms: int = 500
     election_timeout_max_ms: int = 1_000
     raft_heartbeat_interval_ms: int = 50
@@ -97,6 +102,8 @@ class ServerConfig:
         for name in ("heartbeat_timeout_ms", "drain_timeout_ms", "raft_heartbeat_interval_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
+        if self.max_inflight_requests < 1:
+            raise ConfigError("max_inflight_requests: must be at least 1")
         if self.dev or self.insecure:
             return
         if not self.auth_enabled:
@@ -145,7 +152,8 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None, *,
 ENV_KEYS = {
     "node_id": str, "data_dir": str, "http_listen": str, "url": str, "raft_listen": str,
     "durability": str, "cluster_secret": str, "join": bool, "heartbeat_timeout_ms": int,
-    "drain_timeout_ms": int, "election_timeout_min_ms": int, "election_timeout_max_ms": int,
+    "drain_timeout_ms": int, "max_inflight_requests": int, "election_timeout_min_ms": int,
+    "election_timeout_max_ms": int,
     "raft_heartbeat_interval_ms": int, "log_json": bool,
 }
 
@@ -198,6 +206,7 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
     if not isinstance(tokens, dict) or any(role not in ROLES for role in tokens):
         raise ConfigError(f"tokens: roles are {', '.join(ROLES)}")
     simple = {k: raw[k] for k in ("durability", "join", "heartbeat_timeout_ms", "drain_timeout_ms",
+                                  "max_inflight_requests",
                                   "election_timeout_min_ms", "election_timeout_max_ms",
                                   "raft_heartbeat_interval_ms", "snapshot_every_entries", "log_json")
               if k in raw}

@@ -91,7 +91,7 @@ class LeaderTerm:
                  heartbeat_timeout_ms: int, monitor_interval_s: float | None = None) -> None:
         self.term = term
         self.replica = replica
-        self.engine = replica.engine
+        self.engine = replica.reads  # read-only: changes go through propose
         self._propose = propose
         self.metrics = metrics
         self.heartbeat_timeout_ms = heartbeat_timeout_ms

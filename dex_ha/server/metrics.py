@@ -9,19 +9,24 @@ does not restart from zero on the node that takes over.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# A scrape sees values at most this old (Prometheus scrapes every 10-60 s).
+RENDER_INTERVAL_S = 1.0
 SCHEDULE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 
 
 class ServerMetrics:
     """Counters and histograms, plus a collector for the state gauges."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._rendered: tuple[float, bytes] | None = None  # (when, text) of the latest render
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.proposal_seconds = Histogram("dex_raft_proposal_seconds", "Time from propose to applied.",
@@ -53,6 +58,14 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def render_cached(self) -> bytes:
+        """The exposition text, rendered at most once per RENDER_INTERVAL_S: a scrape flood
+        then costs a dictionary of bytes per request, not a pass over the state each."""
+        now = self._clock()
+        if self._rendered is None or now - self._rendered[0] >= RENDER_INTERVAL_S:
+            self._rendered = (now, self.render())
+        return self._rendered[1]
+
 
 class _StateCollector:
     def __init__(self, read_state: Callable[[], dict[str, Any]]) -> None:
@@ -69,9 +82,18 @@ class _StateCollector:
                                 ("dex_raft_commit_index", "Highest log index known committed."),
                                 ("dex_raft_applied_index", "Highest log index applied to the engine."),
                                 ("dex_lease_remaining_seconds", "Seconds left on the leader's lease (0 elsewhere)."),
+                                ("dex_raft_leader_contact_gap_max_seconds",
+                                 "Largest gap between two messages from the leader of the current term, as "
+                                 "they arrived here (0 on the leader); near the election timeout, a failover is close."),
                                 ("dex_timers_pending", "Timers waiting to fire."),
+                                ("dex_http_requests_in_flight",
+                                 "Requests being worked on, of those admission control bounds."),
                                 ("dex_workers_connected", "Workers seen polling or heartbeating recently.")):
             yield GaugeMetricFamily(name, help_text, value=s[name])
+        shed = CounterMetricFamily("dex_http_requests_shed", "Requests answered 503 overloaded at once "
+                                   "(admission control: max_inflight_requests).")
+        shed.add_metric([], s["dex_http_requests_shed_total"])
+        yield shed
         leader_changes = CounterMetricFamily("dex_raft_leader_changes", "Leader changes seen by this node.")
         leader_changes.add_metric([], s["dex_raft_leader_changes_total"])
         yield leader_changes

@@ -13,15 +13,17 @@ import logging
 import socket
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
 from dex_ha.engine import ApplyResult, Command, Engine, encode_command
 from dex_ha.raft.core import NotLeader, ProposalDropped
 from dex_ha.raft.failpoints import Failpoints
-from dex_ha.raft.node import Member, NodeConfig, RaftNode, member_context
-from dex_ha.raft.types import ConfChange, ConfChangeType
+from dex_ha.raft.node import Member, NodeConfig, member_context
+from dex_ha.raft.threaded import RaftThread
+from dex_ha.raft.types import ConfChange, ConfChangeType, Role
+from dex_ha.server.admission import Admission
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.leader import LeaderTerm, NotServing
 from dex_ha.server.metrics import ServerMetrics
@@ -58,7 +60,15 @@ PROMOTE_MAX_LAG_ENTRIES = 1_000
 
 
 class NodeServer:
-    def __init__(self, config: ServerConfig) -> None:
+    """One node. Its Raft node runs on a thread of its own (RaftThread), so HTTP load never
+    delays heartbeats; everything else here runs on the caller's event loop.
+
+    `on_fatal(exc)` is called, on the Raft thread, when the Raft loop dies of an error it
+    cannot go on from (a failed fsync): a node process exits then (see process.py), so
+    that its supervisor restarts it. Without it the node only stops serving.
+    """
+
+    def __init__(self, config: ServerConfig, on_fatal: Callable[[BaseException], None] | None = None) -> None:
         config.check()
         # Bind the HTTP port first: with port 0 the URL (our leader_url) is known only now.
         self._http_socket = _bind(config.http_listen)
@@ -67,10 +77,11 @@ class NodeServer:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True))
         self.metrics = ServerMetrics()
+        self.admission = Admission(config.max_inflight_requests)
         self.relay = DeltaRelay()
         self.failpoints = Failpoints()
-        self.raft = RaftNode(self._raft_config(), self.replica, on_leader_change=self._on_leader_change,
-                             on_fsync=self.metrics.fsync_seconds.observe)
+        self.raft = RaftThread(self._raft_config(), self.replica, on_leader_change=self._on_leader_change,
+                               on_fsync=self.metrics.fsync_seconds.observe, on_fatal=on_fatal)
         self.metrics.add_state_gauges(self.metrics_state)
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
@@ -99,6 +110,7 @@ class NodeServer:
         elif not self.config.auth_enabled:
             log.warning("node %s runs WITHOUT authentication (dev mode, no tokens configured)",
                         self.config.node_id)
+        self.replica.notify_on(asyncio.get_running_loop())
         await self.raft.start()
         self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -126,10 +138,12 @@ class NodeServer:
         task.add_done_callback(self._leader_tasks.discard)
 
     async def _follow_leadership(self) -> None:
-        term = self.raft.core.term
-        if self.leader is not None and (self.leader.term != term or not self.raft.is_leader):
+        view = self.raft.view
+        if self.leader is not None and (self.leader.term != view.term or not view.is_leader):
             await self._stop_leader_services()
-        if self.raft.is_leader and self.leader is None and not self.stopping:
+        view = self.raft.view
+        term = view.term
+        if view.is_leader and self.leader is None and not self.stopping:
             log.info("node %s is leader of term %d: taking over", self.config.node_id, term)
             self.leader = LeaderTerm(term, self.replica, self.propose, self.metrics,
                                      heartbeat_timeout_ms=self.config.heartbeat_timeout_ms)
@@ -145,9 +159,9 @@ class NodeServer:
 
     def serving(self) -> LeaderTerm:
         """The services of the term we lead, if this node is the active node; else NotServing."""
-        leader = self.leader
-        if (leader is None or not leader.takeover_done or not self.raft.is_leader
-                or leader.term != self.raft.core.term or not self.raft.lease_valid() or self.stopping):
+        leader, view = self.leader, self.raft.view
+        if (leader is None or not leader.takeover_done or not view.is_leader
+                or leader.term != view.term or not view.lease_valid() or self.stopping):
             raise NotServing("this node is not the active node")
         return leader
 
@@ -170,14 +184,13 @@ class NodeServer:
             return "active"
         if self.leader is not None and self.leader.draining:
             return "draining"
-        status = self.raft.core.status()
-        voter = status["members"].get(self.config.node_id, {}).get("voter", False)
-        if status["role"] in ("pre_candidate", "candidate", "leader"):
+        view = self.raft.view
+        if view.role in (Role.PRE_CANDIDATE, Role.CANDIDATE, Role.LEADER):
             return "candidate"
-        return "standby" if voter else "learner"
+        return "standby" if view.voter else "learner"
 
     def leader_url(self) -> str | None:
-        member = self.raft.members().get(self.raft.leader_id)
+        member = self.raft.members().get(self.raft.view.leader_id)
         return member.url or None if member is not None else None
 
     # ------------------------------------------------------------------ proposals
@@ -197,10 +210,10 @@ class NodeServer:
         leader = self.serving()
         if leader.draining:
             raise StepDownFailed("a step down is already running")
-        target = to or self._most_caught_up_voter()
+        target = to or await self._most_caught_up_voter()
         if target is None:
             raise StepDownFailed("no other voter to hand the leadership to")
-        members = self.raft.core.status()["members"]
+        members = (await self.raft.status())["members"]
         if target not in members or not members[target]["voter"] or target == self.config.node_id:
             raise UnknownMember(f"{target!r} is not another voting member")
         timeout_ms = self.config.drain_timeout_ms if drain_timeout_ms is None else drain_timeout_ms
@@ -209,7 +222,7 @@ class NodeServer:
             await self._transfer(target)
         finally:
             leader.end_drain()
-        return {"from": self.config.node_id, "to": self.raft.leader_id or target,
+        return {"from": self.config.node_id, "to": self.raft.view.leader_id or target,
                 "running_attempts_left": left}
 
     async def drain(self, leader: LeaderTerm, timeout_ms: int) -> int:
@@ -228,17 +241,17 @@ class NodeServer:
     async def _transfer(self, target: str) -> None:
         log.info("node %s hands the leadership to %s", self.config.node_id, target)
         try:
-            self.raft.transfer_leadership(target)
+            await self.raft.transfer_leadership(target)
         except NotLeader as exc:
             raise StepDownFailed(f"lost the leadership before the transfer (leader now {exc.leader_id!r})")
         deadline = time.monotonic() + 2 * self.config.election_timeout_max_ms / 1000
-        while self.raft.is_leader and time.monotonic() < deadline:
+        while self.raft.view.is_leader and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        if self.raft.is_leader:
+        if self.raft.view.is_leader:
             raise StepDownFailed(f"{target} did not take the leadership in time; this node stays active")
 
-    def _most_caught_up_voter(self) -> str | None:
-        members = self.raft.core.status()["members"]
+    async def _most_caught_up_voter(self) -> str | None:
+        members = (await self.raft.status())["members"]
         others = [(info.get("match") or 0, -(info.get("last_contact_ms_ago") or 0), node_id)
                   for node_id, info in members.items() if info["voter"] and node_id != self.config.node_id]
         return max(others)[2] if others else None
@@ -251,7 +264,7 @@ class NodeServer:
             leader = None
         if leader is not None and not leader.draining:
             await self.drain(leader, self.config.drain_timeout_ms)
-            target = self._most_caught_up_voter()
+            target = await self._most_caught_up_voter()
             if target is not None:
                 try:
                     await self._transfer(target)
@@ -266,7 +279,7 @@ class NodeServer:
                                                      member_context(raft_addr[0], raft_addr[1], url)))
 
     async def promote_member(self, node_id: str) -> None:
-        status = self.raft.core.status()
+        status = await self.raft.status()
         info = status["members"].get(node_id, {})
         if not info.get("voter"):  # promoting a voter is refused by the core (409) below
             match, contact = info.get("match"), info.get("last_contact_ms_ago")
@@ -281,10 +294,14 @@ class NodeServer:
 
     # ------------------------------------------------------------------ reads
 
-    def cluster_view(self) -> dict[str, Any]:
-        status = self.raft.status()
+    async def is_member(self, node_id: str) -> bool:
+        return node_id in (await self.raft.status())["members"]
+
+    async def cluster_view(self) -> dict[str, Any]:
+        status = await self.raft.status()
         members = self.raft.members()
-        leader = self.raft.leader_id
+        view = self.raft.view
+        leader = view.leader_id
         return {
             "node_id": self.config.node_id,
             "role": self.role(),
@@ -292,8 +309,8 @@ class NodeServer:
             "leader_id": leader or None,
             "leader_url": self.leader_url(),
             "commit_index": status["commit"],
-            "applied_index": self.replica.applied_index(),
-            "lease_remaining_ms": max(0, status["lease_remaining_ms"]) if self.raft.is_leader else 0,
+            "applied_index": self.replica.reads.applied_index(),
+            "lease_remaining_ms": view.lease_remaining_ms(),
             "insecure": self.config.insecure or not self.config.auth_enabled,
             "durability": self.config.durability,
             "members": [
@@ -303,19 +320,22 @@ class NodeServer:
         }
 
     def metrics_state(self) -> dict[str, Any]:
-        status = self.raft.status()
-        stats = self.replica.engine.stats()
+        view = self.raft.view
+        stats = self.replica.reads.stats()
         leader = self.leader
         return {
-            "dex_raft_term": status["term"],
-            "dex_raft_is_leader": int(self.raft.is_leader),
+            "dex_raft_term": view.term,
+            "dex_raft_is_leader": int(view.is_leader),
             "dex_active": int(self.is_ready()),
-            "dex_raft_commit_index": status["commit"],
-            "dex_raft_applied_index": self.replica.applied_index(),
-            "dex_lease_remaining_seconds": max(0, status["lease_remaining_ms"]) / 1000 if self.raft.is_leader else 0,
+            "dex_raft_commit_index": view.commit,
+            "dex_raft_applied_index": self.replica.reads.applied_index(),
+            "dex_lease_remaining_seconds": view.lease_remaining_ms() / 1000,
+            "dex_raft_leader_contact_gap_max_seconds": self.raft.node.metrics.leader_contact_gap_max_ms / 1000,
             "dex_timers_pending": stats["timers_pending"],
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
-            "dex_raft_leader_changes_total": self.raft.metrics.leader_changes,
+            "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
+            "dex_http_requests_in_flight": self.admission.in_flight,
+            "dex_http_requests_shed_total": self.admission.shed_total,
             "steps_queued": stats["steps_queued"],
             "sessions": stats["sessions"],
             "tool_calls": stats["tool_calls"],

@@ -51,9 +51,22 @@ def use_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+# A node whose Raft loop died (e.g. fsync failed with EIO) exits with this code.
+FATAL_EXIT_CODE = 70
+
+
+def exit_on_fatal(exc: BaseException) -> None:
+    """The Raft loop died (its log may not be durable): exit now, non-zero, so that the
+    supervisor (systemd, Kubernetes) restarts the node, which then recovers from its log.
+    Runs on the Raft thread: the HTTP loop may be busy, and must not delay this."""
+    log.critical("the Raft loop stopped (%s: %s): exiting with code %d", type(exc).__name__, exc, FATAL_EXIT_CODE)
+    logging.shutdown()
+    os._exit(FATAL_EXIT_CODE)
+
+
 async def serve(config: ServerConfig, on_started: Callable[[NodeServer], None] | None = None) -> None:
     """Run one node until SIGTERM/SIGINT; a second signal stops without draining."""
-    node = NodeServer(config)
+    node = NodeServer(config, on_fatal=exit_on_fatal)
     await node.start()
     if on_started is not None:
         on_started(node)

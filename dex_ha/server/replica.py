@@ -1,16 +1,19 @@
 """The engine as this node's Raft state machine, plus a signal that wakes whoever waits
 for the state to change (long polls, SSE streams, the timer and drain loops).
 
-Everything here runs on the node's event loop: the Raft loop applies committed entries
-through `apply_batch`, and then `changed` wakes the waiters, who re-read the engine.
+Two threads use it. The Raft thread applies committed entries through `apply_batch` (and
+restores snapshots) on the engine's own connection. The HTTP side reads through `reads`, an
+EngineReader with a connection of its own, and waits on `changed`, which `apply_batch`
+notifies on the HTTP side's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Callable
 
-from dex_ha.engine import ApplyResult, Engine
+from dex_ha.engine import ApplyResult, Engine, EngineReader
 
 
 class ChangeSignal:
@@ -54,16 +57,39 @@ class ChangeSignal:
 
 
 class Replica:
-    """The Raft StateMachine protocol over an Engine, with a change signal."""
+    """The Raft StateMachine protocol over an Engine, with a change signal.
+
+    `engine` is for the Raft thread only; everything else reads through `reads`.
+    """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.reads: EngineReader = engine.reader()
         self.changed = ChangeSignal()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._notify_scheduled = threading.Event()
+
+    def notify_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Changes are signalled on `loop` (the HTTP side's), whichever thread applied them."""
+        self._loop = loop
 
     def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult]:
         results = self.engine.apply_batch(entries)
-        self.changed.notify()
+        self._signal_change()
         return results
+
+    def _signal_change(self) -> None:
+        """Wake `changed` on its loop. Many applies in a row need only one wake-up: the
+        waiters re-read the state, which by then includes all of them."""
+        if self._loop is None:
+            self.changed.notify()
+        elif not self._notify_scheduled.is_set():
+            self._notify_scheduled.set()
+            self._loop.call_soon_threadsafe(self._notify_now)
+
+    def _notify_now(self) -> None:
+        self._notify_scheduled.clear()  # before notify: an apply from now on schedules anew
+        self.changed.notify()
 
     def applied_index(self) -> int:
         return self.engine.applied_index()
@@ -73,7 +99,8 @@ class Replica:
 
     def restore(self, data: bytes, index: int) -> None:
         self.engine.restore(data, index)
-        self.changed.notify()
+        self._signal_change()
 
     def close(self) -> None:
+        self.reads.close()
         self.engine.close()

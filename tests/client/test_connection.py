@@ -109,6 +109,22 @@ async def test_503_without_leader_rotates_through_the_list(nodes: list[FakeNode]
     assert [len(n.requests_to("/v1/echo")) for n in (standby1, standby2, active)] == [1, 1, 1]
 
 
+async def test_overloaded_keeps_a_multi_url_connection_on_the_active_node_and_backs_off(
+        nodes: list[FakeNode]) -> None:
+    active, standby, _ = nodes
+    fake = FakeSleep()
+    overloaded = Fault("status", 503, {"error": "overloaded", "message": "at its bound"}, {"Retry-After": "1"})
+    async with Connection([active.url, standby.url], sleep=fake, rng=LowerBoundRng()) as conn:
+        active.add_faults(overloaded, overloaded)
+        answer = await conn.request("GET", "/v1/echo")
+        assert answer["ok"] is True
+        assert conn.current_url == active.url
+    # The busy node IS the active node: no request went to a standby, and each retry waited.
+    assert len(active.requests_to("/v1/echo")) == 3
+    assert standby.requests == []
+    assert len(fake.sleeps) == 2 and all(s > 0 for s in fake.sleeps)
+
+
 async def test_single_url_stays_put_and_retries_until_the_node_is_active(nodes: list[FakeNode]) -> None:
     _, standby, _ = nodes
     fake = FakeSleep()

@@ -85,7 +85,9 @@ def test_every_route_documents_the_statuses_it_can_answer(route):
     assert (401 in statuses) == (403 in statuses) == (route.roles is not None)
     assert (413 in statuses) == (route.body is not None)
     assert (400 in statuses) == bool(route.body is not None or route.query or route.path_params or route.headers)
-    assert (503 in statuses) == (route.active_only or route.name == "readyz")
+    assert (503 in statuses) == (route.active_only or route.bounded or route.name == "readyz")
+    if route.bounded:
+        assert "overloaded" in route.responses[503], "admission control may shed it"
     if route.path_params and route.roles is not None and route.method != "PUT":  # PUT creates what it names
         assert 404 in statuses, "an id in the path can name nothing"
     assert all(isinstance(text, str) and text for text in route.responses.values())

@@ -1,0 +1,215 @@
+"""A RaftNode on its own thread and event loop, so that load elsewhere cannot delay it.
+
+Why a thread: a node's HTTP side can be flooded (thousands of connections, a scrape storm).
+If ticks, heartbeats and the transport share its event loop, a burst delays heartbeats past
+the election timeout and the cluster fails over: the worst answer to load. On its own loop,
+the Raft node wakes for its ticks and messages whatever the HTTP loop is doing; Python's
+GIL hands it the interpreter within `sys.getswitchinterval()` of its asking, which is small
+against the heartbeat interval. (A separate process would isolate it from the GIL too, but
+every read of the state and every proposal would then cross a process boundary.)
+
+The HTTP side (the *caller's* loop) talks to the node only through this class:
+
+- `view`: the `RaftView` the node publishes after each change (term, role, leader, lease
+  end, commit index). Reading it is one attribute read; no lock, no call into the core.
+- `propose`, `change_membership`, `transfer_leadership`, `status`: the request runs on the
+  Raft loop, and its answer comes back on the caller's loop.
+- `on_leader_change` and `on_fatal` are called on the caller's loop and on the Raft thread
+  respectively (a fatal error must end the process even while the caller's loop is busy).
+
+The state machine is applied on the Raft thread; it must allow reads from the caller's
+thread meanwhile (the engine reads through its own SQLite connection, see
+dex_ha.engine.EngineReader).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from typing import Any, Awaitable, Callable, TypeVar
+
+from .core import NotLeader
+from .node import Member, NodeConfig, RaftNode, RaftView, StateMachine
+from .types import ConfChange, EntryType
+
+log = logging.getLogger("dex_ha.raft.threaded")
+
+T = TypeVar("T")
+
+
+class _ReplyToLoop:
+    """Carries a proposal's outcome from the Raft thread to a future on the caller's loop.
+
+    Outcomes are buffered and handed over in one `call_soon_threadsafe` per batch: under
+    load one Ready settles hundreds of proposals, and one wake-up of the caller's loop per
+    batch costs far less than one per proposal.
+    """
+
+    __slots__ = ("future", "_outbox")
+
+    def __init__(self, future: asyncio.Future[Any], outbox: _Outbox) -> None:
+        self.future = future
+        self._outbox = outbox
+
+    def done(self) -> bool:
+        return self.future.done()  # a read of the caller's future: at worst stale, never wrong
+
+    def set_result(self, result: Any) -> None:
+        self._outbox.put(self.future, result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._outbox.put(self.future, None, exc)
+
+
+class _Outbox:
+    """Outcomes waiting to be set on the caller's loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        self._lock = threading.Lock()
+
+    def put(self, future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+        with self._lock:
+            self._items.append((future, result, exc))
+            first = len(self._items) == 1
+        if first:  # one wake-up per batch: later puts join the batch until it is delivered
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for future, result, exc in items:
+            if future.done():  # the caller gave up (its request was cancelled)
+                continue
+            if exc is None:
+                future.set_result(result)
+            else:
+                future.set_exception(exc)
+
+
+class RaftThread:
+    """Runs `RaftNode(config, state_machine)` on a thread of its own (see the module doc)."""
+
+    def __init__(self, config: NodeConfig, state_machine: StateMachine, *,
+                 on_leader_change: Callable[[str], None] | None = None,
+                 on_fsync: Callable[[float], None] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+        self._on_leader_change = on_leader_change
+        self._on_fatal = on_fatal
+        self.node = RaftNode(config, state_machine, on_leader_change=self._leader_changed,
+                             on_fsync=on_fsync, on_fatal=self._fatal)
+        self._caller_loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._outbox: _Outbox | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start the thread and the node on it; returns once the node listens."""
+        self._caller_loop = asyncio.get_running_loop()
+        self._outbox = _Outbox(self._caller_loop)
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(started,), name=f"raft-{self.node.id}",
+                                        daemon=True)
+        self._thread.start()
+        await asyncio.wrap_future(started)
+
+    def _run(self, started: concurrent.futures.Future[None]) -> None:
+        loop = self._loop = _new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self.node.start())
+        except BaseException as exc:
+            started.set_exception(exc)
+            loop.close()
+            return
+        started.set_result(None)
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+
+    async def stop(self) -> None:
+        """Stop the node, then its loop and thread."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or loop.is_closed():
+            return
+        try:
+            await self._on_raft_loop(self.node.stop())
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            await asyncio.to_thread(thread.join)
+
+    # ------------------------------------------------------------------ reads
+
+    @property
+    def id(self) -> str:
+        return self.node.id
+
+    @property
+    def view(self) -> RaftView:
+        return self.node.view
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self.node.failure
+
+    def members(self) -> dict[str, Member]:
+        return self.node.members()  # a copy, replaced as a whole on the Raft thread
+
+    async def status(self) -> dict[str, Any]:
+        """The core's full status (members, progress), read on the Raft loop."""
+        return await self._call(self.node.status)
+
+    # ------------------------------------------------------------------ requests
+
+    async def propose(self, data: bytes) -> Any:
+        """Replicate `data`, apply it, and return the state machine's result (see RaftNode.propose)."""
+        view = self.view
+        if not view.is_leader:
+            raise NotLeader(view.leader_id)
+        assert self._loop is not None and self._outbox is not None and self._caller_loop is not None
+        future: asyncio.Future[Any] = self._caller_loop.create_future()
+        self._loop.call_soon_threadsafe(self.node.enqueue, data, EntryType.NORMAL,
+                                        _ReplyToLoop(future, self._outbox))
+        return await future
+
+    async def change_membership(self, cc: ConfChange) -> None:
+        await self._on_raft_loop(self.node.change_membership(cc))
+
+    async def transfer_leadership(self, to: str) -> None:
+        await self._call(self.node.transfer_leadership, to)
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _on_raft_loop(self, coro: Awaitable[T]) -> T:
+        assert self._loop is not None
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))  # type: ignore[arg-type]
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        async def call() -> T:
+            return fn(*args)
+
+        return await self._on_raft_loop(call())
+
+    def _leader_changed(self, leader_id: str) -> None:  # on the Raft thread
+        if self._on_leader_change is not None and self._caller_loop is not None:
+            self._caller_loop.call_soon_threadsafe(self._on_leader_change, leader_id)
+
+    def _fatal(self, exc: BaseException) -> None:  # on the Raft thread
+        if self._on_fatal is not None:
+            self._on_fatal(exc)
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()

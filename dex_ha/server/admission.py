@@ -1,0 +1,39 @@
+"""Admission control: a bound on the HTTP requests a node works on at once.
+
+Past the bound a request is answered at once with 503 `overloaded` and `Retry-After`, before
+its token is checked or its body read: shedding must cost less than serving. The answer is
+distinct from `not_active` (the node IS the active node, only busy), so SDKs back off and
+retry on the same node instead of looking for another.
+
+Probes (`/livez`, `/readyz`) are never shed: a load balancer that saw them fail would take
+the active node out of service, the worst answer to load. Long-lived requests (Worker long
+polls, SSE streams) are not counted either: they wait far more than they work, and the cap
+on open connections bounds them (see RouteSpec.bounded).
+"""
+
+from __future__ import annotations
+
+# Seconds a shed client should wait; the SDKs add jitter and cap their backoff.
+OVERLOADED_RETRY_AFTER_S = "1"
+
+
+class Admission:
+    """Counts the bounded requests in flight; `try_enter` refuses past `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit: must be at least 1")
+        self.limit = limit
+        self.in_flight = 0
+        self.shed_total = 0
+
+    def try_enter(self) -> bool:
+        """Take a slot; False (and one more shed) when all `limit` slots are taken."""
+        if self.in_flight >= self.limit:
+            self.shed_total += 1
+            return False
+        self.in_flight += 1
+        return True
+
+    def leave(self) -> None:
+        self.in_flight -= 1

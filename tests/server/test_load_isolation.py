@@ -1,0 +1,140 @@
+"""Load must never cost the active node its lease (issue: hold under overload).
+
+- The Raft node runs on its own thread: an HTTP event loop that is busy (here: blocked
+  outright, far past the election timeout) neither lets the lease lapse nor starts an
+  election.
+- Admission control: past `max_inflight_requests` a request is answered at once with 503
+  `overloaded` and Retry-After; probes are never shed; the node stays the active node.
+- /metrics is rendered at most once a second, whatever the scrape rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from dex_ha.server.metrics import RENDER_INTERVAL_S, ServerMetrics
+from tests.server.node_fixture import CLIENT_TOKEN, ClusterPlan, base_url, single_node_config, wait_until
+
+BLOCK_S = 1.5  # the HTTP loop is blocked this long: far past every election timeout below
+
+
+def block_the_event_loop(seconds: float) -> None:
+    """What a CPU-bound burst of requests does to the loop, in its purest form."""
+    time.sleep(seconds)
+
+
+async def test_a_blocked_http_loop_keeps_the_lease_of_a_single_node(tmp_path: Path, nodes):
+    node = await nodes(single_node_config(tmp_path))  # election timeout 150-300 ms (dev)
+    term = node.raft.view.term
+    block_the_event_loop(BLOCK_S)
+    # Checked before the loop runs anything: the Raft thread kept the lease fresh meanwhile.
+    assert node.raft.view.lease_valid(), "the lease lapsed while the HTTP loop was busy"
+    assert node.is_ready()
+    assert node.raft.view.term == term
+
+
+async def test_a_blocked_http_loop_moves_neither_term_nor_leader_in_a_cluster(tmp_path: Path, nodes):
+    plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    # All three nodes share this test's event loop (each has its own Raft thread), so the
+    # block below stalls every node's HTTP side at once.
+    cluster = [await nodes(plan.config(nid), wait_ready=False) for nid in plan.http_ports]
+
+    async def one_active():
+        ready = [n for n in cluster if n.is_ready()]
+        return ready[0] if len(ready) == 1 else None
+
+    active = await wait_until(one_active, timeout_s=10, what="an active node")
+    term, leader = active.raft.view.term, active.raft.view.leader_id
+    block_the_event_loop(BLOCK_S)  # 5x the 300 ms election timeout minimum
+    assert active.raft.view.lease_valid(), "the active node's lease lapsed while its HTTP loop was busy"
+    assert [n.raft.view.term for n in cluster] == [term] * 3, "an election ran while the HTTP loop was busy"
+    assert {n.raft.view.leader_id for n in cluster} == {leader}
+    gap = max(n.raft.node.metrics.leader_contact_gap_max_ms for n in cluster if n is not active)
+    assert gap < 300 / 2, f"a follower went {gap} ms without a message from the leader"
+
+
+async def _hold_a_slot(url: str, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A POST whose body never finishes arriving: its handler waits for the body, in flight."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write((f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {CLIENT_TOKEN}\r\n"
+                  f"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{").encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def _in_flight(node, n: int) -> bool:
+    return node.admission.in_flight == n
+
+
+async def test_past_the_bound_requests_get_overloaded_at_once_and_probes_still_pass(tmp_path: Path, nodes):
+    node = await nodes(single_node_config(tmp_path, max_inflight_requests=2))
+    url = base_url(node)
+    held = [await _hold_a_slot(url, "/v1/sessions") for _ in range(2)]
+    await wait_until(lambda: _in_flight(node, 2), timeout_s=5, what="both slow requests in flight")
+    headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        async with session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers) as r:
+            body = await r.json()
+            assert (r.status, body["error"]) == (503, "overloaded"), body
+            assert r.headers["Retry-After"] == "1"
+        async with session.get(url + "/v1/sessions", headers=headers) as r:
+            assert (r.status, (await r.json())["error"]) == (503, "overloaded")
+        assert time.monotonic() - started < 2, "shedding must answer at once, not queue"
+        for probe in ("/livez", "/readyz"):
+            async with session.get(url + probe) as r:
+                assert r.status == 200, f"{probe} was shed"
+        assert node.is_ready(), "a node at its bound is still the active node"
+        for _, writer in held:  # the slow clients go away: their slots come back
+            writer.close()
+        await wait_until(lambda: _in_flight(node, 0), timeout_s=5, what="the slots to be given back")
+        async with session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers) as r:
+            assert r.status == 201, await r.text()
+        async with session.get(url + "/metrics") as r:
+            text = await r.text()
+    assert "dex_http_requests_shed_total 2.0" in text, "the shed requests are counted"
+
+
+async def test_a_long_poll_does_not_take_a_slot(tmp_path: Path, nodes):
+    node = await nodes(single_node_config(tmp_path, max_inflight_requests=1))
+    url = base_url(node)
+    headers = {"Authorization": "Bearer worker-token-routes-0123456789"}
+    async with aiohttp.ClientSession() as session:
+        poll = asyncio.ensure_future(session.post(url + "/v1/worker/poll", headers=headers,
+                                                  json={"worker_id": "w1", "agents": ["a"], "wait_ms": 3000}))
+        await wait_until(lambda: _waiting_polls(node), timeout_s=5, what="the long poll to wait")
+        async with session.post(url + "/v1/sessions", json={"agent": "a"},
+                                headers={"Authorization": f"Bearer {CLIENT_TOKEN}"}) as r:
+            assert r.status == 201, await r.text()
+        response = await poll
+        response.release()
+
+
+async def _waiting_polls(node) -> bool:
+    return node.leader is not None and node.leader.waiting_polls() == 1
+
+
+def test_metrics_are_rendered_at_most_once_per_interval():
+    now = [100.0]
+    metrics = ServerMetrics(clock=lambda: now[0])
+    metrics.count_request("get_session", 200)
+    first = metrics.render_cached()
+    metrics.count_request("get_session", 200)
+    assert metrics.render_cached() is first, "a second scrape within the interval renders again"
+    now[0] += RENDER_INTERVAL_S
+    fresh = metrics.render_cached()
+    assert fresh != first and b'code="200",route="get_session"} 2.0' in fresh
+
+
+@pytest.mark.parametrize("limit", [0, -3])
+def test_the_bound_must_be_positive(tmp_path: Path, limit: int):
+    from dex_ha.server.config import ConfigError
+
+    with pytest.raises(ConfigError, match="max_inflight_requests"):
+        single_node_config(tmp_path, max_inflight_requests=limit).check()
