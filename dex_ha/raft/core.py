@@ -1148,6 +1148,11 @@ class RaftCore:
         start = acks[quorum - 1]
         return start + self._cfg.election_timeout_min_ms - self._cfg.lease_drift_margin_ms
 
+    def lease_end_ms(self) -> int | None:
+        """When this leader's lease ends (its own clock), or None when it holds none: not
+        the leader, not yet active in its term, lease given up, or no quorum of acks."""
+        return self._lease_end_ms()
+
     def lease_valid(self, now_ms: int) -> bool:
         """May this node act as the active node at `now_ms` (its own clock)?"""
         end = self._lease_end_ms()

@@ -149,13 +149,19 @@ class RaftView:
     lease_end_ms: int | None  # on the `now_ms()` clock; None: no valid lease
     commit: int
     voter: bool  # this node is a voting member
+    # The only voter (`dex-ha dev`): no other node can be elected without a membership
+    # change that this leader commits itself, so its lease, once established in its term,
+    # does not run out with time. (A starved thread must not make a lone node inactive.)
+    sole_voter: bool = False
 
     @property
     def is_leader(self) -> bool:
         return self.role == Role.LEADER
 
     def lease_valid(self, at_ms: int | None = None) -> bool:
-        return self.lease_end_ms is not None and (now_ms() if at_ms is None else at_ms) < self.lease_end_ms
+        if self.lease_end_ms is None or not self.is_leader:
+            return False
+        return self.sole_voter or (now_ms() if at_ms is None else at_ms) < self.lease_end_ms
 
     def lease_remaining_ms(self) -> int:
         return 0 if self.lease_end_ms is None else max(0, self.lease_end_ms - now_ms())
@@ -466,11 +472,11 @@ class RaftNode:
         self._note_leader()
 
     def _current_view(self) -> RaftView:
-        core, now = self.core, _monotonic_ms()
-        remaining = core.lease_remaining_ms(now)
-        return RaftView(term=core.term, role=core.role, leader_id=core.leader_id,
-                        lease_end_ms=now + remaining if core.lease_valid(now) else None,
-                        commit=core.commit_index, voter=self.config.id in core.conf_state.voters)
+        core = self.core
+        voters = core.conf_state.voters
+        return RaftView(term=core.term, role=core.role, leader_id=core.leader_id, lease_end_ms=core.lease_end_ms(),
+                        commit=core.commit_index, voter=self.config.id in voters,
+                        sole_voter=tuple(voters) == (self.config.id,))
 
     def _take_proposals(self) -> None:
         while self._proposals:
