@@ -280,8 +280,11 @@ async def start_cluster(root: Path, registry: ProcessRegistry, nodes: int = 3) -
         cluster_dir = root / f"cluster-{attempt}"  # a failed `up` leaves a layout that a retry may not reuse
         http_base = consecutive_free_ports(nodes)
         raft_base = consecutive_free_ports(nodes, avoid=set(range(http_base, http_base + nodes)))
+        probe_base = consecutive_free_ports(nodes, avoid=set(range(http_base, http_base + nodes))
+                                            | set(range(raft_base, raft_base + nodes)))
         command = cli_command("cluster", "up", "--nodes", str(nodes), "--dir", str(cluster_dir),
-                              "--base-port", str(http_base), "--raft-base-port", str(raft_base))
+                              "--base-port", str(http_base), "--raft-base-port", str(raft_base),
+                              "--probe-base-port", str(probe_base))
         try:
             done = await asyncio.to_thread(subprocess.run, command, cwd=REPO_ROOT, check=False,
                                            capture_output=True, text=True, timeout=START_DEADLINE_S + 30,

@@ -94,6 +94,8 @@ def _add_cluster_parser(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--dir", default="./dex-cluster", help="configs, data, logs and pids (default ./dex-cluster)")
     up.add_argument("--base-port", type=_positive_int, default=8801, help="HTTP port of n1; n2 gets +1, … (8801)")
     up.add_argument("--raft-base-port", type=_positive_int, default=9801, help="Raft port of n1, then +1 (9801)")
+    up.add_argument("--probe-base-port", type=_positive_int, default=10801,
+                    help="probe port (/livez, /readyz) of n1, then +1 (10801)")
     up.add_argument("--relaxed", action="store_true", help="durability relaxed: no fsync (tests, demos)")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the active node (60)")
     down = actions.add_parser("down", help="stop the nodes that `cluster up` started (SIGTERM, then SIGKILL)")
@@ -218,7 +220,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             return 0
         http_ports = cli_cluster.contiguous_ports(args.base_port, args.nodes, "--base-port")
         raft_ports = cli_cluster.contiguous_ports(args.raft_base_port, args.nodes, "--raft-base-port")
-        plan = cli_cluster.plan_cluster(Path(args.dir), http_ports, raft_ports,
+        probe_ports = cli_cluster.contiguous_ports(args.probe_base_port, args.nodes, "--probe-base-port")
+        plan = cli_cluster.plan_cluster(Path(args.dir), http_ports, raft_ports, probe_ports,
                                         durability="relaxed" if args.relaxed else "strict")
         result = cli_cluster.cluster_up(plan, timeout_s=args.timeout)
     except ValueError as exc:

@@ -62,6 +62,7 @@ class NodePlan:
     http_port: int
     raft_port: int
     cluster_dir: Path
+    probe_port: int  # /livez and /readyz on their own thread (server/probes.py)
 
     @property
     def url(self) -> str:
@@ -104,7 +105,7 @@ class ClusterPlan:
 
     def layout(self) -> dict[str, object]:
         """What must match for a second `up` to restart the same cluster on its data."""
-        return {"nodes": [[n.node_id, n.http_port, n.raft_port] for n in self.nodes],
+        return {"nodes": [[n.node_id, n.http_port, n.raft_port, n.probe_port] for n in self.nodes],
                 "durability": self.durability, "drain_timeout_ms": self.drain_timeout_ms}
 
 
@@ -115,23 +116,23 @@ def contiguous_ports(base: int, count: int, what: str) -> list[int]:
     return [base + i for i in range(count)]
 
 
-def plan_cluster(cluster_dir: Path, http_ports: list[int], raft_ports: list[int], *,
+def plan_cluster(cluster_dir: Path, http_ports: list[int], raft_ports: list[int], probe_ports: list[int], *,
                  durability: str = "strict", drain_timeout_ms: int | None = None) -> ClusterPlan:
-    """The plan of a cluster with one node per port pair (ids n1, n2, …).
+    """The plan of a cluster with one node per HTTP, Raft and probe port (ids n1, n2, …).
 
     When `cluster_dir` already holds a cluster, its secret and tokens are kept (the nodes
     restart on their data); a different layout there is refused, since the nodes' Raft
     logs remember the old members.
     """
-    if len(http_ports) != len(raft_ports) or not http_ports:
-        raise ValueError("http_ports and raft_ports: need one of each per node, at least one node")
+    if not (len(http_ports) == len(raft_ports) == len(probe_ports)) or not http_ports:
+        raise ValueError("http_ports, raft_ports and probe_ports: need one of each per node, at least one node")
     if durability not in ("strict", "relaxed"):
         raise ValueError(f"durability must be strict or relaxed, not {durability!r}")
-    if len(set(http_ports) | set(raft_ports)) != 2 * len(http_ports):
-        raise ValueError("ports: the HTTP and Raft port ranges overlap; choose bases further apart")
+    if len(set(http_ports) | set(raft_ports) | set(probe_ports)) != 3 * len(http_ports):
+        raise ValueError("ports: the HTTP, Raft and probe port ranges overlap; choose bases further apart")
     cluster_dir = cluster_dir.resolve()
-    nodes = tuple(NodePlan(f"n{i + 1}", http, raft, cluster_dir)
-                  for i, (http, raft) in enumerate(zip(http_ports, raft_ports)))
+    nodes = tuple(NodePlan(f"n{i + 1}", http, raft, cluster_dir, probe)
+                  for i, (http, raft, probe) in enumerate(zip(http_ports, raft_ports, probe_ports)))
     # Hex, not urlsafe: a token that starts with "-" reads as an option on a command line.
     fresh = ClusterPlan(cluster_dir, nodes, durability, secrets.token_hex(32),
                         {role: secrets.token_hex(24) for role in ROLES}, drain_timeout_ms)
@@ -158,7 +159,8 @@ def _describe_layout(layout: object) -> str:
     if not isinstance(layout, dict):
         return "an unreadable layout"
     nodes = layout.get("nodes") or []
-    ports = ", ".join(f"{n[0]} http {n[1]} raft {n[2]}" for n in nodes if isinstance(n, list) and len(n) == 3)
+    ports = ", ".join(f"{n[0]} http {n[1]} raft {n[2]}" + (f" probes {n[3]}" if len(n) > 3 else "")
+                      for n in nodes if isinstance(n, list) and len(n) >= 3)
     return f"{len(nodes)} nodes: {ports}; durability {layout.get('durability')}"
 
 
@@ -176,6 +178,7 @@ def node_toml(plan: ClusterPlan, node: NodePlan) -> str:
         f"http_listen = {q(f'{HOST}:{node.http_port}')}",
         f"url = {q(node.url)}",
         f"raft_listen = {q(node.raft_addr)}",
+        f"probe_listen = {q(f'{HOST}:{node.probe_port}')}",
         f"durability = {q(plan.durability)}",
         f"cluster_secret = {q(plan.cluster_secret)}",
     ]
@@ -258,7 +261,7 @@ def _bindable(port: int) -> bool:
 def check_ports_free(plan: ClusterPlan) -> None:
     """ClusterError naming the first port of the plan that something else listens on."""
     for node in plan.nodes:
-        for port, what in ((node.http_port, "HTTP"), (node.raft_port, "Raft")):
+        for port, what in ((node.http_port, "HTTP"), (node.raft_port, "Raft"), (node.probe_port, "probes")):
             with socket.socket() as s:
                 # As the node's own listeners do: a port left in TIME_WAIT is free to use.
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -266,7 +269,8 @@ def check_ports_free(plan: ClusterPlan) -> None:
                     s.bind((HOST, port))
                 except OSError as exc:
                     raise ClusterError(f"port {port} ({what} of {node.node_id}) is taken ({exc.strerror}); "
-                                       f"choose other ports with --base-port / --raft-base-port") from None
+                                       f"choose other ports with --base-port / --raft-base-port / "
+                                       f"--probe-base-port") from None
 
 
 def node_env() -> dict[str, str]:

@@ -278,8 +278,9 @@ class DemoOutcome:
 
 
 async def start_cluster(cluster_dir: Path, procs: DemoProcesses, timeline: Timeline, out: TextIO) -> ClusterPlan:
-    ports = free_ports(6)
-    plan = plan_cluster(cluster_dir, ports[:3], ports[3:], durability="relaxed", drain_timeout_ms=DRAIN_TIMEOUT_MS)
+    ports = free_ports(9)
+    plan = plan_cluster(cluster_dir, ports[:3], ports[3:6], ports[6:], durability="relaxed",
+                        drain_timeout_ms=DRAIN_TIMEOUT_MS)
     check_ports_free(plan)
     write_cluster_files(plan)
     print(f"starting 3 nodes in {plan.cluster_dir} …", file=out, flush=True)

@@ -172,15 +172,11 @@ async def openapi(api: Api, args: dict[str, Any], request: web.Request) -> Answe
 
 
 async def livez(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    return 200, {"status": "alive", "node_id": api.node.config.node_id}
+    return 200, api.node.liveness()
 
 
 async def readyz(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    node = api.node
-    if node.is_ready():
-        return 200, {"status": "ready", "node_id": node.config.node_id, "role": "active"}
-    raise ApiError(503, "not_ready", f"node {node.config.node_id} is {node.role()}, not the active node",
-                   leader_url=node.leader_url(), role=node.role())
+    return api.node.readiness()
 
 
 async def metrics(api: Api, args: dict[str, Any], request: web.Request) -> Answer:

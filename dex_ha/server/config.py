@@ -7,6 +7,7 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     http_listen = "0.0.0.0:8801"
     url = "http://10.0.0.1:8801"          # how clients and peers reach this node (leader_url)
     raft_listen = "0.0.0.0:9801"
+    probe_listen = "0.0.0.0:8802"         # /livez and /readyz on a thread of their own (probes.py)
     durability = "strict"                 # strict (fsync) | relaxed (tests, demos)
     cluster_secret = "…"                  # or cluster_secret_file = "/etc/dex-ha/secret"
     join = false                          # true: a new node that joins a running cluster as a learner
@@ -29,7 +30,7 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     url = "http://10.0.0.1:8801"
 
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
-DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
+DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
 DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LOG_JSON,
 DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated).
@@ -67,6 +68,9 @@ class ServerConfig:
     url: str
     raft_listen: Address
     peers: tuple[Peer, ...]
+    # Where load balancers and kubelets probe /livez and /readyz, answered on a thread of
+    # its own so that a flood of API requests cannot make them time out. None: API port only.
+    probe_listen: Address | None = None
     durability: str = "strict"
     cluster_secret: str | None = None
     tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -150,7 +154,7 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None, *,
 
 
 ENV_KEYS = {
-    "node_id": str, "data_dir": str, "http_listen": str, "url": str, "raft_listen": str,
+    "node_id": str, "data_dir": str, "http_listen": str, "url": str, "raft_listen": str, "probe_listen": str,
     "durability": str, "cluster_secret": str, "join": bool, "heartbeat_timeout_ms": int,
     "drain_timeout_ms": int, "max_inflight_requests": int, "election_timeout_min_ms": int,
     "election_timeout_max_ms": int,
@@ -218,6 +222,7 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
         node_id=str(raw["node_id"]), data_dir=Path(raw["data_dir"]), http_listen=http_listen,
         url=str(raw.get("url") or f"http://{http_listen[0]}:{http_listen[1]}").rstrip("/"),
         raft_listen=parse_address(raw["raft_listen"], "raft_listen"), peers=peers,
+        probe_listen=parse_address(raw["probe_listen"], "probe_listen") if raw.get("probe_listen") else None,
         cluster_secret=secret, tokens={r: tuple(t) for r, t in tokens.items()},
         insecure=insecure, **simple)
 

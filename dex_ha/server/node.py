@@ -27,6 +27,7 @@ from dex_ha.server.admission import Admission
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.leader import LeaderTerm, NotServing
 from dex_ha.server.metrics import ServerMetrics
+from dex_ha.server.probes import ProbeServer
 from dex_ha.server.replica import Replica
 from dex_ha.server.streams import DeltaRelay
 
@@ -73,6 +74,9 @@ class NodeServer:
         # Bind the HTTP port first: with port 0 the URL (our leader_url) is known only now.
         self._http_socket = _bind(config.http_listen)
         self.http_port: int = self._http_socket.getsockname()[1]
+        self.probes: ProbeServer | None = None
+        if config.probe_listen is not None:
+            self.probes = ProbeServer(_bind(config.probe_listen, "probes"), self.liveness, self.readiness)
         self.config = config = _with_bound_port(config, self.http_port)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True))
@@ -117,11 +121,16 @@ class NodeServer:
         # A deep accept queue: Workers open a connection per task in flight, and a dropped
         # SYN costs its request a 1 s retransmit.
         await web.SockSite(self._runner, self._http_socket, backlog=HTTP_BACKLOG).start()
+        if self.probes is not None:
+            await self.probes.start()
+            log.info("node %s answers probes (/livez, /readyz) on port %d", self.config.node_id, self.probes.port)
         log.info("node %s serves HTTP on %s:%d (raft on %s:%d, data in %s)", self.config.node_id,
                  self.config.http_listen[0], self.http_port, *self.config.raft_listen, self.config.data_dir)
 
     async def stop(self) -> None:
         self.stopping = True
+        if self.probes is not None:
+            await self.probes.stop()
         await self._stop_leader_services()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -178,6 +187,22 @@ class NodeServer:
             return not self.serving().draining
         except NotServing:
             return False
+
+    def liveness(self) -> dict[str, Any]:
+        """`/livez`: the process serves."""
+        return {"status": "alive", "node_id": self.config.node_id}
+
+    def readiness(self) -> tuple[int, dict[str, Any]]:
+        """`/readyz`: (200, …) on the active node; (503, the role and leader_url) elsewhere.
+
+        Reads only what other threads may read (the Raft view and plain attributes), so
+        the probe listener (probes.py) answers it from its own thread."""
+        node_id = self.config.node_id
+        if self.is_ready():
+            return 200, {"status": "ready", "node_id": node_id, "role": "active"}
+        role = self.role()
+        return 503, {"error": "not_ready", "message": f"node {node_id} is {role}, not the active node",
+                     "leader_url": self.leader_url(), "role": role}
 
     def role(self) -> str:
         if self.is_ready():
@@ -342,7 +367,7 @@ class NodeServer:
         }
 
 
-def _bind(address: tuple[str, int]) -> socket.socket:
+def _bind(address: tuple[str, int], what: str = "HTTP") -> socket.socket:
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -350,7 +375,7 @@ def _bind(address: tuple[str, int]) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, f"cannot listen for HTTP on {address[0]}:{address[1]}: {exc.strerror}") from None
+        raise OSError(exc.errno, f"cannot listen for {what} on {address[0]}:{address[1]}: {exc.strerror}") from None
     sock.listen(HTTP_BACKLOG)
     sock.setblocking(False)
     return sock

@@ -160,12 +160,12 @@ def test_bad_usage_exits_2(args: list[str]) -> None:
 
 
 def test_cluster_up_names_the_port_that_is_taken(tmp_path: Path) -> None:
-    base = free_port_range(6)
+    base = free_port_range(9)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", base + 4))  # the Raft port of n2
         busy.listen()
         result = run_cli("cluster", "up", "--dir", str(tmp_path / "c"), "--base-port", str(base),
-                         "--raft-base-port", str(base + 3), timeout=30)
+                         "--raft-base-port", str(base + 3), "--probe-base-port", str(base + 6), timeout=30)
     assert result.returncode == 1
     assert f"port {base + 4} (Raft of n2) is taken" in result.stderr
     assert not (tmp_path / "c" / "pids").exists()  # nothing was started
@@ -175,14 +175,15 @@ def test_cluster_up_names_the_port_that_is_taken(tmp_path: Path) -> None:
 
 
 def test_cluster_files_load_as_node_configs_and_keep_secrets_private(tmp_path: Path) -> None:
-    ports = free_ports(6)
-    plan = plan_cluster(tmp_path / "c", ports[:3], ports[3:], durability="relaxed")
+    ports = free_ports(9)
+    plan = plan_cluster(tmp_path / "c", ports[:3], ports[3:6], ports[6:], durability="relaxed")
     write_cluster_files(plan)
     for node in plan.nodes:
         config = load_config(node.config_path, env={})
         assert config.node_id == node.node_id
         assert config.http_listen == ("127.0.0.1", node.http_port)
         assert config.raft_listen == ("127.0.0.1", node.raft_port)
+        assert config.probe_listen == ("127.0.0.1", node.probe_port)
         assert [(p.id, p.raft_addr, p.url) for p in config.peers] == \
                [(n.node_id, ("127.0.0.1", n.raft_port), n.url) for n in plan.nodes]
         assert config.cluster_secret == plan.cluster_secret and config.durability == "relaxed"
@@ -195,18 +196,18 @@ def test_cluster_files_load_as_node_configs_and_keep_secrets_private(tmp_path: P
 
 
 def test_a_second_plan_for_the_same_dir_keeps_its_secrets_and_refuses_another_layout(tmp_path: Path) -> None:
-    ports = free_ports(6)
-    first = plan_cluster(tmp_path, ports[:3], ports[3:])
+    ports = free_ports(9)
+    first = plan_cluster(tmp_path, ports[:3], ports[3:6], ports[6:])
     write_cluster_files(first)
-    again = plan_cluster(tmp_path, ports[:3], ports[3:])
+    again = plan_cluster(tmp_path, ports[:3], ports[3:6], ports[6:])
     assert again.cluster_secret == first.cluster_secret and dict(again.tokens) == dict(first.tokens)
     with pytest.raises(ClusterError, match="holds another cluster"):
-        plan_cluster(tmp_path, ports[:2], ports[3:5])
+        plan_cluster(tmp_path, ports[:2], ports[3:5], ports[6:8])
 
 
 def test_check_ports_free_accepts_free_ports_and_names_a_listening_one(tmp_path: Path) -> None:
-    ports = free_ports(4)
-    plan = plan_cluster(tmp_path, ports[:2], ports[2:])
+    ports = free_ports(6)
+    plan = plan_cluster(tmp_path, ports[:2], ports[2:4], ports[4:])
     check_ports_free(plan)  # all free: no error
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", ports[1]))

@@ -55,9 +55,9 @@ class LocalCluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster_dir = tmp_path_factory.mktemp("cluster")
-    base = free_port_range(6)
+    base = free_port_range(9)
     result = run_cli("cluster", "up", "--nodes", "3", "--dir", str(cluster_dir), "--base-port", str(base),
-                     "--raft-base-port", str(base + 3), "--relaxed", timeout=90)
+                     "--raft-base-port", str(base + 3), "--probe-base-port", str(base + 6), "--relaxed", timeout=90)
     recorded = cluster_dir / "pids"
     pids = [int(line.split()[1]) for line in recorded.read_text().splitlines()] if recorded.exists() else []
     try:
@@ -92,7 +92,8 @@ def test_up_starts_three_nodes_with_exactly_one_active(cluster: LocalCluster) ->
 def test_a_second_up_on_a_running_dir_is_refused(cluster: LocalCluster) -> None:
     ports = [int(url.rsplit(":", 1)[1]) for url in cluster.urls.values()]
     result = run_cli("cluster", "up", "--dir", str(cluster.dir), "--base-port", str(ports[0]),
-                     "--raft-base-port", str(ports[0] + 3), "--relaxed", timeout=30)
+                     "--raft-base-port", str(ports[0] + 3), "--probe-base-port", str(ports[0] + 6), "--relaxed",
+                     timeout=30)
     assert result.returncode == 1
     assert "already has running nodes" in result.stderr
     assert cluster.pids() and all(not pid_gone(pid) for pid in cluster.pids().values())

@@ -69,18 +69,22 @@ def test_the_three_configs_describe_one_cluster() -> None:
 # ---------------------------------------------------------------- HAProxy
 
 
-def _haproxy_servers(text: str, backend: str) -> list[str]:
+def _haproxy_servers(text: str, backend: str) -> list[tuple[str, int]]:
+    """(address, check port) of each server line of a backend."""
     section = re.search(rf"^backend {backend}\n(.*?)(?=^\S|\Z)", text, re.MULTILINE | re.DOTALL).group(1)
-    return re.findall(r"^\s+server \S+ (\S+) check", section, re.MULTILINE)
+    return [(address, int(port)) for address, port in
+            re.findall(r"^\s+server \S+ (\S+) check port (\d+)", section, re.MULTILINE)]
 
 
-def test_haproxy_routes_to_the_node_that_answers_readyz_200() -> None:
+def test_haproxy_routes_to_the_node_that_answers_readyz_200_on_its_probe_port() -> None:
     text = (DEPLOY / "haproxy.cfg").read_text()
     assert "option httpchk GET /readyz" in text
     assert "http-check expect status 200" in text
-    node_addresses = sorted(_host_port(c.url) for c in _configs())
-    assert sorted(_haproxy_servers(text, "dex_ha_active")) == node_addresses
-    assert sorted(_haproxy_servers(text, "dex_ha_leader")) == node_addresses
+    # Traffic to the API port, checks to the probe port (answered on a thread of its own).
+    nodes = sorted((_host_port(c.url), c.probe_listen[1]) for c in _configs())
+    assert all(probe is not None for _, probe in nodes)
+    assert sorted(_haproxy_servers(text, "dex_ha_active")) == nodes
+    assert sorted(_haproxy_servers(text, "dex_ha_leader")) == nodes
 
 
 def test_haproxy_timeouts_outlast_a_long_poll_and_an_sse_keepalive() -> None:
@@ -169,14 +173,15 @@ def test_k8s_config_loads_for_every_pod_of_the_statefulset(k8s: dict, tmp_path: 
 def test_k8s_probes_and_grace_period_match_the_node(k8s: dict, tmp_path: Path) -> None:
     container = _container(k8s)
     pod_spec = k8s[("StatefulSet", "dex-ha")]["spec"]["template"]["spec"]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "probes"}
     config_path = tmp_path / "node.toml"
     config_path.write_text(k8s[("ConfigMap", "dex-ha-config")]["data"]["node.toml"])
     config = load_config(config_path, env=_pod_env(k8s, "dex-ha-0"))
     assert pod_spec["terminationGracePeriodSeconds"] > _stop_budget_s(config)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": config.http_listen[1], "raft": config.raft_listen[1]}
+    assert config.probe_listen is not None
+    assert ports == {"http": config.http_listen[1], "raft": config.raft_listen[1], "probes": config.probe_listen[1]}
     assert any(config.data_dir.is_relative_to(m["mountPath"]) for m in container["volumeMounts"]
                if m["name"] == "data")
 

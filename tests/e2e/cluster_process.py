@@ -22,10 +22,10 @@ class LocalCluster:
     def __init__(self, directory: Path, nodes: int = 3) -> None:
         self.dir = directory
         self.nodes = nodes
-        self.http_base = free_port_range(nodes)
-        self.raft_base = free_port_range(nodes)
-        while abs(self.raft_base - self.http_base) < nodes:  # the two ranges must not overlap
-            self.raft_base = free_port_range(nodes)
+        # One range of free ports: HTTP ports first, then Raft, then probes.
+        self.http_base = free_port_range(3 * nodes)
+        self.raft_base = self.http_base + nodes
+        self.probe_base = self.raft_base + nodes
         self.layout: dict = {}
 
     def run_cli(self, *args: str, timeout_s: float = 90.0) -> subprocess.CompletedProcess[str]:
@@ -35,6 +35,7 @@ class LocalCluster:
     def up(self) -> None:
         done = self.run_cli("cluster", "up", "--nodes", str(self.nodes), "--dir", str(self.dir),
                             "--base-port", str(self.http_base), "--raft-base-port", str(self.raft_base),
+                            "--probe-base-port", str(self.probe_base),
                             "--relaxed")
         assert done.returncode == 0, f"cluster up failed:\n{done.stdout}\n{done.stderr}"
         self.layout = json.loads((self.dir / LAYOUT_FILE).read_text())
@@ -53,7 +54,11 @@ class LocalCluster:
 
     @property
     def urls(self) -> dict[str, str]:
-        return {node_id: f"http://127.0.0.1:{http_port}" for node_id, http_port, _ in self.layout["layout"]["nodes"]}
+        return {node_id: f"http://127.0.0.1:{http_port}" for node_id, http_port, *_ in self.layout["layout"]["nodes"]}
+
+    @property
+    def probe_ports(self) -> dict[str, int]:
+        return {node_id: probe_port for node_id, _, _, probe_port in self.layout["layout"]["nodes"]}
 
     def pid(self, node_id: str) -> int:
         return read_pids(self.dir)[node_id]

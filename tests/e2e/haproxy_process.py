@@ -20,20 +20,21 @@ def haproxy_binary() -> str | None:
 
 
 class HAProxyProcess:
-    def __init__(self, node_ports: dict[str, int], work_dir: Path) -> None:
+    def __init__(self, node_ports: dict[str, int], probe_ports: dict[str, int], work_dir: Path) -> None:
         self.port = free_ports(1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = work_dir / "haproxy.cfg"
         self.log_path = work_dir / "haproxy.log"
-        self.config_path.write_text(self._config(node_ports))
+        self.config_path.write_text(self._config(node_ports, probe_ports))
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def _config(self, node_ports: dict[str, int]) -> str:
+    def _config(self, node_ports: dict[str, int], probe_ports: dict[str, int]) -> str:
         """The shipped file with loopback addresses: what is tested is what we ship."""
         text = SHIPPED_CONFIG.read_text().replace("bind :8800", f"bind 127.0.0.1:{self.port}")
         for i, (node_id, port) in enumerate(sorted(node_ports.items()), start=1):
-            text, n = re.subn(rf"server {node_id} 10\.0\.0\.{i}:8801", f"server {node_id} 127.0.0.1:{port}", text)
-            assert n == 2, f"deploy/haproxy.cfg has no server line for {node_id} in both backends"
+            text, n = re.subn(rf"server {node_id} 10\.0\.0\.{i}:8801 check port 8802",
+                              f"server {node_id} 127.0.0.1:{port} check port {probe_ports[node_id]}", text)
+            assert n == 2, f"deploy/haproxy.cfg has no server line for {node_id} (checks on port 8802) in both backends"
         return text
 
     def start(self) -> None:

@@ -82,7 +82,7 @@ async def addresses(request: pytest.FixtureRequest, cluster: LocalCluster,
     if haproxy_binary() is None:
         pytest.skip("haproxy is not installed (scripts/test installs it with apt-get)")
     ports = {node_id: int(url.rsplit(":", 1)[1]) for node_id, url in cluster.urls.items()}
-    proxy = HAProxyProcess(ports, tmp_path)
+    proxy = HAProxyProcess(ports, cluster.probe_ports, tmp_path)
     proxy.start()
     try:
         yield [proxy.url]

@@ -6,12 +6,17 @@
 - Admission control: past `max_inflight_requests` a request is answered at once with 503
   `overloaded` and Retry-After; probes are never shed; the node stays the active node.
 - /metrics is rendered at most once a second, whatever the scrape rate.
+- Probes on the probe port are answered from a thread of their own, never behind API requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -138,3 +143,59 @@ def test_the_bound_must_be_positive(tmp_path: Path, limit: int):
 
     with pytest.raises(ConfigError, match="max_inflight_requests"):
         single_node_config(tmp_path, max_inflight_requests=limit).check()
+
+
+def _get_in_a_thread(url: str, timeout_s: float) -> tuple[threading.Thread, dict]:
+    """GET `url` from another thread (the test's event loop is about to be blocked)."""
+    outcome: dict = {}
+
+    def get() -> None:
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as r:
+                outcome.update(status=r.status, body=json.loads(r.read()))
+        except urllib.error.HTTPError as exc:
+            outcome.update(status=exc.code, body=json.loads(exc.read()))
+        except OSError as exc:
+            outcome.update(error=repr(exc))
+        outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=get)
+    return thread, outcome
+
+
+async def test_probes_on_the_probe_port_answer_while_the_api_loop_is_busy(tmp_path: Path, nodes):
+    node = await nodes(single_node_config(tmp_path, probe_listen=("127.0.0.1", 0)))
+    assert node.probes is not None
+    probe_url = f"http://127.0.0.1:{node.probes.port}"
+    readyz, ready = _get_in_a_thread(probe_url + "/readyz", timeout_s=0.5)
+    livez, alive = _get_in_a_thread(probe_url + "/livez", timeout_s=0.5)
+    api_readyz, api_ready = _get_in_a_thread(base_url(node) + "/readyz", timeout_s=0.5)
+    for thread in (readyz, livez, api_readyz):
+        thread.start()
+    block_the_event_loop(BLOCK_S)  # the API loop answers nothing meanwhile
+    for thread in (readyz, livez, api_readyz):
+        thread.join(timeout=10)
+    assert ready.get("status") == 200 and ready["body"]["role"] == "active", ready
+    assert alive.get("status") == 200 and alive["body"]["node_id"] == "dev", alive
+    assert ready["seconds"] < BLOCK_S and alive["seconds"] < BLOCK_S
+    # The same probe on the API port had to wait for the loop (what a balancer would see).
+    assert "error" in api_ready, f"the API port answered a probe while its loop was blocked: {api_ready}"
+
+
+async def test_the_probe_port_says_not_ready_with_the_role_on_a_standby(tmp_path: Path, nodes):
+    plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    cluster = [await nodes(plan.config(nid, probe_listen=("127.0.0.1", 0)), wait_ready=False)
+               for nid in plan.http_ports]
+
+    async def one_active():
+        ready = [n for n in cluster if n.is_ready()]
+        return ready[0] if len(ready) == 1 else None
+
+    active = await wait_until(one_active, timeout_s=10, what="an active node")
+    standby = next(n for n in cluster if n is not active)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{standby.probes.port}/readyz") as r:
+            body = await r.json()
+    assert r.status == 503 and body["role"] == "standby", body
+    assert body["leader_url"] == plan.url(active.config.node_id)

@@ -1,0 +1,96 @@
+"""The probe listener: `/livez` and `/readyz` on a port and a thread of their own.
+
+Why: a load balancer (HAProxy checks every 200 ms with a short timeout) or a kubelet takes
+a node out of service when its probe does not answer in time. On the API port a probe waits
+in the same event loop as every other request; under a flood of clients it waits behind
+all of them, times out, and the balancer drops the active node: an outage caused by load.
+Here probes are answered by a small HTTP server on its own thread and event loop, from the
+Raft view and a few plain attributes (`NodeServer.readiness`), never behind API requests.
+(etcd separates its health and metrics endpoints onto another listener for the same
+reason.) The API port still serves `/livez` and `/readyz` too.
+
+Set `probe_listen` (e.g. "0.0.0.0:8802") and point the balancer's checks and the kubelet's
+probes at it; `deploy/` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import socket
+import threading
+from typing import Any, Callable
+
+from aiohttp import web
+
+log = logging.getLogger("dex_ha.server.probes")
+
+Readiness = Callable[[], tuple[int, dict[str, Any]]]
+Liveness = Callable[[], dict[str, Any]]
+
+
+class ProbeServer:
+    """Serves GET /livez and GET /readyz on `sock` from a thread of its own."""
+
+    def __init__(self, sock: socket.socket, liveness: Liveness, readiness: Readiness) -> None:
+        self._sock = sock
+        self._liveness = liveness
+        self._readiness = readiness
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._sock.getsockname()[1])
+
+    async def start(self) -> None:
+        started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(started,), name="probes", daemon=True)
+        self._thread.start()
+        await asyncio.wrap_future(started)
+
+    def _run(self, started: concurrent.futures.Future[None]) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(self._serve())
+        except BaseException as exc:
+            started.set_exception(exc)
+            loop.close()
+            return
+        started.set_result(None)
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_get("/livez", self._livez)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.SockSite(self._runner, self._sock).start()
+
+    async def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or loop.is_closed():
+            return
+        if self._runner is not None:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop))
+        loop.call_soon_threadsafe(loop.stop)
+        await asyncio.to_thread(thread.join)
+
+    async def _livez(self, request: web.Request) -> web.Response:
+        return _json(200, self._liveness())
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        return _json(*self._readiness())
+
+
+def _json(status: int, body: dict[str, Any]) -> web.Response:
+    return web.Response(status=status, text=json.dumps(body, separators=(",", ":")),
+                        content_type="application/json")
