@@ -93,13 +93,18 @@ def raise_fd_limit(needed: int) -> tuple[int, int]:
     hard limit is below `needed`.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    how = (f"raise it (`ulimit -Hn {needed}` as root, LimitNOFILE= in a systemd unit, --ulimit nofile= "
+           f"for docker) or run fewer clients")
     if hard != resource.RLIM_INFINITY and hard < needed:
-        raise LoadSetupError(
-            f"{needed} file descriptors needed (one socket per client plus {FD_HEADROOM}), but the hard "
-            f"limit RLIMIT_NOFILE is {hard}: raise it (`ulimit -Hn {needed}` as root, LimitNOFILE= in a "
-            f"systemd unit, --ulimit nofile= for docker) or run fewer clients")
-    if soft != hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        raise LoadSetupError(f"{needed} file descriptors needed (one socket per client plus {FD_HEADROOM}), "
+                             f"but the hard limit RLIMIT_NOFILE is {hard}: {how}")
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, needed)
+    if soft != wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as exc:
+            raise LoadSetupError(f"cannot raise the soft RLIMIT_NOFILE from {soft} to {wanted} ({exc}); "
+                                 f"{needed} are needed: {how}") from None
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
@@ -151,6 +156,7 @@ class LoadResult:
     p50_ms: float | None  # of accepted (2xx) answers
     p99_ms: float | None
     by_code: dict[str, int]  # "2xx", "overloaded", "not_active", "http_500", ...: answers
+    by_answer: dict[str, int]  # "200", "201", "503 overloaded", "503 not_active", ...: answers
     by_kind: dict[str, dict[str, int]]  # kind -> code -> answers
     transport_errors: dict[str, int]  # error class -> count
     transport_errors_by_kind: dict[str, dict[str, int]]
@@ -227,9 +233,11 @@ def percentile_ms(sorted_values: list[float], pct: float) -> float | None:
 
 def summarize(config: LoadConfig, tally: Tally, elapsed_s: float) -> LoadResult:
     by_code: Counter[str] = Counter()
+    by_answer: Counter[str] = Counter()
     by_kind: dict[str, Counter[str]] = {}
-    for (kind, _status, code), n in tally.answers.items():
+    for (kind, status, code), n in tally.answers.items():
         by_code[code] += n
+        by_answer[str(status) if code == "2xx" else f"{status} {code}"] += n
         by_kind.setdefault(kind, Counter())[code] += n
     errors: Counter[str] = Counter()
     errors_by_kind: dict[str, Counter[str]] = {}
@@ -241,7 +249,7 @@ def summarize(config: LoadConfig, tally: Tally, elapsed_s: float) -> LoadResult:
     return LoadResult(
         base_url=config.base_url, clients=config.clients, duration_s=round(elapsed_s, 3), answers=answers,
         answers_per_s=round(answers / elapsed_s, 1) if elapsed_s > 0 else 0.0, accepted=by_code["2xx"],
-        p50_ms=percentile_ms(latencies, 50), p99_ms=percentile_ms(latencies, 99), by_code=dict(by_code),
+        p50_ms=percentile_ms(latencies, 50), p99_ms=percentile_ms(latencies, 99), by_code=dict(by_code), by_answer=dict(by_answer),
         by_kind={k: dict(v) for k, v in by_kind.items()}, transport_errors=dict(errors),
         transport_errors_by_kind={k: dict(v) for k, v in errors_by_kind.items()},
         error_examples=dict(tally.error_examples),
