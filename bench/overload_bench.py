@@ -17,7 +17,9 @@ how many answered 503 `overloaded` (shedding: the node stays active), 503 `not_a
 term changes (from `/v1/cluster` of every node before and after: each one is an election)
 and whether the active node moved, and the largest gap between two messages from the
 leader that a follower saw (`dex_raft_leader_contact_gap_max_seconds`; "n/a" where the
-nodes do not export it, and for dev, which has no follower).
+nodes do not export it, and for dev, which has no follower). And the CPU the busiest node
+and the load generator (this process) used, in cores: on a small machine they share the
+cores, and a generator that takes one whole core limits answers/s.
 
 Targets: 0 term changes at every level; the largest follower gap below half the minimum
 election timeout (a follower starts an election after a full one).
@@ -62,6 +64,7 @@ TARGETS = {
     "term_changes": "0 at every level",
     "follower_leader_contact_gap": f"< {GAP_TARGET_S * 1000:.0f} ms (half the minimum election timeout)",
 }
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 SETTLE_DEADLINE_S = 20.0  # after the load: until one node is active again, if any
 
 
@@ -76,6 +79,9 @@ class Row:
     active_before: list[str]
     active_after: list[str]
     follower_gap_max_s: float | None
+    node_pids: list[int]
+    busiest_node_cores: float  # CPU seconds per second of load of the busiest node (1.0 = one core)
+    generator_cores: float  # the same for this process (the load generator)
 
 
 # ---------------------------------------------------------------- deployments
@@ -88,6 +94,7 @@ class Target:
     urls: dict[str, str]  # node id -> URL
     load_url: str
     token: str
+    pids: list[int]
 
 
 @asynccontextmanager
@@ -98,7 +105,8 @@ async def dev_deployment(root: Path, relaxed: bool) -> AsyncIterator[Target]:
     dev.start()
     try:
         await dev.wait_ready(deadline_s=60)
-        yield Target({"dev": dev.url}, dev.url, token)
+        assert dev.proc is not None
+        yield Target({"dev": dev.url}, dev.url, token, [dev.proc.pid])
     finally:
         dev.stop()
 
@@ -110,7 +118,8 @@ async def cluster_deployment(root: Path, relaxed: bool) -> AsyncIterator[Target]
     try:
         await asyncio.to_thread(cluster.up)
         active = await cluster.active_node(deadline_s=60)
-        yield Target(cluster.urls, cluster.urls[active], cluster.tokens["client"])
+        yield Target(cluster.urls, cluster.urls[active], cluster.tokens["client"],
+                     [cluster.pid(node_id) for node_id in cluster.urls])
     finally:
         await asyncio.to_thread(cluster.down)
 
@@ -126,14 +135,34 @@ async def measure(name: str, clients: int, args: argparse.Namespace, root: Path)
     level_dir.mkdir(parents=True)
     async with DEPLOYMENTS[name](level_dir, args.relaxed) as target:
         before = await observe(target.urls, target.token)
+        cpu_before = [cpu_seconds(pid) for pid in target.pids], own_cpu_seconds()
         result = await run_load(LoadConfig(target.load_url, target.token, clients=clients,
                                            duration_s=args.duration_s, mix=args.mix,
                                            request_timeout_s=args.request_timeout_s))
+        nodes_cpu = [b - a for a, b in zip(cpu_before[0], [cpu_seconds(pid) for pid in target.pids])]
+        generator_cpu = own_cpu_seconds() - cpu_before[1]
         after = await observe_settled(target.urls, target.token, SETTLE_DEADLINE_S)
     return Row(deployment=name, clients=clients, load=asdict(result),
                before=[asdict(n) for n in before.nodes], after=[asdict(n) for n in after.nodes],
                term_changes=term_changes(before, after), active_before=before.active, active_after=after.active,
-               follower_gap_max_s=after.largest_follower_gap_s())
+               follower_gap_max_s=after.largest_follower_gap_s(), node_pids=target.pids,
+               busiest_node_cores=round(max(nodes_cpu) / result.duration_s, 2),
+               generator_cores=round(generator_cpu / result.duration_s, 2))
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far, from /proc (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of proc(5)
+
+
+def own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def progress_line(row: Row, result: LoadResult) -> str:
@@ -162,7 +191,7 @@ def print_table(result: dict[str, Any]) -> None:
           f"{TARGETS['follower_leader_contact_gap']}")
     print(f"{'deployment':<10} {'clients':>7} {'answers':>8} {'ans/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'overloaded':>10} {'not_active':>10} {'other':>6} {'transport':>9} {'terms Δ':>7} "
-          f"{'active':>9} {'gap ms':>6}")
+          f"{'active':>9} {'gap ms':>6} {'srv cores':>9} {'gen cores':>9}")
     for row in result["rows"]:
         load = row["load"]
         other = load["answers"] - load["accepted"] - load["by_code"].get("overloaded", 0) \
@@ -172,7 +201,8 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{row['deployment']:<10} {row['clients']:>7} {load['answers']:>8} {load['answers_per_s']:>7.0f} "
               f"{fmt(load['p50_ms']):>8} {fmt(load['p99_ms']):>8} {load['by_code'].get('overloaded', 0):>10} "
               f"{load['by_code'].get('not_active', 0):>10} {other:>6} {sum(load['transport_errors'].values()):>9} "
-              f"{fmt(row['term_changes'], 'd'):>7} {moved:>9} {fmt_gap(row['follower_gap_max_s']):>6}")
+              f"{fmt(row['term_changes'], 'd'):>7} {moved:>9} {fmt_gap(row['follower_gap_max_s']):>6} "
+              f"{row['busiest_node_cores']:>9.2f} {row['generator_cores']:>9.2f}")
         if load["transport_errors"]:
             print(f"{'':<10} transport errors: {load['transport_errors']}")
     print("\ntarget                          measured      goal")
