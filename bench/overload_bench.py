@@ -40,14 +40,13 @@ import secrets
 import signal
 import sys
 import tempfile
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
-
-from contextlib import asynccontextmanager  # noqa: E402
 
 from dex_ha.server.config import ServerConfig  # noqa: E402  (the default election timeout)
 from tests.e2e.cluster_process import LocalCluster  # noqa: E402

@@ -1,11 +1,13 @@
 """Overload: a burst of clients costs the active node neither its lease nor its place.
 
-2000 concurrent clients (tests/support/http_load.py: closed loops, one keep-alive
-connection each, session GETs, session lists, creates and unauthenticated /metrics) load
-one node for 10 s:
-- a three-node cluster (`dex-ha cluster up`), loaded on its active node: afterwards every
-  node reports the term of before and the same active node (no election happened);
-- `dex-ha dev`: the one node stays active (same term), and never says `not_active`.
+2000 concurrent clients (tests/support/http_load.py: closed loops that do not wait out
+Retry-After, one keep-alive connection each, session GETs, session lists, creates and
+unauthenticated /metrics) load one node for 10 s:
+- a three-node cluster (`dex-ha cluster up`, relaxed durability as in every e2e test),
+  loaded on its active node: afterwards every node reports the term of before and the
+  same active node (no election happened);
+- `dex-ha dev` (strict durability, its default): the one node stays active (same term),
+  and never says `not_active`.
 
 In both, every answer is 2xx or 503 `overloaded` with Retry-After (the node sheds what it
 cannot serve and stays the active node), every kind of request got some 2xx answers (the
@@ -15,9 +17,9 @@ got an HTTP answer.
 Transport errors (a request with no HTTP answer) fail the test, whatever their class: a
 reset or a close without an answer is the server dropping work it accepted, and a timeout
 means a request waited more than 20 s (10 s for the connect). The connect storm of 2000
-clients at once is no excuse on a 2-core machine: the nodes listen with a deep accept
-queue, and a SYN the kernel drops anyway is retransmitted after 1 and 3 s, well within the
-connect timeout. The load generator shares the cores with the nodes, which makes answers
+clients at once is no excuse on a 2-core machine: the nodes listen with an accept queue of
+4096 (capped by net.core.somaxconn, 4096 since Linux 5.4), and a SYN the kernel drops anyway
+is retransmitted after 1 and 3 s, well within the connect timeout. The load generator shares the cores with the nodes, which makes answers
 slower but must not make them fail.
 
 How fast the node answers (answers/s, latency, the followers' heartbeat gap) is measured

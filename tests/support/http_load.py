@@ -364,7 +364,7 @@ async def run_load(config: LoadConfig) -> LoadResult:
     timeout = aiohttp.ClientTimeout(total=config.request_timeout_s, sock_connect=config.connect_timeout_s)
     # limit=0: no connection limit, so every client in flight holds its own connection.
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(),
                                      trace_configs=[counting_connections(tally)]) as http:
         target = Target.of(config, await seed_sessions(http, config))
         tally.connections_opened = 0  # count the load's connections only
