@@ -16,8 +16,10 @@ how many answered 503 `overloaded` (shedding: the node stays active), 503 `not_a
 (the node lost its lease or leadership), other non-2xx, transport errors (no HTTP answer),
 term changes (from `/v1/cluster` of every node before and after: each one is an election)
 and whether the active node moved, and the largest gap between two messages from the
-leader that a follower saw (`dex_raft_leader_contact_gap_max_seconds`; "n/a" where the
-nodes do not export it, and for dev, which has no follower). And the CPU the busiest node
+leader that a follower saw (`dex_raft_leader_contact_gap_max_seconds`, read from the
+followers every 0.25 s during the load and once after it: the gauge restarts with each
+term, so a gap that ended in an election shows only in the samples; "n/a" where the nodes
+do not export it, and for dev, which has no follower). And the CPU the busiest node
 and the load generator (this process) used, in cores: on a small machine they share the
 cores, and a generator that takes one whole core limits answers/s.
 
@@ -51,7 +53,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from dex_ha.server.config import ServerConfig  # noqa: E402  (the default election timeout)
 from tests.e2e.cluster_process import LocalCluster  # noqa: E402
 from tests.e2e.dev_process import DevProcess  # noqa: E402
-from tests.support.cluster_state import observe, observe_settled, term_changes  # noqa: E402
+from tests.support.cluster_state import FollowerGapSampler, observe, observe_settled, term_changes  # noqa: E402
 from tests.support.http_load import (  # noqa: E402
     DEFAULT_MIX, KINDS, LoadConfig, LoadResult, fds_needed, raise_fd_limit, run_load,
 )
@@ -77,7 +79,8 @@ class Row:
     term_changes: int | None
     active_before: list[str]
     active_after: list[str]
-    follower_gap_max_s: float | None
+    follower_gap_max_s: float | None  # during the load (sampled) and after it
+    follower_gap_samples: int
     node_pids: list[int]
     busiest_node_cores: float  # CPU seconds per second of load of the busiest node (1.0 = one core)
     generator_cores: float  # the same for this process (the load generator)
@@ -134,19 +137,31 @@ async def measure(name: str, clients: int, args: argparse.Namespace, root: Path)
     level_dir.mkdir(parents=True)
     async with DEPLOYMENTS[name](level_dir, args.relaxed) as target:
         before = await observe(target.urls, target.token)
+        sampler = FollowerGapSampler({n: u for n, u in target.urls.items() if u != target.load_url})
+        sampling = asyncio.create_task(sampler.run())
         cpu_before = [cpu_seconds(pid) for pid in target.pids], own_cpu_seconds()
-        result = await run_load(LoadConfig(target.load_url, target.token, clients=clients,
-                                           duration_s=args.duration_s, mix=args.mix,
-                                           request_timeout_s=args.request_timeout_s))
+        try:
+            result = await run_load(LoadConfig(target.load_url, target.token, clients=clients,
+                                               duration_s=args.duration_s, mix=args.mix,
+                                               request_timeout_s=args.request_timeout_s))
+        finally:
+            sampling.cancel()
+            await asyncio.gather(sampling, return_exceptions=True)
         nodes_cpu = [b - a for a, b in zip(cpu_before[0], [cpu_seconds(pid) for pid in target.pids])]
         generator_cpu = own_cpu_seconds() - cpu_before[1]
         after = await observe_settled(target.urls, target.token, SETTLE_DEADLINE_S)
     return Row(deployment=name, clients=clients, load=asdict(result),
                before=[asdict(n) for n in before.nodes], after=[asdict(n) for n in after.nodes],
                term_changes=term_changes(before, after), active_before=before.active, active_after=after.active,
-               follower_gap_max_s=after.largest_follower_gap_s(), node_pids=target.pids,
+               follower_gap_max_s=largest(sampler.max_gap_s, after.largest_follower_gap_s()),
+               follower_gap_samples=sampler.samples, node_pids=target.pids,
                busiest_node_cores=round(max(nodes_cpu) / result.duration_s, 2),
                generator_cores=round(generator_cpu / result.duration_s, 2))
+
+
+def largest(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def cpu_seconds(pid: int) -> float:

@@ -6,16 +6,18 @@ descriptor limit is too low."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import struct
+import time
 from typing import AsyncIterator
 
 import pytest
 from aiohttp import web
 
 from tests.support import http_load
-from tests.support.cluster_state import ClusterSnapshot, NodeState, parse_gauge, term_changes
+from tests.support.cluster_state import ClusterSnapshot, FollowerGapSampler, NodeState, parse_gauge, term_changes
 from tests.support.http_load import LoadConfig, LoadSetupError, error_code, percentile_ms, run_load
 
 TOKEN = "t" * 24
@@ -174,3 +176,26 @@ def test_terms_and_follower_gaps_from_snapshots() -> None:
     assert term_changes(before, after) == 1
     assert before.largest_follower_gap_s() == 0.05  # the active node's own value does not count
     assert after.largest_follower_gap_s() is None  # n/a: no follower exports the gauge
+
+
+async def test_the_sampler_keeps_the_largest_gap_even_after_the_gauge_restarts() -> None:
+    # A follower's gauge: 0.1 s, then 0.4 s, then a new term restarts it at 0.05 s.
+    values = iter(["0.1", "0.4", "0.05"])
+
+    async def metrics(request: web.Request) -> web.Response:
+        value = next(values, None)
+        return web.Response(text="dex_raft_term 1\n" if value is None else
+                            f"dex_raft_leader_contact_gap_max_seconds {value}\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    async for url in serve(app):
+        sampler = FollowerGapSampler({"n2": url}, interval_s=0.01)
+        task = asyncio.create_task(sampler.run())
+        deadline = time.monotonic() + 10
+        while sampler.samples < 4 and time.monotonic() < deadline:  # three values, then no gauge
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert sampler.samples >= 4
+    assert sampler.max_gap_s == 0.4

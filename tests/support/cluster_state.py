@@ -110,6 +110,37 @@ async def observe(urls: Mapping[str, str], token: str | None) -> ClusterSnapshot
     return ClusterSnapshot(tuple(states))
 
 
+class FollowerGapSampler:
+    """Reads the contact-gap gauge of the nodes that do not take the load, every
+    `interval_s` while it runs. The gauge restarts at each new term, so the largest value
+    seen over the samples is the largest gap of the whole run, including the gap that
+    ended in an election (which a read after the load no longer shows)."""
+
+    def __init__(self, urls: Mapping[str, str], interval_s: float = 0.25) -> None:
+        self.urls = dict(urls)
+        self.interval_s = interval_s
+        self.max_gap_s: float | None = None  # None: no sample had the gauge
+        self.samples = 0
+
+    async def run(self) -> None:
+        """Sample until cancelled."""
+        timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                await asyncio.gather(*(self._sample(http, url) for url in self.urls.values()))
+                await asyncio.sleep(self.interval_s)
+
+    async def _sample(self, http: aiohttp.ClientSession, url: str) -> None:
+        try:
+            async with http.get(url + "/metrics") as resp:
+                gap = parse_gauge(await resp.text(), CONTACT_GAP_GAUGE) if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return  # a missed sample; the next one comes
+        self.samples += 1
+        if gap is not None and (self.max_gap_s is None or gap > self.max_gap_s):
+            self.max_gap_s = gap
+
+
 async def observe_settled(urls: Mapping[str, str], token: str | None, deadline_s: float = 20.0) -> ClusterSnapshot:
     """Read every node until the cluster is settled (one active node, one term) or the
     deadline passes; the last snapshot either way (the caller judges it)."""
