@@ -42,7 +42,7 @@ import secrets
 import signal
 import sys
 import tempfile
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from dex_ha.server.config import ServerConfig  # noqa: E402  (the default election timeout)
 from tests.e2e.cluster_process import LocalCluster  # noqa: E402
 from tests.e2e.dev_process import DevProcess  # noqa: E402
-from tests.support.cluster_state import FollowerGapSampler, observe, observe_settled, term_changes  # noqa: E402
+from tests.support.cluster_state import FollowerGapSampler, observe_settled, term_changes  # noqa: E402
 from tests.support.http_load import (  # noqa: E402
     DEFAULT_MIX, KINDS, LoadConfig, LoadResult, fds_needed, raise_fd_limit, run_load,
 )
@@ -126,7 +126,8 @@ async def cluster_deployment(root: Path, relaxed: bool) -> AsyncIterator[Target]
         await asyncio.to_thread(cluster.down)
 
 
-DEPLOYMENTS: dict[str, Callable[[Path, bool], Any]] = {"dev": dev_deployment, "cluster": cluster_deployment}
+DEPLOYMENTS: dict[str, Callable[[Path, bool], AbstractAsyncContextManager[Target]]] = {
+    "dev": dev_deployment, "cluster": cluster_deployment}
 
 
 # ---------------------------------------------------------------- one level
@@ -136,32 +137,41 @@ async def measure(name: str, clients: int, args: argparse.Namespace, root: Path)
     level_dir = root / f"{name}-{clients}"
     level_dir.mkdir(parents=True)
     async with DEPLOYMENTS[name](level_dir, args.relaxed) as target:
-        before = await observe(target.urls, target.token)
-        sampler = FollowerGapSampler({n: u for n, u in target.urls.items() if u != target.load_url})
-        sampling = asyncio.create_task(sampler.run())
-        cpu_before = [cpu_seconds(pid) for pid in target.pids], own_cpu_seconds()
-        try:
+        before = await observe_settled(target.urls, target.token, SETTLE_DEADLINE_S)
+        followers = {node_id: url for node_id, url in target.urls.items() if url != target.load_url}
+        cpu = CpuMeter(target.pids)
+        async with FollowerGapSampler(followers) as sampler:
             result = await run_load(LoadConfig(target.load_url, target.token, clients=clients,
                                                duration_s=args.duration_s, mix=args.mix,
                                                request_timeout_s=args.request_timeout_s))
-        finally:
-            sampling.cancel()
-            await asyncio.gather(sampling, return_exceptions=True)
-        nodes_cpu = [b - a for a, b in zip(cpu_before[0], [cpu_seconds(pid) for pid in target.pids])]
-        generator_cpu = own_cpu_seconds() - cpu_before[1]
+        node_cores, generator_cores = cpu.cores(result.duration_s)
         after = await observe_settled(target.urls, target.token, SETTLE_DEADLINE_S)
     return Row(deployment=name, clients=clients, load=asdict(result),
                before=[asdict(n) for n in before.nodes], after=[asdict(n) for n in after.nodes],
                term_changes=term_changes(before, after), active_before=before.active, active_after=after.active,
                follower_gap_max_s=largest(sampler.max_gap_s, after.largest_follower_gap_s()),
                follower_gap_samples=sampler.samples, node_pids=target.pids,
-               busiest_node_cores=round(max(nodes_cpu) / result.duration_s, 2),
-               generator_cores=round(generator_cpu / result.duration_s, 2))
+               busiest_node_cores=max(node_cores), generator_cores=generator_cores)
 
 
 def largest(*values: float | None) -> float | None:
     known = [v for v in values if v is not None]
     return max(known) if known else None
+
+
+class CpuMeter:
+    """CPU time used since it was made by the node processes and by this one (the load
+    generator), in cores: CPU seconds per second (1.0 = one core busy)."""
+
+    def __init__(self, node_pids: list[int]) -> None:
+        self.node_pids = node_pids
+        self.nodes_start = [cpu_seconds(pid) for pid in node_pids]
+        self.own_start = own_cpu_seconds()
+
+    def cores(self, seconds: float) -> tuple[list[float], float]:
+        """(cores of each node, cores of this process) over the last `seconds`."""
+        nodes = [round((cpu_seconds(pid) - start) / seconds, 2) for pid, start in zip(self.node_pids, self.nodes_start)]
+        return nodes, round((own_cpu_seconds() - self.own_start) / seconds, 2)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -190,12 +190,9 @@ async def test_the_sampler_keeps_the_largest_gap_even_after_the_gauge_restarts()
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     async for url in serve(app):
-        sampler = FollowerGapSampler({"n2": url}, interval_s=0.01)
-        task = asyncio.create_task(sampler.run())
-        deadline = time.monotonic() + 10
-        while sampler.samples < 4 and time.monotonic() < deadline:  # three values, then no gauge
-            await asyncio.sleep(0.01)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        async with FollowerGapSampler({"n2": url}, interval_s=0.01) as sampler:
+            deadline = time.monotonic() + 10
+            while sampler.samples < 4 and time.monotonic() < deadline:  # three values, then no gauge
+                await asyncio.sleep(0.01)
     assert sampler.samples >= 4
     assert sampler.max_gap_s == 0.4

@@ -19,8 +19,8 @@ reset or a close without an answer is the server dropping work it accepted, and 
 means a request waited more than 20 s (10 s for the connect). The connect storm of 2000
 clients at once is no excuse on a 2-core machine: the nodes listen with an accept queue of
 4096 (capped by net.core.somaxconn, 4096 since Linux 5.4), and a SYN the kernel drops anyway
-is retransmitted after 1 and 3 s, well within the connect timeout. The load generator shares the cores with the nodes, which makes answers
-slower but must not make them fail.
+is retransmitted after 1 and 3 s, well within the connect timeout. The load generator
+shares the cores with the nodes, which makes answers slower but must not make them fail.
 
 How fast the node answers (answers/s, latency, the followers' heartbeat gap) is measured
 by bench/overload_bench.py, not asserted here.

@@ -112,15 +112,26 @@ async def observe(urls: Mapping[str, str], token: str | None) -> ClusterSnapshot
 
 class FollowerGapSampler:
     """Reads the contact-gap gauge of the nodes that do not take the load, every
-    `interval_s` while it runs. The gauge restarts at each new term, so the largest value
-    seen over the samples is the largest gap of the whole run, including the gap that
-    ended in an election (which a read after the load no longer shows)."""
+    `interval_s`, inside `async with FollowerGapSampler(urls) as sampler:`. The gauge
+    restarts at each new term, so the largest value seen over the samples is the largest
+    gap of the whole run, including the gap that ended in an election (which a read after
+    the load no longer shows)."""
 
     def __init__(self, urls: Mapping[str, str], interval_s: float = 0.25) -> None:
         self.urls = dict(urls)
         self.interval_s = interval_s
         self.max_gap_s: float | None = None  # None: no sample had the gauge
         self.samples = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> FollowerGapSampler:
+        self._task = asyncio.create_task(self.run())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
     async def run(self) -> None:
         """Sample until cancelled."""

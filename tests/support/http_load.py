@@ -249,7 +249,8 @@ def summarize(config: LoadConfig, tally: Tally, elapsed_s: float) -> LoadResult:
     return LoadResult(
         base_url=config.base_url, clients=config.clients, duration_s=round(elapsed_s, 3), answers=answers,
         answers_per_s=round(answers / elapsed_s, 1) if elapsed_s > 0 else 0.0, accepted=by_code["2xx"],
-        p50_ms=percentile_ms(latencies, 50), p99_ms=percentile_ms(latencies, 99), by_code=dict(by_code), by_answer=dict(by_answer),
+        p50_ms=percentile_ms(latencies, 50), p99_ms=percentile_ms(latencies, 99), by_code=dict(by_code),
+        by_answer=dict(by_answer),
         by_kind={k: dict(v) for k, v in by_kind.items()}, transport_errors=dict(errors),
         transport_errors_by_kind={k: dict(v) for k, v in errors_by_kind.items()},
         error_examples=dict(tally.error_examples),
