@@ -44,6 +44,10 @@ CLIENTS = 2000
 LOAD_S = 10.0
 MIX = {"get_session": 0.40, "list_sessions": 0.15, "create_session": 0.20, "metrics": 0.25}
 SETTLE_DEADLINE_S = 20.0  # after the load, until one node is active again (if one is not)
+WHAT_IT_MEANS = {  # for the answers a node must not give under load
+    "not_active": "the node said it is not the active node: it lost its lease or leadership under load",
+    "internal": "the node failed requests (500): its log says why",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +82,8 @@ async def test_a_cluster_keeps_its_term_and_active_node_under_2000_clients(clust
     after = await observe_settled(cluster.urls, token, SETTLE_DEADLINE_S)
 
     problems = election_problems(before, after) + answer_problems(result)
-    assert not problems, report(f"the active node {active} of a three-node cluster", result, before, after, problems)
+    assert not problems, report(f"the active node {active} of a three-node cluster", result, before, after, problems,
+                                logs=f"{cluster.dir}/n*.log")
 
 
 async def test_dev_stays_active_under_2000_clients(dev: tuple[DevProcess, str]) -> None:
@@ -90,7 +95,7 @@ async def test_dev_stays_active_under_2000_clients(dev: tuple[DevProcess, str]) 
     after = await observe_settled(urls, token, SETTLE_DEADLINE_S)
 
     problems = election_problems(before, after) + answer_problems(result)
-    assert not problems, report("dex-ha dev", result, before, after, problems)
+    assert not problems, report("dex-ha dev", result, before, after, problems, logs=str(process.log_path))
 
 
 async def settled(urls: Mapping[str, str], token: str) -> ClusterSnapshot:
@@ -123,6 +128,7 @@ def answer_problems(result: LoadResult) -> list[str]:
                   if not answer.startswith("2") and answer != "503 overloaded"}
     if unexpected:
         problems.append(f"answers other than 2xx or 503 overloaded: {unexpected}")
+        problems += [f"{code}: {meaning}" for code, meaning in WHAT_IT_MEANS.items() if result.count(code)]
     missing = result.unavailable_without_retry_after.get("overloaded", 0)
     if missing:
         problems.append(f"{missing} overloaded answers came without Retry-After")
@@ -138,11 +144,12 @@ def answer_problems(result: LoadResult) -> list[str]:
 
 
 def report(target: str, result: LoadResult, before: ClusterSnapshot, after: ClusterSnapshot,
-           problems: list[str]) -> str:
+           problems: list[str], logs: str) -> str:
     lines = [f"{CLIENTS} clients for {LOAD_S:.0f} s against {target}:",
              *(f"  - {p}" for p in problems),
              f"load: {result.summary()}",
              f"answers by kind: {result.by_kind}",
              f"cluster before: {before.describe()}",
-             f"cluster after:  {after.describe()}"]
+             f"cluster after:  {after.describe()}",
+             f"node logs: {logs}"]
     return "\n".join(lines)
