@@ -145,6 +145,12 @@ def test_the_soft_fd_limit_is_raised_to_the_hard_limit(monkeypatch: pytest.Monke
     assert http_load.raise_fd_limit(5256) == (65536, 65536)
 
 
+def test_a_soft_fd_limit_that_is_enough_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_load.resource, "getrlimit", lambda _: (8192, 65536))
+    monkeypatch.setattr(http_load.resource, "setrlimit", lambda *_: pytest.fail("setrlimit called"))
+    assert http_load.raise_fd_limit(5256) == (8192, 65536)
+
+
 def test_error_codes_come_from_json_error_bodies_only() -> None:
     assert error_code(201, b"not json") == "2xx"
     assert error_code(503, json.dumps({"error": "overloaded"}).encode()) == "overloaded"

@@ -86,25 +86,27 @@ class LoadConfig:
 
 
 def raise_fd_limit(needed: int) -> tuple[int, int]:
-    """Raise this process's soft RLIMIT_NOFILE to its hard limit; (soft, hard) after.
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit when it is below
+    `needed`; (soft, hard) after.
 
     Child processes started afterwards (the server nodes) inherit it, which they need too:
     each client connection is a socket on both sides. Raises LoadSetupError when even the
     hard limit is below `needed`.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft, hard
     how = (f"raise it (`ulimit -Hn {needed}` as root, LimitNOFILE= in a systemd unit, --ulimit nofile= "
            f"for docker) or run fewer clients")
     if hard != resource.RLIM_INFINITY and hard < needed:
         raise LoadSetupError(f"{needed} file descriptors needed (one socket per client plus {FD_HEADROOM}), "
                              f"but the hard limit RLIMIT_NOFILE is {hard}: {how}")
-    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, needed)
-    if soft != wanted:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-        except (ValueError, OSError) as exc:
-            raise LoadSetupError(f"cannot raise the soft RLIMIT_NOFILE from {soft} to {wanted} ({exc}); "
-                                 f"{needed} are needed: {how}") from None
+    wanted = hard if hard != resource.RLIM_INFINITY else needed
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError) as exc:
+        raise LoadSetupError(f"cannot raise the soft RLIMIT_NOFILE from {soft} to {wanted} ({exc}); "
+                             f"{needed} are needed: {how}") from None
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
