@@ -20,8 +20,9 @@ leader that a follower saw (`dex_raft_leader_contact_gap_max_seconds`, read from
 followers every 0.25 s during the load and once after it: the gauge restarts with each
 term, so a gap that ended in an election shows only in the samples; "n/a" where the nodes
 do not export it, and for dev, which has no follower). And the CPU the busiest node
-and the load generator (this process) used, in cores: on a small machine they share the
-cores, and a generator that takes one whole core limits answers/s.
+and the load generator (this process) used, in cores, and the CPU pressure of the machine
+(PSI): on a small machine they share the cores with each other and with whatever else
+runs, and a node that waits for a CPU answers late.
 
 Targets: 0 term changes at every level; the largest follower gap below half the minimum
 election timeout (a follower starts an election after a full one).
@@ -38,10 +39,12 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import secrets
 import signal
 import sys
 import tempfile
+import time
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -84,6 +87,7 @@ class Row:
     node_pids: list[int]
     busiest_node_cores: float  # CPU seconds per second of load of the busiest node (1.0 = one core)
     generator_cores: float  # the same for this process (the load generator)
+    cpu_wait: float | None  # PSI: share of the load window in which some task waited for a CPU
 
 
 # ---------------------------------------------------------------- deployments
@@ -144,14 +148,15 @@ async def measure(name: str, clients: int, args: argparse.Namespace, root: Path)
             result = await run_load(LoadConfig(target.load_url, target.token, clients=clients,
                                                duration_s=args.duration_s, mix=args.mix,
                                                request_timeout_s=args.request_timeout_s))
-        node_cores, generator_cores = cpu.cores(result.duration_s)
+        cpu_use = cpu.use()
         after = await observe_settled(target.urls, target.token, SETTLE_DEADLINE_S)
     return Row(deployment=name, clients=clients, load=asdict(result),
                before=[asdict(n) for n in before.nodes], after=[asdict(n) for n in after.nodes],
                term_changes=term_changes(before, after), active_before=before.active, active_after=after.active,
                follower_gap_max_s=largest(sampler.max_gap_s, after.largest_follower_gap_s()),
                follower_gap_samples=sampler.samples, node_pids=target.pids,
-               busiest_node_cores=max(node_cores), generator_cores=generator_cores)
+               busiest_node_cores=max(cpu_use.node_cores), generator_cores=cpu_use.generator_cores,
+               cpu_wait=cpu_use.cpu_wait)
 
 
 def largest(*values: float | None) -> float | None:
@@ -159,19 +164,44 @@ def largest(*values: float | None) -> float | None:
     return max(known) if known else None
 
 
+@dataclass(frozen=True)
+class CpuUse:
+    node_cores: list[float]  # CPU seconds per second of each node (1.0 = one core busy)
+    generator_cores: float  # the same for this process, the load generator
+    cpu_wait: float | None  # share of the time some runnable task waited for a CPU (PSI); None: no PSI
+
+
 class CpuMeter:
-    """CPU time used since it was made by the node processes and by this one (the load
-    generator), in cores: CPU seconds per second (1.0 = one core busy)."""
+    """CPU used by the node processes and by this one since the meter was made, and how
+    contended the machine was meanwhile (other people's work counts there too)."""
 
     def __init__(self, node_pids: list[int]) -> None:
         self.node_pids = node_pids
         self.nodes_start = [cpu_seconds(pid) for pid in node_pids]
         self.own_start = own_cpu_seconds()
+        self.pressure_start = cpu_pressure_us()
+        self.started = time.monotonic()
 
-    def cores(self, seconds: float) -> tuple[list[float], float]:
-        """(cores of each node, cores of this process) over the last `seconds`."""
+    def use(self) -> CpuUse:
+        """What was used since the meter was made (the load, and the seeding before it)."""
+        seconds = time.monotonic() - self.started
         nodes = [round((cpu_seconds(pid) - start) / seconds, 2) for pid, start in zip(self.node_pids, self.nodes_start)]
-        return nodes, round((own_cpu_seconds() - self.own_start) / seconds, 2)
+        pressure = cpu_pressure_us()
+        wait = None
+        if pressure is not None and self.pressure_start is not None:
+            wait = round((pressure - self.pressure_start) / 1e6 / seconds, 2)
+        return CpuUse(nodes, round((own_cpu_seconds() - self.own_start) / seconds, 2), wait)
+
+
+def cpu_pressure_us() -> int | None:
+    """Microseconds so far in which some runnable task waited for a CPU (Linux PSI,
+    /proc/pressure/cpu "some total"); None where the kernel does not offer it."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            match = re.search(r"total=(\d+)", f.readline())
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -202,6 +232,10 @@ def fmt(value: float | int | None, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def fmt_pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.0f}%"
+
+
 def fmt_gap(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.0f}"
 
@@ -211,11 +245,13 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"\nOverload benchmark ({result['durability']} durability; {result['duration_s']:g} s of load per level, "
           f"a fresh server per level; closed-loop clients, one connection each, Retry-After not honoured)")
     print(f"mix: {mix}. machine: {result['cores']} cores, load average at start {result['load_average_at_start']}")
+    print("srv cores / gen cores: CPU of the busiest node / of the load generator (1.00 = one core); cpu wait: "
+          "share of the window in which some runnable task waited for a CPU (PSI; other people's work counts)")
     print(f"targets: term changes {TARGETS['term_changes']}; largest leader-contact gap seen by a follower "
           f"{TARGETS['follower_leader_contact_gap']}")
     print(f"{'deployment':<10} {'clients':>7} {'answers':>8} {'ans/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'overloaded':>10} {'not_active':>10} {'other':>6} {'transport':>9} {'terms Δ':>7} "
-          f"{'active':>9} {'gap ms':>6} {'srv cores':>9} {'gen cores':>9}")
+          f"{'active':>9} {'gap ms':>6} {'srv cores':>9} {'gen cores':>9} {'cpu wait':>8}")
     for row in result["rows"]:
         load = row["load"]
         other = load["answers"] - load["accepted"] - load["by_code"].get("overloaded", 0) \
@@ -226,7 +262,7 @@ def print_table(result: dict[str, Any]) -> None:
               f"{fmt(load['p50_ms']):>8} {fmt(load['p99_ms']):>8} {load['by_code'].get('overloaded', 0):>10} "
               f"{load['by_code'].get('not_active', 0):>10} {other:>6} {sum(load['transport_errors'].values()):>9} "
               f"{fmt(row['term_changes'], 'd'):>7} {moved:>9} {fmt_gap(row['follower_gap_max_s']):>6} "
-              f"{row['busiest_node_cores']:>9.2f} {row['generator_cores']:>9.2f}")
+              f"{row['busiest_node_cores']:>9.2f} {row['generator_cores']:>9.2f} {fmt_pct(row['cpu_wait']):>8}")
         if load["transport_errors"]:
             print(f"{'':<10} transport errors: {load['transport_errors']}")
     print("\ntarget                          measured      goal")
