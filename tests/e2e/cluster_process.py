@@ -19,9 +19,10 @@ from dex_ha.cli_cluster import LAYOUT_FILE, free_port_range, read_pids
 
 
 class LocalCluster:
-    def __init__(self, directory: Path, nodes: int = 3) -> None:
+    def __init__(self, directory: Path, nodes: int = 3, relaxed: bool = True) -> None:
         self.dir = directory
         self.nodes = nodes
+        self.relaxed = relaxed  # durability relaxed (no fsync) unless a caller asks for strict
         # One range of free ports: HTTP ports first, then Raft, then probes.
         self.http_base = free_port_range(3 * nodes)
         self.raft_base = self.http_base + nodes
@@ -36,7 +37,7 @@ class LocalCluster:
         done = self.run_cli("cluster", "up", "--nodes", str(self.nodes), "--dir", str(self.dir),
                             "--base-port", str(self.http_base), "--raft-base-port", str(self.raft_base),
                             "--probe-base-port", str(self.probe_base),
-                            "--relaxed")
+                            *(["--relaxed"] if self.relaxed else []))
         assert done.returncode == 0, f"cluster up failed:\n{done.stdout}\n{done.stderr}"
         self.layout = json.loads((self.dir / LAYOUT_FILE).read_text())
 

@@ -18,8 +18,10 @@ from tests.support.processes import stop
 
 
 class DevProcess:
-    def __init__(self, data_dir: Path, log_path: Path, *, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, log_path: Path, *, extra_env: dict[str, str] | None = None,
+                 relaxed: bool = False) -> None:
         self.data_dir = data_dir
+        self.relaxed = relaxed  # `dex-ha dev --relaxed`: no fsync
         self.log_path = log_path
         self.port = free_ports(1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -28,10 +30,10 @@ class DevProcess:
 
     def start(self) -> None:
         env = {**os.environ, **self.extra_env}
+        command = [sys.executable, "-m", "dex_ha.cli", "dev", "--data-dir", str(self.data_dir),
+                   "--port", str(self.port), *(["--relaxed"] if self.relaxed else [])]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dex_ha.cli", "dev", "--data-dir", str(self.data_dir),
-                 "--port", str(self.port)], stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     async def wait_ready(self, deadline_s: float = 20.0) -> None:
         deadline = time.monotonic() + deadline_s
