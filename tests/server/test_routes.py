@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable
 
 import pytest
@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, RouteSpec
 from dex_ha.server.node import NodeServer
+from dex_ha.server.task_tokens import TaskToken
 from tests.server import test_not_active
 from tests.server.node_fixture import (
     HttpApi, Reply, assert_error, call_view, concrete_path, expect, free_ports, model_result, open_sse,
@@ -291,7 +292,8 @@ async def test_poll_hands_out_the_run_model_step_of_the_turn(api: HttpApi):
     assert task["turn_id"] == snap["current_turn"]["turn_id"]
     assert task["step_id"] == step["step_id"]
     assert task["attempt"] == 1
-    assert task["task_token"] == f"{step['step_id']}-1-{term}"
+    token = TaskToken.parse(task["task_token"])  # opaque to Workers; names the attempt and its term
+    assert token is not None and (token.step_id, token.attempt, token.term) == (step["step_id"], 1, term)
     assert task["heartbeat_timeout_ms"] == 30_000  # the node's configured heartbeat timeout
     assert task["deadline_ms"] >= started
     assert task["input"]["history"] == [{"type": "user", "text": "what is up?"}]
@@ -358,13 +360,14 @@ async def test_heartbeat_of_a_running_attempt_answers_no_cancel(api: HttpApi):
     with_deltas = await api.post(heartbeat, {"worker_id": "worker-1", "deltas": [{"text": "Hel"}]}, role="worker")
     assert expect(with_deltas, 200) == {"cancel": False}
     # Fencing: the same step and attempt under another term is not the current attempt.
-    step_id, attempt, term = token.rsplit("-", 2)
-    stale = await api.post(f"/v1/worker/tasks/{step_id}-{attempt}-{int(term) + 5}/heartbeat",
+    parsed = TaskToken.parse(token)
+    assert parsed is not None
+    stale = await api.post(f"/v1/worker/tasks/{replace(parsed, term=parsed.term + 5)}/heartbeat",
                            {"worker_id": "worker-1"}, role="worker")
     assert_error(stale, 409, "stale_attempt")
-    # An attempt that was never handed out is unknown.
-    assert_error(await api.post(f"/v1/worker/tasks/{step_id}-9-{term}/heartbeat", {"worker_id": "worker-1"},
-                                role="worker"), 404, "not_found")
+    # An attempt that was never handed out is unknown (test_task_tokens.py has more).
+    assert_error(await api.post(f"/v1/worker/tasks/{replace(parsed, attempt=9)}/heartbeat",
+                                {"worker_id": "worker-1"}, role="worker"), 404, "not_found")
 
 
 @covers("task_complete")
