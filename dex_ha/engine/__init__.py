@@ -10,7 +10,8 @@ Public API (what a server and the Raft node call):
   - ``reader() -> EngineReader``: the queries below through a connection of their own, for
     a thread other than the one that applies (the node's HTTP side).
   - Leader queries: ``queued_steps(agent, limit)``, ``running_attempts(term_lt=None)``,
-    ``attempt_state(step_id, attempt, term)`` (heartbeat answers: current? cancel?),
+    ``attempt_state(step_id, attempt, term, token_secret)`` (a Worker's report: whose
+    attempt, current? cancel? None unless the token's secret matches),
     ``next_timer()``, ``due_timers(now_ms, limit)``, ``task_for(step_id)``.
   - API queries: ``get_agent_snapshot(session_id)``, ``list_sessions(agent, status, limit,
     after)``, ``events(session_id, after, limit)``, ``stats()``; ``logical_dump()`` for tests.

@@ -73,11 +73,17 @@ class CancelTurn:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Handout:
-    """One queued step handed to one Worker by the leader of `term`."""
+    """One queued step handed to one Worker by the leader of `term`.
+
+    `token_secret` is the random part of the task token (see dex_ha.server.task_tokens):
+    the leader draws it, because the engine may not, and the engine stores it with the
+    attempt. None only in entries written before schema 2; no token matches such an attempt.
+    """
 
     step_id: str
     worker_id: str
     term: int
+    token_secret: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,7 +101,9 @@ class CompleteAttempt:
     Eager dispatch: with `next_max` > 0 the same entry also hands out up to `next_max`
     steps of the same session to `next_worker_id` (in this term), but only steps at the
     head of the agent's queue, so no other session's queued step is overtaken. It saves
-    the Worker a poll and the log an entry for each step of a turn.
+    the Worker a poll and the log an entry for each step of a turn. The n-th of those
+    hand-outs gets `next_token_secrets[n]` (the leader draws `next_max` of them; the list
+    is empty only in entries written before schema 2).
     """
 
     at: int
@@ -105,6 +113,7 @@ class CompleteAttempt:
     result: dict[str, Any]
     next_worker_id: str | None = None
     next_max: int = 0
+    next_token_secrets: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

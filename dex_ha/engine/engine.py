@@ -22,7 +22,7 @@ from dex_ha.engine.handlers import HANDLERS
 from dex_ha.engine.queries import Queries
 from dex_ha.engine.results import ApplyResult, Rejected, accepted
 from dex_ha.engine.schema import SCHEMA_VERSION
-from dex_ha.engine.store import APPLIED_INDEX, Store, connect, init_schema
+from dex_ha.engine.store import APPLIED_INDEX, Store, can_migrate, connect, init_schema
 
 log = logging.getLogger("dex_ha.engine")
 
@@ -173,7 +173,8 @@ class Engine(Queries):
         """Replace the whole state with a snapshot taken at `index`.
 
         The copy goes through SQLite's backup API into the open database, so a crash
-        during restore leaves either the old state or the new one.
+        during restore leaves either the old state or the new one. A snapshot of an older
+        schema (from a node not yet upgraded, or an old backup) is migrated after the copy.
         """
         with tempfile.TemporaryDirectory(prefix="dex-engine-restore-") as tmp:
             path = os.path.join(tmp, "restore.db")
@@ -186,6 +187,7 @@ class Engine(Queries):
             finally:
                 source.close()
         self._conn.execute("PRAGMA journal_mode=WAL")
+        init_schema(self._conn)
 
 
 class EngineReader(Queries):
@@ -261,7 +263,7 @@ def _check_snapshot(source: sqlite3.Connection, index: int) -> None:
         row = source.execute("SELECT value FROM meta WHERE key = ?", (APPLIED_INDEX,)).fetchone()
     except sqlite3.DatabaseError as exc:
         raise ValueError(f"not an engine snapshot: {exc}") from None
-    if version != SCHEMA_VERSION:
+    if version == 0 or not can_migrate(version):
         raise ValueError(f"snapshot has schema {version}, this engine knows {SCHEMA_VERSION}")
     found = 0 if row is None else row[0]
     if found != index:

@@ -107,7 +107,7 @@ def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
     fenced_term = ctx.store.meta(FENCED_TERM)
     for h in cmd.handouts:
         try:
-            started.append(steps.hand_out(ctx, h.step_id, h.worker_id, h.term, fenced_term))
+            started.append(steps.hand_out(ctx, h.step_id, h.worker_id, h.term, fenced_term, h.token_secret))
         except Rejected as r:
             refused.append({"step_id": h.step_id, "code": r.code, "reason": r.reason})
     if not started:
@@ -129,25 +129,32 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
         raise
     if not 0 <= cmd.next_max <= MAX_EAGER_HANDOUTS:
         raise Rejected("invalid", f"next_max must be between 0 and {MAX_EAGER_HANDOUTS}")
+    if cmd.next_token_secrets and len(cmd.next_token_secrets) != cmd.next_max:
+        raise Rejected("invalid", "next_token_secrets must hold one secret per step of next_max")
     started: list[dict[str, Any]] = []
     if steps.record_completion(ctx, step, cmd.attempt, digest):
         RESULT_HANDLERS[step["kind"]](ctx, step, cmd.result)
         if cmd.next_max and cmd.next_worker_id:
-            started = _hand_out_next_steps(ctx, step, cmd.next_worker_id, cmd.term, cmd.next_max)
+            # None: an entry written before schema 2, whose hand-outs have no secret.
+            token_secrets = cmd.next_token_secrets or [None] * cmd.next_max
+            started = _hand_out_next_steps(ctx, step, cmd.next_worker_id, cmd.term, token_secrets)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt, "started": started})
 
 
-def _hand_out_next_steps(ctx: ApplyContext, step: Any, worker_id: str, term: int, limit: int) -> list[dict[str, Any]]:
+def _hand_out_next_steps(ctx: ApplyContext, step: Any, worker_id: str, term: int,
+                         token_secrets: list[str | None]) -> list[dict[str, Any]]:
     """Eager dispatch (see CompleteAttempt): the session's steps at the head of its agent's
-    queue go to the Worker that just completed one; FIFO for everyone else holds."""
+    queue go to the Worker that just completed one, one token secret each; FIFO for
+    everyone else holds."""
     fenced_term = ctx.store.meta(FENCED_TERM)
     started = []
-    for row in ctx.store.rows("SELECT step_id, session_id FROM steps WHERE agent = ? AND status = 'queued' "
-                              "ORDER BY queue_seq LIMIT ?", (step["agent"], limit)):
+    rows = ctx.store.rows("SELECT step_id, session_id FROM steps WHERE agent = ? AND status = 'queued' "
+                          "ORDER BY queue_seq LIMIT ?", (step["agent"], len(token_secrets)))
+    for row, token_secret in zip(rows, token_secrets):
         if row["session_id"] != step["session_id"]:
             break
         try:
-            started.append(steps.hand_out(ctx, row["step_id"], worker_id, term, fenced_term))
+            started.append(steps.hand_out(ctx, row["step_id"], worker_id, term, fenced_term, token_secret))
         except Rejected:  # changed nothing; the step waits for a poll instead
             break
     return started

@@ -4,6 +4,7 @@ API shows (get_agent_snapshot, list_sessions, session events). Reads only; no ch
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import asdict, dataclass
 from itertools import groupby
 from typing import Any
@@ -42,11 +43,13 @@ class RunningAttempt:
 
 @dataclass(frozen=True, slots=True)
 class AttemptState:
-    """For a heartbeat: is (step, attempt, term) still current, and should it stop?"""
+    """For a Worker's report on an attempt: whose is it, is (step, attempt, term) still
+    current, and should it stop?"""
 
     status: str  # running | completed | failed
     current: bool
     cancel_requested: bool
+    worker_id: str  # the Worker it was handed to: the only one that may report on it
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,12 @@ class SessionEvent:
     at: int
 
 
+def _same_secret(stored: str | None, given: str) -> bool:
+    """Constant-time comparison, so response times do not reveal how much of a guess was
+    right. An attempt stored without a secret (handed out before schema 2) matches nothing."""
+    return stored is not None and hmac.compare_digest(stored.encode(), given.encode())
+
+
 class Queries:
     """Mixed into Engine: reads over `self._store`."""
 
@@ -119,12 +128,14 @@ class Queries:
         rows = self._store.rows(sql + " ORDER BY a.term, a.step_id", params)
         return [RunningAttempt(*r[:8], bool(r[8])) for r in rows]
 
-    def attempt_state(self, step_id: str, attempt: int, term: int) -> AttemptState | None:
+    def attempt_state(self, step_id: str, attempt: int, term: int, token_secret: str) -> AttemptState | None:
+        """The attempt a task token names, or None unless it was handed out with `token_secret`
+        (so a made-up token learns nothing, not even whether the attempt exists)."""
         row = self._store.attempt(step_id, attempt)
-        if row is None:
+        if row is None or not _same_secret(row["token_secret"], token_secret):
             return None
         current = row["status"] == "running" and row["term"] == term
-        return AttemptState(row["status"], current, bool(row["cancel_requested"]))
+        return AttemptState(row["status"], current, bool(row["cancel_requested"]), row["worker_id"])
 
     def next_timer(self) -> Timer | None:
         """The earliest pending timer (overdue ones included)."""

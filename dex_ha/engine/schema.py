@@ -5,7 +5,14 @@ ids. Partial indexes keep the leader's hot queries (queued steps per agent, runn
 attempts, the earliest timer) proportional to live work, not to history.
 """
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+# How a database (or a snapshot) of an older schema becomes the current one: the statements
+# that take version v to v + 1. New columns go last, so a migrated table has the same
+# columns in the same order as a new one (equal states give equal dumps and snapshots).
+MIGRATIONS: dict[int, str] = {
+    1: "ALTER TABLE attempts ADD COLUMN token_secret TEXT;",
+}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -141,6 +148,10 @@ CREATE TABLE IF NOT EXISTS attempts (
     attempt_progress TEXT,              -- set when it failed
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     result_digest    TEXT,              -- to answer a repeated identical completion with ok
+    -- The random secret the leader drew for this hand-out: part of the task token, so only
+    -- the Worker that was handed the task can name it. NULL for hand-outs committed before
+    -- schema 2 (no token matches them). Never shown by a query.
+    token_secret     TEXT,
     PRIMARY KEY (step_id, number)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS attempts_running ON attempts(term, step_id) WHERE status = 'running';

@@ -52,9 +52,11 @@ def end_wait_step(ctx: ApplyContext, step_id: str) -> None:
 # ---------------------------------------------------------------- attempts
 
 
-def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int) -> dict[str, Any]:
-    """Start the next attempt of a queued step. Raises Rejected, having changed nothing,
-    when it cannot start (every check comes before the first write)."""
+def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int,
+             token_secret: str | None) -> dict[str, Any]:
+    """Start the next attempt of a queued step, for `worker_id`, with the leader's random
+    `token_secret` for its task token. Raises Rejected, having changed nothing, when it
+    cannot start (every check comes before the first write)."""
     step = ctx.store.step(step_id)
     if step is None:
         raise Rejected("not_found", f"unknown step {step_id}")
@@ -66,7 +68,8 @@ def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_
     deadline = ctx.at + step["start_to_close_ms"] if step["start_to_close_ms"] else None
     key = idempotency_key(step["session_id"], step["call_id"]) if step["call_id"] is not None else None
     ctx.store.insert("attempts", step_id=step_id, number=number, term=term, worker_id=worker_id,
-                     idempotency_key=key, status="running", started_at=ctx.at, deadline_at=deadline)
+                     idempotency_key=key, status="running", started_at=ctx.at, deadline_at=deadline,
+                     token_secret=token_secret)
     ctx.store.update("steps", {"step_id": step_id}, status="running", attempts_used=number,
                      queue_seq=None, first_handout_at=step["first_handout_at"] or ctx.at)
     if step["call_id"] is not None:
@@ -74,11 +77,13 @@ def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_
         ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=1)
     if step["kind"] == RUN_MODEL:
         turns.deliver_steered_messages(ctx, step["session_id"], step["turn_id"])
+    # The event goes to clients: it names the Worker but never carries the token secret.
     ctx.emit(step["session_id"], "attempt_started", step_id=step_id, kind=step["kind"],
              attempt=number, term=term, worker_id=worker_id, call_id=step["call_id"])
+    # For the leader that proposed the hand-out: it builds the Worker's task (and token) from this.
     return {"step_id": step_id, "attempt": number, "term": term, "worker_id": worker_id,
             "session_id": step["session_id"], "kind": step["kind"], "deadline_at": deadline,
-            "queued_at": step["queued_at"]}
+            "queued_at": step["queued_at"], "token_secret": token_secret}
 
 
 def current_attempt(ctx: ApplyContext, step_id: str, number: int,

@@ -19,7 +19,7 @@ import sqlite3
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
-from dex_ha.engine.schema import SCHEMA, SCHEMA_VERSION
+from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
 APPLIED_INDEX = "applied_index"
 FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-outs are stale
@@ -68,11 +68,22 @@ def connect(path: str, durable: bool) -> sqlite3.Connection:
 
 
 def init_schema(conn: sqlite3.Connection) -> None:
+    """Create the schema in a new database, or migrate an older one to SCHEMA_VERSION."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version not in (0, SCHEMA_VERSION):
+    if not can_migrate(version):
         raise RuntimeError(f"engine database has schema {version}, this code knows {SCHEMA_VERSION}")
     if version == 0:
         conn.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
+        return
+    while version < SCHEMA_VERSION:  # one transaction per step: a crash leaves a known version
+        conn.executescript(f"BEGIN; {MIGRATIONS[version]} PRAGMA user_version={version + 1}; COMMIT;")
+        version += 1
+
+
+def can_migrate(version: int) -> bool:
+    """Whether init_schema can bring a database of schema `version` (0: new) to the current one."""
+    return version == 0 or (1 <= version <= SCHEMA_VERSION
+                            and all(v in MIGRATIONS for v in range(version, SCHEMA_VERSION)))
 
 
 class Store:

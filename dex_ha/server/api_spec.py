@@ -119,7 +119,15 @@ def _object(name: str, description: str) -> FieldSpec:
 SESSION_ID = _id("session_id", "The session's id.")
 CALL_ID = _id("call_id", "The tool call's id (the model's call id).")
 QUESTION_ID = _id("question_id", "The question's id.")
-TASK_TOKEN = _id("task_token", "The task token that the poll answer handed out.")
+TASK_TOKEN = _id("task_token", "The task token that the poll answer handed out (opaque).")
+# A task's heartbeat, complete and fail come from the Worker that polled it, and only from it.
+TASK_WORKER_ID = _id("worker_id", "The id of the Worker that polled the task; another Worker's report is 403.")
+TASK_REPORT_ERRORS = MappingProxyType({
+    403: "forbidden: the token's role may not call this route, or worker_id is not the Worker the task "
+         "was handed to",
+    404: "not_found: no task was handed out with this token",
+    409: "stale_attempt: the attempt is no longer current",
+})
 AGENT_NAME = _id("name", "The agent's name.")
 MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_LENGTH)
 
@@ -284,7 +292,8 @@ _WORKER = (
            "Long-poll for tasks of the given agents; each hand-out is committed before the answer.",
            success={200: "tasks (possibly none when wait_ms ran out)"},
            body=(
-               _id("worker_id", "The Worker's id, for attempt records and metrics."),
+               _id("worker_id", "The Worker's id, recorded on each attempt handed to it; its heartbeats and "
+                                "results for those tasks must carry the same id."),
                FieldSpec("agents", "array", required=True, items="string", min_length=1, max_length=100,
                          description="The agents whose steps this Worker runs."),
                FieldSpec("max_tasks", "integer", min=1, max=1000, default=1,
@@ -296,18 +305,20 @@ _WORKER = (
     _route("task_heartbeat", "POST", "/v1/worker/tasks/{task_token}/heartbeat", WORKER,
            "Keep a task's attempt alive and relay stream deltas; the answer says whether to cancel.",
            success={200: "the attempt is current; the body says whether to cancel"},
-           errors={404: "not_found: unknown task token", 409: "stale_attempt: the attempt is no longer current"},
+           errors=TASK_REPORT_ERRORS,
            path_params=(TASK_TOKEN,),
-           body=(FieldSpec("deltas", "array", items="object", max_length=MAX_ITEMS, nullable=True,
-                           description="Live output since the previous heartbeat (model text deltas)."),),
+           body=(TASK_WORKER_ID,
+                 FieldSpec("deltas", "array", items="object", max_length=MAX_ITEMS, nullable=True,
+                           description="Live output since the previous heartbeat (model text deltas).")),
            max_body_bytes=256 << 10),
     _route("task_complete", "POST", "/v1/worker/tasks/{task_token}/complete", WORKER,
            "Report a task's result.",
            success={200: "the result is committed; `tasks` holds the session's next steps handed to this "
                          "Worker in the same entry when `next_tasks` asked for them"},
-           errors={404: "not_found: unknown task token", 409: "stale_attempt: the attempt is no longer current"},
+           errors=TASK_REPORT_ERRORS,
            path_params=(TASK_TOKEN,),
-           body=(FieldSpec("result", "any", required=True,
+           body=(TASK_WORKER_ID,
+                 FieldSpec("result", "any", required=True,
                            description="The step's result (its shape depends on the kind)."),
                  FieldSpec("next_tasks", "integer", min=0, max=16, default=0,
                            description="Eager dispatch: hand this Worker up to this many of the session's "
@@ -317,9 +328,10 @@ _WORKER = (
     _route("task_fail", "POST", "/v1/worker/tasks/{task_token}/fail", WORKER,
            "Report that a task's attempt failed.",
            success={200: "the failure is committed"},
-           errors={404: "not_found: unknown task token", 409: "stale_attempt: the attempt is no longer current"},
+           errors=TASK_REPORT_ERRORS,
            path_params=(TASK_TOKEN,),
            body=(
+               TASK_WORKER_ID,
                FieldSpec("error", "string", required=True, max_length=MAX_ERROR_LENGTH, description="What went wrong."),
                FieldSpec("retryable", "boolean", default=True,
                          description="false: do not try this step again "

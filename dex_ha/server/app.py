@@ -18,17 +18,18 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from dex_ha.engine import (
-    AnswerQuestion, ApplyResult, CancelTurn, CompleteAttempt, CreateSession, DecideApproval, EngineReader, FailAttempt,
-    ReconcileToolCall, RegisterAgent, SendMessage,
+    AnswerQuestion, ApplyResult, AttemptState, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
+    EngineReader, FailAttempt, ReconcileToolCall, RegisterAgent, SendMessage,
 )
 from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import AuthError, TokenAuth
 from dex_ha.server.config import ConfigError, parse_address
-from dex_ha.server.leader import NotServing, parse_task_token, wall_ms
+from dex_ha.server.leader import NotServing, wall_ms
 from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.node import NOT_ACTIVE_ERRORS, MemberNotCaughtUp, NodeServer, StepDownFailed, UnknownMember
 from dex_ha.server.openapi import openapi_document
+from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
     BodyTooLarge, InvalidRequest, decode_json_body, validate_body, validate_headers, validate_path,
     validate_query,
@@ -365,20 +366,34 @@ async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> A
     return 200, {"tasks": tasks}
 
 
-def _attempt_of(token: str) -> tuple[str, int, int]:
-    parsed = parse_task_token(token)
-    if parsed is None:
-        raise ApiError(404, "not_found", f"{token!r} is not a task token this cluster handed out")
-    return parsed
+def _attempt_of(api: Api, args: dict[str, Any]) -> tuple[TaskToken, AttemptState]:
+    """The attempt a Worker reports on, and its state; checked in this order:
+
+    - 404 unless the token is one this cluster handed out: it parses and its secret is the
+      attempt's. The secret is replicated, so after a failover it holds on the new node too.
+    - 403 unless the body's worker_id is the Worker the attempt was handed to.
+
+    Whether the attempt is still current (409) is for the caller: a heartbeat reads it
+    here, a result is fenced when its command applies (a retried result that did commit
+    gets 200 there). The secret and the worker id of an attempt never change, so checking
+    them before the proposal cannot race with it.
+    """
+    token = TaskToken.parse(args["task_token"])
+    state = None if token is None else api.engine.attempt_state(token.step_id, token.attempt, token.term,
+                                                                token.secret)
+    if token is None or state is None:
+        raise ApiError(404, "not_found", "no task was handed out with this task token")
+    if state.worker_id != args["worker_id"]:
+        raise ApiError(403, "forbidden", f"worker_id: attempt {token.attempt} of step {token.step_id!r} was "
+                                         f"handed to another Worker; only that Worker may report on it")
+    return token, state
 
 
 async def task_heartbeat(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    step_id, attempt, term = _attempt_of(args["task_token"])
     leader = api.node.serving()
-    state = api.engine.attempt_state(step_id, attempt, term)
-    if state is None:
-        raise ApiError(404, "not_found", f"no attempt {attempt} of step {step_id!r}")
-    if not state.current or term != leader.term:
+    token, state = _attempt_of(api, args)
+    step_id, attempt = token.step_id, token.attempt
+    if not state.current or token.term != leader.term:
         raise ApiError(409, "stale_attempt", f"attempt {attempt} of step {step_id!r} is no longer current "
                                              f"({state.status}); stop working on it")
     running = leader.heartbeat(step_id, attempt)
@@ -388,15 +403,17 @@ async def task_heartbeat(api: Api, args: dict[str, Any], request: web.Request) -
 
 
 async def task_complete(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    step_id, attempt, term = _attempt_of(args["task_token"])
     leader = api.node.serving()
+    token, _ = _attempt_of(api, args)
+    step_id, attempt, term = token.step_id, token.attempt, token.term
     running = leader.running.get((step_id, attempt))
     # Eager dispatch only for an attempt of this term whose Worker we know.
     eager = args["next_tasks"] if running is not None and term == leader.term and not leader.draining else 0
     api.node.failpoints.hit("server.complete.before-propose")
     result = await api.propose(CompleteAttempt(
         at=wall_ms(), step_id=step_id, attempt=attempt, term=term, result=args["result"],
-        next_worker_id=running.worker_id if eager else None, next_max=eager))
+        next_worker_id=running.worker_id if eager else None, next_max=eager,
+        next_token_secrets=[new_token_secret() for _ in range(eager)]))
     api.node.failpoints.hit("server.complete.after-commit")
     leader.forget(step_id, attempt)
     started = (result.value or {}).get("started", [])
@@ -405,8 +422,9 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
 
 
 async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    step_id, attempt, term = _attempt_of(args["task_token"])
     leader = api.node.serving()
+    token, _ = _attempt_of(api, args)
+    step_id, attempt, term = token.step_id, token.attempt, token.term
     await api.propose(FailAttempt(at=wall_ms(), step_id=step_id, attempt=attempt, term=term,
                                   error=args["error"], retryable=args["retryable"]))
     running = leader.running.get((step_id, attempt))

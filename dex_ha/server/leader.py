@@ -33,6 +33,7 @@ from dex_ha.engine import (
 from dex_ha.raft.core import NotLeader, ProposalDropped
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
+from dex_ha.server.task_tokens import TaskToken, new_token_secret
 
 log = logging.getLogger("dex_ha.server.leader")
 
@@ -45,19 +46,6 @@ class NotServing(Exception):
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-def task_token(step_id: str, attempt: int, term: int) -> str:
-    """The handle a Worker uses for one attempt: fencing by step id + attempt + term."""
-    return f"{step_id}-{attempt}-{term}"
-
-
-def parse_task_token(token: str) -> tuple[str, int, int] | None:
-    step_id, sep1, rest = token.rpartition("-")
-    step_id2, sep2, attempt = step_id.rpartition("-")
-    if not (sep1 and sep2 and step_id2 and attempt.isdigit() and rest.isdigit()):
-        return None
-    return step_id2, int(attempt), int(rest)
 
 
 @dataclass
@@ -234,7 +222,8 @@ class LeaderTerm:
 
     async def _hand_out(self, matched: list[tuple[_WaitingPoll, list[QueuedStep]]]) -> None:
         """One proposal for every hand-out of this pass; answer the polls once it applied."""
-        handouts = [Handout(step_id=s.step_id, worker_id=poll.worker_id, term=self.term)
+        handouts = [Handout(step_id=s.step_id, worker_id=poll.worker_id, term=self.term,
+                            token_secret=new_token_secret())
                     for poll, steps in matched for s in steps]
         try:
             result = await self._propose(StartAttempts(at=wall_ms(), handouts=handouts))
@@ -268,8 +257,8 @@ class LeaderTerm:
             max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000))
         task = self.engine.task_for(step_id, self.heartbeat_timeout_ms)
         body = task.as_json() if task is not None else {"step_id": step_id, "kind": kind}
-        body.update(task_token=task_token(step_id, attempt, self.term), attempt=attempt,
-                    deadline_ms=started.get("deadline_at"))
+        token = TaskToken(step_id, attempt, started["term"], started["token_secret"])
+        body.update(task_token=str(token), attempt=attempt, deadline_ms=started.get("deadline_at"))
         return body
 
     def _answer_waiting_polls(self, exc: Exception) -> None:

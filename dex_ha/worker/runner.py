@@ -128,9 +128,10 @@ class AttemptHeartbeats:
     server answers `{"cancel": true}` or 409 it calls `on_stop` once and sends no more.
     """
 
-    def __init__(self, conn: Connection, task: WorkerTask, interval_s: float) -> None:
+    def __init__(self, conn: Connection, task: WorkerTask, worker_id: str, interval_s: float) -> None:
         self._conn = conn
         self._task = task
+        self._worker_id = worker_id  # the server answers 403 to any other Worker's heartbeat
         self._interval_s = interval_s
         self._pending: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
@@ -159,7 +160,9 @@ class AttemptHeartbeats:
             if self.stopped:
                 return False
             deltas, self._pending = self._pending, []
-            body: dict[str, Any] = {"deltas": deltas} if deltas else {}
+            body: dict[str, Any] = {"worker_id": self._worker_id}
+            if deltas:
+                body["deltas"] = deltas
             try:
                 answer = await self._conn.request("POST", self._task.path("heartbeat"), body,
                                                   timeout_s=max(1.0, self._task.heartbeat_timeout_ms / 1000))
@@ -436,7 +439,7 @@ class Worker:
 
     async def _work(self, task: WorkerTask) -> Outcome | None:
         """Run the task with heartbeats; None when the server said stop (deliver nothing)."""
-        heartbeats = AttemptHeartbeats(self._conn, task, self._interval_for(task))
+        heartbeats = AttemptHeartbeats(self._conn, task, self.worker_id, self._interval_for(task))
         work = asyncio.create_task(self._execute(task, heartbeats))
         heartbeats.on_stop = lambda: _cancel_from_outside(work)
         beating = asyncio.create_task(heartbeats.run())
@@ -604,7 +607,7 @@ class Worker:
         if outcome.failed:
             await self._send_fail(task, outcome.error or "", outcome.retryable)
             return
-        body: dict[str, Any] = {"result": outcome.result}
+        body: dict[str, Any] = {"worker_id": self.worker_id, "result": outcome.result}
         if self.eager and not self._stop_requested.is_set():
             body["next_tasks"] = 1  # the slot this task frees
         try:
@@ -631,7 +634,8 @@ class Worker:
 
     async def _send_fail(self, task: WorkerTask, error: str, retryable: bool) -> None:
         try:
-            await self._conn.request("POST", task.path("fail"), {"error": error, "retryable": retryable})
+            await self._conn.request("POST", task.path("fail"),
+                                     {"worker_id": self.worker_id, "error": error, "retryable": retryable})
         except DexError as exc:
             if exc.status == 409:
                 log.info("%s: failure not needed any more (409: %s)", task, exc.message)

@@ -31,6 +31,7 @@ class Driver:
         self.term = term
         self.at = at
         self.log: list[tuple[int, bytes]] = []
+        self.secrets: dict[str, str] = {}  # step id -> the token secret of its latest hand-out
 
     # ------------------------------------------------------------- log
 
@@ -106,7 +107,9 @@ class Driver:
 
     def hand_out(self, kind: str | None = None, call_id: str | None = None, worker: str = "w1") -> str:
         step_id = self.next_step(kind, call_id)
-        self.ok(StartAttempts(at=self.at, handouts=[Handout(step_id=step_id, worker_id=worker, term=self.term)]))
+        secret = self.secrets[step_id] = f"secret-{self.index + 1}"  # the leader's random draw, made up
+        self.ok(StartAttempts(at=self.at, handouts=[Handout(step_id=step_id, worker_id=worker, term=self.term,
+                                                            token_secret=secret)]))
         return step_id
 
     def running(self, step_id: str) -> Any:

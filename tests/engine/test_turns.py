@@ -272,7 +272,7 @@ def test_cancel_flags_running_attempts_and_records_every_open_call(d):
     # The leader tells Workers in heartbeat answers; the attempts stay running until they stop.
     flags = {a.step_id: a.cancel_requested for a in d.engine.running_attempts()}
     assert flags == {single: True, read: True}
-    assert d.engine.attempt_state(single, attempt.attempt, attempt.term).cancel_requested
+    assert d.engine.attempt_state(single, attempt.attempt, attempt.term, d.secrets[single]).cancel_requested
     late = d.complete(single, {"status": "ok", "output": "sent anyway"})
     assert late.ok and d.call("single")["status"] == "outcome_unknown"
     d.worker_kill(read)

@@ -236,9 +236,10 @@ class HttpApi:
         assert len(tasks) == 1, f"expected one task of agent {agent!r} within {wait_ms} ms, got {tasks}"
         return tasks[0]
 
-    async def complete(self, task: dict[str, Any], result: Any) -> dict[str, Any]:
-        return expect(await self.post(f"/v1/worker/tasks/{task['task_token']}/complete", {"result": result},
-                                      role="worker"), 200)
+    async def complete(self, task: dict[str, Any], result: Any, worker_id: str = "worker-1") -> dict[str, Any]:
+        """Complete `task` as the Worker that polled it (poll_one's default Worker unless told)."""
+        return expect(await self.post(f"/v1/worker/tasks/{task['task_token']}/complete",
+                                      {"worker_id": worker_id, "result": result}, role="worker"), 200)
 
     async def start_turn_with_tool_calls(self, agent: str, session_id: str, tools: list[dict[str, Any]],
                                          calls: list[dict[str, Any]]) -> dict[str, Any]:

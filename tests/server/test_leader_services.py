@@ -25,7 +25,8 @@ async def test_an_attempt_past_its_start_to_close_fails_even_with_heartbeats(nod
 
     async def heartbeat_forever() -> None:  # the Worker is alive; only the deadline can end it
         while beating:
-            await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {}, role="worker")
+            await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {"worker_id": "worker-1"},
+                           role="worker")
             await asyncio.sleep(0.05)
 
     beater = asyncio.create_task(heartbeat_forever())

@@ -13,7 +13,7 @@ import asyncio
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable
 
 import pytest
@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, RouteSpec
 from dex_ha.server.node import NodeServer
+from dex_ha.server.task_tokens import TaskToken
 from tests.server import test_not_active
 from tests.server.node_fixture import (
     HttpApi, Reply, assert_error, call_view, concrete_path, expect, free_ports, model_result, open_sse,
@@ -145,7 +146,7 @@ async def test_metrics_has_every_design_metric(api: HttpApi):
     await api.complete(task, model_result("", [tool_call("c1", "undefined_tool")]))
     task = await api.poll_one("metrics-a")
     expect(await api.post(f"/v1/worker/tasks/{task['task_token']}/fail",
-                          {"error": "model API 500", "retryable": False}, role="worker"), 200)
+                          {"worker_id": "worker-1", "error": "model API 500", "retryable": False}, role="worker"), 200)
 
     reply = await api.get("/metrics", role=None)
     assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")
@@ -291,7 +292,8 @@ async def test_poll_hands_out_the_run_model_step_of_the_turn(api: HttpApi):
     assert task["turn_id"] == snap["current_turn"]["turn_id"]
     assert task["step_id"] == step["step_id"]
     assert task["attempt"] == 1
-    assert task["task_token"] == f"{step['step_id']}-1-{term}"
+    token = TaskToken.parse(task["task_token"])  # opaque to Workers; names the attempt and its term
+    assert token is not None and (token.step_id, token.attempt, token.term) == (step["step_id"], 1, term)
     assert task["heartbeat_timeout_ms"] == 30_000  # the node's configured heartbeat timeout
     assert task["deadline_ms"] >= started
     assert task["input"]["history"] == [{"type": "user", "text": "what is up?"}]
@@ -353,15 +355,19 @@ async def test_heartbeat_of_a_running_attempt_answers_no_cancel(api: HttpApi):
     await api.send_message("s1", "hi")
     task = await api.poll_one("helper")
     token = task["task_token"]
-    assert expect(await api.post(f"/v1/worker/tasks/{token}/heartbeat", None, role="worker"), 200) == {"cancel": False}
-    with_deltas = await api.post(f"/v1/worker/tasks/{token}/heartbeat", {"deltas": [{"text": "Hel"}]}, role="worker")
+    heartbeat = f"/v1/worker/tasks/{token}/heartbeat"
+    assert expect(await api.post(heartbeat, {"worker_id": "worker-1"}, role="worker"), 200) == {"cancel": False}
+    with_deltas = await api.post(heartbeat, {"worker_id": "worker-1", "deltas": [{"text": "Hel"}]}, role="worker")
     assert expect(with_deltas, 200) == {"cancel": False}
     # Fencing: the same step and attempt under another term is not the current attempt.
-    step_id, attempt, term = token.rsplit("-", 2)
-    stale = await api.post(f"/v1/worker/tasks/{step_id}-{attempt}-{int(term) + 5}/heartbeat", {}, role="worker")
+    parsed = TaskToken.parse(token)
+    assert parsed is not None
+    stale = await api.post(f"/v1/worker/tasks/{replace(parsed, term=parsed.term + 5)}/heartbeat",
+                           {"worker_id": "worker-1"}, role="worker")
     assert_error(stale, 409, "stale_attempt")
-    # An attempt that was never handed out is unknown.
-    assert_error(await api.post(f"/v1/worker/tasks/{step_id}-9-{term}/heartbeat", {}, role="worker"), 404, "not_found")
+    # An attempt that was never handed out is unknown (test_task_tokens.py has more).
+    assert_error(await api.post(f"/v1/worker/tasks/{replace(parsed, attempt=9)}/heartbeat",
+                                {"worker_id": "worker-1"}, role="worker"), 404, "not_found")
 
 
 @covers("task_complete")
@@ -372,12 +378,13 @@ async def test_complete_with_next_tasks_hands_out_the_sessions_next_steps_in_the
     task = await api.poll_one("helper", worker_id="w-eager")
     result = model_result("on it", [tool_call("c1", "lookup", q="bill"), tool_call("c2", "pay", amount=5)])
     reply = await api.post(f"/v1/worker/tasks/{task['task_token']}/complete",
-                           {"result": result, "next_tasks": 1}, role="worker")
+                           {"worker_id": "w-eager", "result": result, "next_tasks": 1}, role="worker")
     tasks = expect(reply, 200)["tasks"]
     assert [(t["kind"], t["input"]["call_id"], t["idempotency_key"]) for t in tasks] == [
         ("CallTool", "c1", "s1:c1")]  # one asked for; the other waits in the queue
     # The eager task is a real hand-out: it heartbeats, and the snapshot shows its attempt.
-    heartbeat = await api.post(f"/v1/worker/tasks/{tasks[0]['task_token']}/heartbeat", {}, role="worker")
+    heartbeat = await api.post(f"/v1/worker/tasks/{tasks[0]['task_token']}/heartbeat", {"worker_id": "w-eager"},
+                               role="worker")
     assert expect(heartbeat, 200) == {"cancel": False}
     calls = {c["call_id"]: c for c in (await api.snapshot("s1"))["tool_calls"]}
     assert [a["worker_id"] for s in calls["c1"]["steps"] for a in s["attempts"]] == ["w-eager"]
@@ -409,10 +416,11 @@ async def test_complete_with_tool_calls_puts_their_steps_in_the_snapshot(api: Ht
     assert snap["current_turn"]["steps"][0]["attempts"][0]["status"] == "completed"
 
     # A Worker retrying the same result is told ok and nothing changes; another result is stale.
-    expect(await api.post(f"/v1/worker/tasks/{task['task_token']}/complete", {"result": result}, role="worker"), 200)
+    expect(await api.post(f"/v1/worker/tasks/{task['task_token']}/complete", {"worker_id": "worker-1", "result": result},
+                          role="worker"), 200)
     assert len((await api.snapshot("s1"))["history"]) == len(snap["history"])
     other = await api.post(f"/v1/worker/tasks/{task['task_token']}/complete",
-                           {"result": model_result("something else")}, role="worker")
+                           {"worker_id": "worker-1", "result": model_result("something else")}, role="worker")
     assert_error(other, 409, "stale_attempt")
 
     # The tool steps go to Workers with the input of DESIGN.md §6.
@@ -428,12 +436,13 @@ async def test_fail_then_a_second_report_for_the_same_token_is_409(api: HttpApi)
     await api.send_message("s1", "hi")
     task = await api.poll_one("helper")
     path = f"/v1/worker/tasks/{task['task_token']}"
-    failed = expect(await api.post(path + "/fail", {"error": "model API 429", "retryable": True}, role="worker"), 200)
+    failed = expect(await api.post(path + "/fail", {"worker_id": "worker-1", "error": "model API 429", "retryable": True},
+                                   role="worker"), 200)
     assert failed["status"] == "failed"
-    assert_error(await api.post(path + "/fail", {"error": "again"}, role="worker"), 409, "stale_attempt")
-    assert_error(await api.post(path + "/complete", {"result": model_result("late")}, role="worker"),
+    assert_error(await api.post(path + "/fail", {"worker_id": "worker-1", "error": "again"}, role="worker"), 409, "stale_attempt")
+    assert_error(await api.post(path + "/complete", {"worker_id": "worker-1", "result": model_result("late")}, role="worker"),
                  409, "stale_attempt")
-    assert_error(await api.post(path + "/heartbeat", {}, role="worker"), 409, "stale_attempt")
+    assert_error(await api.post(path + "/heartbeat", {"worker_id": "worker-1"}, role="worker"), 409, "stale_attempt")
     [step] = (await api.snapshot("s1"))["current_turn"]["steps"]
     assert step["status"] == "backoff"  # a RunModel has attempts left: it runs again after a backoff
     [attempt] = step["attempts"]
@@ -506,11 +515,11 @@ async def test_cancel_tells_the_running_attempt_to_stop(api: HttpApi):
     await api.send_message("s1", "write a long essay")
     task = await api.poll_one("helper")
     heartbeat = f"/v1/worker/tasks/{task['task_token']}/heartbeat"
-    assert expect(await api.post(heartbeat, {}, role="worker"), 200) == {"cancel": False}
+    assert expect(await api.post(heartbeat, {"worker_id": "worker-1"}, role="worker"), 200) == {"cancel": False}
 
     cancelled = expect(await api.post("/v1/sessions/s1/cancel", {"reason": "too slow"}), 200)
     assert cancelled["cancelled"] == task["turn_id"]
-    assert expect(await api.post(heartbeat, {}, role="worker"), 200) == {"cancel": True}
+    assert expect(await api.post(heartbeat, {"worker_id": "worker-1"}, role="worker"), 200) == {"cancel": True}
     snap = await api.snapshot("s1")
     assert snap["status"] == "idle" and snap["turns"][0]["status"] == "cancelled"
     # Nothing runs now: cancelling again is fine and cancels nothing (the body is optional).
@@ -533,8 +542,8 @@ async def test_lost_write_attempt_is_outcome_unknown_and_can_be_reconciled(nodes
 
     call = await wait_until(call_settled, timeout_s=10, what="the lost write call to get an outcome")
     assert call["status"] == "outcome_unknown" and call["attempt_progress"] == "NOT_COMPLETED"
-    assert_error(await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {}, role="worker"),
-                 409, "stale_attempt")
+    assert_error(await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {"worker_id": "worker-1"},
+                                role="worker"), 409, "stale_attempt")
 
     path = "/v1/sessions/s1/tool-calls/c1/reconcile"
     first = expect(await api.post(path, {"outcome": "succeeded", "result": {"receipt": "r-1"}}), 200)
@@ -589,7 +598,8 @@ async def test_session_events_resume_without_duplicates_and_relay_deltas(api: Ht
 
         # A live delta: relayed from a heartbeat, tagged with step and attempt, with no id.
         heartbeat = f"/v1/worker/tasks/{task['task_token']}/heartbeat"
-        expect(await api.post(heartbeat, {"deltas": [{"text": "Hel"}, {"text": "lo"}]}, role="worker"), 200)
+        expect(await api.post(heartbeat, {"worker_id": "worker-1", "deltas": [{"text": "Hel"}, {"text": "lo"}]}, role="worker"),
+               200)
         deltas = [await stream.next_event(), await stream.next_event()]
         assert [d.event for d in deltas] == ["delta", "delta"]
         assert all(d.id is None for d in deltas)
@@ -762,14 +772,19 @@ INVALID: list[Bad] = [
     Bad("worker_poll", "/v1/worker/poll", 400, "wait_ms", body={"worker_id": "w", "agents": ["a"], "wait_ms": 1.5}),
     Bad("worker_poll", "/v1/worker/poll", 400, "max_tasks",
         body={"worker_id": "w", "agents": ["a"], "max_tasks": "2"}),
-    Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "deltas", body={"deltas": "Hel"}),
-    Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "deltas[0]", body={"deltas": [1]}),
-    Bad("task_complete", f"{TOKEN}/complete", 400, "result", body={}),
-    Bad("task_complete", f"{TOKEN}/complete", 400, "next_tasks", body={"result": 1, "next_tasks": 17}),
-    Bad("task_complete", f"{TOKEN}/complete", 400, "next_tasks", body={"result": 1, "next_tasks": True}),
-    Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={}),
-    Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={"error": 5}),
-    Bad("task_fail", f"{TOKEN}/fail", 400, "retryable", body={"error": "x", "retryable": "no"}),
+    Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "worker_id", body={}),
+    Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "worker_id", body={"worker_id": ""}),
+    Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "deltas", body={"worker_id": "w", "deltas": "Hel"}),
+    Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "deltas[0]", body={"worker_id": "w", "deltas": [1]}),
+    Bad("task_complete", f"{TOKEN}/complete", 400, "worker_id", body={"result": 1}),
+    Bad("task_complete", f"{TOKEN}/complete", 400, "result", body={"worker_id": "w"}),
+    Bad("task_complete", f"{TOKEN}/complete", 400, "next_tasks", body={"worker_id": "w", "result": 1, "next_tasks": 17}),
+    Bad("task_complete", f"{TOKEN}/complete", 400, "next_tasks",
+        body={"worker_id": "w", "result": 1, "next_tasks": True}),
+    Bad("task_fail", f"{TOKEN}/fail", 400, "worker_id", body={"error": "x", "worker_id": 5}),
+    Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={"worker_id": "w"}),
+    Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={"worker_id": "w", "error": 5}),
+    Bad("task_fail", f"{TOKEN}/fail", 400, "retryable", body={"worker_id": "w", "error": "x", "retryable": "no"}),
     Bad("step_down", "/v1/cluster/step-down", 400, "drain_timeout_ms", body={"drain_timeout_ms": -1}),
     Bad("step_down", "/v1/cluster/step-down", 400, "to", body={"to": 5}),
     Bad("add_member", "/v1/cluster/members", 400, "id", body={"raft_addr": "127.0.0.1:9", "url": "http://h:1"}),
@@ -797,11 +812,12 @@ UNKNOWN: list[Bad] = [
     Bad("reconcile_tool_call", "/v1/sessions/nobody/tool-calls/c1/reconcile", 404, body={"outcome": "failed"}),
     Bad("reconcile_tool_call", "/v1/sessions/s1/tool-calls/no-such-call/reconcile", 404, body={"outcome": "failed"}),
     Bad("session_events", "/v1/sessions/nobody/events", 404),
-    Bad("task_heartbeat", f"{TOKEN}/heartbeat", 404, body={}),
-    Bad("task_heartbeat", "/v1/worker/tasks/not-a-token/heartbeat", 404, body={}),
-    Bad("task_complete", f"{TOKEN}/complete", 404, body={"result": {"content": "x", "tool_calls": []}}),
-    Bad("task_complete", "/v1/worker/tasks/not-a-token/complete", 404, body={"result": {}}),
-    Bad("task_fail", f"{TOKEN}/fail", 404, body={"error": "boom"}),
+    Bad("task_heartbeat", f"{TOKEN}/heartbeat", 404, body={"worker_id": "w"}),
+    Bad("task_heartbeat", "/v1/worker/tasks/not-a-token/heartbeat", 404, body={"worker_id": "w"}),
+    Bad("task_complete", f"{TOKEN}/complete", 404,
+        body={"worker_id": "w", "result": {"content": "x", "tool_calls": []}}),
+    Bad("task_complete", "/v1/worker/tasks/not-a-token/complete", 404, body={"worker_id": "w", "result": {}}),
+    Bad("task_fail", f"{TOKEN}/fail", 404, body={"worker_id": "w", "error": "boom"}),
     Bad("promote_member", "/v1/cluster/members/nobody/promote", 404),
     Bad("remove_member", "/v1/cluster/members/nobody", 404),
 ]
@@ -891,8 +907,8 @@ async def test_engine_checked_results_are_400_naming_the_field(api: HttpApi):
     await api.create_session("helper", "s1")
     await api.send_message("s1", "hi")
     task = await api.poll_one("helper")
-    reply = await api.post(f"/v1/worker/tasks/{task['task_token']}/complete", {"result": {"tool_calls": "lookup"}},
-                           role="worker")
+    reply = await api.post(f"/v1/worker/tasks/{task['task_token']}/complete",
+                           {"worker_id": "worker-1", "result": {"tool_calls": "lookup"}}, role="worker")
     assert_error(reply, 400, "invalid", names="result.tool_calls")
     # The refused result changed nothing: the attempt is still running and can complete.
     await api.complete(task, model_result("done"))

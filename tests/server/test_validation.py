@@ -30,9 +30,9 @@ MINIMAL = {
                                        "metadata": None}),
     "worker_poll": ({"worker_id": "w1", "agents": ["support"]},
                     {"worker_id": "w1", "agents": ["support"], "max_tasks": 1, "wait_ms": 20_000}),
-    "task_heartbeat": ({}, {"deltas": None}),
-    "task_complete": ({"result": None}, {"result": None, "next_tasks": 0}),
-    "task_fail": ({"error": "boom"}, {"error": "boom", "retryable": True}),
+    "task_heartbeat": ({"worker_id": "w1"}, {"worker_id": "w1", "deltas": None}),
+    "task_complete": ({"worker_id": "w1", "result": None}, {"worker_id": "w1", "result": None, "next_tasks": 0}),
+    "task_fail": ({"worker_id": "w1", "error": "boom"}, {"worker_id": "w1", "error": "boom", "retryable": True}),
     "step_down": ({}, {"to": None, "drain_timeout_ms": None}),
     "add_member": ({"id": "n4", "raft_addr": "127.0.0.1:7004", "url": "http://127.0.0.1:8804"},
                    {"id": "n4", "raft_addr": "127.0.0.1:7004", "url": "http://127.0.0.1:8804"}),
@@ -49,9 +49,9 @@ FULL = {
     "register_agent": {"tools": [{"name": "lookup", "effect": "read"}], "compaction": {"max_items": 50},
                        "model": {"start_to_close_ms": 60_000}, "description": "helps", "metadata": {"v": 2}},
     "worker_poll": {"worker_id": "w1", "agents": ["a", "b"], "max_tasks": 10, "wait_ms": 0},
-    "task_heartbeat": {"deltas": [{"text": "Hel"}, {"text": "lo"}]},
-    "task_complete": {"result": {"status": "ok", "output": 3.5}, "next_tasks": 2},
-    "task_fail": {"error": "429 from the model API", "retryable": False},
+    "task_heartbeat": {"worker_id": "w1", "deltas": [{"text": "Hel"}, {"text": "lo"}]},
+    "task_complete": {"worker_id": "w1", "result": {"status": "ok", "output": 3.5}, "next_tasks": 2},
+    "task_fail": {"worker_id": "w1", "error": "429 from the model API", "retryable": False},
     "step_down": {"to": "n2", "drain_timeout_ms": 5000},
     "add_member": {"id": "n4", "raft_addr": "[::1]:7004", "url": "https://n4.example:8443/"},
 }
@@ -59,8 +59,9 @@ FULL = {
 REQUIRED = {  # from the brief's route table
     "create_session": {"agent"}, "send_message": {"text"}, "decide_approval": {"approved"},
     "answer_question": {"answer"}, "cancel_turn": set(), "reconcile_tool_call": {"outcome"},
-    "register_agent": {"tools"}, "worker_poll": {"worker_id", "agents"}, "task_heartbeat": set(),
-    "task_complete": {"result"}, "task_fail": {"error"}, "step_down": set(),
+    "register_agent": {"tools"}, "worker_poll": {"worker_id", "agents"},
+    "task_heartbeat": {"worker_id"}, "task_complete": {"worker_id", "result"}, "task_fail": {"worker_id", "error"},
+    "step_down": set(),
     "add_member": {"id", "raft_addr", "url"},
 }
 
@@ -116,7 +117,7 @@ def test_a_full_body_comes_back_unchanged(route_name):
     assert validate_body(ROUTES_BY_NAME[route_name], FULL[route_name]) == FULL[route_name]
 
 
-@pytest.mark.parametrize("route_name", ["cancel_turn", "task_heartbeat", "step_down"])
+@pytest.mark.parametrize("route_name", ["cancel_turn", "step_down"])
 def test_an_optional_body_may_be_absent(route_name):
     assert validate_body(ROUTES_BY_NAME[route_name], None) == MINIMAL[route_name][1]
 
@@ -197,7 +198,7 @@ def test_array_items_are_checked_and_named_by_index():
     error = invalid("worker_poll", with_field("worker_poll", "agents", ["a", 3]))
     assert str(error) == "agents[1]: must be a string (got integer)"
     assert invalid("register_agent", {"tools": [{"name": "x"}, "lookup"]}).field == "tools[1]"
-    assert invalid("task_heartbeat", {"deltas": [1]}).field == "deltas[0]"
+    assert invalid("task_heartbeat", {"worker_id": "w1", "deltas": [1]}).field == "deltas[0]"
 
 
 # ---------------------------------------------------------------- bounds and enums
@@ -221,6 +222,7 @@ def test_integer_bounds_are_inclusive(route_name, field, low, high):
     ("send_message", "text", 262_144), ("send_message", "message_id", 200),
     ("decide_approval", "reason", 4096), ("cancel_turn", "reason", 4096),
     ("worker_poll", "worker_id", 200), ("task_fail", "error", 65_536), ("add_member", "id", 64),
+    ("task_heartbeat", "worker_id", 200), ("task_complete", "worker_id", 200), ("task_fail", "worker_id", 200),
 ])
 def test_string_length_limits(route_name, field, limit):
     route = ROUTES_BY_NAME[route_name]
@@ -231,6 +233,7 @@ def test_string_length_limits(route_name, field, limit):
 
 @pytest.mark.parametrize(("route_name", "field"), [
     ("create_session", "agent"), ("send_message", "text"), ("worker_poll", "worker_id"), ("add_member", "id"),
+    ("task_heartbeat", "worker_id"), ("task_complete", "worker_id"), ("task_fail", "worker_id"),
 ])
 def test_empty_strings_are_refused_where_a_name_or_text_is_needed(route_name, field):
     assert str(invalid(route_name, with_field(route_name, field, ""))) == f"{field}: must not be empty"
@@ -317,8 +320,9 @@ def test_nesting_is_limited():
         return value
 
     route = ROUTES_BY_NAME["task_complete"]
-    assert validate_body(route, {"result": nested(MAX_JSON_DEPTH - 1)})["result"] == nested(MAX_JSON_DEPTH - 1)
-    error = invalid("task_complete", {"result": nested(MAX_JSON_DEPTH + 5)})
+    deep_enough = {"worker_id": "w1", "result": nested(MAX_JSON_DEPTH - 1)}
+    assert validate_body(route, deep_enough)["result"] == nested(MAX_JSON_DEPTH - 1)
+    error = invalid("task_complete", {"worker_id": "w1", "result": nested(MAX_JSON_DEPTH + 5)})
     assert error.field.startswith("result[0]") and "nested too deeply" in error.message
 
 

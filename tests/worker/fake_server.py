@@ -2,7 +2,9 @@
 
 It records what the Worker sends (registrations, polls, heartbeats, results), hands out
 tasks the test queues, and misbehaves on request: answer a heartbeat with cancel or 409,
-a result with 409 or 400, or any route with 503 for the next N requests.
+a result with 409 or 400, or any route with 503 for the next N requests. Like the real
+server, it answers 403 to a heartbeat or result whose worker_id is not the one that took
+the task.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class FakeServer:
         self.refused: dict[str, int] = {}  # route → answer every request with this 4xx status
         self.counters = Counters()
         self.handed_out: dict[str, dict[str, Any]] = {}
+        self.taken_by: dict[str, str] = {}  # token -> the worker_id of the poll (or complete) that took it
         self._queue: list[dict[str, Any]] = []
         self._queued = asyncio.Event()
         self._tokens = itertools.count(1)
@@ -165,8 +168,16 @@ class FakeServer:
         for task in tasks:
             self._queue.remove(task)
             self.handed_out[task["task_token"]] = task
+            self.taken_by[task["task_token"]] = body["worker_id"]
             self.counters.start(task["task_token"])
         return web.json_response({"tasks": [{k: v for k, v in t.items() if k != "queue"} for t in tasks]})
+
+    def _not_owner(self, token: str, body: dict[str, Any]) -> web.Response | None:
+        """403 unless the report carries the worker_id that took the task (DESIGN.md §6)."""
+        if body.get("worker_id") == self.taken_by.get(token):
+            return None
+        return web.json_response({"error": "forbidden", "message": f"worker_id: task {token} was handed to "
+                                  f"{self.taken_by.get(token)!r}, not {body.get('worker_id')!r}"}, status=403)
 
     def _matching(self, agents: list[str]) -> list[dict[str, Any]]:
         return [task for task in self._queue if task["queue"] in agents]
@@ -175,8 +186,11 @@ class FakeServer:
         if (busy := self._unavailable("heartbeat")) is not None:
             return busy
         token = request.match_info["token"]
-        self.heartbeats[token].append(await request.json())
+        body = await request.json()
+        self.heartbeats[token].append(body)
         self.log.append(("heartbeat", token))
+        if (not_owner := self._not_owner(token, body)) is not None:
+            return not_owner
         if token in self.stale_heartbeat_tokens:
             return _stale()
         return web.json_response({"cancel": token in self.cancel_tokens})
@@ -189,6 +203,8 @@ class FakeServer:
         body = await request.json()
         self.completes[token].append(body["result"])
         self.log.append(("complete", token))
+        if (not_owner := self._not_owner(token, body)) is not None:
+            return not_owner
         if token in self.stale_result_tokens:
             return _stale()
         if token in self.refused_result_tokens:
@@ -201,6 +217,7 @@ class FakeServer:
             task = next(t for t in self._queue if t["task_token"] == eager)
             self._queue.remove(task)
             self.handed_out[eager] = task
+            self.taken_by[eager] = body["worker_id"]
             self.counters.start(eager)
             return web.json_response({"tasks": [{k: v for k, v in task.items() if k != "queue"}]})
         return web.json_response({})
@@ -209,8 +226,11 @@ class FakeServer:
         if (busy := self._unavailable("fail")) is not None:
             return busy
         token = request.match_info["token"]
-        self.fails[token].append(await request.json())
+        body = await request.json()
+        self.fails[token].append(body)
         self.log.append(("fail", token))
+        if (not_owner := self._not_owner(token, body)) is not None:
+            return not_owner
         if token in self.stale_result_tokens:
             return _stale()
         self.counters.end(token)

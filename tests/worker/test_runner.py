@@ -300,7 +300,7 @@ async def test_tasks_the_worker_cannot_run_fail_without_retry(fake: FakeServer, 
     token = add(fake)
     async with running(make_worker(fake, Toolbox().agent, Agent("modelless"))):
         await fake.wait_for(lambda: fake.fails[token], "the failure report")
-    assert fake.fails[token] == [{"error": message, "retryable": False}]
+    assert fake.fails[token] == [{"worker_id": "w-test", "error": message, "retryable": False}]
     assert fake.completes[token] == []
 
 
@@ -313,8 +313,9 @@ async def test_a_raised_exception_fails_the_attempt_as_retryable(fake: FakeServe
     model = fake.add_task("RunModel", {"history": [], "tools": []})
     async with running(make_worker(fake, box.agent)):
         await fake.wait_for(lambda: fake.fails[tool] and fake.fails[model], "two failures")
-    assert fake.fails[tool] == [{"error": "RuntimeError: database down", "retryable": True}]
-    assert fake.fails[model] == [{"error": "RuntimeError: 429 too many requests", "retryable": True}]
+    assert fake.fails[tool] == [{"worker_id": "w-test", "error": "RuntimeError: database down", "retryable": True}]
+    assert fake.fails[model] == [{"worker_id": "w-test", "error": "RuntimeError: 429 too many requests",
+                                  "retryable": True}]
     assert fake.completes[tool] == fake.completes[model] == []
 
 
@@ -403,6 +404,21 @@ async def test_concurrent_polls_share_the_free_slots_and_never_promise_more(fake
 # ---------------------------------------------------------------- heartbeats and deltas
 
 
+async def test_every_report_carries_the_worker_id_that_polled_the_task(fake: FakeServer) -> None:
+    """Only the Worker that took a task may heartbeat, complete or fail it (DESIGN.md §6):
+    the server checks the body's worker_id against the one the poll recorded."""
+    box = Toolbox()
+    slow = fake.add_tool_task("wait_gate", {"name": "slow"})
+    crashed = fake.add_tool_task("crash", {}, call_id="c2")
+    async with running(make_worker(fake, box.agent, worker_id="w-owner", heartbeat_interval_s=0.02)):
+        await fake.wait_for(lambda: fake.heartbeats[slow] and fake.fails[crashed], "a heartbeat and a failure")
+        box.gates["slow"].set()
+        await fake.wait_for(lambda: fake.completes[slow], "the result")
+    assert fake.taken_by == {slow: "w-owner", crashed: "w-owner"}
+    assert {body["worker_id"] for body in fake.heartbeats[slow] + fake.fails[crashed]} == {"w-owner"}
+    assert fake.counters.outstanding == set()  # the result and the failure were accepted (not 403)
+
+
 def heartbeats_before_result(fake: FakeServer, token: str) -> int:
     entries = [route for route, t in fake.log if t == token]
     return entries.index("complete") if "complete" in entries else len(entries)
@@ -417,7 +433,8 @@ async def test_heartbeats_arrive_while_a_slow_tool_runs(fake: FakeServer) -> Non
         box.gates["slow"].set()
         await fake.wait_for(lambda: fake.completes[token], "the result")
     assert fake.completes[token] == [{"status": "ok", "output": "slow"}]
-    assert all(body == {} for body in fake.heartbeats[token])  # nothing to stream: empty heartbeats
+    # Nothing to stream: each heartbeat names only the Worker.
+    assert all(body == {"worker_id": "w-test"} for body in fake.heartbeats[token])
 
 
 async def test_default_heartbeat_interval_is_a_third_of_the_tasks_timeout(fake: FakeServer) -> None:
@@ -477,7 +494,8 @@ async def test_progress_from_ctx_heartbeat_is_sent_at_once_as_a_delta(fake: Fake
 # ---------------------------------------------------------------- cancellation
 
 
-CANCELLED_FAIL = {"error": "cancelled: the Worker stopped the attempt at the server's request", "retryable": False}
+CANCELLED_FAIL = {"worker_id": "w-test", "error": "cancelled: the Worker stopped the attempt at the server's request",
+                  "retryable": False}
 
 
 @pytest.mark.parametrize("answer", ["cancel", "409"])
@@ -557,8 +575,8 @@ async def test_a_result_the_server_refuses_is_reported_as_a_permanent_failure(fa
     async with running(make_worker(fake, box.agent)):
         await fake.wait_for(lambda: fake.fails[token], "the failure report")
     assert fake.complete_tries[token] == 1
-    assert fake.fails[token] == [{"error": "the server refused the result: result.status must be ok, error, "
-                                           "question or task", "retryable": False}]
+    assert fake.fails[token] == [{"worker_id": "w-test", "error": "the server refused the result: result.status "
+                                  "must be ok, error, question or task", "retryable": False}]
 
 
 # ---------------------------------------------------------------- stop
