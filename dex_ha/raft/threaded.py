@@ -25,18 +25,13 @@ dex_ha.engine.EngineReader).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import logging
 import threading
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Callable
 
 from .core import NotLeader
+from .loop_thread import LoopThread
 from .node import Member, NodeConfig, RaftNode, RaftView, StateMachine
 from .types import ConfChange, EntryType
-
-log = logging.getLogger("dex_ha.raft.threaded")
-
-T = TypeVar("T")
 
 
 class _ReplyToLoop:
@@ -101,9 +96,8 @@ class RaftThread:
         self._on_fatal = on_fatal
         self.node = RaftNode(config, state_machine, on_leader_change=self._leader_changed,
                              on_fsync=on_fsync, on_fatal=self._fatal)
+        self._thread = LoopThread(f"raft-{config.id}")
         self._caller_loop: asyncio.AbstractEventLoop | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._outbox: _Outbox | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -112,39 +106,11 @@ class RaftThread:
         """Start the thread and the node on it; returns once the node listens."""
         self._caller_loop = asyncio.get_running_loop()
         self._outbox = _Outbox(self._caller_loop)
-        started: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(started,), name=f"raft-{self.node.id}",
-                                        daemon=True)
-        self._thread.start()
-        await asyncio.wrap_future(started)
-
-    def _run(self, started: concurrent.futures.Future[None]) -> None:
-        loop = self._loop = _new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self.node.start())
-        except BaseException as exc:
-            started.set_exception(exc)
-            loop.close()
-            return
-        started.set_result(None)
-        try:
-            loop.run_forever()
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-            loop.close()
+        await self._thread.start(self.node.start)
 
     async def stop(self) -> None:
         """Stop the node, then its loop and thread."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None or loop.is_closed():
-            return
-        try:
-            await self._on_raft_loop(self.node.stop())
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            await asyncio.to_thread(thread.join)
+        await self._thread.stop(self.node.stop())
 
     # ------------------------------------------------------------------ reads
 
@@ -165,7 +131,7 @@ class RaftThread:
 
     async def status(self) -> dict[str, Any]:
         """The core's full status (members, progress), read on the Raft loop."""
-        return await self._call(self.node.status)
+        return await self._thread.call(self.node.status)
 
     # ------------------------------------------------------------------ requests
 
@@ -174,42 +140,24 @@ class RaftThread:
         view = self.view
         if not view.is_leader:
             raise NotLeader(view.leader_id)
-        assert self._loop is not None and self._outbox is not None and self._caller_loop is not None
+        loop = self._thread.loop
+        assert loop is not None and self._outbox is not None and self._caller_loop is not None
         future: asyncio.Future[Any] = self._caller_loop.create_future()
-        self._loop.call_soon_threadsafe(self.node.enqueue, data, EntryType.NORMAL,
-                                        _ReplyToLoop(future, self._outbox))
+        loop.call_soon_threadsafe(self.node.enqueue, data, EntryType.NORMAL, _ReplyToLoop(future, self._outbox))
         return await future
 
     async def change_membership(self, cc: ConfChange) -> None:
-        await self._on_raft_loop(self.node.change_membership(cc))
+        await self._thread.run(self.node.change_membership(cc))
 
     async def transfer_leadership(self, to: str) -> None:
-        await self._call(self.node.transfer_leadership, to)
+        await self._thread.call(self.node.transfer_leadership, to)
 
-    # ------------------------------------------------------------------ plumbing
+    # ------------------------------------------------------------------ callbacks from the Raft thread
 
-    async def _on_raft_loop(self, coro: Awaitable[T]) -> T:
-        assert self._loop is not None
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))  # type: ignore[arg-type]
-
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        async def call() -> T:
-            return fn(*args)
-
-        return await self._on_raft_loop(call())
-
-    def _leader_changed(self, leader_id: str) -> None:  # on the Raft thread
+    def _leader_changed(self, leader_id: str) -> None:
         if self._on_leader_change is not None and self._caller_loop is not None:
             self._caller_loop.call_soon_threadsafe(self._on_leader_change, leader_id)
 
-    def _fatal(self, exc: BaseException) -> None:  # on the Raft thread
+    def _fatal(self, exc: BaseException) -> None:
         if self._on_fatal is not None:
             self._on_fatal(exc)
-
-
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()

@@ -15,15 +15,14 @@ probes at it; `deploy/` does.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import logging
 import socket
-import threading
 from typing import Any, Callable
 
 from aiohttp import web
+
+from dex_ha.raft.loop_thread import LoopThread
 
 log = logging.getLogger("dex_ha.server.probes")
 
@@ -38,8 +37,7 @@ class ProbeServer:
         self._sock = sock
         self._liveness = liveness
         self._readiness = readiness
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = LoopThread("probes")
         self._runner: web.AppRunner | None = None
 
     @property
@@ -47,25 +45,7 @@ class ProbeServer:
         return int(self._sock.getsockname()[1])
 
     async def start(self) -> None:
-        started: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(started,), name="probes", daemon=True)
-        self._thread.start()
-        await asyncio.wrap_future(started)
-
-    def _run(self, started: concurrent.futures.Future[None]) -> None:
-        loop = self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._serve())
-        except BaseException as exc:
-            started.set_exception(exc)
-            loop.close()
-            return
-        started.set_result(None)
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
+        await self._thread.start(self._serve)
 
     async def _serve(self) -> None:
         app = web.Application()
@@ -76,13 +56,7 @@ class ProbeServer:
         await web.SockSite(self._runner, self._sock).start()
 
     async def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None or loop.is_closed():
-            return
-        if self._runner is not None:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._runner.cleanup(), loop))
-        loop.call_soon_threadsafe(loop.stop)
-        await asyncio.to_thread(thread.join)
+        await self._thread.stop(self._runner.cleanup() if self._runner is not None else None)
 
     async def _livez(self, request: web.Request) -> web.Response:
         return _json(200, self._liveness())
