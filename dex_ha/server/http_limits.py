@@ -8,7 +8,8 @@ and must never make `/livez` or `/readyz` fail.
   The timeouts cover reading the request only: once a request is read, its answer takes as
   long as it takes (a Worker long poll, an SSE event stream).
 - **A cap on open connections** (`http_max_connections`; by default what the open-files limit
-  allows after `FD_HEADROOM` descriptors for the Raft transport, SQLite and logs). Above the
+  allows after `FD_HEADROOM` descriptors for the Raft transport, SQLite and logs, and those of
+  the probe listener, which has a small cap of its own: `PROBE_LISTENER_LIMITS`). Above the
   cap a connection lands in a small reserve (`PROBE_RESERVE`) that serves one `/livez` or
   `/readyz` request and closes; any other request there gets 503 `overloaded`. When the
   reserve is full too, a new connection replaces the reserve connection that has waited
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S
 from dex_ha.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -67,7 +69,6 @@ MIN_CONNECTIONS = 16
 ACCEPT_BATCH = 16
 # After accept fails (out of descriptors or memory), wait this long before trying again.
 ACCEPT_RETRY_S = 0.1
-RETRY_AFTER_S = "1"
 # nginx's "client closed request": the client went away before it had its answer.
 CLIENT_CLOSED_REQUEST = 499
 
@@ -84,8 +85,12 @@ class HttpLimits:
 
     @classmethod
     def from_config(cls, config: ServerConfig, open_files: int | None = None) -> HttpLimits:
-        """The limits of `config`; `open_files` is the soft RLIMIT_NOFILE (read when None)."""
-        allowed = max_connections_allowed(open_files_limit() if open_files is None else open_files)
+        """The API port's limits; `open_files` is the soft RLIMIT_NOFILE (read when None)."""
+        if open_files is None:
+            open_files = open_files_limit()
+        if config.probe_listen is not None:
+            open_files -= PROBE_LISTENER_LIMITS.descriptors()
+        allowed = max_connections_allowed(open_files)
         wanted = config.http_max_connections or min(allowed, MAX_CONNECTIONS_CEILING)
         if wanted > allowed:
             log.warning("http_max_connections = %d is more than the open-files limit allows; using %d "
@@ -103,10 +108,21 @@ class HttpLimits:
         """Arguments for aiohttp's RequestHandler (through AppRunner)."""
         return {"keepalive_timeout": self.keepalive_timeout_s}
 
+    def descriptors(self) -> int:
+        """The most descriptors that clients of a site with these limits can hold."""
+        return self.max_connections + self.reserve + ACCEPT_BATCH
+
     def describe(self) -> str:
-        return (f"at most {self.max_connections} HTTP connections (+{self.reserve} for /livez and /readyz), "
-                f"request headers within {self.header_timeout_s:g} s, a body within {self.body_timeout_s:g} s, "
+        reserve = f" (+{self.reserve} for /livez and /readyz)" if self.reserve else ""
+        return (f"at most {self.max_connections} connections{reserve}, request headers within "
+                f"{self.header_timeout_s:g} s, a body within {self.body_timeout_s:g} s, "
                 f"idle keep-alive {self.keepalive_timeout_s:g} s")
+
+
+# The probe listener (probes.py): kubelets and balancers open a connection per check and send
+# their request at once. Its cap bounds the descriptors that clients of that port can take.
+PROBE_LISTENER_LIMITS = HttpLimits(header_timeout_s=PROBE_HEADER_TIMEOUT_S, body_timeout_s=PROBE_HEADER_TIMEOUT_S,
+                                   keepalive_timeout_s=PROBE_HEADER_TIMEOUT_S, max_connections=64, reserve=0)
 
 
 def open_files_limit() -> int:
@@ -116,7 +132,7 @@ def open_files_limit() -> int:
 
 
 def max_connections_allowed(open_files: int) -> int:
-    """The most HTTP connections that leave FD_HEADROOM descriptors for the rest of the node."""
+    """The most API connections that leave FD_HEADROOM of `open_files` descriptors to the rest."""
     allowed = open_files - FD_HEADROOM - PROBE_RESERVE - ACCEPT_BATCH
     if allowed < MIN_CONNECTIONS:
         log.warning("the open-files limit (%d) is too low for a node: HTTP clients may take the descriptors "
@@ -160,10 +176,11 @@ def client_gone(request: web.BaseRequest, exc: ConnectionError) -> web.Response:
 
 
 class GuardedSite(web.BaseSite):
-    """An aiohttp site on a listening socket whose connections a ConnectionGuard accepts."""
+    """An aiohttp site on a listening socket whose connections a ConnectionGuard accepts.
+    `metrics` (the API port's) counts them; None for the probe listener."""
 
     def __init__(self, runner: web.BaseRunner, sock: socket.socket, limits: HttpLimits,
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics | None) -> None:
         super().__init__(runner)
         self._sock = sock
         self._guard = ConnectionGuard(limits, metrics)
@@ -177,7 +194,7 @@ class GuardedSite(web.BaseSite):
         await super().start()
         assert self._runner.server is not None, "runner.setup() comes first"
         self._guard.start(self._sock, self._runner.server)
-        log.info("%s", self._guard.limits.describe())
+        log.info("%s: %s", self.name, self._guard.limits.describe())
 
     async def stop(self) -> None:
         self._guard.stop()
@@ -187,7 +204,7 @@ class GuardedSite(web.BaseSite):
 class ConnectionGuard:
     """Accepts a node's HTTP connections and keeps them within its HttpLimits."""
 
-    def __init__(self, limits: HttpLimits, metrics: ServerMetrics) -> None:
+    def __init__(self, limits: HttpLimits, metrics: ServerMetrics | None) -> None:
         self.limits = limits
         self._metrics = metrics
         self._regular: set[_Connection] = set()
@@ -206,7 +223,8 @@ class ConnectionGuard:
         # request arrived, and answers from the reserve.
         self._app_handler: Handler = server.request_handler
         server.request_handler = self._dispatch
-        self._metrics.http_connections_max.set(self.limits.max_connections)
+        if self._metrics is not None:
+            self._metrics.http_connections_max.set(self.limits.max_connections)
         self._loop.add_reader(listener.fileno(), self._accept)
 
     def stop(self) -> None:
@@ -265,7 +283,7 @@ class ConnectionGuard:
             self._reserve[conn] = None
         else:
             self._regular.add(conn)
-        self._metrics.http_connections_open.inc()
+        self._count_open(+1)
         task = self._loop.create_task(self._loop.connect_accepted_socket(lambda: conn, sock))
         self._connecting.add(task)
         task.add_done_callback(partial(self._connected, conn, sock))
@@ -291,7 +309,7 @@ class ConnectionGuard:
         if conn in self._regular or conn in self._reserve:
             self._regular.discard(conn)
             self._reserve.pop(conn, None)
-            self._metrics.http_connections_open.dec()
+            self._count_open(-1)
 
     def headers_late(self, conn: _Connection) -> None:
         log.debug("closing an HTTP connection: no complete request within the header timeout")
@@ -299,8 +317,13 @@ class ConnectionGuard:
         self.forget(conn)
         conn.close()
 
+    def _count_open(self, change: int) -> None:
+        if self._metrics is not None:
+            self._metrics.http_connections_open.inc(change)
+
     def _reject(self, reason: str) -> None:
-        self._metrics.http_connections_rejected.labels(reason=reason).inc()
+        if self._metrics is not None:
+            self._metrics.http_connections_rejected.labels(reason=reason).inc()
 
     # ------------------------------------------------------------ requests
 
@@ -332,7 +355,7 @@ class ConnectionGuard:
         body = {"error": "overloaded",
                 "message": f"the node has {self.limits.max_connections} HTTP connections open, its limit; "
                            "retry later (only /livez and /readyz are answered now)"}
-        return web.json_response(body, status=503, headers={"Retry-After": RETRY_AFTER_S},
+        return web.json_response(body, status=503, headers={"Retry-After": OVERLOADED_RETRY_AFTER_S},
                                  dumps=partial(json.dumps, separators=(",", ":")))
 
 
@@ -432,4 +455,5 @@ class _Connection(asyncio.Protocol):
         return self._request is None or self._request.content.is_eof()
 
 
-__all__ = ["BodyTimeout", "CLIENT_CLOSED_REQUEST", "GuardedSite", "HttpLimits", "client_gone", "read_body"]
+__all__ = ["BodyTimeout", "CLIENT_CLOSED_REQUEST", "GuardedSite", "HttpLimits", "PROBE_LISTENER_LIMITS",
+           "client_gone", "read_body"]

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from dex_ha.server.http_limits import PROBE_LISTENER_LIMITS, GuardedSite
+
 log = logging.getLogger("dex_ha.server.probes")
 
 Readiness = Callable[[], tuple[int, dict[str, Any]]]
@@ -71,9 +73,11 @@ class ProbeServer:
         app = web.Application()
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/readyz", self._readyz)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     **PROBE_LISTENER_LIMITS.handler_args())
         await self._runner.setup()
-        await web.SockSite(self._runner, self._sock).start()
+        # Capped, with a short header timeout: clients of this port cannot take the node's descriptors.
+        await GuardedSite(self._runner, self._sock, PROBE_LISTENER_LIMITS, metrics=None).start()
 
     async def stop(self) -> None:
         loop, thread = self._loop, self._thread
