@@ -14,8 +14,9 @@ and must never make `/livez` or `/readyz` fail.
   `/readyz` request and closes; any other request there gets 503 `overloaded`. When the
   reserve is full too, a new connection replaces the reserve connection that has waited
   longest for its request (probes send theirs at once, slow sockets do not), or is closed
-  at once. So HTTP clients hold at most `max_connections + PROBE_RESERVE + ACCEPT_BATCH`
-  descriptors, and a probe is answered whatever the other clients do.
+  at once. So API clients hold at most `max_connections + PROBE_RESERVE + ACCEPT_BATCH`
+  descriptors, and a probe (it sends its request at once) is answered however many slow
+  clients there are.
 - **Clients that go away** (body cut short, reset) are answered 499, as nginx does: counted in
   `dex_http_requests_total{code="499"}` (an operator sees clients that give up), logged at
   debug level, never a 5xx.

@@ -45,16 +45,17 @@ class ServerMetrics:
         self._http_children: dict[tuple[str, int], Any] = {}
         # Connections (dex_ha.server.http_limits). A request the client gave up on is counted
         # in dex_http_requests_total with code 499, never as a 5xx.
-        self.http_connections_open = Gauge("dex_http_connections_open",
-                                           "Open HTTP connections, the probe reserve included.", registry=r)
-        self.http_connections_max = Gauge("dex_http_connections_max",
-                                          "The cap on open HTTP connections (http_max_connections); "
-                                          "/livez and /readyz have a small reserve above it.", registry=r)
+        self.http_connections_open = Gauge(
+            "dex_http_connections_open", "Open HTTP connections on the API port, the probe reserve included.",
+            registry=r)
+        self.http_connections_max = Gauge(
+            "dex_http_connections_max", "The cap on open HTTP connections on the API port (http_max_connections); "
+            "/livez and /readyz have a small reserve above it.", registry=r)
         self.http_connections_rejected = Counter(
-            "dex_http_connections_rejected", "HTTP connections closed before their request was answered, by reason: "
-            "over_capacity (the cap and the probe reserve were full, or a non-probe request came on the reserve), "
-            "header_timeout (the request's headers did not arrive in time), accept_error (accept failed, e.g. "
-            "out of file descriptors).", ["reason"], registry=r)
+            "dex_http_connections_rejected", "API-port HTTP connections closed before their request was answered, "
+            "by reason: over_capacity (the cap and the probe reserve were full, or a non-probe request came on "
+            "the reserve), header_timeout (the request's headers did not arrive in time), accept_error (accept "
+            "failed, e.g. out of file descriptors).", ["reason"], registry=r)
 
     def count_request(self, route: str, code: int) -> None:
         """`dex_http_requests_total{route,code}` + 1 (the labelled child is looked up once)."""
