@@ -104,7 +104,8 @@ def sample(node: NodeServer, name: str, **labels: str) -> float:
 
 def request_counts(node: NodeServer, route: str) -> dict[str, float]:
     """dex_http_requests_total of one route, by status code."""
-    return {s.labels["code"]: s.value for metric in node.metrics.registry.collect() if metric.name == "dex_http_requests"
+    return {s.labels["code"]: s.value for metric in node.metrics.registry.collect()
+            if metric.name == "dex_http_requests"
             for s in metric.samples if s.name == "dex_http_requests_total" and s.labels["route"] == route}
 
 
