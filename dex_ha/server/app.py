@@ -25,6 +25,7 @@ from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import AuthError, TokenAuth
 from dex_ha.server.config import ConfigError, parse_address
+from dex_ha.server.http_limits import BodyTimeout, client_gone, read_body
 from dex_ha.server.leader import NotServing, wall_ms
 from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.node import NOT_ACTIVE_ERRORS, MemberNotCaughtUp, NodeServer, StepDownFailed, UnknownMember
@@ -107,12 +108,14 @@ def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
             response = await _handle(api, auth, route, handler, request)
         except ApiError as exc:
             response = _error(exc.status, exc.code, exc.message, **exc.extra)
-        except (InvalidRequest, BodyTooLarge) as exc:
+        except (InvalidRequest, BodyTooLarge, BodyTimeout) as exc:
             response = _error(exc.status, exc.code, str(exc))  # "<field>: <what is wrong>"
         except AuthError as exc:
             response = _error(exc.status, exc.code, exc.message, headers=exc.headers)
         except NOT_ACTIVE_ERRORS as exc:
             response = _not_active(api.node, str(exc) or type(exc).__name__)
+        except ConnectionError as exc:  # the client went away: 499, not a server error
+            response = client_gone(request, exc)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -138,7 +141,7 @@ async def _handle(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler,
         if request.content_length is not None and request.content_length > route.max_body_bytes:
             raise BodyTooLarge(route.max_body_bytes, request.content_length)
         try:
-            raw = await request.read()
+            raw = await read_body(request, api.node.config.http_body_timeout_ms / 1000)
         except web.HTTPRequestEntityTooLarge:
             raise BodyTooLarge(route.max_body_bytes) from None
         args.update(validate_body(route, decode_json_body(route, raw)))

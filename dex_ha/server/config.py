@@ -17,6 +17,10 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     election_timeout_min_ms = 500
     election_timeout_max_ms = 1000
     raft_heartbeat_interval_ms = 50
+    http_header_timeout_ms = 10000        # request headers within this of the connect (or of their first byte)
+    http_body_timeout_ms = 30000          # the request body within this (408 request_timeout)
+    http_keepalive_timeout_ms = 75000     # an idle keep-alive connection is closed after this
+    http_max_connections = 0              # open HTTP connections; 0: derived from the open-files limit
     log_json = false
 
     [tokens]                              # role -> list of bearer tokens (≥ 16 characters each)
@@ -32,7 +36,8 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
 DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
-DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LOG_JSON,
+DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_HTTP_HEADER_TIMEOUT_MS,
+DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS, DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_LOG_JSON,
 DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated).
 """
 
@@ -86,6 +91,12 @@ class ServerConfig:
     election_timeout_max_ms: int = 1_000
     raft_heartbeat_interval_ms: int = 50
     snapshot_every_entries: int = 20_000
+    # HTTP connections (dex_ha.server.http_limits): read timeouts for the request (never for
+    # the answer: long polls and event streams last), and a cap on open connections.
+    http_header_timeout_ms: int = 10_000
+    http_body_timeout_ms: int = 30_000
+    http_keepalive_timeout_ms: int = 75_000
+    http_max_connections: int = 0  # 0: derived from the open-files limit (RLIMIT_NOFILE)
     log_json: bool = False
     dev: bool = False  # `dex-ha dev`: one node; no auth unless tokens are configured
 
@@ -108,6 +119,11 @@ class ServerConfig:
                 raise ConfigError(f"{name}: must not be negative")
         if self.max_inflight_requests < 1:
             raise ConfigError("max_inflight_requests: must be at least 1")
+        if self.http_max_connections < 0:
+            raise ConfigError("http_max_connections: must not be negative (0: derived from the open-files limit)")
+        for name in ("http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
         if self.dev or self.insecure:
             return
         if not self.auth_enabled:
@@ -159,6 +175,8 @@ ENV_KEYS = {
     "drain_timeout_ms": int, "max_inflight_requests": int, "election_timeout_min_ms": int,
     "election_timeout_max_ms": int,
     "raft_heartbeat_interval_ms": int, "log_json": bool,
+    "http_header_timeout_ms": int, "http_body_timeout_ms": int, "http_keepalive_timeout_ms": int,
+    "http_max_connections": int,
 }
 
 
@@ -212,7 +230,9 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
     simple = {k: raw[k] for k in ("durability", "join", "heartbeat_timeout_ms", "drain_timeout_ms",
                                   "max_inflight_requests",
                                   "election_timeout_min_ms", "election_timeout_max_ms",
-                                  "raft_heartbeat_interval_ms", "snapshot_every_entries", "log_json")
+                                  "raft_heartbeat_interval_ms", "snapshot_every_entries", "log_json",
+                                  "http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms",
+                                  "http_max_connections")
               if k in raw}
     for key, value in simple.items():
         expected = type(getattr(_DEFAULTS, key))

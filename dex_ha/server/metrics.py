@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -43,6 +43,19 @@ class ServerMetrics:
         self.http_requests = Counter("dex_http_requests", "HTTP requests by route and status code.",
                                      ["route", "code"], registry=r)
         self._http_children: dict[tuple[str, int], Any] = {}
+        # Connections (dex_ha.server.http_limits). A request the client gave up on is counted
+        # in dex_http_requests_total with code 499, never as a 5xx.
+        self.http_connections_open = Gauge(
+            "dex_http_connections_open", "Open HTTP connections on the API port, the probe reserve included.",
+            registry=r)
+        self.http_connections_max = Gauge(
+            "dex_http_connections_max", "The cap on open HTTP connections on the API port (http_max_connections); "
+            "/livez and /readyz have a small reserve above it.", registry=r)
+        self.http_connections_rejected = Counter(
+            "dex_http_connections_rejected", "API-port HTTP connections closed before their request was answered, "
+            "by reason: over_capacity (the cap and the probe reserve were full, or a non-probe request came on "
+            "the reserve), header_timeout (the request's headers did not arrive in time), accept_error (accept "
+            "failed, e.g. out of file descriptors).", ["reason"], registry=r)
 
     def count_request(self, route: str, code: int) -> None:
         """`dex_http_requests_total{route,code}` + 1 (the labelled child is looked up once)."""

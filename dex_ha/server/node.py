@@ -25,6 +25,7 @@ from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.types import ConfChange, ConfChangeType, Role
 from dex_ha.server.admission import Admission
 from dex_ha.server.config import ServerConfig
+from dex_ha.server.http_limits import GuardedSite, HttpLimits
 from dex_ha.server.leader import LeaderTerm, NotServing
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.probes import ProbeServer
@@ -116,11 +117,14 @@ class NodeServer:
                         self.config.node_id)
         self.replica.notify_on(asyncio.get_running_loop())
         await self.raft.start()
-        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        limits = HttpLimits.from_config(self.config)
+        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False,
+                                     **limits.handler_args())
         await self._runner.setup()
-        # A deep accept queue: Workers open a connection per task in flight, and a dropped
-        # SYN costs its request a 1 s retransmit.
-        await web.SockSite(self._runner, self._http_socket, backlog=HTTP_BACKLOG).start()
+        # A deep accept queue (HTTP_BACKLOG, see _bind): Workers open a connection per task in
+        # flight, and a dropped SYN costs its request a 1 s retransmit. The site's guard accepts
+        # from it: it caps the connections (with a reserve for the probes) and closes slow ones.
+        await GuardedSite(self._runner, self._http_socket, limits, self.metrics).start()
         if self.probes is not None:
             await self.probes.start()
             log.info("node %s answers probes (/livez, /readyz) on port %d", self.config.node_id, self.probes.port)

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from dex_ha.raft.loop_thread import LoopThread
+from dex_ha.server.http_limits import PROBE_LISTENER_LIMITS, GuardedSite
 
 log = logging.getLogger("dex_ha.server.probes")
 
@@ -51,9 +52,11 @@ class ProbeServer:
         app = web.Application()
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/readyz", self._readyz)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     **PROBE_LISTENER_LIMITS.handler_args())
         await self._runner.setup()
-        await web.SockSite(self._runner, self._sock).start()
+        # Capped, with a short header timeout: clients of this port cannot take the node's descriptors.
+        await GuardedSite(self._runner, self._sock, PROBE_LISTENER_LIMITS, metrics=None).start()
 
     async def stop(self) -> None:
         await self._thread.stop(self._runner.cleanup() if self._runner is not None else None)

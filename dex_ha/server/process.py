@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -64,8 +65,24 @@ def exit_on_fatal(exc: BaseException) -> None:
     os._exit(FATAL_EXIT_CODE)
 
 
+def raise_open_files_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard one: each HTTP client holds a descriptor, and
+    the soft default (often 1024) is far below what the system lets us have. The node caps
+    its HTTP connections by this limit (http_limits), so it must be read after this."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        log.info("open-files limit: %d", soft)
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        log.info("open-files limit raised from %d to %d", soft, hard)
+    except (ValueError, OSError) as exc:  # e.g. an unlimited hard limit the kernel refuses
+        log.warning("open-files limit stays %d (the hard limit %d cannot be set: %s)", soft, hard, exc)
+
+
 async def serve(config: ServerConfig, on_started: Callable[[NodeServer], None] | None = None) -> None:
     """Run one node until SIGTERM/SIGINT; a second signal stops without draining."""
+    raise_open_files_limit()
     node = NodeServer(config, on_fatal=exit_on_fatal)
     await node.start()
     if on_started is not None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import aiohttp
 
@@ -19,13 +20,15 @@ from tests.support.processes import stop
 
 class DevProcess:
     def __init__(self, data_dir: Path, log_path: Path, *, extra_env: dict[str, str] | None = None,
-                 relaxed: bool = False) -> None:
+                 relaxed: bool = False, preexec_fn: Callable[[], None] | None = None) -> None:
+        """`preexec_fn` runs in the child before `dex-ha dev` starts (e.g. to set a resource limit)."""
         self.data_dir = data_dir
         self.relaxed = relaxed  # `dex-ha dev --relaxed`: no fsync
         self.log_path = log_path
         self.port = free_ports(1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
         self.extra_env = extra_env or {}
+        self.preexec_fn = preexec_fn
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -33,7 +36,8 @@ class DevProcess:
         command = [sys.executable, "-m", "dex_ha.cli", "dev", "--data-dir", str(self.data_dir),
                    "--port", str(self.port), *(["--relaxed"] if self.relaxed else [])]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         preexec_fn=self.preexec_fn)
 
     async def wait_ready(self, deadline_s: float = 20.0) -> None:
         deadline = time.monotonic() + deadline_s
