@@ -1,9 +1,11 @@
 """Admission control: a bound on the HTTP requests a node works on at once.
 
 Past the bound a request is answered at once with 503 `overloaded` and `Retry-After`, before
-its token is checked or its body read: shedding must cost less than serving. The answer is
-distinct from `not_active` (the node IS the active node, only busy), so SDKs back off and
-retry on the same node instead of looking for another.
+any of its work is done: it takes a slot once its token is checked and its body has arrived
+(a client that trickles its body must not hold a slot meanwhile; the body read has its own
+timeout and the connection cap bounds those), and before its body is decoded or its
+handler runs. The answer is distinct from `not_active` (the node IS the active node, only
+busy), so SDKs back off and retry on the same node instead of looking for another.
 
 Probes (`/livez`, `/readyz`) are never shed: a load balancer that saw them fail would take
 the active node out of service, the worst answer to load. Long-lived requests (Worker long
@@ -13,8 +15,15 @@ on open connections bounds them (see RouteSpec.bounded).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 # Seconds a shed client should wait; the SDKs add jitter and cap their backoff.
 OVERLOADED_RETRY_AFTER_S = "1"
+
+
+class Overloaded(Exception):
+    """All slots are taken: the request is answered 503 `overloaded` with Retry-After."""
 
 
 class Admission:
@@ -37,3 +46,17 @@ class Admission:
 
     def leave(self) -> None:
         self.in_flight -= 1
+
+    @contextmanager
+    def slot(self, bounded: bool) -> Iterator[None]:
+        """Hold a slot for the body of the block (none for an unbounded route); raises
+        Overloaded when there is none free."""
+        if not bounded:
+            yield
+            return
+        if not self.try_enter():
+            raise Overloaded(f"at its bound of {self.limit} requests in flight; retry after {OVERLOADED_RETRY_AFTER_S} s")
+        try:
+            yield
+        finally:
+            self.leave()

@@ -21,7 +21,7 @@ from dex_ha.engine import (
     AnswerQuestion, ApplyResult, AttemptState, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
     EngineReader, FailAttempt, ReconcileToolCall, RegisterAgent, SendMessage,
 )
-from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S
+from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S, Overloaded
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import AuthError, TokenAuth
 from dex_ha.server.config import ConfigError, parse_address
@@ -95,17 +95,12 @@ def _version() -> str:
 
 def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
               handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    admission = api.node.admission
-
     async def handle(request: web.Request) -> web.StreamResponse:
-        if route.bounded and not admission.try_enter():
-            response = _error(503, "overloaded", f"node {api.node.config.node_id} is at its bound of "
-                              f"{admission.limit} requests in flight; retry after Retry-After",
-                              headers={"Retry-After": OVERLOADED_RETRY_AFTER_S})
-            api.node.metrics.count_request(route.name, response.status)
-            return response
         try:
             response = await _handle(api, auth, route, handler, request)
+        except Overloaded as exc:
+            response = _error(503, "overloaded", f"node {api.node.config.node_id} is {exc}",
+                              headers={"Retry-After": OVERLOADED_RETRY_AFTER_S})
         except ApiError as exc:
             response = _error(exc.status, exc.code, exc.message, **exc.extra)
         except (InvalidRequest, BodyTooLarge, BodyTimeout) as exc:
@@ -121,9 +116,6 @@ def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
         except Exception:
             log.exception("%s %s failed", route.method, request.path)
             response = _error(500, "internal", "the server failed to answer; see its log")
-        finally:
-            if route.bounded:
-                admission.leave()
         api.node.metrics.count_request(route.name, response.status)
         return response
 
@@ -137,19 +129,24 @@ async def _handle(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler,
         api.node.serving()  # raises NotServing: 503 with leader_url
     args = {**validate_path(route, request.match_info), **validate_query(route, request.query),
             **validate_headers(route, request.headers)}
-    if route.body is not None:
-        if request.content_length is not None and request.content_length > route.max_body_bytes:
-            raise BodyTooLarge(route.max_body_bytes, request.content_length)
-        try:
-            raw = await read_body(request, api.node.config.http_body_timeout_ms / 1000)
-        except web.HTTPRequestEntityTooLarge:
-            raise BodyTooLarge(route.max_body_bytes) from None
-        args.update(validate_body(route, decode_json_body(route, raw)))
-    answer = await handler(api, args, request)
+    raw = await _read_body(api, route, request) if route.body is not None else None
+    with api.node.admission.slot(route.bounded):  # raises Overloaded: 503 at once
+        if route.body is not None:
+            args.update(validate_body(route, decode_json_body(route, raw)))
+        answer = await handler(api, args, request)
     if isinstance(answer, web.StreamResponse):
         return answer
     status, body = answer
     return web.json_response(body, status=status, dumps=_dumps)
+
+
+async def _read_body(api: Api, route: RouteSpec, request: web.Request) -> bytes:
+    if request.content_length is not None and request.content_length > route.max_body_bytes:
+        raise BodyTooLarge(route.max_body_bytes, request.content_length)
+    try:
+        return await read_body(request, api.node.config.http_body_timeout_ms / 1000)
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyTooLarge(route.max_body_bytes) from None
 
 
 def _dumps(value: Any) -> str:

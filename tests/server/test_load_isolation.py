@@ -63,8 +63,8 @@ async def test_a_blocked_http_loop_moves_neither_term_nor_leader_in_a_cluster(tm
     assert gap < 300 / 2, f"a follower went {gap} ms without a message from the leader"
 
 
-async def _hold_a_slot(url: str, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A POST whose body never finishes arriving: its handler waits for the body, in flight."""
+async def _send_a_partial_body(url: str, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A POST whose body never finishes arriving."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write((f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {CLIENT_TOKEN}\r\n"
@@ -77,13 +77,29 @@ async def _in_flight(node, n: int) -> bool:
     return node.admission.in_flight == n
 
 
+def hold_proposals(node) -> asyncio.Event:
+    """Make the node's proposals wait until the returned event is set: the requests that
+    propose stay in flight meanwhile, as they would while a busy cluster commits."""
+    release = asyncio.Event()
+    propose = node.propose
+
+    async def held(cmd):
+        await release.wait()
+        return await propose(cmd)
+
+    node.propose = held
+    return release
+
+
 async def test_past_the_bound_requests_get_overloaded_at_once_and_probes_still_pass(tmp_path: Path, nodes):
     node = await nodes(single_node_config(tmp_path, max_inflight_requests=2))
     url = base_url(node)
-    held = [await _hold_a_slot(url, "/v1/sessions") for _ in range(2)]
-    await wait_until(lambda: _in_flight(node, 2), timeout_s=5, what="both slow requests in flight")
     headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
+    release = hold_proposals(node)
     async with aiohttp.ClientSession() as session:
+        held = [asyncio.ensure_future(session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers))
+                for _ in range(2)]
+        await wait_until(lambda: _in_flight(node, 2), timeout_s=5, what="both creates in flight")
         started = time.monotonic()
         async with session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers) as r:
             body = await r.json()
@@ -96,14 +112,30 @@ async def test_past_the_bound_requests_get_overloaded_at_once_and_probes_still_p
             async with session.get(url + probe) as r:
                 assert r.status == 200, f"{probe} was shed"
         assert node.is_ready(), "a node at its bound is still the active node"
-        for _, writer in held:  # the slow clients go away: their slots come back
-            writer.close()
+        release.set()  # the held requests finish: their slots come back
+        for response in await asyncio.gather(*held):
+            assert response.status == 201, await response.text()
+            response.release()
         await wait_until(lambda: _in_flight(node, 0), timeout_s=5, what="the slots to be given back")
         async with session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers) as r:
             assert r.status == 201, await r.text()
         async with session.get(url + "/metrics") as r:
             text = await r.text()
     assert "dex_http_requests_shed_total 2.0" in text, "the shed requests are counted"
+
+
+async def test_a_client_that_trickles_its_body_holds_no_slot(tmp_path: Path, nodes):
+    node = await nodes(single_node_config(tmp_path, max_inflight_requests=1))
+    url = base_url(node)
+    _, slow = await _send_a_partial_body(url, "/v1/sessions")  # never finishes its body
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url + "/v1/sessions", json={"agent": "a"},
+                                    headers={"Authorization": f"Bearer {CLIENT_TOKEN}"}) as r:
+                assert r.status == 201, await r.text()
+        assert node.admission.in_flight == 0
+    finally:
+        slow.close()
 
 
 async def test_a_long_poll_does_not_take_a_slot(tmp_path: Path, nodes):
