@@ -66,6 +66,7 @@ from .types import (
     encode_hard_state,
     entry_from_wire,
     entry_to_wire,
+    hard_state_from_wire,
     snapshot_meta_from_wire,
     snapshot_meta_to_wire,
 )
@@ -209,8 +210,7 @@ class _Replay:
         if kind == KIND_ENTRY:
             self._entry(entry_from_wire(body))
         elif kind == KIND_HARD_STATE:
-            term, vote, commit = body
-            self.hard_state = HardState(term, vote, commit)
+            self.hard_state = hard_state_from_wire(body)
         else:
             meta_wire, keep_suffix = body
             self._snapshot(snapshot_meta_from_wire(meta_wire), bool(keep_suffix))

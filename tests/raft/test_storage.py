@@ -14,8 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 
+from dex_ha.raft import storage as storage_mod
 from dex_ha.raft.storage import FAILPOINT_ENV, FAILPOINT_EXIT_CODE, LogCorruptionError, RaftStorage
 from dex_ha.raft.types import ConfState, Entry, HardState, SnapshotMeta
 from tests.raft.storage_workload import Compact, Model, Save, Snapshot, explain_crash_state, generate, run_op
@@ -73,6 +75,22 @@ def test_round_trip_across_reopen(tmp_path: Path) -> None:
     assert (st.first_index(), st.last_index()) == (5, 15)
     assert (st.term(4), st.term(5), st.term(11)) == (1, 1, 2)
     st.close()
+
+
+def test_vote_refusal_window_survives_reopen_and_old_hard_states_read(tmp_path: Path) -> None:
+    st = RaftStorage.open(tmp_path, durability="relaxed")
+    st.save(HardState(3, "n2", 0, vote_refusal_ms=1500), ents(3, 1, 2))
+    seq, base = st._segments[-1].seq, st._seg_size
+    # A hard state as written before vote_refusal_ms existed: [term, vote, commit].
+    buf = bytearray()
+    storage_mod._add_record(buf, seq, base, storage_mod.KIND_HARD_STATE, msgpack.packb([4, "n1", 2]))
+    storage_mod._write_all(st._fd, buf)
+    st.close()
+    hs, _, log = load(tmp_path)
+    assert hs == HardState(4, "n1", 2, vote_refusal_ms=0) and len(log) == 2
+    with RaftStorage.open(tmp_path, durability="relaxed") as st:
+        st.save(HardState(4, "n1", 2, vote_refusal_ms=700), [])
+    assert load(tmp_path)[0] == HardState(4, "n1", 2, 700)
 
 
 def test_overwrite_of_a_conflicting_suffix(tmp_path: Path) -> None:
