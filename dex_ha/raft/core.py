@@ -132,6 +132,7 @@ __all__ = [
     "RaftCore",
     "RaftLog",
     "apply_conf_change",
+    "check_timing",
     "TRANSFER_CONTEXT",
 ]
 
@@ -169,6 +170,29 @@ class ConfChangeRefused(ValueError):
 MAX_LEASE_WINDOW_MS = 60_000
 
 
+def check_timing(election_timeout_min_ms: int, election_timeout_max_ms: int,
+                 heartbeat_interval_ms: int, lease_drift_margin_ms: int) -> None:
+    """Raise ValueError (naming the setting) unless the timing can hold a lease.
+
+    The lease lasts election_timeout_min - lease_drift_margin after a heartbeat round a
+    quorum acknowledged; the next round must go out before it ends, or the lease lapses
+    between rounds and the node is not active while it leads.
+    """
+    if not 0 < election_timeout_min_ms <= MAX_LEASE_WINDOW_MS:
+        raise ValueError(f"election_timeout_min_ms must be in 1..{MAX_LEASE_WINDOW_MS}, "
+                         f"not {election_timeout_min_ms}")
+    if election_timeout_max_ms < election_timeout_min_ms:
+        raise ValueError(f"election_timeout_max_ms ({election_timeout_max_ms}) must not be below "
+                         f"election_timeout_min_ms ({election_timeout_min_ms})")
+    if not 0 <= lease_drift_margin_ms < election_timeout_min_ms:
+        raise ValueError(f"lease_drift_margin_ms ({lease_drift_margin_ms}) must be in "
+                         f"0..election_timeout_min_ms ({election_timeout_min_ms}) - 1")
+    lease = election_timeout_min_ms - lease_drift_margin_ms
+    if not 0 < heartbeat_interval_ms < lease:
+        raise ValueError(f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be positive and below "
+                         f"election_timeout_min_ms - lease_drift_margin_ms ({lease})")
+
+
 @dataclass
 class RaftConfig:
     id: str
@@ -183,6 +207,10 @@ class RaftConfig:
     check_quorum: bool = True
     # Added: cap on committed-entry bytes handed out in one Ready (bounds apply batches).
     max_committed_bytes_per_ready: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
+                     self.heartbeat_interval_ms, self.lease_drift_margin_ms)
 
 
 # ---------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 import msgpack
 
-from .core import ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore
+from .core import ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore, check_timing
 from .storage import RaftStorage
 from .transport import RaftTransport
 from .types import (
@@ -101,6 +101,10 @@ class NodeConfig:
     ssl_server: ssl.SSLContext | None = None
     ssl_client: ssl.SSLContext | None = None
     seed: int | None = None  # election-timeout randomness; None: from os.urandom
+
+    def __post_init__(self) -> None:
+        check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
+                     self.heartbeat_interval_ms, self.lease_drift_margin_ms)
 
 
 @dataclass

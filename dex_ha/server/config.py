@@ -14,7 +14,8 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     drain_timeout_ms = 30000              # SIGTERM / step down: how long running attempts may finish
     election_timeout_min_ms = 500
     election_timeout_max_ms = 1000
-    raft_heartbeat_interval_ms = 50
+    raft_heartbeat_interval_ms = 50       # below election_timeout_min_ms - lease_drift_margin_ms
+    lease_drift_margin_ms = 50            # the lease ends this much before the followers may vote
     log_json = false
 
     [tokens]                              # role -> list of bearer tokens (≥ 16 characters each)
@@ -30,7 +31,7 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
 DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
-DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LOG_JSON,
+DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS, DEX_HA_LOG_JSON,
 DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated).
 """
 
@@ -76,6 +77,9 @@ class ServerConfig:
     election_timeout_min_ms: int = 500
     election_timeout_max_ms: int = 1_000
     raft_heartbeat_interval_ms: int = 50
+    # Clock-rate drift the lease tolerates: up to margin / (2 * election_timeout_min - margin)
+    # (5.3 % for 50 of 500). The lease ends this much earlier than the followers' refusal.
+    lease_drift_margin_ms: int = 50
     snapshot_every_entries: int = 20_000
     log_json: bool = False
     dev: bool = False  # `dex-ha dev`: one node; no auth unless tokens are configured
@@ -94,15 +98,28 @@ class ServerConfig:
             raise ConfigError(f"peers: must list this node ({self.node_id!r}) unless join = true")
         if self.election_timeout_min_ms >= self.election_timeout_max_ms:
             raise ConfigError("election_timeout_min_ms: must be below election_timeout_max_ms")
-        for name in ("heartbeat_timeout_ms", "drain_timeout_ms", "raft_heartbeat_interval_ms"):
+        for name in ("heartbeat_timeout_ms", "drain_timeout_ms", "raft_heartbeat_interval_ms",
+                     "lease_drift_margin_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
+        self._check_lease_timing()
         if self.dev or self.insecure:
             return
         if not self.auth_enabled:
             raise ConfigError("tokens: a node needs client, worker and admin tokens (or --insecure)")
         if not self.cluster_secret or len(self.cluster_secret) < 16:
             raise ConfigError("cluster_secret: a node needs a cluster secret of ≥ 16 characters (or --insecure)")
+
+    def _check_lease_timing(self) -> None:
+        """The raft layer checks the same (raft.core.check_timing); here with our key names."""
+        etmin, margin = self.election_timeout_min_ms, self.lease_drift_margin_ms
+        if etmin <= margin:
+            raise ConfigError(f"lease_drift_margin_ms: must be below election_timeout_min_ms ({etmin}), "
+                              f"got {margin}")
+        if not 0 < self.raft_heartbeat_interval_ms < etmin - margin:
+            raise ConfigError(f"raft_heartbeat_interval_ms: must be positive and below election_timeout_min_ms - "
+                              f"lease_drift_margin_ms ({etmin - margin}), got {self.raft_heartbeat_interval_ms}: "
+                              f"the lease would lapse between heartbeats")
 
 
 def parse_address(text: str, key: str) -> Address:
@@ -146,7 +163,7 @@ ENV_KEYS = {
     "node_id": str, "data_dir": str, "http_listen": str, "url": str, "raft_listen": str,
     "durability": str, "cluster_secret": str, "join": bool, "heartbeat_timeout_ms": int,
     "drain_timeout_ms": int, "election_timeout_min_ms": int, "election_timeout_max_ms": int,
-    "raft_heartbeat_interval_ms": int, "log_json": bool,
+    "raft_heartbeat_interval_ms": int, "lease_drift_margin_ms": int, "log_json": bool,
 }
 
 
@@ -199,7 +216,8 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
         raise ConfigError(f"tokens: roles are {', '.join(ROLES)}")
     simple = {k: raw[k] for k in ("durability", "join", "heartbeat_timeout_ms", "drain_timeout_ms",
                                   "election_timeout_min_ms", "election_timeout_max_ms",
-                                  "raft_heartbeat_interval_ms", "snapshot_every_entries", "log_json")
+                                  "raft_heartbeat_interval_ms", "lease_drift_margin_ms",
+                                  "snapshot_every_entries", "log_json")
               if k in raw}
     for key, value in simple.items():
         expected = type(getattr(_DEFAULTS, key))

@@ -530,6 +530,20 @@ def test_a_heartbeat_asking_for_an_absurd_window_is_ignored() -> None:
     assert not n2.has_ready() and n2.leader_id == NO_NODE
 
 
+@pytest.mark.parametrize("settings,named", [
+    ({"election_timeout_min_ms": 100, "lease_drift_margin_ms": 100}, "lease_drift_margin_ms"),
+    ({"lease_drift_margin_ms": -1}, "lease_drift_margin_ms"),
+    ({"heartbeat_interval_ms": 900}, "heartbeat_interval_ms"),  # = 1000 - 100: the lease lapses
+    ({"heartbeat_interval_ms": 0}, "heartbeat_interval_ms"),
+    ({"election_timeout_max_ms": 900}, "election_timeout_max_ms"),
+    ({"election_timeout_min_ms": MAX_LEASE_WINDOW_MS + 1,
+      "election_timeout_max_ms": 2 * MAX_LEASE_WINDOW_MS}, "election_timeout_min_ms"),
+])
+def test_config_refuses_settings_that_cannot_hold_a_lease(settings: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        RaftConfig(id="n1", **settings)
+
+
 # ---------------------------------------------------------------------------------
 # Leadership transfer
 

@@ -26,10 +26,10 @@ SECRET = b"test-cluster-secret-0123456789"
 
 def _config(nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int] | None = None,
             **kw) -> NodeConfig:
+    timing = dict(election_timeout_min_ms=300, election_timeout_max_ms=600, heartbeat_interval_ms=50,
+                  lease_drift_margin_ms=30)
     return NodeConfig(id=nid, data_dir=root / nid, raft_listen=listen or members[nid].raft_addr,
-                      members=members, durability="relaxed",
-                      election_timeout_min_ms=300, election_timeout_max_ms=600,
-                      heartbeat_interval_ms=50, lease_drift_margin_ms=30, secret=SECRET, **kw)
+                      members=members, durability="relaxed", secret=SECRET, **{**timing, **kw})
 
 
 async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None:
@@ -70,6 +70,16 @@ async def cluster(tmp_path: Path):
     yield nodes, sms, members, tmp_path
     for n in nodes.values():
         await n.stop()
+
+
+@pytest.mark.parametrize("settings,named", [
+    ({"election_timeout_min_ms": 300, "lease_drift_margin_ms": 300}, "lease_drift_margin_ms"),
+    ({"heartbeat_interval_ms": 270}, "heartbeat_interval_ms"),  # = 300 - 30: the lease lapses
+])
+def test_node_config_refuses_timing_that_cannot_hold_a_lease(tmp_path: Path, settings: dict, named: str) -> None:
+    members = {"n1": Member(("127.0.0.1", 1))}
+    with pytest.raises(ValueError, match=named):
+        _config("n1", tmp_path, members, **settings)
 
 
 async def test_proposal_commits_on_every_node(cluster) -> None:
