@@ -125,6 +125,7 @@ from .types import (
 )
 
 __all__ = [
+    "EntryTooLarge",
     "MAX_LEASE_WINDOW_MS",
     "NotLeader",
     "ProposalDropped",
@@ -156,6 +157,17 @@ class NotLeader(Exception):
 
 class ProposalDropped(Exception):
     """The leader cannot take this proposal now (not leader yet in lease, transfer, being removed)."""
+
+
+class EntryTooLarge(ValueError):
+    """A proposal above `max_entry_bytes`. Nothing was appended; the same data will never
+    fit (a server answers 413). The cap keeps every entry small enough to travel in one
+    AppendEntries frame: a larger one would stall replication for good."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"entry of {size} bytes is above the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
 
 
 class ConfChangeRefused(ValueError):
@@ -200,6 +212,7 @@ class RaftConfig:
     election_timeout_max_ms: int = 2000
     heartbeat_interval_ms: int = 100
     lease_drift_margin_ms: int = 100  # clock-drift margin subtracted from the lease
+    max_entry_bytes: int = 8 << 20  # propose() refuses bigger data (EntryTooLarge)
     max_msg_bytes: int = 1 << 20  # max entry bytes per APP message (batching)
     max_inflight_msgs: int = 256  # pipelining: APP messages in flight per follower
     max_inflight_bytes: int = 32 << 20  # flow control by bytes in flight
@@ -211,6 +224,8 @@ class RaftConfig:
     def __post_init__(self) -> None:
         check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
                      self.heartbeat_interval_ms, self.lease_drift_margin_ms)
+        if self.max_entry_bytes < 1:
+            raise ValueError(f"max_entry_bytes must be positive, not {self.max_entry_bytes}")
 
 
 # ---------------------------------------------------------------------------------
@@ -1077,7 +1092,10 @@ class RaftCore:
     # -- proposals -----------------------------------------------------------------------
 
     def propose(self, data: bytes) -> int:
-        """Append `data` as a new entry; returns its index."""
+        """Append `data` as a new entry; returns its index. Raises EntryTooLarge above
+        max_entry_bytes (checked first: the answer does not depend on leadership)."""
+        if len(data) > self._cfg.max_entry_bytes:
+            raise EntryTooLarge(len(data), self._cfg.max_entry_bytes)
         self._check_can_propose()
         return self._append_as_leader(EntryType.NORMAL, bytes(data))
 

@@ -27,9 +27,9 @@ from typing import Any, Callable, Protocol
 
 import msgpack
 
-from .core import ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore, check_timing
+from .core import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped, RaftConfig, RaftCore, check_timing
 from .storage import RaftStorage
-from .transport import RaftTransport
+from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
 from .types import (
     ConfChange,
     ConfChangeType,
@@ -47,6 +47,12 @@ from .types import (
 log = logging.getLogger("dex_ha.raft.node")
 
 Address = tuple[str, int]
+
+# An AppendEntries carrying one entry of max_entry_bytes must fit in one transport frame,
+# or the follower never gets it and replication stalls for good. The rest of such a
+# message (ids, terms, indexes, msgpack headers) is well under this headroom.
+APP_FRAME_HEADROOM = 64 << 10
+MAX_ENTRY_BYTES_LIMIT = DEFAULT_MAX_FRAME_BYTES - APP_FRAME_HEADROOM
 
 
 class StateMachine(Protocol):
@@ -95,6 +101,9 @@ class NodeConfig:
     election_timeout_max_ms: int = 1000
     heartbeat_interval_ms: int = 50
     lease_drift_margin_ms: int = 50
+    # propose() refuses bigger data (EntryTooLarge). HTTP bodies go up to 4 MiB, and a
+    # command's msgpack can be larger than its JSON (floats).
+    max_entry_bytes: int = 8 << 20
     tick_interval_ms: int = 10
     snapshot_every_entries: int = 20_000
     secret: bytes | None = None
@@ -105,6 +114,9 @@ class NodeConfig:
     def __post_init__(self) -> None:
         check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
                      self.heartbeat_interval_ms, self.lease_drift_margin_ms)
+        if not 0 < self.max_entry_bytes <= MAX_ENTRY_BYTES_LIMIT:
+            raise ValueError(f"max_entry_bytes must be in 1..{MAX_ENTRY_BYTES_LIMIT} (one entry must fit "
+                             f"in one transport frame), not {self.max_entry_bytes}")
 
 
 @dataclass
@@ -202,6 +214,7 @@ class RaftNode:
             election_timeout_max_ms=self.config.election_timeout_max_ms,
             heartbeat_interval_ms=self.config.heartbeat_interval_ms,
             lease_drift_margin_ms=self.config.lease_drift_margin_ms,
+            max_entry_bytes=self.config.max_entry_bytes,
         )
         seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(8), "big")
         return RaftCore(cfg, hard_state=hard_state, conf_state=conf, snapshot=snap_meta,
@@ -276,7 +289,7 @@ class RaftNode:
 
         Raises NotLeader when this node is not the leader, ProposalDropped when the
         entry was lost to a leader change (it may or may not commit later: callers make
-        commands idempotent).
+        commands idempotent), EntryTooLarge above max_entry_bytes (nothing appended).
         """
         return await self._submit(data, EntryType.NORMAL)
 
@@ -395,7 +408,7 @@ class RaftNode:
                     index = self.core.propose_conf_change(payload)
                 else:
                     index = self.core.propose(payload)
-            except (NotLeader, ProposalDropped, ConfChangeRefused) as exc:
+            except (NotLeader, ProposalDropped, ConfChangeRefused, EntryTooLarge) as exc:
                 fut.set_exception(exc)
                 continue
             self.metrics.proposals += 1

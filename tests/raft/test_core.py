@@ -12,6 +12,7 @@ import pytest
 from dex_ha.raft.core import (
     MAX_LEASE_WINDOW_MS,
     ConfChangeRefused,
+    EntryTooLarge,
     NotLeader,
     ProposalDropped,
     RaftConfig,
@@ -538,10 +539,27 @@ def test_a_heartbeat_asking_for_an_absurd_window_is_ignored() -> None:
     ({"election_timeout_max_ms": 900}, "election_timeout_max_ms"),
     ({"election_timeout_min_ms": MAX_LEASE_WINDOW_MS + 1,
       "election_timeout_max_ms": 2 * MAX_LEASE_WINDOW_MS}, "election_timeout_min_ms"),
+    ({"max_entry_bytes": 0}, "max_entry_bytes"),
 ])
 def test_config_refuses_settings_that_cannot_hold_a_lease(settings: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         RaftConfig(id="n1", **settings)
+
+
+def test_a_proposal_above_max_entry_bytes_is_refused_and_nothing_appended() -> None:
+    c = Cluster(["n1", "n2", "n3"], max_entry_bytes=1000)
+    leader = c.elect("n1")
+    last = leader.last_index
+    with pytest.raises(EntryTooLarge) as info:
+        leader.propose(b"x" * 1001)
+    assert (info.value.size, info.value.limit) == (1001, 1000)
+    assert leader.last_index == last
+    with pytest.raises(EntryTooLarge):  # the answer does not depend on leadership
+        c.cores["n2"].propose(b"x" * 1001)
+    index = leader.propose(b"x" * 1000)
+    c.flush()
+    assert all(st.applied[-1].index == index and st.applied[-1].data == b"x" * 1000
+               for st in c.stores.values())
 
 
 # ---------------------------------------------------------------------------------
