@@ -19,7 +19,6 @@ import os
 import random
 import ssl
 import tempfile
-import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Callable, Protocol
 
 import msgpack
 
+from .clock import now_ms
 from .core import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped, RaftConfig, RaftCore, check_timing
 from .storage import RaftStorage
 from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
@@ -137,10 +137,6 @@ class NodeMetrics:
     snapshots_installed: int = 0
 
 
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
 class RaftNode:
     """One member of a Raft group, running its loop on the current event loop."""
 
@@ -219,7 +215,7 @@ class RaftNode:
         seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(8), "big")
         return RaftCore(cfg, hard_state=hard_state, conf_state=conf, snapshot=snap_meta,
                         entries=entries, applied=self.sm.applied_index(),
-                        now_ms=_monotonic_ms(), rng=random.Random(seed))
+                        now_ms=now_ms(), rng=random.Random(seed))
 
     def _restore_state_machine(self, snap_meta: SnapshotMeta | None) -> None:
         """A state machine behind the durable snapshot (e.g. in-memory) starts from it."""
@@ -271,10 +267,10 @@ class RaftNode:
         return self.core.leader_id
 
     def lease_valid(self) -> bool:
-        return self.core.lease_valid(_monotonic_ms())
+        return self.core.lease_valid(now_ms())
 
     def lease_remaining_ms(self) -> int:
-        return self.core.lease_remaining_ms(_monotonic_ms())
+        return self.core.lease_remaining_ms(now_ms())
 
     def members(self) -> dict[str, Member]:
         return dict(self._members)
@@ -384,7 +380,7 @@ class RaftNode:
                 self._deferred.popleft()()
             except Exception as exc:  # e.g. a transfer to a node that left meanwhile
                 log.warning("node %s: deferred change failed: %r", self.config.id, exc)
-        self.core.tick(_monotonic_ms())
+        self.core.tick(now_ms())
         while self._unreachable:
             self.core.report_unreachable(self._unreachable.pop())
         while self._inbox:
