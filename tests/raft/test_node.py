@@ -17,8 +17,18 @@ import pytest
 
 from dex_ha.raft.core import EntryTooLarge, NotLeader
 from dex_ha.raft.node import MAX_ENTRY_BYTES_LIMIT, Member, NodeConfig, RaftNode, member_context
+from dex_ha.raft.storage import RaftStorage
 from dex_ha.raft.transport import DEFAULT_MAX_FRAME_BYTES, KIND_MESSAGE, pack_frame
-from dex_ha.raft.types import ConfChange, ConfChangeType, Entry, Message, MessageType, Role, encode_message
+from dex_ha.raft.types import (
+    ConfChange,
+    ConfChangeType,
+    Entry,
+    HardState,
+    Message,
+    MessageType,
+    Role,
+    encode_message,
+)
 from tests.support.kv_cluster import free_ports
 from tests.support.kv_node import KVStateMachine
 
@@ -81,6 +91,28 @@ def test_node_config_refuses_timing_that_cannot_hold_a_lease(tmp_path: Path, set
     members = {"n1": Member(("127.0.0.1", 1))}
     with pytest.raises(ValueError, match=named):
         _config("n1", tmp_path, members, **settings)
+
+
+def test_a_node_starts_on_a_log_with_a_zero_filled_tail(tmp_path: Path) -> None:
+    """Zeroes in the unsynced tail, then a later write's records: the node starts with
+    the entries before the zeroes (it used to refuse the log as corrupt)."""
+    members = {"n1": Member(("127.0.0.1", 1))}
+    st = RaftStorage.open(tmp_path / "n1" / "raft", durability="relaxed")
+    st.save(HardState(1, "n1", 3), [Entry(1, i, data=msgpack.packb([f"k{i}", "v"])) for i in (1, 2, 3)])
+    synced = st._seg_size
+    for i in range(4, 12):
+        st.save(None, [Entry(1, i, data=msgpack.packb([f"k{i}", "v" * 200]))])
+    zero_to = st._seg_size - 300  # the last records of the later write stay well-formed
+    path = st._segments[-1].path
+    st.close()
+    buf = bytearray(path.read_bytes())
+    buf[synced:zero_to] = bytes(zero_to - synced)
+    path.write_bytes(bytes(buf))
+    node = RaftNode(_config("n1", tmp_path, members), KVStateMachine())
+    try:
+        assert node.core.last_index == 3 and node.core.commit_index == 3
+    finally:
+        node.storage.close()
 
 
 async def test_proposal_commits_on_every_node(cluster) -> None:
