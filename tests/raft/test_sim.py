@@ -51,8 +51,9 @@ def test_replay() -> None:
     run_seed(int(seed))
 
 
-def test_same_seed_same_run() -> None:
-    a, b = run_seed(7), run_seed(7)
+@pytest.mark.parametrize("seed", [7, MIXED_TIMEOUT_FAMILY + 7])
+def test_same_seed_same_run(seed: int) -> None:
+    a, b = run_seed(seed), run_seed(seed)
     assert list(a.trace) == list(b.trace)
     assert a.stats == b.stats and a.events == b.events
 
