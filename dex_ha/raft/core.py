@@ -460,7 +460,9 @@ class RaftCore:
         # for the longest window it may have promised before the crash (persisted in the
         # hard state), and at least its own election_timeout_min.
         self._refusal_ms = hard_state.vote_refusal_ms  # goes into the hard state
-        self._refusal_term = 0  # term of the leader that set _refusal_ms (0: before a restart)
+        # The term of the leader that _refusal_ms was promised to, or after a restart an
+        # upper bound of it (the promise was made in our term or an earlier one).
+        self._refusal_term = hard_state.term
         self._refuse_until_ms = now_ms + max(config.election_timeout_min_ms, self._refusal_ms)
         self._heard_window_ms = 0
 
@@ -607,13 +609,13 @@ class RaftCore:
     def _promise(self, window: int) -> None:
         """Keep `window` in the hard state, so a restart refuses votes as long.
 
-        The hard state goes to disk before our answer to `m` is sent (Ready order), so a
-        leader never counts an acknowledgement whose promise a crash could erase. Within
-        one term the leader (and its window) is the same, so we keep the largest; a
-        leader of a newer term proves every lease of older terms is over (its voters
-        waited them out), so its window replaces older ones. After a restart the term of
-        the kept window is unknown (0): the first leader's window replaces it, which is
-        safe in both cases.
+        The hard state goes to disk before our answer to the leader's message is sent
+        (Ready order), so a leader never counts an acknowledgement whose promise a crash
+        could erase. Within one term we keep the largest window (appends carry none, and
+        must not shrink what a heartbeat of the same leader asked for). A leader of a
+        newer term than the kept promise proves every lease of older terms is over (its
+        voters waited them out), so its window replaces the kept one: after a rolling
+        change to shorter timeouts, restarts get shorter too.
         """
         if self._term > self._refusal_term:
             self._refusal_ms, self._refusal_term = window, self._term

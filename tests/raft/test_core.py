@@ -490,6 +490,21 @@ def test_restarted_follower_refuses_votes_for_the_window_it_promised() -> None:
     assert resp.type == MT.VOTE_RESP and not resp.reject
 
 
+def test_after_a_restart_the_same_leaders_appends_do_not_shrink_the_promise() -> None:
+    """A second crash soon after the first must still honour the promise made before
+    the first: appends carry no window, so they must not lower the kept one."""
+    c = Cluster(["n1", "n2", "n3"], node_cfg=SLOW_LEADER)
+    n1 = elect_slow_leader(c)
+    c.run(300)
+    c.crash("n2")
+    c.start("n2")
+    c.drop = lambda m: m.type == MT.HEARTBEAT  # only appends reach n2 for now
+    n1.propose(b"x")
+    c.flush()
+    assert c.stores["n2"].applied[-1].data == b"x"
+    assert c.stores["n2"].hs.vote_refusal_ms == 1000
+
+
 def _follower(nid: str = "n2", term: int = 2, **cfg: object) -> RaftCore:
     return RaftCore(RaftConfig(id=nid, **{**FAST, **cfg}), hard_state=HardState(term=term),
                     conf_state=ConfState(("n1", "n2", "n3")), snapshot=None, entries=[], applied=0,
