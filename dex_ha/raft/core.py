@@ -59,24 +59,36 @@ no later than the real send) of each round. A voter that acknowledged round r re
 it after it was sent. The lease lasts until
 
     (send time of the newest round acknowledged by a quorum of the current voters,
-     the leader counting itself) + election_timeout_min - lease_drift_margin.
+     the leader counting itself) + W_L - lease_drift_margin,
 
-A voter refuses (pre)votes for a term above its own while it "heard from a leader"
-less than election_timeout_min ago by its own clock (the moment is taken at the first
-tick after the message, so it is never earlier than the real receipt). A leader counts
-as hearing from itself until it steps down; a restarted node counts its start as the
-last time it heard from a leader (it forgot). Any quorum that elects a new leader
-intersects the quorum that acknowledged round r, so the new leader is elected no
-earlier than (receipt of r) + election_timeout_min of a voter's clock. With clock rates
-within 1±rho, the old lease is over before that when
-(etmin - margin) / (1 - rho) <= etmin / (1 + rho), i.e. rho <= margin / (2 etmin - margin):
+where W_L is the leader's election_timeout_min, which every heartbeat carries
+(`Message.lease_window_ms`). Only heartbeat acknowledgements extend the lease.
+
+A voter refuses (pre)votes for a term above its own until W after it last heard from a
+leader, by its own clock, where W = max(its own election_timeout_min, the window the
+leader's heartbeat carried): a follower with a shorter timeout than the leader's still
+waits the leader's lease out (timeouts differ during a rolling change of the setting).
+The moment is taken at the first tick after the message, so it is never earlier than
+the real receipt. A leader counts as hearing from itself until it steps down.
+
+A restarted node forgot whom it heard from: it refuses votes from its start for
+max(own election_timeout_min, HardState.vote_refusal_ms), the window it last promised a
+leader. That window is in the hard state of the Ready that carries the acknowledgement,
+and is synced before the acknowledgement is sent, so a crash cannot erase a promise a
+leader counts on (see `_promise` for when it may shrink).
+
+Any quorum that elects a new leader intersects the quorum that acknowledged round r, so
+the new leader is elected no earlier than (receipt of r) + W_L of a voter's clock. With
+clock rates within 1±rho, the old lease is over before that when
+(W_L - margin) / (1 - rho) <= W_L / (1 + rho), i.e. rho <= margin / (2 W_L - margin):
 5.26 % for the defaults (1000 ms, 100 ms), 11 % for 500 ms and 100 ms. Votes granted
 before acknowledging r cannot help a rival: such a voter is already in a higher term
 and does not acknowledge r. The intersection also holds across membership changes:
 the lease is evaluated with the configuration current at evaluation time, and any
 node that can still be elected uses that configuration or one a single change away
 (previous section). tests/raft/sim.py checks the invariant itself at every event: while
-a lease is valid, a quorum of the leader's voters will refuse votes until it ends.
+a lease is valid, a quorum of the leader's voters will refuse votes until it ends; one
+family of seeds gives the nodes different timeouts and changes them by rolling restarts.
 
 Two exceptions, both made safe by the leader giving its lease up first:
 * leadership transfer: the leader gives its lease up for the rest of its term before it
@@ -113,12 +125,15 @@ from .types import (
 )
 
 __all__ = [
+    "EntryTooLarge",
+    "MAX_LEASE_WINDOW_MS",
     "NotLeader",
     "ProposalDropped",
     "RaftConfig",
     "RaftCore",
     "RaftLog",
     "apply_conf_change",
+    "check_timing",
     "TRANSFER_CONTEXT",
 ]
 
@@ -144,11 +159,50 @@ class ProposalDropped(Exception):
     """The leader cannot take this proposal now (not leader yet in lease, transfer, being removed)."""
 
 
+class EntryTooLarge(ValueError):
+    """A proposal above `max_entry_bytes`. Nothing was appended; the same data will never
+    fit (a server answers 413). The cap keeps every entry small enough to travel in one
+    AppendEntries frame: a larger one would stall replication for good."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"entry of {size} bytes is above the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
 class ConfChangeRefused(ValueError):
     """The configuration change cannot be made now: another one is pending, or it does
     not fit the current configuration (adding a member twice, promoting a voter, removing
     the last voter, ...). Nothing was appended; unlike ProposalDropped, retrying the same
     change will not help until the configuration changes."""
+
+
+# The longest vote-refusal window a heartbeat may ask for. A peer asking for more is
+# broken: obeying it would block elections for that long.
+MAX_LEASE_WINDOW_MS = 60_000
+
+
+def check_timing(election_timeout_min_ms: int, election_timeout_max_ms: int,
+                 heartbeat_interval_ms: int, lease_drift_margin_ms: int) -> None:
+    """Raise ValueError (naming the setting) unless the timing can hold a lease.
+
+    The lease lasts election_timeout_min - lease_drift_margin after a heartbeat round a
+    quorum acknowledged; the next round must go out before it ends, or the lease lapses
+    between rounds and the node is not active while it leads.
+    """
+    if not 0 < election_timeout_min_ms <= MAX_LEASE_WINDOW_MS:
+        raise ValueError(f"election_timeout_min_ms must be in 1..{MAX_LEASE_WINDOW_MS}, "
+                         f"not {election_timeout_min_ms}")
+    if election_timeout_max_ms < election_timeout_min_ms:
+        raise ValueError(f"election_timeout_max_ms ({election_timeout_max_ms}) must not be below "
+                         f"election_timeout_min_ms ({election_timeout_min_ms})")
+    if not 0 <= lease_drift_margin_ms < election_timeout_min_ms:
+        raise ValueError(f"lease_drift_margin_ms ({lease_drift_margin_ms}) must be in "
+                         f"0..election_timeout_min_ms ({election_timeout_min_ms}) - 1")
+    lease = election_timeout_min_ms - lease_drift_margin_ms
+    if not 0 < heartbeat_interval_ms < lease:
+        raise ValueError(f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be positive and below "
+                         f"election_timeout_min_ms - lease_drift_margin_ms ({lease})")
 
 
 @dataclass
@@ -158,6 +212,7 @@ class RaftConfig:
     election_timeout_max_ms: int = 2000
     heartbeat_interval_ms: int = 100
     lease_drift_margin_ms: int = 100  # clock-drift margin subtracted from the lease
+    max_entry_bytes: int = 8 << 20  # propose() refuses bigger data (EntryTooLarge)
     max_msg_bytes: int = 1 << 20  # max entry bytes per APP message (batching)
     max_inflight_msgs: int = 256  # pipelining: APP messages in flight per follower
     max_inflight_bytes: int = 32 << 20  # flow control by bytes in flight
@@ -165,6 +220,12 @@ class RaftConfig:
     check_quorum: bool = True
     # Added: cap on committed-entry bytes handed out in one Ready (bounds apply batches).
     max_committed_bytes_per_ready: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
+                     self.heartbeat_interval_ms, self.lease_drift_margin_ms)
+        if self.max_entry_bytes < 1:
+            raise ValueError(f"max_entry_bytes must be positive, not {self.max_entry_bytes}")
 
 
 # ---------------------------------------------------------------------------------
@@ -393,10 +454,17 @@ class RaftCore:
         self._prev_hs = hard_state  # the hard state the caller has (was handed)
 
         self._now = now_ms
-        # A restarted node forgot whom it heard from: count its start as "heard from a
-        # leader" so it grants no vote for one election_timeout_min (lease safety).
-        self._last_heard_ms = now_ms
-        self._heard_pending = False
+        # Vote refusal (lease safety): we refuse (pre)votes until `_refuse_until_ms`, and
+        # for `_heard_window_ms` after the next tick when a leader's message came in since
+        # the last tick (0: none). A restarted node forgot whom it heard from: it refuses
+        # for the longest window it may have promised before the crash (persisted in the
+        # hard state), and at least its own election_timeout_min.
+        self._refusal_ms = hard_state.vote_refusal_ms  # goes into the hard state
+        # The term of the leader that _refusal_ms was promised to, or after a restart an
+        # upper bound of it (the promise was made in our term or an earlier one).
+        self._refusal_term = hard_state.term
+        self._refuse_until_ms = now_ms + max(config.election_timeout_min_ms, self._refusal_ms)
+        self._heard_window_ms = 0
 
         self._role = Role.FOLLOWER
         self._leader = NO_NODE
@@ -462,8 +530,8 @@ class RaftCore:
     @property
     def refuses_votes(self) -> bool:
         """True while this node ignores (pre)votes that are not a transfer campaign,
-        because it is a leader or heard from one within election_timeout_min (or
-        restarted less than that ago). A leader's lease rests on a quorum of these."""
+        because it is a leader or heard from one within the refusal window (or restarted
+        less than that ago). A leader's lease rests on a quorum of these."""
         return self._cfg.check_quorum and self._in_lease()
 
     @property
@@ -473,9 +541,9 @@ class RaftCore:
         check_quorum. For checkers that look at the real clock between ticks."""
         if not self._cfg.check_quorum:
             return float("-inf")
-        if self._role == Role.LEADER or self._heard_pending:
+        if self._role == Role.LEADER or self._heard_window_ms:
             return float("inf")
-        return self._last_heard_ms + self._cfg.election_timeout_min_ms
+        return self._refuse_until_ms
 
     def term_at(self, index: int) -> int | None:
         return self._log.term(index)
@@ -490,11 +558,11 @@ class RaftCore:
         """Advance the clock. Time never goes backwards here."""
         if now_ms > self._now:
             self._now = now_ms
-        if self._heard_pending:
+        if self._heard_window_ms:
             # Take "heard from a leader" at a tick after the message arrived: never
             # earlier than the real receipt, which the lease argument needs.
-            self._last_heard_ms = self._now
-            self._heard_pending = False
+            self._refuse_until_ms = max(self._refuse_until_ms, self._now + self._heard_window_ms)
+            self._heard_window_ms = 0
         if self._role == Role.LEADER:
             self._tick_leader()
         else:
@@ -526,16 +594,33 @@ class RaftCore:
         self._election_deadline = self._now + lo + self._rng.randrange(spread)
 
     def _in_lease(self) -> bool:
-        """Did we hear from a leader (or are we one) within election_timeout_min?"""
-        return (
-            self._role == Role.LEADER
-            or self._heard_pending
-            or self._now - self._last_heard_ms < self._cfg.election_timeout_min_ms
-        )
+        """Are we a leader, or within the window we promised a leader to refuse votes?"""
+        return self._role == Role.LEADER or bool(self._heard_window_ms) or self._now < self._refuse_until_ms
 
-    def _heard_from_leader(self) -> None:
-        self._heard_pending = True
+    def _heard_from_leader(self, m: Message) -> None:
+        """`m` came from the leader of our term: refuse votes for the longer of our own
+        election_timeout_min and the window its heartbeat asks for (its own timeout,
+        which its lease counts on), from the next tick on."""
+        window = max(self._cfg.election_timeout_min_ms, m.lease_window_ms)
+        self._promise(window)
+        self._heard_window_ms = max(self._heard_window_ms, window)
         self._reset_election_timer()
+
+    def _promise(self, window: int) -> None:
+        """Keep `window` in the hard state, so a restart refuses votes as long.
+
+        The hard state goes to disk before our answer to the leader's message is sent
+        (Ready order), so a leader never counts an acknowledgement whose promise a crash
+        could erase. Within one term we keep the largest window (appends carry none, and
+        must not shrink what a heartbeat of the same leader asked for). A leader of a
+        newer term than the kept promise proves every lease of older terms is over (its
+        voters waited them out), so its window replaces the kept one: after a rolling
+        change to shorter timeouts, restarts get shorter too.
+        """
+        if self._term > self._refusal_term:
+            self._refusal_ms, self._refusal_term = window, self._term
+        else:
+            self._refusal_ms = max(self._refusal_ms, window)
 
     # -- role changes --------------------------------------------------------------------
 
@@ -560,7 +645,7 @@ class RaftCore:
         if self._role == Role.LEADER:
             # Until now we were "hearing from a leader" (ourselves): keep refusing votes
             # for an election timeout, like any follower of ours would.
-            self._heard_pending = True
+            self._heard_window_ms = max(self._heard_window_ms, self._cfg.election_timeout_min_ms)
         self._role = Role.FOLLOWER
         self._leader = leader
         self._votes = {}
@@ -791,7 +876,7 @@ class RaftCore:
 
     def _handle_append(self, m: Message) -> None:
         self._leader = m.frm
-        self._heard_from_leader()
+        self._heard_from_leader(m)
         log = self._log
         if m.index < log.commit:
             self._send(_MT.APP_RESP, m.frm, index=log.commit)
@@ -831,14 +916,14 @@ class RaftCore:
 
     def _handle_heartbeat(self, m: Message) -> None:
         self._leader = m.frm
-        self._heard_from_leader()
+        self._heard_from_leader(m)
         # The leader sends min(our match, its commit): our log matches it up to there.
         self._log.commit_to(min(m.commit, self._log.last_index))
         self._send(_MT.HEARTBEAT_RESP, m.frm, context=m.context)
 
     def _handle_snapshot(self, m: Message) -> None:
         self._leader = m.frm
-        self._heard_from_leader()
+        self._heard_from_leader(m)
         snap = m.snapshot
         assert snap is not None  # checked by _well_formed
         log = self._log
@@ -972,7 +1057,8 @@ class RaftCore:
             del self._round_sent_ms[r]
         for peer, pr in self._prs.items():
             commit = min(pr.match, self._log.commit)
-            self._send(_MT.HEARTBEAT, peer, commit=commit, context=self._round)
+            self._send(_MT.HEARTBEAT, peer, commit=commit, context=self._round,
+                       lease_window_ms=self._cfg.election_timeout_min_ms)
 
     def _match_of(self, node: str) -> int:
         if node == self.id:
@@ -1008,7 +1094,10 @@ class RaftCore:
     # -- proposals -----------------------------------------------------------------------
 
     def propose(self, data: bytes) -> int:
-        """Append `data` as a new entry; returns its index."""
+        """Append `data` as a new entry; returns its index. Raises EntryTooLarge above
+        max_entry_bytes (checked first: the answer does not depend on leadership)."""
+        if len(data) > self._cfg.max_entry_bytes:
+            raise EntryTooLarge(len(data), self._cfg.max_entry_bytes)
         self._check_can_propose()
         return self._append_as_leader(EntryType.NORMAL, bytes(data))
 
@@ -1127,31 +1216,52 @@ class RaftCore:
 
     # -- lease ---------------------------------------------------------------------------
 
-    def _lease_end_ms(self) -> int | None:
+    def _lease_acks(self) -> dict[str, int]:
+        """Voter -> send time of the newest heartbeat round it acknowledged in this term
+        (ourselves: the latest round). Empty while we may not hold a lease."""
         if self._role != Role.LEADER or self._lease_given_up or not self._cfg.check_quorum:
-            return None
+            return {}
         if self._applied < self._term_start_index or self._round == 0:
-            return None  # not active before our own-term entry is committed and applied
-        voters = self._conf.voters
-        acks: list[int] = []
-        for v in voters:
+            return {}  # not active before our own-term entry is committed and applied
+        acks: dict[str, int] = {}
+        for v in self._conf.voters:
             if v == self.id:
-                acks.append(self._round_sent_ms[self._round])
+                acks[v] = self._round_sent_ms[self._round]
             else:
                 pr = self._prs.get(v)
                 if pr is not None and pr.lease_ack_ms is not None:
-                    acks.append(pr.lease_ack_ms)
-        quorum = len(voters) // 2 + 1
-        if not voters or len(acks) < quorum:
+                    acks[v] = pr.lease_ack_ms
+        return acks
+
+    def _lease_start_ms(self, acks: dict[str, int]) -> int | None:
+        """Send time of the newest round a quorum of the voters acknowledged."""
+        quorum = len(self._conf.voters) // 2 + 1
+        if not self._conf.voters or len(acks) < quorum:
             return None
-        acks.sort(reverse=True)
-        start = acks[quorum - 1]
+        return sorted(acks.values(), reverse=True)[quorum - 1]
+
+    def _lease_end_ms(self) -> int | None:
+        start = self._lease_start_ms(self._lease_acks())
+        if start is None:
+            return None
+        # Every acknowledging voter promised to refuse votes for at least the window our
+        # heartbeats carry (election_timeout_min) after it received the round.
         return start + self._cfg.election_timeout_min_ms - self._cfg.lease_drift_margin_ms
 
     def lease_end_ms(self) -> int | None:
         """When this leader's lease ends (its own clock), or None when it holds none: not
         the leader, not yet active in its term, lease given up, or no quorum of acks."""
         return self._lease_end_ms()
+
+    def lease_supporters(self) -> tuple[str, ...]:
+        """The voters whose acknowledgements the current lease counts (this leader
+        included): each promised to refuse votes until after the lease ends. Empty
+        without a lease. For checkers."""
+        acks = self._lease_acks()
+        start = self._lease_start_ms(acks)
+        if start is None:
+            return ()
+        return tuple(v for v in sorted(acks) if acks[v] >= start)
 
     def lease_valid(self, now_ms: int) -> bool:
         """May this node act as the active node at `now_ms` (its own clock)?"""
@@ -1211,7 +1321,7 @@ class RaftCore:
     # -- Ready / advance -----------------------------------------------------------------
 
     def _hard_state(self) -> HardState:
-        return HardState(self._term, self._vote, self._log.commit)
+        return HardState(self._term, self._vote, self._log.commit, self._refusal_ms)
 
     def _committed_hi(self) -> int:
         # Only entries we persisted ourselves may be applied.
@@ -1249,10 +1359,11 @@ class RaftCore:
             )
             self._applying = rd.committed_entries[-1].index
         rd.messages, self._msgs = self._msgs, []
+        prev = self._prev_hs
         rd.must_sync = (
             bool(rd.entries)
             or rd.snapshot is not None
-            or (hs.term, hs.vote) != (self._prev_hs.term, self._prev_hs.vote)
+            or (hs.term, hs.vote, hs.vote_refusal_ms) != (prev.term, prev.vote, prev.vote_refusal_ms)
         )
         self._prev_hs = hs
         self._outstanding = rd
@@ -1324,9 +1435,11 @@ class RaftCore:
             return False
         if not isinstance(m.type, int) or m.type not in _MESSAGE_TYPES:
             return False
-        for v in (m.term, m.log_term, m.index, m.commit, m.reject_hint, m.context):
+        for v in (m.term, m.log_term, m.index, m.commit, m.reject_hint, m.context, m.lease_window_ms):
             if not isinstance(v, int) or v < 0:
                 return False
+        if m.lease_window_ms > MAX_LEASE_WINDOW_MS:
+            return False
         if m.term == 0 or not isinstance(m.data, bytes) or not isinstance(m.entries, list):
             return False
         if m.entries and (m.type != _MT.APP or not self._entries_ok(m)):

@@ -19,7 +19,6 @@ import os
 import random
 import ssl
 import tempfile
-import time
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,9 +26,10 @@ from typing import Any, Callable, Protocol
 
 import msgpack
 
-from .core import ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore
+from .clock import now_ms
+from .core import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped, RaftConfig, RaftCore, check_timing
 from .storage import RaftStorage
-from .transport import RaftTransport
+from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
 from .types import (
     ConfChange,
     ConfChangeType,
@@ -47,6 +47,12 @@ from .types import (
 log = logging.getLogger("dex_ha.raft.node")
 
 Address = tuple[str, int]
+
+# An AppendEntries carrying one entry of max_entry_bytes must fit in one transport frame,
+# or the follower never gets it and replication stalls for good. The rest of such a
+# message (ids, terms, indexes, msgpack headers) is well under this headroom.
+APP_FRAME_HEADROOM = 64 << 10
+MAX_ENTRY_BYTES_LIMIT = DEFAULT_MAX_FRAME_BYTES - APP_FRAME_HEADROOM
 
 
 class StateMachine(Protocol):
@@ -95,12 +101,22 @@ class NodeConfig:
     election_timeout_max_ms: int = 1000
     heartbeat_interval_ms: int = 50
     lease_drift_margin_ms: int = 50
+    # propose() refuses bigger data (EntryTooLarge). HTTP bodies go up to 4 MiB, and a
+    # command's msgpack can be larger than its JSON (floats).
+    max_entry_bytes: int = 8 << 20
     tick_interval_ms: int = 10
     snapshot_every_entries: int = 20_000
     secret: bytes | None = None
     ssl_server: ssl.SSLContext | None = None
     ssl_client: ssl.SSLContext | None = None
     seed: int | None = None  # election-timeout randomness; None: from os.urandom
+
+    def __post_init__(self) -> None:
+        check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
+                     self.heartbeat_interval_ms, self.lease_drift_margin_ms)
+        if not 0 < self.max_entry_bytes <= MAX_ENTRY_BYTES_LIMIT:
+            raise ValueError(f"max_entry_bytes must be in 1..{MAX_ENTRY_BYTES_LIMIT} (one entry must fit "
+                             f"in one transport frame), not {self.max_entry_bytes}")
 
 
 @dataclass
@@ -122,15 +138,6 @@ class NodeMetrics:
     # The largest gap between two messages from the leader of the current term, measured
     # where they arrive (on a follower): how close load brought the cluster to an election.
     leader_contact_gap_max_ms: int = 0
-
-
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
-def now_ms() -> int:
-    """The clock of lease and election timing (the one `RaftView.lease_valid` compares with)."""
-    return _monotonic_ms()
 
 
 @dataclass(frozen=True)
@@ -258,11 +265,12 @@ class RaftNode:
             election_timeout_max_ms=self.config.election_timeout_max_ms,
             heartbeat_interval_ms=self.config.heartbeat_interval_ms,
             lease_drift_margin_ms=self.config.lease_drift_margin_ms,
+            max_entry_bytes=self.config.max_entry_bytes,
         )
         seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(8), "big")
         return RaftCore(cfg, hard_state=hard_state, conf_state=conf, snapshot=snap_meta,
                         entries=entries, applied=self.sm.applied_index(),
-                        now_ms=_monotonic_ms(), rng=random.Random(seed))
+                        now_ms=now_ms(), rng=random.Random(seed))
 
     def _restore_state_machine(self, snap_meta: SnapshotMeta | None) -> None:
         """A state machine behind the durable snapshot (e.g. in-memory) starts from it."""
@@ -316,10 +324,10 @@ class RaftNode:
         return self.core.leader_id
 
     def lease_valid(self) -> bool:
-        return self.core.lease_valid(_monotonic_ms())
+        return self.core.lease_valid(now_ms())
 
     def lease_remaining_ms(self) -> int:
-        return self.core.lease_remaining_ms(_monotonic_ms())
+        return self.core.lease_remaining_ms(now_ms())
 
     def members(self) -> dict[str, Member]:
         return dict(self._members)
@@ -334,7 +342,7 @@ class RaftNode:
 
         Raises NotLeader when this node is not the leader, ProposalDropped when the
         entry was lost to a leader change (it may or may not commit later: callers make
-        commands idempotent).
+        commands idempotent), EntryTooLarge above max_entry_bytes (nothing appended).
         """
         return await self._submit(data, EntryType.NORMAL)
 
@@ -396,7 +404,7 @@ class RaftNode:
         view = self.view
         if msg.frm != view.leader_id or msg.term != view.term or view.is_leader:
             return
-        now = _monotonic_ms()
+        now = now_ms()
         term, leader, last = self._contact
         if (term, leader) == (msg.term, msg.frm):
             self.metrics.leader_contact_gap_max_ms = max(self.metrics.leader_contact_gap_max_ms, now - last)
@@ -454,7 +462,7 @@ class RaftNode:
                 self._deferred.popleft()()
             except Exception as exc:  # e.g. a transfer to a node that left meanwhile
                 log.warning("node %s: deferred change failed: %r", self.config.id, exc)
-        self.core.tick(_monotonic_ms())
+        self.core.tick(now_ms())
         while self._unreachable:
             self.core.report_unreachable(self._unreachable.pop())
         while self._inbox:
@@ -488,7 +496,7 @@ class RaftNode:
                     index = self.core.propose_conf_change(payload)
                 else:
                     index = self.core.propose(payload)
-            except (NotLeader, ProposalDropped, ConfChangeRefused) as exc:
+            except (NotLeader, ProposalDropped, ConfChangeRefused, EntryTooLarge) as exc:
                 fut.set_exception(exc)
                 continue
             self.metrics.proposals += 1

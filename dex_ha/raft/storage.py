@@ -30,9 +30,16 @@ Crash safety:
     index pointing past the log;
   * new segments are written as ``*.tmp``, fsynced, renamed, then the directory fsynced;
   * on open, a torn tail (the last record of the last segment cut short or failing its
-    CRC with no valid record after it) is truncated with a warning; any other damage
-    raises LogCorruptionError naming the file, the byte offset and the entry index, so
-    the node stops instead of silently losing acknowledged data.
+    CRC with no valid record after it) is truncated with a warning;
+  * so is a zero-filled tail: after a crash, pages of the last segment that were never
+    written back read as zeroes, and pages after them may hold a later (unsynced) write.
+    In the last segment, an all-zero record header, or a damaged record with a zeroed
+    512-byte sector in it, ends the log there (etcd's WAL decoder does the same: a zero
+    length is the end of the file, and isTornEntry). Nothing after it was synced: an
+    fsync writes every earlier page first. (Damage that zeroes synced data in the last
+    segment would go unnoticed, as in etcd; the warning says how much was dropped.);
+  * any other damage raises LogCorruptionError naming the file, the byte offset and the
+    entry index, so the node stops instead of silently losing acknowledged data.
 
 Failpoints for crash tests: ``DEX_HA_FAILPOINTS="storage.save.after-write@3,..."`` makes
 the process ``os._exit(FAILPOINT_EXIT_CODE)`` at the 3rd time it passes that point
@@ -66,6 +73,7 @@ from .types import (
     encode_hard_state,
     entry_from_wire,
     entry_to_wire,
+    hard_state_from_wire,
     snapshot_meta_from_wire,
     snapshot_meta_to_wire,
 )
@@ -83,6 +91,8 @@ _KINDS = frozenset((KIND_ENTRY, KIND_HARD_STATE, KIND_SNAPSHOT))
 _KIND_BYTE_RE = re.compile(b"[\x01-\x03]")
 
 _HEADER = struct.Struct("<II")  # length, crc32 of the payload
+_ZERO_HEADER = bytes(_HEADER.size)
+SECTOR_BYTES = 512  # etcd's minSectorSize: the smallest unit a disk writes whole
 _SEED = struct.Struct("<QQ")  # segment seq, byte offset: see _crc_seed
 _SEGMENT_RE = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.wal$")
 
@@ -210,8 +220,7 @@ class _Replay:
         if kind == KIND_ENTRY:
             self._entry(entry_from_wire(body))
         elif kind == KIND_HARD_STATE:
-            term, vote, commit = body
-            self.hard_state = HardState(term, vote, commit)
+            self.hard_state = hard_state_from_wire(body)
         else:
             meta_wire, keep_suffix = body
             self._snapshot(snapshot_meta_from_wire(meta_wire), bool(keep_suffix))
@@ -259,6 +268,28 @@ def _find_valid_record(buf: bytes, seq: int, start: int) -> int | None:
         if 1 <= length <= end - p and zlib.crc32(view[p + 8 : p + 8 + length], _crc_seed(seq, p)) == crc:
             return p
     return None
+
+
+def _zero_filled_at(buf: bytes, off: int) -> bool:
+    """Does the damaged record at `off` look like never-written (zeroed) space?
+
+    Yes when its header is all zeroes, or when a sector that starts inside the record
+    (after its first byte) is all zeroes up to the sector's end or the file's end: the
+    write got that far and no further. A length that cannot be right limits the record
+    to its header.
+    """
+    if buf[off : off + _HEADER.size] == _ZERO_HEADER:
+        return True
+    length = _HEADER.unpack_from(buf, off)[0] if len(buf) - off >= _HEADER.size else 0
+    end = off + _HEADER.size + (length if 1 <= length <= MAX_RECORD_BYTES else 0)
+    end = min(end, len(buf))
+    sector = (off // SECTOR_BYTES + 1) * SECTOR_BYTES  # the first boundary after off
+    while sector < end:
+        chunk = buf[sector : sector + SECTOR_BYTES]
+        if chunk.count(0) == len(chunk):
+            return True
+        sector += SECTOR_BYTES
+    return False
 
 
 @dataclass(slots=True)
@@ -424,10 +455,15 @@ class RaftStorage:
                 self._check_header(seg, result, buf)
                 continue
             where = self._describe(seg, result, replay)
-            if not is_last or _find_valid_record(buf, seg.seq, result.good_bytes + 1) is not None:
+            if not is_last:
+                raise LogCorruptionError(f"{where}; a segment before the last one was fully synced")
+            zeroed = _zero_filled_at(buf, result.good_bytes)
+            if not zeroed and _find_valid_record(buf, seg.seq, result.good_bytes + 1) is not None:
                 raise LogCorruptionError(f"{where}; valid records follow, so this is not a torn write")
             if not repair:
                 raise LogCorruptionError(f"{where} (torn tail not repaired)")
+            if zeroed:
+                where += self._describe_zeroed_tail(buf, seg, result)
             self._truncate_torn_tail(seg, result, where)
             if result.records == 0 and self._drop_empty_last_segment(seg):
                 continue
@@ -441,6 +477,18 @@ class RaftStorage:
         return (f"{seg.path}: {result.bad} at byte offset {result.good_bytes} "
                 f"(record {result.records}; the last good entry is index {last}, "
                 f"so the damage is at entry index {last + 1} or the hard state after it)")
+
+    @staticmethod
+    def _describe_zeroed_tail(buf: bytes, seg: _Segment, result: _ScanResult) -> str:
+        """What truncating a zero-filled tail drops: it is never synced data, but say it."""
+        later = 0
+        p = _find_valid_record(buf, seg.seq, result.good_bytes + 1)
+        while p is not None:
+            later += 1
+            p = _find_valid_record(buf, seg.seq, p + _HEADER.size + _HEADER.unpack_from(buf, p)[0])
+        return (f"; zero-filled from there (space never written back before a crash): the log "
+                f"ends there, dropping {len(buf) - result.good_bytes} bytes holding {later} "
+                f"well-formed record(s) of later, unsynced writes")
 
     def _check_header(self, seg: _Segment, result: _ScanResult, buf: bytes) -> None:
         if result.records == 0 or buf[8] != KIND_HARD_STATE:

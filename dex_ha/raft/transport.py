@@ -71,6 +71,7 @@ PROTOCOL = "dex-ha-raft"
 PROTOCOL_VERSION = 1
 CHALLENGE_BYTES = 32
 HANDSHAKE_MAX_FRAME = 4096
+DEFAULT_MAX_FRAME_BYTES = 16 << 20  # node.py keeps max_entry_bytes below it
 MAX_NODE_ID_CHARS = 255
 
 KIND_MESSAGE = 1
@@ -533,7 +534,7 @@ class RaftTransport:
     def __init__(self, node_id: str, listen: Address, peers: dict[str, Address],
                  on_message: Callable[[Message], None], *, secret: bytes | None = None,
                  ssl_server: ssl.SSLContext | None = None, ssl_client: ssl.SSLContext | None = None,
-                 max_frame_bytes: int = 16 << 20, snapshot_chunk_bytes: int = 1 << 20,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, snapshot_chunk_bytes: int = 1 << 20,
                  max_snapshot_bytes: int = 4 << 30,
                  max_queue_messages: int = 4096, max_queue_bytes: int = 64 << 20,
                  handshake_timeout: float = 5.0,

@@ -66,6 +66,10 @@ class HardState:
     term: int = 0
     vote: str = NO_NODE
     commit: int = 0
+    # How long this node must refuse votes after a restart: the vote-refusal window it
+    # last promised a leader (a leader's lease counts on it; see core.py, "the leader
+    # lease"). 0 in logs written before it existed: the node's own election timeout.
+    vote_refusal_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +114,10 @@ class Message:
     context: int = 0
     snapshot: SnapshotMeta | None = None
     data: bytes = b""  # SNAP: the snapshot payload
+    # HEARTBEAT: how long the receiver must refuse votes after receiving it, because the
+    # sender's lease counts on that (the leader's election_timeout_min). 0 elsewhere, and
+    # from leaders older than this field: the receiver then uses its own timeout.
+    lease_window_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -180,13 +188,24 @@ def decode_entry(buf: bytes) -> Entry:
     return entry_from_wire(msgpack.unpackb(buf, raw=False))
 
 
+def hard_state_to_wire(hs: HardState) -> list[Any]:
+    return [hs.term, hs.vote, hs.commit, hs.vote_refusal_ms]
+
+
+def hard_state_from_wire(raw: list[Any]) -> HardState:
+    """Also reads the 3-field form written before `vote_refusal_ms` existed."""
+    if len(raw) == 3:
+        return HardState(raw[0], raw[1], raw[2])
+    t, v, c, refusal = raw
+    return HardState(t, v, c, refusal)
+
+
 def encode_hard_state(hs: HardState) -> bytes:
-    return msgpack.packb([hs.term, hs.vote, hs.commit], use_bin_type=True)
+    return msgpack.packb(hard_state_to_wire(hs), use_bin_type=True)
 
 
 def decode_hard_state(buf: bytes) -> HardState:
-    t, v, c = msgpack.unpackb(buf, raw=False)
-    return HardState(t, v, c)
+    return hard_state_from_wire(msgpack.unpackb(buf, raw=False))
 
 
 def encode_conf_change(cc: ConfChange) -> bytes:
@@ -206,6 +225,16 @@ def decode_snapshot_meta(buf: bytes) -> SnapshotMeta:
     return snapshot_meta_from_wire(msgpack.unpackb(buf, raw=False))
 
 
+# Wire slots are positional and version 1 peers want exactly 14 of them, so a new field
+# travels in a slot its message type leaves unused: a HEARTBEAT's `lease_window_ms` in the
+# `index` slot. Old peers ignore a heartbeat's index; an old leader sends 0 there, which
+# reads as "no window" (the receiver's own timeout, the old rule).
+
+
+def _index_slot(m: Message) -> int:
+    return m.lease_window_ms if m.type == MessageType.HEARTBEAT else m.index
+
+
 def encode_message(m: Message) -> bytes:
     return msgpack.packb(
         [
@@ -215,7 +244,7 @@ def encode_message(m: Message) -> bytes:
             m.frm,
             m.term,
             m.log_term,
-            m.index,
+            _index_slot(m),
             [entry_to_wire(e) for e in m.entries],
             m.commit,
             m.reject,
@@ -235,9 +264,11 @@ class MalformedMessage(ValueError):
 def decode_message(buf: bytes) -> Message:
     try:
         raw = msgpack.unpackb(buf, raw=False)
-        if not isinstance(raw, list) or len(raw) != 14 or raw[0] != WIRE_VERSION:
+        # More than 14 slots: fields a newer peer appended; ignored, so that one can be
+        # added later without breaking a rolling upgrade.
+        if not isinstance(raw, list) or len(raw) < 14 or raw[0] != WIRE_VERSION:
             raise MalformedMessage("unexpected message shape or version")
-        (_, typ, to, frm, term, log_term, index, entries, commit, reject, hint, ctx, snap, data) = raw
+        (_, typ, to, frm, term, log_term, index, entries, commit, reject, hint, ctx, snap, data) = raw[:14]
         if not (isinstance(to, str) and isinstance(frm, str)):
             raise MalformedMessage("node ids must be strings")
         for v in (term, log_term, index, commit, hint, ctx):
@@ -245,13 +276,16 @@ def decode_message(buf: bytes) -> Message:
                 raise MalformedMessage("integer field out of range")
         if not isinstance(data, bytes):
             raise MalformedMessage("data must be bytes")
+        mtype = MessageType(typ)
+        heartbeat = mtype == MessageType.HEARTBEAT
         return Message(
-            type=MessageType(typ),
+            type=mtype,
             to=to,
             frm=frm,
             term=term,
             log_term=log_term,
-            index=index,
+            index=0 if heartbeat else index,
+            lease_window_ms=index if heartbeat else 0,
             entries=[entry_from_wire(e) for e in entries],
             commit=commit,
             reject=bool(reject),

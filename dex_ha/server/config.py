@@ -16,7 +16,8 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     max_inflight_requests = 512           # requests worked on at once; past it: 503 overloaded
     election_timeout_min_ms = 500
     election_timeout_max_ms = 1000
-    raft_heartbeat_interval_ms = 50
+    raft_heartbeat_interval_ms = 50       # below election_timeout_min_ms - lease_drift_margin_ms
+    lease_drift_margin_ms = 50            # the lease ends this much before the followers may vote
     http_header_timeout_ms = 10000        # request headers within this of the connect (or of their first byte)
     http_body_timeout_ms = 30000          # the request body within this (408 request_timeout)
     http_keepalive_timeout_ms = 75000     # an idle keep-alive connection is closed after this
@@ -36,8 +37,9 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
 DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
-DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_HTTP_HEADER_TIMEOUT_MS,
-DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS, DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_LOG_JSON,
+DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS,
+DEX_HA_HTTP_HEADER_TIMEOUT_MS, DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS,
+DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_LOG_JSON,
 DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated).
 """
 
@@ -90,6 +92,9 @@ class ServerConfig:
     election_timeout_min_ms: int = 500
     election_timeout_max_ms: int = 1_000
     raft_heartbeat_interval_ms: int = 50
+    # Clock-rate drift the lease tolerates: up to margin / (2 * election_timeout_min - margin)
+    # (5.3 % for 50 of 500). The lease ends this much earlier than the followers' refusal.
+    lease_drift_margin_ms: int = 50
     snapshot_every_entries: int = 20_000
     # HTTP connections (dex_ha.server.http_limits): read timeouts for the request (never for
     # the answer: long polls and event streams last), and a cap on open connections.
@@ -114,9 +119,11 @@ class ServerConfig:
             raise ConfigError(f"peers: must list this node ({self.node_id!r}) unless join = true")
         if self.election_timeout_min_ms >= self.election_timeout_max_ms:
             raise ConfigError("election_timeout_min_ms: must be below election_timeout_max_ms")
-        for name in ("heartbeat_timeout_ms", "drain_timeout_ms", "raft_heartbeat_interval_ms"):
+        for name in ("heartbeat_timeout_ms", "drain_timeout_ms", "raft_heartbeat_interval_ms",
+                     "lease_drift_margin_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
+        self._check_lease_timing()
         if self.max_inflight_requests < 1:
             raise ConfigError("max_inflight_requests: must be at least 1")
         if self.http_max_connections < 0:
@@ -130,6 +137,17 @@ class ServerConfig:
             raise ConfigError("tokens: a node needs client, worker and admin tokens (or --insecure)")
         if not self.cluster_secret or len(self.cluster_secret) < 16:
             raise ConfigError("cluster_secret: a node needs a cluster secret of ≥ 16 characters (or --insecure)")
+
+    def _check_lease_timing(self) -> None:
+        """The raft layer checks the same (raft.core.check_timing); here with our key names."""
+        etmin, margin = self.election_timeout_min_ms, self.lease_drift_margin_ms
+        if etmin <= margin:
+            raise ConfigError(f"lease_drift_margin_ms: must be below election_timeout_min_ms ({etmin}), "
+                              f"got {margin}")
+        if not 0 < self.raft_heartbeat_interval_ms < etmin - margin:
+            raise ConfigError(f"raft_heartbeat_interval_ms: must be positive and below election_timeout_min_ms - "
+                              f"lease_drift_margin_ms ({etmin - margin}), got {self.raft_heartbeat_interval_ms}: "
+                              f"the lease would lapse between heartbeats")
 
 
 def parse_address(text: str, key: str) -> Address:
@@ -173,10 +191,9 @@ ENV_KEYS = {
     "node_id": str, "data_dir": str, "http_listen": str, "url": str, "raft_listen": str, "probe_listen": str,
     "durability": str, "cluster_secret": str, "join": bool, "heartbeat_timeout_ms": int,
     "drain_timeout_ms": int, "max_inflight_requests": int, "election_timeout_min_ms": int,
-    "election_timeout_max_ms": int,
-    "raft_heartbeat_interval_ms": int, "log_json": bool,
-    "http_header_timeout_ms": int, "http_body_timeout_ms": int, "http_keepalive_timeout_ms": int,
-    "http_max_connections": int,
+    "election_timeout_max_ms": int, "raft_heartbeat_interval_ms": int, "lease_drift_margin_ms": int,
+    "log_json": bool, "http_header_timeout_ms": int, "http_body_timeout_ms": int,
+    "http_keepalive_timeout_ms": int, "http_max_connections": int,
 }
 
 
@@ -230,7 +247,8 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
     simple = {k: raw[k] for k in ("durability", "join", "heartbeat_timeout_ms", "drain_timeout_ms",
                                   "max_inflight_requests",
                                   "election_timeout_min_ms", "election_timeout_max_ms",
-                                  "raft_heartbeat_interval_ms", "snapshot_every_entries", "log_json",
+                                  "raft_heartbeat_interval_ms", "lease_drift_margin_ms",
+                                  "snapshot_every_entries", "log_json",
                                   "http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms",
                                   "http_max_connections")
               if k in raw}

@@ -101,7 +101,7 @@ class NodeServer:
             members={p.id: Member(p.raft_addr, p.url) for p in c.peers}, join=c.join,
             durability=c.durability, election_timeout_min_ms=c.election_timeout_min_ms,
             election_timeout_max_ms=c.election_timeout_max_ms,
-            heartbeat_interval_ms=c.raft_heartbeat_interval_ms,
+            heartbeat_interval_ms=c.raft_heartbeat_interval_ms, lease_drift_margin_ms=c.lease_drift_margin_ms,
             snapshot_every_entries=c.snapshot_every_entries, secret=secret)
 
     # ------------------------------------------------------------------ lifecycle

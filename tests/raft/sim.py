@@ -74,6 +74,10 @@ class Scenario:
     catchup_bound_ms: int = 8_000
     liveness_proposals: int = 5
     raft: dict[str, Any] = field(default_factory=dict)  # RaftConfig overrides
+    # Per-node election timeouts: each node's election_timeout_min is one of these (see
+    # timing_for), and a rolling restart during the chaos moves every node to another.
+    # Empty: every node uses `raft`.
+    election_timeouts: tuple[int, ...] = ()
 
     @classmethod
     def from_seed(cls, seed: int) -> Scenario:
@@ -85,6 +89,8 @@ class Scenario:
         bit 4     coarse ticks: "heard from a leader" must not be timestamped early
         bit 5     strict ordering: a leader sends nothing before its own fsync
         bit 6     the node loop's settings: 500-1000 ms elections, 50 ms heartbeats
+        bit 7     timeouts differ between nodes, and a rolling restart changes them: the
+                  lease must not rest on the followers having the leader's timeout
         """
         kind = seed % 4
         sc = cls(seed=seed, voters=3 if kind in (0, 2) else 5, membership=kind >= 2)
@@ -101,7 +107,17 @@ class Scenario:
         if seed & 64:
             sc.raft = {"election_timeout_min_ms": 500, "election_timeout_max_ms": 1000,
                        "heartbeat_interval_ms": 50}
+        if seed & 128:
+            sc.election_timeouts = (300, 500, 1000)
         return sc
+
+
+def timing_for(election_timeout_min_ms: int) -> dict[str, int]:
+    """RaftConfig timing for one node of the mixed-timeout family. Margin and heartbeat
+    scale with the timeout, so every node's lease covers the same clock drift (5.26 %)."""
+    t = election_timeout_min_ms
+    return {"election_timeout_min_ms": t, "election_timeout_max_ms": 2 * t,
+            "heartbeat_interval_ms": t // 10, "lease_drift_margin_ms": t // 10}
 
 
 # ---------------------------------------------------------------------------------
@@ -174,9 +190,11 @@ def _chain(digest: bytes, e: Entry) -> bytes:
 
 
 class SimNode:
-    def __init__(self, node_id: str, clock: Clock, bootstrap: ConfState, compact_every: int):
+    def __init__(self, node_id: str, clock: Clock, bootstrap: ConfState, compact_every: int,
+                 raft: dict[str, Any]):
         self.id = node_id
         self.clock = clock
+        self.raft = raft  # RaftConfig overrides; a rolling restart changes them
         self.bootstrap = bootstrap
         self.compact_every = compact_every
         self.disk = Disk()
@@ -196,14 +214,14 @@ class SimNode:
     def up(self) -> bool:
         return self.core is not None
 
-    def start(self, now: float, seed: int, raft: dict[str, Any]) -> None:
+    def start(self, now: float, seed: int) -> None:
         disk = self.disk
         snap = disk.snap
         self.sm_index, self.sm_digest = 0, b""
         if snap is not None:
             self.sm_index, self.sm_digest = msgpack.unpackb(disk.snap_data)
         self.core = RaftCore(
-            RaftConfig(id=self.id, **raft),
+            RaftConfig(id=self.id, **self.raft),
             hard_state=disk.hs,
             conf_state=snap.conf_state if snap is not None else self.bootstrap,
             snapshot=snap,
@@ -383,6 +401,11 @@ class Simulation:
         self.live_pending: list[tuple[int, int, bytes, float]] = []
         self.live_done = False
         self.next_node_no = scenario.voters + 1
+        # Mixed-timeout family: half the runs start uniform (the rolling restart makes the
+        # mix), half with a timeout per node.
+        self.start_timeout = 0
+        if scenario.election_timeouts and self.rng.random() < 0.5:
+            self.start_timeout = self.rng.choice(scenario.election_timeouts)
         ids = [f"n{i}" for i in range(1, scenario.voters + 1)]
         bootstrap = ConfState(tuple(ids), ())
         for nid in ids:
@@ -394,13 +417,17 @@ class Simulation:
         d = self.sc.drift
         rate = 1 + self.rng.choice([-d, d, self.rng.uniform(-d, d)])
         clock = Clock(self.rng.uniform(0, 1e6), rate)
-        node = SimNode(nid, clock, bootstrap, compact_every=self.rng.randint(10, 60))
+        raft = self.raft
+        if self.sc.election_timeouts:
+            t = self.start_timeout or self.rng.choice(self.sc.election_timeouts)
+            raft = {**self.raft, **timing_for(t)}
+        node = SimNode(nid, clock, bootstrap, compact_every=self.rng.randint(10, 60), raft=raft)
         self.nodes[nid] = node
         self._start(node)
         return node
 
     def _start(self, node: SimNode) -> None:
-        node.start(self.now, self.rng.getrandbits(32), self.raft)
+        node.start(self.now, self.rng.getrandbits(32))
         self.check.on_restart(node)
         self.trace.append((self.now, "start", node.id, node.incarnation))
         self._schedule(self.rng.uniform(*self.sc.tick_ms), "tick", node.id, node.incarnation)
@@ -415,6 +442,8 @@ class Simulation:
         self._schedule(0, "chaos")
         self._schedule(0, "client")
         self._schedule(self.sc.chaos_ms, "heal")
+        if self.sc.election_timeouts:
+            self._schedule(self.rng.uniform(1000, self.sc.chaos_ms / 2), "rolling_change")
         handlers = {
             "tick": self._on_tick,
             "deliver": self._on_deliver,
@@ -425,6 +454,8 @@ class Simulation:
             "restart": self._on_restart,
             "unpartition": self._on_unpartition,
             "deadline": self._on_deadline,
+            "rolling_change": self._on_rolling_change,
+            "roll": self._on_roll,
         }
         while self._queue and not self.live_done:
             self.now, _, kind, args = heapq.heappop(self._queue)
@@ -625,6 +656,28 @@ class Simulation:
         node = self.nodes[nid]
         if node.core is None:
             self._start(node)
+
+    def _on_rolling_change(self) -> None:
+        """An operator changes election_timeout_min everywhere, restarting one node at a
+        time: for a while the old and the new setting run side by side."""
+        choices = self.sc.election_timeouts
+        # From a uniform setting to another one; from a mix, each node to a new value.
+        target = self.rng.choice([t for t in choices if t != self.start_timeout])
+        delay = 0.0
+        for nid in sorted(self.nodes):
+            delay += self.rng.uniform(300, 3000)
+            current = self.nodes[nid].raft["election_timeout_min_ms"]
+            new = target if self.start_timeout else self.rng.choice([t for t in choices if t != current])
+            self._schedule(delay, "roll", nid, new)
+
+    def _on_roll(self, nid: str, timeout: int) -> None:
+        node = self.nodes[nid]
+        node.raft = {**self.raft, **timing_for(timeout)}
+        self.trace.append((self.now, "roll", nid, timeout))
+        self.stats["rolling_restart"] += 1
+        if node.core is not None:  # a node that is down picks the setting up when it starts
+            node.crash()
+            self._schedule(self.rng.uniform(5, 500), "restart", nid)
 
     def _chaos_partition(self) -> None:
         ids = sorted(self.nodes)
@@ -846,6 +899,8 @@ class Simulation:
         for nid in holders:
             self.check.check_leased_read(self.nodes[nid])
             self._check_lease_quorum(self.nodes[nid])
+            if self._a_voter_has_a_shorter_timeout(self.nodes[nid]):
+                self.stats["events_with_lease_over_a_shorter_timeout"] += 1
         self.stats["events_with_lease"] += len(holders)
         if self.healed:
             self._liveness_step()
@@ -854,7 +909,7 @@ class Simulation:
         """The lease argument's invariant, checked directly and ahead of time: a quorum
         of the leader's voters will refuse votes (by their own clocks) until the lease
         has ended (by the leader's clock), comparing in simulated real time. A down
-        node cannot vote, and refuses for election_timeout_min after it restarts."""
+        node cannot vote, and after it restarts refuses for the window it promised."""
         core = leader.core
         assert core is not None
         local = leader.clock.local(self.now)
@@ -870,6 +925,19 @@ class Simulation:
         if len(refusing) < len(voters) // 2 + 1:
             self._fail(f"{leader.id}'s lease (ends {lease_end:.1f}) outlives the vote refusal "
                        f"of all but {refusing} of {voters}")
+        # Stronger, and what an acknowledgement means: each voter the lease counts keeps
+        # its promise, even when others happen to refuse in its place (this is what
+        # notices a restart that forgets a promise).
+        broken = [v for v in core.lease_supporters() if v not in refusing and v in self.nodes]
+        if broken:
+            self._fail(f"{leader.id}'s lease (ends {lease_end:.1f}) outlives the vote refusal "
+                       f"of {broken}, whose acknowledgements it counts")
+
+    def _a_voter_has_a_shorter_timeout(self, leader: SimNode) -> bool:
+        own = leader.raft.get("election_timeout_min_ms", 0)
+        voters = leader.core.conf_state.voters  # type: ignore[union-attr]
+        return any(v in self.nodes and self.nodes[v].raft.get("election_timeout_min_ms", 0) < own
+                   for v in voters)
 
     @staticmethod
     def _real(node: SimNode, local_ms: float) -> float:

@@ -9,7 +9,15 @@ from typing import Callable
 
 import pytest
 
-from dex_ha.raft.core import ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore
+from dex_ha.raft.core import (
+    MAX_LEASE_WINDOW_MS,
+    ConfChangeRefused,
+    EntryTooLarge,
+    NotLeader,
+    ProposalDropped,
+    RaftConfig,
+    RaftCore,
+)
 from dex_ha.raft.types import (
     NO_NODE,
     ConfChange,
@@ -68,9 +76,10 @@ class Cluster:
     """Cores plus a perfect network that tests can cut, hold, or watch."""
 
     def __init__(self, voters: list[str], learners: list[str] = (), seed: int = 0,
-                 **cfg: object) -> None:
+                 node_cfg: dict[str, dict[str, object]] | None = None, **cfg: object) -> None:
         self.conf = ConfState(tuple(voters), tuple(learners))
         self.cfg = cfg
+        self.node_cfg = node_cfg or {}  # per-node RaftConfig overrides
         self.seed = seed
         self.now = 0
         self.stores: dict[str, Store] = {}
@@ -85,7 +94,7 @@ class Cluster:
     def start(self, nid: str, conf: ConfState | None = None) -> RaftCore:
         st = self.stores.setdefault(nid, Store())
         self.cores[nid] = RaftCore(
-            RaftConfig(id=nid, **self.cfg),  # type: ignore[arg-type]
+            RaftConfig(id=nid, **{**self.cfg, **self.node_cfg.get(nid, {})}),  # type: ignore[arg-type]
             hard_state=st.hs,
             conf_state=st.snap.conf_state if st.snap else (conf or self.conf),
             snapshot=st.snap,
@@ -416,6 +425,156 @@ def test_single_node_lease() -> None:
     c.run(100)
     assert leader.lease_valid(c.now)
     assert leader.propose(b"x") == leader.last_index
+
+
+# Timeouts that differ between nodes (as during a rolling change of the setting).
+SLOW = dict(election_timeout_min_ms=1000, election_timeout_max_ms=2000, heartbeat_interval_ms=100,
+            lease_drift_margin_ms=100)
+FAST = dict(election_timeout_min_ms=500, election_timeout_max_ms=1000, heartbeat_interval_ms=50,
+            lease_drift_margin_ms=50)
+SLOW_LEADER = {"n1": SLOW, "n2": FAST, "n3": FAST}
+
+
+def elect_slow_leader(c: Cluster) -> RaftCore:
+    """Elect n1 (SLOW) although n2 and n3 (FAST) would campaign first: their clocks
+    stop just past their restart guard, before their election timers fire."""
+    guard = FAST["election_timeout_min_ms"]
+    for nid in ("n2", "n3"):
+        c.cores[nid].tick(guard)
+    n1, t = c.cores["n1"], guard
+    while n1.role != Role.LEADER:
+        t += 10
+        n1.tick(t)
+        c.flush()
+        assert t < 5 * ETMIN, "no election"
+    c.now = t
+    c.tick(0)
+    return n1
+
+
+def test_followers_with_a_shorter_timeout_wait_out_the_leaders_lease() -> None:
+    """A leader with 1000 ms, followers with 500 ms, the leader isolated: the followers
+    used to vote after their own 500 ms while the leader's lease (900 ms) still ran."""
+    c = Cluster(["n1", "n2", "n3"], node_cfg=SLOW_LEADER)
+    n1 = elect_slow_leader(c)
+    c.run(300)
+    sent_at = run_to_heartbeat_round(c, "n1")
+    c.isolate("n1")
+    lease_end = sent_at + 1000 - 100
+    assert n1.lease_valid(lease_end - 1)
+    c.tick(10)  # the followers timestamp the round
+    for nid in ("n2", "n3"):
+        assert c.cores[nid].refuses_votes_until_ms >= lease_end, nid
+    while not any(c.cores[nid].role == Role.LEADER for nid in ("n2", "n3")):
+        c.tick(10)
+        assert c.now < sent_at + 5000, "the others never elected a leader"
+    assert c.now >= lease_end and not n1.lease_valid(c.now)
+
+
+def test_restarted_follower_refuses_votes_for_the_window_it_promised() -> None:
+    c = Cluster(["n1", "n2", "n3"], node_cfg=SLOW_LEADER)
+    elect_slow_leader(c)
+    c.run(300)
+    assert c.stores["n2"].hs.vote_refusal_ms == 1000  # n1's window, above n2's own 500
+    c.crash("n1")
+    c.crash("n2")
+    n2 = c.start("n2")
+    term = n2.term
+    vote = Message(MT.VOTE, to="n2", frm="n3", term=term + 1, index=100, log_term=term)
+    c.tick(600, only=["n2"])  # past n2's own timeout, not past the promise
+    n2.step(vote)
+    assert n2.term == term and not c.process("n2")
+    c.tick(400, only=["n2"])
+    n2.step(vote)
+    (resp,) = c.process("n2")
+    assert resp.type == MT.VOTE_RESP and not resp.reject
+
+
+def test_after_a_restart_the_same_leaders_appends_do_not_shrink_the_promise() -> None:
+    """A second crash soon after the first must still honour the promise made before
+    the first: appends carry no window, so they must not lower the kept one."""
+    c = Cluster(["n1", "n2", "n3"], node_cfg=SLOW_LEADER)
+    n1 = elect_slow_leader(c)
+    c.run(300)
+    c.crash("n2")
+    c.start("n2")
+    c.drop = lambda m: m.type == MT.HEARTBEAT  # only appends reach n2 for now
+    n1.propose(b"x")
+    c.flush()
+    assert c.stores["n2"].applied[-1].data == b"x"
+    assert c.stores["n2"].hs.vote_refusal_ms == 1000
+
+
+def _follower(nid: str = "n2", term: int = 2, **cfg: object) -> RaftCore:
+    return RaftCore(RaftConfig(id=nid, **{**FAST, **cfg}), hard_state=HardState(term=term),
+                    conf_state=ConfState(("n1", "n2", "n3")), snapshot=None, entries=[], applied=0,
+                    now_ms=0, rng=random.Random(1))
+
+
+def _heartbeat(frm: str, term: int, window: int) -> Message:
+    return Message(MT.HEARTBEAT, to="n2", frm=frm, term=term, lease_window_ms=window)
+
+
+def test_a_longer_window_is_synced_before_the_acknowledgement_goes_out() -> None:
+    n2 = _follower()
+    n2.step(_heartbeat("n1", 2, 1000))
+    rd = n2.ready()
+    assert rd.hard_state is not None and rd.hard_state.vote_refusal_ms == 1000 and rd.must_sync
+    assert [m.type for m in rd.messages] == [MT.HEARTBEAT_RESP]  # sent after the sync
+    n2.advance(rd)
+    n2.step(_heartbeat("n1", 2, 1000))
+    rd = n2.ready()
+    assert rd.hard_state is None and not rd.must_sync  # the same promise: no fsync
+
+
+def test_a_newer_leaders_window_replaces_an_older_one() -> None:
+    """Within a term the largest window is kept; a leader of a newer term proves the
+    older leases are over, so its window (at least our own timeout) replaces them."""
+    n2 = _follower()
+    hs = HardState(term=2)  # what the node persisted
+    for frm, term, window, kept in [("n1", 2, 1000, 1000), ("n1", 2, 300, 1000), ("n3", 3, 300, 500)]:
+        n2.step(_heartbeat(frm, term, window))
+        rd = n2.ready()
+        n2.advance(rd)
+        hs = rd.hard_state or hs
+        assert (hs.term, hs.vote_refusal_ms) == (term, kept), (frm, term, window)
+
+
+def test_a_heartbeat_asking_for_an_absurd_window_is_ignored() -> None:
+    n2 = _follower()
+    n2.step(_heartbeat("n1", 2, MAX_LEASE_WINDOW_MS + 1))
+    assert not n2.has_ready() and n2.leader_id == NO_NODE
+
+
+@pytest.mark.parametrize("settings,named", [
+    ({"election_timeout_min_ms": 100, "lease_drift_margin_ms": 100}, "lease_drift_margin_ms"),
+    ({"lease_drift_margin_ms": -1}, "lease_drift_margin_ms"),
+    ({"heartbeat_interval_ms": 900}, "heartbeat_interval_ms"),  # = 1000 - 100: the lease lapses
+    ({"heartbeat_interval_ms": 0}, "heartbeat_interval_ms"),
+    ({"election_timeout_max_ms": 900}, "election_timeout_max_ms"),
+    ({"election_timeout_min_ms": MAX_LEASE_WINDOW_MS + 1,
+      "election_timeout_max_ms": 2 * MAX_LEASE_WINDOW_MS}, "election_timeout_min_ms"),
+    ({"max_entry_bytes": 0}, "max_entry_bytes"),
+])
+def test_config_refuses_settings_that_cannot_hold_a_lease(settings: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        RaftConfig(id="n1", **settings)
+
+
+def test_a_proposal_above_max_entry_bytes_is_refused_and_nothing_appended() -> None:
+    c = Cluster(["n1", "n2", "n3"], max_entry_bytes=1000)
+    leader = c.elect("n1")
+    last = leader.last_index
+    with pytest.raises(EntryTooLarge) as info:
+        leader.propose(b"x" * 1001)
+    assert (info.value.size, info.value.limit) == (1001, 1000)
+    assert leader.last_index == last
+    with pytest.raises(EntryTooLarge):  # the answer does not depend on leadership
+        c.cores["n2"].propose(b"x" * 1001)
+    index = leader.propose(b"x" * 1000)
+    c.flush()
+    assert all(st.applied[-1].index == index and st.applied[-1].data == b"x" * 1000
+               for st in c.stores.values())
 
 
 # ---------------------------------------------------------------------------------

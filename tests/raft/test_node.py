@@ -15,9 +15,20 @@ from typing import Callable
 import msgpack
 import pytest
 
-from dex_ha.raft.core import NotLeader
-from dex_ha.raft.node import Member, NodeConfig, RaftNode, member_context
-from dex_ha.raft.types import ConfChange, ConfChangeType, Role
+from dex_ha.raft.core import EntryTooLarge, NotLeader
+from dex_ha.raft.node import MAX_ENTRY_BYTES_LIMIT, Member, NodeConfig, RaftNode, member_context
+from dex_ha.raft.storage import RaftStorage
+from dex_ha.raft.transport import DEFAULT_MAX_FRAME_BYTES, KIND_MESSAGE, pack_frame
+from dex_ha.raft.types import (
+    ConfChange,
+    ConfChangeType,
+    Entry,
+    HardState,
+    Message,
+    MessageType,
+    Role,
+    encode_message,
+)
 from tests.support.kv_cluster import free_ports
 from tests.support.kv_node import KVStateMachine
 
@@ -26,10 +37,10 @@ SECRET = b"test-cluster-secret-0123456789"
 
 def _config(nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int] | None = None,
             **kw) -> NodeConfig:
+    timing = dict(election_timeout_min_ms=300, election_timeout_max_ms=600, heartbeat_interval_ms=50,
+                  lease_drift_margin_ms=30)
     return NodeConfig(id=nid, data_dir=root / nid, raft_listen=listen or members[nid].raft_addr,
-                      members=members, durability="relaxed",
-                      election_timeout_min_ms=300, election_timeout_max_ms=600,
-                      heartbeat_interval_ms=50, lease_drift_margin_ms=30, secret=SECRET, **kw)
+                      members=members, durability="relaxed", secret=SECRET, **{**timing, **kw})
 
 
 async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None:
@@ -72,6 +83,38 @@ async def cluster(tmp_path: Path):
         await n.stop()
 
 
+@pytest.mark.parametrize("settings,named", [
+    ({"election_timeout_min_ms": 300, "lease_drift_margin_ms": 300}, "lease_drift_margin_ms"),
+    ({"heartbeat_interval_ms": 270}, "heartbeat_interval_ms"),  # = 300 - 30: the lease lapses
+])
+def test_node_config_refuses_timing_that_cannot_hold_a_lease(tmp_path: Path, settings: dict, named: str) -> None:
+    members = {"n1": Member(("127.0.0.1", 1))}
+    with pytest.raises(ValueError, match=named):
+        _config("n1", tmp_path, members, **settings)
+
+
+def test_a_node_starts_on_a_log_with_a_zero_filled_tail(tmp_path: Path) -> None:
+    """Zeroes in the unsynced tail, then a later write's records: the node starts with
+    the entries before the zeroes (it used to refuse the log as corrupt)."""
+    members = {"n1": Member(("127.0.0.1", 1))}
+    st = RaftStorage.open(tmp_path / "n1" / "raft", durability="relaxed")
+    st.save(HardState(1, "n1", 3), [Entry(1, i, data=msgpack.packb([f"k{i}", "v"])) for i in (1, 2, 3)])
+    synced = st._seg_size
+    for i in range(4, 12):
+        st.save(None, [Entry(1, i, data=msgpack.packb([f"k{i}", "v" * 200]))])
+    zero_to = st._seg_size - 300  # the last records of the later write stay well-formed
+    path = st._segments[-1].path
+    st.close()
+    buf = bytearray(path.read_bytes())
+    buf[synced:zero_to] = bytes(zero_to - synced)
+    path.write_bytes(bytes(buf))
+    node = RaftNode(_config("n1", tmp_path, members), KVStateMachine())
+    try:
+        assert node.core.last_index == 3 and node.core.commit_index == 3
+    finally:
+        node.storage.close()
+
+
 async def test_proposal_commits_on_every_node(cluster) -> None:
     nodes, sms, _, _ = cluster
     await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
@@ -79,6 +122,44 @@ async def test_proposal_commits_on_every_node(cluster) -> None:
     assert index > 0
     await _until(lambda: all(sm.kv.get("a") == "1" for sm in sms.values()), 5, "replication")
     assert sum(n.is_leader for n in nodes.values()) == 1
+
+
+def _kv_entry(key: str, size: int) -> bytes:
+    """A KV command of exactly `size` bytes."""
+    value = "x" * size
+    data = msgpack.packb([key, value], use_bin_type=True)
+    return msgpack.packb([key, value[: size - (len(data) - size)]], use_bin_type=True)
+
+
+async def test_a_too_large_entry_is_refused_and_the_largest_allowed_one_replicates(cluster) -> None:
+    """Unrefused, an entry above the transport's frame limit was appended, its
+    AppendEntries dropped by the transport on every send, and replication stalled."""
+    nodes, sms, _, _ = cluster
+    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+    leader = _leased_leaders(nodes)[0]
+    limit = leader.config.max_entry_bytes
+    too_big = _kv_entry("big", DEFAULT_MAX_FRAME_BYTES + 1)
+    with pytest.raises(EntryTooLarge) as info:
+        await asyncio.wait_for(leader.propose(too_big), timeout=5)
+    assert (info.value.size, info.value.limit) == (len(too_big), limit)
+    largest = _kv_entry("big", limit)
+    assert len(largest) == limit
+    await asyncio.wait_for(leader.propose(largest), timeout=10)
+    await _until(lambda: all(len(sm.kv.get("big", "")) > limit - 16 for sm in sms.values()), 10,
+                 "the largest entry on every node")
+    await _put(nodes, "after", "1")
+    await _until(lambda: all(sm.kv.get("after") == "1" for sm in sms.values()), 5, "replication after it")
+
+
+def test_an_append_with_the_largest_entry_fits_in_one_frame() -> None:
+    longest_id = "n" * 255  # the transport's MAX_NODE_ID_CHARS
+    big = 2**63 - 1
+    msg = Message(MessageType.APP, to=longest_id, frm=longest_id, term=big, log_term=big, index=big,
+                  entries=[Entry(big, big, data=b"x" * MAX_ENTRY_BYTES_LIMIT)], commit=big)
+    assert len(pack_frame(KIND_MESSAGE, encode_message(msg))) - 4 <= DEFAULT_MAX_FRAME_BYTES
+    with pytest.raises(ValueError, match="max_entry_bytes"):
+        _config("n1", Path("/nonexistent"), {"n1": Member(("127.0.0.1", 1))},
+                max_entry_bytes=MAX_ENTRY_BYTES_LIMIT + 1)
 
 
 async def test_transfer_moves_leadership_and_lease(cluster) -> None:

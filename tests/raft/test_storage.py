@@ -14,8 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 
+from dex_ha.raft import storage as storage_mod
 from dex_ha.raft.storage import FAILPOINT_ENV, FAILPOINT_EXIT_CODE, LogCorruptionError, RaftStorage
 from dex_ha.raft.types import ConfState, Entry, HardState, SnapshotMeta
 from tests.raft.storage_workload import Compact, Model, Save, Snapshot, explain_crash_state, generate, run_op
@@ -73,6 +75,22 @@ def test_round_trip_across_reopen(tmp_path: Path) -> None:
     assert (st.first_index(), st.last_index()) == (5, 15)
     assert (st.term(4), st.term(5), st.term(11)) == (1, 1, 2)
     st.close()
+
+
+def test_vote_refusal_window_survives_reopen_and_old_hard_states_read(tmp_path: Path) -> None:
+    st = RaftStorage.open(tmp_path, durability="relaxed")
+    st.save(HardState(3, "n2", 0, vote_refusal_ms=1500), ents(3, 1, 2))
+    seq, base = st._segments[-1].seq, st._seg_size
+    # A hard state as written before vote_refusal_ms existed: [term, vote, commit].
+    buf = bytearray()
+    storage_mod._add_record(buf, seq, base, storage_mod.KIND_HARD_STATE, msgpack.packb([4, "n1", 2]))
+    storage_mod._write_all(st._fd, buf)
+    st.close()
+    hs, _, log = load(tmp_path)
+    assert hs == HardState(4, "n1", 2, vote_refusal_ms=0) and len(log) == 2
+    with RaftStorage.open(tmp_path, durability="relaxed") as st:
+        st.save(HardState(4, "n1", 2, vote_refusal_ms=700), [])
+    assert load(tmp_path)[0] == HardState(4, "n1", 2, 700)
 
 
 def test_overwrite_of_a_conflicting_suffix(tmp_path: Path) -> None:
@@ -315,6 +333,91 @@ def test_a_record_copied_into_entry_data_does_not_make_a_torn_tail_look_corrupt(
     os.truncate(seg, seg.stat().st_size - 50)
     state = load(tmp_path)
     assert state == before
+
+
+# ---------------------------------------------------------------------------- zero-filled tails
+#
+# After a crash, pages of the last segment that were never written back read as zeroes,
+# and later pages may hold a later, unsynced write: zeroes followed by well-formed
+# records. The log ends at the zeroes (etcd's WAL does the same).
+
+
+def _log_with_unsynced_tail(dir: Path) -> tuple[tuple, int, list[tuple[int, int]]]:
+    """A synced prefix, then 12 single-entry saves; returns (state of the prefix, its
+    end offset, (offset, length) of each later record)."""
+    st = RaftStorage.open(dir, durability="relaxed")
+    st.save(HardState(1, "n1", 0), ents(1, 1, 5))
+    st.close()
+    st, before = reopen(dir)
+    (seg,) = segments(dir)
+    start = seg.stat().st_size
+    for i in range(6, 18):
+        st.save(None, ents(1, i, 1, size=300))
+    st.close()
+    return before, start, [r for r in records(seg) if r[0] >= start]
+
+
+def _overwrite(path: Path, offset: int, data: bytes) -> None:
+    buf = bytearray(path.read_bytes())
+    buf[offset : offset + len(data)] = data
+    path.write_bytes(bytes(buf))
+
+
+@pytest.mark.parametrize("after_zeroes", ["later_records", "record_fragment", "garbage"])
+def test_zeroes_at_a_record_boundary_end_the_log(tmp_path: Path, caplog, after_zeroes: str) -> None:
+    before, start, later = _log_with_unsynced_tail(tmp_path)
+    (seg,) = segments(tmp_path)
+    zero_to = later[4][0]  # the first four unsynced records are zeroes
+    if after_zeroes == "record_fragment":
+        zero_to += 100  # the zeroes end inside a record; whole records follow it
+    _overwrite(seg, start, bytes(zero_to - start))
+    if after_zeroes == "garbage":
+        _overwrite(seg, zero_to, random.Random(1).randbytes(seg.stat().st_size - zero_to))
+    with caplog.at_level(logging.WARNING, logger="dex_ha.raft.storage"):
+        st, state = reopen(tmp_path)
+    assert state == before
+    assert seg.stat().st_size == start  # truncated at the zeroes
+    assert "zero-filled" in caplog.text and str(seg) in caplog.text
+    st.save(None, ents(2, 6, 1))  # the log takes appends again, and keeps them
+    st.close()
+    assert load(tmp_path)[2] == before[2] + ents(2, 6, 1)
+
+
+def test_zeroes_from_a_sector_inside_a_record_end_the_log_before_it(tmp_path: Path) -> None:
+    """The write of a record got as far as a sector boundary: the rest is zeroes, and
+    a later page of the same unsynced write did reach the disk."""
+    before, start, later = _log_with_unsynced_tail(tmp_path)
+    (seg,) = segments(tmp_path)
+    k, (off, length) = next((k, r) for k, r in enumerate(later[1:], 1)
+                            if r[0] // 512 != (r[0] + r[1] - 1) // 512)  # spans a boundary
+    boundary = (off // 512 + 1) * 512
+    zero_to = later[k + 2][0] + 50  # into a later record; well-formed records follow
+    _overwrite(seg, boundary, bytes(zero_to - boundary))
+    st, state = reopen(tmp_path)
+    assert state[2] == before[2] + ents(1, 6, k, size=300)  # up to the torn record
+    assert seg.stat().st_size == off
+    st.close()
+
+
+def test_a_checksum_mismatch_before_zeroes_is_still_corruption(tmp_path: Path) -> None:
+    before, start, later = _log_with_unsynced_tail(tmp_path)
+    (seg,) = segments(tmp_path)
+    _flip(seg, later[1][0] + 40)  # real damage in a record ...
+    _overwrite(seg, later[6][0], bytes(later[8][0] - later[6][0]))  # ... valid records, zeroes
+    size = seg.stat().st_size
+    with pytest.raises(LogCorruptionError, match="checksum mismatch.*valid records follow"):
+        RaftStorage.open(tmp_path, durability="relaxed")
+    assert seg.stat().st_size == size
+
+
+def test_zeroes_in_a_segment_before_the_last_are_corruption(tmp_path: Path) -> None:
+    _three_saves(tmp_path, segment_bytes=2048)
+    segs = segments(tmp_path)
+    assert len(segs) >= 2
+    off, length = records(segs[0])[-1]
+    _overwrite(segs[0], off, bytes(length))
+    with pytest.raises(LogCorruptionError, match=str(segs[0])):
+        RaftStorage.open(tmp_path, durability="relaxed")
 
 
 # ---------------------------------------------------------------------------- corruption
