@@ -27,7 +27,7 @@ from dex_ha.server.auth import AuthError, TokenAuth
 from dex_ha.server.config import ConfigError, parse_address
 from dex_ha.server.http_limits import BodyTimeout, client_gone, read_body
 from dex_ha.server.leader import NotServing, wall_ms
-from dex_ha.raft.core import ConfChangeRefused
+from dex_ha.raft.core import ConfChangeRefused, EntryTooLarge
 from dex_ha.server.node import NOT_ACTIVE_ERRORS, MemberNotCaughtUp, NodeServer, StepDownFailed, UnknownMember
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
@@ -107,6 +107,8 @@ def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
             response = _error(exc.status, exc.code, str(exc))  # "<field>: <what is wrong>"
         except AuthError as exc:
             response = _error(exc.status, exc.code, exc.message, headers=exc.headers)
+        except EntryTooLarge as exc:  # the command would not fit in the replicated log
+            response = _error(413, "too_large", f"body: the command it makes is too large ({exc})")
         except NOT_ACTIVE_ERRORS as exc:
             response = _not_active(api.node, str(exc) or type(exc).__name__)
         except ConnectionError as exc:  # the client went away: 499, not a server error

@@ -231,3 +231,16 @@ async def test_the_probe_port_says_not_ready_with_the_role_on_a_standby(tmp_path
             body = await r.json()
     assert r.status == 503 and body["role"] == "standby", body
     assert body["leader_url"] == plan.url(active.config.node_id)
+
+
+async def test_a_command_too_large_for_the_log_is_413_not_500(tmp_path: Path, nodes):
+    node = await nodes(single_node_config(tmp_path))
+    # The Raft log's entry cap (8 MiB) is above what the API's bodies allow; lower it on
+    # this node's core so that an ordinary request meets it.
+    node.raft.node.core._cfg.max_entry_bytes = 256
+    async with aiohttp.ClientSession() as session:
+        async with session.post(base_url(node) + "/v1/sessions", headers={"Authorization": f"Bearer {CLIENT_TOKEN}"},
+                                json={"agent": "a", "metadata": {"note": "x" * 1000}}) as r:
+            body = await r.json()
+    assert (r.status, body["error"]) == (413, "too_large"), body
+    assert node.is_ready()
