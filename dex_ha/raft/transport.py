@@ -2,7 +2,9 @@
 
 Each node dials every peer once and sends on that connection only; it receives on the
 connections its peers dialed. So between two nodes there are two one-way streams, each
-ordered, each with its own reconnect loop (the etcd "stream" model).
+ordered, each with its own reconnect loop (the etcd "stream" model). A transport made
+with ``listen=None`` opens no port: it can only dial, which is all a single voter (or
+``dex-ha dev``) needs, since no one ever sends to it.
 
 Wire format, in both directions::
 
@@ -646,7 +648,7 @@ class _PeerSender:
 class RaftTransport:
     """Carries Raft messages between this node and its peers. See the module docstring."""
 
-    def __init__(self, node_id: str, listen: Address, peers: dict[str, Address],
+    def __init__(self, node_id: str, listen: Address | None, peers: dict[str, Address],
                  on_message: Callable[[Message], None], *, secret: bytes | None = None,
                  ssl_server: ssl.SSLContext | None = None, ssl_client: ssl.SSLContext | None = None,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, snapshot_chunk_bytes: int = 1 << 20,
@@ -659,7 +661,8 @@ class RaftTransport:
         """Beyond the obvious: `max_snapshot_bytes` bounds a reassembled snapshot (it is
         held in memory); `max_queue_messages` / `max_queue_bytes` bound each peer's send
         queue (beyond them send() drops); `handshake_timeout` bounds dialing, TLS and
-        the handshake, in seconds. Peers equal to node_id are ignored."""
+        the handshake, in seconds. Peers equal to node_id are ignored. `listen` None: no
+        listener (see the module docstring)."""
         if (ssl_server is None) != (ssl_client is None):
             raise ValueError("mutual TLS needs both ssl_server and ssl_client (or neither)")
         if snapshot_chunk_bytes + 64 * 1024 > max_frame_bytes:
@@ -700,8 +703,15 @@ class RaftTransport:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Listen (port 0 picks a free port, stored in self.port) and dial the peers."""
-        host, port = self.listen
+        """Listen (port 0 picks a free port, stored in self.port), unless `listen` is
+        None, and dial the peers."""
+        if self.listen is not None:
+            await self._start_listener(*self.listen)
+        self._started = True
+        for sender in self._senders.values():
+            sender.start()
+
+    async def _start_listener(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, *_, sockaddr = infos[0]
@@ -710,9 +720,6 @@ class RaftTransport:
         self.port = self._listener.getsockname()[1]
         self._accept_task = asyncio.create_task(self._accept_loop(self._listener),
                                                 name=f"raft-accept-{self.node_id}")
-        self._started = True
-        for sender in self._senders.values():
-            sender.start()
 
     async def stop(self) -> None:
         """Close the listener and every connection; no task is left behind."""
@@ -752,6 +759,9 @@ class RaftTransport:
     def set_peers(self, peers: dict[str, Address]) -> None:
         """Replace the peer set (membership change). Changed addresses reconnect."""
         self._peers = {pid: tuple(addr) for pid, addr in peers.items() if pid != self.node_id}
+        if self._peers and self.listen is None:
+            self.log.warning("raft transport of %s has no listener: peers %s cannot send to it",
+                             self.node_id, ", ".join(sorted(self._peers)))
         for pid in list(self._senders):
             sender = self._senders[pid]
             if self._peers.get(pid) != sender.addr:

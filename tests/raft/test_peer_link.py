@@ -4,7 +4,7 @@ A relay in the middle (transport_helpers.Relay) does not know the cluster secret
 forwards a real handshake, then injects, replays or reorders frames: each must be refused,
 drop the connection and be logged, and the link must then reconnect and carry messages.
 Also: the handshake itself (a short or replayed answer), the key derivation, TLS and
-insecure mode (no MAC there).
+insecure mode (no MAC there), and a transport without a listener.
 """
 
 from __future__ import annotations
@@ -343,6 +343,25 @@ async def test_insecure_mode_frames_carry_no_mac() -> None:
         assert (await b.recv()).index == 5
         raw.close()
     finally:
+        await b.transport.stop()
+
+
+async def test_a_transport_without_a_listener_opens_no_port(caplog) -> None:
+    """What `dex-ha dev` uses: it can dial, but nothing can reach it (and it says so when
+    it is given peers, which would have no way to answer)."""
+    b = make_node("b", secret=SECRET)
+    await b.transport.start()
+    a = make_node("a", port=None, secret=SECRET)
+    await a.transport.start()
+    try:
+        assert a.transport.port is None and a.transport._listener is None
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            a.transport.set_peers({"b": b.addr})
+        assert "has no listener: peers b cannot send to it" in caplog.text
+        a.transport.send(app("a", "b", 1))
+        assert (await b.recv()).index == 1
+    finally:
+        await a.transport.stop()
         await b.transport.stop()
 
 

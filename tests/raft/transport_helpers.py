@@ -60,10 +60,11 @@ class Node:
         return await asyncio.wait_for(take(), timeout)
 
 
-def make_node(node_id: str, port: int = 0, **kw) -> Node:
+def make_node(node_id: str, port: int | None = 0, **kw) -> Node:
+    """port None: no listener."""
     holder: list[Node] = []
     transport = RaftTransport(
-        node_id, (LOOPBACK, port), {}, lambda m: holder[0].inbox.put_nowait(m),
+        node_id, None if port is None else (LOOPBACK, port), {}, lambda m: holder[0].inbox.put_nowait(m),
         on_unreachable=lambda p: holder[0].unreachable.append(p),
         on_snapshot_sent=lambda p, ok: holder[0].snapshots_sent.append((p, ok)), **kw)
     holder.append(Node(transport))
