@@ -3,8 +3,9 @@
 A relay in the middle (transport_helpers.Relay) does not know the cluster secret. It
 forwards a real handshake, then injects, replays or reorders frames: each must be refused,
 drop the connection and be logged, and the link must then reconnect and carry messages.
-Also: the handshake itself (a short or replayed answer), the key derivation, TLS and
-insecure mode (no MAC there), and a transport without a listener.
+Also: the handshake itself (a short or replayed answer), the key derivation, insecure
+mode (no MAC there; mutual TLS with a secret, also without one, is in test_transport.py),
+and a transport without a listener.
 """
 
 from __future__ import annotations
