@@ -109,6 +109,7 @@ KIND_AUTH_OK = 18
 
 _LENGTH = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
+_SEQ_AND_LENGTH = struct.Struct(">QI")
 _ID_LENGTH = struct.Struct(">H")
 READ_BYTES = 256 << 10  # one read() from a socket
 BATCH_BYTES = 1 << 20  # one write() to a socket: as many queued frames as fit
@@ -267,30 +268,32 @@ class FrameMac:
         self._keyed = hmac.new(key, digestmod=hashlib.sha256)
         self._seq = 0
 
-    def _next_tag(self, *parts: bytes | memoryview) -> bytes:
+    def _tag(self, head: bytes, rest: bytes | memoryview) -> bytes:
         h = self._keyed.copy()
-        h.update(_SEQ.pack(self._seq))
-        for part in parts:
-            h.update(part)
-        self._seq += 1
+        h.update(head)
+        h.update(rest)
         return h.digest()[:TAG_BYTES]
 
     def seal(self, frame: bytes) -> bytes:
         """The tag to send right after `frame` (made by pack_frame with TAG_BYTES)."""
-        return self._next_tag(frame)
+        tag = self._tag(_SEQ.pack(self._seq), frame)
+        self._seq += 1
+        return tag
 
     def open(self, frame: bytes) -> memoryview:
         """`frame` as FrameDecoder returns it (kind, body, tag): its kind and body, or
         FrameAuthError."""
-        if len(frame) <= TAG_BYTES:
-            raise FrameAuthError(f"frame {self._seq} is too short to carry a tag")
+        tag_at = len(frame) - TAG_BYTES
+        if tag_at < 1:
+            raise FrameAuthError(f"frame {self._seq} of this connection is too short to carry a tag")
         view = memoryview(frame)
-        seq = self._seq
-        expected = self._next_tag(_LENGTH.pack(len(frame)), view[:-TAG_BYTES])
-        if not hmac.compare_digest(expected, view[-TAG_BYTES:]):
-            raise FrameAuthError(f"frame {seq} of this connection fails its MAC: it was injected, "
+        # What the sender tagged: the sequence number, then the frame from its length prefix.
+        expected = self._tag(_SEQ_AND_LENGTH.pack(self._seq, len(frame)), view[:tag_at])
+        if not hmac.compare_digest(expected, view[tag_at:]):
+            raise FrameAuthError(f"frame {self._seq} of this connection fails its MAC: it was injected, "
                                  "replayed, reordered or corrupted on the way")
-        return view[:-TAG_BYTES]
+        self._seq += 1
+        return view[:tag_at]
 
 
 # ---------------------------------------------------------------------------------- snapshots
