@@ -201,6 +201,29 @@ async def test_an_untouched_relay_changes_nothing() -> None:
         assert len(relay.connections) == 1 and b.transport.stats.connections_dropped == 0
 
 
+async def test_a_flood_of_forged_frames_is_counted_but_not_all_logged(caplog) -> None:
+    """Whoever can inject into the stream can make b drop connections as often as it likes:
+    the drops are counted, their log lines capped per window (LogBudget)."""
+    from dex_ha.raft.transport import REJECTION_LOG_BURST
+
+    b = make_node("b", secret=SECRET)
+    await b.transport.start()
+    flood = REJECTION_LOG_BURST * 3
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            for i in range(flood):
+                raw = await RawPeer.connect(b.transport.port)
+                await raw.handshake("a", SECRET)
+                raw.send_raw(frame(KIND_MESSAGE, encode_message(app("a", "b", i))))  # no tag
+                assert await raw.closed_by_peer()
+            await wait_until(lambda: b.transport.stats.frames_unauthenticated >= flood)
+        lines = [r for r in caplog.records if "fails its MAC" in r.getMessage()]
+        assert len(lines) == REJECTION_LOG_BURST
+        assert b.inbox.empty()
+    finally:
+        await b.transport.stop()
+
+
 # ---------------------------------------------------------------------------- the repro, on Raft nodes
 
 
