@@ -87,7 +87,7 @@ class Member:
 class NodeConfig:
     id: str
     data_dir: Path
-    raft_listen: Address
+    raft_listen: Address | None  # None: no listener (a single voter is never sent to)
     # Every member known at bootstrap, including this node. A brand-new cluster starts
     # with these as voters; a node that joins later starts with `join=True` and learns
     # the configuration from the leader's snapshot.
@@ -287,7 +287,7 @@ class RaftNode:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        if self.config.secret is None and self.config.ssl_server is None:
+        if self.config.raft_listen is not None and self.config.secret is None and self.config.ssl_server is None:
             log.warning("raft transport of %s runs WITHOUT peer authentication (insecure)", self.config.id)
         await self.transport.start()
         self._task = asyncio.create_task(self._run(), name=f"raft-{self.config.id}")

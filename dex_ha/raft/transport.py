@@ -2,21 +2,23 @@
 
 Each node dials every peer once and sends on that connection only; it receives on the
 connections its peers dialed. So between two nodes there are two one-way streams, each
-ordered, each with its own reconnect loop (the etcd "stream" model).
+ordered, each with its own reconnect loop (the etcd "stream" model). A transport made
+with ``listen=None`` opens no port: it can only dial, which is all a single voter (or
+``dex-ha dev``) needs, since no one ever sends to it.
 
 Wire format, in both directions::
 
-    frame   = [u32 big-endian length][kind byte][body]      length counts kind + body
+    frame   = [u32 big-endian length][kind byte][body][tag]   length counts kind + body + tag
     MESSAGE   body = types.encode_message(msg)
     CHUNK     body = msgpack [offset, total, done, header, data]  (one piece of a SNAP)
-    HELLO / AUTH / AUTH_OK   the handshake below
+    HELLO / AUTH / AUTH_OK   the handshake below (never a tag)
 
 A frame longer than ``max_frame_bytes`` drops the connection as soon as its length is
 read: it is never buffered. Before authentication the limit is 4 KiB.
 
 Handshake (dialer D, acceptor A), under a deadline (``handshake_timeout``, 5 s)::
 
-    A -> D  HELLO    ["dex-ha-raft", 1, challenge_A]          32 random bytes
+    A -> D  HELLO    ["dex-ha-raft", 2, challenge_A]          32 random bytes
     D -> A  AUTH     [id_D, challenge_D, mac("dialer", challenge_A, id_D)]
     A -> D  AUTH_OK  [id_A, mac("acceptor", challenge_D, id_A)]
 
@@ -26,10 +28,30 @@ Each side proves it holds the secret by answering a fresh challenge of the other
 neither talks to an impostor, and a recorded answer cannot be replayed. The role label
 keeps an answer given as dialer from being reflected as an acceptor's answer. A only
 answers after checking D, so it cannot be used as an oracle. Comparisons are
-constant-time. Without a secret the MACs are empty and unchecked (insecure mode; the
-node loop logs it). With TLS contexts the connection is mutual TLS first (the acceptor
-requires a client certificate), then the same handshake inside it. After the handshake
-every message's ``frm`` must equal the authenticated id, or the connection is dropped.
+constant-time; a missing, short or wrong MAC is refused. Without a secret the MACs are
+empty and unchecked (insecure mode; the node loop logs it). With TLS contexts the
+connection is mutual TLS first (the acceptor requires a client certificate), then the
+same handshake inside it. After the handshake every message's ``frm`` must equal the
+authenticated id, or the connection is dropped.
+
+Frames after the handshake (secret mode without TLS). The handshake alone would let a
+relay that forwarded it inject, replay or reorder frames afterwards, so every frame
+carries a tag, as in the TLS 1.2 record MAC (RFC 5246 §6.2.3.1)::
+
+    tag = HMAC-SHA256(K, seq || frame without its tag)[:16]    seq: u64 big-endian
+    K   = HKDF-SHA256(ikm=secret, salt=challenge_D || challenge_A,
+                      info="dex-ha peer v1" || u16 len || id_D || u16 len || id_A || direction)
+
+``seq`` counts the frames of the connection from 0 and is never sent: both ends count,
+so a frame that is injected, dropped, replayed or reordered fails, and so does the first
+frame after it. K is fresh per connection (both challenges are) and per direction
+(``direction`` is "dialer->acceptor"; the acceptor sends nothing after AUTH_OK, the
+other label is reserved for it), so a frame recorded on one connection fails on any
+other. A frame whose tag fails drops the connection (the dialer redials). 16 bytes (128
+bits, half of SHA-256's output, the least RFC 2104 §5 advises) leave a forger one chance
+in 2^128 per try, and each try costs it the connection. With mutual TLS the record layer
+already protects every frame, and without a secret there is no key: no tag in either
+case.
 
 Snapshots: a SNAP message is sent as CHUNK frames of ``snapshot_chunk_bytes``; the first
 chunk carries the message without its data as ``header``. The receiver reassembles in
@@ -68,8 +90,13 @@ from .types import MalformedMessage, Message, MessageType, decode_message, encod
 Address = tuple[str, int]
 
 PROTOCOL = "dex-ha-raft"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: frames after the handshake carry a tag (secret mode)
 CHALLENGE_BYTES = 32
+HANDSHAKE_MAC_BYTES = 32  # a whole HMAC-SHA256
+TAG_BYTES = 16  # a frame's tag: see the module docstring for why 16 are enough
+LINK_KEY_LABEL = b"dex-ha peer v1"
+DIALER_TO_ACCEPTOR = b"dialer->acceptor"
+ACCEPTOR_TO_DIALER = b"acceptor->dialer"  # reserved: the acceptor sends no frame after AUTH_OK
 HANDSHAKE_MAX_FRAME = 4096
 DEFAULT_MAX_FRAME_BYTES = 16 << 20  # node.py keeps max_entry_bytes below it
 MAX_NODE_ID_CHARS = 255
@@ -81,6 +108,9 @@ KIND_AUTH = 17
 KIND_AUTH_OK = 18
 
 _LENGTH = struct.Struct(">I")
+_SEQ = struct.Struct(">Q")
+_SEQ_AND_LENGTH = struct.Struct(">QI")
+_ID_LENGTH = struct.Struct(">H")
 READ_BYTES = 256 << 10  # one read() from a socket
 BATCH_BYTES = 1 << 20  # one write() to a socket: as many queued frames as fit
 BACKOFF_MIN_S = 0.05
@@ -94,6 +124,10 @@ class FrameTooLarge(Exception):
 
 class ProtocolError(Exception):
     """A frame that is well-formed but not allowed here (wrong kind, order, sender)."""
+
+
+class FrameAuthError(ProtocolError):
+    """A frame whose tag does not verify: injected, replayed, reordered or corrupted."""
 
 
 class HandshakeError(Exception):
@@ -110,6 +144,7 @@ class TransportStats:
     messages_dropped: int = 0  # not sent: queue full, peer unreachable, unknown peer, too large
     connections_rejected: int = 0  # inbound connections that failed TLS or the handshake
     connections_dropped: int = 0  # authenticated connections closed for a protocol error
+    frames_unauthenticated: int = 0  # frames whose tag failed (each also drops its connection)
     connect_failures: int = 0  # outbound dials (incl. handshake) that failed
     snapshots_sent: int = 0
     snapshots_received: int = 0
@@ -119,8 +154,9 @@ class TransportStats:
 # ---------------------------------------------------------------------------------- frames
 
 
-def pack_frame(kind: int, body: bytes) -> bytes:
-    return _LENGTH.pack(len(body) + 1) + bytes((kind,)) + body
+def pack_frame(kind: int, body: bytes, tag_bytes: int = 0) -> bytes:
+    """A frame whose length also counts the tag that FrameMac.seal() appends to it."""
+    return _LENGTH.pack(len(body) + 1 + tag_bytes) + bytes((kind,)) + body
 
 
 class FrameDecoder:
@@ -191,8 +227,73 @@ def _mac(secret: bytes | None, role: str, challenge: bytes, node_id: str) -> byt
 def _verify_mac(secret: bytes | None, role: str, challenge: bytes, node_id: str, mac: object) -> None:
     if secret is None:
         return  # insecure mode: nothing to check
-    if not isinstance(mac, bytes) or not hmac.compare_digest(mac, _mac(secret, role, challenge, node_id)):
+    # The length first, said out loud: an empty or truncated answer must never pass as
+    # a prefix of the right one (compare_digest also refuses it, in constant time).
+    if (not isinstance(mac, bytes) or len(mac) != HANDSHAKE_MAC_BYTES
+            or not hmac.compare_digest(mac, _mac(secret, role, challenge, node_id))):
         raise HandshakeError(f"bad or missing authentication from a peer claiming to be {node_id!r}")
+
+
+# ---------------------------------------------------------------------------------- frame tags
+
+
+def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int = 32) -> bytes:
+    """HKDF (RFC 5869) with SHA-256: extract a key from `ikm` with `salt`, then expand it
+    to `length` bytes bound to `info`."""
+    prk = hmac.digest(salt, ikm, "sha256")
+    okm, block = b"", b""
+    for counter in range(1, -(-length // 32) + 1):
+        block = hmac.digest(prk, block + info + bytes((counter,)), "sha256")
+        okm += block
+    return okm[:length]
+
+
+def link_key(secret: bytes, dialer_challenge: bytes, acceptor_challenge: bytes,
+             dialer_id: str, acceptor_id: str, direction: bytes) -> bytes:
+    """The key of one direction of one connection (see the module docstring). The ids are
+    length-prefixed, so ("ab", "c") and ("a", "bc") give different keys."""
+    info = LINK_KEY_LABEL
+    for node_id in (dialer_id, acceptor_id):
+        raw = node_id.encode()
+        info += _ID_LENGTH.pack(len(raw)) + raw
+    return hkdf_sha256(secret, dialer_challenge + acceptor_challenge, info + direction)
+
+
+class FrameMac:
+    """Tags the frames of one direction of one connection: the sender seals, the receiver
+    opens, each counting the sequence number on its own."""
+
+    def __init__(self, key: bytes) -> None:
+        # Keyed once; each tag starts from a copy (this saves rehashing the padded key).
+        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
+        self._seq = 0
+
+    def _tag(self, head: bytes, rest: bytes | memoryview) -> bytes:
+        h = self._keyed.copy()
+        h.update(head)
+        h.update(rest)
+        return h.digest()[:TAG_BYTES]
+
+    def seal(self, frame: bytes) -> bytes:
+        """The tag to send right after `frame` (made by pack_frame with TAG_BYTES)."""
+        tag = self._tag(_SEQ.pack(self._seq), frame)
+        self._seq += 1
+        return tag
+
+    def open(self, frame: bytes) -> memoryview:
+        """`frame` as FrameDecoder returns it (kind, body, tag): its kind and body, or
+        FrameAuthError."""
+        tag_at = len(frame) - TAG_BYTES
+        if tag_at < 1:
+            raise FrameAuthError(f"frame {self._seq} of this connection is too short to carry a tag")
+        view = memoryview(frame)
+        # What the sender tagged: the sequence number, then the frame from its length prefix.
+        expected = self._tag(_SEQ_AND_LENGTH.pack(self._seq, len(frame)), view[:tag_at])
+        if not hmac.compare_digest(expected, view[tag_at:]):
+            raise FrameAuthError(f"frame {self._seq} of this connection fails its MAC: it was injected, "
+                                 "replayed, reordered or corrupted on the way")
+        self._seq += 1
+        return view[:tag_at]
 
 
 # ---------------------------------------------------------------------------------- snapshots
@@ -210,12 +311,13 @@ class _Reassembly:
 class _OutgoingSnapshot:
     """A SNAP message being sent chunk by chunk."""
 
-    def __init__(self, msg: Message, chunk_bytes: int) -> None:
+    def __init__(self, msg: Message, chunk_bytes: int, tag_bytes: int) -> None:
         self.msg = msg
         self.total = len(msg.data)
         self.offset = 0
         self.finished = False  # the last chunk has been taken
         self._chunk_bytes = chunk_bytes
+        self._tag_bytes = tag_bytes
         self._view = memoryview(msg.data)
 
     def next_frame(self) -> bytes:
@@ -225,7 +327,7 @@ class _OutgoingSnapshot:
         body = msgpack.packb([self.offset, self.total, done, header, self._view[self.offset:end]],
                              use_bin_type=True)
         self.offset, self.finished = end, done
-        return pack_frame(KIND_CHUNK, body)
+        return pack_frame(KIND_CHUNK, body, self._tag_bytes)
 
 
 # ---------------------------------------------------------------------------------- sending
@@ -276,6 +378,7 @@ class _PeerSender:
         self._wake = asyncio.Event()
         self._failures = 0  # consecutive failed connection attempts, for log levels
         self.writer: asyncio.StreamWriter | None = None  # set while a connection is up
+        self.mac: FrameMac | None = None  # with the writer, in secret mode (no TLS)
         self._peer_is_back = asyncio.Event()
 
     def start(self) -> None:
@@ -299,7 +402,7 @@ class _PeerSender:
             self.queue.append(msg)
             self._wake.set()
         else:
-            frame = pack_frame(KIND_MESSAGE, encode_message(msg))
+            frame = pack_frame(KIND_MESSAGE, encode_message(msg), t.tag_bytes)
             if len(frame) - 4 > t.max_frame_bytes:
                 t.log.error("raft message %s to %s is %d bytes, above max_frame_bytes %d: dropped",
                             msg.type.name, self.peer_id, len(frame) - 4, t.max_frame_bytes)
@@ -343,7 +446,7 @@ class _PeerSender:
         backoff = BACKOFF_MIN_S
         while True:
             try:
-                reader, writer = await self._connect()
+                reader, writer, mac = await self._connect()
             except Exception as exc:
                 self._log_connect_failure(exc)
                 self._fail_pending()
@@ -351,7 +454,7 @@ class _PeerSender:
                 # messages that would be stale by the time a connection exists.
                 backoff = await self._back_off(backoff, unreachable=True)
                 continue
-            lived = await self._serve(reader, writer)
+            lived = await self._serve(reader, writer, mac)
             self._fail_pending()
             if lived < STABLE_CONNECTION_S:
                 # A peer that accepts and then drops us must not make us spin; the peer
@@ -360,12 +463,13 @@ class _PeerSender:
             else:
                 backoff = BACKOFF_MIN_S
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> float:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     mac: FrameMac | None) -> float:
         """Run one connection until it fails; returns how long it lasted (seconds)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            await self._pump(reader, writer)
+            await self._pump(reader, writer, mac)
         except (OSError, ProtocolError, asyncio.IncompleteReadError) as exc:
             self.t.log.info("raft connection to %s at %s:%d lost: %s", self.peer_id, *self.addr, exc)
         except Exception:
@@ -405,23 +509,25 @@ class _PeerSender:
         self.t.log.log(level, "raft connection to %s at %s:%d failed: %s", self.peer_id, *self.addr,
                        str(exc) or type(exc).__name__)
 
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, FrameMac | None]:
         t = self.t
         host, port = self.addr
         async with asyncio.timeout(t.handshake_timeout):
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=t.ssl_client, server_hostname=host if t.ssl_client else None)
             try:
-                await self._dialer_handshake(reader, writer)
+                mac = await self._dialer_handshake(reader, writer)
             except BaseException:
                 writer.close()
                 raise
         if self._failures:
             t.log.info("raft connection to %s at %s:%d is back", self.peer_id, host, port)
         self._failures = 0
-        return reader, writer
+        return reader, writer, mac
 
-    async def _dialer_handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _dialer_handshake(self, reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> FrameMac | None:
+        """Authenticate both ways; returns what tags our frames on this connection."""
         t = self.t
         proto, version, challenge = _unpack_fields(*await _read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_HELLO, 3)
         if proto != PROTOCOL or version != PROTOCOL_VERSION:
@@ -437,14 +543,16 @@ class _PeerSender:
         _verify_mac(t.secret, "acceptor", my_challenge, peer_id, mac)
         if peer_id != self.peer_id:
             raise HandshakeError(f"{self.addr[0]}:{self.addr[1]} is node {peer_id!r}, not {self.peer_id!r}")
+        return t._frame_mac(my_challenge, challenge, t.node_id, peer_id)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    mac: FrameMac | None) -> None:
         """Write queued frames in batches until the connection fails."""
         # The acceptor never writes after the handshake: a read completes only when the
         # peer closes (or misbehaves), which tells us to reconnect without waiting for
         # the next write to fail.
         closed = asyncio.ensure_future(reader.read(1))
-        self.writer = writer
+        self.writer, self.mac = writer, mac
         try:
             while True:
                 if not self.queue and self.snapshot is None:
@@ -457,7 +565,7 @@ class _PeerSender:
                 if closed.done():
                     raise ProtocolError("peer closed the connection")
         finally:
-            self.writer = None
+            self.writer, self.mac = None, None
             closed.cancel()
             if closed.done() and not closed.cancelled():
                 closed.exception()  # retrieved, so asyncio does not log it as forgotten
@@ -495,8 +603,8 @@ class _PeerSender:
         self.t.stats.bytes_sent += len(batch)
 
     def _next_batch(self) -> tuple[bytes, int]:
-        """Many queued frames for one write, plus at most one snapshot chunk."""
-        parts: list[bytes] = []
+        """Many queued frames for one write, plus at most one snapshot chunk; tagged."""
+        frames: list[bytes] = []
         size = 0
         chunk_taken = False
         while self.queue and size < BATCH_BYTES:
@@ -505,17 +613,29 @@ class _PeerSender:
                 if self.snapshot is not None:
                     break
                 self.queue.popleft()
-                self.snapshot = _OutgoingSnapshot(item, self.t.snapshot_chunk_bytes)
+                self.snapshot = _OutgoingSnapshot(item, self.t.snapshot_chunk_bytes, self.t.tag_bytes)
                 item = self.snapshot.next_frame()
                 chunk_taken = True
             else:
                 self.queue.popleft()
                 self.queued_bytes -= len(item)
-            parts.append(item)
+            frames.append(item)
             size += len(item)
         if self.snapshot is not None and not chunk_taken and not self.snapshot.finished:
-            parts.append(self.snapshot.next_frame())
-        return b"".join(parts), len(parts)
+            frames.append(self.snapshot.next_frame())
+        return self._seal(frames), len(frames)
+
+    def _seal(self, frames: list[bytes]) -> bytes:
+        """The frames as they go on the wire: each followed by its tag, in secret mode.
+        Tags are made here, at write time, because the sequence number and the key
+        belong to the connection, and a frame may be queued before that one exists."""
+        mac = self.mac
+        if mac is None:
+            return b"".join(frames)
+        parts: list[bytes] = []
+        for frame in frames:
+            parts += (frame, mac.seal(frame))
+        return b"".join(parts)
 
     def _snapshot_done(self) -> None:
         assert self.snapshot is not None
@@ -531,7 +651,7 @@ class _PeerSender:
 class RaftTransport:
     """Carries Raft messages between this node and its peers. See the module docstring."""
 
-    def __init__(self, node_id: str, listen: Address, peers: dict[str, Address],
+    def __init__(self, node_id: str, listen: Address | None, peers: dict[str, Address],
                  on_message: Callable[[Message], None], *, secret: bytes | None = None,
                  ssl_server: ssl.SSLContext | None = None, ssl_client: ssl.SSLContext | None = None,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, snapshot_chunk_bytes: int = 1 << 20,
@@ -544,7 +664,8 @@ class RaftTransport:
         """Beyond the obvious: `max_snapshot_bytes` bounds a reassembled snapshot (it is
         held in memory); `max_queue_messages` / `max_queue_bytes` bound each peer's send
         queue (beyond them send() drops); `handshake_timeout` bounds dialing, TLS and
-        the handshake, in seconds. Peers equal to node_id are ignored."""
+        the handshake, in seconds. Peers equal to node_id are ignored. `listen` None: no
+        listener (see the module docstring)."""
         if (ssl_server is None) != (ssl_client is None):
             raise ValueError("mutual TLS needs both ssl_server and ssl_client (or neither)")
         if snapshot_chunk_bytes + 64 * 1024 > max_frame_bytes:
@@ -560,6 +681,8 @@ class RaftTransport:
         self.secret = secret
         self.ssl_server = ssl_server
         self.ssl_client = ssl_client
+        # Frames carry a tag with a secret and without TLS (whose records are protected).
+        self.tag_bytes = TAG_BYTES if secret is not None and ssl_server is None else 0
         self.max_frame_bytes = max_frame_bytes
         self.snapshot_chunk_bytes = snapshot_chunk_bytes
         self.max_snapshot_bytes = max_snapshot_bytes
@@ -569,6 +692,7 @@ class RaftTransport:
         self.log = logger or logging.getLogger(__name__)
         self.stats = TransportStats()
         self._rejection_log = LogBudget(burst=REJECTION_LOG_BURST, window_s=REJECTION_LOG_WINDOW_S)
+        self._drop_log = LogBudget(burst=REJECTION_LOG_BURST, window_s=REJECTION_LOG_WINDOW_S)
         self._rng = random.Random()
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task[None] | None = None
@@ -582,8 +706,15 @@ class RaftTransport:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Listen (port 0 picks a free port, stored in self.port) and dial the peers."""
-        host, port = self.listen
+        """Listen (port 0 picks a free port, stored in self.port), unless `listen` is
+        None, and dial the peers."""
+        if self.listen is not None:
+            await self._start_listener(*self.listen)
+        self._started = True
+        for sender in self._senders.values():
+            sender.start()
+
+    async def _start_listener(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, *_, sockaddr = infos[0]
@@ -592,9 +723,6 @@ class RaftTransport:
         self.port = self._listener.getsockname()[1]
         self._accept_task = asyncio.create_task(self._accept_loop(self._listener),
                                                 name=f"raft-accept-{self.node_id}")
-        self._started = True
-        for sender in self._senders.values():
-            sender.start()
 
     async def stop(self) -> None:
         """Close the listener and every connection; no task is left behind."""
@@ -634,6 +762,9 @@ class RaftTransport:
     def set_peers(self, peers: dict[str, Address]) -> None:
         """Replace the peer set (membership change). Changed addresses reconnect."""
         self._peers = {pid: tuple(addr) for pid, addr in peers.items() if pid != self.node_id}
+        if self._peers and self.listen is None:
+            self.log.warning("raft transport of %s has no listener: peers %s cannot send to it",
+                             self.node_id, ", ".join(sorted(self._peers)))
         for pid in list(self._senders):
             sender = self._senders[pid]
             if self._peers.get(pid) != sender.addr:
@@ -692,11 +823,25 @@ class RaftTransport:
     def _log_rejection(self, addr: str, reason: str) -> None:
         """A scanner or a misconfigured peer can open thousands of connections: log the
         first few of each window and then how many were not logged."""
-        allowed, unlogged = self._rejection_log.take(asyncio.get_running_loop().time())
+        self._log_limited(self._rejection_log, "rejected connections",
+                          "raft connection from %s rejected: %s", addr, reason)
+
+    def _log_limited(self, budget: LogBudget, what: str, fmt: str, *args: object) -> None:
+        allowed, unlogged = budget.take(asyncio.get_running_loop().time())
         if unlogged:
-            self.log.warning("raft: %d more rejected connections were not logged (see stats)", unlogged)
+            self.log.warning("raft: %d more %s were not logged (see stats)", unlogged, what)
         if allowed:
-            self.log.warning("raft connection from %s rejected: %s", addr, reason)
+            self.log.warning(fmt, *args)
+
+    def _frame_mac(self, dialer_challenge: bytes, acceptor_challenge: bytes,
+                   dialer_id: str, acceptor_id: str) -> FrameMac | None:
+        """What tags the dialer's frames on a connection the handshake just authenticated
+        (None: frames carry no tag here)."""
+        if not self.tag_bytes:
+            return None
+        assert self.secret is not None
+        return FrameMac(link_key(self.secret, dialer_challenge, acceptor_challenge,
+                                 dialer_id, acceptor_id, DIALER_TO_ACCEPTOR))
 
     async def _serve_inbound(self, conn: socket.socket) -> None:
         addr = "%s:%d" % conn.getpeername()[:2]
@@ -705,7 +850,7 @@ class RaftTransport:
             async with asyncio.timeout(self.handshake_timeout):
                 reader, writer = await self._open_stream(conn)
                 self._inbound_writers.add(writer)
-                peer_id = await self._acceptor_handshake(reader, writer)
+                peer_id, mac = await self._acceptor_handshake(reader, writer)
             sender = self._senders.get(peer_id)
             if sender is not None:
                 sender.peer_dialed_us()
@@ -717,7 +862,7 @@ class RaftTransport:
             self.stats.connections_rejected += 1
             self.log.exception("raft connection from %s rejected after an unexpected error", addr)
         else:
-            await self._receive(reader, peer_id, addr)
+            await self._receive(reader, peer_id, addr, mac)
         finally:
             if writer is not None:
                 self._inbound_writers.discard(writer)
@@ -737,7 +882,9 @@ class RaftTransport:
         # What asyncio.open_connection does for a dialed socket.
         return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
-    async def _acceptor_handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+    async def _acceptor_handshake(self, reader: asyncio.StreamReader,
+                                  writer: asyncio.StreamWriter) -> tuple[str, FrameMac | None]:
+        """Authenticate both ways; returns the peer's id and what checks its frames."""
         challenge = os.urandom(CHALLENGE_BYTES)
         writer.write(pack_frame(KIND_HELLO, msgpack.packb([PROTOCOL, PROTOCOL_VERSION, challenge],
                                                           use_bin_type=True)))
@@ -753,12 +900,13 @@ class RaftTransport:
         reply = [self.node_id, _mac(self.secret, "acceptor", peer_challenge, self.node_id)]
         writer.write(pack_frame(KIND_AUTH_OK, msgpack.packb(reply, use_bin_type=True)))
         await writer.drain()
-        return peer_id
+        return peer_id, self._frame_mac(peer_challenge, challenge, peer_id, self.node_id)
 
-    async def _receive(self, reader: asyncio.StreamReader, peer_id: str, addr: str) -> None:
+    async def _receive(self, reader: asyncio.StreamReader, peer_id: str, addr: str,
+                       mac: FrameMac | None) -> None:
         """Deliver frames until the peer closes or breaks the protocol (then drop it)."""
         decoder = FrameDecoder(self.max_frame_bytes)
-        conn = _InboundConnection(self, peer_id)
+        conn = _InboundConnection(self, peer_id, mac)
         try:
             while data := await reader.read(READ_BYTES):
                 self.stats.bytes_received += len(data)
@@ -767,8 +915,12 @@ class RaftTransport:
                     conn.handle_frame(frame)
         except (FrameTooLarge, ProtocolError, MalformedMessage) as exc:
             self.stats.connections_dropped += 1
-            self.log.warning("raft connection from %s (%s) dropped: %s: %s",
-                             peer_id, addr, type(exc).__name__, exc)
+            if isinstance(exc, FrameAuthError):
+                self.stats.frames_unauthenticated += 1
+            # Rate-limited: whoever can inject into the stream can make us drop (and the
+            # peer redial) as often as it likes.
+            self._log_limited(self._drop_log, "dropped connections",
+                              "raft connection from %s (%s) dropped: %s: %s", peer_id, addr, type(exc).__name__, exc)
         except (OSError, asyncio.IncompleteReadError) as exc:
             self.log.info("raft connection from %s (%s) lost: %s", peer_id, addr, exc)
         except Exception:  # a bug on our side: drop this connection, keep the node serving
@@ -789,15 +941,19 @@ class RaftTransport:
 
 
 class _InboundConnection:
-    """Per-connection receive state: the authenticated sender and a snapshot in progress."""
+    """Per-connection receive state: the authenticated sender, what checks its frames' tags,
+    and a snapshot in progress."""
 
-    def __init__(self, transport: RaftTransport, peer_id: str) -> None:
+    def __init__(self, transport: RaftTransport, peer_id: str, mac: FrameMac | None) -> None:
         self.t = transport
         self.peer_id = peer_id
+        self.mac = mac
         self.reassembly: _Reassembly | None = None
 
     def handle_frame(self, frame: bytes) -> None:
-        kind, body = frame[0], memoryview(frame)[1:]
+        # The tag first: nothing of a frame is looked at before we know the peer sent it.
+        view = memoryview(frame) if self.mac is None else self.mac.open(frame)
+        kind, body = view[0], view[1:]
         if kind == KIND_MESSAGE:
             self.t._deliver(self._check_sender(decode_message(body)))
         elif kind == KIND_CHUNK:

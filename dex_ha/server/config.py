@@ -73,7 +73,7 @@ class ServerConfig:
     data_dir: Path
     http_listen: Address
     url: str
-    raft_listen: Address
+    raft_listen: Address | None  # None: no Raft listener (`dex-ha dev`, a single voter)
     peers: tuple[Peer, ...]
     # Where load balancers and kubelets probe /livez and /readyz, answered on a thread of
     # its own so that a flood of API requests cannot make them time out. None: API port only.
@@ -157,14 +157,15 @@ def parse_address(text: str, key: str) -> Address:
     return host.strip("[]"), int(port)
 
 
-def dev_config(data_dir: Path, port: int, *, host: str = "127.0.0.1", raft_port: int = 0,
+def dev_config(data_dir: Path, port: int, *, host: str = "127.0.0.1",
                tokens: Mapping[str, tuple[str, ...]] | None = None,
                durability: str = "strict") -> ServerConfig:
-    """`dex-ha dev`: a single voter on loopback (its Raft port is never dialled)."""
+    """`dex-ha dev`: a single voter on loopback. No one ever sends it a Raft message, so
+    it opens no Raft port (an open one would be one more thing to attack)."""
     url = f"http://{host}:{port}"
-    raft_addr = (host, raft_port)
+    no_raft_addr = (host, 0)  # its entry in the member list: never dialled
     return ServerConfig(node_id="dev", data_dir=data_dir, http_listen=(host, port), url=url,
-                        raft_listen=raft_addr, peers=(Peer("dev", raft_addr, url),),
+                        raft_listen=None, peers=(Peer("dev", no_raft_addr, url),),
                         tokens=dict(tokens or {}), dev=True, durability=durability,
                         # One voter: no one to wait for, so a restart is ready at once.
                         election_timeout_min_ms=150, election_timeout_max_ms=300)

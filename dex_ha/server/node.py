@@ -128,8 +128,10 @@ class NodeServer:
         if self.probes is not None:
             await self.probes.start()
             log.info("node %s answers probes (/livez, /readyz) on port %d", self.config.node_id, self.probes.port)
-        log.info("node %s serves HTTP on %s:%d (raft on %s:%d, data in %s)", self.config.node_id,
-                 self.config.http_listen[0], self.http_port, *self.config.raft_listen, self.config.data_dir)
+        raft = ("no Raft listener: a single voter" if self.config.raft_listen is None
+                else "raft on %s:%d" % self.config.raft_listen)
+        log.info("node %s serves HTTP on %s:%d (%s, data in %s)", self.config.node_id,
+                 self.config.http_listen[0], self.http_port, raft, self.config.data_dir)
 
     async def stop(self) -> None:
         self.stopping = True

@@ -1,4 +1,5 @@
-"""Helpers for the transport tests: a node wrapper, a hand-written raw peer, test certificates.
+"""Helpers for the transport tests: a node wrapper, a hand-written raw peer, a relay in the
+middle, test certificates.
 
 The raw peer speaks the wire protocol by hand (it does not reuse the transport's code),
 so the tests also check that the protocol is what the transport's docstring says.
@@ -14,6 +15,7 @@ import ipaddress
 import os
 import ssl
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,8 @@ LOOPBACK = "127.0.0.1"
 SECRET = b"0123456789abcdef-cluster-secret"
 
 KIND_MESSAGE, KIND_CHUNK, KIND_HELLO, KIND_AUTH, KIND_AUTH_OK = 1, 2, 16, 17, 18
+PROTOCOL_VERSION = 2
+TAG_BYTES = 16
 
 
 @dataclass
@@ -56,10 +60,11 @@ class Node:
         return await asyncio.wait_for(take(), timeout)
 
 
-def make_node(node_id: str, port: int = 0, **kw) -> Node:
+def make_node(node_id: str, port: int | None = 0, **kw) -> Node:
+    """port None: no listener."""
     holder: list[Node] = []
     transport = RaftTransport(
-        node_id, (LOOPBACK, port), {}, lambda m: holder[0].inbox.put_nowait(m),
+        node_id, None if port is None else (LOOPBACK, port), {}, lambda m: holder[0].inbox.put_nowait(m),
         on_unreachable=lambda p: holder[0].unreachable.append(p),
         on_snapshot_sent=lambda p, ok: holder[0].snapshots_sent.append((p, ok)), **kw)
     holder.append(Node(transport))
@@ -96,6 +101,17 @@ def mac(secret: bytes, role: str, challenge: bytes, node_id: str) -> bytes:
                     hashlib.sha256).digest()
 
 
+def dialer_frame_key(secret: bytes, dialer_challenge: bytes, acceptor_challenge: bytes,
+                     dialer_id: str, acceptor_id: str) -> bytes:
+    """HKDF-SHA256 (RFC 5869), one block: extract with the two challenges as salt, expand
+    with the label, the length-prefixed ids and the direction."""
+    prk = hmac.new(dialer_challenge + acceptor_challenge, secret, hashlib.sha256).digest()
+    info = b"dex-ha peer v1"
+    for node_id in (dialer_id, acceptor_id):
+        info += struct.pack(">H", len(node_id.encode())) + node_id.encode()
+    return hmac.new(prk, info + b"dialer->acceptor" + b"\x01", hashlib.sha256).digest()
+
+
 class RawPeer:
     """A hand-driven connection to a transport, for playing a bad (or good) peer."""
 
@@ -103,6 +119,8 @@ class RawPeer:
         self.reader, self.writer = reader, writer
         self.local_addr = "%s:%d" % writer.get_extra_info("sockname")[:2]
         self.my_challenge = b""
+        self.frame_key: bytes | None = None  # after a handshake with the secret (no TLS)
+        self.seq = 0
 
     @classmethod
     async def connect(cls, port: int, ssl_ctx: ssl.SSLContext | None = None) -> RawPeer:
@@ -117,16 +135,21 @@ class RawPeer:
             return body[0], body[1:]
         return await asyncio.wait_for(read(), DEADLINE)
 
-    async def handshake(self, node_id: str, secret: bytes | None, *, mac_override: bytes | None = None) -> None:
-        """Answer the HELLO as dialer `node_id`; check the acceptor's answer if we got one."""
+    async def handshake(self, node_id: str, secret: bytes | None, *, acceptor: str = "b",
+                        mac_override: bytes | None = None) -> None:
+        """Answer the HELLO of `acceptor` as dialer `node_id`. With a secret, send_frame()
+        then tags frames as the transport expects (without TLS, which RawPeer does not use
+        after a handshake)."""
         kind, body = await self.read_frame()
         assert kind == KIND_HELLO
         proto, version, challenge = msgpack.unpackb(body)
-        assert (proto, version, len(challenge)) == ("dex-ha-raft", 1, 32)
+        assert (proto, version, len(challenge)) == ("dex-ha-raft", PROTOCOL_VERSION, 32)
         mine = self.my_challenge = os.urandom(32)
         answer = mac_override if mac_override is not None else (
             mac(secret, "dialer", challenge, node_id) if secret else b"")
         self.send_raw(frame(KIND_AUTH, msgpack.packb([node_id, mine, answer], use_bin_type=True)))
+        if secret is not None:
+            self.frame_key = dialer_frame_key(secret, mine, challenge, node_id, acceptor)
 
     async def expect_auth_ok(self, peer_id: str, secret: bytes) -> None:
         kind, body = await self.read_frame()
@@ -138,8 +161,19 @@ class RawPeer:
     def send_raw(self, data: bytes) -> None:
         self.writer.write(data)
 
+    def send_frame(self, kind: int, body: bytes) -> None:
+        """A frame after the handshake, followed by its tag when the link has a key:
+        HMAC-SHA256(key, u64 sequence number || the frame up to its tag)[:16]."""
+        if self.frame_key is None:
+            self.send_raw(frame(kind, body))
+            return
+        head = struct.pack(">IB", 1 + len(body) + TAG_BYTES, kind)
+        tag = hmac.new(self.frame_key, struct.pack(">Q", self.seq) + head + body, hashlib.sha256).digest()
+        self.seq += 1
+        self.send_raw(head + body + tag[:TAG_BYTES])
+
     def send_message(self, msg: Message) -> None:
-        self.send_raw(frame(KIND_MESSAGE, encode_message(msg)))
+        self.send_frame(KIND_MESSAGE, encode_message(msg))
 
     async def closed_by_peer(self) -> bool:
         """True once the other side closed the connection (EOF or reset) within the deadline."""
@@ -235,3 +269,104 @@ def make_certs(dir: Path) -> Certs:
         node_cert=write_cert(node_cert, dir / "node.pem"), node_key=write_key(node_key, dir / "node.key"),
         rogue_cert=write_cert(rogue_cert, dir / "rogue.pem"),
         rogue_key=write_key(rogue_key, dir / "rogue.key"))
+
+
+# ---------------------------------------------------------------------------- relay
+
+
+async def read_whole_frame(reader: asyncio.StreamReader) -> bytes:
+    """One frame as it travels: length prefix included."""
+    prefix = await reader.readexactly(4)
+    return prefix + await reader.readexactly(struct.unpack(">I", prefix)[0])
+
+
+@dataclass
+class RelayConnection:
+    """One dialer's connection through the relay."""
+
+    number: int  # 0 for the first connection the relay accepted
+    to_acceptor: asyncio.StreamWriter
+    to_dialer: asyncio.StreamWriter
+    dialer_id: str = ""  # read from the AUTH frame
+    from_dialer: list[bytes] = field(default_factory=list)  # every frame the dialer sent, untouched
+    from_acceptor: bytearray = field(default_factory=bytearray)  # every byte the acceptor sent
+    closed_by_acceptor: bool = False  # the acceptor hung up (not the relay, not the dialer)
+    cut_by_relay: bool = False
+
+    def cut(self) -> None:
+        """Hang up on both sides, as a relay that restarts would."""
+        self.cut_by_relay = True
+        self.to_acceptor.close()
+        self.to_dialer.close()
+
+
+# tamper(connection, frame_number, frame) -> the frames to forward in its place.
+Tamper = Callable[[RelayConnection, int, bytes], list[bytes]]
+
+
+class Relay:
+    """A man in the middle that does not know the cluster secret.
+
+    It accepts dialers on its own port and forwards each connection to `target_port`.
+    Bytes from the acceptor pass unchanged (and are recorded); bytes from the dialer are
+    split into frames, and each frame goes through `tamper`, which returns what to
+    forward instead: frame 0 of a connection is the AUTH, the data frames follow.
+    """
+
+    def __init__(self, target_port: int, tamper: Tamper | None = None) -> None:
+        self.target_port = target_port
+        self.tamper: Tamper = tamper or (lambda conn, n, f: [f])
+        self.connections: list[RelayConnection] = []
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, LOOPBACK, 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for conn in self.connections:
+            conn.cut()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _handle(self, dialer_r: asyncio.StreamReader, dialer_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        acceptor_r, acceptor_w = await asyncio.open_connection(LOOPBACK, self.target_port)
+        conn = RelayConnection(len(self.connections), acceptor_w, dialer_w)
+        self.connections.append(conn)
+        back = asyncio.create_task(self._from_acceptor(conn, acceptor_r))
+        self._tasks.add(back)
+        try:
+            n = 0
+            while True:
+                f = await read_whole_frame(dialer_r)
+                conn.from_dialer.append(f)
+                if n == 0:
+                    conn.dialer_id = msgpack.unpackb(f[5:])[0]
+                for out in self.tamper(conn, n, f):
+                    acceptor_w.write(out)
+                await acceptor_w.drain()
+                n += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            conn.cut()
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _from_acceptor(conn: RelayConnection, reader: asyncio.StreamReader) -> None:
+        try:
+            while data := await reader.read(65536):
+                conn.from_acceptor += data
+                conn.to_dialer.write(data)
+        except ConnectionError:
+            pass
+        conn.closed_by_acceptor = not conn.cut_by_relay
+        conn.cut()
