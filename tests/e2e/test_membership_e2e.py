@@ -22,12 +22,12 @@ from tests.support.processes import stop
 DEADLINE_S = 30.0
 
 
-def joiner_config(cluster: LocalCluster, http_port: int, raft_port: int) -> Path:
+def joiner_config(cluster: LocalCluster, http_port: int, raft_port: int, probe_port: int) -> Path:
     """n4's TOML: n1's file (secret, tokens, the peers it can reach) with n4's own keys."""
     text = (cluster.dir / "n1.toml").read_text()
     own = {"node_id": '"n4"', "data_dir": f'"{cluster.dir / "n4"}"',
            "http_listen": f'"127.0.0.1:{http_port}"', "url": f'"http://127.0.0.1:{http_port}"',
-           "raft_listen": f'"127.0.0.1:{raft_port}"'}
+           "raft_listen": f'"127.0.0.1:{raft_port}"', "probe_listen": f'"127.0.0.1:{probe_port}"'}
     for key, value in own.items():
         text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)  # top-level key
         assert n == 1, key
@@ -53,12 +53,12 @@ async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: L
     async with DexClient(urls, token=client_token) as client:
         sessions = [(await client.create_session("joined"))["session_id"] for _ in range(5)]
 
-    http_port, raft_port = free_ports(2)
+    http_port, raft_port, probe_port = free_ports(3)
     n4_url = f"http://127.0.0.1:{http_port}"
     log = cluster.dir / "n4.log"
     with open(log, "ab") as out:
         n4 = subprocess.Popen([sys.executable, "-m", "dex_ha.cli", "node", "--config",
-                               str(joiner_config(cluster, http_port, raft_port))],
+                               str(joiner_config(cluster, http_port, raft_port, probe_port))],
                               stdout=out, stderr=subprocess.STDOUT)
     try:
         added = await asyncio.to_thread(cluster.run_cli, "members", "add", "--id", "n4", "--raft-addr",
