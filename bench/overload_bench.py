@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import secrets
 import signal
 import sys
@@ -53,6 +52,7 @@ from typing import Any, AsyncIterator, Callable
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench.common import cpu_pressure_us, cpu_seconds, fmt, fmt_pct, positive_ints  # noqa: E402
 from dex_ha.server.config import ServerConfig  # noqa: E402  (the default election timeout)
 from tests.e2e.cluster_process import LocalCluster  # noqa: E402
 from tests.e2e.dev_process import DevProcess  # noqa: E402
@@ -68,7 +68,6 @@ TARGETS = {
     "term_changes": "0 at every level",
     "follower_leader_contact_gap": f"< {GAP_TARGET_S * 1000:.0f} ms (half the minimum election timeout)",
 }
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 SETTLE_DEADLINE_S = 20.0  # after the load: until one node is active again, if any
 
 
@@ -193,25 +192,8 @@ class CpuMeter:
         return CpuUse(nodes, round((own_cpu_seconds() - self.own_start) / seconds, 2), wait)
 
 
-def cpu_pressure_us() -> int | None:
-    """Microseconds so far in which some runnable task waited for a CPU (Linux PSI,
-    /proc/pressure/cpu "some total"); None where the kernel does not offer it."""
-    try:
-        with open("/proc/pressure/cpu") as f:
-            match = re.search(r"total=(\d+)", f.readline())
-    except OSError:
-        return None
-    return int(match.group(1)) if match else None
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far, from /proc (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of proc(5)
 
 
 def own_cpu_seconds() -> float:
@@ -228,12 +210,8 @@ def progress_line(row: Row, result: LoadResult) -> str:
 # ---------------------------------------------------------------- the table
 
 
-def fmt(value: float | int | None, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
-def fmt_pct(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{fraction * 100:.0f}%"
 
 
 def fmt_gap(seconds: float | None) -> str:
@@ -259,7 +237,7 @@ def print_table(result: dict[str, Any]) -> None:
         moved = "same" if row["active_after"] == row["active_before"] else \
             f"{','.join(row['active_before']) or '-'}>{','.join(row['active_after']) or '-'}"
         print(f"{row['deployment']:<10} {row['clients']:>7} {load['answers']:>8} {load['answers_per_s']:>7.0f} "
-              f"{fmt(load['p50_ms']):>8} {fmt(load['p99_ms']):>8} {load['by_code'].get('overloaded', 0):>10} "
+              f"{fmt(load['p50_ms'], '.1f'):>8} {fmt(load['p99_ms'], '.1f'):>8} {load['by_code'].get('overloaded', 0):>10} "
               f"{load['by_code'].get('not_active', 0):>10} {other:>6} {sum(load['transport_errors'].values()):>9} "
               f"{fmt(row['term_changes'], 'd'):>7} {moved:>9} {fmt_gap(row['follower_gap_max_s']):>6} "
               f"{row['busiest_node_cores']:>9.2f} {row['generator_cores']:>9.2f} {fmt_pct(row['cpu_wait']):>8}")
@@ -314,14 +292,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def parse_clients(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--clients: a comma-separated list of integers, got {text!r}")
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"--clients: positive integers, got {text!r}")
-    return values
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -342,7 +312,7 @@ def parse_mix(text: str) -> dict[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=parse_clients, default=[500, 2000, 5000],
+    parser.add_argument("--clients", type=positive_ints("--clients"), default=[500, 2000, 5000],
                         help="comma-separated numbers of concurrent clients (default 500,2000,5000)")
     parser.add_argument("--duration-s", type=float, default=10.0, help="seconds of load per level (default 10)")
     parser.add_argument("--only", choices=tuple(DEPLOYMENTS), help="measure one deployment only")

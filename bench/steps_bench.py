@@ -54,6 +54,7 @@ import aiohttp
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from bench.common import CLK_TCK, cpu_pressure_us, cpu_seconds, fmt, fmt_pct, positive_ints  # noqa: E402
 from dex_ha.cli_cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.client import DexClient  # noqa: E402
 
@@ -76,7 +77,6 @@ STOP_DEADLINE_S = 15.0  # a node drains running attempts on SIGTERM (none are le
 WORKER_READY_DEADLINE_S = 30.0
 WORKER_STOP_DEADLINE_S = 15.0
 SESSION_DEADLINE_S = 60.0  # a session whose steps stop coming is abandoned (and counted)
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ---------------------------------------------------------------- processes and CPU
@@ -116,14 +116,6 @@ def is_running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of proc(5)
 
 
 def machine_busy_seconds() -> float:
@@ -134,16 +126,6 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
-def cpu_pressure_us() -> int | None:
-    """Microseconds so far in which some runnable task waited for a CPU (Linux PSI,
-    /proc/pressure/cpu "some total"); None where the kernel does not offer it."""
-    try:
-        with open("/proc/pressure/cpu") as f:
-            first = f.readline()
-    except OSError:
-        return None
-    match = re.search(r"total=(\d+)", first)
-    return int(match.group(1)) if match else None
 
 
 def wait_gone(pids: list[int], deadline_s: float) -> list[int]:
@@ -707,7 +689,7 @@ async def bench_deployment(name: str, args: argparse.Namespace, root: Path,
             row = await measure(deployment, concurrency, args, root, registry)
             rows.append(row)
             print(f"[{name}] concurrency {concurrency}: {row.steps_per_second:.0f} steps/s, "
-                  f"p50 {fmt(row.p50_ms)} ms", flush=True)
+                  f"p50 {fmt(row.p50_ms, '.2f')} ms", flush=True)
     finally:
         leftovers = await asyncio.to_thread(deployment.stop)
     return {"command": deployment.command, "urls": deployment.urls, "node_pids": deployment.node_pids,
@@ -733,12 +715,8 @@ def meets(value: float | None, goal: str) -> str:
     return "met" if ok else "MISSED"
 
 
-def fmt_pct(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{fraction * 100:.0f}%"
 
 
-def fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -753,7 +731,7 @@ def print_table(result: dict[str, Any]) -> None:
     for name in ("dev", "cluster"):
         for r in result.get(name, {}).get("rows", []):
             print(f"{name:<10} {r['concurrency']:>5} {r['steps']:>7} {r['steps_per_second']:>8.0f} "
-                  f"{fmt(r['p50_ms']):>7} {fmt(r['p99_ms']):>7} {fmt(r['attempts_started_delta'], '.0f'):>9} "
+                  f"{fmt(r['p50_ms'], '.2f'):>7} {fmt(r['p99_ms'], '.2f'):>7} {fmt(r['attempts_started_delta'], '.0f'):>9} "
                   f"{fmt(r['server_cpu_ms_per_step'], '.3f'):>11} {r['server_busiest_node_cores']:>9.2f} "
                   f"{fmt(r['worker_cpu_ms_per_step'], '.3f'):>11} {r['worker_cores']:>9.2f} "
                   f"{r['other_load_cores']:>6.2f} {fmt_pct(r['cpu_wait_fraction']):>8}")
@@ -786,21 +764,13 @@ async def main_async(args: argparse.Namespace, registry: ProcessRegistry) -> dic
     return result
 
 
-def parse_concurrency(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--concurrency: a comma-separated list of integers, got {text!r}")
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"--concurrency: positive integers, got {text!r}")
-    return values
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per concurrency")
     parser.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured seconds before each window")
-    parser.add_argument("--concurrency", type=parse_concurrency, default=[1, 16, 64, 128],
+    parser.add_argument("--concurrency", type=positive_ints("--concurrency"), default=[1, 16, 64, 128],
                         help="comma-separated session concurrencies (default 1,16,64,128)")
     parser.add_argument("--only", choices=("dev", "cluster"), help="measure one deployment only")
     parser.add_argument("--turns-per-session", type=int, default=10,

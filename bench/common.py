@@ -1,0 +1,53 @@
+"""What the benches share: CPU readings from /proc, a list-of-integers flag, and table cells."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far, from /proc (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of proc(5)
+
+
+def cpu_pressure_us() -> int | None:
+    """Microseconds so far in which some runnable task waited for a CPU (Linux PSI,
+    /proc/pressure/cpu "some total"); None where the kernel does not offer it."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            match = re.search(r"total=(\d+)", f.readline())
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def positive_ints(flag: str):  # type: ignore[no-untyped-def]
+    """An argparse type: a comma-separated list of positive integers, errors naming `flag`."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: a comma-separated list of integers, got {text!r}")
+        if not values or any(v < 1 for v in values):
+            raise argparse.ArgumentTypeError(f"{flag}: positive integers, got {text!r}")
+        return values
+
+    return parse
+
+
+def fmt(value: float | int | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def fmt_pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.0f}%"
