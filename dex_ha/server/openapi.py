@@ -149,8 +149,8 @@ def field_schema(spec: FieldSpec) -> dict[str, Any]:
     if spec.max is not None:
         schema["maximum"] = spec.max
     schema.update(_length_keywords(spec))
-    if spec.items is not None:
-        schema["items"] = {} if spec.items == "any" else {"type": spec.items}
+    if isinstance(spec.items, FieldSpec):
+        schema["items"] = field_schema(spec.items)
     if spec.pattern is not None:
         schema["pattern"] = f"^(?:{spec.pattern})$"  # JSON Schema patterns are not anchored
     if spec.format is not None:

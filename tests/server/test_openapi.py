@@ -158,7 +158,9 @@ def test_field_schemas_carry_types_enums_bounds_and_nullability(document):
     max_tasks = poll["properties"]["max_tasks"]
     assert {k: max_tasks[k] for k in ("type", "minimum", "maximum", "default")} == {
         "type": "integer", "minimum": 1, "maximum": 1000, "default": 1}
-    assert poll["properties"]["agents"]["items"] == {"type": "string"}
+    agent = poll["properties"]["agents"]["items"]  # an agent name is an id
+    assert {k: agent[k] for k in ("type", "minLength", "maxLength", "format")} == {
+        "type": "string", "minLength": 1, "maxLength": 200, "format": "id"}
     assert (poll["properties"]["agents"]["minItems"], poll["properties"]["agents"]["maxItems"]) == (1, 100)
     message = operation(document, ROUTES_BY_NAME["send_message"])["requestBody"]["content"]["application/json"]
     props = message["schema"]["properties"]
@@ -237,7 +239,7 @@ def _sample_bodies(route: RouteSpec) -> list[object]:
     for spec in route.body:
         value = spec.enum[0] if spec.enum else good[spec.type]
         if spec.type == "array":
-            value = [good[spec.items]] * max(1, spec.min_length or 0)
+            value = [good[spec.items.type]] * max(1, spec.min_length or 0)
         if spec.type == "integer" and spec.min is not None:
             value = spec.min
         if spec.format is not None:
@@ -259,7 +261,7 @@ def _sample_bodies(route: RouteSpec) -> list[object]:
             too_long = "x" * over if spec.type == "string" else [base[spec.name][0]] * over
             samples.append({**base, spec.name: too_long})
         if spec.type == "array":
-            samples.append({**base, spec.name: [wrong[spec.items]]})
+            samples.append({**base, spec.name: [wrong[spec.items.type]]})
     return samples
 
 
