@@ -91,7 +91,7 @@ class NodeServer:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        from dex_ha.server.app import build_app  # the app imports this module
+        from dex_ha.server.app import ApiRunner, build_app  # the app imports this module
 
         if self.config.insecure:
             log.warning("node %s runs INSECURE: no API tokens and no cluster secret (--insecure)",
@@ -100,7 +100,7 @@ class NodeServer:
             log.warning("node %s runs WITHOUT authentication (dev mode, no tokens configured)",
                         self.config.node_id)
         await self.raft.start()
-        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        self._runner = ApiRunner(build_app(self), access_log=None, handle_signals=False)
         await self._runner.setup()
         # A deep accept queue: Workers open a connection per task in flight, and a dropped
         # SYN costs its request a 1 s retransmit.

@@ -94,6 +94,61 @@ async def test_the_64_bit_range_itself_is_stored_and_read_back(api: HttpApi):
     assert (await api.snapshot("s-edge"))["metadata"] == metadata
 
 
+# ---------------------------------------------------------------- every error answer is JSON
+
+
+async def test_an_unknown_route_is_a_json_404(api: HttpApi):
+    for method, path in [("GET", "/nope"), ("POST", "/v1/nothing/here"), ("GET", "/v1/sessions/s1/unknown")]:
+        reply = await api.call(method, path, role="admin")
+        assert_error(reply, 404, "not_found", names=path)
+
+
+async def test_a_known_path_with_a_wrong_method_is_a_json_405_with_allow(api: HttpApi):
+    reply = await api.call("DELETE", "/v1/sessions", role="admin")
+    assert_error(reply, 405, "method_not_allowed", names="DELETE")
+    assert set(reply.headers["Allow"].split(",")) == {"GET", "POST"}
+
+
+MALFORMED_HTTP = {
+    "bad Content-Length": b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    "over-long header": b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+    "over-long request line": b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    "bad method": b"G(T /livez HTTP/1.1\r\nHost: x\r\n\r\n",
+    "too many headers": b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-H%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+    "bad chunk size": (b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                       b"Content-Type: application/json\r\n\r\nzz\r\n"),
+    "raw byte in path": b"GET /v1/sessions/\xff HTTP/1.1\r\nHost: x\r\n\r\n",
+    "TLS on the HTTP port": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
+}
+
+
+async def raw_exchange(node: NodeServer, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send bytes as they are; the status, headers and body of the answer (the server
+    closes the connection after a malformed request)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.http_port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        async with asyncio.timeout(DEADLINE_S):
+            answer = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in header_lines)
+    return int(status_line.split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED_HTTP.values(), ids=MALFORMED_HTTP.keys())
+async def test_malformed_http_gets_a_json_error(node: NodeServer, api: HttpApi, request_bytes: bytes):
+    status, headers, body = await raw_exchange(node, request_bytes)
+    assert 400 <= status < 500, (status, body)
+    assert headers["content-type"].startswith("application/json"), (headers, body)
+    error = json.loads(body)
+    assert error["error"] == "invalid" and error["message"].startswith("the HTTP request is malformed: "), error
+    expect(await api.get("/readyz", role=None), 200)  # and the node goes on serving
+
+
 # ---------------------------------------------------------------- one bad poll, everyone else dispatched
 
 
