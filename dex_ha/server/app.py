@@ -151,8 +151,10 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 def _not_active(node: NodeServer, why: str) -> web.Response:
     leader_url = node.leader_url() if not node.raft.is_leader else None
-    return _error(503, "not_active", f"this node is not the active node ({why})",
-                  headers={"Retry-After": RETRY_AFTER_S}, leader_url=leader_url)
+    # NotServing's messages are sentences about this node already ("this node is not the
+    # active node", "this node is draining: ..."); Raft's errors say why in Raft's words.
+    message = why if why.startswith("this node ") else f"this node is not the active node ({why})"
+    return _error(503, "not_active", message, headers={"Retry-After": RETRY_AFTER_S}, leader_url=leader_url)
 
 
 # ---------------------------------------------------------------- every error in JSON

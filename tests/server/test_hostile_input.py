@@ -149,6 +149,22 @@ async def test_malformed_http_gets_a_json_error(node: NodeServer, api: HttpApi, 
     expect(await api.get("/readyz", role=None), 200)  # and the node goes on serving
 
 
+# ---------------------------------------------------------------- not_active says it once
+
+
+async def test_the_not_active_message_says_it_once(nodes, http, tmp_path):
+    plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    api = http(await nodes(plan.config("n1"), wait_ready=False))  # n2 and n3 never start: no leader
+
+    async def candidate() -> bool:
+        return expect(await api.get("/v1/cluster", role="client"), 200)["role"] == "candidate"
+
+    await wait_until(candidate, timeout_s=15, what="n1 to campaign")
+    reply = await api.get("/v1/sessions", role="client")
+    assert_error(reply, 503, "not_active")
+    assert reply.body["message"] == "this node is not the active node"
+
+
 # ---------------------------------------------------------------- one bad poll, everyone else dispatched
 
 
