@@ -180,3 +180,45 @@ async def test_a_poll_for_an_agent_name_that_is_not_an_id_is_400(api: HttpApi, a
     assert time.monotonic() - started < DEADLINE_S
 
 
+async def queue_a_model_step(api: HttpApi, agent: str) -> None:
+    await api.register_agent(agent, [])
+    await api.create_session(agent, f"session-of-{agent}")
+    await api.send_message(f"session-of-{agent}", "hello")
+
+
+async def good_poll_gets_its_step(api: HttpApi, poll: "asyncio.Task[Any]") -> None:
+    started = time.monotonic()
+    reply = await poll
+    tasks = expect(reply, 200)["tasks"]
+    assert [t["kind"] for t in tasks] == ["RunModel"], f"the good Worker got {tasks}"
+    assert time.monotonic() - started < 3.0, "the queued step should be handed out at once"
+
+
+async def test_a_bad_poll_over_http_is_refused_and_a_good_worker_gets_its_step(api: HttpApi, caplog):
+    caplog.set_level(logging.WARNING, logger="dex_ha.server.leader")
+    bad = asyncio.create_task(send_raw(api, "POST", "/v1/worker/poll", "worker", BAD_POLL))
+    good = asyncio.create_task(api.post("/v1/worker/poll", {"worker_id": "good", "agents": ["helper"],
+                                                            "wait_ms": 5_000}, role="worker"))
+    await queue_a_model_step(api, "helper")
+    await good_poll_gets_its_step(api, good)
+    async with asyncio.timeout(DEADLINE_S):
+        assert_error(await bad, 400, "invalid", names="agents[0]")
+    assert not [r for r in caplog.records if "restarting it" in r.getMessage()], "a leader service crashed"
+
+
+async def test_a_poll_the_store_cannot_match_fails_alone_and_dispatch_goes_on(node: NodeServer, api: HttpApi,
+                                                                            caplog):
+    """The leader's own guard, below the route's validation: a poll whose agent names make
+    the queue lookup raise gets that error; the dispatch service does not crash-loop."""
+    caplog.set_level(logging.WARNING, logger="dex_ha.server.leader")
+    leader = node.serving()
+    bad = asyncio.create_task(leader.poll("evil", ["\ud800"], 1, 20_000))
+    good = asyncio.create_task(api.post("/v1/worker/poll", {"worker_id": "good", "agents": ["helper"],
+                                                            "wait_ms": 5_000}, role="worker"))
+    await queue_a_model_step(api, "helper")
+    await good_poll_gets_its_step(api, good)
+    with pytest.raises(InvalidRequest) as refused:
+        async with asyncio.timeout(DEADLINE_S):
+            await bad
+    assert refused.value.field == "agents"
+    assert not [r for r in caplog.records if "restarting it" in r.getMessage()], "a leader service crashed"
