@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
+from dex_ha.engine.kinds import MAX_DURATION_MS
 from dex_ha.server.node import NodeServer
 from dex_ha.server.validation import InvalidRequest
 from tests.server.node_fixture import (
-    ClusterPlan, HttpApi, assert_error, expect, wait_until,
+    ClusterPlan, HttpApi, assert_error, call_view, expect, model_result, tool, tool_call, wait_until,
 )
 
 TOKEN_PATH = "/v1/worker/tasks/st999-1-1"
@@ -222,3 +223,34 @@ async def test_a_poll_the_store_cannot_match_fails_alone_and_dispatch_goes_on(no
             await bad
     assert refused.value.field == "agents"
     assert not [r for r in caplog.records if "restarting it" in r.getMessage()], "a leader service crashed"
+
+
+# ---------------------------------------------------------------- durations the leader services compute with
+
+INT64_MAX = 2**63 - 1
+
+
+async def test_a_tool_timeout_too_long_for_a_deadline_is_refused_and_the_longest_allowed_is_handed_out(
+        api: HttpApi, caplog):
+    """With start_to_close_ms 2^63-1 accepted, every hand-out of the tool's step failed to
+    apply (its deadline overflowed SQLite) and dispatch proposed it again at once, forever."""
+    caplog.set_level(logging.WARNING, logger="dex_ha.server.leader")
+    reply = await api.put("/v1/agents/slow", {"tools": [tool("crawl", "read", start_to_close_ms=INT64_MAX)]})
+    assert_error(reply, 400, "invalid", names="definition.tools[0].start_to_close_ms")
+    await api.start_turn_with_tool_calls("slow", "s1", [tool("crawl", "read", start_to_close_ms=MAX_DURATION_MS)],
+                                         [tool_call("c1", "crawl")])
+    task = await api.poll_one("slow")
+    assert task["kind"] == "CallTool" and task["deadline_ms"] > time.time() * 1000 + MAX_DURATION_MS - 60_000
+
+
+async def test_a_sleep_too_long_for_a_timer_fails_the_call_and_the_turn_goes_on(api: HttpApi):
+    """A model asking to sleep 2^63-1 ms made the Worker's complete a 500 (the timer's due
+    time overflowed SQLite); now the call fails as not run and the model hears about it."""
+    await api.register_agent("sleeper", [])
+    await api.create_session("sleeper", "s1")
+    await api.send_message("s1", "nap")
+    model = await api.poll_one("sleeper")
+    await api.complete(model, model_result("napping", [tool_call("z", "sleep", ms=INT64_MAX)]))
+    call = call_view(await api.snapshot("s1"), "z")
+    assert call["status"] == "failed" and "sleep needs `ms`" in call["error"]
+    assert (await api.poll_one("sleeper"))["kind"] == "RunModel"  # the turn goes on
