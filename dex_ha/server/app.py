@@ -131,6 +131,10 @@ async def _handle(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler,
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise BodyTooLarge(route.max_body_bytes) from None
+        except web.RequestPayloadError:  # e.g. a gzip or deflate body that does not inflate
+            raise InvalidRequest("body", "cannot be read: its Content-Encoding does not decode") from None
+        except ConnectionResetError:  # the client hung up mid-body; nobody reads this answer
+            raise InvalidRequest("body", "the connection closed before the whole body arrived") from None
         args.update(validate_body(route, decode_json_body(route, raw)))
     answer = await handler(api, args, request)
     if isinstance(answer, web.StreamResponse):

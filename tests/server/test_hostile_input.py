@@ -19,7 +19,7 @@ from dex_ha.engine.kinds import MAX_DURATION_MS
 from dex_ha.server.node import NodeServer
 from dex_ha.server.validation import InvalidRequest
 from tests.server.node_fixture import (
-    ClusterPlan, HttpApi, assert_error, call_view, expect, model_result, tool, tool_call, wait_until,
+    CLIENT_TOKEN, ClusterPlan, HttpApi, assert_error, call_view, expect, model_result, tool, tool_call, wait_until,
 )
 
 TOKEN_PATH = "/v1/worker/tasks/st999-1-1"
@@ -148,6 +148,33 @@ async def test_malformed_http_gets_a_json_error(node: NodeServer, api: HttpApi, 
     error = json.loads(body)
     assert error["error"] == "invalid" and error["message"].startswith("the HTTP request is malformed: "), error
     expect(await api.get("/readyz", role=None), 200)  # and the node goes on serving
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_body_that_does_not_inflate_is_400(node: NodeServer, api: HttpApi, encoding: str):
+    status, headers, body = await raw_exchange(node, (
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + CLIENT_TOKEN.encode() + b"\r\n"
+        b"Content-Encoding: " + encoding.encode() + b"\r\nContent-Length: 10\r\n\r\n0123456789"))
+    assert status == 400 and headers["content-type"].startswith("application/json"), (status, body)
+    assert json.loads(body) == {"error": "invalid", "message": "body: cannot be read: its Content-Encoding does not decode"}
+
+
+async def test_a_client_that_hangs_up_mid_body_is_not_a_server_error(node: NodeServer, api: HttpApi):
+    reader, writer = await asyncio.open_connection("127.0.0.1", node.http_port)
+    writer.write(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + CLIENT_TOKEN.encode()
+                 + b"\r\nContent-Length: 100\r\n\r\n{\"agent\"")
+    await writer.drain()
+    writer.close()
+
+    async def counted() -> str | None:
+        metrics = (await api.get("/metrics", role=None)).body
+        lines = [line for line in metrics.splitlines() if line.startswith('dex_http_requests_total{') and
+                 'route="create_session"' in line]
+        return "\n".join(lines)
+
+    lines = await wait_until(counted, timeout_s=DEADLINE_S, what="the cut-off request to be counted")
+    assert 'code="400"' in lines and 'code="500"' not in lines, lines
 
 
 # ---------------------------------------------------------------- not_active says it once
