@@ -13,7 +13,7 @@ import re
 import pytest
 
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, RouteSpec
-from dex_ha.server.openapi import openapi_document
+from dex_ha.server.openapi import FORMAT_PATTERNS, openapi_document
 from dex_ha.server.validation import InvalidRequest, validate_body
 
 C, W, A = frozenset({"client"}), frozenset({"worker"}), frozenset({"admin"})
@@ -280,3 +280,33 @@ def test_the_published_schema_and_validate_body_agree(document, route):
         assert validator.is_valid(body) == accepted, body
         verdicts[accepted] += 1
     assert verdicts[True] >= 1 and verdicts[False] >= 3  # the samples test both sides
+
+
+# ---------------------------------------------------------------- ids as a pattern
+
+
+def test_every_id_in_the_document_carries_the_id_pattern(document):
+    id_schemas = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("format") == "id":
+                id_schemas.append(node)
+            for child in node.values():
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    walk(document)
+    assert len(id_schemas) >= 10  # path ids, body ids, the poll's agent names
+    assert all(s["pattern"] == FORMAT_PATTERNS["id"] for s in id_schemas)
+
+
+def test_the_id_pattern_accepts_every_valid_id_and_refuses_control_characters():
+    pattern = re.compile(FORMAT_PATTERNS["id"])
+    assert all(pattern.match(chr(c)) for c in range(0x110000) if chr(c).isprintable())
+    for bad in ("a\nb", "\x00", "tab\t", "del\x7f", "c1\x85"):
+        assert not pattern.match(bad)
+        with pytest.raises(InvalidRequest):
+            validate_body(ROUTES_BY_NAME["create_session"], {"agent": bad})
