@@ -199,6 +199,8 @@ def _code_for_status(status: int) -> str:
 
 
 class _JsonErrorsRequestHandler(RequestHandler):
+    """aiohttp's connection handler, answering the requests it cannot parse in JSON."""
+
     __slots__ = ()
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,

@@ -48,7 +48,7 @@ class InvalidRequest(Exception):
     def __init__(self, field: str, message: str) -> None:
         # Both can echo the request (an unknown key, a bad value): escape what UTF-8 cannot
         # carry, or the error answer itself could not be sent.
-        field, message = _printable_text(field), _printable_text(message)
+        field, message = _utf8_safe(field), _utf8_safe(message)
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
@@ -389,7 +389,7 @@ def _shortened(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _printable_text(text: str) -> str:
+def _utf8_safe(text: str) -> str:
     """`text` with what UTF-8 cannot encode (lone surrogates) written as escapes."""
     if text.isascii():
         return text
