@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dex_ha.engine.kinds import MAX_DURATION_MS
 from dex_ha.engine.results import Rejected
 
 EFFECTS = ("read", "idempotent_write", "write")
@@ -71,8 +72,8 @@ def normalize_definition(definition: dict[str, Any]) -> dict[str, Any]:
             "max_items": _positive_int(compaction.get("max_items"), "definition.compaction.max_items"),
             "max_tokens": _positive_int(compaction.get("max_tokens"), "definition.compaction.max_tokens"),
         },
-        "model": {"start_to_close_ms": _positive_int(model.get("start_to_close_ms"),
-                                                      "definition.model.start_to_close_ms")},
+        "model": {"start_to_close_ms": _duration_ms(model.get("start_to_close_ms"),
+                                                     "definition.model.start_to_close_ms")},
         "description": definition.get("description"),
         "metadata": definition.get("metadata"),
     }
@@ -102,7 +103,7 @@ def _normalize_tool(tool: Any, where: str) -> dict[str, Any]:
         "effect": effect,
         "approval": tool.get("approval", False),
         "inline": tool.get("inline", False),
-        "start_to_close_ms": _positive_int(tool.get("start_to_close_ms"), f"{where}.start_to_close_ms"),
+        "start_to_close_ms": _duration_ms(tool.get("start_to_close_ms"), f"{where}.start_to_close_ms"),
         "max_attempts": _positive_int(tool.get("max_attempts"), f"{where}.max_attempts"),
     }
 
@@ -141,4 +142,11 @@ def _positive_int(value: Any, where: str) -> int | None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise Rejected("invalid", f"{where} must be a positive integer")
+    return value
+
+
+def _duration_ms(value: Any, where: str) -> int | None:
+    value = _positive_int(value, where)
+    if value is not None and value > MAX_DURATION_MS:
+        raise Rejected("invalid", f"{where} must be at most {MAX_DURATION_MS} (ten years)")
     return value

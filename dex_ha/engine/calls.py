@@ -20,7 +20,7 @@ from dex_ha.engine import steps, turns
 from dex_ha.engine.agents import ASK_USER, SLEEP, ToolPolicy, tool_policy
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    AWAIT_QUESTION_ANSWER, AWAIT_TIMER, AWAIT_TOOL_APPROVAL, NOT_COMPLETED, NOT_STARTED,
+    AWAIT_QUESTION_ANSWER, AWAIT_TIMER, AWAIT_TOOL_APPROVAL, MAX_DURATION_MS, NOT_COMPLETED, NOT_STARTED,
     POLL_TOOL_TASK, max_attempts_for, not_run_error, tool_outcome_on_exhaustion, tool_step_kind,
 )
 from dex_ha.engine.results import Rejected
@@ -123,9 +123,9 @@ def _route_call(ctx: ApplyContext, call: dict[str, Any], policy: ToolPolicy | No
 
 def _start_sleep(ctx: ApplyContext, call: CallRow, arguments: dict[str, Any]) -> None:
     ms = arguments.get("ms")
-    if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
+    if not isinstance(ms, int) or isinstance(ms, bool) or not 0 <= ms <= MAX_DURATION_MS:
         finish_call(ctx, call, "failed", progress=NOT_STARTED,
-                    error=not_run_error("sleep needs `ms`, a non-negative integer"))
+                    error=not_run_error(f"sleep needs `ms`, an integer from 0 to {MAX_DURATION_MS} (ten years)"))
         return
     step_id = _create_call_step(ctx, call, AWAIT_TIMER)
     steps.set_timer(ctx, _step_ref(call, step_id), "sleep", ctx.at + ms)
@@ -239,8 +239,8 @@ def record_poll_result(ctx: ApplyContext, step: sqlite3.Row, result: dict[str, A
 
 def _poll_after(result: dict[str, Any], default: int) -> int:
     value = result.get("poll_after_ms", default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise Rejected("invalid", "result.poll_after_ms must be a non-negative integer")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_DURATION_MS:
+        raise Rejected("invalid", f"result.poll_after_ms must be an integer from 0 to {MAX_DURATION_MS} (ten years)")
     return value
 
 

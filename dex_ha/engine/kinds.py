@@ -34,6 +34,11 @@ NOT_COMPLETED = "NOT_COMPLETED"
 # configuration overrides it; the engine only reports it in the task.
 DEFAULT_HEARTBEAT_TIMEOUT_MS = 30_000
 
+# The longest duration the engine takes from its input (timeouts, sleeps, poll delays) or
+# computes (backoff): ten years. Deadlines and due times are `at` + a duration, and must
+# stay 64-bit integers, or SQLite refuses them (and the command could never apply).
+MAX_DURATION_MS = 10 * 365 * 24 * 3600 * 1000
+
 
 class RunsIn(enum.StrEnum):
     WORKER = "worker"  # a task step: handed out to a Worker as attempts
@@ -127,7 +132,8 @@ def retry_decision(kind: str, *, max_attempts: int, attempts_used: int, retryabl
         return RetryDecision(False, why_not="the failure is not retryable")
     if attempts_used >= max_attempts:
         return RetryDecision(False, why_not=f"all {max_attempts} attempts used")
-    delay = spec.backoff_initial_ms * spec.backoff_factor ** (attempts_used - 1)
+    # A tool policy may allow many attempts: the exponent is capped before it grows huge.
+    delay = min(MAX_DURATION_MS, spec.backoff_initial_ms * spec.backoff_factor ** min(attempts_used - 1, 64))
     if spec.retry_window_ms is not None and at + delay > first_handout_at + spec.retry_window_ms:
         minutes = spec.retry_window_ms // _MINUTE
         return RetryDecision(False, why_not=f"no attempt left within {minutes} min of the first")

@@ -52,7 +52,8 @@ class FieldSpec:
     min: int | None = None  # integer bounds, inclusive
     max: int | None = None
     max_length: int | None = None  # strings: characters; arrays: items
-    items: str | None = None  # element type of an array
+    # Arrays: the elements' spec; a type name is short for a spec of just that type.
+    items: FieldSpec | str | None = None
     nullable: bool = False
     default: Any = None
     min_length: int | None = None  # strings: characters; arrays: items
@@ -63,7 +64,9 @@ class FieldSpec:
         # A typo in the table should fail at import, not as a confusing 400 later.
         if self.type not in FIELD_TYPES:
             raise ValueError(f"field {self.name!r}: unknown type {self.type!r}")
-        if self.type == "array" and self.items not in FIELD_TYPES:
+        if isinstance(self.items, str):
+            object.__setattr__(self, "items", FieldSpec("items", self.items))  # frozen: set once, here
+        if self.type == "array" and self.items is None:
             raise ValueError(f"field {self.name!r}: an array needs an items type")
         if self.format is not None and self.format not in FORMATS:
             raise ValueError(f"field {self.name!r}: unknown format {self.format!r}")
@@ -294,7 +297,8 @@ _WORKER = (
            body=(
                _id("worker_id", "The Worker's id, recorded on each attempt handed to it; its heartbeats and "
                                 "results for those tasks must carry the same id."),
-               FieldSpec("agents", "array", required=True, items="string", min_length=1, max_length=100,
+               FieldSpec("agents", "array", required=True, min_length=1, max_length=100,
+                         items=_id("agent", "An agent name."),
                          description="The agents whose steps this Worker runs."),
                FieldSpec("max_tasks", "integer", min=1, max=1000, default=1,
                          description="At most this many tasks in the answer."),

@@ -13,9 +13,12 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from dex_ha.engine import (
     AnswerQuestion, ApplyResult, AttemptState, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
@@ -78,7 +81,8 @@ def build_app(node: NodeServer) -> web.Application:
     api = Api(node, openapi_document(version=_version()))
     # aiohttp refuses bodies above client_max_size before we see them; our per-route
     # limits are lower, so this only has to be the largest of them.
-    app = web.Application(client_max_size=max(r.max_body_bytes for r in ROUTES) + 1)
+    app = web.Application(client_max_size=max(r.max_body_bytes for r in ROUTES) + 1,
+                          middlewares=[_json_http_errors])
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _pipeline(api, auth, route, HANDLERS[route.name]))
     return app
@@ -149,6 +153,8 @@ async def _read_body(api: Api, route: RouteSpec, request: web.Request) -> bytes:
         return await read_body(request, api.node.config.http_body_timeout_ms / 1000)
     except web.HTTPRequestEntityTooLarge:
         raise BodyTooLarge(route.max_body_bytes) from None
+    except web.RequestPayloadError:  # e.g. a gzip or deflate body that does not inflate
+        raise InvalidRequest("body", "cannot be read: its Content-Encoding does not decode") from None
 
 
 def _dumps(value: Any) -> str:
@@ -163,8 +169,77 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 def _not_active(node: NodeServer, why: str) -> web.Response:
     leader_url = node.leader_url() if not node.raft.view.is_leader else None
-    return _error(503, "not_active", f"this node is not the active node ({why})",
-                  headers={"Retry-After": RETRY_AFTER_S}, leader_url=leader_url)
+    # NotServing's messages are sentences about this node already ("this node is not the
+    # active node", "this node is draining: ..."); Raft's errors say why in Raft's words.
+    message = why if why.startswith("this node ") else f"this node is not the active node ({why})"
+    return _error(503, "not_active", message, headers={"Retry-After": RETRY_AFTER_S}, leader_url=leader_url)
+
+
+# ---------------------------------------------------------------- every error in JSON
+#
+# The pipeline answers the errors of our routes. Two kinds of error happen outside it:
+# aiohttp's router answers unknown paths (404) and wrong methods (405) by raising
+# HTTPException, which the middleware turns into JSON; and aiohttp's connection handler
+# answers requests it cannot parse (a bad Content-Length, over-long headers or request
+# line, a bad method) itself, from RequestHandler.handle_error, which ApiRunner's
+# connections override.
+
+
+@web.middleware
+async def _json_http_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                            ) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, _code_for_status(exc.status), _routing_message(request, exc),
+                      headers={"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None)
+
+
+def _routing_message(request: web.Request, exc: web.HTTPException) -> str:
+    path = request.path if len(request.path) <= 200 else request.path[:200] + "..."
+    if exc.status == 404:
+        return f"no route {request.method} {path} (the routes are in /openapi.json)"
+    if exc.status == 405:
+        return f"{path} does not take {request.method}; it takes {exc.headers.get('Allow', 'no method')}"
+    return f"{request.method} {path}: {exc.reason}"
+
+
+def _code_for_status(status: int) -> str:
+    """The error code of an answer that aiohttp, not a route, decided on."""
+    known = {400: "invalid", 404: "not_found", 413: "too_large", 500: "internal"}
+    return known.get(status) or HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
+
+
+class _JsonErrorsRequestHandler(RequestHandler):
+    """aiohttp's connection handler, answering the requests it cannot parse in JSON."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if an answer was already sent
+        # aiohttp's message quotes the bytes it choked on over several lines; the first says what.
+        what = (message or HTTPStatus(status).phrase).strip().splitlines()[0].rstrip(":")
+        response = _error(status, _code_for_status(status), f"the HTTP request is malformed: {what}"
+                          if status < 500 else "the server failed to answer; see its log")
+        response.force_close()  # as aiohttp does: the connection's framing cannot be trusted
+        return response
+
+
+class _JsonErrorsServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorsRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class ApiRunner(web.AppRunner):
+    """web.AppRunner whose connections answer requests aiohttp cannot parse in JSON too."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return _JsonErrorsServer(server.request_handler, request_factory=server.request_factory,
+                                 handler_cancellation=server.handler_cancellation, **server._kwargs)
 
 
 async def openapi(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -447,4 +522,4 @@ HANDLERS: dict[str, Handler] = {
     "task_complete": task_complete, "task_fail": task_fail,
 }
 
-__all__ = ["ApiError", "HANDLERS", "NotServing", "build_app"]
+__all__ = ["ApiError", "ApiRunner", "HANDLERS", "NotServing", "build_app"]

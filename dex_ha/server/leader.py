@@ -34,6 +34,7 @@ from dex_ha.raft.core import NotLeader, ProposalDropped
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
+from dex_ha.server.validation import InvalidRequest
 
 log = logging.getLogger("dex_ha.server.leader")
 
@@ -196,12 +197,17 @@ class LeaderTerm:
             await self._wake_dispatch.wait()
 
     def _match_polls(self) -> list[tuple[_WaitingPoll, list[QueuedStep]]]:
-        """Queued steps for the waiting polls, first poll first, FIFO per agent queue."""
+        """Queued steps for the waiting polls, first poll first, FIFO per agent queue.
+
+        A poll whose own data makes the lookup fail (an agent name the store cannot take)
+        is answered with that error alone: one Worker's bad poll must not stop the
+        dispatch of everyone else's steps.
+        """
         wanted: dict[str, int] = {}
         for poll in self._waiting:
             for agent in poll.agents:
                 wanted[agent] = wanted.get(agent, 0) + poll.max_tasks
-        queues = {agent: deque(self.engine.queued_steps(agent, limit)) for agent, limit in wanted.items()}
+        queues: dict[str, deque[QueuedStep]] = {}
         matched = []
         for poll in list(self._waiting):
             if poll.future.done() or poll.gone():  # answered with an error already, or hung up
@@ -209,16 +215,31 @@ class LeaderTerm:
                 if not poll.future.done():
                     poll.future.set_result([])
                 continue
-            steps: list[QueuedStep] = []
-            for agent in poll.agents:
-                queue = queues[agent]
-                while queue and len(steps) < poll.max_tasks:
-                    steps.append(queue.popleft())
+            try:
+                steps = self._steps_for(poll, queues, wanted)
+            except Exception as exc:  # whatever it is, it comes from this poll alone
+                log.warning("poll of worker %r refused: its agents cannot be looked up (%r)", poll.worker_id, exc)
+                self._waiting.remove(poll)
+                poll.future.set_exception(InvalidRequest("agents", f"cannot be looked up ({exc})"))
+                continue
             if steps:
                 poll.claimed = True
                 self._waiting.remove(poll)
                 matched.append((poll, steps))
         return matched
+
+    def _steps_for(self, poll: _WaitingPoll, queues: dict[str, deque[QueuedStep]],
+                   wanted: dict[str, int]) -> list[QueuedStep]:
+        """Up to poll.max_tasks steps of the poll's agents, taken from `queues` (each
+        agent's queue is read once per pass, for every poll that wants it)."""
+        steps: list[QueuedStep] = []
+        for agent in poll.agents:
+            if agent not in queues:
+                queues[agent] = deque(self.engine.queued_steps(agent, wanted[agent]))
+            queue = queues[agent]
+            while queue and len(steps) < poll.max_tasks:
+                steps.append(queue.popleft())
+        return steps
 
     async def _hand_out(self, matched: list[tuple[_WaitingPoll, list[QueuedStep]]]) -> None:
         """One proposal for every hand-out of this pass; answer the polls once it applied."""

@@ -107,7 +107,7 @@ class NodeServer:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        from dex_ha.server.app import build_app  # the app imports this module
+        from dex_ha.server.app import ApiRunner, build_app  # the app imports this module
 
         if self.config.insecure:
             log.warning("node %s runs INSECURE: no API tokens and no cluster secret (--insecure)",
@@ -118,8 +118,7 @@ class NodeServer:
         self.replica.notify_on(asyncio.get_running_loop())
         await self.raft.start()
         limits = HttpLimits.from_config(self.config)
-        self._runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False,
-                                     **limits.handler_args())
+        self._runner = ApiRunner(build_app(self), access_log=None, handle_signals=False, **limits.handler_args())
         await self._runner.setup()
         # A deep accept queue (HTTP_BACKLOG, see _bind): Workers open a connection per task in
         # flight, and a dropped SYN costs its request a 1 s retransmit. The site's guard accepts

@@ -17,6 +17,12 @@ SECURITY_SCHEME = "bearer"
 _JSON = "application/json"
 _PATH_PARAM = re.compile(r"{([^}]+)}")
 
+# What a JSON Schema validator or generator can check of a format. An "id" is characters
+# that Python's str.isprintable() accepts: letters, marks, numbers, punctuation, symbols
+# and the space. No portable regular expression spells that; the pattern rules out the
+# control characters (Unicode category Cc), so every valid id matches it.
+FORMAT_PATTERNS = {"id": r"^[^\x00-\x1F\x7F-\x9F]*$"}
+
 
 def openapi_document(routes: Iterable[RouteSpec] = ROUTES, *, title: str = "dex-ha",
                      version: str) -> dict[str, Any]:
@@ -149,10 +155,12 @@ def field_schema(spec: FieldSpec) -> dict[str, Any]:
     if spec.max is not None:
         schema["maximum"] = spec.max
     schema.update(_length_keywords(spec))
-    if spec.items is not None:
-        schema["items"] = {} if spec.items == "any" else {"type": spec.items}
+    if isinstance(spec.items, FieldSpec):
+        schema["items"] = field_schema(spec.items)
     if spec.pattern is not None:
         schema["pattern"] = f"^(?:{spec.pattern})$"  # JSON Schema patterns are not anchored
+    elif spec.format in FORMAT_PATTERNS:
+        schema["pattern"] = FORMAT_PATTERNS[spec.format]
     if spec.format is not None:
         schema["format"] = spec.format
     if spec.default is not None:
@@ -176,8 +184,9 @@ def _error_schemas() -> dict[str, Any]:
         "required": ["error", "message"],
         "properties": {
             "error": {"type": "string", "description": "Machine-readable code: invalid, unauthorized, "
-                                                       "forbidden, not_found, conflict, stale_attempt, "
-                                                       "too_large, not_active."},
+                                                       "forbidden, not_found, method_not_allowed, conflict, "
+                                                       "stale_attempt, step_down_failed, too_large, not_active, "
+                                                       "not_ready, internal."},
             "message": {"type": "string", "description": "What went wrong, for people; names the field."},
         },
     }

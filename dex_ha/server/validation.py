@@ -6,9 +6,17 @@ validated values, or the field's default when it was left out. Anything wrong ra
 `InvalidRequest` naming the field, with a message a person can act on, e.g.
 ``text: must be a string (got integer)``.
 
-Bodies are checked as a whole for what JSON allows but the rest of the server cannot carry:
-non-finite numbers (Python's json module accepts NaN and Infinity) and nesting deeper than
-MAX_JSON_DEPTH (the Raft log's msgpack encoder has a recursion limit).
+Bodies are checked as a whole for what JSON allows but the rest of the server cannot carry,
+so that every body that validates can be written to the Raft log (msgpack) and the state
+(SQLite) and read back by any client:
+
+- non-finite numbers (Python's json module accepts NaN and Infinity);
+- integers outside the signed 64-bit range (msgpack and SQLite cannot hold them; the
+  decoder does not even convert integers of more than 20 characters, so Python's limit on
+  int-string conversion never applies);
+- strings, object keys included, that are not valid Unicode text (JSON's `\ud800` escapes
+  can spell a lone surrogate, which no UTF-8 encoder takes);
+- nesting deeper than MAX_JSON_DEPTH (the msgpack encoder has a recursion limit).
 """
 
 from __future__ import annotations
@@ -22,6 +30,13 @@ from urllib.parse import urlsplit
 from dex_ha.server.api_spec import FieldSpec, RouteSpec
 
 MAX_JSON_DEPTH = 100
+# The integers a body may hold: the signed 64-bit range, which msgpack, SQLite and the
+# usual JSON readers of other languages (int64, long) all carry exactly.
+MIN_INTEGER = -(2**63)
+MAX_INTEGER = 2**63 - 1
+# "-9223372036854775808" has 20 characters: any integer written longer is out of range.
+_MAX_INTEGER_CHARS = 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class InvalidRequest(Exception):
@@ -31,6 +46,9 @@ class InvalidRequest(Exception):
     code = "invalid"
 
     def __init__(self, field: str, message: str) -> None:
+        # Both can echo the request (an unknown key, a bad value): escape what UTF-8 cannot
+        # carry, or the error answer itself could not be sent.
+        field, message = _utf8_safe(field), _utf8_safe(message)
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
@@ -63,7 +81,7 @@ def decode_json_body(route: RouteSpec, raw: bytes) -> Any:
     if not raw.strip():
         return None
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_int=_parse_int)
     except UnicodeDecodeError:
         raise InvalidRequest("body", "must be UTF-8 encoded JSON") from None
     except json.JSONDecodeError as exc:
@@ -118,6 +136,16 @@ def _reject_constant(name: str) -> Any:
     raise InvalidRequest("body", f"numbers must be finite (got {name})")
 
 
+class _LongInteger(str):
+    """An integer written with more characters than any 64-bit one: kept as its text, so
+    that `_check_json_values` can name its field (converting it could exceed Python's
+    limit on int-string conversion)."""
+
+
+def _parse_int(text: str) -> int | _LongInteger:
+    return _LongInteger(text) if len(text) > _MAX_INTEGER_CHARS else int(text)
+
+
 def _reject_unknown(given: Mapping[str, Any], specs: tuple[FieldSpec, ...], *, kind: str) -> None:
     allowed = {spec.name for spec in specs}
     unknown = sorted(name for name in given if name not in allowed)
@@ -140,7 +168,8 @@ def _reject_repeated(query: Mapping[str, str], specs: tuple[FieldSpec, ...]) -> 
 
 
 def _check_json_values(body: dict[str, Any]) -> None:
-    """Every number in the body is finite and nesting stays within MAX_JSON_DEPTH.
+    """Every value in the body, at any depth, is one the server can store (see the module
+    docstring): finite numbers, 64-bit integers, valid Unicode text, bounded nesting.
 
     Walks with an explicit stack, so a deeply nested body cannot exhaust Python's stack.
     """
@@ -149,12 +178,34 @@ def _check_json_values(body: dict[str, Any]) -> None:
         value, path, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
             raise InvalidRequest(path, f"is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidRequest(path, f"numbers must be finite (got {value})")
+        _check_scalar(value, path)
         if isinstance(value, dict):
+            for key in value:  # the body's own keys are known field names already
+                _check_unicode(key, f"{path}.{key}", "key ")
             stack.extend((child, f"{path}.{key}", depth + 1) for key, child in value.items())
         elif isinstance(value, list):
             stack.extend((child, f"{path}[{i}]", depth + 1) for i, child in enumerate(value))
+
+
+def _check_scalar(value: Any, path: str) -> None:
+    if isinstance(value, _LongInteger) or (isinstance(value, int) and not isinstance(value, bool)
+                                           and not MIN_INTEGER <= value <= MAX_INTEGER):
+        raise InvalidRequest(path, f"integer out of range: must be from {MIN_INTEGER} to {MAX_INTEGER} "
+                                   f"(got {_shortened(str(value))})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidRequest(path, f"numbers must be finite (got {value})")
+    if isinstance(value, str):
+        _check_unicode(value, path, "")
+
+
+def _check_unicode(text: str, path: str, what: str) -> None:
+    """Lone surrogates (JSON's "\\ud800" without its pair) cannot be encoded as UTF-8."""
+    if text.isascii():
+        return
+    found = _SURROGATE.search(text)
+    if found is not None:
+        raise InvalidRequest(path, f"{what}must be valid Unicode text: a lone surrogate "
+                                   f"{found.group()!r} at character {found.start()} cannot be encoded as UTF-8")
 
 
 # ---------------------------------------------------------------- one field
@@ -226,9 +277,9 @@ def _check_bounds(spec: FieldSpec, value: int, where: str) -> None:
 
 def _check_array(spec: FieldSpec, value: list[Any], where: str) -> None:
     _check_length(spec, len(value), "items", where)
-    assert spec.items is not None  # FieldSpec insists on it for arrays
+    assert isinstance(spec.items, FieldSpec)  # FieldSpec insists on it for arrays
     for i, item in enumerate(value):
-        _check_type(spec.items, item, f"{where}[{i}]")
+        _check_value(spec.items, item, f"{where}[{i}]")
 
 
 def _check_length(spec: FieldSpec, length: int, unit: str, where: str) -> None:
@@ -312,6 +363,8 @@ def _json_type(value: Any) -> str:
     """The JSON name of a value's type, for error messages."""
     if value is None:
         return "null"
+    if isinstance(value, _LongInteger):
+        return "integer"
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int):
@@ -329,5 +382,15 @@ def _json_type(value: Any) -> str:
 
 def _quote(text: str, limit: int = 40) -> str:
     """A value for an error message, shortened so a huge input does not make a huge error."""
-    shown = text if len(text) <= limit else text[:limit] + "..."
-    return repr(shown)
+    return repr(_shortened(text, limit))
+
+
+def _shortened(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _utf8_safe(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (lone surrogates) written as escapes."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

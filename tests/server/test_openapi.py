@@ -13,7 +13,7 @@ import re
 import pytest
 
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, RouteSpec
-from dex_ha.server.openapi import openapi_document
+from dex_ha.server.openapi import FORMAT_PATTERNS, openapi_document
 from dex_ha.server.validation import InvalidRequest, validate_body
 
 C, W, A = frozenset({"client"}), frozenset({"worker"}), frozenset({"admin"})
@@ -160,7 +160,9 @@ def test_field_schemas_carry_types_enums_bounds_and_nullability(document):
     max_tasks = poll["properties"]["max_tasks"]
     assert {k: max_tasks[k] for k in ("type", "minimum", "maximum", "default")} == {
         "type": "integer", "minimum": 1, "maximum": 1000, "default": 1}
-    assert poll["properties"]["agents"]["items"] == {"type": "string"}
+    agent = poll["properties"]["agents"]["items"]  # an agent name is an id
+    assert {k: agent[k] for k in ("type", "minLength", "maxLength", "format")} == {
+        "type": "string", "minLength": 1, "maxLength": 200, "format": "id"}
     assert (poll["properties"]["agents"]["minItems"], poll["properties"]["agents"]["maxItems"]) == (1, 100)
     message = operation(document, ROUTES_BY_NAME["send_message"])["requestBody"]["content"]["application/json"]
     props = message["schema"]["properties"]
@@ -239,7 +241,7 @@ def _sample_bodies(route: RouteSpec) -> list[object]:
     for spec in route.body:
         value = spec.enum[0] if spec.enum else good[spec.type]
         if spec.type == "array":
-            value = [good[spec.items]] * max(1, spec.min_length or 0)
+            value = [good[spec.items.type]] * max(1, spec.min_length or 0)
         if spec.type == "integer" and spec.min is not None:
             value = spec.min
         if spec.format is not None:
@@ -261,7 +263,7 @@ def _sample_bodies(route: RouteSpec) -> list[object]:
             too_long = "x" * over if spec.type == "string" else [base[spec.name][0]] * over
             samples.append({**base, spec.name: too_long})
         if spec.type == "array":
-            samples.append({**base, spec.name: [wrong[spec.items]]})
+            samples.append({**base, spec.name: [wrong[spec.items.type]]})
     return samples
 
 
@@ -280,3 +282,33 @@ def test_the_published_schema_and_validate_body_agree(document, route):
         assert validator.is_valid(body) == accepted, body
         verdicts[accepted] += 1
     assert verdicts[True] >= 1 and verdicts[False] >= 3  # the samples test both sides
+
+
+# ---------------------------------------------------------------- ids as a pattern
+
+
+def test_every_id_in_the_document_carries_the_id_pattern(document):
+    id_schemas = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("format") == "id":
+                id_schemas.append(node)
+            for child in node.values():
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    walk(document)
+    assert len(id_schemas) >= 10  # path ids, body ids, the poll's agent names
+    assert all(s["pattern"] == FORMAT_PATTERNS["id"] for s in id_schemas)
+
+
+def test_the_id_pattern_accepts_every_valid_id_and_refuses_control_characters():
+    pattern = re.compile(FORMAT_PATTERNS["id"])
+    assert all(pattern.match(chr(c)) for c in range(0x110000) if chr(c).isprintable())
+    for bad in ("a\nb", "\x00", "tab\t", "del\x7f", "c1\x85"):
+        assert not pattern.match(bad)
+        with pytest.raises(InvalidRequest):
+            validate_body(ROUTES_BY_NAME["create_session"], {"agent": bad})

@@ -14,7 +14,7 @@ from multidict import MultiDict
 
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME
 from dex_ha.server.validation import (
-    MAX_JSON_DEPTH, BodyTooLarge, InvalidRequest, decode_json_body, validate_body, validate_headers,
+    MAX_INTEGER, MAX_JSON_DEPTH, MIN_INTEGER, BodyTooLarge, InvalidRequest, decode_json_body, validate_body, validate_headers,
     validate_path, validate_query,
 )
 
@@ -324,6 +324,76 @@ def test_nesting_is_limited():
     assert validate_body(route, deep_enough)["result"] == nested(MAX_JSON_DEPTH - 1)
     error = invalid("task_complete", {"worker_id": "w1", "result": nested(MAX_JSON_DEPTH + 5)})
     assert error.field.startswith("result[0]") and "nested too deeply" in error.message
+
+
+# ---------------------------------------------------------------- values msgpack and SQLite cannot carry
+
+
+def body_of(route_name: str, raw: str) -> dict:
+    route = ROUTES_BY_NAME[route_name]
+    return validate_body(route, decode_json_body(route, raw.encode()))
+
+
+def invalid_raw(route_name: str, raw: str) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        body_of(route_name, raw)
+    return caught.value
+
+
+def test_integers_at_the_ends_of_the_64_bit_range_pass():
+    assert (MIN_INTEGER, MAX_INTEGER) == (-(2**63), 2**63 - 1)
+    metadata = body_of("create_session", '{"agent": "a", "metadata": {"max": 9223372036854775807, '
+                                         '"min": -9223372036854775808, "zero": 0, "flag": true}}')["metadata"]
+    assert metadata == {"max": MAX_INTEGER, "min": MIN_INTEGER, "zero": 0, "flag": True}
+
+
+@pytest.mark.parametrize("text", ["9223372036854775808", "-9223372036854775809", "18446744073709551616",
+                                  "123456789012345678901", "-" + "9" * 30, "9" * 5000])
+def test_integers_outside_the_64_bit_range_are_named_at_any_depth(text):
+    error = invalid_raw("task_complete", '{"result": {"rows": [1, {"n": %s}]}}' % text)
+    assert error.field == "result.rows[1].n"
+    assert error.message.startswith("integer out of range: must be from -9223372036854775808 to 9223372036854775807")
+    assert len(str(error)) < 200  # a 5000-digit value is not echoed whole
+
+
+def test_an_integer_field_out_of_range_is_named_before_its_bounds_are_checked():
+    assert invalid_raw("worker_poll", '{"worker_id": "w", "agents": ["a"], "max_tasks": %s}' % ("1" * 5000)).field \
+        == "max_tasks"
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    ('{"text": "\\ud800"}', "text"),
+    ('{"text": "ok \\udc00 then more"}', "text"),
+    ('{"text": "hi", "message_id": "\\udbff"}', "message_id"),
+])
+def test_a_lone_surrogate_in_a_string_is_named(raw, field):
+    error = invalid_raw("send_message", raw)
+    assert error.field == field and "must be valid Unicode text" in error.message
+    str(error).encode("utf-8")  # the error itself can be sent
+
+
+def test_a_lone_surrogate_in_a_key_or_an_array_is_named_and_escaped():
+    key = invalid_raw("create_session", '{"agent": "a", "metadata": {"ok": {"\\ud800x": 1}}}')
+    assert key.field == "metadata.ok.\\ud800x" and key.message.startswith("key must be valid Unicode text")
+    item = invalid_raw("answer_question", '{"answer": ["fine", "\\udfff"]}')
+    assert item.field == "answer[1]"
+    unknown = invalid_raw("create_session", '{"agent": "a", "\\ud800": 1}')
+    assert unknown.field == "\\ud800" and "unknown field" in unknown.message
+    for error in (key, item, unknown):
+        str(error).encode("utf-8")
+
+
+def test_a_surrogate_pair_is_just_a_character():
+    assert body_of("send_message", '{"text": "\\ud83d\\ude00"}')["text"] == "\U0001F600"
+
+
+@pytest.mark.parametrize(("agent", "problem"), [
+    ("", "must not be empty"), ("a\tb", "printable"), ("x" * 201, "at most 200 characters"),
+    ("\ud800", "valid Unicode text"),
+])
+def test_poll_agents_are_ids(agent, problem):
+    error = invalid("worker_poll", {"worker_id": "w", "agents": ["fine", agent]})
+    assert error.field == "agents[1]" and problem in error.message
 
 
 # ---------------------------------------------------------------- decoding the raw body
