@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -25,7 +25,7 @@ from urllib.parse import quote, urlsplit
 from dex_ha import cli_cluster
 from dex_ha.client import Connection, DexError, DexUnavailable
 from dex_ha.server.auth import TokenAuth
-from dex_ha.server.config import ConfigError, dev_config, load_config, tokens_from_env
+from dex_ha.server.config import ConfigError, dev_config, dev_overrides_from_env, load_config, tokens_from_env
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -190,8 +190,9 @@ def cmd_dev(args: argparse.Namespace) -> int:
     # No authentication unless tokens are configured (DESIGN §7): DEX_HA_TOKENS_* set them.
     tokens = {role: tuple(values) for role, values in tokens_from_env(os.environ).items()}
     try:
-        config = dev_config(Path(args.data_dir), args.port, host=args.host, tokens=tokens,
-                            durability="relaxed" if args.relaxed else "strict")
+        config = replace(dev_config(Path(args.data_dir), args.port, host=args.host, tokens=tokens,
+                                    durability="relaxed" if args.relaxed else "strict"),
+                         **dev_overrides_from_env(os.environ))
         config.check()
         TokenAuth(config.tokens)  # refuses short, duplicated or unknown-role tokens, naming them
     except (ConfigError, ValueError) as exc:

@@ -219,6 +219,21 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     return raw
 
 
+# What `dex-ha dev` takes from DEX_HA_* (its other keys are fixed: one voter on loopback).
+DEV_ENV_KEYS = ("probe_listen", "heartbeat_timeout_ms", "drain_timeout_ms", "max_inflight_requests",
+                "http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms",
+                "http_max_connections")
+
+
+def dev_overrides_from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """The settings of DEV_ENV_KEYS that DEX_HA_* variables give, parsed (ConfigError naming
+    the variable otherwise), for `replace(dev_config(...), **overrides)`."""
+    raw = {k: v for k, v in _apply_env({}, env).items() if k in DEV_ENV_KEYS}
+    if "probe_listen" in raw:
+        raw["probe_listen"] = parse_address(raw["probe_listen"], "DEX_HA_PROBE_LISTEN")
+    return raw
+
+
 def tokens_from_env(env: Mapping[str, str]) -> dict[str, list[str]]:
     """The tokens given by DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated)."""
     tokens = {}

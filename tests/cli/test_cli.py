@@ -345,3 +345,9 @@ def test_dev_refuses_a_short_token_naming_its_role(tmp_path: Path) -> None:
     done = run_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", "0",
                    env=clean_env(DEX_HA_TOKENS_CLIENT="short"))
     assert done.returncode == 2 and "client" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_dev_refuses_a_bound_of_zero_requests_naming_the_setting(tmp_path: Path) -> None:
+    done = run_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", "0",
+                   env=clean_env(DEX_HA_MAX_INFLIGHT_REQUESTS="0"))
+    assert done.returncode == 2 and "max_inflight_requests" in done.stderr and "Traceback" not in done.stderr

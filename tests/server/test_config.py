@@ -76,3 +76,20 @@ def test_the_node_hands_the_margin_to_raft(tmp_path: Path) -> None:
     config = load_config(_config_file(tmp_path), env={}, insecure=True)
     raft = NodeServer._raft_config(SimpleNamespace(config=config))  # type: ignore[arg-type]
     assert (raft.election_timeout_min_ms, raft.lease_drift_margin_ms) == (600, 80)
+
+
+def test_dev_takes_its_tunable_settings_from_the_environment_and_nothing_else():
+    from dex_ha.server.config import dev_overrides_from_env
+
+    overrides = dev_overrides_from_env({"DEX_HA_MAX_INFLIGHT_REQUESTS": "64", "DEX_HA_PROBE_LISTEN": "127.0.0.1:9999",
+                                        "DEX_HA_NODE_ID": "not-for-dev", "DEX_HA_ELECTION_TIMEOUT_MIN_MS": "5"})
+    assert overrides == {"max_inflight_requests": 64, "probe_listen": ("127.0.0.1", 9999)}
+
+
+@pytest.mark.parametrize("env, named", [({"DEX_HA_MAX_INFLIGHT_REQUESTS": "many"}, "DEX_HA_MAX_INFLIGHT_REQUESTS"),
+                                        ({"DEX_HA_PROBE_LISTEN": "nowhere"}, "DEX_HA_PROBE_LISTEN")])
+def test_dev_refuses_a_bad_setting_from_the_environment_naming_it(env, named):
+    from dex_ha.server.config import dev_overrides_from_env
+
+    with pytest.raises(ConfigError, match=named):
+        dev_overrides_from_env(env)
