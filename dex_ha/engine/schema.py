@@ -161,7 +161,7 @@ CREATE TABLE IF NOT EXISTS timers (
     session_id TEXT NOT NULL,
     turn_id    TEXT NOT NULL,
     step_id    TEXT NOT NULL,
-    purpose    TEXT NOT NULL,           -- backoff | sleep | poll
+    purpose    TEXT NOT NULL,           -- backoff | sleep | poll | retry_window
     due_at     INTEGER NOT NULL,
     status     TEXT NOT NULL,           -- pending | fired | cancelled
     fired_at   INTEGER
