@@ -180,7 +180,8 @@ RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] 
 
 def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled:
     step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
-    steps.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable)
+    steps.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable,
+                       not_started=cmd.not_started)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 

@@ -15,8 +15,8 @@ from typing import Any
 from dex_ha.engine import calls, turns
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED, NOT_STARTED, RUN_MODEL, OnExhaustion, idempotency_key, retry_decision, retry_window_end,
-    spec_of, tool_outcome_on_exhaustion, window_closed,
+    NOT_COMPLETED, NOT_STARTED, RUN_MODEL, OnExhaustion, idempotency_key, not_run_error, retry_decision,
+    retry_window_end, spec_of, tool_outcome_on_exhaustion, window_closed,
 )
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.store import FENCED_TERM, to_json
@@ -126,14 +126,19 @@ def record_completion(ctx: ApplyContext, step: sqlite3.Row, number: int, digest:
     return True
 
 
-def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool) -> None:
-    """The attempt failed NOT_COMPLETED; the step retries after a backoff or is exhausted."""
+def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *,
+                 not_started: bool = False) -> None:
+    """The attempt failed, NOT_COMPLETED unless its Worker reports it never called the tool
+    (`not_started`); the step retries after a backoff or is exhausted."""
+    progress = NOT_STARTED if not_started else NOT_COMPLETED
     ctx.store.update("attempts", {"step_id": step["step_id"], "number": number}, status="failed",
-                     ended_at=ctx.at, error=error, attempt_progress=NOT_COMPLETED)
+                     ended_at=ctx.at, error=error, attempt_progress=progress)
     ctx.emit(step["session_id"], "attempt_failed", step_id=step["step_id"], kind=step["kind"],
-             attempt=number, error=error, attempt_progress=NOT_COMPLETED, call_id=step["call_id"])
-    if step["status"] != "running":  # cancelled: nothing more to decide
+             attempt=number, error=error, attempt_progress=progress, call_id=step["call_id"])
+    if step["status"] != "running":  # cancelled: the call's outcome is recorded already
         return
+    if not_started and step["call_id"] is not None:
+        _recheck_call_ran(ctx, step)
     decision = retry_decision(step["kind"], max_attempts=step["max_attempts"],
                               attempts_used=step["attempts_used"], retryable=retryable,
                               first_handout_at=step["first_handout_at"], at=ctx.at)
@@ -143,6 +148,21 @@ def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, 
         _watch_retry_window(ctx, step)
     else:
         exhaust(ctx, step, f"{error} ({decision.why_not})")
+
+
+def _recheck_call_ran(ctx: ApplyContext, step: sqlite3.Row) -> None:
+    """After a not-started report: the call's tool counts as not run only if NO attempt of
+    ANY step of the call may have run. The hand-out marked the call as run (conservative);
+    one report speaks for its own attempt only, so an earlier attempt that may have run (a
+    Worker that died mid-tool, a tool that asked a question) keeps the call NOT_COMPLETED:
+    a Worker cannot make a write that ran "safe to call again" through a later attempt."""
+    may_have_run = ctx.store.scalar(
+        "SELECT 1 FROM attempts a JOIN steps s ON s.step_id = a.step_id "
+        "WHERE s.session_id = ? AND s.call_id = ? "
+        "AND NOT (a.status = 'failed' AND a.attempt_progress = ?) LIMIT 1",
+        (step["session_id"], step["call_id"], NOT_STARTED))
+    if not may_have_run:
+        ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=0)
 
 
 def _retry_window_over(ctx: ApplyContext, step: sqlite3.Row) -> bool:
@@ -181,7 +201,9 @@ def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> None:
         call = ctx.store.call(step["session_id"], step["call_id"])
         progress = NOT_COMPLETED if call["ran"] else NOT_STARTED
         status = tool_outcome_on_exhaustion(call["effect"], progress)
-        if status == "outcome_unknown":
+        if progress == NOT_STARTED:
+            error = not_run_error(error)
+        elif status == "outcome_unknown":
             error = f"the outcome is unknown: the tool may have run and will not run again ({error})"
         calls.finish_call(ctx, call, status, error=error, progress=progress)
 
