@@ -1,0 +1,105 @@
+"""The history a model sees: model APIs refuse an input where anything stands between an
+assistant message's tool calls and their results. A reconcile note that arrives while a
+model response's calls are still running must wait until their results are in.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from dex_ha.engine import Engine
+from dex_ha.engine.schema import SCHEMA_VERSION
+from tests.engine.driver import Driver
+from tests.engine.test_properties import calls_split_from_results
+
+
+@pytest.fixture
+def d(tmp_path):
+    driver = Driver(str(tmp_path / "engine.db"))
+    yield driver
+    driver.engine.close()
+
+
+def lost_write_then_a_running_call(d: Driver) -> str:
+    """Round 1: a write whose Worker died (outcome_unknown). Round 2 of the same turn: a
+    read that is still running. Returns the read's step."""
+    d.register()
+    d.create()
+    d.send("pay and check")
+    d.run_model("paying", [("pay", "send_email", {"to": "a@b"})])
+    d.worker_kill(d.hand_out("CallSingleAttemptTool"))
+    assert d.call("pay")["status"] == "outcome_unknown"
+    d.run_model("checking", [("check", "lookup", {"q": "x"})])
+    return d.hand_out("CallTool")
+
+
+def model_input(d: Driver) -> list[dict]:
+    return d.engine.task_for(d.next_step("RunModel")).input["history"]
+
+
+def test_reconcile_during_a_running_call_waits_for_its_result(d: Driver) -> None:
+    check = lost_write_then_a_running_call(d)
+    assert d.reconcile("pay", "succeeded", result={"sent": True}).ok
+    assert d.complete(check, {"status": "ok", "output": "found"}).ok
+    history = model_input(d)
+    assert calls_split_from_results(history) is None, history
+    assert [h["type"] for h in history[-3:]] == ["assistant", "tool_result", "note"]
+    assert "reconciled" in history[-1]["text"] and "pay" in history[-1]["text"]
+
+
+def test_reconcile_between_model_rounds_is_noted_at_once(d: Driver) -> None:
+    """No call is running: nothing to split, the note goes into the history right away."""
+    d.register()
+    d.create()
+    d.send("pay")
+    d.run_model("paying", [("pay", "send_email", {"to": "a@b"})])
+    d.worker_kill(d.hand_out("CallSingleAttemptTool"))
+    assert d.reconcile("pay", "failed", error="bounced").ok
+    history = model_input(d)
+    assert [h["type"] for h in history[-3:]] == ["assistant", "tool_result", "note"]
+    assert "bounced" in history[-1]["text"]
+
+
+def test_a_held_note_is_delivered_when_the_turn_is_cancelled(d: Driver) -> None:
+    lost_write_then_a_running_call(d)
+    assert d.reconcile("pay", "succeeded").ok
+    d.cancel()
+    history = d.snap()["history"]
+    assert calls_split_from_results(history) is None, history
+    assert history[-1]["type"] == "note" and "reconciled" in history[-1]["text"]
+    assert d.call("check")["status"] == "failed"  # the cancel gave the running read its result
+
+
+def test_repeating_a_reconcile_holds_no_second_note(d: Driver) -> None:
+    check = lost_write_then_a_running_call(d)
+    assert d.reconcile("pay", "succeeded").ok
+    assert d.reconcile("pay", "succeeded").noop
+    assert d.complete(check, {"status": "ok", "output": "found"}).ok
+    notes = [h for h in model_input(d) if h["type"] == "note"]
+    assert len(notes) == 1
+
+
+def test_a_schema_2_data_dir_and_snapshot_are_migrated(tmp_path) -> None:
+    """Schema 3 adds the held_notes table: a data dir or snapshot of schema 2 opens, and a
+    reconcile during a running call then holds its note as on a new store."""
+    old = tmp_path / "old.db"
+    d = Driver(str(old))
+    check = lost_write_then_a_running_call(d)
+    index = d.engine.applied_index()
+    d.engine.close()
+    conn = sqlite3.connect(old)
+    conn.executescript("DROP TABLE held_notes; PRAGMA user_version=2;")
+    snapshot = old.read_bytes()
+    conn.close()
+
+    restored = Engine(str(tmp_path / "restored.db"), durable=False)
+    restored.restore(snapshot, index)
+    assert restored._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    restored.close()
+    d.engine = Engine(str(old), durable=False)  # the data dir itself, reopened
+    assert d.engine._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert d.reconcile("pay", "succeeded").ok
+    assert d.complete(check, {"status": "ok", "output": "found"}).ok
+    assert calls_split_from_results(model_input(d)) is None
