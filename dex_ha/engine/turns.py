@@ -78,7 +78,8 @@ def _compaction_cutoff(ctx: ApplyContext, session: Any, turn_id: str,
     """(seq, cumulative tokens) to summarise up to, or None when no compaction is due.
 
     Everything before the current turn's user message is summarised; when that is already
-    summarised, everything but the latest item. The model always sees the latest item.
+    summarised, everything but the latest item. The model always sees the latest item, and
+    a cut never separates tool results from the assistant message that made the calls.
     """
     visible_items = session["history_count"] - session["summary_upto_seq"]
     visible_tokens = session["history_tokens"] - session["summary_upto_tokens"]
@@ -90,11 +91,25 @@ def _compaction_cutoff(ctx: ApplyContext, session: Any, turn_id: str,
     cutoff = turn_start - 1
     if cutoff <= session["summary_upto_seq"]:
         cutoff = session["history_count"] - 1
+    cutoff = _before_results(ctx, session, cutoff)
     if cutoff <= session["summary_upto_seq"]:
         return None
     tokens_after = ctx.store.scalar("SELECT COALESCE(SUM(tokens), 0) FROM history "
                                     "WHERE session_id = ? AND seq > ?", (session["session_id"], cutoff))
     return cutoff, session["history_tokens"] - tokens_after
+
+
+def _before_results(ctx: ApplyContext, session: Any, cutoff: int) -> int:
+    """`cutoff`, moved back while the item after it is a tool result, so the summary ends
+    before the assistant message whose calls those results answer (a model input that
+    starts with a result, its call summarised away, is one model APIs refuse)."""
+    results = {row[0] for row in ctx.store.rows(
+        "SELECT seq FROM history WHERE session_id = ? AND seq > ? AND seq <= ? "
+        "AND json_extract(item, '$.type') = 'tool_result'",
+        (session["session_id"], session["summary_upto_seq"], cutoff + 1))}
+    while cutoff > session["summary_upto_seq"] and cutoff + 1 in results:
+        cutoff -= 1
+    return cutoff
 
 
 def record_summary(ctx: ApplyContext, step: Any, result: dict[str, Any]) -> None:

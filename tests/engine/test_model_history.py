@@ -81,6 +81,23 @@ def test_repeating_a_reconcile_holds_no_second_note(d: Driver) -> None:
     assert len(notes) == 1
 
 
+def test_compaction_never_summarises_a_call_without_its_results(d: Driver) -> None:
+    """Found by the property test: with the turn's user message already summarised, the
+    summary covered everything but the latest item, and the model's input began with a
+    tool result whose call had been summarised away."""
+    d.register(compaction={"max_items": 2})
+    d.create()
+    d.send("go")
+    d.run_model("two lookups", [("c1", "lookup", {}), ("c2", "lookup", {})])
+    for call_id in ("c1", "c2"):
+        assert d.complete(d.hand_out(call_id=call_id), {"status": "ok", "output": call_id}).ok
+    compact = d.hand_out("CompactContext")
+    assert d.complete(compact, {"summary": "the user said go"}).ok
+    history = model_input(d)
+    assert calls_split_from_results(history) is None, history
+    assert [h["type"] for h in history] == ["assistant", "tool_result", "tool_result"]
+
+
 def test_a_schema_2_data_dir_and_snapshot_are_migrated(tmp_path) -> None:
     """Schema 3 adds the held_notes table: a data dir or snapshot of schema 2 opens, and a
     reconcile during a running call then holds its note as on a new store."""
