@@ -8,6 +8,8 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dex_ha.engine import Engine
 from dex_ha.engine.schema import SCHEMA_VERSION
@@ -120,3 +122,49 @@ def test_a_schema_2_data_dir_and_snapshot_are_migrated(tmp_path) -> None:
     assert d.reconcile("pay", "succeeded").ok
     assert d.complete(check, {"status": "ok", "output": "found"}).ok
     assert calls_split_from_results(model_input(d)) is None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_every_model_input_keeps_calls_next_to_their_results(data) -> None:
+    """Random turns of one session, with tool rounds, lost writes and reconciles at any
+    point: every model input keeps each assistant's tool calls next to their results."""
+    d = Driver(":memory:")
+    d.register(compaction={"max_items": data.draw(st.sampled_from([3, 6, 100]))})
+    d.create()
+    d.send("start")
+    for _ in range(data.draw(st.integers(min_value=1, max_value=40))):
+        action = data.draw(st.sampled_from(["model", "tool_ok", "tool_ok", "tool_lost", "reconcile", "send",
+                                            "compact"]))
+        random_action(d, data, action)
+        for step in d.queued():
+            if step.kind == "RunModel":
+                history = d.engine.task_for(step.step_id).input["history"]
+                assert calls_split_from_results(history) is None, history
+    d.engine.close()
+
+
+def random_action(d: Driver, data, action: str) -> None:
+    queued = {s.step_id: s for s in d.queued()}
+    tool_steps = [s for s in queued.values() if s.call_id is not None]
+    if action == "model" and any(s.kind == "RunModel" for s in queued.values()):
+        count = data.draw(st.integers(min_value=0, max_value=3))
+        names = [data.draw(st.sampled_from(["send_email", "lookup"])) for _ in range(count)]
+        d.run_model("m", [(f"c{d.index}-{i}", name, {}) for i, name in enumerate(names)])
+    elif action in ("tool_ok", "tool_lost") and tool_steps:
+        step = data.draw(st.sampled_from(tool_steps))
+        d.hand_out(call_id=step.call_id)
+        if action == "tool_ok":
+            assert d.complete(step.step_id, {"status": "ok", "output": 1}).ok
+        else:
+            d.worker_kill(step.step_id)
+    elif action == "reconcile":
+        unknown = [c["call_id"] for c in d.snap()["tool_calls"] if c["status"] == "outcome_unknown"]
+        if unknown:
+            assert d.reconcile(data.draw(st.sampled_from(unknown)), "succeeded").ok
+    elif action == "send":
+        d.send(f"more {d.index}")
+    elif action == "compact" and any(s.kind == "CompactContext" for s in queued.values()):
+        assert d.complete(d.hand_out("CompactContext"), {"summary": "S"}).ok
+    d.tick(1_000)
+    d.fire_due()  # backoffs of lost idempotent calls
