@@ -47,7 +47,9 @@ class SessionEvent:
     ``at`` (the leader's wall clock, ms). Live ``delta`` events (model output while a
     step runs) have id None, are never replayed, and carry ``step_id`` and ``attempt``
     so that a client can drop the deltas of an attempt that failed; their ``data`` is
-    what the Worker sent.
+    what the Worker sent. Committed events about one attempt (``attempt_started``,
+    ``attempt_failed``) carry ``step_id`` and ``attempt`` too (also in ``data``), so
+    they can be matched with the deltas: see :class:`~dex_ha.client.StreamText`.
     """
 
     id: str | None
@@ -349,11 +351,15 @@ def _decode_event(raw: RawEvent) -> SessionEvent | None:
             step_id=payload.get("step_id"),
             attempt=attempt if isinstance(attempt, int) else None,
         )
+    step_id, attempt = data.get("step_id"), data.get("attempt")
+    names_attempt = isinstance(step_id, str) and isinstance(attempt, int) and not isinstance(attempt, bool)
     return SessionEvent(
         id=raw.id,
         type=str(payload.get("type") or raw.event),
         data=data,
         at=at if isinstance(at, int) else None,
+        step_id=step_id if names_attempt else None,
+        attempt=attempt if names_attempt else None,
     )
 
 

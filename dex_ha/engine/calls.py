@@ -272,6 +272,7 @@ def _finish_response_if_done(ctx: ApplyContext, response_step_id: str, session_i
     if any(call["status"] == "pending" for call in response):
         return
     ctx.store.append_history(session_id, turn_id, [tool_result_item(call) for call in response], ctx.at)
+    turns.release_notes(ctx, session_id, turn_id)
     if ctx.store.scalar("SELECT status FROM turns WHERE turn_id = ?", (turn_id,)) == "running":
         turns.schedule_model_round(ctx, session_id, turn_id)
 
@@ -377,8 +378,7 @@ def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, re
                      reconciled_at=ctx.at)
     note = (f"Tool call {call_id} ({call['name']}), whose outcome was unknown, was reconciled "
             f"by an operator: {outcome}" + (f" ({error})" if outcome == "failed" else "") + ".")
-    session = ctx.store.session(session_id)
-    ctx.store.append_history(session_id, session["current_turn_id"], {"type": "note", "text": note}, ctx.at)
+    turns.add_note(ctx, session_id, note)
     ctx.emit(session_id, "tool_call_reconciled", call_id=call_id, outcome=outcome, result=result,
              error=error)
     return True

@@ -118,7 +118,13 @@ class CompleteAttempt:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FailAttempt:
-    """A Worker's failure report; `retryable=False` uses up every attempt left."""
+    """A Worker's failure report; `retryable=False` uses up every attempt left.
+
+    `not_started=True`: the Worker never called the tool function for this attempt (unknown
+    tool, arguments refused). The attempt records NOT_STARTED; the call counts as not run
+    only while no attempt of any of its steps may have run (see steps.fail_attempt).
+    Entries written before the field existed decode with False.
+    """
 
     at: int
     step_id: str
@@ -126,6 +132,7 @@ class FailAttempt:
     term: int
     error: str
     retryable: bool = True
+    not_started: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

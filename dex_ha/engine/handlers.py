@@ -103,17 +103,22 @@ def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
     """Each hand-out starts or is refused on its own; a refused one changes nothing."""
     if not cmd.handouts:
         raise Rejected("invalid", "handouts must not be empty")
-    started, refused = [], []
+    started, refused, expired = [], [], []
     fenced_term = ctx.store.meta(FENCED_TERM)
     for h in cmd.handouts:
         try:
-            started.append(steps.hand_out(ctx, h.step_id, h.worker_id, h.term, fenced_term, h.token_secret))
+            attempt = steps.hand_out(ctx, h.step_id, h.worker_id, h.term, fenced_term, h.token_secret)
         except Rejected as r:
             refused.append({"step_id": h.step_id, "code": r.code, "reason": r.reason})
-    if not started:
+            continue
+        if attempt is None:  # its retry window was over: the step failed instead
+            expired.append({"step_id": h.step_id})
+        else:
+            started.append(attempt)
+    if not started and not expired:
         first = refused[0]
         raise Rejected(first["code"], "no hand-out started: " + "; ".join(r["reason"] for r in refused))
-    return Handled({"started": started, "refused": refused})
+    return Handled({"started": started, "refused": refused, "expired": expired})
 
 
 def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
@@ -154,9 +159,12 @@ def _hand_out_next_steps(ctx: ApplyContext, step: Any, worker_id: str, term: int
         if row["session_id"] != step["session_id"]:
             break
         try:
-            started.append(steps.hand_out(ctx, row["step_id"], worker_id, term, fenced_term, token_secret))
+            attempt = steps.hand_out(ctx, row["step_id"], worker_id, term, fenced_term, token_secret)
         except Rejected:  # changed nothing; the step waits for a poll instead
             break
+        if attempt is None:  # its retry window was over: the step failed instead
+            break
+        started.append(attempt)
     return started
 
 
@@ -172,7 +180,8 @@ RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] 
 
 def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled:
     step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
-    steps.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable)
+    steps.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable,
+                       not_started=cmd.not_started)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 

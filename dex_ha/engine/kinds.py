@@ -126,7 +126,11 @@ class RetryDecision:
 
 def retry_decision(kind: str, *, max_attempts: int, attempts_used: int, retryable: bool,
                    first_handout_at: int, at: int) -> RetryDecision:
-    """Whether a step whose latest attempt just failed at `at` runs again, and when."""
+    """Whether a step whose latest attempt just failed at `at` runs again, and when.
+
+    This decides only whether a retry is worth queueing. A queued retry may still wait
+    for a Worker past the window: the hand-out and the `retry_window` timer check
+    `retry_window_end` again (steps.py), so no retry ever starts after it."""
     spec = STEP_KINDS[kind]
     if not retryable:
         return RetryDecision(False, why_not="the failure is not retryable")
@@ -134,10 +138,23 @@ def retry_decision(kind: str, *, max_attempts: int, attempts_used: int, retryabl
         return RetryDecision(False, why_not=f"all {max_attempts} attempts used")
     # A tool policy may allow many attempts: the exponent is capped before it grows huge.
     delay = min(MAX_DURATION_MS, spec.backoff_initial_ms * spec.backoff_factor ** min(attempts_used - 1, 64))
-    if spec.retry_window_ms is not None and at + delay > first_handout_at + spec.retry_window_ms:
-        minutes = spec.retry_window_ms // _MINUTE
-        return RetryDecision(False, why_not=f"no attempt left within {minutes} min of the first")
+    end = retry_window_end(kind, first_handout_at)
+    if end is not None and at + delay > end:
+        return RetryDecision(False, why_not=window_closed(kind))
     return RetryDecision(True, delay_ms=delay)
+
+
+def retry_window_end(kind: str, first_handout_at: int | None) -> int | None:
+    """The last moment (ms) a retry of a step of `kind` may start; None: no window."""
+    window = STEP_KINDS[kind].retry_window_ms
+    if window is None or first_handout_at is None:
+        return None
+    return first_handout_at + window
+
+
+def window_closed(kind: str) -> str:
+    """Why a step of `kind` runs no more once its retry window is over."""
+    return f"no attempt left within {STEP_KINDS[kind].retry_window_ms // _MINUTE} min of the first"
 
 
 def tool_outcome_on_exhaustion(effect: str, progress: str) -> str:

@@ -58,7 +58,7 @@ class Timer:
     due_at: int
     session_id: str
     step_id: str
-    purpose: str  # backoff | sleep | poll
+    purpose: str  # backoff | sleep | poll | retry_window
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,16 +5,30 @@ ids. Partial indexes keep the leader's hot queries (queued steps per agent, runn
 attempts, the earliest timer) proportional to live work, not to history.
 """
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+# Schema 3: history items (notes) that wait for a model response's tool results. A note may
+# not stand between an assistant message's tool calls and their results (model APIs refuse
+# such an input), so one that comes while calls are running is held here, and goes into the
+# history right after those results (see turns.add_note).
+HELD_NOTES = """
+CREATE TABLE IF NOT EXISTS held_notes (
+    session_id TEXT NOT NULL,
+    position   INTEGER NOT NULL,        -- IdGen.queue_position(): log order
+    item       TEXT NOT NULL,           -- JSON history item
+    PRIMARY KEY (session_id, position)
+) WITHOUT ROWID;
+"""
 
 # How a database (or a snapshot) of an older schema becomes the current one: the statements
 # that take version v to v + 1. New columns go last, so a migrated table has the same
 # columns in the same order as a new one (equal states give equal dumps and snapshots).
 MIGRATIONS: dict[int, str] = {
     1: "ALTER TABLE attempts ADD COLUMN token_secret TEXT;",
+    2: HELD_NOTES,
 }
 
-SCHEMA = """
+SCHEMA = HELD_NOTES + """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -161,7 +175,7 @@ CREATE TABLE IF NOT EXISTS timers (
     session_id TEXT NOT NULL,
     turn_id    TEXT NOT NULL,
     step_id    TEXT NOT NULL,
-    purpose    TEXT NOT NULL,           -- backoff | sleep | poll
+    purpose    TEXT NOT NULL,           -- backoff | sleep | poll | retry_window
     due_at     INTEGER NOT NULL,
     status     TEXT NOT NULL,           -- pending | fired | cancelled
     fired_at   INTEGER

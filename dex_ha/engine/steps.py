@@ -15,13 +15,16 @@ from typing import Any
 from dex_ha.engine import calls, turns
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED, NOT_STARTED, RUN_MODEL, OnExhaustion, idempotency_key, retry_decision, spec_of,
-    tool_outcome_on_exhaustion,
+    NOT_COMPLETED, NOT_STARTED, RUN_MODEL, OnExhaustion, idempotency_key, not_run_error, retry_decision,
+    retry_window_end, spec_of, tool_outcome_on_exhaustion, window_closed,
 )
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.store import FENCED_TERM, to_json
 
 OPEN_STEP_STATUSES = ("queued", "running", "backoff", "waiting")
+# Timer purposes: backoff (requeue for a retry), sleep, poll, and RETRY_WINDOW (the end of
+# a kind's retry window while a retry waits for a Worker).
+RETRY_WINDOW = "retry_window"
 
 
 def create_step(ctx: ApplyContext, *, session_id: str, turn_id: str, agent: str, kind: str,
@@ -53,10 +56,14 @@ def end_wait_step(ctx: ApplyContext, step_id: str) -> None:
 
 
 def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int,
-             token_secret: str | None) -> dict[str, Any]:
+             token_secret: str | None) -> dict[str, Any] | None:
     """Start the next attempt of a queued step, for `worker_id`, with the leader's random
     `token_secret` for its task token. Raises Rejected, having changed nothing, when it
-    cannot start (every check comes before the first write)."""
+    cannot start (every check comes before the first write).
+
+    A retry whose window is over (the step waited for a Worker too long) does not start:
+    the step is exhausted instead, and None is returned. That is a change of state, so the
+    command is accepted and the leader, seeing the step gone from the queue, moves on."""
     step = ctx.store.step(step_id)
     if step is None:
         raise Rejected("not_found", f"unknown step {step_id}")
@@ -65,6 +72,11 @@ def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_
     if term < fenced_term:
         raise Rejected("stale_attempt", f"term {term} ended: attempts of terms before {fenced_term} were failed")
     number = step["attempts_used"] + 1
+    if number > 1:
+        if _retry_window_over(ctx, step):
+            exhaust(ctx, step, f"attempt {number} was not handed out in time ({window_closed(step['kind'])})")
+            return None
+        _cancel_timers(ctx, step, purpose=RETRY_WINDOW)  # the retry starts in time
     deadline = ctx.at + step["start_to_close_ms"] if step["start_to_close_ms"] else None
     key = idempotency_key(step["session_id"], step["call_id"]) if step["call_id"] is not None else None
     ctx.store.insert("attempts", step_id=step_id, number=number, term=term, worker_id=worker_id,
@@ -114,27 +126,74 @@ def record_completion(ctx: ApplyContext, step: sqlite3.Row, number: int, digest:
     return True
 
 
-def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool) -> None:
-    """The attempt failed NOT_COMPLETED; the step retries after a backoff or is exhausted."""
+def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *,
+                 not_started: bool = False) -> None:
+    """The attempt failed, NOT_COMPLETED unless its Worker reports it never called the tool
+    (`not_started`); the step retries after a backoff or is exhausted."""
+    progress = NOT_STARTED if not_started else NOT_COMPLETED
     ctx.store.update("attempts", {"step_id": step["step_id"], "number": number}, status="failed",
-                     ended_at=ctx.at, error=error, attempt_progress=NOT_COMPLETED)
+                     ended_at=ctx.at, error=error, attempt_progress=progress)
     ctx.emit(step["session_id"], "attempt_failed", step_id=step["step_id"], kind=step["kind"],
-             attempt=number, error=error, attempt_progress=NOT_COMPLETED, call_id=step["call_id"])
-    if step["status"] != "running":  # cancelled: nothing more to decide
+             attempt=number, error=error, attempt_progress=progress, call_id=step["call_id"])
+    if step["status"] != "running":  # cancelled: the call's outcome is recorded already
         return
+    if not_started and step["call_id"] is not None:
+        _recheck_call_ran(ctx, step)
     decision = retry_decision(step["kind"], max_attempts=step["max_attempts"],
                               attempts_used=step["attempts_used"], retryable=retryable,
                               first_handout_at=step["first_handout_at"], at=ctx.at)
     if decision.retry:
         ctx.store.update("steps", {"step_id": step["step_id"]}, status="backoff")
         set_timer(ctx, step, "backoff", ctx.at + decision.delay_ms)
+        _watch_retry_window(ctx, step)
     else:
         exhaust(ctx, step, f"{error} ({decision.why_not})")
 
 
+def _recheck_call_ran(ctx: ApplyContext, step: sqlite3.Row) -> None:
+    """After a not-started report: the call's tool counts as not run only if NO attempt of
+    ANY step of the call may have run. The hand-out marked the call as run (conservative);
+    one report speaks for its own attempt only, so an earlier attempt that may have run (a
+    Worker that died mid-tool, a tool that asked a question) keeps the call NOT_COMPLETED:
+    a Worker cannot make a write that ran "safe to call again" through a later attempt."""
+    may_have_run = ctx.store.scalar(
+        "SELECT 1 FROM attempts a JOIN steps s ON s.step_id = a.step_id "
+        "WHERE s.session_id = ? AND s.call_id = ? "
+        "AND NOT (a.status = 'failed' AND a.attempt_progress = ?) LIMIT 1",
+        (step["session_id"], step["call_id"], NOT_STARTED))
+    if not may_have_run:
+        ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=0)
+
+
+def _retry_window_over(ctx: ApplyContext, step: sqlite3.Row) -> bool:
+    end = retry_window_end(step["kind"], step["first_handout_at"])
+    return end is not None and ctx.at > end
+
+
+def _watch_retry_window(ctx: ApplyContext, step: sqlite3.Row) -> None:
+    """A retry is on its way: if no Worker takes it before the window ends, a timer fails
+    the step then (the turn must not wait for a poll that may come hours later). The
+    hand-out of the retry cancels the timer."""
+    end = retry_window_end(step["kind"], step["first_handout_at"])
+    if end is not None:
+        set_timer(ctx, step, RETRY_WINDOW, end + 1)  # a hand-out at `end` itself is still in time
+
+
+def _cancel_timers(ctx: ApplyContext, step: sqlite3.Row, purpose: str | None = None) -> None:
+    """Cancel the step's pending timers (of one purpose, or all). The session is in the
+    condition so the lookup uses the index of pending timers by session."""
+    sql = "UPDATE timers SET status = 'cancelled' WHERE session_id = ? AND step_id = ? AND status = 'pending'"
+    params: tuple[Any, ...] = (step["session_id"], step["step_id"])
+    if purpose is not None:
+        sql, params = sql + " AND purpose = ?", (*params, purpose)
+    ctx.store.conn.execute(sql, params)
+
+
 def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> None:
     """The step can run no more: follow its kind's `on_exhaustion` (DESIGN.md §4)."""
-    ctx.store.update("steps", {"step_id": step["step_id"]}, status="failed", ended_at=ctx.at, error=error)
+    ctx.store.update("steps", {"step_id": step["step_id"]}, status="failed", ended_at=ctx.at, error=error,
+                     queue_seq=None)
+    _cancel_timers(ctx, step)  # a backoff or window timer must not wake a failed step
     rule = spec_of(step["kind"]).on_exhaustion
     if rule is OnExhaustion.FAIL_TURN:
         turns.fail_turn(ctx, step["session_id"], step["turn_id"], f"{step['kind']} failed: {error}")
@@ -142,7 +201,9 @@ def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> None:
         call = ctx.store.call(step["session_id"], step["call_id"])
         progress = NOT_COMPLETED if call["ran"] else NOT_STARTED
         status = tool_outcome_on_exhaustion(call["effect"], progress)
-        if status == "outcome_unknown":
+        if progress == NOT_STARTED:
+            error = not_run_error(error)
+        elif status == "outcome_unknown":
             error = f"the outcome is unknown: the tool may have run and will not run again ({error})"
         calls.finish_call(ctx, call, status, error=error, progress=progress)
 
@@ -181,6 +242,12 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> None:
     ctx.emit(timer["session_id"], "timer_fired", timer_id=timer["timer_id"], step_id=timer["step_id"],
              purpose=timer["purpose"])
     step = ctx.store.step(timer["step_id"])
+    if timer["purpose"] == RETRY_WINDOW:
+        # Only pending while the step waits for its retry (the hand-out cancels it).
+        if step["status"] in ("queued", "backoff"):
+            exhaust(ctx, step, f"attempt {step['attempts_used'] + 1} was not handed out in time "
+                               f"({window_closed(step['kind'])})")
+        return
     if timer["purpose"] == "backoff":
         ctx.store.update("steps", {"step_id": step["step_id"]}, status="queued",
                          queue_seq=ctx.ids.queue_position(), queued_at=ctx.at)

@@ -13,7 +13,7 @@ from dex_ha.engine import calls, steps
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import COMPACT_CONTEXT, RUN_MODEL
 from dex_ha.engine.results import Rejected
-from dex_ha.engine.store import from_json
+from dex_ha.engine.store import from_json, to_json
 
 
 def start_next_turn_if_idle(ctx: ApplyContext, session_id: str) -> None:
@@ -78,7 +78,8 @@ def _compaction_cutoff(ctx: ApplyContext, session: Any, turn_id: str,
     """(seq, cumulative tokens) to summarise up to, or None when no compaction is due.
 
     Everything before the current turn's user message is summarised; when that is already
-    summarised, everything but the latest item. The model always sees the latest item.
+    summarised, everything but the latest item. The model always sees the latest item, and
+    a cut never separates tool results from the assistant message that made the calls.
     """
     visible_items = session["history_count"] - session["summary_upto_seq"]
     visible_tokens = session["history_tokens"] - session["summary_upto_tokens"]
@@ -90,11 +91,25 @@ def _compaction_cutoff(ctx: ApplyContext, session: Any, turn_id: str,
     cutoff = turn_start - 1
     if cutoff <= session["summary_upto_seq"]:
         cutoff = session["history_count"] - 1
+    cutoff = _before_results(ctx, session, cutoff)
     if cutoff <= session["summary_upto_seq"]:
         return None
     tokens_after = ctx.store.scalar("SELECT COALESCE(SUM(tokens), 0) FROM history "
                                     "WHERE session_id = ? AND seq > ?", (session["session_id"], cutoff))
     return cutoff, session["history_tokens"] - tokens_after
+
+
+def _before_results(ctx: ApplyContext, session: Any, cutoff: int) -> int:
+    """`cutoff`, moved back while the item after it is a tool result, so the summary ends
+    before the assistant message whose calls those results answer (a model input that
+    starts with a result, its call summarised away, is one model APIs refuse)."""
+    results = {row[0] for row in ctx.store.rows(
+        "SELECT seq FROM history WHERE session_id = ? AND seq > ? AND seq <= ? "
+        "AND json_extract(item, '$.type') = 'tool_result'",
+        (session["session_id"], session["summary_upto_seq"], cutoff + 1))}
+    while cutoff > session["summary_upto_seq"] and cutoff + 1 in results:
+        cutoff -= 1
+    return cutoff
 
 
 def record_summary(ctx: ApplyContext, step: Any, result: dict[str, Any]) -> None:
@@ -111,6 +126,33 @@ def record_summary(ctx: ApplyContext, step: Any, result: dict[str, Any]) -> None
     schedule_model_round(ctx, step["session_id"], step["turn_id"])
 
 
+# ---------------------------------------------------------------- notes
+
+
+def add_note(ctx: ApplyContext, session_id: str, text: str) -> None:
+    """A note for the model. While a model response's tool calls run, the history ends with
+    that assistant message and its results come next: a note now would split them (model
+    APIs refuse that), so it is held and goes in right after the results (`release_notes`)."""
+    session = ctx.store.session(session_id)
+    turn_id = session["current_turn_id"]
+    note = {"type": "note", "text": text}
+    if turn_id is not None and ctx.store.scalar(
+            "SELECT 1 FROM tool_calls WHERE turn_id = ? AND status = 'pending' LIMIT 1", (turn_id,)):
+        ctx.store.insert("held_notes", session_id=session_id, position=ctx.ids.queue_position(),
+                         item=to_json(note))
+    else:
+        ctx.store.append_history(session_id, turn_id, note, ctx.at)
+
+
+def release_notes(ctx: ApplyContext, session_id: str, turn_id: str) -> None:
+    """Append the notes held while the calls ran, in the order they came (after the results)."""
+    held = ctx.store.rows("SELECT position, item FROM held_notes WHERE session_id = ? ORDER BY position",
+                          (session_id,))
+    if held:
+        ctx.store.append_history(session_id, turn_id, [from_json(row["item"]) for row in held], ctx.at)
+        ctx.store.conn.execute("DELETE FROM held_notes WHERE session_id = ?", (session_id,))
+
+
 # ---------------------------------------------------------------- endings
 
 
@@ -122,7 +164,7 @@ def fail_turn(ctx: ApplyContext, session_id: str, turn_id: str, error: str) -> N
         listed = "; ".join(f"{c['name']} (call {c['call_id']}): {c['status']}" for c in ran)
         text = (f"The previous turn failed ({error}). These tool calls already ran in it, so do not "
                 f"repeat them: {listed}.")
-        ctx.store.append_history(session_id, turn_id, {"type": "note", "text": text}, ctx.at)
+        add_note(ctx, session_id, text)
     end_turn(ctx, session_id, turn_id, "failed", error)
 
 
@@ -136,6 +178,7 @@ def cancel_turn(ctx: ApplyContext, session_id: str, turn_id: str, reason: str | 
 
 
 def end_turn(ctx: ApplyContext, session_id: str, turn_id: str, status: str, error: str | None = None) -> None:
+    release_notes(ctx, session_id, turn_id)  # none is left once the calls have their results; never held past a turn
     ctx.store.update("turns", {"turn_id": turn_id}, status=status, ended_at=ctx.at, error=error)
     ctx.store.update("sessions", {"session_id": session_id}, status="idle", current_turn_id=None,
                      updated_at=ctx.at)

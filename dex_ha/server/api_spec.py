@@ -340,6 +340,12 @@ _WORKER = (
                FieldSpec("retryable", "boolean", default=True,
                          description="false: do not try this step again "
                                      "(the rows of DESIGN.md §4 decide the outcome)."),
+               FieldSpec("not_started", "boolean", default=False,
+                         description="true: the Worker never called the tool function in this attempt "
+                                     "(unknown tool, arguments refused). If no attempt of the call could "
+                                     "have run, the call records failed with NOT_STARTED and an error that "
+                                     "begins \"the tool did not run, so it is safe to call again\"; "
+                                     "otherwise it changes nothing about the call's outcome."),
            )),
 )
 

@@ -503,7 +503,8 @@ async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Ans
     token, _ = _attempt_of(api, args)
     step_id, attempt, term = token.step_id, token.attempt, token.term
     await api.propose(FailAttempt(at=wall_ms(), step_id=step_id, attempt=attempt, term=term,
-                                  error=args["error"], retryable=args["retryable"]))
+                                  error=args["error"], retryable=args["retryable"],
+                                  not_started=args["not_started"]))
     running = leader.running.get((step_id, attempt))
     kind = running.kind if running is not None else "unknown"
     leader.forget(step_id, attempt)

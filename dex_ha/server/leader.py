@@ -249,6 +249,10 @@ class LeaderTerm:
         try:
             result = await self._propose(StartAttempts(at=wall_ms(), handouts=handouts))
             started = {s["step_id"]: s for s in (result.value or {}).get("started", [])}
+            for expired in (result.value or {}).get("expired", []):
+                # Its retry window ended while it waited for a Worker: the engine failed it
+                # instead of starting it, so it left the queue and is not offered again.
+                log.info("step %s not handed out: its retry window is over", expired["step_id"])
             for poll, steps in matched:
                 tasks = [self.task_for_handout(started[s.step_id], poll.worker_id)
                          for s in steps if s.step_id in started]

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dex_ha.worker.context import ToolContext, ToolError
+from dex_ha.worker.context import ArgumentsRefused, ToolContext, ToolError
 from dex_ha.worker.model import Model
 
 EFFECTS = ("read", "idempotent_write", "write")
@@ -82,15 +82,16 @@ class Tool:
     async def invoke(self, ctx: ToolContext, arguments: dict[str, Any]) -> Any:
         """Run the tool function with the call's arguments (a sync function in a thread).
 
-        Arguments that do not fit the signature raise ToolError: the model sent a bad
-        call, and it should see why rather than have the call retried unchanged.
+        Arguments that do not fit the signature raise ArgumentsRefused (a ToolError) before
+        the function is called: the model sent a bad call, and it should see why rather
+        than have the call retried unchanged.
         """
         if not isinstance(arguments, dict):
-            raise ToolError(f"tool {self.name!r}: arguments must be an object, got {type(arguments).__name__}")
+            raise ArgumentsRefused(f"tool {self.name!r}: arguments must be an object, got {type(arguments).__name__}")
         try:
             inspect.signature(self.fn).bind(ctx, **arguments)
         except TypeError as exc:
-            raise ToolError(f"tool {self.name!r}: bad arguments: {exc}") from None
+            raise ArgumentsRefused(f"tool {self.name!r}: bad arguments: {exc}") from None
         return await _call(self.fn, ctx, **arguments)
 
     async def invoke_poll(self, ctx: ToolContext, handle: Any) -> Any:

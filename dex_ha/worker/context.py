@@ -30,6 +30,12 @@ class ToolError(Exception):
         self.message = message
 
 
+class ArgumentsRefused(ToolError):
+    """The call's arguments do not fit the tool function, so it was never called. Inside a
+    model call (an inline tool) it is the tool's error, as any ToolError; for a tool step
+    the Worker reports the attempt as not started (the tool did not run)."""
+
+
 class AttemptCancelled(Exception):
     """Raised by `ToolContext.heartbeat` when the server said stop (the turn was
     cancelled, or this attempt is no longer the current one). Whatever the tool returns

@@ -33,7 +33,9 @@ from urllib.parse import quote
 
 from dex_ha.client.connection import Connection, DexError, DexUnavailable
 from dex_ha.worker.agent import Agent, Tool
-from dex_ha.worker.context import AttemptCancelled, Pending, QuestionAsked, TaskHandle, ToolContext, ToolError
+from dex_ha.worker.context import (
+    ArgumentsRefused, AttemptCancelled, Pending, QuestionAsked, TaskHandle, ToolContext, ToolError,
+)
 from dex_ha.worker.model import ModelRequest, ModelResponse
 
 log = logging.getLogger("dex_ha.worker")
@@ -108,6 +110,7 @@ class Outcome:
     result: Any = None
     error: str | None = None
     retryable: bool = True
+    not_started: bool = False  # no tool or model function was called for this attempt
 
     @property
     def failed(self) -> bool:
@@ -118,6 +121,12 @@ class Unrunnable(Exception):
     """The Worker cannot run this task at all (unknown agent, tool or kind; a tool that
     breaks the protocol): it fails with retryable=False, since another attempt on the
     same code would fail the same way."""
+
+
+class NotStarted(Unrunnable):
+    """Unrunnable, found before any tool or model function was called (unknown kind,
+    agent or tool; arguments refused): the fail report says `not_started`, so the server
+    may record the tool call as not run instead of outcome_unknown."""
 
 
 class AttemptHeartbeats:
@@ -486,13 +495,13 @@ class Worker:
         try:
             handler = handlers.get(task.kind)
             if handler is None:
-                raise Unrunnable(f"this Worker does not know the task kind {task.kind!r}")
+                raise NotStarted(f"this Worker does not know the task kind {task.kind!r}")
             result = await handler(task, self._agent_for(task), heartbeats)
             _check_json(result)
             return Outcome(result=result)
         except Unrunnable as exc:
             log.error("%s: cannot run it: %s", task, exc)
-            return Outcome(error=str(exc), retryable=False)
+            return Outcome(error=str(exc), retryable=False, not_started=isinstance(exc, NotStarted))
         except AttemptCancelled:
             return Outcome(error="cancelled by the server", retryable=True)  # dropped: heartbeats.stopped
         except Exception as exc:
@@ -505,7 +514,7 @@ class Worker:
             name = next(iter(self._agents))
         agent = self._agents.get(name) if name is not None else None
         if agent is None:
-            raise Unrunnable(f"this Worker has no agent {name!r}")
+            raise NotStarted(f"this Worker has no agent {name!r}")
         return agent
 
     def _context(self, task: WorkerTask, heartbeats: AttemptHeartbeats, *, call_id: str | None,
@@ -521,7 +530,7 @@ class Worker:
 
     async def _run_model(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
         if agent.model is None:
-            raise Unrunnable(f"agent {agent.name!r} has no model")
+            raise NotStarted(f"agent {agent.name!r} has no model")
         request = ModelRequest(history=list(task.input.get("history") or []), summary=task.input.get("summary"),
                                tools=list(task.input.get("tools") or []))
         response = ModelResponse.coerce(await agent.model.respond(request, heartbeats), "the model's response")
@@ -558,6 +567,8 @@ class Worker:
                             idempotency_key=task.idempotency_key)
         try:
             value = await tool.invoke(ctx, task.input.get("arguments") or {})
+        except ArgumentsRefused as exc:  # before the function was called: it did not run
+            raise NotStarted(exc.message) from None
         except ToolError as exc:
             return {"status": "error", "error": exc.message}
         except QuestionAsked as asked:
@@ -574,7 +585,7 @@ class Worker:
                               heartbeats: AttemptHeartbeats) -> dict[str, Any]:
         tool = _tool_for(agent, task)
         if tool.poll_fn is None:
-            raise Unrunnable(f"tool {tool.name!r} has no poll function")
+            raise NotStarted(f"tool {tool.name!r} has no poll function")
         ctx = self._context(task, heartbeats, call_id=task.input.get("call_id"),
                             idempotency_key=task.idempotency_key)
         try:
@@ -594,7 +605,7 @@ class Worker:
     async def _compact_context(self, task: WorkerTask, agent: Agent,
                                heartbeats: AttemptHeartbeats) -> dict[str, Any]:
         if agent.model is None:
-            raise Unrunnable(f"agent {agent.name!r} has no model")
+            raise NotStarted(f"agent {agent.name!r} has no model")
         summary = await agent.model.summarize(list(task.input.get("history") or []), task.input.get("summary"))
         if not isinstance(summary, str):
             raise TypeError(f"the model's summarize() returned {type(summary).__name__}, not a string")
@@ -605,7 +616,7 @@ class Worker:
     async def _deliver(self, task: WorkerTask, outcome: Outcome) -> None:
         """complete or fail, retried by the Connection until 200 or 409."""
         if outcome.failed:
-            await self._send_fail(task, outcome.error or "", outcome.retryable)
+            await self._send_fail(task, outcome.error or "", outcome.retryable, outcome.not_started)
             return
         body: dict[str, Any] = {"worker_id": self.worker_id, "result": outcome.result}
         if self.eager and not self._stop_requested.is_set():
@@ -632,10 +643,12 @@ class Worker:
             for raw in eager_tasks[:1]:
                 self._start(raw)
 
-    async def _send_fail(self, task: WorkerTask, error: str, retryable: bool) -> None:
+    async def _send_fail(self, task: WorkerTask, error: str, retryable: bool, not_started: bool = False) -> None:
+        body: dict[str, Any] = {"worker_id": self.worker_id, "error": error, "retryable": retryable}
+        if not_started:
+            body["not_started"] = True
         try:
-            await self._conn.request("POST", task.path("fail"),
-                                     {"worker_id": self.worker_id, "error": error, "retryable": retryable})
+            await self._conn.request("POST", task.path("fail"), body)
         except DexError as exc:
             if exc.status == 409:
                 log.info("%s: failure not needed any more (409: %s)", task, exc.message)
@@ -646,7 +659,7 @@ class Worker:
         self.completed += 1
         log.debug("%s: reported failed (retryable=%s): %s", task, retryable, error)
         if self.on_result is not None:
-            self.on_result(task, Outcome(error=error, retryable=retryable))
+            self.on_result(task, Outcome(error=error, retryable=retryable, not_started=not_started))
 
 
 # ---------------------------------------------------------------- helpers
@@ -669,7 +682,7 @@ def _tool_for(agent: Agent, task: WorkerTask) -> Tool:
     name = task.input.get("name")
     tool = agent.tools.get(name) if isinstance(name, str) else None
     if tool is None:
-        raise Unrunnable(f"agent {agent.name!r} has no tool {name!r}")
+        raise NotStarted(f"agent {agent.name!r} has no tool {name!r}")
     return tool
 
 

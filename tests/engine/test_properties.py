@@ -111,7 +111,8 @@ class RandomLeader:
         attempt = self.pick(self.d.engine.running_attempts())
         if attempt is not None:
             self.d.apply(FailAttempt(at=self.d.at, step_id=attempt.step_id, attempt=attempt.attempt,
-                                     term=attempt.term, error="x", retryable=self.draw(st.booleans())))
+                                     term=attempt.term, error="x", retryable=self.draw(st.booleans()),
+                                     not_started=self.draw(st.booleans())))
 
     def do_lost(self) -> None:
         attempt = self.pick(self.d.engine.running_attempts())
@@ -187,12 +188,34 @@ def check_invariants(engine: Engine) -> None:
     # A session runs at most one turn, and says so.
     assert q("SELECT session_id FROM sessions WHERE (status = 'running') != (current_turn_id IS NOT NULL)") == []
     assert q("SELECT session_id FROM turns WHERE status = 'running' GROUP BY session_id HAVING COUNT(*) > 1") == []
+    # What a model sees keeps every assistant tool call next to its results.
+    for (step_id,) in q("SELECT step_id FROM steps WHERE kind = 'RunModel' AND status IN ('queued', 'running')"):
+        history = engine.task_for(step_id).input["history"]
+        assert calls_split_from_results(history) is None, (step_id, calls_split_from_results(history), history)
     # A queued step has an attempt left; a running tool attempt carries the contract key.
     assert q("SELECT step_id FROM steps WHERE status = 'queued' AND attempts_used >= max_attempts") == []
     for a in engine.running_attempts():
         task = engine.task_for(a.step_id)
         call_id = engine._store.scalar("SELECT call_id FROM steps WHERE step_id = ?", (a.step_id,))
         assert task.idempotency_key == (f"{a.session_id}:{call_id}" if call_id else None)
+
+
+def calls_split_from_results(history: list[dict]) -> str | None:
+    """What a model API would refuse in a model input, or None: every assistant message
+    with tool calls must be followed at once by exactly its results, in call order, and
+    no result may stand anywhere else."""
+    i = 0
+    while i < len(history):
+        item = history[i]
+        if item["type"] == "tool_result":
+            return f"item {i}: a tool result ({item['call_id']}) that does not follow its call"
+        calls = [c["id"] for c in item.get("tool_calls") or []] if item["type"] == "assistant" else []
+        following = history[i + 1:i + 1 + len(calls)]
+        found = [r.get("call_id") if r["type"] == "tool_result" else r["type"] for r in following]
+        if found != calls:
+            return f"item {i}: the calls {calls} are followed by {found}"
+        i += 1 + len(calls)
+    return None
 
 
 def replay(log, twice: bool = False) -> Engine:

@@ -100,9 +100,10 @@ def test_replicas_replaying_the_log_store_the_same_secrets(tmp_path: Path) -> No
 
 
 def downgrade_to_schema_1(path: Path) -> None:
-    """Make the database look as schema 1 wrote it: no token_secret column."""
+    """Make the database look as schema 1 wrote it: no token_secret column, no held_notes."""
     conn = sqlite3.connect(path)
-    conn.executescript("ALTER TABLE attempts DROP COLUMN token_secret; PRAGMA user_version=1;")
+    conn.executescript("ALTER TABLE attempts DROP COLUMN token_secret; DROP TABLE held_notes; "
+                       "PRAGMA user_version=1;")
     conn.close()
 
 

@@ -375,10 +375,13 @@ def test_reconcile_settles_only_outcome_unknown(d):
     assert d.reconcile("w", "succeeded", result={"id": 1}).ok
     call = d.call("w")
     assert (call["status"], call["output"], call["error"]) == ("succeeded", {"id": 1}, None)
-    assert d.snap()["history"][-1]["type"] == "note"
     assert d.reconcile("w", "succeeded", result={"id": 1}).noop
     assert d.reconcile("w", "failed").code == "conflict"
     assert d.reconcile("nope", "failed").code == "not_found"
+    # "r" still runs: the note waits for the response's results, so it cannot split them.
+    assert d.snap()["history"][-1]["type"] == "assistant"
+    assert d.complete(d.hand_out(call_id="r"), {"status": "ok", "output": 1}).ok
+    assert [h["type"] for h in d.snap()["history"][-4:]] == ["assistant", "tool_result", "tool_result", "note"]
 
 
 def test_create_session_is_idempotent_per_agent(d):

@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Callable
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, RouteSpec
 from dex_ha.server.node import NodeServer
 from dex_ha.server.task_tokens import TaskToken
@@ -450,6 +451,26 @@ async def test_fail_then_a_second_report_for_the_same_token_is_409(api: HttpApi)
     assert attempt["attempt_progress"] == "NOT_COMPLETED"
 
 
+@covers("task_fail")
+async def test_fail_with_not_started_records_the_call_as_not_run(api: HttpApi):
+    """`not_started: true` (the Worker never called the tool): a single-attempt write
+    records failed with NOT_STARTED and the not-run prefix, not outcome_unknown."""
+    await api.register_agent("helper", [tool("pay", "write")])
+    await api.create_session("helper", "s1")
+    await api.send_message("s1", "pay the bill")
+    model = await api.poll_one("helper")
+    await api.complete(model, model_result("paying", [tool_call("c1", "pay", amount=5)]))
+    task = await api.poll_one("helper")
+    assert task["kind"] == "CallSingleAttemptTool"
+    body = {"worker_id": "worker-1", "error": "agent 'helper' has no tool 'pay'", "retryable": False,
+            "not_started": True}
+    expect(await api.post(f"/v1/worker/tasks/{task['task_token']}/fail", body, role="worker"), 200)
+    call = call_view(await api.snapshot("s1"), "c1")
+    assert (call["status"], call["attempt_progress"]) == ("failed", "NOT_STARTED")
+    assert call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
+    assert call["steps"][0]["attempts"][0]["attempt_progress"] == "NOT_STARTED"
+
+
 # ---------------------------------------------------------------- waits: approvals and questions
 
 
@@ -785,6 +806,7 @@ INVALID: list[Bad] = [
     Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={"worker_id": "w"}),
     Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={"worker_id": "w", "error": 5}),
     Bad("task_fail", f"{TOKEN}/fail", 400, "retryable", body={"worker_id": "w", "error": "x", "retryable": "no"}),
+    Bad("task_fail", f"{TOKEN}/fail", 400, "not_started", body={"worker_id": "w", "error": "x", "not_started": 1}),
     Bad("step_down", "/v1/cluster/step-down", 400, "drain_timeout_ms", body={"drain_timeout_ms": -1}),
     Bad("step_down", "/v1/cluster/step-down", 400, "to", body={"to": 5}),
     Bad("add_member", "/v1/cluster/members", 400, "id", body={"raft_addr": "127.0.0.1:9", "url": "http://h:1"}),

@@ -32,7 +32,8 @@ MINIMAL = {
                     {"worker_id": "w1", "agents": ["support"], "max_tasks": 1, "wait_ms": 20_000}),
     "task_heartbeat": ({"worker_id": "w1"}, {"worker_id": "w1", "deltas": None}),
     "task_complete": ({"worker_id": "w1", "result": None}, {"worker_id": "w1", "result": None, "next_tasks": 0}),
-    "task_fail": ({"worker_id": "w1", "error": "boom"}, {"worker_id": "w1", "error": "boom", "retryable": True}),
+    "task_fail": ({"worker_id": "w1", "error": "boom"}, {"worker_id": "w1", "error": "boom", "retryable": True,
+                                                      "not_started": False}),
     "step_down": ({}, {"to": None, "drain_timeout_ms": None}),
     "add_member": ({"id": "n4", "raft_addr": "127.0.0.1:7004", "url": "http://127.0.0.1:8804"},
                    {"id": "n4", "raft_addr": "127.0.0.1:7004", "url": "http://127.0.0.1:8804"}),
@@ -51,7 +52,7 @@ FULL = {
     "worker_poll": {"worker_id": "w1", "agents": ["a", "b"], "max_tasks": 10, "wait_ms": 0},
     "task_heartbeat": {"worker_id": "w1", "deltas": [{"text": "Hel"}, {"text": "lo"}]},
     "task_complete": {"worker_id": "w1", "result": {"status": "ok", "output": 3.5}, "next_tasks": 2},
-    "task_fail": {"worker_id": "w1", "error": "429 from the model API", "retryable": False},
+    "task_fail": {"worker_id": "w1", "error": "429 from the model API", "retryable": False, "not_started": False},
     "step_down": {"to": "n2", "drain_timeout_ms": 5000},
     "add_member": {"id": "n4", "raft_addr": "[::1]:7004", "url": "https://n4.example:8443/"},
 }

@@ -279,28 +279,31 @@ async def test_compact_context_result_is_the_summary(fake: FakeServer) -> None:
     assert fake.completes[token] == [{"summary": "summary of 3 items (model responses so far: 1)"}]
 
 
-async def test_bad_arguments_are_reported_to_the_model_as_the_tools_error(fake: FakeServer) -> None:
-    token = await run_one(fake, Toolbox(), lambda f: f.add_tool_task("lookup", {"order": "7"}))
-    [result] = fake.completes[token]
-    assert result["status"] == "error" and "bad arguments" in result["error"]
+# A task the Worker never called a tool or model function for says so (`not_started`), so
+# the server can record the call as not run instead of outcome_unknown.
+NOT_STARTED = {"not_started": True}
 
 
-@pytest.mark.parametrize("add, message", [
-    (lambda f: f.add_tool_task("no_such_tool", {}), "agent 'support' has no tool 'no_such_tool'"),
+@pytest.mark.parametrize("add, message, extra", [
+    (lambda f: f.add_tool_task("no_such_tool", {}), "agent 'support' has no tool 'no_such_tool'", NOT_STARTED),
+    (lambda f: f.add_tool_task("lookup", {"order": "7"}),
+     "tool 'lookup': bad arguments: missing a required argument: 'order_id'", NOT_STARTED),
     (lambda f: f.add_task("CallTool", {"call_id": "c1", "name": "lookup", "arguments": {}}, named_agent="ghost"),
-     "this Worker has no agent 'ghost'"),
-    (lambda f: f.add_task("Dance", {}), "this Worker does not know the task kind 'Dance'"),
-    (lambda f: f.add_tool_task("start_job", {}), "tool 'start_job' returned a task handle but has no poll function"),
+     "this Worker has no agent 'ghost'", NOT_STARTED),
+    (lambda f: f.add_task("Dance", {}), "this Worker does not know the task kind 'Dance'", NOT_STARTED),
+    (lambda f: f.add_tool_task("start_job", {}), "tool 'start_job' returned a task handle but has no poll function",
+     {}),  # the tool function ran
     (lambda f: f.add_task("PollToolTask", {"call_id": "c1", "name": "lookup", "handle": 1}),
-     "tool 'lookup' has no poll function"),
+     "tool 'lookup' has no poll function", NOT_STARTED),
     (lambda f: f.add_task("RunModel", {"history": [], "tools": []}, agent="modelless"),
-     "agent 'modelless' has no model"),
+     "agent 'modelless' has no model", NOT_STARTED),
 ])
-async def test_tasks_the_worker_cannot_run_fail_without_retry(fake: FakeServer, add: Any, message: str) -> None:
+async def test_tasks_the_worker_cannot_run_fail_without_retry(fake: FakeServer, add: Any, message: str,
+                                                              extra: dict[str, Any]) -> None:
     token = add(fake)
     async with running(make_worker(fake, Toolbox().agent, Agent("modelless"))):
         await fake.wait_for(lambda: fake.fails[token], "the failure report")
-    assert fake.fails[token] == [{"worker_id": "w-test", "error": message, "retryable": False}]
+    assert fake.fails[token] == [{"worker_id": "w-test", "error": message, "retryable": False, **extra}]
     assert fake.completes[token] == []
 
 
