@@ -19,7 +19,7 @@ from aiohttp import web
 
 from dex_ha.engine import ApplyResult, Command, Engine, encode_command
 from dex_ha.raft.core import NotLeader, ProposalDropped
-from dex_ha.raft.failpoints import Failpoints
+from dex_ha.failpoints import Failpoints
 from dex_ha.raft.node import Member, NodeConfig, member_context
 from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.types import ConfChange, ConfChangeType, Role
@@ -35,11 +35,15 @@ from dex_ha.server.streams import DeltaRelay
 log = logging.getLogger("dex_ha.server")
 
 STATE_DB = "state.db"
-# Crash points of the server (armed with DEX_HA_FAILPOINTS, see dex_ha.raft.failpoints):
+# Crash points of the server (armed with DEX_HA_FAILPOINTS, see dex_ha.failpoints):
 # the moments of crash-matrix row R19 that timing alone cannot hit.
 SERVER_FAILPOINTS = (
     "server.complete.before-propose",  # a Worker's result arrived; not proposed yet
     "server.complete.after-commit",  # the result is committed; the Worker has no answer yet
+    # A wait ended (approval decided, question answered, timer fired): the command that
+    # records it and moves the turn on is committed; nothing after it ran (no answer to
+    # the client, no hand-out of the step it queued). Crash-matrix row R18.
+    "server.wait.after-commit",
 )
 HTTP_BACKLOG = 4096
 
@@ -160,7 +164,8 @@ class NodeServer:
         if view.is_leader and self.leader is None and not self.stopping:
             log.info("node %s is leader of term %d: taking over", self.config.node_id, term)
             self.leader = LeaderTerm(term, self.replica, self.propose, self.metrics,
-                                     heartbeat_timeout_ms=self.config.heartbeat_timeout_ms)
+                                     heartbeat_timeout_ms=self.config.heartbeat_timeout_ms,
+                                     failpoints=self.failpoints)
             self.leader.start()
 
     async def _stop_leader_services(self) -> None:
