@@ -119,7 +119,7 @@ def runs_again(tool: str, before_first_heartbeat: bool) -> Scenario:
         snap = await cell.idle()
         call = call_of(snap, "c1")
         assert (call["status"], call["output"]) == ("succeeded", "done")
-        assert attempts(call["steps"], "CallTool") == [FAILED, COMPLETED]
+        assert attempts(call["steps"], "CallTool") == [FAILED, COMPLETED], (call["steps"], cell.ledger.runs())
         assert call["idempotency_key"] == f"{cell.sid}:c1"
         assert_ran_again_with_the_key(cell, tool, "c1")
 
