@@ -377,8 +377,8 @@ class LeaderTerm:
     async def _fire(self, timer_id: str) -> None:
         try:
             result = await self._propose(FireTimer(at=wall_ms(), timer_id=timer_id))
-            if result.ok and not result.noop:
-                self._failpoints.hit("server.wait.after-commit")
+            if result.ok and not result.noop and (result.value or {}).get("purpose") != "backoff":
+                self._failpoints.hit("server.wait.after-commit")  # a wait (sleep or poll interval) ended
         except Exception as exc:
             log.info("timer %s not fired (%s); the next active node fires it", timer_id, exc)
             await asyncio.sleep(0.05)

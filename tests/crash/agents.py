@@ -323,11 +323,12 @@ R18_SLEEP_MS = 300
 
 
 def r18(kit: Kit, name: str) -> Agent:
-    """Three waits: an approval, a question and a timer. With a Worker kill they come in one
-    response; otherwise one per model round, so each can end on a node armed to die."""
+    """Three waits: a timer, an approval and a question. With a Worker kill they come in one
+    response; otherwise one per model round, so each can end on a node armed to die: the
+    timer first (the node is armed before the turn starts), then the two the test ends."""
 
-    waits = [("a", "wire_money", {"amount": 5}), ("q", "ask_user", {"question": "sure?"}),
-             ("z", "sleep", {"ms": R18_SLEEP_MS})]
+    waits = [("z", "sleep", {"ms": R18_SLEEP_MS}), ("a", "wire_money", {"amount": 5}),
+             ("q", "ask_user", {"question": "sure?"})]
 
     async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
         done = results_in_turn(request)

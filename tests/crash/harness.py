@@ -23,6 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
+from dex_ha.cli_cluster import node_process_alive, read_pids
 from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 from tests.e2e.cluster_process import LocalCluster
 from tests.e2e.conftest import eventually
@@ -164,6 +165,11 @@ class ServerRestartColumn(Column):
         self.armed = False
 
     async def ready(self) -> None:
+        """Heal what a failed cell may have left: a dead node, or one still armed."""
+        assert self.dev.proc is not None
+        if self.armed or self.dev.proc.poll() is not None:
+            self.dev.kill()
+            await self.recover(None)
         await self.dev.wait_ready()
 
     async def fail(self, worker: WorkerProcess | None) -> str:
@@ -201,6 +207,16 @@ class TakeoverColumn(Column):
         self.armed: tuple[str, subprocess.Popen[bytes]] | None = None  # the node armed to die
 
     async def ready(self) -> None:
+        """Heal what a failed cell may have left (a node still armed, a dead node), then wait
+        for all three nodes to agree on one active node."""
+        if self.armed is not None:
+            node_id, proc = self.armed
+            self.armed = None
+            proc.kill()
+            proc.wait(timeout=10)
+        for node_id, pid in read_pids(self.cluster.dir).items():
+            if not node_process_alive(pid):
+                self.cluster.restart(node_id)
         await observe_settled(self.cluster.urls, self.admin_token, deadline_s=DEADLINE_S)
 
     async def fail(self, worker: WorkerProcess | None) -> str:

@@ -406,6 +406,8 @@ async def r18_node_dies_after_each_wait_ended(cell: Cell) -> None:
     await cell.column.arm(WAIT_POINT)
     cell.start_worker()
     await cell.send("go")
+    await cell.fail()  # the sleep timer fired on the armed node
+    await cell.recover(arm=WAIT_POINT)
     await cell.until(lambda s: s["pending_approvals"], "the approval request")
     decided = asyncio.create_task(cell.client.approve(cell.sid, "a"))
     await cell.fail()  # right after the approval committed
@@ -414,10 +416,8 @@ async def r18_node_dies_after_each_wait_ended(cell: Cell) -> None:
     snap = await cell.until(lambda s: s["pending_questions"], "the question")
     answered = asyncio.create_task(cell.client.answer(cell.sid, snap["pending_questions"][0]["question_id"], "yes"))
     await cell.fail()
-    await cell.recover(arm=WAIT_POINT)
-    assert (await answered)["noop"] is True
-    await cell.fail()  # the sleep timer fired on the armed node
     await cell.recover()
+    assert (await answered)["noop"] is True
 
 
 async def r19(cell: Cell) -> None:
