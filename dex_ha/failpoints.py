@@ -39,6 +39,10 @@ class Failpoints:
             if action == "eio":
                 self._raises.add(name)
 
+    def armed(self, name: str) -> bool:
+        """Whether `name` is armed and not yet reached (to skip work that only serves a point)."""
+        return self._remaining.get(name, 0) > 0
+
     def hit(self, name: str) -> None:
         if name not in self._remaining:
             return

@@ -349,16 +349,12 @@ async def send_message(api: Api, args: dict[str, Any], request: web.Request) -> 
 async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(DecideApproval(at=wall_ms(), session_id=args["session_id"], call_id=args["call_id"],
                                               approved=args["approved"], reason=args.get("reason")))
-    if not result.noop:  # the wait ended now (a repeat ends nothing)
-        api.node.failpoints.hit("server.wait.after-commit")
     return 200, {**result.value, "noop": result.noop}
 
 
 async def answer_question(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(AnswerQuestion(at=wall_ms(), session_id=args["session_id"],
                                               question_id=args["question_id"], answer=args["answer"]))
-    if not result.noop:  # the wait ended now (a repeat ends nothing)
-        api.node.failpoints.hit("server.wait.after-commit")
     return 200, {**result.value, "noop": result.noop}
 
 

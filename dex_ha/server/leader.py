@@ -30,7 +30,6 @@ from dex_ha.engine import (
     ApplyResult, AttemptTimedOut, Command, FailHeldAttempts, FireTimer, Handout, HeartbeatLost,
     QueuedStep, StartAttempts,
 )
-from dex_ha.failpoints import Failpoints
 from dex_ha.raft.core import NotLeader, ProposalDropped
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
@@ -78,10 +77,8 @@ class LeaderTerm:
     """The leader services of one term."""
 
     def __init__(self, term: int, replica: Replica, propose: Propose, metrics: ServerMetrics, *,
-                 heartbeat_timeout_ms: int, monitor_interval_s: float | None = None,
-                 failpoints: Failpoints | None = None) -> None:
+                 heartbeat_timeout_ms: int, monitor_interval_s: float | None = None) -> None:
         self.term = term
-        self._failpoints = failpoints or Failpoints("")  # crash tests only (server.wait.after-commit)
         self.replica = replica
         self.engine = replica.reads  # read-only: changes go through propose
         self._propose = propose
@@ -376,9 +373,7 @@ class LeaderTerm:
 
     async def _fire(self, timer_id: str) -> None:
         try:
-            result = await self._propose(FireTimer(at=wall_ms(), timer_id=timer_id))
-            if result.ok and not result.noop and (result.value or {}).get("purpose") != "backoff":
-                self._failpoints.hit("server.wait.after-commit")  # a wait (sleep or poll interval) ended
+            await self._propose(FireTimer(at=wall_ms(), timer_id=timer_id))
         except Exception as exc:
             log.info("timer %s not fired (%s); the next active node fires it", timer_id, exc)
             await asyncio.sleep(0.05)

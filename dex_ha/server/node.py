@@ -40,10 +40,7 @@ STATE_DB = "state.db"
 SERVER_FAILPOINTS = (
     "server.complete.before-propose",  # a Worker's result arrived; not proposed yet
     "server.complete.after-commit",  # the result is committed; the Worker has no answer yet
-    # A wait ended (approval decided, question answered, timer fired): the command that
-    # records it and moves the turn on is committed; nothing after it ran (no answer to
-    # the client, no hand-out of the step it queued). Crash-matrix row R18.
-    "server.wait.after-commit",
+    "server.wait.after-commit",  # a wait ended; committed and applied, the leader not told (replica.py)
 )
 HTTP_BACKLOG = 4096
 
@@ -84,11 +81,11 @@ class NodeServer:
             self.probes = ProbeServer(_bind(config.probe_listen, "probes"), self.liveness, self.readiness)
         self.config = config = _with_bound_port(config, self.http_port)
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True))
+        self.failpoints = Failpoints()
+        self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True), self.failpoints)
         self.metrics = ServerMetrics()
         self.admission = Admission(config.max_inflight_requests)
         self.relay = DeltaRelay()
-        self.failpoints = Failpoints()
         self.raft = RaftThread(self._raft_config(), self.replica, on_leader_change=self._on_leader_change,
                                on_fsync=self.metrics.fsync_seconds.observe, on_fatal=on_fatal)
         self.metrics.add_state_gauges(self.metrics_state)
@@ -164,8 +161,7 @@ class NodeServer:
         if view.is_leader and self.leader is None and not self.stopping:
             log.info("node %s is leader of term %d: taking over", self.config.node_id, term)
             self.leader = LeaderTerm(term, self.replica, self.propose, self.metrics,
-                                     heartbeat_timeout_ms=self.config.heartbeat_timeout_ms,
-                                     failpoints=self.failpoints)
+                                     heartbeat_timeout_ms=self.config.heartbeat_timeout_ms)
             self.leader.start()
 
     async def _stop_leader_services(self) -> None:
