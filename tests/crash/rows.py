@@ -50,7 +50,7 @@ BEFORE_FIRST_HEARTBEAT = {
 }
 WAIT_ENDED = {
     "worker_kill": "SIGKILL of the worker process while the waits are open; they end while no Worker runs",
-    "server_restart": "exit 99 at server.wait.after-commit, once per wait (approval, answer, timer)",
+    "server_restart": "exit 99 at server.wait.after-commit, once per wait (timer, approval, answer)",
     "takeover": "exit 99 at server.wait.after-commit on the active node, once per wait",
 }
 RESULT_IN_FLIGHT = {
@@ -159,10 +159,11 @@ ROWS: dict[str, Row] = {row.id: row for row in (
     Row("R18", "AwaitToolApproval, AwaitQuestionAnswer, AwaitTimer",
         "after the wait ended, while the turn moves on",
         "The resolved approval, answer or timer stays recorded; what moves the turn on runs (again).",
-        "in dex-ha the command that ends a wait also moves the turn on (one committed entry), so the "
-        "nearest real moment is right after that commit, before the server answers or hands out the next "
-        "step. Each resolution stays recorded: the client's retried approval and answer are no-ops, the "
-        "timer fired once, the approved tool ran once (ledger), the turn completes",
+        "in dex-ha the entry that ends a wait also queues what moves the turn on (one committed entry), "
+        "so the moment between the two does not exist; the nearest real one is right after that entry "
+        "applied, before the leader services hear of it (no answer to the client, no hand-out of the "
+        "queued step). Each resolution stays recorded: the client's retried approval and answer are "
+        "no-ops, the timer fired once, the approved tool ran once (ledger), the turn completes",
         same(WAIT_ENDED)),
     Row("R19", "any task step", "after the Worker sent the result, before the server committed it",
         "The server either commits the result or fails the attempt; a failed attempt follows its row.",
