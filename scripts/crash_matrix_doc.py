@@ -96,7 +96,7 @@ def read_results(path: Path) -> list[dict]:
 
 
 def table_part(document: str) -> str:
-    return document.split("\n" + RUN_HEADING + "\n", 1)[0] + "\n" if RUN_HEADING in document else document
+    return document.split("\n" + RUN_HEADING + "\n", 1)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
