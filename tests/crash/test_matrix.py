@@ -18,11 +18,14 @@ from typing import Awaitable, Callable
 import pytest
 
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
+from dex_ha.client.client import SessionEvent
 from dex_ha.worker.runner import first_heartbeat_failpoint
 from tests.crash.agents import R14_MAX_ITEMS, SLEEP_MS
 from tests.crash.cell import COMPLETED, FAILED, SLOW_HEARTBEAT_S, Cell, attempts, call_of, results_seen
 from tests.crash.harness import Column
+from tests.crash.ledger import Run
 from tests.crash.rows import COLUMNS, ROWS
+from tests.e2e.conftest import eventually
 
 WAIT_POINT = "server.wait.after-commit"
 
@@ -55,7 +58,7 @@ def assert_ran_again_with_the_key(cell: Cell, tool: str, call_id: str, finished:
     assert [run.attempt for run in cell.ledger.runs("tool", tool, "finished")] == (finished or [2])
 
 
-def last_model_call(cell: Cell):  # type: ignore[no-untyped-def]
+def last_model_call(cell: Cell) -> Run:
     return cell.ledger.runs("model", cell.agent, "started")[-1]
 
 
@@ -95,8 +98,7 @@ async def r02(cell: Cell) -> None:
     assert [run.attempt for run in cell.ledger.runs("model", cell.agent, "started")] == [1, 2]
 
 
-async def _eventually_delta(cell: Cell, attempt: int):  # type: ignore[no-untyped-def]
-    from tests.e2e.conftest import eventually
+async def _eventually_delta(cell: Cell, attempt: int) -> SessionEvent:
     return await eventually(lambda: next((e for e in cell.events if e.id is None and e.attempt == attempt), None),
                             f"a delta of attempt {attempt}")
 
@@ -148,7 +150,6 @@ async def r06(cell: Cell) -> None:
 
 
 async def _until_beat(cell: Cell, tool: str, attempt: int) -> None:
-    from tests.e2e.conftest import eventually
     await eventually(lambda: any(run.attempt == attempt for run in cell.ledger.runs("tool", tool, "beat")),
                      f"a heartbeat of {tool} attempt {attempt}")
 
