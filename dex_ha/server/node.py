@@ -36,7 +36,7 @@ log = logging.getLogger("dex_ha.server")
 
 STATE_DB = "state.db"
 # Crash points of the server (armed with DEX_HA_FAILPOINTS, see dex_ha.failpoints):
-# the moments of crash-matrix row R19 that timing alone cannot hit.
+# the moments of crash-matrix rows R18 and R19 that timing alone cannot hit.
 SERVER_FAILPOINTS = (
     "server.complete.before-propose",  # a Worker's result arrived; not proposed yet
     "server.complete.after-commit",  # the result is committed; the Worker has no answer yet
