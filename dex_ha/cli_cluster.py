@@ -280,15 +280,16 @@ def node_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in overrides}
 
 
-def start_node(node: NodePlan) -> subprocess.Popen[bytes]:
+def start_node(node: NodePlan, extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """`python -m dex_ha.cli node --config …` with stdout and stderr to the node's log.
 
     A new session: the node outlives this command, and a Ctrl-C in its terminal does not reach it.
+    `extra_env` is for tests (e.g. DEX_HA_FAILPOINTS for one node).
     """
     with open(node.log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "dex_ha.cli", "node", "--config", str(node.config_path)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=node_env(), start_new_session=True)
+                                env={**node_env(), **(extra_env or {})}, start_new_session=True)
 
 
 def write_pids(cluster_dir: Path, pids: Mapping[str, int]) -> None:

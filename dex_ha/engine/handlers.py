@@ -215,7 +215,7 @@ def fire_timer(ctx: ApplyContext, cmd: FireTimer) -> Handled:
     if cmd.at < timer["due_at"]:
         raise Rejected("conflict", f"timer {cmd.timer_id} is not due until {timer['due_at']}")
     steps.fire_timer(ctx, timer)
-    return Handled({"timer_id": cmd.timer_id, "status": "fired"})
+    return Handled({"timer_id": cmd.timer_id, "status": "fired", "purpose": timer["purpose"]})
 
 
 def decide_approval(ctx: ApplyContext, cmd: DecideApproval) -> Handled:

@@ -65,7 +65,7 @@ from typing import Any
 
 import msgpack
 
-from .failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE, Failpoints  # noqa: F401  (re-exported)
+from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE, Failpoints  # noqa: F401  (re-exported)
 from .types import (
     Entry,
     HardState,

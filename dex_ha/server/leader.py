@@ -336,11 +336,14 @@ class LeaderTerm:
         commands: list[tuple[Command, str, str]] = []
         for a in self.engine.running_attempts(term=self.term):
             tracked = self.running.get((a.step_id, a.attempt))
-            last_seen = tracked.last_seen if tracked is not None else self._started_mono
+            if tracked is not None:
+                silent_s = now_mono - tracked.last_seen
+            else:  # committed, but its poll answer is not built yet: silent since its hand-out
+                silent_s = min(now_mono - self._started_mono, (now_wall - a.started_at) / 1000)
             if a.deadline_at is not None and now_wall > a.deadline_at:
                 commands.append((AttemptTimedOut(at=now_wall, step_id=a.step_id, attempt=a.attempt, term=a.term),
                                  a.kind, "start_to_close"))
-            elif now_mono - last_seen > timeout_s:
+            elif silent_s > timeout_s:
                 commands.append((HeartbeatLost(at=now_wall, step_id=a.step_id, attempt=a.attempt, term=a.term),
                                  a.kind, "heartbeat_timeout"))
         if commands:

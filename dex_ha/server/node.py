@@ -19,7 +19,7 @@ from aiohttp import web
 
 from dex_ha.engine import ApplyResult, Command, Engine, encode_command
 from dex_ha.raft.core import NotLeader, ProposalDropped
-from dex_ha.raft.failpoints import Failpoints
+from dex_ha.failpoints import Failpoints
 from dex_ha.raft.node import Member, NodeConfig, member_context
 from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.types import ConfChange, ConfChangeType, Role
@@ -35,11 +35,12 @@ from dex_ha.server.streams import DeltaRelay
 log = logging.getLogger("dex_ha.server")
 
 STATE_DB = "state.db"
-# Crash points of the server (armed with DEX_HA_FAILPOINTS, see dex_ha.raft.failpoints):
-# the moments of crash-matrix row R19 that timing alone cannot hit.
+# Crash points of the server (armed with DEX_HA_FAILPOINTS, see dex_ha.failpoints):
+# the moments of crash-matrix rows R18 and R19 that timing alone cannot hit.
 SERVER_FAILPOINTS = (
     "server.complete.before-propose",  # a Worker's result arrived; not proposed yet
     "server.complete.after-commit",  # the result is committed; the Worker has no answer yet
+    "server.wait.after-commit",  # a wait ended; committed and applied, the leader not told (replica.py)
 )
 HTTP_BACKLOG = 4096
 
@@ -80,11 +81,11 @@ class NodeServer:
             self.probes = ProbeServer(_bind(config.probe_listen, "probes"), self.liveness, self.readiness)
         self.config = config = _with_bound_port(config, self.http_port)
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True))
+        self.failpoints = Failpoints()
+        self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True), self.failpoints)
         self.metrics = ServerMetrics()
         self.admission = Admission(config.max_inflight_requests)
         self.relay = DeltaRelay()
-        self.failpoints = Failpoints()
         self.raft = RaftThread(self._raft_config(), self.replica, on_leader_change=self._on_leader_change,
                                on_fsync=self.metrics.fsync_seconds.observe, on_fatal=on_fatal)
         self.metrics.add_state_gauges(self.metrics_state)

@@ -13,7 +13,14 @@ import asyncio
 import threading
 from typing import Callable
 
-from dex_ha.engine import ApplyResult, Engine, EngineReader
+from dex_ha.engine import AnswerQuestion, ApplyResult, DecideApproval, Engine, EngineReader, FireTimer, decode_command
+from dex_ha.failpoints import Failpoints
+
+# Crash-matrix row R18: an entry that ended a wait (approval decided, question answered, a
+# sleep or poll timer fired) is committed and applied here, and the leader services have
+# not been told yet, so nothing moves the turn on in this process (no hand-out of the
+# step the entry queued, no answer to the client).
+WAIT_ENDED_FAILPOINT = "server.wait.after-commit"
 
 
 class ChangeSignal:
@@ -62,8 +69,9 @@ class Replica:
     `engine` is for the Raft thread only; everything else reads through `reads`.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, failpoints: Failpoints | None = None) -> None:
         self.engine = engine
+        self._failpoints = failpoints or Failpoints("")
         self.reads: EngineReader = engine.reader()
         self.changed = ChangeSignal()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -75,6 +83,8 @@ class Replica:
 
     def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult]:
         results = self.engine.apply_batch(entries)
+        if self._failpoints.armed(WAIT_ENDED_FAILPOINT) and any(map(_ended_a_wait, entries, results)):
+            self._failpoints.hit(WAIT_ENDED_FAILPOINT)
         self._signal_change()
         return results
 
@@ -104,3 +114,12 @@ class Replica:
     def close(self) -> None:
         self.reads.close()
         self.engine.close()
+
+
+def _ended_a_wait(entry: tuple[int, bytes], result: ApplyResult) -> bool:
+    if not result.ok or result.noop or not entry[1]:
+        return False
+    cmd = decode_command(entry[1])
+    if isinstance(cmd, FireTimer):
+        return (result.value or {}).get("purpose") != "backoff"  # a backoff ends no wait
+    return isinstance(cmd, (DecideApproval, AnswerQuestion))

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import quote
 
 from dex_ha.client.connection import Connection, DexError, DexUnavailable
+from dex_ha.failpoints import Failpoints
 from dex_ha.worker.agent import Agent, Tool
 from dex_ha.worker.context import (
     ArgumentsRefused, AttemptCancelled, Pending, QuestionAsked, TaskHandle, ToolContext, ToolError,
@@ -62,6 +63,18 @@ POLL_TIMEOUT_MARGIN_S = 10.0
 # An empty poll answer that came back faster than this is followed by a pause of this
 # length, so a server that does not hold polls (or poll_wait_ms=0) cannot make us spin.
 EMPTY_POLL_PAUSE_S = 0.05
+
+# Crash points of the Worker (armed with DEX_HA_FAILPOINTS, see dex_ha.failpoints): the
+# moments of the crash matrix that only the Worker process itself knows.
+WORKER_FAILPOINTS = (
+    "worker.<Kind>.before-first-heartbeat",  # an attempt of that task kind runs; its first heartbeat is not sent
+    "worker.PollToolTask.during-poll",  # the poll function returned; its answer is not delivered
+    "worker.complete.after-send",  # the server accepted a result; the Worker has not gone on
+)
+
+
+def first_heartbeat_failpoint(kind: str) -> str:
+    return f"worker.{kind}.before-first-heartbeat"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +150,11 @@ class AttemptHeartbeats:
     server answers `{"cancel": true}` or 409 it calls `on_stop` once and sends no more.
     """
 
-    def __init__(self, conn: Connection, task: WorkerTask, worker_id: str, interval_s: float) -> None:
+    def __init__(self, conn: Connection, task: WorkerTask, worker_id: str, interval_s: float,
+                 failpoints: Failpoints | None = None) -> None:
         self._conn = conn
+        self._failpoints = failpoints
+        self._first = True  # no heartbeat of this attempt was sent yet
         self._task = task
         self._worker_id = worker_id  # the server answers 403 to any other Worker's heartbeat
         self._interval_s = interval_s
@@ -168,6 +184,9 @@ class AttemptHeartbeats:
         async with self._lock:
             if self.stopped:
                 return False
+            if self._first and self._failpoints is not None:
+                self._failpoints.hit(first_heartbeat_failpoint(self._task.kind))
+            self._first = False
             deltas, self._pending = self._pending, []
             body: dict[str, Any] = {"worker_id": self._worker_id}
             if deltas:
@@ -258,6 +277,7 @@ class Worker:
         self.eager = eager
         self.on_result = on_result  # called for each result (complete or fail) the server accepted
         self._conn = Connection(urls, token, **connection_kwargs)
+        self._failpoints = Failpoints()  # inert unless DEX_HA_FAILPOINTS arms them (crash tests)
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_or_stop = asyncio.Event()  # set when a task ends or stop() begins
         self._stop_requested = asyncio.Event()
@@ -448,7 +468,7 @@ class Worker:
 
     async def _work(self, task: WorkerTask) -> Outcome | None:
         """Run the task with heartbeats; None when the server said stop (deliver nothing)."""
-        heartbeats = AttemptHeartbeats(self._conn, task, self.worker_id, self._interval_for(task))
+        heartbeats = AttemptHeartbeats(self._conn, task, self.worker_id, self._interval_for(task), self._failpoints)
         work = asyncio.create_task(self._execute(task, heartbeats))
         heartbeats.on_stop = lambda: _cancel_from_outside(work)
         beating = asyncio.create_task(heartbeats.run())
@@ -594,6 +614,7 @@ class Worker:
             return {"status": "error", "error": exc.message}
         except QuestionAsked:
             raise Unrunnable(f"the poll function of tool {tool.name!r} cannot ask the user") from None
+        self._failpoints.hit("worker.PollToolTask.during-poll")
         if isinstance(value, Pending):
             # The server rejects a null poll_after_ms: leave the key out to keep the old interval.
             return {"status": "pending"} if value.poll_after_ms is None else \
@@ -632,6 +653,7 @@ class Worker:
                 log.error("%s: the server refused the result (%d %s): %s", task, exc.status, exc.code, exc.message)
                 await self._send_fail(task, f"the server refused the result: {exc.message}", retryable=False)
             return
+        self._failpoints.hit("worker.complete.after-send")
         self.completed += 1
         log.debug("%s: completed", task)
         if self.on_result is not None:

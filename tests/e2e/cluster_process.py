@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-from dex_ha.cli_cluster import LAYOUT_FILE, free_port_range, read_pids
+from dex_ha.cli_cluster import LAYOUT_FILE, NodePlan, free_port_range, read_pids, start_node, write_pids
 
 
 class LocalCluster:
@@ -66,6 +66,14 @@ class LocalCluster:
 
     def kill(self, node_id: str) -> None:
         os.kill(self.pid(node_id), signal.SIGKILL)
+
+    def restart(self, node_id: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start a (killed) node again on its config and data dir; the pids file names the new
+        process, so `down` stops it."""
+        _, http_port, raft_port, probe_port = next(n for n in self.layout["layout"]["nodes"] if n[0] == node_id)
+        proc = start_node(NodePlan(node_id, http_port, raft_port, self.dir, probe_port), extra_env)
+        write_pids(self.dir, {**read_pids(self.dir), node_id: proc.pid})
+        return proc
 
     async def active_node(self, deadline_s: float = 20.0, not_: str | None = None) -> str:
         """The one node whose /readyz answers 200 (other than `not_`), within the deadline."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import aiohttp
 
-from dex_ha.raft.failpoints import FAILPOINT_ENV
+from dex_ha.failpoints import FAILPOINT_ENV
 from dex_ha.server.process import FATAL_EXIT_CODE
 from tests.e2e.dev_process import DevProcess
 

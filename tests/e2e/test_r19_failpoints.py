@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from dex_ha.client import DexClient
-from dex_ha.raft.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
+from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.e2e.conftest import running
 from tests.e2e.dev_process import DevProcess

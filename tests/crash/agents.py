@@ -1,0 +1,386 @@
+"""The agents the crash cells run, one per row, built inside the worker process.
+
+Every tool and model call writes to the ledger (tests/crash/ledger.py) before and after it
+does its work, so the cell sees what ran from outside the server. A call that must be
+interrupted *hangs* on the attempts the row names: it stays in the Worker until the failure
+hits it (a killed Worker, or the server's 409 after a restart or a takeover).
+
+- `beats=True`: the hanging call sends heartbeats itself and records each one that got
+  through ("beat"), so a cell can wait until the server has heard from the attempt
+  ("while the tool runs").
+- `beats=False`: the call sends none; with the worker's long heartbeat interval (or the
+  first-heartbeat failpoint) the failure comes before the first heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from dex_ha.worker import Agent, DeltaSink, ModelRequest, ModelResponse, ToolContext
+
+from tests.crash.ledger import Ledger
+
+HANG_TICK_S = 0.1
+LONG_TASK_POLL_MS = 100
+
+
+class Kit:
+    """What an agent's tools share: the ledger, and the failure column of the cell."""
+
+    def __init__(self, ledger: Ledger, column: str) -> None:
+        self.ledger = ledger
+        self.column = column
+
+    async def hang(self, kind: str, name: str, ctx: ToolContext | None, beats: bool) -> None:
+        """Never return: the failure ends this attempt (cancel, 409, or the process dies)."""
+        while True:
+            if beats and ctx is not None:
+                await ctx.heartbeat()  # AttemptCancelled once the server says the attempt is over
+                self.ledger.record(kind, name, "beat", call_id=ctx.call_id, key=ctx.idempotency_key,
+                                   attempt=ctx.attempt)
+            await asyncio.sleep(HANG_TICK_S)
+
+    def tool(self, agent: Agent, name: str, *, effect: str, hang_on: Callable[[int], bool] = lambda _: False,
+             beats: bool = False, output: Any = "done", **policy: Any) -> None:
+        """A tool `name(ctx, **arguments)` that records its runs and hangs on the attempts `hang_on` picks."""
+
+        async def run(ctx: ToolContext, **arguments: Any) -> Any:
+            record = dict(call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt)
+            self.ledger.record("tool", name, "started", data=arguments, **record)
+            if hang_on(ctx.attempt):
+                await self.hang("tool", name, ctx, beats)
+            self.ledger.record("tool", name, "finished", data=arguments, **record)
+            return output
+
+        agent.tool(effect=effect, name=name, input_schema={"type": "object"}, **policy)(run)
+
+    def long_running_tool(self, agent: Agent, name: str, poll: Callable[[ToolContext, Any, int], Awaitable[Any]],
+                          poll_after_ms: int = LONG_TASK_POLL_MS) -> None:
+        """A tool that starts a task (recorded as a tool run) and is then polled by `poll(ctx,
+        handle, n)`, n counting the polls that ran before this one (in any attempt)."""
+
+        async def start(ctx: ToolContext, **arguments: Any) -> Any:
+            self.ledger.record("tool", name, "started", call_id=ctx.call_id, key=ctx.idempotency_key,
+                               attempt=ctx.attempt, data=arguments)
+            return ctx.task_handle(f"task-of-{ctx.idempotency_key}", poll_after_ms=poll_after_ms)
+
+        async def poll_task(ctx: ToolContext, handle: Any) -> Any:
+            before = self.ledger.count("poll", name)
+            self.ledger.record("poll", name, "started", call_id=ctx.call_id, key=ctx.idempotency_key,
+                               attempt=ctx.attempt, data=handle)
+            value = await poll(ctx, handle, before)
+            self.ledger.record("poll", name, "finished", call_id=ctx.call_id, attempt=ctx.attempt, data=handle)
+            return value
+
+        tool = agent.tool(effect="idempotent_write", name=name, input_schema={"type": "object"})(start)
+        tool.poll(poll_task)
+
+
+Script = Callable[[ModelRequest, int, DeltaSink], Awaitable[dict[str, Any]]]
+Summarizer = Callable[[list[dict[str, Any]], str | None, int], Awaitable[str]]
+
+
+class LedgerModel:
+    """A model that records every call with what it saw, then answers from `script(request,
+    nth, stream)`; nth is 1 for the first call with this exact input, 2 for its repeat (the
+    model cannot see the attempt number, but a repeated attempt gets the same input)."""
+
+    def __init__(self, kit: Kit, name: str, script: Script, summarizer: Summarizer | None = None) -> None:
+        self._kit, self._name, self._script, self._summarizer = kit, name, script, summarizer
+
+    def _nth(self, kind: str, seen: dict[str, Any]) -> int:
+        return 1 + sum(1 for run in self._kit.ledger.runs(kind, self._name, "started") if run.data == seen)
+
+    async def respond(self, request: ModelRequest, stream: DeltaSink) -> ModelResponse:
+        seen = {"history": request.history, "summary": request.summary}
+        nth = self._nth("model", seen)
+        self._kit.ledger.record("model", self._name, "started", attempt=nth, data=seen)
+        reply = await self._script(request, nth, stream)
+        self._kit.ledger.record("model", self._name, "finished", attempt=nth, data=reply)
+        return ModelResponse.coerce(reply)
+
+    async def summarize(self, history: list[dict[str, Any]], summary: str | None) -> str:
+        seen = {"history": history, "summary": summary}
+        nth = self._nth("summary", seen)
+        self._kit.ledger.record("summary", self._name, "started", attempt=nth, data=seen)
+        text = await self._summarizer(history, summary, nth) if self._summarizer else f"summary {nth}"
+        self._kit.ledger.record("summary", self._name, "finished", attempt=nth, data=text)
+        return text
+
+
+# ---------------------------------------------------------------- script helpers
+
+
+def turn_items(request: ModelRequest) -> list[dict[str, Any]]:
+    """The history items of the current turn (after the last user message)."""
+    users = [i for i, item in enumerate(request.history) if item["type"] == "user"]
+    return request.history[users[-1]:] if users else list(request.history)
+
+
+def results_in_turn(request: ModelRequest) -> int:
+    return sum(1 for item in turn_items(request) if item["type"] == "tool_result")
+
+
+def user_text(request: ModelRequest) -> str:
+    return turn_items(request)[0].get("text", "")
+
+
+def answer(text: str) -> dict[str, Any]:
+    return {"content": text, "tool_calls": []}
+
+
+def calls(*specs: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
+    return {"content": "", "tool_calls": [{"id": i, "name": n, "arguments": a} for i, n, a in specs]}
+
+
+def one_call_then_done(call: tuple[str, str, dict[str, Any]]) -> Script:
+    """The model calls one tool, then answers "done" once it sees the result."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        return calls(call) if results_in_turn(request) == 0 else answer("done")
+
+    return script
+
+
+def first_attempt(attempt: int) -> bool:
+    return attempt == 1
+
+
+def every_attempt(attempt: int) -> bool:
+    return True
+
+
+# ---------------------------------------------------------------- one agent per row
+
+
+def r01(kit: Kit, name: str) -> Agent:
+    """A tool runs, then the next model call hangs on every attempt; a later turn answers."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        if user_text(request) == "again":
+            return answer("ok")
+        if results_in_turn(request) == 0:
+            return calls(("c1", "lookup", {"q": "x"}))
+        await kit.hang("model", name, None, beats=False)  # no output reaches the server
+        raise AssertionError("unreachable")
+
+    agent = Agent(name, LedgerModel(kit, name, script))
+    kit.tool(agent, "lookup", effect="read")
+    return agent
+
+
+def r02(kit: Kit, name: str) -> Agent:
+    """The first attempt streams deltas, then hangs; the next one answers."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        if nth == 1:
+            for word in ("partial ", "answer ", "of attempt one"):
+                stream.send_text(word)
+            await kit.hang("model", name, None, beats=False)
+        stream.send_text("final answer")
+        return answer("final answer")
+
+    return Agent(name, LedgerModel(kit, name, script))
+
+
+def single_tool_row(tool: str, effect: str, *, hang_on: Callable[[int], bool], beats: bool,
+                    **policy: Any) -> Callable[[Kit, str], Agent]:
+    """R03–R05, R07, R08, R19: the model calls `tool` once; the tool hangs where the row says."""
+
+    def build(kit: Kit, name: str) -> Agent:
+        agent = Agent(name, LedgerModel(kit, name, one_call_then_done(("c1", tool, {"id": 7}))))
+        kit.tool(agent, tool, effect=effect, hang_on=hang_on, beats=beats, **policy)
+        return agent
+
+    return build
+
+
+def r06(kit: Kit, name: str) -> Agent:
+    """A read and an idempotent write in one response, both hanging on every attempt."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        if results_in_turn(request) == 0:
+            return calls(("r", "lookup", {"q": "x"}), ("w", "put_item", {"id": 7}))
+        return answer("done")
+
+    agent = Agent(name, LedgerModel(kit, name, script))
+    kit.tool(agent, "lookup", effect="read", hang_on=every_attempt, beats=True)
+    kit.tool(agent, "put_item", effect="idempotent_write", hang_on=every_attempt, beats=True)
+    return agent
+
+
+def r09(kit: Kit, name: str) -> Agent:
+    agent = Agent(name, LedgerModel(kit, name, one_call_then_done(("c1", "wire_money", {"amount": 5}))))
+    kit.tool(agent, "wire_money", effect="write", approval=True, output="wired")
+    return agent
+
+
+def r10(kit: Kit, name: str) -> Agent:
+    """The model asks the user (ask_user) and a tool asks a question mid-run."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        if results_in_turn(request) == 0:
+            return calls(("ask", "ask_user", {"question": "which colour?"}), ("b", "build_branch", {"x": 1}))
+        return answer("done")
+
+    async def build_branch(ctx: ToolContext, **arguments: Any) -> Any:
+        kit.ledger.record("tool", "build_branch", "started", call_id=ctx.call_id, key=ctx.idempotency_key,
+                          attempt=ctx.attempt, data={"answer": ctx.answer, "has_answer": ctx.has_answer})
+        branch = await ctx.ask("which branch?")
+        kit.ledger.record("tool", "build_branch", "finished", call_id=ctx.call_id, attempt=ctx.attempt)
+        return f"built {branch}"
+
+    agent = Agent(name, LedgerModel(kit, name, script))
+    agent.tool(effect="idempotent_write", name="build_branch", input_schema={"type": "object"})(build_branch)
+    return agent
+
+
+SLEEP_MS = 1500
+
+
+def r11(kit: Kit, name: str) -> Agent:
+    return Agent(name, LedgerModel(kit, name, one_call_then_done(("z", "sleep", {"ms": SLEEP_MS}))))
+
+
+def r12(kit: Kit, name: str) -> Agent:
+    """A long-running task: the first poll says pending (next poll in 1.5 s), the second done."""
+
+    async def poll(ctx: ToolContext, handle: Any, before: int) -> Any:
+        return ctx.pending(1500) if before == 0 else "artifact"
+
+    agent = Agent(name, LedgerModel(kit, name, one_call_then_done(("t", "build", {"target": "all"}))))
+    kit.long_running_tool(agent, "build", poll)
+    return agent
+
+
+def r13(kit: Kit, name: str) -> Agent:
+    """The first poll is interrupted: with a Worker kill the poll function returns and the
+    worker dies before delivering (failpoint); otherwise the poll hangs with heartbeats."""
+
+    async def poll(ctx: ToolContext, handle: Any, before: int) -> Any:
+        if before == 0 and kit.column != "worker_kill":
+            await kit.hang("poll", "build", ctx, beats=True)
+        return "artifact"
+
+    agent = Agent(name, LedgerModel(kit, name, one_call_then_done(("t", "build", {"target": "all"}))))
+    kit.long_running_tool(agent, "build", poll)
+    return agent
+
+
+def hang_first_summary(kit: Kit, name: str) -> Summarizer:
+    async def summarize(history: list[dict[str, Any]], summary: str | None, nth: int) -> str:
+        if kit.ledger.count("summary", name) == 1:  # the very first summary call of the session
+            await kit.hang("summary", name, None, beats=False)
+        return f"summary of {len(history)} items"
+
+    return summarize
+
+
+async def numbered_answer(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+    return answer(f"answer to {user_text(request)}")
+
+
+R14_MAX_ITEMS = 3  # the third user message finds 5 visible items: compaction
+
+
+def r14(kit: Kit, name: str) -> Agent:
+    return Agent(name, LedgerModel(kit, name, numbered_answer, hang_first_summary(kit, name)),
+                 compaction={"max_items": R14_MAX_ITEMS})
+
+
+def r15(kit: Kit, name: str) -> Agent:
+    return Agent(name, LedgerModel(kit, name, numbered_answer))
+
+
+R17_MAX_ITEMS = 6  # turn 1 ends with 6 visible items; the second message compacts
+
+
+def r17(kit: Kit, name: str) -> Agent:
+    """A read, then a long-running task, then (next turn) a compaction: the first run of
+    each hangs without a heartbeat."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        if user_text(request) != "go":
+            return answer("done again")
+        done = results_in_turn(request)
+        return [calls(("r", "lookup", {"q": "x"})), calls(("t", "build", {"target": "all"})), answer("done")][done]
+
+    async def poll(ctx: ToolContext, handle: Any, before: int) -> Any:
+        if before == 0:
+            await kit.hang("poll", "build", ctx, beats=False)
+        return "artifact"
+
+    agent = Agent(name, LedgerModel(kit, name, script, hang_first_summary(kit, name)),
+                  compaction={"max_items": R17_MAX_ITEMS})
+    kit.tool(agent, "lookup", effect="read", hang_on=first_attempt, beats=False)
+    kit.long_running_tool(agent, "build", poll)
+    return agent
+
+
+R18_SLEEP_MS = 300
+
+
+def r18(kit: Kit, name: str) -> Agent:
+    """Three waits: a timer, an approval and a question. With a Worker kill they come in one
+    response; otherwise one per model round, so each can end on a node armed to die: the
+    timer first (the node is armed before the turn starts), then the two the test ends."""
+
+    waits = [("z", "sleep", {"ms": R18_SLEEP_MS}), ("a", "wire_money", {"amount": 5}),
+             ("q", "ask_user", {"question": "sure?"})]
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        done = results_in_turn(request)
+        if kit.column == "worker_kill":
+            return calls(*waits) if done == 0 else answer("done")
+        return calls(waits[done]) if done < len(waits) else answer("done")
+
+    agent = Agent(name, LedgerModel(kit, name, script))
+    kit.tool(agent, "wire_money", effect="write", approval=True, output="wired")
+    return agent
+
+
+def r20(kit: Kit, name: str) -> Agent:
+    """An inline tool runs inside RunModel; its first run hangs."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        return calls(("i1", "search", {"q": "x"})) if results_in_turn(request) == 0 else answer("found")
+
+    agent = Agent(name, LedgerModel(kit, name, script))
+
+    async def search(ctx: ToolContext, **arguments: Any) -> Any:
+        runs_before = kit.ledger.count("tool", "search")
+        kit.ledger.record("tool", "search", "started", call_id=ctx.call_id, key=ctx.idempotency_key,
+                          attempt=ctx.attempt, data=arguments)
+        if runs_before == 0:
+            await kit.hang("tool", "search", ctx, beats=False)
+        kit.ledger.record("tool", "search", "finished", call_id=ctx.call_id, attempt=ctx.attempt)
+        return ["hit"]
+
+    agent.tool(effect="read", inline=True, name="search", input_schema={"type": "object"})(search)
+    return agent
+
+
+AGENTS: dict[str, Callable[[Kit, str], Agent]] = {
+    "R01": r01,
+    "R02": r02,
+    "R03": single_tool_row("put_item", "idempotent_write", hang_on=first_attempt, beats=False),
+    "R04": single_tool_row("put_item", "idempotent_write", hang_on=first_attempt, beats=True),
+    "R05": single_tool_row("lookup", "read", hang_on=first_attempt, beats=True),
+    "R06": r06,
+    "R07": single_tool_row("send_email", "write", hang_on=first_attempt, beats=False),
+    "R08": single_tool_row("send_email", "write", hang_on=first_attempt, beats=True),
+    "R09": r09,
+    "R10": r10,
+    "R11": r11,
+    "R12": r12,
+    "R13": r13,
+    "R14": r14,
+    "R15": r15,
+    "R16": r15,
+    "R17": r17,
+    "R18": r18,
+    "R19": single_tool_row("lookup", "read", hang_on=lambda _: False, beats=False),
+    "R20": r20,
+}

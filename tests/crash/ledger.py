@@ -1,0 +1,78 @@
+"""The side-effect ledger of a crash cell: a SQLite file outside the server, written by the
+worker processes (old and new) and read by the test.
+
+One row per thing that happened in a Worker: a tool function started or finished, a tool
+heartbeat got through, a poll ran, the model was called (with what it saw), a summary was
+asked for. The server's snapshot says what Dex recorded; the ledger says what really ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind     TEXT NOT NULL,     -- tool | poll | model | summary
+    name     TEXT NOT NULL,     -- the tool's name (model and summary: the agent's)
+    moment   TEXT NOT NULL,     -- started | finished | beat | asked
+    call_id  TEXT,
+    key      TEXT,              -- the idempotency key the Worker passed to the tool
+    attempt  INTEGER,           -- the attempt number (model and summary: the n-th call with this input)
+    data     TEXT,              -- JSON: arguments, handle, what the model saw, ...
+    pid      INTEGER NOT NULL,
+    at       REAL NOT NULL      -- wall clock, seconds
+)
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    seq: int
+    kind: str
+    name: str
+    moment: str
+    call_id: str | None
+    key: str | None
+    attempt: int | None
+    data: Any
+    pid: int
+    at: float
+
+
+class Ledger:
+    """One connection to the ledger file; every write commits at once (autocommit), so a
+    SIGKILL loses nothing that was written before it."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(SCHEMA)
+
+    def record(self, kind: str, name: str, moment: str, *, call_id: str | None = None, key: str | None = None,
+               attempt: int | None = None, data: Any = None) -> None:
+        self._db.execute("INSERT INTO runs (kind, name, moment, call_id, key, attempt, data, pid, at) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (kind, name, moment, call_id, key, attempt, json.dumps(data), os.getpid(), time.time()))
+
+    def runs(self, kind: str | None = None, name: str | None = None, moment: str | None = None) -> list[Run]:
+        where, params = [], []
+        for column, value in (("kind", kind), ("name", name), ("moment", moment)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY seq"
+        return [Run(*row[:7], json.loads(row[7]), *row[8:]) for row in self._db.execute(sql, params)]
+
+    def count(self, kind: str, name: str | None = None, moment: str = "started") -> int:
+        return len(self.runs(kind, name, moment))
+
+    def close(self) -> None:
+        self._db.close()

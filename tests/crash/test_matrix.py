@@ -1,0 +1,500 @@
+"""The crash matrix (DESIGN.md §9): rows R01–R20 × worker_kill, server_restart, takeover,
+one test per cell (`test_cell[R05-takeover]`), on real processes.
+
+Each cell runs its row's agent (agents.py) in its own worker process (worker_proc.py),
+brings on the column's failure at the row's moment (harness.py: SIGKILL, or a failpoint's
+exit where only the process knows the moment; rows.py says which for every cell), and
+checks the row's outcome from outside the server: the side-effect ledger the worker
+processes write, the session snapshot (`get_session`) and the client's event stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import pytest
+
+from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
+from dex_ha.client.client import SessionEvent
+from dex_ha.worker.runner import first_heartbeat_failpoint
+from tests.crash.agents import R14_MAX_ITEMS, SLEEP_MS
+from tests.crash.cell import COMPLETED, FAILED, SLOW_HEARTBEAT_S, Cell, attempts, call_of, results_seen
+from tests.crash.harness import Column
+from tests.crash.ledger import Run
+from tests.crash.rows import COLUMNS, ROWS
+from tests.e2e.conftest import eventually
+
+WAIT_POINT = "server.wait.after-commit"
+
+Scenario = Callable[[Cell], Awaitable[None]]
+
+
+# ---------------------------------------------------------------- shared moves
+
+
+def start_before_first_heartbeat(cell: Cell, *kinds: str) -> None:
+    """A worker whose first heartbeat of an attempt of `kinds` never reaches the server: with
+    a Worker kill it exits at that failpoint; otherwise it beats only every 10 s."""
+    if cell.worker_kill:
+        cell.start_worker(failpoints=",".join(first_heartbeat_failpoint(kind) for kind in kinds))
+    else:
+        cell.start_worker(heartbeat_interval_s=SLOW_HEARTBEAT_S)
+
+
+async def interrupt_before_first_heartbeat(cell: Cell, started_at: float) -> None:
+    await cell.interrupt()
+    if not cell.worker_kill:
+        assert cell.failed_at[-1] - started_at < SLOW_HEARTBEAT_S / 2, "the failure came too late"
+
+
+def assert_ran_again_with_the_key(cell: Cell, tool: str, call_id: str, finished: list[int] | None = None) -> None:
+    """Two runs with the call's key; only the second finished (unless `finished` says otherwise)."""
+    key = f"{cell.sid}:{call_id}"
+    started = cell.ledger.runs("tool", tool, "started")
+    assert [(run.key, run.attempt) for run in started] == [(key, 1), (key, 2)]
+    assert [run.attempt for run in cell.ledger.runs("tool", tool, "finished")] == (finished or [2])
+
+
+def last_model_call(cell: Cell) -> Run:
+    return cell.ledger.runs("model", cell.agent, "started")[-1]
+
+
+# ---------------------------------------------------------------- RunModel
+
+
+async def r01(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    await cell.until_ledger("tool", "lookup", "finished")
+    for attempt in (1, 2, 3):  # the model call after the tool result hangs on every attempt
+        await cell.until_ledger("model", cell.agent, "started", count=1 + attempt)
+        await cell.interrupt()
+    snap = await cell.until(lambda s: s["turns"][0]["status"] == "failed", "turn 1 to fail")
+    note = snap["history"][-1]
+    assert note["type"] == "note" and "c1" in note["text"] and "do not repeat" in note["text"]
+    hanging = [run for run in cell.ledger.runs("model", cell.agent, "started") if results_seen(run)]
+    assert [run.attempt for run in hanging] == [1, 2, 3]  # the same model call, 3 times
+    await cell.send("again")
+    await cell.idle()
+    assert cell.step_attempts("RunModel") == [COMPLETED, FAILED, FAILED, FAILED, COMPLETED]
+    assert any(item["type"] == "note" and "do not repeat" in item["text"]
+               for item in last_model_call(cell).data["history"])  # the next turn's model saw it
+    assert cell.ledger.count("tool", "lookup") == 1
+
+
+async def r02(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    first = await _eventually_delta(cell, attempt=1)
+    await cell.interrupt()
+    snap = await cell.idle()
+    failed = [e.data for e in cell.committed("attempt_failed")]
+    assert [(f["step_id"], f["attempt"], f["kind"]) for f in failed] == [(first.step_id, 1, "RunModel")]
+    assert any(e.id is None and e.attempt == 2 and e.step_id == first.step_id for e in cell.events)
+    assert snap["history"][-1]["content"] == "final answer"
+    assert [run.attempt for run in cell.ledger.runs("model", cell.agent, "started")] == [1, 2]
+
+
+async def _eventually_delta(cell: Cell, attempt: int) -> SessionEvent:
+    return await eventually(lambda: next((e for e in cell.events if e.id is None and e.attempt == attempt), None),
+                            f"a delta of attempt {attempt}")
+
+
+# ---------------------------------------------------------------- CallTool
+
+
+def runs_again(tool: str, before_first_heartbeat: bool) -> Scenario:
+    async def scenario(cell: Cell) -> None:
+        if before_first_heartbeat:
+            start_before_first_heartbeat(cell, "CallTool")
+        else:
+            cell.start_worker()
+        await cell.send("go")
+        started = (await cell.until_ledger("tool", tool))[0]
+        if before_first_heartbeat:
+            await interrupt_before_first_heartbeat(cell, started.at)
+        else:
+            await cell.until_ledger("tool", tool, "beat")  # a heartbeat of attempt 1 got through
+            await cell.interrupt()
+        snap = await cell.idle()
+        call = call_of(snap, "c1")
+        assert (call["status"], call["output"]) == ("succeeded", "done")
+        assert attempts(call["steps"], "CallTool") == [FAILED, COMPLETED]
+        assert call["idempotency_key"] == f"{cell.sid}:c1"
+        assert_ran_again_with_the_key(cell, tool, "c1")
+
+    return scenario
+
+
+async def r06(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    for attempt in (1, 2, 3):
+        for tool in ("lookup", "put_item"):
+            await _until_beat(cell, tool, attempt)
+        await cell.interrupt()
+    snap = await cell.idle()
+    read, write = call_of(snap, "r"), call_of(snap, "w")
+    assert (read["status"], read["attempt_progress"]) == ("failed", "NOT_COMPLETED")
+    assert (write["status"], write["attempt_progress"]) == ("outcome_unknown", "NOT_COMPLETED")
+    for call, tool in ((read, "lookup"), (write, "put_item")):
+        assert not call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
+        assert attempts(call["steps"], "CallTool") == [FAILED] * 3
+        runs = cell.ledger.runs("tool", tool, "started")
+        assert [(run.key, run.attempt) for run in runs] == [(f"{cell.sid}:{call['call_id']}", n) for n in (1, 2, 3)]
+        assert cell.ledger.runs("tool", tool, "finished") == []
+    assert results_seen(last_model_call(cell)) == {"r": "failed", "w": "outcome_unknown"}
+
+
+async def _until_beat(cell: Cell, tool: str, attempt: int) -> None:
+    await eventually(lambda: any(run.attempt == attempt for run in cell.ledger.runs("tool", tool, "beat")),
+                     f"a heartbeat of {tool} attempt {attempt}")
+
+
+# ---------------------------------------------------------------- CallSingleAttemptTool
+
+
+def single_attempt(before_first_heartbeat: bool) -> Scenario:
+    async def scenario(cell: Cell) -> None:
+        if before_first_heartbeat:
+            start_before_first_heartbeat(cell, "CallSingleAttemptTool")
+        else:
+            cell.start_worker()
+        await cell.send("go")
+        started = (await cell.until_ledger("tool", "send_email"))[0]
+        if before_first_heartbeat:
+            await interrupt_before_first_heartbeat(cell, started.at)
+        else:
+            await cell.until_ledger("tool", "send_email", "beat")
+            await cell.interrupt()
+        snap = await cell.idle()
+        call = call_of(snap, "c1")
+        assert (call["status"], call["attempt_progress"]) == ("outcome_unknown", "NOT_COMPLETED")
+        assert not call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
+        assert attempts(call["steps"], "CallSingleAttemptTool") == [FAILED]
+        assert [(r.key, r.attempt) for r in cell.ledger.runs("tool", "send_email", "started")] == [(f"{cell.sid}:c1", 1)]
+        assert cell.ledger.runs("tool", "send_email", "finished") == []
+        assert results_seen(last_model_call(cell)) == {"c1": "outcome_unknown"}  # the model sees it
+
+    return scenario
+
+
+# ---------------------------------------------------------------- waits
+
+
+async def r09(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    await cell.until(lambda s: [a["call_id"] for a in s["pending_approvals"]] == ["c1"], "the approval request")
+    await cell.interrupt()
+    snap = await cell.snapshot()
+    assert [a["call_id"] for a in snap["pending_approvals"]] == ["c1"]
+    assert cell.ledger.count("tool", "wire_money") == 0  # nothing ran while it waited
+    await cell.client.approve(cell.sid, "c1")
+    snap = await cell.idle()
+    call = call_of(snap, "c1")
+    assert call["status"] == "succeeded"
+    assert [s["kind"] for s in call["steps"]] == ["AwaitToolApproval", "CallSingleAttemptTool"]
+    assert [(r.key, r.attempt) for r in cell.ledger.runs("tool", "wire_money", "started")] == [(f"{cell.sid}:c1", 1)]
+    assert (await cell.client.approve(cell.sid, "c1"))["noop"] is True
+
+
+async def r10(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    snap = await cell.until(lambda s: len(s["pending_questions"]) == 2, "both questions")
+    await cell.interrupt()
+    after = await cell.snapshot()
+    assert after["pending_questions"] == snap["pending_questions"]
+    assert cell.ledger.count("tool", "build_branch") == 1  # it asked, and nothing ran again
+    questions = {q["call_id"]: q["question_id"] for q in after["pending_questions"]}
+    await cell.client.answer(cell.sid, questions["ask"], "blue")
+    await cell.client.answer(cell.sid, questions["b"], "main")
+    snap = await cell.idle()
+    assert call_of(snap, "ask")["output"] == "blue"
+    assert (call_of(snap, "b")["status"], call_of(snap, "b")["output"]) == ("succeeded", "built main")
+    runs = cell.ledger.runs("tool", "build_branch", "started")
+    assert [(r.key, r.data["answer"]) for r in runs] == [(f"{cell.sid}:b", None), (f"{cell.sid}:b", "main")]
+
+
+async def r11(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    snap = await cell.until(lambda s: s["pending_timers"], "the sleep timer")
+    due_at_s = snap["pending_timers"][0]["due_at"] / 1000
+    await cell.fail()
+    if cell.worker_kill:  # it fires while no Worker runs
+        await cell.until(lambda s: call_of(s, "z")["status"] == "succeeded", "the timer to fire")
+    elif cell.column.name == "server_restart":  # the node is down when it comes due
+        await asyncio.sleep(max(0.0, due_at_s - time.time()) + 0.1)  # not a state wait: the outage length
+    await cell.recover()
+    snap = await cell.idle()
+    assert call_of(snap, "z")["status"] == "succeeded"
+    fired = [e for e in cell.committed("timer_fired") if e.data["purpose"] == "sleep"]
+    assert len(fired) == 1
+    assert results_seen(last_model_call(cell)) == {"z": "succeeded"}
+    assert call_of(snap, "z")["output"]["slept_ms"] >= SLEEP_MS
+
+
+async def r12(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    await cell.until_ledger("poll", "build", "finished")  # the first poll said pending
+    await cell.until(lambda s: any(t["purpose"] == "poll" for t in s["pending_timers"])
+                     and all(st["status"] == "done" for st in call_of(s, "t")["steps"] if st["kind"] == "PollToolTask"),
+                     "the first poll's result to be recorded")
+    await cell.interrupt()
+    snap = await cell.idle()
+    assert_one_task_polled(cell, snap, polls=2)
+    assert FAILED not in attempts(call_of(snap, "t")["steps"], "PollToolTask")
+
+
+def assert_one_task_polled(cell: Cell, snap: dict, polls: int) -> None:
+    call = call_of(snap, "t")
+    assert (call["status"], call["output"]) == ("succeeded", "artifact")
+    assert cell.ledger.count("tool", "build") == 1  # no second task started
+    assert [s["kind"] for s in call["steps"]].count("CallTool") == 1
+    handle = f"task-of-{cell.sid}:t"
+    assert [run.data for run in cell.ledger.runs("poll", "build", "started")] == [handle] * polls
+
+
+async def r13(cell: Cell) -> None:
+    if cell.worker_kill:
+        cell.start_worker(failpoints="worker.PollToolTask.during-poll")
+    else:
+        cell.start_worker()
+    await cell.send("go")
+    if cell.worker_kill:
+        await cell.until_ledger("poll", "build", "finished")
+        await cell.fail()
+        assert cell.worker is not None
+        cell.worker.failpoints = ""  # the new Worker delivers its poll
+        await cell.recover()
+    else:
+        await cell.until_ledger("poll", "build", "beat")
+        await cell.interrupt()
+    snap = await cell.idle()
+    assert_one_task_polled(cell, snap, polls=2)
+    assert attempts(call_of(snap, "t")["steps"], "PollToolTask") == [FAILED, COMPLETED]
+
+
+# ---------------------------------------------------------------- compaction, idle, queued
+
+
+async def r14(cell: Cell) -> None:
+    cell.start_worker()
+    for text in ("one", "two"):
+        await cell.send(text)
+        await cell.idle()
+    await cell.send("three")  # R14_MAX_ITEMS: now over the limit, compaction first
+    await cell.until_ledger("summary", cell.agent)
+    await cell.interrupt()
+    snap = await cell.idle()
+    summaries = cell.ledger.runs("summary", cell.agent, "started")
+    assert [run.attempt for run in summaries] == [1, 2]  # the same summary call, again
+    assert [run.attempt for run in cell.ledger.runs("model", cell.agent, "started")] == [1, 1, 1]
+    assert len(cell.committed("summary_updated")) == 1
+    assert cell.step_attempts("CompactContext") == [FAILED, COMPLETED]
+    stored = snap["summary"]["text"]
+    assert stored == cell.ledger.runs("summary", cell.agent, "finished")[0].data
+    assert last_model_call(cell).data["summary"] == stored
+    assert R14_MAX_ITEMS < len(summaries[0].data["history"]) + 1
+
+
+async def r15(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("hello")
+    await cell.idle()
+    await cell.interrupt()
+    snap = await cell.snapshot()
+    assert (snap["status"], snap["waiting_for"], snap["current_turn"]) == ("idle", "AwaitUserMessage", None)
+    await cell.send("next")
+    snap = await cell.idle()
+    assert [t["status"] for t in snap["turns"]] == ["completed", "completed"]
+    assert [run.attempt for run in cell.ledger.runs("model", cell.agent, "started")] == [1, 1]
+    assert cell.step_attempts("RunModel") == [COMPLETED, COMPLETED]
+
+
+async def r16(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("one")
+    await cell.idle()
+    if cell.worker_kill:
+        await cell.fail()  # the Worker dies; the next step is queued while none runs
+    else:
+        assert cell.worker is not None
+        cell.worker.kill()  # no Worker, so the step stays queued through the node's failure
+    await cell.send("two")
+    queued = await cell.until(lambda s: _model_step(s) is not None, "the queued model step")
+    assert _model_step(queued)["status"] == "queued" and _model_step(queued)["attempts"] == []
+    if not cell.worker_kill:
+        await cell.interrupt()
+        snap = await cell.snapshot()
+        assert _model_step(snap)["status"] == "queued" and _model_step(snap)["attempts"] == []
+        cell.start_worker()
+    else:
+        await cell.recover()
+    await cell.idle()
+    assert cell.step_attempts("RunModel") == [COMPLETED, COMPLETED]
+    started = [e.data["attempt"] for e in cell.committed("attempt_started")]
+    assert started == [1, 1]  # the queued step ran as attempt 1
+    assert cell.ledger.count("model", cell.agent) == 2
+
+
+def _model_step(snap: dict) -> dict | None:
+    turn = snap["current_turn"]
+    return None if turn is None or turn["number"] != 2 else \
+        next((s for s in turn["steps"] if s["kind"] == "RunModel"), None)
+
+
+# ---------------------------------------------------------------- the rows the seed left untested
+
+
+async def r17(cell: Cell) -> None:
+    start_before_first_heartbeat(cell, "CallTool", "PollToolTask", "CompactContext")
+    await cell.send("go")
+    for kind, name in (("tool", "lookup"), ("poll", "build")):
+        started = (await cell.until_ledger(kind, name))[0]
+        await interrupt_before_first_heartbeat(cell, started.at)
+    snap = await cell.idle()
+    assert attempts(call_of(snap, "r")["steps"], "CallTool") == [FAILED, COMPLETED]
+    assert_ran_again_with_the_key(cell, "lookup", "r")
+    assert_one_task_polled(cell, snap, polls=2)
+    assert attempts(call_of(snap, "t")["steps"], "PollToolTask") == [FAILED, COMPLETED]
+    await cell.send("more")  # over the compaction limit
+    started = (await cell.until_ledger("summary", cell.agent))[0]
+    await interrupt_before_first_heartbeat(cell, started.at)
+    snap = await cell.idle()
+    assert [run.attempt for run in cell.ledger.runs("summary", cell.agent, "started")] == [1, 2]
+    assert cell.step_attempts("CompactContext") == [FAILED, COMPLETED]
+    assert len(cell.committed("summary_updated")) == 1 and snap["summary"] is not None
+
+
+async def r18(cell: Cell) -> None:
+    if cell.worker_kill:
+        await r18_waits_end_while_no_worker_runs(cell)
+    else:
+        await r18_node_dies_after_each_wait_ended(cell)
+    snap = await cell.idle()
+    assert call_of(snap, "a")["status"] == "succeeded" and call_of(snap, "q")["output"] == "yes"
+    assert call_of(snap, "z")["status"] == "succeeded"
+    assert [(r.key, r.attempt) for r in cell.ledger.runs("tool", "wire_money", "started")] == [(f"{cell.sid}:a", 1)]
+    assert len(cell.committed("approval_decided")) == 1 and len(cell.committed("question_answered")) == 1
+    assert len([e for e in cell.committed("timer_fired") if e.data["purpose"] == "sleep"]) == 1
+    question_id = cell.committed("question_answered")[0].data["question_id"]
+    assert (await cell.client.approve(cell.sid, "a"))["noop"] is True  # still recorded, once
+    assert (await cell.client.answer(cell.sid, question_id, "yes"))["noop"] is True
+
+
+async def r18_waits_end_while_no_worker_runs(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    snap = await cell.until(lambda s: s["pending_approvals"] and s["pending_questions"], "the three waits")
+    await cell.fail()
+    await cell.client.approve(cell.sid, "a")
+    await cell.client.answer(cell.sid, snap["pending_questions"][0]["question_id"], "yes")
+    await cell.until(lambda s: call_of(s, "z")["status"] == "succeeded", "the timer to fire")
+    snap = await cell.snapshot()  # ended and recorded; the approved tool is queued, unrun
+    assert snap["pending_approvals"] == [] and snap["pending_questions"] == []
+    assert cell.ledger.count("tool", "wire_money") == 0
+    await cell.recover()
+
+
+async def r18_node_dies_after_each_wait_ended(cell: Cell) -> None:
+    await cell.column.arm(WAIT_POINT)
+    cell.start_worker()
+    await cell.send("go")
+    await cell.fail()  # the sleep timer fired on the armed node
+    await cell.recover(arm=WAIT_POINT)
+    await cell.until(lambda s: s["pending_approvals"], "the approval request")
+    decided = asyncio.create_task(cell.client.approve(cell.sid, "a"))
+    await cell.fail()  # right after the approval committed
+    await cell.recover(arm=WAIT_POINT)
+    assert (await decided)["noop"] is True  # the client's retry finds the decision recorded
+    snap = await cell.until(lambda s: s["pending_questions"], "the question")
+    answered = asyncio.create_task(cell.client.answer(cell.sid, snap["pending_questions"][0]["question_id"], "yes"))
+    await cell.fail()
+    await cell.recover()
+    assert (await answered)["noop"] is True
+
+
+async def r19(cell: Cell) -> None:
+    failpoint = {"server_restart": "server.complete.before-propose@2",
+                 "takeover": "server.complete.after-commit@2"}  # the 2nd result is the tool's
+    if cell.worker_kill:
+        cell.start_worker(failpoints="worker.complete.after-send@2")
+    else:
+        await cell.column.arm(failpoint[cell.column.name])
+        cell.start_worker()
+    await cell.send("go")
+    await cell.fail()
+    if cell.worker_kill:
+        assert cell.worker is not None
+        cell.worker.failpoints = ""
+    await cell.recover()
+    snap = await cell.idle()
+    call = call_of(snap, "c1")
+    assert (call["status"], call["output"]) == ("succeeded", "done")
+    if cell.column.name == "server_restart":  # not committed: the attempt failed, the read ran again
+        assert attempts(call["steps"], "CallTool") == [FAILED, COMPLETED]
+        assert_ran_again_with_the_key(cell, "lookup", "c1", finished=[1, 2])  # attempt 1's result was lost
+    else:  # committed: it stands, and ran once
+        assert attempts(call["steps"], "CallTool") == [COMPLETED]
+        assert [(r.key, r.attempt) for r in cell.ledger.runs("tool", "lookup", "finished")] == [(f"{cell.sid}:c1", 1)]
+        assert cell.ledger.count("tool", "lookup") == 1
+
+
+async def r20(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    await cell.until_ledger("tool", "search")
+    await cell.interrupt()
+    snap = await cell.idle()
+    call = call_of(snap, "i1")
+    assert (call["status"], call["step_kind"], call["steps"]) == ("succeeded", "RunModel", [])
+    assert call["output"] == ["hit"]
+    assert [run.attempt for run in cell.ledger.runs("tool", "search", "started")] == [1, 2]  # at-least-once
+    assert cell.step_attempts("RunModel") == [FAILED, COMPLETED, COMPLETED]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "R01": r01, "R02": r02,
+    "R03": runs_again("put_item", before_first_heartbeat=True),
+    "R04": runs_again("put_item", before_first_heartbeat=False),
+    "R05": runs_again("lookup", before_first_heartbeat=False),
+    "R06": r06,
+    "R07": single_attempt(before_first_heartbeat=True),
+    "R08": single_attempt(before_first_heartbeat=False),
+    "R09": r09, "R10": r10, "R11": r11, "R12": r12, "R13": r13, "R14": r14, "R15": r15, "R16": r16,
+    "R17": r17, "R18": r18, "R19": r19, "R20": r20,
+}
+
+
+def cell_params() -> list[object]:
+    """Column by column (each column's server starts once), row by row."""
+    params = []
+    for column in COLUMNS:
+        for row in ROWS.values():
+            reason = row.failure(column).xfail
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            params.append(pytest.param(row.id, column, id=f"{row.id}-{column}", marks=marks))
+    return params
+
+
+def test_the_row_table_and_the_scenarios_name_the_same_rows() -> None:
+    assert sorted(SCENARIOS) == sorted(ROWS) == [f"R{n:02d}" for n in range(1, 21)]
+
+
+@pytest.mark.parametrize("row_id, column_name", cell_params())
+async def test_cell(row_id: str, column_name: str, columns: dict[str, Column], tmp_path: Path) -> None:
+    column = columns[column_name]
+    await column.ready()
+    cell = Cell(row_id, column, tmp_path)
+    try:
+        await cell.open()
+        await SCENARIOS[row_id](cell)
+    finally:
+        await cell.close()
