@@ -1,0 +1,85 @@
+"""What the HA scenarios share: a writer whose acknowledged writes are checked on every
+node afterwards, and reading a node's replicated state from its SQLite file (evidence from
+outside the server: no node has to be active to be read)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+from dex_ha.client import DexClient, DexError
+from dex_ha.server.node import STATE_DB
+from tests.e2e.cluster_process import LocalCluster, cluster_view
+from tests.e2e.conftest import eventually
+
+WRITE_TIMEOUT_S = 2.0  # one try; a try that times out is retried with the same id
+
+
+class AckedWriter:
+    """Creates sessions `prefix-0`, `prefix-1`, … one after the other through the SDK
+    (all node URLs), each until it is acknowledged; `acked` holds the acknowledged ids."""
+
+    def __init__(self, urls: list[str], token: str, agent: str = "ha-writes", prefix: str = "w") -> None:
+        self.client = DexClient(urls, token=token, request_timeout_s=WRITE_TIMEOUT_S, give_up_after_s=WRITE_TIMEOUT_S)
+        self.agent = agent
+        self.prefix = prefix
+        self.acked: list[str] = []
+
+    async def run(self) -> None:
+        n = 0
+        while True:
+            session_id = f"{self.prefix}-{n}"
+            try:
+                await self.client.create_session(self.agent, session_id=session_id)
+            except (DexError, asyncio.TimeoutError):
+                continue  # not acknowledged: the same id again (creating it twice is a no-op)
+            self.acked.append(session_id)
+            n += 1
+
+    async def acked_after(self, count: int, deadline_s: float = 30.0) -> None:
+        """Wait until `count` more writes are acknowledged (the cluster makes progress)."""
+        target = len(self.acked) + count
+        await eventually(lambda: len(self.acked) >= target, f"{count} more acknowledged writes", deadline_s)
+
+
+@contextlib.asynccontextmanager
+async def writing(writer: AckedWriter) -> AsyncIterator[AckedWriter]:
+    task = asyncio.create_task(writer.run())
+    try:
+        yield writer
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await writer.client.close()
+
+
+def sessions_on_disk(data_dir: Path) -> set[str]:
+    """The session ids in a node's state database (read-only, while the node runs)."""
+    conn = sqlite3.connect(f"file:{data_dir / STATE_DB}?mode=ro", uri=True, timeout=10)
+    try:
+        return {row[0] for row in conn.execute("SELECT session_id FROM sessions")}
+    finally:
+        conn.close()
+
+
+async def all_caught_up(cluster: LocalCluster, node_ids: list[str], deadline_s: float = 30.0) -> int:
+    """Wait until every node has applied the active node's commit index; that index."""
+    admin = cluster.tokens["admin"]
+    active = await cluster.active_node(deadline_s)
+    target = (await eventually(lambda: cluster_view(cluster.urls[active], admin), "the active node's view"))[
+        "commit_index"]
+
+    async def caught_up() -> bool:
+        views = await asyncio.gather(*(cluster_view(cluster.urls[n], admin) for n in node_ids))
+        return all(v is not None and v["applied_index"] >= target for v in views)
+
+    await eventually(caught_up, f"every node to apply index {target}", deadline_s)
+    return target
+
+
+def since(start: float) -> float:
+    return time.monotonic() - start
