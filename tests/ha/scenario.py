@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -57,13 +57,18 @@ async def writing(writer: AckedWriter) -> AsyncIterator[AckedWriter]:
         await writer.client.close()
 
 
-def sessions_on_disk(data_dir: Path) -> set[str]:
-    """The session ids in a node's state database (read-only, while the node runs)."""
+def query_state(data_dir: Path, sql: str) -> list[tuple]:
+    """Rows of a query on a node's state database (read-only, while the node runs)."""
     conn = sqlite3.connect(f"file:{data_dir / STATE_DB}?mode=ro", uri=True, timeout=10)
     try:
-        return {row[0] for row in conn.execute("SELECT session_id FROM sessions")}
+        return conn.execute(sql).fetchall()
     finally:
         conn.close()
+
+
+def sessions_on_disk(data_dir: Path) -> set[str]:
+    """The session ids in a node's state database."""
+    return {row[0] for row in query_state(data_dir, "SELECT session_id FROM sessions")}
 
 
 async def all_caught_up(cluster: LocalCluster, node_ids: list[str], deadline_s: float = 30.0) -> int:
@@ -81,5 +86,20 @@ async def all_caught_up(cluster: LocalCluster, node_ids: list[str], deadline_s: 
     return target
 
 
-def since(start: float) -> float:
-    return time.monotonic() - start
+@dataclass(frozen=True)
+class AttemptRow:
+    session_id: str
+    kind: str
+    call_id: str | None
+    number: int
+    term: int
+    status: str  # running | completed | failed
+    progress: str | None  # NOT_STARTED | NOT_COMPLETED when it failed
+
+
+def attempts_on_disk(data_dir: Path) -> list[AttemptRow]:
+    """Every attempt of every step (RunModel included) in a node's state database."""
+    rows = query_state(data_dir, "SELECT s.session_id, s.kind, s.call_id, a.number, a.term, a.status, "
+                                 "a.attempt_progress FROM attempts a JOIN steps s ON s.step_id = a.step_id "
+                                 "ORDER BY s.session_id, s.created_at, a.number")
+    return [AttemptRow(*row) for row in rows]
