@@ -28,16 +28,17 @@ START_DEADLINE_S = 60.0
 
 class ProxiedCluster(LocalCluster):
     def __init__(self, directory: Path, nodes: int = 3, settings: Mapping[str, int] | None = None,
-                 drain_timeout_ms: int | None = None) -> None:
-        super().__init__(directory, nodes)
+                 drain_timeout_ms: int | None = None, durability: str = "relaxed") -> None:
+        super().__init__(directory, nodes, relaxed=durability == "relaxed")
         ports = lambda base: [base + i for i in range(nodes)]  # noqa: E731  (the ranges LocalCluster chose)
         self.plan: ClusterPlan = plan_cluster(directory, ports(self.http_base), ports(self.raft_base),
-                                              ports(self.probe_base), durability="relaxed",
+                                              ports(self.probe_base), durability=durability,
                                               drain_timeout_ms=drain_timeout_ms)
         self.settings = dict(settings or {})  # extra top-level config keys, e.g. snapshot_every_entries
         self.mesh = ProxyMesh({n.node_id: n.raft_port for n in self.plan.nodes})
         self.layout = {"layout": self.plan.layout(), "tokens": dict(self.plan.tokens)}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.started_pids: list[int] = []  # every node process ever started, restarts included
 
     @property
     def node_ids(self) -> list[str]:
@@ -74,6 +75,7 @@ class ProxiedCluster(LocalCluster):
         if old is not None:
             assert old.poll() is not None or old.wait(timeout=10) is not None, f"{node_id} still runs"
         self.procs[node_id] = start_node(self.plan.node(node_id))
+        self.started_pids.append(self.procs[node_id].pid)
         write_pids(self.dir, {nid: p.pid for nid, p in self.procs.items()})
 
     def _first_exited(self) -> str | None:

@@ -103,3 +103,17 @@ def attempts_on_disk(data_dir: Path) -> list[AttemptRow]:
                                  "a.attempt_progress FROM attempts a JOIN steps s ON s.step_id = a.step_id "
                                  "ORDER BY s.session_id, s.created_at, a.number")
     return [AttemptRow(*row) for row in rows]
+
+
+def failed_attempts(data_dir: Path) -> int:
+    """How many attempts failed so far, in a node's state database."""
+    return query_state(data_dir, "SELECT count(*) FROM attempts WHERE status = 'failed'")[0][0]
+
+
+async def rejoined(cluster: LocalCluster, node_id: str, leader: str) -> None:
+    """Wait until `node_id` follows `leader` again (a voter the next failover can count on)."""
+    async def following() -> bool:
+        view = await cluster_view(cluster.urls[node_id], cluster.tokens["admin"])
+        return view is not None and view["role"] == "standby" and view["leader_id"] == leader
+
+    await eventually(following, f"{node_id} to follow {leader} again")

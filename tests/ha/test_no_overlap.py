@@ -8,24 +8,13 @@ from __future__ import annotations
 
 import time
 
-from tests.e2e.cluster_process import cluster_view
-from tests.e2e.conftest import eventually
 from tests.ha.proxied_cluster import ProxiedCluster
-from tests.ha.scenario import AckedWriter, all_caught_up, sessions_on_disk, writing
+from tests.ha.scenario import AckedWriter, all_caught_up, rejoined, sessions_on_disk, writing
 from tests.support.readiness_record import ReadinessRecorder
 
 FAILOVERS = 20
 FAILOVER_DEADLINE_S = 20.0
 MAX_MEAN_ROUND_S = 0.1  # the record must be dense to mean anything (10 ms asked; a busy machine is slower)
-
-
-async def rejoined(cluster: ProxiedCluster, node_id: str, leader: str) -> None:
-    """Wait until `node_id` follows `leader` again (a voter the next failover can count on)."""
-    async def following() -> bool:
-        view = await cluster_view(cluster.urls[node_id], cluster.tokens["admin"])
-        return view is not None and view["role"] == "standby" and view["leader_id"] == leader
-
-    await eventually(following, f"{node_id} to follow {leader} again")
 
 
 async def kill_and_restart(cluster: ProxiedCluster, old: str) -> str:

@@ -90,6 +90,16 @@ class ReadinessRecorder:
             self._round_done.clear()
             await self._round_done.wait()
 
+    async def wait_ready(self, since: float, nodes: set[str] | None, deadline_s: float) -> ProbeRow:
+        """The first 200 after `since` of one of `nodes`, once the record has it."""
+        deadline = time.monotonic() + deadline_s
+        while (row := self.first_ready(since, nodes)) is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"none of {sorted(nodes or self.urls)} answered /readyz 200 "
+                                     f"within {deadline_s} s")
+            await self.next_round()
+        return row
+
     # ---------------------------------------------------------------- reading the record
 
     def ready_by_round(self, since: float = 0.0) -> dict[int, list[str]]:
