@@ -56,7 +56,7 @@ from bench.steps_worker import bench_agent  # noqa: E402
 from dex_ha.client import DexClient, DexError  # noqa: E402
 from dex_ha.server.config import ServerConfig  # noqa: E402
 from dex_ha.worker import Worker, WorkerTask  # noqa: E402
-from tests.e2e.haproxy_process import HAProxyProcess, haproxy_binary  # noqa: E402
+from tests.e2e.haproxy_process import haproxy_binary, haproxy_in_front_of  # noqa: E402
 from tests.ha.proxied_cluster import ProxiedCluster  # noqa: E402
 from tests.ha.scenario import failed_attempts, rejoined  # noqa: E402
 from tests.support.readiness_record import ReadinessRecorder  # noqa: E402
@@ -322,10 +322,7 @@ async def measure(args: argparse.Namespace, root: Path, result: dict[str, Any]) 
         await cluster.start()
         lanes = {"urls": list(cluster.urls.values())}
         if haproxy_binary() is not None:
-            ports = {node_id: int(url.rsplit(":", 1)[1]) for node_id, url in cluster.urls.items()}
-            proxy = HAProxyProcess(ports, cluster.probe_ports, root)
-            proxy.start()
-            stack.callback(proxy.stop)
+            proxy = stack.enter_context(haproxy_in_front_of(cluster.urls, cluster.probe_ports, root))
             lanes["haproxy"] = [proxy.url]
             assert proxy.proc is not None
             result["pids"].append(proxy.proc.pid)

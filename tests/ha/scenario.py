@@ -5,11 +5,9 @@ outside the server: no node has to be active to be read)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
 
 from dex_ha.client import DexClient, DexError
 from dex_ha.server.node import STATE_DB
@@ -21,40 +19,34 @@ WRITE_TIMEOUT_S = 2.0  # one try; a try that times out is retried with the same 
 
 class AckedWriter:
     """Creates sessions `prefix-0`, `prefix-1`, … one after the other through the SDK
-    (all node URLs), each until it is acknowledged; `acked` holds the acknowledged ids."""
+    (the URLs given), each until it is acknowledged; `acked` holds the acknowledged ids.
+    Run it with tests.e2e.conftest.running."""
 
     def __init__(self, urls: list[str], token: str, agent: str = "ha-writes", prefix: str = "w") -> None:
-        self.client = DexClient(urls, token=token, request_timeout_s=WRITE_TIMEOUT_S, give_up_after_s=WRITE_TIMEOUT_S)
+        self.urls = urls
+        self.token = token
         self.agent = agent
         self.prefix = prefix
         self.acked: list[str] = []
 
     async def run(self) -> None:
-        n = 0
-        while True:
-            session_id = f"{self.prefix}-{n}"
-            try:
-                await self.client.create_session(self.agent, session_id=session_id)
-            except (DexError, asyncio.TimeoutError):
-                continue  # not acknowledged: the same id again (creating it twice is a no-op)
-            self.acked.append(session_id)
-            n += 1
+        async with DexClient(self.urls, token=self.token, request_timeout_s=WRITE_TIMEOUT_S,
+                             give_up_after_s=WRITE_TIMEOUT_S) as client:
+            while True:
+                session_id = f"{self.prefix}-{len(self.acked)}"
+                try:
+                    await client.create_session(self.agent, session_id=session_id)
+                except (DexError, asyncio.TimeoutError):
+                    continue  # not acknowledged: the same id again (creating it twice is a no-op)
+                self.acked.append(session_id)
+
+    async def stop(self) -> None:
+        """Nothing to drain: `running` cancels run(), which closes the client."""
 
     async def acked_after(self, count: int, deadline_s: float = 30.0) -> None:
         """Wait until `count` more writes are acknowledged (the cluster makes progress)."""
         target = len(self.acked) + count
         await eventually(lambda: len(self.acked) >= target, f"{count} more acknowledged writes", deadline_s)
-
-
-@contextlib.asynccontextmanager
-async def writing(writer: AckedWriter) -> AsyncIterator[AckedWriter]:
-    task = asyncio.create_task(writer.run())
-    try:
-        yield writer
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await writer.client.close()
 
 
 def query_state(data_dir: Path, sql: str) -> list[tuple]:

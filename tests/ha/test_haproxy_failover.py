@@ -17,10 +17,10 @@ import pytest
 from dex_ha.client import DexClient
 from dex_ha.worker import Worker
 from tests.e2e.conftest import running
-from tests.e2e.haproxy_process import HAProxyProcess, haproxy_binary
+from tests.e2e.haproxy_process import HAProxyProcess, haproxy_binary, haproxy_in_front_of
 from tests.e2e.test_cluster_e2e import AGENT, Ledger, attempts_of, make_agent
 from tests.ha.proxied_cluster import ProxiedCluster
-from tests.ha.scenario import AckedWriter, all_caught_up, sessions_on_disk, writing
+from tests.ha.scenario import AckedWriter, all_caught_up, sessions_on_disk
 from tests.support.readiness_record import ReadinessRecorder
 
 DEADLINE_S = 45.0
@@ -31,13 +31,8 @@ TURN_AFTER_KILL_S = 15.0  # generous: ~1 s election + HAProxy's checks + retries
 async def haproxy(proxied: ProxiedCluster, tmp_path: Path) -> AsyncIterator[HAProxyProcess]:
     if haproxy_binary() is None:
         pytest.skip("haproxy is not installed (.ci/run installs it with apt-get)")
-    ports = {node_id: int(url.rsplit(":", 1)[1]) for node_id, url in proxied.urls.items()}
-    proxy = HAProxyProcess(ports, proxied.probe_ports, tmp_path)
-    proxy.start()
-    try:
+    with haproxy_in_front_of(proxied.urls, proxied.probe_ports, tmp_path) as proxy:
         yield proxy
-    finally:
-        proxy.stop()
 
 
 async def test_a_turn_completes_through_haproxy_when_the_active_node_dies_mid_tool(
@@ -48,7 +43,7 @@ async def test_a_turn_completes_through_haproxy_when_the_active_node_dies_mid_to
                     heartbeat_interval_s=0.2, drain_timeout_s=1.0)
     async with running(worker), DexClient(only_haproxy, token=proxied.tokens["client"]) as client, \
             ReadinessRecorder(proxied.probe_urls) as record, \
-            writing(AckedWriter(only_haproxy, proxied.tokens["client"])) as writer:
+            running(AckedWriter(only_haproxy, proxied.tokens["client"])) as writer:
         sid = (await client.create_session(AGENT))["session_id"]
         await client.send_message(sid, "failover")
         await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 
+from tests.e2e.conftest import running
 from tests.ha.proxied_cluster import ProxiedCluster
-from tests.ha.scenario import AckedWriter, all_caught_up, rejoined, sessions_on_disk, writing
+from tests.ha.scenario import AckedWriter, all_caught_up, rejoined, sessions_on_disk
 from tests.support.readiness_record import ReadinessRecorder
 
 FAILOVERS = 20
@@ -37,7 +38,7 @@ async def test_twenty_failovers_never_show_two_ready_nodes(proxied: ProxiedClust
     active = await proxied.active_node()
     started = time.monotonic()
     async with ReadinessRecorder(proxied.probe_urls) as record, \
-            writing(AckedWriter(list(proxied.urls.values()), proxied.tokens["client"])) as writer:
+            running(AckedWriter(list(proxied.urls.values()), proxied.tokens["client"])) as writer:
         for i in range(FAILOVERS):
             fault = kill_and_restart if i % 2 == 0 else isolate_and_heal
             new = await fault(proxied, active)

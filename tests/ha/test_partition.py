@@ -18,8 +18,9 @@ import time
 import aiohttp
 
 from dex_ha.server.config import ServerConfig
+from tests.e2e.conftest import running
 from tests.ha.proxied_cluster import ProxiedCluster
-from tests.ha.scenario import AckedWriter, all_caught_up, sessions_on_disk, writing
+from tests.ha.scenario import AckedWriter, all_caught_up, sessions_on_disk
 from tests.support.readiness_record import ReadinessRecorder
 
 ELECTION_TIMEOUT_MIN_S = ServerConfig.election_timeout_min_ms / 1000
@@ -56,7 +57,7 @@ async def test_an_isolated_active_node_stops_being_ready_first_takes_no_write_an
     old = await proxied.active_node()
     token = proxied.tokens["client"]
     async with ReadinessRecorder(proxied.probe_urls) as record, \
-            writing(AckedWriter(list(proxied.urls.values()), token)) as writer:
+            running(AckedWriter(list(proxied.urls.values()), token)) as writer:
         await writer.acked_after(5)
         cut_at = time.monotonic()
         await proxied.mesh.isolate(old)
@@ -88,7 +89,7 @@ async def one_way_partition(proxied: ProxiedCluster, direction: str) -> None:
     old = await proxied.active_node()
     links = proxied.mesh.inbound(old) if direction == "inbound" else proxied.mesh.outbound(old)
     async with ReadinessRecorder(proxied.probe_urls) as record, \
-            writing(AckedWriter(list(proxied.urls.values()), proxied.tokens["client"])) as writer:
+            running(AckedWriter(list(proxied.urls.values()), proxied.tokens["client"])) as writer:
         await writer.acked_after(3)
         cut_at = time.monotonic()
         await proxied.mesh.cut(links)
