@@ -30,9 +30,10 @@ class ProxiedCluster(LocalCluster):
     def __init__(self, directory: Path, nodes: int = 3, settings: Mapping[str, int] | None = None,
                  drain_timeout_ms: int | None = None, durability: str = "relaxed") -> None:
         super().__init__(directory, nodes, relaxed=durability == "relaxed")
-        ports = lambda base: [base + i for i in range(nodes)]  # noqa: E731  (the ranges LocalCluster chose)
-        self.plan: ClusterPlan = plan_cluster(directory, ports(self.http_base), ports(self.raft_base),
-                                              ports(self.probe_base), durability=durability,
+        # The port ranges LocalCluster chose, one port per node in each.
+        http, raft, probe = ([base + i for i in range(nodes)] for base in (self.http_base, self.raft_base,
+                                                                           self.probe_base))
+        self.plan: ClusterPlan = plan_cluster(directory, http, raft, probe, durability=durability,
                                               drain_timeout_ms=drain_timeout_ms)
         self.settings = dict(settings or {})  # extra top-level config keys, e.g. snapshot_every_entries
         self.mesh = ProxyMesh({n.node_id: n.raft_port for n in self.plan.nodes})
@@ -73,7 +74,7 @@ class ProxiedCluster(LocalCluster):
         """Start (or restart, on its data directory) one node; its pid goes to the pids file."""
         old = self.procs.get(node_id)
         if old is not None:
-            assert old.poll() is not None or old.wait(timeout=10) is not None, f"{node_id} still runs"
+            old.wait(timeout=10)  # reaped (TimeoutExpired if it still runs): one process per data directory
         self.procs[node_id] = start_node(self.plan.node(node_id))
         self.started_pids.append(self.procs[node_id].pid)
         write_pids(self.dir, {nid: p.pid for nid, p in self.procs.items()})

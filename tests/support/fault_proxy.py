@@ -153,6 +153,11 @@ class ProxyMesh:
         async def stop_links() -> None:
             for link in self.links.values():
                 await link.stop()
+            # The connections' tasks end once cancelled; let them, before the loop closes.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
 
         await self._thread.stop(stop_links())
 
@@ -179,6 +184,7 @@ class ProxyMesh:
         """The links `node` receives on."""
         return [(other, node) for other in self.nodes if other != node]
 
-    async def isolate(self, node: str) -> None:
-        """Cut `node` off from every peer, both ways."""
-        await self.cut(self.outbound(node) + self.inbound(node))
+    async def isolate(self, node: str, close: bool = False) -> None:
+        """Cut `node` off from every peer, both ways (`close`: reset its open connections
+        rather than hold them)."""
+        await self.cut(self.outbound(node) + self.inbound(node), close)
