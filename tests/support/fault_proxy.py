@@ -74,6 +74,9 @@ class LinkProxy:
         if self._server is not None:
             self._server.close()
 
+    def close_socket(self) -> None:
+        self._sock.close()
+
     def set_cut(self, cut: bool, close: bool = False) -> None:
         """Cut or heal the link (see the module docstring); on this proxy's loop only."""
         self.cut = cut
@@ -147,7 +150,9 @@ class ProxyMesh:
         await self._thread.start(start_links)
 
     async def stop(self) -> None:
-        if not self._thread.running:
+        if not self._thread.running:  # never started: only the bound sockets to let go
+            for link in self.links.values():
+                link.close_socket()
             return
 
         async def stop_links() -> None:
