@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,3 +96,29 @@ class LocalCluster:
                     return ready[0]
                 await asyncio.sleep(0.05)
         raise AssertionError(f"no active node within {deadline_s} s")
+
+
+def joiner_config(cluster: LocalCluster, http_port: int, raft_port: int, probe_port: int) -> Path:
+    """n4's TOML: n1's file (secret, tokens, the peers it can reach) with n4's own keys."""
+    text = (cluster.dir / "n1.toml").read_text()
+    own = {"node_id": '"n4"', "data_dir": f'"{cluster.dir / "n4"}"',
+           "http_listen": f'"127.0.0.1:{http_port}"', "url": f'"http://127.0.0.1:{http_port}"',
+           "raft_listen": f'"127.0.0.1:{raft_port}"', "probe_listen": f'"127.0.0.1:{probe_port}"'}
+    for key, value in own.items():
+        text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)  # top-level key
+        assert n == 1, key
+    text = text.replace("\n[tokens]", "join = true\n\n[tokens]", 1)
+    path = cluster.dir / "n4.toml"
+    path.write_text(text)
+    return path
+
+
+async def cluster_view(url: str, token: str) -> dict | None:
+    """A node's GET /v1/cluster (any node answers it), or None when it does not answer 200."""
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/v1/cluster", headers={"Authorization": f"Bearer {token}"},
+                                timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                return await resp.json() if resp.status == 200 else None
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None

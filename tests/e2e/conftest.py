@@ -7,11 +7,10 @@ import contextlib
 import inspect
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import pytest
 
-from dex_ha.worker import Worker
 from tests.e2e.cluster_process import LocalCluster
 
 
@@ -26,9 +25,19 @@ async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
         local.down()
 
 
+class Runnable(Protocol):
+    async def run(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+R = TypeVar("R", bound=Runnable)
+
+
 @contextlib.asynccontextmanager
-async def running(worker: Worker) -> AsyncIterator[Worker]:
-    """Run `worker` for the body of the block; stop it (its drain) and its task afterwards."""
+async def running(worker: R) -> AsyncIterator[R]:
+    """Run `worker` (a Worker, or anything with run() and stop()) for the body of the block;
+    stop it (a Worker's drain) and its task afterwards."""
     run = asyncio.create_task(worker.run())
     try:
         yield worker

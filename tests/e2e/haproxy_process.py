@@ -3,9 +3,11 @@ readiness-following address that clients and Workers use in production."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from tests.support.kv_cluster import free_ports
@@ -47,3 +49,17 @@ class HAProxyProcess:
     def stop(self) -> None:
         if self.proc is not None:
             stop(self.proc, timeout=10)
+
+
+@contextlib.contextmanager
+def haproxy_in_front_of(urls: Mapping[str, str], probe_ports: Mapping[str, int],
+                        work_dir: Path) -> Iterator[HAProxyProcess]:
+    """HAProxy running in front of the nodes of `urls` (node id -> http://127.0.0.1:PORT)
+    for the body of the block, stopped by pid afterwards."""
+    ports = {node_id: int(url.rsplit(":", 1)[1]) for node_id, url in urls.items()}
+    proxy = HAProxyProcess(ports, dict(probe_ports), work_dir)
+    proxy.start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()

@@ -26,7 +26,7 @@ from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.e2e.cluster_process import LocalCluster
 from tests.e2e.conftest import eventually, running
-from tests.e2e.haproxy_process import HAProxyProcess, haproxy_binary
+from tests.e2e.haproxy_process import haproxy_binary, haproxy_in_front_of
 
 AGENT = "ha"
 DEADLINE_S = 45.0
@@ -81,13 +81,8 @@ async def addresses(request: pytest.FixtureRequest, cluster: LocalCluster,
         return
     if haproxy_binary() is None:
         pytest.skip("haproxy is not installed (scripts/test installs it with apt-get)")
-    ports = {node_id: int(url.rsplit(":", 1)[1]) for node_id, url in cluster.urls.items()}
-    proxy = HAProxyProcess(ports, cluster.probe_ports, tmp_path)
-    proxy.start()
-    try:
+    with haproxy_in_front_of(cluster.urls, cluster.probe_ports, tmp_path) as proxy:
         yield [proxy.url]
-    finally:
-        proxy.stop()
 
 
 @pytest.fixture
