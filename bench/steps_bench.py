@@ -16,8 +16,11 @@ Both deployments use `strict` durability (fsync), started with the command line:
 The Worker is the Python Worker SDK in its own process (bench/steps_worker.py), with
 max_concurrency = the number of lanes, so server and Worker CPU are separate processes.
 For each concurrency the bench reports, over a window after a warm-up:
-- durable steps per second, counted from the Worker's accepted results (and the delta of
-  the server's `dex_attempts_started_total`, summed over the nodes, as a cross-check);
+- durable steps per second, counted from the Worker's accepted results (and, as a
+  cross-check over the whole row, warm-up included, the steps the Worker completed against
+  the delta of the server's `dex_attempts_started_total` summed over the nodes, both read
+  while nothing runs: /metrics is rendered at most once a second, so a scrape mid-window
+  would be up to a second stale);
 - per-step latency p50/p99: the time between consecutive step completions of one session
   (each gap is one hand-out + run + commit; at concurrency 1 nothing else waits);
 - CPU milliseconds per step of the server node processes (utime+stime from /proc), of the
@@ -57,6 +60,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench.common import CLK_TCK, cpu_pressure_us, cpu_seconds, fmt, fmt_pct, positive_ints  # noqa: E402
 from dex_ha.cli_cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.client import DexClient  # noqa: E402
+from dex_ha.server.metrics import RENDER_INTERVAL_S  # noqa: E402
 
 WORKER_SCRIPT = REPO_ROOT / "bench" / "steps_worker.py"
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "steps_bench.json"
@@ -470,7 +474,6 @@ class Sample:
     bench_cpu_s: float
     machine_busy_s: float
     cpu_pressure_us: int | None
-    attempts_started: float | None
 
 
 @dataclass
@@ -486,7 +489,8 @@ class Row:
     p99_ms: float | None
     gaps: int
     p50_ms_by_kind: dict[str, float]
-    attempts_started_delta: float | None
+    row_steps: int  # steps the Worker completed over the whole row, warm-up included
+    row_attempts_started: float | None  # the server's hand-outs over the same row
     failed_results: int
     sessions_started: int
     sessions_abandoned: int
@@ -520,14 +524,19 @@ async def scrape_attempts_started(http: aiohttp.ClientSession, urls: list[str]) 
     return total
 
 
+async def quiet_attempts_started(http: aiohttp.ClientSession, urls: list[str]) -> float | None:
+    """`dex_attempts_started_total` summed over the nodes, read while no step runs. /metrics
+    serves text rendered up to RENDER_INTERVAL_S ago, so the read comes that long after the
+    caller stopped the load: the text was then rendered after the last hand-out."""
+    await asyncio.sleep(RENDER_INTERVAL_S + 0.05)
+    return await scrape_attempts_started(http, urls)
+
+
 async def take_sample(http: aiohttp.ClientSession, deployment: Deployment, worker: WorkerProcess) -> Sample:
     at_ns, times = time.monotonic_ns(), os.times()
     sample = Sample(at_ns=at_ns, node_cpu_s=[cpu_seconds(p) for p in deployment.node_pids],
                     worker_cpu_s=cpu_seconds(worker.pid), bench_cpu_s=times.user + times.system,
-                    machine_busy_s=machine_busy_seconds(), cpu_pressure_us=cpu_pressure_us(),
-                    attempts_started=None)
-    # The scrape takes a few ms; in-flight steps make the cross-check approximate anyway.
-    sample.attempts_started = await scrape_attempts_started(http, deployment.urls)
+                    machine_busy_s=machine_busy_seconds(), cpu_pressure_us=cpu_pressure_us())
     return sample
 
 
@@ -578,6 +587,7 @@ async def measure(deployment: Deployment, concurrency: int, args: argparse.Names
     stats = LaneStats()
     try:
         async with DexClient(deployment.urls, deployment.client_token) as client, aiohttp.ClientSession() as http:
+            started_before = await quiet_attempts_started(http, deployment.urls)
             lanes = [asyncio.create_task(run_lane(client, agent, worker.tracker, args.turns_per_session, stats))
                      for _ in range(concurrency)]
             await watch(worker, lanes, args.warmup_s)
@@ -586,10 +596,12 @@ async def measure(deployment: Deployment, concurrency: int, args: argparse.Names
             last = await take_sample(http, deployment, worker)
             load_average = [round(v, 2) for v in os.getloadavg()]
             await stop_lanes(lanes, stats)
+            started_after = await quiet_attempts_started(http, deployment.urls)
     finally:
         await cancel_all(lanes)
         stopped_cleanly = await worker.stop()
-    return summarize(deployment, concurrency, worker, first, last, stats, stopped_cleanly, load_average)
+    started = None if started_before is None or started_after is None else started_after - started_before
+    return summarize(deployment, concurrency, worker, first, last, stats, stopped_cleanly, load_average, started)
 
 
 async def watch(worker: WorkerProcess, lanes: list[asyncio.Task[None]], seconds: float) -> None:
@@ -611,7 +623,8 @@ async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
 
 
 def summarize(deployment: Deployment, concurrency: int, worker: WorkerProcess, first: Sample, last: Sample,
-              stats: LaneStats, stopped_cleanly: bool, load_average: list[float]) -> Row:
+              stats: LaneStats, stopped_cleanly: bool, load_average: list[float],
+              row_attempts_started: float | None) -> Row:
     window_s = (last.at_ns - first.at_ns) / 1e9
     in_window = [c for c in worker.tracker.completions if first.at_ns <= c.at_ns < last.at_ns]
     steps = sum(1 for c in in_window if c.ok)
@@ -628,9 +641,6 @@ def summarize(deployment: Deployment, concurrency: int, worker: WorkerProcess, f
     def cores(cpu_s: float) -> float:
         return round(cpu_s / window_s, 2)
 
-    attempts = None
-    if last.attempts_started is not None and first.attempts_started is not None:
-        attempts = last.attempts_started - first.attempts_started
     cpu_wait = None
     if last.cpu_pressure_us is not None and first.cpu_pressure_us is not None:
         cpu_wait = round((last.cpu_pressure_us - first.cpu_pressure_us) / 1e6 / window_s, 3)
@@ -639,7 +649,8 @@ def summarize(deployment: Deployment, concurrency: int, worker: WorkerProcess, f
         steps_per_second=round(steps / window_s, 1),
         p50_ms=percentile_ms(all_gaps, 50), p99_ms=percentile_ms(all_gaps, 99), gaps=len(all_gaps),
         p50_ms_by_kind={kind: percentile_ms(sorted(g), 50) for kind, g in gaps_by_kind.items() if g},
-        attempts_started_delta=attempts, failed_results=sum(1 for c in in_window if not c.ok),
+        row_steps=sum(1 for c in worker.tracker.completions if c.ok), row_attempts_started=row_attempts_started,
+        failed_results=sum(1 for c in in_window if not c.ok),
         sessions_started=stats.started, sessions_abandoned=stats.abandoned,
         server_cpu_ms_per_step=per_step_ms(sum(node_cpu)),
         server_cpu_ms_per_step_by_node=[per_step_ms(c) or 0.0 for c in node_cpu],
@@ -726,12 +737,12 @@ def print_table(result: dict[str, Any]) -> None:
           f"core) of the busiest server node, of the Worker, and of processes outside this bench (other); cpu wait = "
           f"share of the time some runnable process waited for a CPU (PSI)")
     print(f"{'deployment':<10} {'conc':>5} {'steps':>7} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'started Δ':>9} {'srv ms/step':>11} {'srv cores':>9} {'wrk ms/step':>11} {'wrk cores':>9} "
+          f"{'row done/started':>16} {'srv ms/step':>11} {'srv cores':>9} {'wrk ms/step':>11} {'wrk cores':>9} "
           f"{'other':>6} {'cpu wait':>8}")
     for name in ("dev", "cluster"):
         for r in result.get(name, {}).get("rows", []):
             print(f"{name:<10} {r['concurrency']:>5} {r['steps']:>7} {r['steps_per_second']:>8.0f} "
-                  f"{fmt(r['p50_ms'], '.2f'):>7} {fmt(r['p99_ms'], '.2f'):>7} {fmt(r['attempts_started_delta'], '.0f'):>9} "
+                  f"{fmt(r['p50_ms'], '.2f'):>7} {fmt(r['p99_ms'], '.2f'):>7} {r['row_steps']:>7}/{fmt(r['row_attempts_started'], '.0f'):<8} "
                   f"{fmt(r['server_cpu_ms_per_step'], '.3f'):>11} {r['server_busiest_node_cores']:>9.2f} "
                   f"{fmt(r['worker_cpu_ms_per_step'], '.3f'):>11} {r['worker_cores']:>9.2f} "
                   f"{r['other_load_cores']:>6.2f} {fmt_pct(r['cpu_wait_fraction']):>8}")

@@ -55,10 +55,11 @@ def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_pat
         assert row["steps"] > 0
         assert row["steps_per_second"] > 0
         assert row["failed_results"] == 0
-        # The server counted the hand-outs of the same window (steps in flight at either
-        # edge may differ, at most one per session slot each side, and a few ms of scrape).
-        assert row["attempts_started_delta"] is not None
-        assert abs(row["attempts_started_delta"] - row["steps"]) <= max(10, 0.1 * row["steps"])
+        # Over the whole row the server handed out what the Worker completed (a session a
+        # lane gave up on may leave a few hand-outs without a result).
+        assert row["row_steps"] >= row["steps"]
+        assert row["row_attempts_started"] is not None
+        assert abs(row["row_attempts_started"] - row["row_steps"]) <= max(3, 0.01 * row["row_steps"])
         assert row["p50_ms"] is not None and 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["server_cpu_ms_per_step"] > 0
         assert row["worker_stopped_cleanly"] is True
