@@ -6,7 +6,7 @@ tool functions with heartbeats, and delivers their results.
 """
 
 from dex_ha.worker.agent import BUILTIN_TOOL_NAMES, EFFECTS, Agent, Tool, infer_input_schema
-from dex_ha.worker.context import AttemptCancelled, Pending, TaskHandle, ToolContext, ToolError
+from dex_ha.worker.context import AttemptCancelled, NonRetryableError, Pending, TaskHandle, ToolContext, ToolError
 from dex_ha.worker.model import (
     DeltaSink,
     Model,
@@ -27,6 +27,7 @@ __all__ = [
     "Model",
     "ModelRequest",
     "ModelResponse",
+    "NonRetryableError",
     "Pending",
     "ScriptExhausted",
     "ScriptedModel",

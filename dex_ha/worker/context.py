@@ -36,6 +36,12 @@ class ArgumentsRefused(ToolError):
     the Worker reports the attempt as not started (the tool did not run)."""
 
 
+class NonRetryableError(Exception):
+    """Raised by a model (or a tool) when another attempt would fail the same way: a 400 or
+    401 from the model API, say. The attempt fails with `retryable=False`, so the step uses
+    no attempt left: a model step fails its turn at once, with this message."""
+
+
 class AttemptCancelled(Exception):
     """Raised by `ToolContext.heartbeat` when the server said stop (the turn was
     cancelled, or this attempt is no longer the current one). Whatever the tool returns

@@ -10,6 +10,7 @@ A model provider implements two coroutines:
 the tool list; it may stream text through `stream.send_text(...)` while it works (the
 Worker relays those deltas to the server with heartbeats). Raising an exception (a 429 from
 the model API, say) fails the attempt as retryable; the server decides whether to retry.
+Raising `NonRetryableError` (a 400 or 401 from the model API) fails it with no retry.
 """
 
 from __future__ import annotations

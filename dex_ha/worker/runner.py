@@ -35,7 +35,7 @@ from dex_ha.client.connection import Connection, DexError, DexUnavailable
 from dex_ha.failpoints import Failpoints
 from dex_ha.worker.agent import Agent, Tool
 from dex_ha.worker.context import (
-    ArgumentsRefused, AttemptCancelled, Pending, QuestionAsked, TaskHandle, ToolContext, ToolError,
+    ArgumentsRefused, AttemptCancelled, NonRetryableError, Pending, QuestionAsked, TaskHandle, ToolContext, ToolError,
 )
 from dex_ha.worker.model import ModelRequest, ModelResponse
 
@@ -524,6 +524,9 @@ class Worker:
             return Outcome(error=str(exc), retryable=False, not_started=isinstance(exc, NotStarted))
         except AttemptCancelled:
             return Outcome(error="cancelled by the server", retryable=True)  # dropped: heartbeats.stopped
+        except NonRetryableError as exc:
+            log.error("%s: failed, not to be retried: %s", task, exc)
+            return Outcome(error=f"{type(exc).__name__}: {exc}", retryable=False)
         except Exception as exc:
             log.exception("%s: raised %s: %s", task, type(exc).__name__, exc)
             return Outcome(error=f"{type(exc).__name__}: {exc}", retryable=True)

@@ -15,6 +15,7 @@ hits it (a killed Worker, or the server's 409 after a restart or a takeover).
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -362,6 +363,45 @@ def r20(kit: Kit, name: str) -> Agent:
     return agent
 
 
+# ---------------------------------------------------------------- the soak's agent
+
+SOAK_TOOLS = (("lookup", "read"), ("put_item", "idempotent_write"), ("send_note", "write"))
+SOAK_TOOL_S = (0.05, 0.6)  # how long one tool run takes: long enough to be killed mid-run
+
+
+def soak(kit: Kit, name: str) -> Agent:
+    """tests/crash/test_soak.py: each turn calls one tool of every effect at once, each
+    running a random while (with heartbeats), then answers. Call ids carry the user's text
+    (unique per session), so every call of the session is told apart; the ledger names a
+    run by `session:call` and records the key the Worker was given."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        text = user_text(request)
+        if results_in_turn(request) == 0:
+            return calls(*((f"{text}-{tool}", tool, {"text": text}) for tool, _ in SOAK_TOOLS))
+        return answer(f"done {text}")
+
+    agent = Agent(name, LedgerModel(kit, name, script))
+    for tool, effect in SOAK_TOOLS:
+        agent.tool(effect=effect, name=tool, input_schema={"type": "object"})(soak_tool(kit, tool))
+    return agent
+
+
+def soak_tool(kit: Kit, name: str) -> Callable[..., Awaitable[Any]]:
+    async def run(ctx: ToolContext, **arguments: Any) -> Any:
+        record = dict(call_id=f"{ctx.session_id}:{ctx.call_id}", key=ctx.idempotency_key, attempt=ctx.attempt)
+        kit.ledger.record("tool", name, "started", data=arguments, **record)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + random.uniform(*SOAK_TOOL_S)
+        while loop.time() < until:
+            await ctx.heartbeat()  # AttemptCancelled once the server failed this attempt
+            await asyncio.sleep(min(HANG_TICK_S, max(0.0, until - loop.time())))
+        kit.ledger.record("tool", name, "finished", data=arguments, **record)
+        return f"{name} ok"
+
+    return run
+
+
 AGENTS: dict[str, Callable[[Kit, str], Agent]] = {
     "R01": r01,
     "R02": r02,
@@ -383,4 +423,5 @@ AGENTS: dict[str, Callable[[Kit, str], Agent]] = {
     "R18": r18,
     "R19": single_tool_row("lookup", "read", hang_on=lambda _: False, beats=False),
     "R20": r20,
+    "SOAK": soak,
 }

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dex_ha.client import DexError
-from dex_ha.worker import Agent, AttemptCancelled, ScriptedModel, ToolContext, ToolError, Worker
+from dex_ha.worker import Agent, AttemptCancelled, NonRetryableError, ScriptedModel, ToolContext, ToolError, Worker
 from tests.worker.fake_server import FakeServer
 
 SCRIPT = [{"content": "Searching now", "tool_calls": [
@@ -320,6 +320,19 @@ async def test_a_raised_exception_fails_the_attempt_as_retryable(fake: FakeServe
     assert fake.fails[model] == [{"worker_id": "w-test", "error": "RuntimeError: 429 too many requests",
                                   "retryable": True}]
     assert fake.completes[tool] == fake.completes[model] == []
+
+
+async def test_a_non_retryable_error_fails_the_attempt_with_no_retry(fake: FakeServer) -> None:
+    def refused(request: Any) -> Any:
+        raise NonRetryableError("400 invalid_request_error: messages: tool_use ids must be unique")
+
+    box = Toolbox(model=ScriptedModel(refused))
+    model = fake.add_task("RunModel", {"history": [], "tools": []})
+    async with running(make_worker(fake, box.agent)):
+        await fake.wait_for(lambda: fake.fails[model], "the failure report")
+    assert fake.fails[model] == [{"worker_id": "w-test", "retryable": False, "error": "NonRetryableError: 400 "
+                                  "invalid_request_error: messages: tool_use ids must be unique"}]
+    assert fake.completes[model] == []
 
 
 # ---------------------------------------------------------------- concurrency
