@@ -1,0 +1,9 @@
+"""dex_ha.adapters — run an agent written for another framework durably on dex-ha.
+
+Each adapter turns a framework agent into a dex_ha.worker.Agent: every model call becomes a
+RunModel step and every function tool its own tool step, with the effect you declare.
+Import the one you use; this package imports none of them:
+
+    from dex_ha.adapters.openai_agents import durable_agent  # pip install 'dex-ha[openai-agents]'
+    from dex_ha.adapters.pydantic_ai import durable_agent    # pip install 'dex-ha[pydantic-ai]'
+"""
