@@ -31,6 +31,21 @@ def cell_id(row_id: str, column: str) -> str:
     return f"{row_id}-{column}"
 
 
+SOAK = [
+    "## The soak",
+    "",
+    "The cells interrupt one step at one moment. The soak interrupts whatever runs: on a three-node",
+    "cluster (strict durability) with two Worker processes and four sessions sending message after",
+    "message, each turn calling a read, an idempotent write and a single-attempt write at once, it",
+    "SIGKILLs the active node or a Worker process at random moments (100 times by default), then",
+    "checks against the ledger and the snapshots: no acknowledged message lost, no single-attempt",
+    "tool run twice, no idempotent write run with another key, every call in a status its effect",
+    "allows, every turn finished. It prints the totals and the seed that replays its schedule:",
+    "",
+    "    DEX_HA_SOAK=1 python -m pytest -s tests/crash/test_soak.py   # DEX_HA_SOAK_KILLS, DEX_HA_SOAK_SEED",
+]
+
+
 def render_table() -> str:
     lines = [
         "# The crash matrix, cell by cell",
@@ -67,6 +82,7 @@ def render_table() -> str:
             expected = f"xfail: {failure.xfail}" if failure.xfail else "pass"
             lines.append(f"| `test_cell[{cell_id(row.id, column)}]` | {failure.death} | {failure.checks or '—'} "
                          f"| {expected} |")
+    lines += ["", *SOAK]
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.bench.test_overload_bench_smoke import running
+from tests.support.processes import pid_alive
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH = REPO_ROOT / "bench" / "failover_bench.py"
@@ -40,4 +40,4 @@ def test_smoke_run_measures_each_fault_prints_the_table_and_stops_everything(tmp
     assert down["new"] != down["old"] and down["gap_s"] is not None and down["overlap_rounds"] == 0
     assert result["measured"]["overlap_rounds"] == 0
     assert len(result["pids"]) >= 4  # three nodes and the killed one's restart (HAProxy too, when installed)
-    assert not [pid for pid in result["pids"] if running(pid)]
+    assert not [pid for pid in result["pids"] if pid_alive(pid)]

@@ -11,17 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.processes import pid_alive
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH = REPO_ROOT / "bench" / "overload_bench.py"
 SMOKE_DEADLINE_S = 90.0  # the run takes ~5 s; the rest is slack for a loaded machine
-
-
-def running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_smoke_run_counts_answers_prints_the_table_and_stops_the_node(tmp_path: Path) -> None:
@@ -44,4 +38,4 @@ def test_smoke_run_counts_answers_prints_the_table_and_stops_the_node(tmp_path: 
     assert load["clients_answered"] == 20
     assert row["term_changes"] is not None and len(row["before"]) == len(row["after"]) == 1
     assert row["follower_gap_max_s"] is None  # dev has no follower: "n/a"
-    assert row["node_pids"] and not [pid for pid in row["node_pids"] if running(pid)]
+    assert row["node_pids"] and not [pid for pid in row["node_pids"] if pid_alive(pid)]

@@ -23,54 +23,13 @@ import pytest
 
 from dex_ha.cli_cluster import node_process_alive
 from dex_ha.client import DexClient, SessionEvent
-from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from dex_ha.worker import Worker
 from tests.e2e.cluster_process import LocalCluster
 from tests.e2e.conftest import eventually, running
 from tests.e2e.haproxy_process import haproxy_binary, haproxy_in_front_of
+from tests.support.failover_agent import AGENT, Ledger, attempts_of, make_agent
 
-AGENT = "ha"
 DEADLINE_S = 45.0
-
-
-class Ledger:
-    def __init__(self) -> None:
-        self.runs: list[tuple[str, str, int]] = []  # (tool, idempotency key, attempt)
-        self.first_attempt_running = asyncio.Event()
-        self.cancelled: list[int] = []
-
-
-def script(request: ModelRequest) -> dict[str, Any]:
-    last = request.history[-1]
-    if last["type"] == "user":
-        tool = "slow_put" if last["text"] == "failover" else "steady_put"
-        return {"content": "on it", "tool_calls": [{"id": f"c-{last['text']}", "name": tool,
-                                                     "arguments": {"item": last["text"]}}]}
-    return {"content": "all done", "tool_calls": []}
-
-
-def make_agent(ledger: Ledger) -> Agent:
-    agent = Agent(AGENT, model=ScriptedModel(script))
-
-    @agent.tool(effect="idempotent_write")
-    async def slow_put(ctx: ToolContext, item: str) -> str:
-        ledger.runs.append(("slow_put", ctx.idempotency_key or "", ctx.attempt))
-        if ctx.attempt == 1:  # the first attempt runs until its node dies under it
-            ledger.first_attempt_running.set()
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                ledger.cancelled.append(ctx.attempt)
-                raise
-        return f"stored {item}"
-
-    @agent.tool(effect="idempotent_write")
-    async def steady_put(ctx: ToolContext, item: str) -> str:
-        ledger.runs.append(("steady_put", ctx.idempotency_key or "", ctx.attempt))
-        ledger.first_attempt_running.set()
-        await asyncio.sleep(1.0)  # well within the drain timeout
-        return f"stored {item}"
-
-    return agent
 
 
 @pytest.fixture(params=["node_urls", "haproxy"])
@@ -114,11 +73,6 @@ def assert_completed_without_a_failed_attempt(snapshot: dict[str, Any]) -> None:
     assert snapshot["turns"][-1]["status"] == "completed"
     every_attempt = [a for c in snapshot["tool_calls"] for s in c["steps"] for a in s["attempts"]]
     assert every_attempt and all(a["status"] == "completed" for a in every_attempt)
-
-
-def attempts_of(snapshot: dict[str, Any], call_id: str) -> list[dict[str, Any]]:
-    call = next(c for c in snapshot["tool_calls"] if c["call_id"] == call_id)
-    return [a for step in call["steps"] for a in step["attempts"]]
 
 
 async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(

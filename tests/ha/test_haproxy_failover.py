@@ -18,7 +18,7 @@ from dex_ha.client import DexClient
 from dex_ha.worker import Worker
 from tests.e2e.conftest import running
 from tests.e2e.haproxy_process import HAProxyProcess, haproxy_binary, haproxy_in_front_of
-from tests.e2e.test_cluster_e2e import AGENT, Ledger, attempts_of, make_agent
+from tests.support.failover_agent import AGENT, Ledger, attempts_of, make_agent
 from tests.ha.proxied_cluster import ProxiedCluster
 from tests.ha.scenario import AckedWriter, all_caught_up, sessions_on_disk
 from tests.support.readiness_record import ReadinessRecorder

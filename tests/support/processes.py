@@ -15,3 +15,12 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
             proc.kill()
             proc.wait(timeout=10)
     return proc.returncode
+
+
+def pid_alive(pid: int) -> bool:
+    """The process `pid` exists and is not a zombie (an exited child not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
