@@ -192,6 +192,10 @@ def print_totals(seed: int, totals: Totals, outcomes: Counter[str], ledger: Ledg
     print(f"  messages acknowledged: {sum(len(a) for a in totals.acked.values())}; "
           f"turns: {', '.join(f'{n} {k}' for k, n in sorted(turns.items()))}; "
           f"waits past {TURN_DEADLINE_S:.0f} s: {totals.slow_turns}")
+    for sid, snapshot in snapshots.items():
+        for turn in snapshot["turns"]:
+            if turn["status"] == "failed":
+                print(f"    turn {turn['number']} of {sid} failed: {turn['error']}")
     print(f"  calls: {', '.join(f'{n} {k}' for k, n in sorted(outcomes.items()))}")
     print(f"  tool runs started: {', '.join(f'{n} {k}' for k, n in sorted(tool_runs.items()))}")
     print(f"  violations: {len(violations)}")
