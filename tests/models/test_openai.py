@@ -5,6 +5,8 @@ summary call. Requests go to the fake OpenAI server (tests/support/fake_openai.p
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any, AsyncIterator
 
 import openai
@@ -17,6 +19,7 @@ from dex_ha.models.openai import (
     responses_input,
 )
 from dex_ha.worker import Agent, ModelRequest, NonRetryableError, ToolCall, ToolContext
+from tests.crash.harness import env_with_repo
 from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, FakeOpenAI, Failure, Reply
 
 APIS = ("responses", "chat")
@@ -326,8 +329,6 @@ async def test_the_key_and_address_come_from_the_environment(fake: FakeOpenAI,
 
 def test_the_worker_sdk_does_not_import_openai() -> None:
     """The extra stays optional: only dex_ha.models.openai imports the SDK."""
-    import subprocess
-    import sys
     code = ("import sys, dex_ha.worker, dex_ha.client, dex_ha.models; "
             "sys.exit(1 if 'openai' in sys.modules else 0)")
-    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], env=env_with_repo(), timeout=60).returncode == 0
