@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +32,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from dex_ha.worker.context import NonRetryableError
 from dex_ha.worker.model import DeltaSink, HistoryItem, ModelRequest, ModelResponse, ToolCall
+
+log = logging.getLogger("dex_ha.models.openai")
 
 APIS = ("responses", "chat")
 NOTE_ROLES = ("developer", "system", "user")
@@ -98,6 +101,7 @@ class OpenAIModel:
         self._client = _client_without_retries(client, api_key, base_url)
         self._owns_client = client is None
         self.request_options = _check_request_options(request_options, self._create_function())
+        warm_up_parsers(api)
 
     # ------------------------------------------------------------ the model protocol
 
@@ -382,6 +386,53 @@ class ChatAnswer:
                  for _, call in sorted(self.calls.items())]
         usage = _usage(self.usage.prompt_tokens, self.usage.completion_tokens) if self.usage is not None else {}
         return ModelResponse("".join(self.text), calls, usage)
+
+
+# ---------------------------------------------------------------- warming the SDK up
+
+_SAMPLE_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                 "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+_SAMPLE_RESPONSE = {
+    "id": "resp_0", "object": "response", "created_at": 0, "status": "completed", "model": "", "usage": _SAMPLE_USAGE,
+    "output": [{"id": "msg_0", "type": "message", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": "", "annotations": []}]},
+               {"id": "fc_0", "type": "function_call", "call_id": "call_0", "name": "f", "arguments": "{}"}]}
+_SAMPLE_CALL = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+_SAMPLE_CHAT_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+
+def warm_up_parsers(api: str) -> None:
+    """Build the SDK's parsers of the answers `api` gives, now.
+
+    The SDK builds them (pydantic schemas of some hundred event and item types) the first
+    time it parses an answer: seconds of CPU on a busy machine, in the middle of the first
+    model call, during which the Worker's event loop sends no heartbeat for any task (a
+    short heartbeat timeout then fails the attempt). At construction, before the Worker
+    runs, the cost is paid once where it harms nothing. It uses an internal function of the
+    SDK, so a failure only logs: the SDK then builds them on first use, as it would anyway.
+    """
+    try:
+        from openai._models import construct_type
+
+        if api == "responses":
+            from openai.types.responses import Response, ResponseStreamEvent
+            construct_type(type_=Response, value=_SAMPLE_RESPONSE)
+            for event in ({"type": "response.output_text.delta", "delta": "", "item_id": "msg_0", "output_index": 0,
+                           "content_index": 0, "sequence_number": 0, "logprobs": []},
+                          {"type": "response.completed", "response": _SAMPLE_RESPONSE, "sequence_number": 1}):
+                construct_type(type_=ResponseStreamEvent, value=event)
+        else:
+            from openai.types.chat import ChatCompletion, ChatCompletionChunk
+            construct_type(type_=ChatCompletionChunk, value={
+                "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "", "usage": _SAMPLE_CHAT_USAGE,
+                "choices": [{"index": 0, "finish_reason": None,
+                             "delta": {"content": "", "tool_calls": [{"index": 0, **_SAMPLE_CALL}]}}]})
+            construct_type(type_=ChatCompletion, value={
+                "id": "c", "object": "chat.completion", "created": 0, "model": "", "usage": _SAMPLE_CHAT_USAGE,
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "", "tool_calls": [_SAMPLE_CALL]}}]})
+    except Exception as exc:  # an SDK version without that function: no harm, only no head start
+        log.debug("could not build the openai SDK's parsers ahead of time: %s", exc)
 
 
 # ---------------------------------------------------------------- shared helpers
