@@ -157,3 +157,18 @@ async def test_stop_ends_a_stalled_stream(client_of: Any, fake: FakeOpenAI) -> N
 async def _drain(stream: Any) -> None:
     async for _ in stream:
         pass
+
+
+async def test_an_error_in_the_middle_of_a_stream(client_of: Any, fake: FakeOpenAI) -> None:
+    client = client_of(fake)
+    fake.queue(Reply("one two three", error_after=1, error_message="boom"),
+               Reply("one two three", error_after=2, error_message="bang"))
+    events = [event async for event in await client.responses.create(model="gpt-test", input="hi", stream=True)]
+    assert [e.type for e in events][-2:] == ["response.output_text.delta", "error"]
+    assert (events[-1].message, events[-1].code) == ("boom", "server_error")  # type: ignore[union-attr]
+    texts: list[str] = []
+    with pytest.raises(openai.APIError, match="bang"):
+        async for chunk in await client.chat.completions.create(
+                model="gpt-test", messages=[{"role": "user", "content": "hi"}], stream=True):
+            texts += [choice.delta.content or "" for choice in chunk.choices]
+    assert "".join(texts) == "one two "

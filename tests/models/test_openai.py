@@ -332,3 +332,13 @@ def test_the_worker_sdk_does_not_import_openai() -> None:
     code = ("import sys, dex_ha.worker, dex_ha.client, dex_ha.models; "
             "sys.exit(1 if 'openai' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], env=env_with_repo(), timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_an_error_in_the_middle_of_the_stream_is_retryable(fake: FakeOpenAI, models: Any, api: str) -> None:
+    fake.queue(Reply("one two three", error_after=2, error_message="The server had an error"))
+    sink = Deltas()
+    with pytest.raises(Exception, match="The server had an error") as raised:
+        await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), sink)
+    assert not isinstance(raised.value, NonRetryableError)
+    assert sink.texts == ["one ", "two "]

@@ -13,7 +13,8 @@ request body is recorded. Nothing reaches the internet.
         fake.queue(Reply("Hello there"),                                   # text, streamed word by word
                    Reply(tool_calls=[Call("lookup", {"q": "A17"})]),       # a function call
                    Failure(429, "Rate limit reached", retry_after=1),      # an error answer
-                   Reply("cut off here and", stall_after=2))               # 2 deltas, then silence
+                   Reply("cut off here and", stall_after=2),               # 2 deltas, then silence
+                   Reply("half an answer", error_after=1))                 # 1 delta, then a stream error
         fake.script = lambda request: Reply(f"you said {request.body['input'][-1]['content']}")
         client = AsyncOpenAI(api_key="test", base_url=fake.base_url, max_retries=0)
         ...
@@ -66,6 +67,9 @@ class Reply:
 
     `stall_after=N` (streaming only): send the first N text deltas, then nothing more and
     keep the connection open, as a model API that hangs mid-stream.
+    `error_after=N` (streaming only): send the first N text deltas, then the API's
+    mid-stream error (`error_message`) and end the stream: an `error` event on the
+    Responses API, a chunk `{"error": {...}}` on Chat Completions.
     `delta_delay_s`: pause between streamed events, so that deltas arrive one by one.
     `status="incomplete"` (Responses API) or `finish_reason="length"` (Chat) say the
     output was cut at the token limit.
@@ -76,6 +80,8 @@ class Reply:
     input_tokens: int | None = None
     output_tokens: int | None = None
     stall_after: int | None = None
+    error_after: int | None = None
+    error_message: str = "The server had an error while processing your request."
     delta_delay_s: float = 0.0
     incomplete: bool = False
 
@@ -216,18 +222,27 @@ class FakeOpenAI:
                         else self._chat_completion(body, answer))
             return web.json_response(document)
         events = self._response_events(body, answer) if responses_api else self._chat_chunks(body, answer)
-        return await self._stream(http_request, answer, events)
+        error = Failure(500, answer.error_message, code="server_error").body()
+        # The Responses API's `error` event has the fields of the error object, its own type.
+        error_event = ("error", {**error["error"], "type": "error", "sequence_number": len(events)}) \
+            if responses_api else (None, error)
+        return await self._stream(http_request, answer, events, error_event)
 
     async def _stream(self, http_request: web.Request, reply: Reply,
-                      events: list[tuple[str | None, dict[str, Any] | str, bool]]) -> web.StreamResponse:
-        """Send the events as SSE; with `stall_after`, stop after that many text deltas and
-        hold the connection open until the fake stops (or the client goes away)."""
+                      events: list[tuple[str | None, dict[str, Any] | str, bool]],
+                      error_event: tuple[str | None, dict[str, Any]]) -> web.StreamResponse:
+        """Send the events as SSE. With `error_after`, send `error_event` after that many
+        text deltas and end; with `stall_after`, stop after that many text deltas and hold
+        the connection open until the fake stops (or the client goes away)."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                "Cache-Control": "no-cache"})
         await response.prepare(http_request)
         sent_deltas = 0
         try:
             for event, data, is_text_delta in events:
+                if is_text_delta and reply.error_after is not None and sent_deltas >= reply.error_after:
+                    await response.write(_sse(*error_event))
+                    break
                 if is_text_delta and reply.stall_after is not None and sent_deltas >= reply.stall_after:
                     self._stalled.set()
                     await self._release.wait()
