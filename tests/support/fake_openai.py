@@ -71,8 +71,8 @@ class Reply:
     mid-stream error (`error_message`) and end the stream: an `error` event on the
     Responses API, a chunk `{"error": {...}}` on Chat Completions.
     `delta_delay_s`: pause between streamed events, so that deltas arrive one by one.
-    `status="incomplete"` (Responses API) or `finish_reason="length"` (Chat) say the
-    output was cut at the token limit.
+    `incomplete=True`: the output was cut at the token limit (the Responses API answers
+    status "incomplete" with reason max_output_tokens; Chat, finish_reason "length").
     """
 
     text: str | list[str] = ""
