@@ -128,3 +128,30 @@ async def test_count_tokens_answers_and_is_recorded() -> None:
 def test_only_replies_and_errors_can_be_queued() -> None:
     with pytest.raises(TypeError, match="Reply or an ApiError"):
         FakeAnthropic(["hello"])  # type: ignore[list-item]
+
+
+TOOLS = [{"name": "lookup", "input_schema": {"type": "object", "properties": {}}}]
+CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}]}
+RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
+
+
+@pytest.mark.parametrize("messages, tools, refusal", [
+    ([{"role": "assistant", "content": "hi"}], TOOLS, "roles must alternate"),
+    ([*MESSAGES, {"role": "user", "content": "again"}], TOOLS, "roles must alternate"),
+    ([*MESSAGES, CALL, {"role": "user", "content": [{"type": "text", "text": "note"}, RESULT]}], TOOLS,
+     "without `tool_result` blocks immediately after: t1"),
+    ([*MESSAGES, CALL, {"role": "user", "content": [{"type": "text", "text": "note"}]}], TOOLS,
+     "without `tool_result` blocks immediately after: t1"),
+    ([{"role": "user", "content": [RESULT]}], TOOLS, "unexpected `tool_use_id`"),
+    ([*MESSAGES, CALL, {"role": "user", "content": [RESULT]}], None, "must define tools"),
+    ([{"role": "user", "content": [{"type": "text", "text": " "}]}], TOOLS, "non-whitespace text"),
+])
+async def test_the_fake_refuses_what_the_real_api_refuses(messages: list, tools: list | None, refusal: str) -> None:
+    async with FakeAnthropic([Reply.of("unused")]) as fake:
+        extra = {"tools": tools} if tools else {}
+        with pytest.raises(anthropic.BadRequestError, match=refusal):
+            await sdk(fake).messages.create(model="m", max_tokens=10, messages=messages, **extra)
+        # A valid request (results first, text after them) gets the scripted answer.
+        valid = [*MESSAGES, CALL, {"role": "user", "content": [RESULT, {"type": "text", "text": "note"}]}]
+        assert (await sdk(fake).messages.create(model="m", max_tokens=10, messages=valid, tools=TOOLS)) \
+            .content[0].text == "unused"

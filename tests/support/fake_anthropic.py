@@ -17,6 +17,9 @@ What each `/v1/messages` request gets, in this order:
 1. the next item of the queue (`replies=` at construction, `fake.push(...)` later);
 2. otherwise `responder(body)`, a function of the request body (sync or async);
 3. otherwise a 500 `api_error` saying that nothing was scripted.
+Before that, with `validate=True` (the default), a body the real API would refuse for its
+structure (`request_problem`: roles that do not alternate, a tool_use without its
+tool_result in the next message, ...) gets the 400 `invalid_request_error` the API gives.
 An item is a :class:`Reply` (a message, with optional stall or mid-stream error) or an
 :class:`ApiError` (an HTTP error with Anthropic's error JSON).
 
@@ -144,7 +147,8 @@ class FakeAnthropic:
     """The fake server (see the module doc). Use it as `async with`, or `start()`/`stop()`."""
 
     def __init__(self, replies: Iterable[Item] = (), *, responder: Responder | None = None,
-                 model: str | None = None) -> None:
+                 model: str | None = None, validate: bool = True) -> None:
+        self.validate = validate  # answer 400 to messages the real API refuses (see request_problem)
         self.queue: deque[Item] = deque()
         self.push(*replies)
         self.responder = responder
@@ -232,6 +236,9 @@ class FakeAnthropic:
         if not isinstance(recorded.body, dict):
             return self.error_response(ApiError(400, "invalid_request_error", "the body must be a JSON object"),
                                        request_id)
+        problem = request_problem(recorded.body) if self.validate else None
+        if problem is not None:  # what the real API refuses, before any scripted answer is used
+            return self.error_response(ApiError(400, "invalid_request_error", problem), request_id)
         item = await self.next_item(recorded.body)
         if isinstance(item, ApiError):
             return self.error_response(item, request_id)
@@ -283,6 +290,42 @@ class FakeAnthropic:
             await send_event(response, event, data)
         await response.write_eof()
         return response
+
+
+def request_problem(body: dict[str, Any]) -> str | None:
+    """What the real Messages API would refuse in this body's structure, or None: a missing
+    model or max_tokens, no messages, roles that do not alternate (starting with user), an
+    empty content, an empty text block, a tool_use not answered by a tool_result at the
+    start of the next (user) message, a tool_result that answers no tool_use just before, or
+    tool blocks in a request without tools."""
+    if not isinstance(body.get("model"), str) or not isinstance(body.get("max_tokens"), int):
+        return "model and max_tokens: Field required"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: at least one message is required"
+    open_ids: list[str] = []  # the tool_use ids of the previous assistant message
+    for i, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if role != ("user" if i % 2 == 0 else "assistant"):
+            return f"messages.{i}: roles must alternate between user and assistant, starting with user"
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list) or not blocks:
+            return f"messages.{i}: all messages must have non-empty content"
+        if any(b.get("type") == "text" and not str(b.get("text", "")).strip() for b in blocks):
+            return f"messages.{i}: text content blocks must contain non-whitespace text"
+        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+        leading = [b.get("tool_use_id") for b in blocks[:len(open_ids)] if b.get("type") == "tool_result"]
+        if open_ids and sorted(leading) != sorted(open_ids):
+            return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+                    f"{', '.join(sorted(set(open_ids) - set(leading)))}. Each `tool_use` block must have a "
+                    "corresponding `tool_result` block in the next message.")
+        if results != leading or any(r not in open_ids for r in results):
+            return (f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks. Each `tool_result` "
+                    "block must have a corresponding `tool_use` block in the previous message.")
+        open_ids = [b.get("id") for b in blocks if b.get("type") == "tool_use"]
+        if (open_ids or results) and not body.get("tools"):
+            return "Requests which include `tool_use` or `tool_result` blocks must define tools."
+    return None
 
 
 def stream_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
