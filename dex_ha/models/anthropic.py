@@ -60,13 +60,13 @@ class AnthropicModel:
     `model` is the model name; `system` the system prompt; `max_tokens` the most tokens of a
     response. Pass `client` (an `anthropic.AsyncAnthropic`), or `api_key` and `base_url`
     (default: the ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL environment variables). `timeout`
-    (seconds, default 300) bounds each wait for the API. `temperature` is passed when set.
+    (seconds, default 300) bounds each wait for the API.
     `summary_instructions` and `summary_max_tokens` shape the summary call.
     """
 
     def __init__(self, model: str, *, system: str | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
                  client: anthropic.AsyncAnthropic | None = None, api_key: str | None = None,
-                 base_url: str | None = None, timeout: float | None = None, temperature: float | None = None,
+                 base_url: str | None = None, timeout: float | None = None,
                  summary_instructions: str = DEFAULT_SUMMARY_INSTRUCTIONS,
                  summary_max_tokens: int | None = None) -> None:
         if not isinstance(model, str) or not model:
@@ -78,14 +78,11 @@ class AnthropicModel:
             _check_positive_int(summary_max_tokens, "summary_max_tokens")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
-            raise TypeError(f"temperature must be a number or None, got {type(temperature).__name__}")
         if not isinstance(summary_instructions, str) or not summary_instructions.strip():
             raise ValueError("summary_instructions must be a non-empty string")
         self.model = model
         self.system = system
         self.max_tokens = max_tokens
-        self.temperature = temperature
         self.summary_instructions = summary_instructions
         self.summary_max_tokens = summary_max_tokens or max_tokens
         self.client = _make_client(client, api_key, base_url, timeout)
@@ -117,11 +114,8 @@ class AnthropicModel:
         """One streamed Messages call; text deltas go to `sink` as they arrive. Returns the
         SDK's final Message. Streamed even without a sink: the SDK refuses long
         non-streamed calls, and a summary may be long."""
-        params = {"model": self.model, **params}
-        if self.temperature is not None:
-            params["temperature"] = self.temperature
         try:
-            async with self.client.messages.stream(**params) as events:
+            async with self.client.messages.stream(model=self.model, **params) as events:
                 async for event in events:
                     if sink is not None and event.type == "content_block_delta" and event.delta.type == "text_delta":
                         sink.send_text(event.delta.text)
