@@ -4,6 +4,9 @@ Anthropic API (which refuses what the real API refuses, see request_problem)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import anthropic
 import pytest
 from hypothesis import given, settings
@@ -301,3 +304,12 @@ def test_bad_arguments_are_named(kwargs: dict, error: type, match: str) -> None:
         del arguments["api_key"]
     with pytest.raises(error, match=match):
         AnthropicModel(**arguments)
+
+
+def test_the_worker_sdk_and_the_models_package_do_not_import_the_anthropic_sdk() -> None:
+    code = ("import sys, dex_ha, dex_ha.worker, dex_ha.client, dex_ha.models\n"
+            "assert 'anthropic' not in sys.modules, 'anthropic was imported'\n"
+            "import dex_ha.models.anthropic\n"
+            "assert 'anthropic' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
