@@ -297,7 +297,11 @@ def request_problem(body: dict[str, Any]) -> str | None:
     model or max_tokens, no messages, roles that do not alternate (starting with user), an
     empty content, an empty text block, a tool_use not answered by a tool_result at the
     start of the next (user) message, a tool_result that answers no tool_use just before, or
-    tool blocks in a request without tools."""
+    tool blocks in a request without tools.
+
+    Stricter than the API in one way: the API merges consecutive messages of one role, this
+    check refuses them (a model provider should not rely on the merge). A client that does,
+    such as a CLI under test, can run the fake with `validate=False`."""
     if not isinstance(body.get("model"), str) or not isinstance(body.get("max_tokens"), int):
         return "model and max_tokens: Field required"
     messages = body.get("messages")
