@@ -88,3 +88,13 @@ def test_a_tools_output_becomes_json() -> None:
     assert json_output({"order": Order("A17", ("x",)), "n": 1, "other": Opaque()}) == {
         "order": {"order_id": "A17", "tags": ["x"]}, "n": 1, "other": "opaque!"}
     assert json_output("text") == "text"
+
+
+def test_the_package_imports_no_framework() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, dex_ha.adapters, dex_ha.worker; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('agents', 'pydantic_ai', 'openai')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"

@@ -191,3 +191,14 @@ async def test_the_summary_is_asked_of_the_agents_model() -> None:
     dex = durable_agent(Agent(FunctionModel(summarise), name="a"))
     assert await dex.model.summarize([{"type": "user", "text": "hi"}], None) == "They said hi."
     assert "User: hi" in seen[0][0].parts[0].content
+
+
+async def test_any_other_exception_of_a_tool_fails_its_step() -> None:
+    agent = Agent(Recorder().model, name="a")
+
+    @agent.tool_plain
+    def boom(order: str) -> str:
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):  # the Worker reports a retryable failure
+        await durable_agent(agent).tools["boom"].invoke(ctx_for("c1"), {"order": "A17"})
