@@ -4,7 +4,6 @@ server in place of api.openai.com (OPENAI_BASE_URL), through a whole turn of two
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 

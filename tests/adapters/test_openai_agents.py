@@ -140,10 +140,12 @@ def nothing(*_: Any) -> Any:
 
 @pytest.mark.parametrize("options, reason", [
     ({"handoffs": [SDKAgent(name="billing")]}, "handoffs are not supported"),
-    ({"input_guardrails": [InputGuardrail(guardrail_function=nothing)]}, "input and output guardrails are not supported"),
+    ({"input_guardrails": [InputGuardrail(guardrail_function=nothing)]},
+     "input and output guardrails are not supported"),
     ({"hooks": AgentHooks()}, "agent hooks are not called"),
     ({"tool_use_behavior": "stop_on_first_tool"}, "tool_use_behavior must be 'run_llm_again'"),
-    ({"tools": [LocalShellTool(executor=nothing)]}, "tool 'local_shell' \\(LocalShellTool\\) runs in the agent's process"),
+    ({"tools": [LocalShellTool(executor=nothing)]},
+     "tool 'local_shell' \\(LocalShellTool\\) runs in the agent's process"),
     ({"tools": [ComputerTool(computer=object())]}, "tool .* \\(ComputerTool\\) runs in the agent's process"),
 ])
 def test_what_cannot_run_durably_is_refused_with_the_reason(options: dict[str, Any], reason: str) -> None:
