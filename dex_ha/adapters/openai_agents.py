@@ -104,8 +104,8 @@ def durable_agent(agent: SDKAgent[Any], *, name: str | None = None, effects: Map
                       description=description if description is not None else agent.handoff_description)
     for tool in function_tools:
         dex_agent.tool(effect=resolved[tool.name], name=tool.name, description=tool.description or None,
-                       input_schema=tool.params_json_schema, approval=tool.needs_approval is True,
-                       )(_tool_step(tool, context))
+                       input_schema=tool.params_json_schema,
+                       approval=tool.needs_approval is True)(_tool_step(tool, context))
     return dex_agent
 
 

@@ -87,8 +87,8 @@ def durable_agent(agent: PydanticAgent[Any, Any], *, name: str | None = None,
     for tool in tools:
         definition = tool.tool_def
         dex_agent.tool(effect=resolved[tool.name], name=tool.name, description=definition.description or None,
-                       input_schema=definition.parameters_json_schema, approval=tool.requires_approval,
-                       )(_tool_step(agent, tool, deps, model))
+                       input_schema=definition.parameters_json_schema,
+                       approval=tool.requires_approval)(_tool_step(agent, tool, deps, model))
     return dex_agent
 
 
