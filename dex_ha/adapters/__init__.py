@@ -6,4 +6,12 @@ Import the one you use; this package imports none of them:
 
     from dex_ha.adapters.openai_agents import durable_agent  # pip install 'dex-ha[openai-agents]'
     from dex_ha.adapters.pydantic_ai import durable_agent    # pip install 'dex-ha[pydantic-ai]'
+
+Both adapters share how a tool's effect is declared (`effect`, or a mapping passed to
+`durable_agent`; undeclared tools are "write") and `tool_context()`, the dex-ha context of
+the tool step running now (its idempotency key, attempt, heartbeat).
 """
+
+from dex_ha.adapters._common import DEFAULT_EFFECT, effect, tool_context
+
+__all__ = ["DEFAULT_EFFECT", "effect", "tool_context"]
