@@ -10,7 +10,8 @@ the inline work (Bash writes its line again; the fake sees the segment's model c
 twice); the deferred tool runs once, as its own step, after the repeated segment.
 
 Evidence from outside the server: inline.log, the fake API's request record, the crash
-ledger the Worker process writes, and the session snapshot and events.
+ledger the Worker process writes, the session snapshot and events, and /proc: no CLI of a
+segment outlives it (a killed Worker's CLI dies with it).
 """
 
 from __future__ import annotations
@@ -67,8 +68,12 @@ async def r21(cell: R21Cell, fake: FakeAnthropic) -> None:
     await cell.send("Write the file, then store the record.")
     await eventually(lambda: fake.stalls == 1 and inline_runs(cell.work_dir) == 1,
                      "segment 1 to run Bash, then hang in its second model call", DEADLINE_S)
-    await cell.interrupt()
+    await cell.fail()
+    if cell.worker_kill:  # the dead Worker's CLI did not run on (dex_ha.adapters.claude_launcher)
+        await eventually(lambda: not processes_in(cell.work_dir), "the killed Worker's CLI to end", DEADLINE_S)
+    await cell.recover()
     snap = await cell.idle()
+    await eventually(lambda: not processes_in(cell.work_dir), "every segment's CLI to end", DEADLINE_S)
 
     user, segment, result, final = snap["history"]
     call_id = segment["tool_calls"][0]["id"]
@@ -86,6 +91,19 @@ async def r21(cell: R21Cell, fake: FakeAnthropic) -> None:
     assert [(run.key, run.attempt) for run in started] == [(f"{cell.sid}:{call_id}", 1)]
     assert started[0].at > cell.failed_at[0]  # it ran after the failure, in the repeated segment's turn
     assert len(cell.ledger.runs("tool", DEFERRED_TOOL, "finished")) == 1
+
+
+def processes_in(directory: Path) -> list[int]:
+    """The pids of the processes whose working directory is `directory`: the CLIs of the cell's
+    segments and the commands they run."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cwd").resolve() == directory.resolve():
+                pids.append(int(proc.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return pids
 
 
 @pytest.mark.parametrize("column_name", COLUMNS)
