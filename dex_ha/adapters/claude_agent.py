@@ -79,7 +79,7 @@ RESUME_INTERRUPTED_TURN_ENV = "CLAUDE_CODE_RESUME_INTERRUPTED_TURN"
 NON_RETRYABLE_ERRORS = frozenset({"authentication_failed", "billing_error", "invalid_request"})
 # How long to wait for the CLI to acknowledge the interrupt that ends a segment.
 INTERRUPT_TIMEOUT_S = 5.0
-SUMMARY_PROMPT = ("Summarize the conversation above for your own later use: the user's requests, what was "
+SUMMARY_PROMPT = ("Summarize the conversation below for your own later use: the user's requests, what was "
                   "done, the results of tool calls, and what is still open. Answer with the summary only.")
 
 
@@ -196,9 +196,10 @@ class ClaudeTurnSegment(TurnSegment):
         return run.response()
 
     async def summarize(self, history: list[HistoryItem], summary: str | None) -> str:
-        """A summary written by the same CLI and model, from the replayed history, with no tools."""
-        replay = Replay.of([*history, {"type": "user", "text": SUMMARY_PROMPT}], summary, self.mcp_name,
-                           self._cwd(), self.options.model)
+        """A summary written by the same CLI and model, with no tools. The history goes in as
+        text in the prompt: a request without tools may not carry tool_use blocks."""
+        prompt = f"{SUMMARY_PROMPT}\n\n<conversation>\n{history_as_text(history, summary)}\n</conversation>"
+        replay = Replay.of([{"type": "user", "text": prompt}], None, self.mcp_name, self._cwd(), self.options.model)
         options = dataclasses.replace(self._segment_options(replay, {}, []), tools=[], allowed_tools=[],
                                       max_turns=1)
         run = SegmentRun({}, None)
@@ -474,6 +475,25 @@ def transcript(messages: list[dict[str, Any]], session_id: str, cwd: str, model:
         entries.append(entry)
         parent = entry["uuid"]
     return entries
+
+
+def history_as_text(history: Sequence[HistoryItem], summary: str | None) -> str:
+    """The history as plain text, one item a paragraph, for a summary."""
+    lines = [f"Earlier summary: {summary}"] if summary else []
+    for item in history:
+        kind = item.get("type")
+        if kind == "user":
+            lines.append(f"User: {item.get('text', '')}")
+        elif kind == "note":
+            lines.append(f"Note: {item.get('text', '')}")
+        elif kind == "assistant":
+            calls = "".join(f"\n[called {c['name']}({json.dumps(c.get('arguments') or {})}), call {c['id']}]"
+                            for c in item.get("tool_calls") or [])
+            lines.append(f"Assistant: {item.get('content') or ''}{calls}")
+        elif kind == "tool_result":
+            block = tool_result_block(item)
+            lines.append(f"Result of call {item.get('call_id')} ({item.get('name')}): {content_text(block['content'])}")
+    return "\n\n".join(lines)
 
 
 class ReplayStore:

@@ -8,6 +8,7 @@ pieces: the replay of the history, the agent definition, the launcher.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -35,7 +36,7 @@ from dex_ha.client import DexClient
 from dex_ha.worker import Worker
 
 from tests.crash.ledger import Ledger
-from tests.e2e.conftest import eventually, running
+from tests.e2e.conftest import running
 from tests.e2e.dev_process import DevProcess
 from tests.support.fake_anthropic import FakeAnthropic
 
@@ -260,3 +261,40 @@ async def test_a_segment_returns_its_text_and_the_deferred_call_it_ended_on(tmp_
     assert (response.content, sink.texts) == ("Writing the file.", ["Writing the file."])
     assert response.usage["model_calls"] == 2
     assert inline_runs(work_dir) == 1
+
+
+async def test_ask_user_is_deferred_like_the_agents_tools_and_a_summary_uses_no_tools(tmp_path: Path) -> None:
+    from dex_ha.adapters.claude_agent import SUMMARY_PROMPT
+    from dex_ha.worker.model import ModelRequest
+    from tests.support.fake_anthropic import Reply, tool_use
+
+    work_dir = tmp_path / "work"
+    work_dir.mkdir()
+    replies = [Reply.of(tool_use("mcp__dex__ask_user", {"question": "Which service?"})), Reply.of("The user wants web.")]
+    async with FakeAnthropic(replies) as fake:
+        agent = coder_agent("coder", api_url=fake.base_url, work_dir=work_dir, ledger_path=tmp_path / "ledger.db")
+        builtin = {"name": "ask_user", "description": "Ask the user.",
+                   "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}}}
+        tools = [*agent.definition()["tools"], builtin]
+
+        class Quiet:
+            def send_text(self, text: str) -> None:
+                pass
+
+            def send(self, delta: dict[str, Any]) -> None:
+                pass
+
+        asked = await asyncio.wait_for(agent.model.respond(
+            ModelRequest([{"type": "user", "text": "deploy"}], None, tools), Quiet()), DEADLINE_S)
+        summary = await asyncio.wait_for(agent.model.summarize(
+            [{"type": "user", "text": "deploy"}, {"type": "assistant", "content": "", "tool_calls": [
+                {"id": asked.tool_calls[0].id, "name": "ask_user", "arguments": {"question": "Which service?"}}]},
+             {"type": "tool_result", "call_id": asked.tool_calls[0].id, "name": "ask_user", "status": "succeeded",
+              "output": "web"}], None), DEADLINE_S)
+        ask_body, summary_body = fake.bodies()
+    assert [(c.name, c.arguments) for c in asked.tool_calls] == [("ask_user", {"question": "Which service?"})]
+    assert {t["name"] for t in ask_body["tools"]} == {"Bash", "mcp__dex__put_record", "mcp__dex__ask_user"}
+    assert summary == "The user wants web."
+    assert not summary_body.get("tools")  # the summary's CLI has no tools
+    texts = json.dumps(summary_body["messages"])
+    assert "Which service?" in texts and "): web" in texts and SUMMARY_PROMPT in texts
