@@ -6,10 +6,15 @@ Import the one you use; this package imports none of them:
 
     from dex_ha.adapters.openai_agents import durable_agent  # pip install 'dex-ha[openai-agents]'
     from dex_ha.adapters.pydantic_ai import durable_agent    # pip install 'dex-ha[pydantic-ai]'
+    from dex_ha.adapters.claude_agent import durable_agent   # pip install 'dex-ha[claude-agent]'
 
-Both adapters share how a tool's effect is declared (`effect`, or a mapping passed to
+The adapters share how a tool's effect is declared (`effect`, or a mapping passed to
 `durable_agent`; undeclared tools are "write") and `tool_context()`, the dex-ha context of
 the tool step running now (its idempotency key, attempt, heartbeat).
+
+A framework that runs its own tool loop (the Claude Agent SDK) runs in turn segments
+instead (dex_ha.adapters.turn_segment): its own model calls and tools run inside RunModel,
+at least once; the tools you give it are deferred, each its own tool step.
 """
 
 from dex_ha.adapters._common import DEFAULT_EFFECT, effect, tool_context
