@@ -1,4 +1,4 @@
-"""The crash matrix as data: one entry per row R01–R20, with what each failure column
+"""The crash matrix as data: one entry per row R01–R21, with what each failure column
 checks and how the process dies. The tests (test_matrix.py) take their ids, xfail marks
 and death notes from here, and scripts/crash_matrix_doc.py renders docs/crash-matrix.md
 from the same table, so the document cannot say something the tests do not."""
@@ -182,5 +182,14 @@ ROWS: dict[str, Row] = {row.id: row for row in (
         "The tool runs inside RunModel and repeats when RunModel runs again: at-least-once.",
         "the inline tool ran twice (ledger), the RunModel attempts failed NOT_COMPLETED then completed; "
         "the call succeeded with step kind RunModel",
+        same()),
+    Row("R21", "a Claude Agent SDK turn segment (the Claude Code CLI inside RunModel)", "while it runs",
+        "Deferred custom tools run in their own tool steps, as above. The CLI's model calls and its tools "
+        "(Bash, Write, Edit, Task, ...) run inside RunModel and repeat when it runs again: at-least-once.",
+        "the segment ran Bash, then hung in its second model call; the RunModel attempt failed "
+        "NOT_COMPLETED and ran again, Bash with it (2 lines in the file it appends to; the fake model API "
+        "saw the segment's calls twice); the deferred write tool ran once, after the failure, as its own "
+        "CallSingleAttemptTool step with the call's key (ledger); no CLI process outlived its segment "
+        "(tests/crash/test_r21.py)",
         same()),
 )}

@@ -1,5 +1,6 @@
 """Crash-matrix row R21: a Claude Agent SDK turn segment, interrupted while it runs, in the
-three failure columns (`test_cell_r21[worker_kill]`, `[server_restart]`, `[takeover]`).
+three failure columns (`test_cell[R21-worker_kill]`, `[R21-server_restart]`, `[R21-takeover]`:
+the ids of the matrix in test_matrix.py, so that docs/crash-matrix.md lists them with the rest).
 
 The agent (tests/support/claude_segment.py) runs the real Claude Code CLI against the fake
 Anthropic API, which lives in this test process and records every request. Its first
@@ -106,8 +107,8 @@ def processes_in(directory: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("column_name", COLUMNS)
-async def test_cell_r21(column_name: str, columns: dict[str, Column], tmp_path: Path) -> None:
+@pytest.mark.parametrize("column_name", [pytest.param(c, id=f"R21-{c}") for c in COLUMNS])
+async def test_cell(column_name: str, columns: dict[str, Column], tmp_path: Path) -> None:
     column = columns[column_name]
     await column.ready()
     async with FakeAnthropic(responder=ScriptedCoder(tmp_path / "work", stall_once=True)) as fake:
