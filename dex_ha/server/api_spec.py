@@ -339,7 +339,7 @@ _WORKER = (
                FieldSpec("error", "string", required=True, max_length=MAX_ERROR_LENGTH, description="What went wrong."),
                FieldSpec("retryable", "boolean", default=True,
                          description="false: do not try this step again "
-                                     "(the rows of DESIGN.md §4 decide the outcome)."),
+                                     "(the step kind's exhaustion rule decides the outcome)."),
                FieldSpec("not_started", "boolean", default=False,
                          description="true: the Worker never called the tool function in this attempt "
                                      "(unknown tool, arguments refused). If no attempt of the call could "
