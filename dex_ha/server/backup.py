@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -243,11 +244,28 @@ def restore_data_dir(backup: Path, data_dir: Path, node_id: str, members: tuple[
         raise ValueError(f"members: {members!r} does not include node_id {node_id!r}")
     header, payload = read_backup(backup)
     check_empty_data_dir(data_dir)
+    created = not data_dir.exists()
     data_dir.mkdir(parents=True, exist_ok=True)
-    _restore_engine(data_dir / STATE_DB, payload, header)
-    _write_snapshot_file(data_dir / SNAPSHOT_DIR, header.index, payload, durability)
-    _write_raft_log(data_dir / RAFT_DIR, header, members, durability)
+    try:
+        _restore_engine(data_dir / STATE_DB, payload, header)
+        _write_snapshot_file(data_dir / SNAPSHOT_DIR, header.index, payload, durability)
+        _write_raft_log(data_dir / RAFT_DIR, header, members, durability)
+    except BaseException:
+        # It was empty: leave it so, or a second try would be refused as "not empty".
+        if created:
+            shutil.rmtree(data_dir)
+        else:
+            _remove_contents(data_dir)
+        raise
     return header
+
+
+def _remove_contents(directory: Path) -> None:
+    for child in directory.iterdir():
+        if child.is_dir():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def _restore_engine(path: Path, payload: bytes, header: BackupHeader) -> None:
@@ -264,7 +282,10 @@ def _write_snapshot_file(snap_dir: Path, index: int, payload: bytes, durability:
     """The snapshot the node sends a member that joins later or falls behind the log."""
     snap_dir.mkdir()
     path = snap_dir / f"snapshot-{index:020d}.bin"  # the name raft/node.py looks for
-    write_atomically(path, [payload]) if durability == "strict" else path.write_bytes(payload)
+    if durability == "strict":
+        write_atomically(path, [payload])
+    else:
+        path.write_bytes(payload)
 
 
 def _write_raft_log(raft_dir: Path, header: BackupHeader, members: tuple[str, ...], durability: str) -> None:

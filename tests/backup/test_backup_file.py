@@ -4,6 +4,7 @@ sessions as the node it came from."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from pathlib import Path
@@ -123,9 +124,14 @@ def test_restore_refuses_a_bad_file_before_it_writes(tmp_path: Path, capsys: pyt
     assert not data_dir.exists()
 
 
-def test_restore_refuses_a_payload_that_is_not_an_engine_state(tmp_path: Path):
+def test_restore_refuses_a_payload_that_is_not_an_engine_state_and_leaves_nothing(tmp_path: Path):
     with pytest.raises(BackupError, match="the backup's state cannot be restored: not an engine snapshot"):
         restore_data_dir(backup_file(tmp_path), tmp_path / "n1", "n1", ("n1",))
+    assert not (tmp_path / "n1").exists()
+    (tmp_path / "n2").mkdir()  # an empty directory given: it stays, empty
+    with pytest.raises(BackupError, match="not an engine snapshot"):
+        restore_data_dir(backup_file(tmp_path), tmp_path / "n2", "n2", ("n2",))
+    assert list((tmp_path / "n2").iterdir()) == []
 
 
 # ---------------------------------------------------------------- a node seeded from a backup
@@ -166,3 +172,36 @@ async def test_a_node_restored_from_a_backup_serves_the_same_sessions(tmp_path: 
         for node in (restored, source):
             if node is not None:
                 await node.stop()
+
+
+# ---------------------------------------------------------------- dex-ha backup
+
+
+async def test_dex_ha_backup_writes_a_verified_file_and_refuses_a_non_admin(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]):
+    from tests.server.node_fixture import ADMIN_TOKEN, CLIENT_TOKEN
+
+    node = await start_node(single_node_config(tmp_path / "node"))
+    url = f"http://127.0.0.1:{node.http_port}"
+    out = tmp_path / "b.dexbak"
+    try:
+        # cli.main runs its own event loop: in a thread, as a separate command would.
+        code = await asyncio.to_thread(cli.main, ["backup", "--url", url, f"--token={CLIENT_TOKEN}", "--out", str(out)])
+        _, err = capsys.readouterr()
+        assert code == 1 and "refused (403 forbidden)" in err
+        assert not out.exists() and list(tmp_path.glob("*.part")) == []
+
+        missing_dir = tmp_path / "nowhere" / "b.dexbak"
+        code = await asyncio.to_thread(cli.main, ["backup", "--url", url, f"--token={ADMIN_TOKEN}",
+                                                  "--out", str(missing_dir)])
+        _, err = capsys.readouterr()
+        assert code == 2 and "--out: the directory" in err and "does not exist" in err
+
+        code = await asyncio.to_thread(cli.main, ["backup", "--url", url, f"--token={ADMIN_TOKEN}", "--out", str(out)])
+        printed, err = capsys.readouterr()
+        assert code == 0, err
+        header, _ = read_backup(out)
+        assert f"index {header.index}, term {header.term}" in printed and header.sha256 in printed
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+    finally:
+        await node.stop()
