@@ -1,6 +1,7 @@
 """The `dex-ha` command (DESIGN.md §7).
 
     dex-ha dev | node | cluster up | cluster down | status | step-down | members … | demo
+    dex-ha backup | restore   (cli_backup.py)
 
 Exit codes: 0 done; 1 the server refused (its message is printed) or a cluster command
 could not go on; 2 bad usage, or a config that cannot run; 3 no node answered. An expected
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from dex_ha import cli_cluster
+from dex_ha import cli_backup, cli_cluster
 from dex_ha.client import Connection, DexError, DexUnavailable
 from dex_ha.server.auth import TokenAuth
 from dex_ha.server.config import ConfigError, dev_config, dev_overrides_from_env, load_config, tokens_from_env
@@ -79,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="how long running attempts may finish first (default: the node's drain_timeout_ms)")
 
     _add_members_parser(sub, remote)
+
+    cli_backup.add_parsers(sub, remote)
 
     demo = sub.add_parser("demo", help="a scripted agent session through a failover, on a local cluster")
     demo.add_argument("--dir", help="where the cluster lives (default: a new temporary directory)")
@@ -439,6 +442,38 @@ def cmd_members(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- backup and restore
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    async def backup() -> dict[str, Any]:
+        url = await find_active(_urls(args), _token(args))
+        return await cli_backup.download_backup([url], _token(args), Path(args.out), args.timeout)
+
+    try:
+        info = asyncio.run(backup())
+    except cli_backup.BackupError as exc:  # the download's header or checksum is wrong: nothing written
+        raise CommandFailed(str(exc), EXIT_REFUSED) from None
+    except ValueError as exc:  # a bad argument
+        raise CommandFailed(str(exc), EXIT_USAGE) from None
+    except TimeoutError:
+        raise CommandFailed(f"the download took longer than --timeout {args.timeout:g} s", EXIT_NO_NODE) from None
+    except DexUnavailable as exc:
+        raise CommandFailed(f"no active node served the backup: {exc.message}", EXIT_NO_NODE) from None
+    except DexError as exc:
+        raise CommandFailed(_refusal(exc), EXIT_REFUSED) from None
+    print(cli_backup.backup_line(args.out, info))
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    try:
+        print(cli_backup.run_restore(args.file, args.data_dir, args.node_id, args.members, args.relaxed))
+    except ValueError as exc:  # the file, its checksum or format, the data dir or an argument
+        raise CommandFailed(str(exc), EXIT_USAGE) from None
+    return 0
+
+
 # ---------------------------------------------------------------- demo
 
 
@@ -449,7 +484,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"dev": cmd_dev, "node": cmd_node, "cluster": cmd_cluster, "status": cmd_status,
-            "step-down": cmd_step_down, "members": cmd_members, "demo": cmd_demo}
+            "step-down": cmd_step_down, "members": cmd_members, "demo": cmd_demo,
+            "backup": cmd_backup, "restore": cmd_restore}
 
 if __name__ == "__main__":
     sys.exit(main())

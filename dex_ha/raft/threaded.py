@@ -152,6 +152,11 @@ class RaftThread:
     async def transfer_leadership(self, to: str) -> None:
         await self._thread.call(self.node.transfer_leadership, to)
 
+    async def entry_term(self, index: int) -> int:
+        """The term of the entry at `index`, read on the Raft loop (a backup's header names
+        it). ValueError when the log no longer holds it (compacted past it)."""
+        return await self._thread.call(lambda: self.node.core.snapshot_meta(index).term)
+
     # ------------------------------------------------------------------ callbacks from the Raft thread
 
     def _leader_changed(self, leader_id: str) -> None:

@@ -392,7 +392,21 @@ _CLUSTER = (
 )
 
 
-ROUTES: tuple[RouteSpec, ...] = _OPERATIONS + _SESSIONS + _WORKER + _CLUSTER
+# ---------------------------------------------------------------- backup (admin)
+
+
+_BACKUP = (
+    _route("backup", "GET", "/v1/cluster/backup", ADMIN,
+           "A consistent backup of the state, taken while the node serves: a dex-ha backup file "
+           "(header with format version, index, term, schema version, created_at and sha256, then "
+           "the state). `dex-ha backup` writes it to a file; `dex-ha restore` seeds a new cluster from it.",
+           success={200: "the backup file"},
+           errors={409: "conflict: the copy's index left the Raft log meanwhile; try again"},
+           content_type="application/octet-stream"),
+)
+
+
+ROUTES: tuple[RouteSpec, ...] = _OPERATIONS + _SESSIONS + _WORKER + _CLUSTER + _BACKUP
 ROUTES_BY_NAME: Mapping[str, RouteSpec] = MappingProxyType({route.name: route for route in ROUTES})
 
 if len(ROUTES_BY_NAME) != len(ROUTES):  # pragma: no cover - guards edits to the table

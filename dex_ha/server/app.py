@@ -27,6 +27,7 @@ from dex_ha.engine import (
 from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S, Overloaded
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import AuthError, TokenAuth
+from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
 from dex_ha.server.config import ConfigError, parse_address
 from dex_ha.server.http_limits import BodyTimeout, client_gone, read_body
 from dex_ha.server.leader import NotServing, wall_ms
@@ -512,6 +513,34 @@ async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Ans
     return 200, {"step_id": step_id, "attempt": attempt, "status": "failed"}
 
 
+# ---------------------------------------------------------------- backup
+
+
+BACKUP_CHUNK_BYTES = 1 << 20
+
+
+async def backup(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    """The backup file (see dex_ha/server/backup.py), streamed in chunks."""
+    try:
+        header, payload = await take_backup(api.node)
+    except BackupNotPossible as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    parts = list(backup_bytes(header, payload))
+    response = web.StreamResponse(headers={
+        "Content-Type": "application/octet-stream",
+        "Content-Length": str(sum(map(len, parts))),
+        "Content-Disposition": f'attachment; filename="dex-ha-backup-{header.index}.dexbak"',
+        "X-Dex-Backup-Index": str(header.index), "X-Dex-Backup-Term": str(header.term),
+        "X-Dex-Backup-Sha256": header.sha256})
+    await response.prepare(request)
+    for part in parts:
+        view = memoryview(part)
+        for start in range(0, len(view), BACKUP_CHUNK_BYTES):
+            await response.write(view[start:start + BACKUP_CHUNK_BYTES])
+    await response.write_eof()
+    return response
+
+
 HANDLERS: dict[str, Handler] = {
     "livez": livez, "readyz": readyz, "metrics": metrics, "openapi": openapi, "cluster": cluster,
     "step_down": step_down, "add_member": add_member, "promote_member": promote_member,
@@ -521,6 +550,7 @@ HANDLERS: dict[str, Handler] = {
     "reconcile_tool_call": reconcile_tool_call, "session_events": session_events,
     "register_agent": register_agent, "worker_poll": worker_poll, "task_heartbeat": task_heartbeat,
     "task_complete": task_complete, "task_fail": task_fail,
+    "backup": backup,
 }
 
 __all__ = ["ApiError", "ApiRunner", "HANDLERS", "NotServing", "build_app"]

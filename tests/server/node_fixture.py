@@ -196,6 +196,16 @@ class HttpApi:
             self.hits.append((name, reply.status))
         return reply
 
+    async def get_bytes(self, path: str, role: str | None, timeout_s: float = 30.0) -> tuple[int, bytes, dict[str, str]]:
+        """A GET whose answer is not text (a backup file): (status, body bytes, headers)."""
+        async with self.session.get(self.url + path, headers=self.auth_header(role),
+                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            status, body, headers = response.status, await response.read(), dict(response.headers)
+        name = route_of("GET", path)
+        if name is not None:
+            self.hits.append((name, status))
+        return status, body, headers
+
     async def get(self, path: str, role: str | None = "client", **kwargs: Any) -> Reply:
         return await self.call("GET", path, role=role, **kwargs)
 

@@ -44,6 +44,7 @@ CONTRACT = [
     ("add_member", "POST", "/v1/cluster/members", A, True, False),
     ("promote_member", "POST", "/v1/cluster/members/{member_id}/promote", A, True, False),
     ("remove_member", "DELETE", "/v1/cluster/members/{member_id}", A, True, False),
+    ("backup", "GET", "/v1/cluster/backup", A, True, False),
 ]
 
 
@@ -195,6 +196,8 @@ def test_responses(document, route):
         assert list(success["content"]) == ["text/event-stream"]
     elif route.name == "metrics":
         assert next(iter(success["content"])).startswith("text/plain")
+    elif route.name == "backup":
+        assert list(success["content"]) == ["application/octet-stream"]
     else:
         assert list(success["content"]) == ["application/json"]
 

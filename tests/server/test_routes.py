@@ -1047,3 +1047,25 @@ async def test_without_tokens_no_request_needs_one(open_api: HttpApi):
     # A token is ignored, even one no server knows.
     reply = await open_api.call("GET", "/v1/sessions/s1", headers={"Authorization": "Bearer whatever-token"})
     assert expect(reply, 200)["session_id"] == "s1"
+
+
+# ---------------------------------------------------------------- backup
+
+
+@covers("backup")
+async def test_backup_is_a_checksummed_copy_of_the_state_at_the_applied_index(api: HttpApi):
+    from dex_ha.server.backup import parse_backup
+
+    await api.create_session("helper", "s1")
+    await api.send_message("s1", "hi")
+    applied = expect(await api.get("/v1/cluster"), 200)["applied_index"]
+    status, body, headers = await api.get_bytes("/v1/cluster/backup", role="admin")
+    assert status == 200, body[:300]
+    assert headers["Content-Type"] == "application/octet-stream"
+    header, payload = parse_backup(body)  # checks the sha256 of the payload
+    assert header.index >= applied and header.term >= 1
+    assert headers["X-Dex-Backup-Index"] == str(header.index)
+    assert headers["X-Dex-Backup-Sha256"] == header.sha256
+    assert payload.startswith(b"SQLite format 3\x00")
+    status, _, _ = await api.get_bytes("/v1/cluster/backup", role="client")
+    assert status == 403  # an admin route

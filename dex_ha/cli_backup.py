@@ -1,0 +1,111 @@
+"""`dex-ha backup` and `dex-ha restore` (the file format and the restore itself are in
+dex_ha/server/backup.py; docs/operations.md, "Backup and restore", says how to use them).
+
+    dex-ha backup --url URL [--url URL ...] --out FILE [--token T]
+    dex-ha restore FILE --data-dir DIR --node-id ID [--members n1,n2,n3]
+
+`backup` finds the active node like the other commands, downloads `GET /v1/cluster/backup`
+into a temp file beside FILE, checks its header and sha256, and only then renames it to
+FILE: a FILE that exists is always a whole, verified backup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+from dex_ha.client import Connection
+from dex_ha.server.backup import BackupError, describe, parse_members, read_backup, restore_data_dir
+
+BACKUP_PATH = "/v1/cluster/backup"
+DEFAULT_TIMEOUT_S = 600.0
+READ_CHUNK_BYTES = 1 << 20
+
+
+def add_parsers(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser) -> None:
+    backup = sub.add_parser("backup", parents=[remote], help="write a consistent backup of a running cluster")
+    backup.add_argument("--out", required=True, metavar="FILE", help="the backup file to write (atomically)")
+    backup.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds for the whole download (default {DEFAULT_TIMEOUT_S:.0f})")
+
+    restore = sub.add_parser("restore", help="seed a node of a NEW cluster from a backup file")
+    restore.add_argument("file", metavar="FILE", help="a file written by `dex-ha backup`")
+    restore.add_argument("--data-dir", required=True, help="the new node's data dir (must be empty or absent)")
+    restore.add_argument("--node-id", required=True, help="the new node's id (its config's node_id)")
+    restore.add_argument("--members", metavar="ID,ID,...",
+                         help="the voting members of the new cluster, this node included; restore every "
+                              "node from the same file with the same list (default: this node alone)")
+    restore.add_argument("--relaxed", action="store_true", help="do not fsync the restored files (tests)")
+
+
+# ---------------------------------------------------------------- backup
+
+
+async def download_backup(urls: list[str], token: str | None, out: Path, timeout_s: float) -> dict:
+    """Download a backup from the active node into `out`; what it covers (see describe)."""
+    if timeout_s <= 0:
+        raise ValueError(f"--timeout must be > 0, got {timeout_s}")
+    out = out.resolve()
+    if not out.parent.is_dir():
+        raise ValueError(f"--out: the directory {out.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
+    try:
+        async with asyncio.timeout(timeout_s):
+            with os.fdopen(fd, "wb") as f:
+                await _stream_into(urls, token, f, timeout_s)
+                f.flush()
+                os.fsync(f.fileno())
+        header, _ = read_backup(Path(tmp))  # the header and sha256 hold, or nothing is renamed
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(out.parent)
+    return describe(header)
+
+
+async def _stream_into(urls: list[str], token: str | None, f, timeout_s: float) -> None:
+    async with Connection(urls, token, give_up_after_s=min(timeout_s, 30.0)) as conn:
+        response = await conn.open_stream(BACKUP_PATH)
+        try:
+            async for chunk in response.content.iter_chunked(READ_CHUNK_BYTES):
+                f.write(chunk)
+        finally:
+            response.release()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def backup_line(out: str, info: dict) -> str:
+    """What `dex-ha backup` prints once the file is in place."""
+    return (f"backup written to {out}: index {info['index']}, term {info['term']}, schema {info['schema_version']}, "
+            f"{info['bytes']} bytes, sha256 {info['sha256']}, taken on {info['node_id']} at {info['created_at']}")
+
+
+# ---------------------------------------------------------------- restore
+
+
+def run_restore(file: str, data_dir: str, node_id: str, members_text: str | None, relaxed: bool) -> str:
+    """The `dex-ha restore` command's work; returns what it prints. ValueError (BackupError
+    among them) when the file, its checksum, its format or the data dir refuse it."""
+    members = parse_members(members_text, node_id)
+    header = restore_data_dir(Path(file), Path(data_dir), node_id, members,
+                              durability="relaxed" if relaxed else "strict")
+    others = [m for m in members if m != node_id]
+    then = (f"restore the other members ({', '.join(others)}) from the same file with the same --members, "
+            f"then start all of them" if others else "start it")
+    return (f"restored {file} into {data_dir}: node {node_id} of a new cluster of {', '.join(members)}, "
+            f"at index {header.index} (backup term {header.term}, taken on {header.node_id} at {header.created_at}).\n"
+            f"Next: {then}. Each node's config must use this data_dir and list exactly these members as peers.")
+
+
+__all__ = ["BackupError", "add_parsers", "backup_line", "download_backup", "run_restore"]
