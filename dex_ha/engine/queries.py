@@ -90,6 +90,13 @@ class SessionEvent:
     at: int
 
 
+# Per-session counts for list_sessions (correlated on the outer `sessions` row).
+_PENDING_APPROVALS = ("SELECT COUNT(*) FROM approvals a WHERE a.session_id = sessions.session_id "
+                      "AND a.status = 'pending'")
+_OUTCOME_UNKNOWN_CALLS = ("SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = sessions.session_id "
+                          "AND c.status = 'outcome_unknown'")
+
+
 def _same_secret(stored: str | None, given: str) -> bool:
     """Constant-time comparison, so response times do not reveal how much of a guess was
     right. An attempt stored without a secret (handed out before schema 2) matches nothing."""
@@ -190,20 +197,31 @@ class Queries:
     # ---------------------------------------------------------- API reads
 
     def list_sessions(self, agent: str | None = None, status: str | None = None, limit: int = 100,
-                      after: str | None = None) -> list[dict[str, Any]]:
-        """Sessions ordered by id; pass the last id seen as `after` for the next page."""
+                      after: str | None = None, *, awaiting_approval: bool | None = None,
+                      outcome_unknown: bool | None = None) -> list[dict[str, Any]]:
+        """Sessions ordered by id; pass the last id seen as `after` for the next page.
+
+        Each row counts the session's pending approvals and its outcome_unknown tool calls
+        (what an operator acts on); `awaiting_approval` and `outcome_unknown` filter on
+        those counts (True: at least one; False: none; None: no filter).
+        """
         conds, params = [], []
         for column, value in (("agent", agent), ("status", status)):
             if value is not None:
                 conds.append(f"{column} = ?")
                 params.append(value)
+        for count, wanted in ((_PENDING_APPROVALS, awaiting_approval), (_OUTCOME_UNKNOWN_CALLS, outcome_unknown)):
+            if wanted is not None:
+                conds.append(f"({count}) {'>' if wanted else '='} 0")
         if after is not None:
             conds.append("session_id > ?")
             params.append(after)
         where = f"WHERE {' AND '.join(conds)}" if conds else ""
         rows = self._store.rows(
             f"SELECT session_id, agent, status, current_turn_id, turn_count, created_at, updated_at, "
-            f"metadata FROM sessions {where} ORDER BY session_id LIMIT ?", (*params, limit))
+            f"metadata, ({_PENDING_APPROVALS}) AS pending_approvals, "
+            f"({_OUTCOME_UNKNOWN_CALLS}) AS outcome_unknown_calls "
+            f"FROM sessions {where} ORDER BY session_id LIMIT ?", (*params, limit))
         return [{**dict(r), "metadata": from_json(r["metadata"])} for r in rows]
 
     def events(self, session_id: str, after: int = 0, limit: int = 1000) -> list[SessionEvent]:

@@ -206,6 +206,12 @@ _SESSIONS = (
                FieldSpec("limit", "integer", min=1, max=1000, default=100, description="Page size."),
                FieldSpec("after", "string", max_length=MAX_ID_LENGTH,
                          description="The cursor from the previous page: sessions after it."),
+               FieldSpec("awaiting_approval", "boolean",
+                         description="true: only sessions with a tool call waiting for approval; false: only "
+                                     "sessions without one."),
+               FieldSpec("outcome_unknown", "boolean",
+                         description="true: only sessions with an outcome_unknown tool call to reconcile; "
+                                     "false: only sessions without one."),
            )),
     _route("get_session", "GET", "/v1/sessions/{session_id}", CLIENT,
            "The agent snapshot: status, turn, history, tool calls with their attempts, pending waits.",

@@ -324,7 +324,9 @@ async def create_session(api: Api, args: dict[str, Any], request: web.Request) -
 
 async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     limit = args["limit"]
-    sessions = api.engine.list_sessions(args.get("agent"), args.get("status"), limit, args.get("after"))
+    sessions = api.engine.list_sessions(args.get("agent"), args.get("status"), limit, args.get("after"),
+                                        awaiting_approval=args.get("awaiting_approval"),
+                                        outcome_unknown=args.get("outcome_unknown"))
     return 200, {"sessions": sessions,
                  "next_after": sessions[-1]["session_id"] if len(sessions) == limit else None}
 

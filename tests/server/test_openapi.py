@@ -126,7 +126,7 @@ def test_parameters(document, route):
                 | {("header", s.name) for s in route.headers})
     assert set(params) == expected
     for (location, _), param in params.items():
-        assert param["schema"]["type"] in ("string", "integer")
+        assert param["schema"]["type"] in ("string", "integer", "boolean")
         if location == "path":
             assert param["required"] is True
             assert param["schema"]["minLength"] == 1 and param["schema"]["maxLength"] in (64, 200)
