@@ -27,6 +27,8 @@ from dex_ha.engine import (
 from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S, Overloaded
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import AuthError, TokenAuth
+from dex_ha.server.cluster_nodes import every_node_view
+from dex_ha.server.console import add_console_routes
 from dex_ha.server.config import ConfigError, parse_address
 from dex_ha.server.http_limits import BodyTimeout, client_gone, read_body
 from dex_ha.server.leader import NotServing, wall_ms
@@ -85,6 +87,7 @@ def build_app(node: NodeServer) -> web.Application:
                           middlewares=[_json_http_errors])
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _pipeline(api, auth, route, HANDLERS[route.name]))
+    add_console_routes(app)  # the web console's page and files (no token: the page asks for one)
     return app
 
 
@@ -264,6 +267,10 @@ async def metrics(api: Api, args: dict[str, Any], request: web.Request) -> Answe
 
 async def cluster(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     return 200, await api.node.cluster_view()
+
+
+async def cluster_nodes(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    return 200, await every_node_view(api.node, request.headers.get("Authorization"))
 
 
 async def step_down(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -522,7 +529,7 @@ HANDLERS: dict[str, Handler] = {
     "answer_question": answer_question, "cancel_turn": cancel_turn,
     "reconcile_tool_call": reconcile_tool_call, "session_events": session_events,
     "register_agent": register_agent, "worker_poll": worker_poll, "task_heartbeat": task_heartbeat,
-    "task_complete": task_complete, "task_fail": task_fail,
+    "task_complete": task_complete, "task_fail": task_fail, "cluster_nodes": cluster_nodes,
 }
 
 __all__ = ["ApiError", "ApiRunner", "HANDLERS", "NotServing", "build_app"]

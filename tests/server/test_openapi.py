@@ -40,6 +40,7 @@ CONTRACT = [
     ("task_complete", "POST", "/v1/worker/tasks/{task_token}/complete", W, True, False),
     ("task_fail", "POST", "/v1/worker/tasks/{task_token}/fail", W, True, False),
     ("cluster", "GET", "/v1/cluster", ANY, False, False),
+    ("cluster_nodes", "GET", "/v1/cluster/nodes", ANY, False, False),
     ("step_down", "POST", "/v1/cluster/step-down", A, True, False),
     ("add_member", "POST", "/v1/cluster/members", A, True, False),
     ("promote_member", "POST", "/v1/cluster/members/{member_id}/promote", A, True, False),
