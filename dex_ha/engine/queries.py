@@ -254,9 +254,7 @@ class Queries:
             "current_turn": self._turn_view(s["current_turn_id"]) if s["current_turn_id"] else None,
             # An idle session is in the AwaitUserMessage state: the next message starts a turn.
             "waiting_for": None if s["current_turn_id"] else AWAIT_USER_MESSAGE,
-            "turns": [dict(r) for r in self._store.rows(
-                "SELECT turn_id, number, status, message_id, started_at, ended_at, error FROM turns "
-                "WHERE session_id = ? ORDER BY number", (session_id,))],
+            "turns": self._turns_with_steps(session_id),
             "history": [{"seq": r[0], **from_json(r[1])} for r in self._store.rows(
                 "SELECT seq, item FROM history WHERE session_id = ? ORDER BY seq", (session_id,))],
             "summary": None if s["summary"] is None else {
@@ -286,6 +284,17 @@ class Queries:
                 "AND status = 'waiting' ORDER BY seq", (session_id,))],
         }
 
+    def _turns_with_steps(self, session_id: str) -> list[dict[str, Any]]:
+        """Every turn with its steps and their attempts: the session's timeline."""
+        steps_by_turn: dict[str, list[dict[str, Any]]] = {}
+        # By turn (the steps_by_turn index), not by session: steps has no session index.
+        for step in self._steps_with_attempts(
+                "WHERE s.turn_id IN (SELECT turn_id FROM turns WHERE session_id = ?)", (session_id,)):
+            steps_by_turn.setdefault(step["turn_id"], []).append(step)
+        rows = self._store.rows("SELECT turn_id, number, status, message_id, started_at, ended_at, error FROM turns "
+                                "WHERE session_id = ? ORDER BY number", (session_id,))
+        return [{**dict(r), "steps": steps_by_turn.get(r["turn_id"], [])} for r in rows]
+
     def _turn_view(self, turn_id: str) -> dict[str, Any]:
         turn = dict(self._store.turn(turn_id))
         turn["steps"] = self._steps_with_attempts("WHERE s.turn_id = ?", (turn_id,))
@@ -298,7 +307,7 @@ class Queries:
 
     def _steps_with_attempts(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
         rows = self._store.rows(
-            "SELECT s.step_id, s.kind, s.status AS step_status, s.call_id, s.attempts_used, s.max_attempts, "
+            "SELECT s.step_id, s.turn_id, s.kind, s.status AS step_status, s.call_id, s.attempts_used, s.max_attempts, "
             "s.created_at, s.error AS step_error, a.number, a.term, a.worker_id, a.idempotency_key, "
             "a.status, a.started_at, "
             f"a.ended_at, a.error, a.attempt_progress, a.cancel_requested FROM steps s "
@@ -309,7 +318,8 @@ class Queries:
             group = list(group)
             first = group[0]
             steps.append({
-                "step_id": step_id, "kind": first["kind"], "status": first["step_status"],
+                "step_id": step_id, "turn_id": first["turn_id"], "kind": first["kind"],
+                "status": first["step_status"],
                 "call_id": first["call_id"], "attempts_used": first["attempts_used"],
                 "max_attempts": first["max_attempts"], "error": first["step_error"],
                 "attempts": [{"number": r["number"], "term": r["term"], "worker_id": r["worker_id"],

@@ -77,3 +77,17 @@ def test_the_route_takes_the_filters_as_booleans():
     assert validate_query(route, {}).get("outcome_unknown") is None
     with pytest.raises(InvalidRequest, match="outcome_unknown"):
         validate_query(route, {"outcome_unknown": "yes"})
+
+
+def test_the_snapshot_lists_every_turns_steps_and_attempts(d):
+    """The console's timeline: turn → step → attempt, for past turns too, not only the current one."""
+    _sessions_in_three_states(d)
+    [turn] = d.snap("s2")["turns"]
+    assert turn["status"] == "completed"
+    kinds = [step["kind"] for step in turn["steps"]]
+    assert kinds.count("RunModel") == 2 and len(kinds) == 3
+    call_step = next(step for step in turn["steps"] if step["call_id"] == "mail-s2")
+    assert call_step["turn_id"] == turn["turn_id"]
+    [attempt] = call_step["attempts"]
+    assert attempt["status"] == "failed" and attempt["idempotency_key"] == "s2:mail-s2"
+    assert d.snap("s3")["turns"] == []
