@@ -170,15 +170,14 @@ function clusterView(main, signal) {
   const table = h("table", { "data-testid": "cluster-table" });
   const controls = h("div", {});
   main.append(h("h2", {}, "Cluster"), table, controls);
-  let lastNodes = [];
   const refresh = async () => {
     try {
       const answer = await api("GET", "/v1/cluster/nodes");
-      lastNodes = answer.nodes;
       if (signal.aborted) return;
       renderClusterTable(table, answer.nodes, refresh);
       showActiveNode(answer.nodes, answer.node_id);
-      if (!controls.firstChild) controls.append(...clusterControls(() => lastNodes, refresh));
+      if (!controls.firstChild) controls.append(...clusterControls(refresh));
+      fillStepDownTargets(controls.querySelector("[data-testid=step-down-to]"), answer.nodes);
     } catch (err) {
       if (!signal.aborted) showError(`cannot read the cluster: ${err.message}`);
     }
@@ -227,14 +226,18 @@ function removeButton(node, refresh) {
   }, "Remove");
 }
 
-function clusterControls(nodes, refresh) {
+/** The voters to hand leadership to, keeping the operator's choice while it is still one. */
+function fillStepDownTargets(select, nodes) {
+  const ids = nodes.filter((n) => n.voter).map((n) => n.id);
+  const shown = [...select.options].map((o) => o.value).slice(1);
+  if (shown.join() === ids.join()) return;
+  const chosen = select.value;
+  select.replaceChildren(h("option", { value: "" }, "the most caught-up voter"), ...ids.map((id) => h("option", { value: id }, id)));
+  select.value = ids.includes(chosen) ? chosen : "";
+}
+
+function clusterControls(refresh) {
   const target = h("select", { "data-testid": "step-down-to" }, h("option", { value: "" }, "the most caught-up voter"));
-  target.addEventListener("focus", () => {
-    const chosen = target.value;
-    target.replaceChildren(h("option", { value: "" }, "the most caught-up voter"),
-      ...nodes().filter((n) => n.voter).map((n) => h("option", { value: n.id }, n.id)));
-    target.value = chosen;
-  });
   const stepDown = h("form", { class: "inline", "data-testid": "step-down-form" },
     h("strong", {}, "Step down"), "the active node, handing over to", target,
     h("button", { type: "submit", "data-testid": "step-down" }, "Step down"));
@@ -548,7 +551,9 @@ function turnCard(turn, s) {
     h("div", {}, h("strong", {}, `Turn ${turn.number}`), " ", h("span", { class: `status-${turn.status}` }, turn.status),
       h("span", { class: "muted" }, ` · started ${timeOf(turn.started_at)} · ${duration(turn.started_at, turn.ended_at)}`),
       turn.error ? h("div", { class: "status-failed" }, `error: ${turn.error}`) : null),
-    turn.steps.map((step) => stepCard(step, calls.get(step.call_id))));
+    // A call's summary goes under its first step only (approval, then the call's attempts).
+    turn.steps.map((step, i) => stepCard(step, turn.steps.findIndex((st) => st.call_id === step.call_id) === i
+      ? calls.get(step.call_id) : undefined)));
 }
 
 function stepCard(step, call) {
