@@ -145,6 +145,7 @@ async def test_approve_stream_and_reconcile_from_the_console(dev: DevProcess, pa
             await confirm(page)
             await expect(page.get_by_test_id(f"call-status-{call_id}")).to_have_text("succeeded")
             await page.screenshot(path=str(tmp_path / "reconciled.png"), full_page=True)
+            await expect(page.locator("main")).not_to_contain_text("null")  # nothing empty rendered as text
             settled = await call_of(client, "charge-1", "charge")
             assert settled["output"] == "charged once: seen in the PSP dashboard" and settled["reconciled_at"]
             assert ledger.count("tool", "charge") == 1  # never run again

@@ -26,6 +26,11 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+/** Replace an element's children; null and undefined (a part with nothing to show) are left out. */
+function fill(el, ...children) {
+  el.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined));
+}
+
 function timeOf(ms) {
   return ms ? new Date(ms).toISOString().replace("T", " ").replace("Z", "") : "";
 }
@@ -127,7 +132,7 @@ function route() {
   const hash = location.hash || "#/cluster";
   const [path, query] = hash.slice(1).split("?");
   const main = document.getElementById("view");
-  main.replaceChildren();
+  fill(main);
   if (path.startsWith("/session/")) {
     sessionView(main, decodeURIComponent(path.slice("/session/".length)), viewAbort.signal);
   } else if (path === "/sessions") {
@@ -155,7 +160,7 @@ function showActiveNode(nodes, thisNodeId) {
     return;
   }
   const active = nodes.find((n) => n.view && n.view.role === "active");
-  banner.replaceChildren(
+  fill(banner,
     `This node (${thisNodeId}) is ${me && me.view ? me.view.role : "not active"}: sessions are served by the active node. `,
     active && active.url
       ? h("a", { href: `${active.url}/ui`, "data-testid": "active-link" }, `Open the console on ${active.id} (the active node)`)
@@ -212,7 +217,7 @@ function renderClusterTable(table, nodes, refresh) {
       h("td", {}, node.url ? h("a", { href: `${node.url}/ui` }, node.url) : ""),
       h("td", {}, removeButton(node, refresh)));
   });
-  table.replaceChildren(header, ...rows);
+  fill(table, header, ...rows);
 }
 
 function removeButton(node, refresh) {
@@ -232,7 +237,7 @@ function fillStepDownTargets(select, nodes) {
   const shown = [...select.options].map((o) => o.value).slice(1);
   if (shown.join() === ids.join()) return;
   const chosen = select.value;
-  select.replaceChildren(h("option", { value: "" }, "the most caught-up voter"), ...ids.map((id) => h("option", { value: id }, id)));
+  fill(select, h("option", { value: "" }, "the most caught-up voter"), ...ids.map((id) => h("option", { value: id }, id)));
   select.value = ids.includes(chosen) ? chosen : "";
 }
 
@@ -310,9 +315,9 @@ function renderSessions(table, pager, page, cursors, load) {
     h("td", {}, s.pending_approvals || ""),
     h("td", { class: s.outcome_unknown_calls ? "status-outcome_unknown" : "" }, s.outcome_unknown_calls || ""),
     h("td", {}, timeOf(s.updated_at))));
-  table.replaceChildren(header, ...rows);
+  fill(table, header, ...rows);
   if (!rows.length) table.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No sessions match.")));
-  pager.replaceChildren(
+  fill(pager,
     h("button", { type: "button", disabled: cursors.length < 2, onclick: () => { cursors.pop(); load(); } }, "Previous page"),
     h("button", { type: "button", disabled: !page.next_after, "data-testid": "next-page", onclick: () => { cursors.push(page.next_after); load(); } }, "Next page"));
 }
@@ -436,7 +441,7 @@ function sessionView(main, sessionId, signal) {
 
 function renderSession(body, s, live, refresh) {
   const typed = typedValues(body);
-  body.replaceChildren(
+  fill(body,
     h("h2", {}, `Session ${s.session_id}`),
     h("p", { "data-testid": "session-status" }, `agent ${s.agent} · status `, h("strong", {}, s.status),
       s.waiting_for ? ` · waiting for ${s.waiting_for}` : ""),
@@ -583,7 +588,7 @@ function renderLiveText(body, live) {
       slot = h("div", { class: "live", "data-live-step": stepId });
       body.append(h("div", { class: "step" }, h("span", { class: "muted" }, `streaming ${stepId}`), slot));
     }
-    slot.replaceChildren(
+    fill(slot,
       ...step.dropped.map((d) => h("div", { class: "dropped", "data-testid": "dropped-text", title: `attempt ${d.attempt} failed: its text is dropped` },
         `attempt ${d.attempt} (failed, dropped): ${d.text}`)),
       step.pieces.length ? h("div", { class: "live-text", "data-testid": "live-text" }, step.pieces.join("")) : null);
