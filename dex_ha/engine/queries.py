@@ -90,6 +90,13 @@ class SessionEvent:
     at: int
 
 
+# Per-session counts for list_sessions (correlated on the outer `sessions` row).
+_PENDING_APPROVALS = ("SELECT COUNT(*) FROM approvals a WHERE a.session_id = sessions.session_id "
+                      "AND a.status = 'pending'")
+_OUTCOME_UNKNOWN_CALLS = ("SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = sessions.session_id "
+                          "AND c.status = 'outcome_unknown'")
+
+
 def _same_secret(stored: str | None, given: str) -> bool:
     """Constant-time comparison, so response times do not reveal how much of a guess was
     right. An attempt stored without a secret (handed out before schema 2) matches nothing."""
@@ -190,20 +197,31 @@ class Queries:
     # ---------------------------------------------------------- API reads
 
     def list_sessions(self, agent: str | None = None, status: str | None = None, limit: int = 100,
-                      after: str | None = None) -> list[dict[str, Any]]:
-        """Sessions ordered by id; pass the last id seen as `after` for the next page."""
+                      after: str | None = None, *, awaiting_approval: bool | None = None,
+                      outcome_unknown: bool | None = None) -> list[dict[str, Any]]:
+        """Sessions ordered by id; pass the last id seen as `after` for the next page.
+
+        Each row counts the session's pending approvals and its outcome_unknown tool calls
+        (what an operator acts on); `awaiting_approval` and `outcome_unknown` filter on
+        those counts (True: at least one; False: none; None: no filter).
+        """
         conds, params = [], []
         for column, value in (("agent", agent), ("status", status)):
             if value is not None:
                 conds.append(f"{column} = ?")
                 params.append(value)
+        for count, wanted in ((_PENDING_APPROVALS, awaiting_approval), (_OUTCOME_UNKNOWN_CALLS, outcome_unknown)):
+            if wanted is not None:
+                conds.append(f"({count}) {'>' if wanted else '='} 0")
         if after is not None:
             conds.append("session_id > ?")
             params.append(after)
         where = f"WHERE {' AND '.join(conds)}" if conds else ""
         rows = self._store.rows(
             f"SELECT session_id, agent, status, current_turn_id, turn_count, created_at, updated_at, "
-            f"metadata FROM sessions {where} ORDER BY session_id LIMIT ?", (*params, limit))
+            f"metadata, ({_PENDING_APPROVALS}) AS pending_approvals, "
+            f"({_OUTCOME_UNKNOWN_CALLS}) AS outcome_unknown_calls "
+            f"FROM sessions {where} ORDER BY session_id LIMIT ?", (*params, limit))
         return [{**dict(r), "metadata": from_json(r["metadata"])} for r in rows]
 
     def events(self, session_id: str, after: int = 0, limit: int = 1000) -> list[SessionEvent]:
@@ -236,9 +254,7 @@ class Queries:
             "current_turn": self._turn_view(s["current_turn_id"]) if s["current_turn_id"] else None,
             # An idle session is in the AwaitUserMessage state: the next message starts a turn.
             "waiting_for": None if s["current_turn_id"] else AWAIT_USER_MESSAGE,
-            "turns": [dict(r) for r in self._store.rows(
-                "SELECT turn_id, number, status, message_id, started_at, ended_at, error FROM turns "
-                "WHERE session_id = ? ORDER BY number", (session_id,))],
+            "turns": self._turns_with_steps(session_id),
             "history": [{"seq": r[0], **from_json(r[1])} for r in self._store.rows(
                 "SELECT seq, item FROM history WHERE session_id = ? ORDER BY seq", (session_id,))],
             "summary": None if s["summary"] is None else {
@@ -268,6 +284,17 @@ class Queries:
                 "AND status = 'waiting' ORDER BY seq", (session_id,))],
         }
 
+    def _turns_with_steps(self, session_id: str) -> list[dict[str, Any]]:
+        """Every turn with its steps and their attempts: the session's timeline."""
+        steps_by_turn: dict[str, list[dict[str, Any]]] = {}
+        # By turn (the steps_by_turn index), not by session: steps has no session index.
+        for step in self._steps_with_attempts(
+                "WHERE s.turn_id IN (SELECT turn_id FROM turns WHERE session_id = ?)", (session_id,)):
+            steps_by_turn.setdefault(step["turn_id"], []).append(step)
+        rows = self._store.rows("SELECT turn_id, number, status, message_id, started_at, ended_at, error FROM turns "
+                                "WHERE session_id = ? ORDER BY number", (session_id,))
+        return [{**dict(r), "steps": steps_by_turn.get(r["turn_id"], [])} for r in rows]
+
     def _turn_view(self, turn_id: str) -> dict[str, Any]:
         turn = dict(self._store.turn(turn_id))
         turn["steps"] = self._steps_with_attempts("WHERE s.turn_id = ?", (turn_id,))
@@ -280,7 +307,7 @@ class Queries:
 
     def _steps_with_attempts(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
         rows = self._store.rows(
-            "SELECT s.step_id, s.kind, s.status AS step_status, s.call_id, s.attempts_used, s.max_attempts, "
+            "SELECT s.step_id, s.turn_id, s.kind, s.status AS step_status, s.call_id, s.attempts_used, s.max_attempts, "
             "s.created_at, s.error AS step_error, a.number, a.term, a.worker_id, a.idempotency_key, "
             "a.status, a.started_at, "
             f"a.ended_at, a.error, a.attempt_progress, a.cancel_requested FROM steps s "
@@ -291,7 +318,8 @@ class Queries:
             group = list(group)
             first = group[0]
             steps.append({
-                "step_id": step_id, "kind": first["kind"], "status": first["step_status"],
+                "step_id": step_id, "turn_id": first["turn_id"], "kind": first["kind"],
+                "status": first["step_status"],
                 "call_id": first["call_id"], "attempts_used": first["attempts_used"],
                 "max_attempts": first["max_attempts"], "error": first["step_error"],
                 "attempts": [{"number": r["number"], "term": r["term"], "worker_id": r["worker_id"],

@@ -206,6 +206,12 @@ _SESSIONS = (
                FieldSpec("limit", "integer", min=1, max=1000, default=100, description="Page size."),
                FieldSpec("after", "string", max_length=MAX_ID_LENGTH,
                          description="The cursor from the previous page: sessions after it."),
+               FieldSpec("awaiting_approval", "boolean",
+                         description="true: only sessions with a tool call waiting for approval; false: only "
+                                     "sessions without one."),
+               FieldSpec("outcome_unknown", "boolean",
+                         description="true: only sessions with an outcome_unknown tool call to reconcile; "
+                                     "false: only sessions without one."),
            )),
     _route("get_session", "GET", "/v1/sessions/{session_id}", CLIENT,
            "The agent snapshot: status, turn, history, tool calls with their attempts, pending waits.",
@@ -357,6 +363,11 @@ _CLUSTER = (
     _route("cluster", "GET", "/v1/cluster", ANY_ROLE,
            "This node's view of the cluster: role, term, leader, indexes, lease, members.",
            success={200: "the cluster table"}, active_only=False),
+    _route("cluster_nodes", "GET", "/v1/cluster/nodes", ANY_ROLE,
+           "Every member's own view (GET /v1/cluster of each, asked by this node with the caller's token); "
+           "a member that does not answer within 1 s is listed with reachable false.",
+           success={200: "one entry per member: id, url, voter, reachable, and view or error"},
+           active_only=False),
     _route("step_down", "POST", "/v1/cluster/step-down", ADMIN,
            "Planned step down: drain, then transfer leadership (the body is optional).",
            success={200: "leadership was transferred"},

@@ -28,6 +28,8 @@ from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S, Overloaded
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import AuthError, TokenAuth
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
+from dex_ha.server.cluster_nodes import every_node_view
+from dex_ha.server.console import add_console_routes
 from dex_ha.server.config import ConfigError, parse_address
 from dex_ha.server.http_limits import BodyTimeout, client_gone, read_body
 from dex_ha.server.leader import NotServing, wall_ms
@@ -86,6 +88,7 @@ def build_app(node: NodeServer) -> web.Application:
                           middlewares=[_json_http_errors])
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _pipeline(api, auth, route, HANDLERS[route.name]))
+    add_console_routes(app)  # the web console's page and files (no token: the page asks for one)
     return app
 
 
@@ -267,6 +270,10 @@ async def cluster(api: Api, args: dict[str, Any], request: web.Request) -> Answe
     return 200, await api.node.cluster_view()
 
 
+async def cluster_nodes(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    return 200, await every_node_view(api.node, request.headers.get("Authorization"))
+
+
 async def step_down(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     try:
         return 200, await api.node.step_down(args.get("to"), args.get("drain_timeout_ms"))
@@ -325,7 +332,9 @@ async def create_session(api: Api, args: dict[str, Any], request: web.Request) -
 
 async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     limit = args["limit"]
-    sessions = api.engine.list_sessions(args.get("agent"), args.get("status"), limit, args.get("after"))
+    sessions = api.engine.list_sessions(args.get("agent"), args.get("status"), limit, args.get("after"),
+                                        awaiting_approval=args.get("awaiting_approval"),
+                                        outcome_unknown=args.get("outcome_unknown"))
     return 200, {"sessions": sessions,
                  "next_after": sessions[-1]["session_id"] if len(sessions) == limit else None}
 
@@ -549,7 +558,7 @@ HANDLERS: dict[str, Handler] = {
     "answer_question": answer_question, "cancel_turn": cancel_turn,
     "reconcile_tool_call": reconcile_tool_call, "session_events": session_events,
     "register_agent": register_agent, "worker_poll": worker_poll, "task_heartbeat": task_heartbeat,
-    "task_complete": task_complete, "task_fail": task_fail,
+    "task_complete": task_complete, "task_fail": task_fail, "cluster_nodes": cluster_nodes,
     "backup": backup,
 }
 

@@ -40,6 +40,7 @@ CONTRACT = [
     ("task_complete", "POST", "/v1/worker/tasks/{task_token}/complete", W, True, False),
     ("task_fail", "POST", "/v1/worker/tasks/{task_token}/fail", W, True, False),
     ("cluster", "GET", "/v1/cluster", ANY, False, False),
+    ("cluster_nodes", "GET", "/v1/cluster/nodes", ANY, False, False),
     ("step_down", "POST", "/v1/cluster/step-down", A, True, False),
     ("add_member", "POST", "/v1/cluster/members", A, True, False),
     ("promote_member", "POST", "/v1/cluster/members/{member_id}/promote", A, True, False),
@@ -127,7 +128,7 @@ def test_parameters(document, route):
                 | {("header", s.name) for s in route.headers})
     assert set(params) == expected
     for (location, _), param in params.items():
-        assert param["schema"]["type"] in ("string", "integer")
+        assert param["schema"]["type"] in ("string", "integer", "boolean")
         if location == "path":
             assert param["required"] is True
             assert param["schema"]["minLength"] == 1 and param["schema"]["maxLength"] in (64, 200)

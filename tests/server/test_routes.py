@@ -108,6 +108,16 @@ async def test_cluster_view_says_insecure_without_tokens(open_api: HttpApi):
     assert view["insecure"] is True
 
 
+@covers("cluster_nodes")
+async def test_cluster_nodes_lists_each_member_with_its_own_view(api: HttpApi):
+    body = expect(await api.get("/v1/cluster/nodes", role="worker"), 200)
+    assert body["node_id"] == "dev"
+    [entry] = body["nodes"]
+    assert (entry["id"], entry["voter"], entry["reachable"]) == ("dev", True, True)
+    assert entry["view"]["role"] == "active" and entry["view"]["node_id"] == "dev"
+    expect(await api.get("/v1/cluster/nodes", role=None), 401)
+
+
 # DESIGN.md §8, with the label names each metric must carry. Counters show as *_total.
 DESIGN_METRICS: dict[str, tuple[str, ...]] = {
     "dex_raft_term": (), "dex_raft_is_leader": (), "dex_active": (), "dex_raft_leader_changes_total": (),

@@ -439,9 +439,11 @@ def test_any_valid_text_fits_in_a_message_body():
 
 def test_list_sessions_query_defaults_and_conversion():
     route = ROUTES_BY_NAME["list_sessions"]
-    assert validate_query(route, {}) == {"agent": None, "status": None, "limit": 100, "after": None}
+    assert validate_query(route, {}) == {"agent": None, "status": None, "limit": 100, "after": None,
+                                         "awaiting_approval": None, "outcome_unknown": None}
     assert validate_query(route, {"agent": "support", "status": "running", "limit": "50", "after": "s-9"}) == {
-        "agent": "support", "status": "running", "limit": 50, "after": "s-9"}
+        "agent": "support", "status": "running", "limit": 50, "after": "s-9", "awaiting_approval": None,
+        "outcome_unknown": None}
 
 
 @pytest.mark.parametrize(("query", "field", "message"), [
@@ -452,7 +454,8 @@ def test_list_sessions_query_defaults_and_conversion():
     ({"limit": ""}, "limit", "must be an integer (got '')"),
     ({"status": "done"}, "status", "must be one of: idle, running (got 'done')"),
     ({"agent": "a" * 201}, "agent", "must have at most 200 characters (got 201)"),
-    ({"page": "2"}, "page", "unknown query parameter; this route accepts: after, agent, limit, status"),
+    ({"page": "2"}, "page", "unknown query parameter; this route accepts: after, agent, "
+                           "awaiting_approval, limit, outcome_unknown, status"),
 ])
 def test_bad_list_sessions_queries(query, field, message):
     with pytest.raises(InvalidRequest) as caught:

@@ -1,0 +1,231 @@
+"""The web console at /ui in a real browser (Debian's chromium, driven by Playwright).
+
+Against real processes: a `dex-ha dev` node with a Worker process (approve a call, watch
+streamed text arrive, reconcile a call whose Worker was SIGKILLed), and a three-node
+`dex-ha cluster up` (the cluster view follows a step down and a SIGKILL of the active
+node). The evidence comes from outside the browser too: the Worker's ledger and the API.
+Screenshots go to each test's tmp_path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import AsyncIterator
+
+import aiohttp
+import pytest
+
+from dex_ha.client import DexClient
+from tests.console.console_worker import AGENT
+from tests.crash.ledger import Ledger
+from tests.e2e.cluster_process import LocalCluster
+from tests.e2e.conftest import eventually
+from tests.e2e.dev_process import DevProcess
+from tests.support.processes import stop
+
+CHROMIUM = Path("/usr/bin/chromium")
+UI_TIMEOUT_MS = 15_000  # every wait on the page has this deadline
+
+playwright_api = pytest.importorskip("playwright.async_api", reason="playwright is not installed (the dev extra)")
+if not CHROMIUM.exists():
+    pytest.skip(f"no chromium at {CHROMIUM}: install it with `apt-get install -y chromium` "
+                "(scripts/test does when it runs as root)", allow_module_level=True)
+expect = playwright_api.expect
+expect.set_options(timeout=UI_TIMEOUT_MS)
+
+
+@pytest.fixture
+async def page(tmp_path: Path) -> AsyncIterator[object]:
+    async with playwright_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM),
+                                                   args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            yield page
+        finally:
+            await browser.close()
+
+
+@pytest.fixture
+async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
+    """A `dex-ha dev` node (no tokens) whose killed Worker's attempt fails in ~2 s."""
+    node = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True,
+                      extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": "2000"})
+    node.start()
+    try:
+        await node.wait_ready()
+        yield node
+    finally:
+        node.stop()
+
+
+@contextlib.contextmanager
+def worker_process(url: str, ledger: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.console.console_worker", url, str(ledger)],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        stop(proc, timeout=5)
+
+
+async def open_console(page, url: str, fragment: str = "", token: str | None = None) -> None:
+    """Load /ui on `url`; when the node has tokens, enter the token the page asks for."""
+    await page.goto(f"{url}/ui{fragment}")
+    if token is not None:
+        await expect(page.get_by_test_id("token-dialog")).to_be_visible()
+        await page.get_by_test_id("token-input").fill(token)
+        await page.get_by_test_id("token-save").click()
+
+
+async def confirm(page) -> None:
+    await page.get_by_test_id("confirm-yes").click()
+
+
+async def call_of(client: DexClient, session_id: str, name: str) -> dict | None:
+    snapshot = await client.get_session(session_id)
+    return next((c for c in snapshot["tool_calls"] if c["name"] == name), None)
+
+
+# ---------------------------------------------------------------- sessions, on `dex-ha dev`
+
+
+async def test_approve_stream_and_reconcile_from_the_console(dev: DevProcess, page, tmp_path: Path):
+    ledger = Ledger(tmp_path / "ledger.db")
+    with worker_process(dev.url, tmp_path / "ledger.db", tmp_path / "worker.log") as worker:
+        async with DexClient(dev.url) as client:
+            await client.create_session(AGENT, "refund-1")
+            await client.send_message("refund-1", "refund order A17")
+            await eventually(lambda: _pending_approval(client, "refund-1"), "the refund to wait for approval")
+
+            # The list, filtered to sessions waiting for approval, shows it; its page approves it.
+            await open_console(page, dev.url, "#/sessions?awaiting_approval=true")
+            await expect(page.locator("[data-session=refund-1]")).to_be_visible()
+            await page.get_by_role("link", name="refund-1").click()
+            refund = await call_of(client, "refund-1", "refund")
+            await page.get_by_test_id(f"approve-{refund['call_id']}").click()
+            await confirm(page)
+            await expect(page.get_by_test_id(f"call-status-{refund['call_id']}")).to_have_text("succeeded")
+            await expect(page.get_by_test_id("session-status")).to_contain_text("idle")
+            await page.screenshot(path=str(tmp_path / "approved.png"), full_page=True)
+            assert [run.key for run in ledger.runs("tool", "refund")] == ["refund-1:" + refund["call_id"]]
+
+            # A message sent from the console: the model's words arrive live over SSE.
+            await page.get_by_test_id("message-text").fill("hello")
+            await page.get_by_test_id("send-message").click()
+            await expect(page.get_by_test_id("live-text").last).to_have_text("Hello from the console agent.")
+
+            # A write whose Worker is SIGKILLed mid-call ends as outcome_unknown ...
+            await client.create_session(AGENT, "charge-1")
+            await client.send_message("charge-1", "charge order B9")
+            await eventually(lambda: ledger.count("tool", "charge") == 1, "the charge tool to start")
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+            await eventually(lambda: _call_status(client, "charge-1", "charge", "outcome_unknown"),
+                             "the killed charge call to be outcome_unknown", deadline_s=20)
+
+            # ... and the operator finds it by the filter and reconciles it with a note.
+            await page.goto(f"{dev.url}/ui#/sessions?outcome_unknown=true")
+            await expect(page.locator("[data-session]")).to_have_count(1)
+            await page.get_by_role("link", name="charge-1").click()
+            charge = await call_of(client, "charge-1", "charge")
+            call_id = charge["call_id"]
+            assert charge["attempt_progress"] == "NOT_COMPLETED"
+            await expect(page.locator(f"[data-step='{charge['steps'][0]['step_id']}'] .attempt")).to_contain_text(
+                f"charge-1:{call_id}")
+            await page.get_by_test_id(f"reconcile-note-{call_id}").fill("charged once: seen in the PSP dashboard")
+            await page.get_by_test_id(f"reconcile-{call_id}").click()
+            await confirm(page)
+            await expect(page.get_by_test_id(f"call-status-{call_id}")).to_have_text("succeeded")
+            await page.screenshot(path=str(tmp_path / "reconciled.png"), full_page=True)
+            await expect(page.locator("main")).not_to_contain_text("null")  # nothing empty rendered as text
+            settled = await call_of(client, "charge-1", "charge")
+            assert settled["output"] == "charged once: seen in the PSP dashboard" and settled["reconciled_at"]
+            assert ledger.count("tool", "charge") == 1  # never run again
+
+
+async def _pending_approval(client: DexClient, session_id: str) -> bool:
+    return bool((await client.get_session(session_id))["pending_approvals"])
+
+
+async def _call_status(client: DexClient, session_id: str, name: str, status: str) -> bool:
+    call = await call_of(client, session_id, name)
+    return call is not None and call["status"] == status
+
+
+async def test_streamed_text_of_a_failed_attempt_is_marked_dropped(dev: DevProcess, page):
+    """The console's LiveText, run in the browser, keeps the rules of StreamText."""
+    await open_console(page, dev.url)
+    result = await page.evaluate("""() => {
+        const live = new LiveText();
+        live.delta("st", 1, "Hel");
+        live.failed("st", 1);
+        live.delta("st", 1, "late");   // a late delta of the failed attempt: ignored
+        live.delta("st", 2, "Hello");
+        live.delta("st", 2, " world");
+        live.delta("st", 3, "again");  // a newer attempt starts afresh
+        live.delta("st", 2, "old");    // overtaken: ignored
+        const step = live.steps.get("st");
+        return {attempt: step.attempt, text: step.pieces.join(""), dropped: step.dropped};
+    }""")
+    assert result == {"attempt": 3, "text": "again",
+                      "dropped": [{"attempt": 1, "text": "Hel"}, {"attempt": 2, "text": "Hello world"}]}
+
+
+async def test_the_page_loads_without_a_token_and_ships_no_outside_resource(dev: DevProcess):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(dev.url + "/ui") as resp:
+            html = await resp.text()
+            assert resp.status == 200 and resp.content_type == "text/html"
+            assert "default-src 'self'" in resp.headers["Content-Security-Policy"]
+        for name in ("console.js", "console.css"):
+            async with http.get(f"{dev.url}/ui/static/{name}") as resp:
+                assert resp.status == 200
+        async with http.get(dev.url + "/ui/static/..%2Fapp.py") as resp:
+            assert resp.status == 404
+    assert "http://" not in html and "https://" not in html
+
+
+# ---------------------------------------------------------------- the cluster view
+
+
+async def test_cluster_view_follows_a_step_down_and_a_sigkill(tmp_path: Path, page):
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        cluster.up()
+        token = cluster.tokens["admin"]
+        first = await cluster.active_node()
+        standby = next(n for n in cluster.urls if n != first)
+
+        # A standby's console shows the cluster and links to the active node.
+        await open_console(page, cluster.urls[standby], token=token)
+        await expect(page.get_by_test_id(f"role-{first}")).to_have_text("active")
+        await expect(page.get_by_test_id(f"role-{standby}")).to_have_text("standby")
+        await expect(page.get_by_test_id("active-link")).to_have_attribute("href", f"{cluster.urls[first]}/ui")
+
+        # On the active node's console: step down to a chosen node.
+        await open_console(page, cluster.urls[first], token=token)
+        await expect(page.get_by_test_id(f"role-{first}")).to_have_text("active")
+        await page.get_by_test_id("step-down-to").select_option(standby)
+        await page.get_by_test_id("step-down").click()
+        await confirm(page)
+        await expect(page.get_by_test_id(f"role-{standby}")).to_have_text("active")
+        await expect(page.get_by_test_id(f"role-{first}")).to_have_text("standby")
+        await page.screenshot(path=str(tmp_path / "after-step-down.png"), full_page=True)
+        assert await cluster.active_node() == standby
+
+        # SIGKILL the active node: the view shows it unreachable and another node active.
+        cluster.kill(standby)
+        await expect(page.locator(f"tr[data-node={standby}]")).to_have_attribute("data-role", "unreachable")
+        third = await cluster.active_node(not_=standby)
+        await expect(page.get_by_test_id(f"role-{third}")).to_have_text("active")
+        await page.screenshot(path=str(tmp_path / "after-sigkill.png"), full_page=True)
+    finally:
+        cluster.down()
