@@ -30,7 +30,7 @@ def test_the_rules_are_valid_and_cover_what_operators_need():
 def test_prometheus_yml_is_valid_and_loads_the_rules():
     checked = run_promtool("check", "config", PROMETHEUS_CONFIG)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "Checking prometheus/alerts.yml" in checked.stdout, checked.stdout  # rule_files found and checked
+    assert f"Checking {ALERTS}" in checked.stdout, checked.stdout  # rule_files found and checked
 
 
 def test_the_rule_unit_tests_pass():
