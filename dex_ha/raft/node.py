@@ -174,6 +174,17 @@ class RaftView:
         return 0 if self.lease_end_ms is None else max(0, self.lease_end_ms - now_ms())
 
 
+@dataclass(frozen=True)
+class PeerProgress:
+    """What the leader knows of one other member, published for the HTTP side's metrics
+    (like RaftView: read on another thread without touching the core)."""
+
+    id: str
+    voter: bool
+    match: int  # the highest log index known to be on the peer
+    last_contact_ms: int  # on the `now_ms()` clock: when the peer last answered the leader
+
+
 class Reply(Protocol):
     """Where a proposal's outcome goes: an asyncio.Future of the node's loop, or an object
     that carries it to another thread (see dex_ha.raft.threaded)."""
@@ -232,6 +243,7 @@ class RaftNode:
                                         on_fsync=self._record_fsync)
         self.core = self._build_core()
         self.view = self._current_view()
+        self.peer_progress: tuple[PeerProgress, ...] = ()  # only a leader knows it; see _current_peer_progress
         hs = self.storage.hard_state
         self._persisted_term_vote = (hs.term, hs.vote)
         self.transport = RaftTransport(
@@ -477,6 +489,7 @@ class RaftNode:
             finally:
                 self._in_ready = False
         self.view = self._current_view()
+        self.peer_progress = self._current_peer_progress()
         self._note_leader()
 
     def _current_view(self) -> RaftView:
@@ -485,6 +498,12 @@ class RaftNode:
         return RaftView(term=core.term, role=core.role, leader_id=core.leader_id, lease_end_ms=core.lease_end_ms(),
                         commit=core.commit_index, voter=self.config.id in voters,
                         sole_voter=tuple(voters) == (self.config.id,))
+
+    def _current_peer_progress(self) -> tuple[PeerProgress, ...]:
+        """Each other member's match index and last contact, as the leader tracks them;
+        empty on a follower (it tracks no one)."""
+        return tuple(PeerProgress(id=m, voter=voter, match=match, last_contact_ms=contact)
+                     for m, voter, match, contact in self.core.peer_progress())
 
     def _take_proposals(self) -> None:
         while self._proposals:

@@ -118,8 +118,23 @@ class _StateCollector:
         for status, n in sorted(s["sessions"].items()):
             sessions.add_metric([status], n)
         yield sessions
+        yield from _follower_families(s["followers"])
         calls = CounterMetricFamily("dex_tool_calls", "Tool call outcomes recorded (a reconciled call counts "
                                     "as outcome_unknown and again as its settlement).", labels=["outcome"])
         for outcome, n in sorted(s["tool_calls"].items()):
             calls.add_metric([outcome], n)
         yield calls
+
+
+def _follower_families(followers: dict[str, tuple[int, float]]) -> Iterator[Metric]:
+    """Per-member replication gauges, exported by the leader only (followers track no one)."""
+    lag = GaugeMetricFamily("dex_raft_follower_lag_entries", "On the leader: entries the member is behind "
+                            "the commit index (its match index); absent on other nodes.", labels=["member"])
+    contact = GaugeMetricFamily("dex_raft_follower_last_contact_seconds", "On the leader: seconds since the "
+                                "member last answered; a heartbeat interval when healthy, growing while it is "
+                                "unreachable; absent on other nodes.", labels=["member"])
+    for member, (behind, seconds) in sorted(followers.items()):
+        lag.add_metric([member], behind)
+        contact.add_metric([member], seconds)
+    yield lag
+    yield contact

@@ -20,6 +20,7 @@ from aiohttp import web
 from dex_ha.engine import ApplyResult, Command, Engine, encode_command
 from dex_ha.raft.core import NotLeader, ProposalDropped
 from dex_ha.failpoints import Failpoints
+from dex_ha.raft.clock import now_ms
 from dex_ha.raft.node import Member, NodeConfig, member_context
 from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.types import ConfChange, ConfChangeType, Role
@@ -370,7 +371,15 @@ class NodeServer:
             "steps_queued": stats["steps_queued"],
             "sessions": stats["sessions"],
             "tool_calls": stats["tool_calls"],
+            "followers": self._follower_progress(view.commit),
         }
+
+    def _follower_progress(self, commit: int) -> dict[str, tuple[int, float]]:
+        """On the leader: each other member's (entries behind the commit index, seconds since
+        it last answered); empty elsewhere. Feeds the follower-lag and unreachable alerts."""
+        now = now_ms()
+        return {p.id: (max(0, commit - p.match), max(0, now - p.last_contact_ms) / 1000)
+                for p in self.raft.node.peer_progress}
 
 
 def _bind(address: tuple[str, int], what: str = "HTTP") -> socket.socket:
