@@ -1,0 +1,261 @@
+"""The operator CLI against a real `dex-ha cluster up`: the environment tokens.env sets,
+`status` without a token, `members` (list, "never", progress) and `sessions …`.
+
+The `dex-ha` commands run as subprocesses, as a user runs them. The Worker and the
+DexClient that make the sessions run in this process and are built with no URL and no
+token: they read DEX_HA_URLS and DEX_HA_WORKER_TOKEN / DEX_HA_CLIENT_TOKEN, as after
+`source tokens.env`. One cluster serves the module (starting one takes seconds); tests run
+in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dex_ha.client import DexClient
+from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from tests.cli import clean_env, run_cli
+from tests.e2e.cluster_process import LocalCluster
+from tests.e2e.conftest import eventually, running
+
+EXPORT = re.compile(r"^export (DEX_HA_[A-Z_]+)=(\S+)$", re.MULTILINE)
+
+
+def tokens_env_vars(cluster_dir: Path) -> dict[str, str]:
+    """The variables that `source DIR/tokens.env` sets."""
+    return dict(EXPORT.findall((cluster_dir / "tokens.env").read_text()))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path_factory.mktemp("opcli") / "cluster")
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.fixture
+def sourced(cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """This process's environment as after `source tokens.env`; returns the variables."""
+    variables = tokens_env_vars(cluster.dir)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    return variables
+
+
+def cli(*args: str, env: dict[str, str]) -> Any:
+    return run_cli(*args, env=clean_env(**env), timeout=60)
+
+
+# ---------------------------------------------------------------- tokens.env and status
+
+
+def test_tokens_env_holds_the_urls_and_a_token_per_role(cluster: LocalCluster) -> None:
+    variables = tokens_env_vars(cluster.dir)
+    assert variables["DEX_HA_URLS"].split(",") == list(cluster.urls.values())
+    assert variables["DEX_HA_TOKEN"] == cluster.tokens["admin"]
+    assert variables["DEX_HA_CLIENT_TOKEN"] == cluster.tokens["client"]
+    assert variables["DEX_HA_WORKER_TOKEN"] == cluster.tokens["worker"]
+
+
+def test_status_without_a_token_says_401_and_how_to_fix_it(cluster: LocalCluster) -> None:
+    done = cli("status", "--url", cluster.urls["n1"], env={})
+    assert done.returncode == 1
+    assert "401 unauthorized: set DEX_HA_TOKEN or pass --token" in done.stdout
+    assert "NO active node" not in done.stdout  # it is not an election
+    assert "401 unauthorized: set DEX_HA_TOKEN or pass --token" in done.stderr
+
+
+def test_status_with_no_flags_reads_dex_ha_urls_and_dex_ha_token(cluster: LocalCluster) -> None:
+    done = cli("status", env=tokens_env_vars(cluster.dir))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for node_id, url in cluster.urls.items():
+        assert re.search(rf"^{node_id}\s+{re.escape(url)}\s+(active|standby)", done.stdout, re.MULTILINE)
+    assert "active node: n" in done.stdout
+
+
+def test_url_may_be_comma_separated(cluster: LocalCluster) -> None:
+    variables = tokens_env_vars(cluster.dir)
+    done = cli("status", "--json", "--url", variables["DEX_HA_URLS"], env={"DEX_HA_TOKEN": variables["DEX_HA_TOKEN"]})
+    assert done.returncode == 0, done.stderr
+    asked = [node["url"] for node in json.loads(done.stdout)["nodes"]]
+    assert asked[:3] == list(cluster.urls.values())
+
+
+def test_a_malformed_url_in_dex_ha_urls_is_a_usage_error(cluster: LocalCluster) -> None:
+    done = cli("status", env={"DEX_HA_URLS": f"{cluster.urls['n1']},127.0.0.1:1"})
+    assert done.returncode == 2
+    assert "DEX_HA_URLS: expected http://host:port, got '127.0.0.1:1'" in done.stderr
+
+
+# ---------------------------------------------------------------- members
+
+
+def member_rows(output: str) -> dict[str, str]:
+    """The lines of a members table by member id."""
+    return {line.split()[0]: line for line in output.splitlines()[1:] if line.strip()}
+
+
+def test_members_without_a_subcommand_lists_them_and_list_does_too(cluster: LocalCluster) -> None:
+    env = tokens_env_vars(cluster.dir)
+    bare, listed = cli("members", env=env), cli("members", "list", env=env)
+    for done in (bare, listed):
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[0].split() == ["member", "kind", "url", "match", "last", "contact", "progress"]
+        rows = member_rows(done.stdout)
+        assert sorted(rows) == ["n1", "n2", "n3"]
+        assert all(" voter " in row for row in rows.values())
+        # The leader's own row says so; the others have answered it and are caught up.
+        assert sum(row.endswith("leader") for row in rows.values()) == 1
+        assert sum(row.endswith("caught up") for row in rows.values()) == 2
+        assert all(re.search(r"\d+ ms ago", row) for row in rows.values())
+
+
+def test_a_member_added_but_never_started_shows_never(cluster: LocalCluster) -> None:
+    env = tokens_env_vars(cluster.dir)
+    added = cli("members", "add", "--id", "n9", "--raft-addr", "127.0.0.1:1", "--node-url", "http://127.0.0.1:1",
+                env=env)
+    try:
+        assert added.returncode == 0, added.stderr
+        # Asked twice with time between: "never" stays, where a made-up contact time would grow.
+        for _ in range(2):
+            done = cli("members", "--url", cluster.urls["n2"], env=env)
+            assert done.returncode == 0, done.stderr
+            row = member_rows(done.stdout)["n9"]
+            assert " learner " in row and " never " in row and "ms ago" not in row, done.stdout
+            assert "not reached yet" in row
+    finally:
+        removed = cli("members", "remove", "n9", env=env)
+        assert removed.returncode == 0, removed.stderr
+    assert "n9" not in member_rows(cli("members", env=env).stdout)
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def script(request: ModelRequest) -> dict[str, Any]:
+    """Turn 1: a refund that needs approval and a question; turn 2: a charge that fails
+    mid-call (outcome_unknown) and a refund that the operator denies."""
+    last = request.history[-1]
+    turn = sum(item["type"] == "user" for item in request.history)
+    if last["type"] != "user":
+        return {"content": f"turn {turn} done", "tool_calls": []}
+    if turn == 1:
+        return {"content": "", "tool_calls": [
+            {"id": "refund-1", "name": "refund", "arguments": {"order_id": "A17"}},
+            {"id": "ask-1", "name": "pick_color", "arguments": {}}]}
+    return {"content": "", "tool_calls": [
+        {"id": "charge-2", "name": "charge", "arguments": {"cents": 500}},
+        {"id": "refund-2", "name": "refund", "arguments": {"order_id": "B2"}}]}
+
+
+def make_agent() -> Agent:
+    agent = Agent("ops", model=ScriptedModel(script))
+
+    @agent.tool(effect="write", approval=True)
+    async def refund(ctx: ToolContext, order_id: str) -> str:
+        return f"refunded {order_id}"
+
+    @agent.tool(effect="read")
+    async def pick_color(ctx: ToolContext) -> str:
+        return f"color {await ctx.ask('which color?')}"
+
+    @agent.tool(effect="write")
+    async def charge(ctx: ToolContext, cents: int) -> str:
+        raise RuntimeError("connection reset while charging")  # did it charge? nobody knows
+
+    return agent
+
+
+@pytest.fixture
+async def worker(sourced: dict[str, str]) -> AsyncIterator[Worker]:
+    async with running(Worker(agents=[make_agent()], poll_wait_ms=1000)) as started:
+        yield started
+
+
+async def snapshot_when(client: DexClient, sid: str, check: Any, what: str) -> dict[str, Any]:
+    async def ready() -> dict[str, Any] | None:
+        snapshot = await client.get_session(sid)
+        return snapshot if check(snapshot) else None
+
+    return await eventually(ready, what, deadline_s=30)
+
+
+def call_status(snapshot: dict[str, Any], call_id: str) -> str:
+    return next(c["status"] for c in snapshot["tool_calls"] if c["call_id"] == call_id)
+
+
+async def test_sessions_commands_drive_a_session_through_approval_question_deny_and_reconcile(
+        sourced: dict[str, str], worker: Worker) -> None:
+    env = sourced
+    async with DexClient(give_up_after_s=30) as client:  # DEX_HA_URLS and DEX_HA_CLIENT_TOKEN
+        sid = (await client.create_session("ops", session_id="s-ops-1"))["session_id"]
+        await client.create_session("ops", session_id="s-ops-0")
+        sent = cli("sessions", "send", sid, "refund A17 please", env=env)
+        assert sent.returncode == 0 and f"sent to {sid}" in sent.stdout, sent.stderr
+        await snapshot_when(client, sid, lambda s: s["pending_approvals"] and s["pending_questions"],
+                            "the approval and the question")
+
+        shown = cli("sessions", "show", sid, env=env)
+        assert shown.returncode == 0, shown.stderr
+        approvals = shown.stdout.split("pending approvals")[1]
+        assert re.search(r"^refund-1\s+refund\s+\{\"order_id\": \"A17\"\}", approvals, re.MULTILINE)
+        assert "which color?" in shown.stdout.split("pending questions")[1]
+        assert re.search(r"^1\s+\S+\s+running", shown.stdout.split("turns:")[1], re.MULTILINE)
+        steps = shown.stdout.split("steps and attempts")[1]  # the current turn's steps with their attempts
+        assert re.search(r"^\S+\s+RunModel\s+done\s+-\s+1/3\s+#1 completed", steps, re.MULTILINE)
+        assert re.search(r"^\S+\s+AwaitToolApproval\s+waiting\s+refund-1", steps, re.MULTILINE)
+
+        question_id = json.loads(cli("sessions", "show", sid, "--json", env=env).stdout)[
+            "pending_questions"][0]["question_id"]
+        assert cli("sessions", "approve", sid, "refund-1", env=env).returncode == 0
+        answered = cli("sessions", "answer", sid, question_id, "blue", env=env)
+        assert answered.returncode == 0 and "answered" in answered.stdout, answered.stderr
+        done = await snapshot_when(client, sid, lambda s: s["status"] == "idle", "turn 1 to end")
+        assert call_status(done, "refund-1") == "succeeded"
+        assert next(c["output"] for c in done["tool_calls"] if c["call_id"] == "ask-1") == "color blue"
+
+        assert cli("sessions", "send", sid, "charge and refund B2", env=env).returncode == 0
+        await snapshot_when(client, sid, lambda s: s["pending_approvals"], "the second approval")
+        denied = cli("sessions", "deny", sid, "refund-2", "--reason", "not this one", env=env)
+        assert denied.returncode == 0 and "denied" in denied.stdout, denied.stderr
+        unknown = await snapshot_when(client, sid, lambda s: s["status"] == "idle", "turn 2 to end")
+        assert call_status(unknown, "refund-2") == "failed"
+        assert call_status(unknown, "charge-2") == "outcome_unknown"
+        assert "outcome_unknown: check what the tool did" in cli("sessions", "show", sid, env=env).stdout
+
+        settled = cli("sessions", "reconcile", sid, "charge-2", "--outcome", "succeeded", "--result", '"charged"',
+                      "--json", env=env)
+        assert settled.returncode == 0, settled.stderr
+        assert json.loads(settled.stdout)["noop"] is False  # the server's answer, as JSON
+        after = await client.get_session(sid)
+        assert call_status(after, "charge-2") == "succeeded"
+
+    # Listing: a page of one says where the next page starts; --all follows the cursor.
+    first = cli("sessions", "list", "--agent", "ops", "--limit", "1", env=env)
+    assert first.returncode == 0, first.stderr
+    assert re.search(r"^s-ops-0\s+ops\s+idle\s+0\s", first.stdout, re.MULTILINE)
+    assert "more: dex-ha sessions list --after s-ops-0" in first.stdout
+    second = cli("sessions", "list", "--agent", "ops", "--limit", "1", "--after", "s-ops-0", env=env)
+    assert re.search(rf"^{sid}\s+ops\s+idle\s+2\s", second.stdout, re.MULTILINE)
+    every = json.loads(cli("sessions", "list", "--agent", "ops", "--limit", "1", "--all", "--json", env=env).stdout)
+    assert [s["session_id"] for s in every["sessions"]] == ["s-ops-0", sid] and every["next_after"] is None
+
+
+def test_sessions_errors_are_one_line_with_an_exit_code(cluster: LocalCluster) -> None:
+    env = tokens_env_vars(cluster.dir)
+    missing = cli("sessions", "show", "no-such-session", env=env)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "dex-ha sessions show: refused (404 not_found): no session 'no-such-session'"
+    bad_json = cli("sessions", "answer", "s", "q", "{", "--json-value", env=env)
+    assert bad_json.returncode == 2 and "ANSWER: not valid JSON" in bad_json.stderr
+    no_token = cli("sessions", "list", env={"DEX_HA_URLS": env["DEX_HA_URLS"]})
+    assert no_token.returncode == 1 and "401 unauthorized: set DEX_HA_TOKEN or pass --token" in no_token.stderr
