@@ -10,8 +10,11 @@ in file order.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,9 @@ from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worke
 from tests.cli import clean_env, run_cli
 from tests.e2e.cluster_process import LocalCluster
 from tests.e2e.conftest import eventually, running
+from tests.e2e.dev_process import DevProcess
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
 
 EXPORT = re.compile(r"^export (DEX_HA_[A-Z_]+)=(\S+)$", re.MULTILINE)
 
@@ -259,3 +265,33 @@ def test_sessions_errors_are_one_line_with_an_exit_code(cluster: LocalCluster) -
     assert bad_json.returncode == 2 and "ANSWER: not valid JSON" in bad_json.stderr
     no_token = cli("sessions", "list", env={"DEX_HA_URLS": env["DEX_HA_URLS"]})
     assert no_token.returncode == 1 and "401 unauthorized: set DEX_HA_TOKEN or pass --token" in no_token.stderr
+
+
+# ---------------------------------------------------------------- the quick start, with and without tokens
+
+
+def run_quickstart(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python examples/quickstart.py` with no argument: the URLs and tokens come from `env`."""
+    return subprocess.run([sys.executable, str(QUICKSTART)], capture_output=True, text=True, timeout=60,
+                          env=clean_env(**env), stdin=subprocess.DEVNULL)
+
+
+def assert_quickstart_answered(done: subprocess.CompletedProcess[str]) -> None:
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert any("approval_requested" in line for line in done.stdout.splitlines())
+    assert done.stdout.splitlines()[-1] == "answer: Done: order A17 is refunded."
+
+
+def test_quickstart_runs_on_the_cluster_after_sourcing_tokens_env(cluster: LocalCluster) -> None:
+    assert_quickstart_answered(run_quickstart(tokens_env_vars(cluster.dir)))
+
+
+async def test_quickstart_runs_on_dex_ha_dev_without_tokens(tmp_path: Path) -> None:
+    server = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True)
+    server.start()
+    try:
+        await server.wait_ready()
+        done = await asyncio.to_thread(run_quickstart, {"DEX_HA_URLS": server.url})
+    finally:
+        server.stop()
+    assert_quickstart_answered(done)
