@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from dex_ha.cli import contact_text_of, format_members, progress_text_of
 from dex_ha.client import DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.cli import clean_env, run_cli
@@ -142,6 +143,27 @@ def test_a_member_added_but_never_started_shows_never(cluster: LocalCluster) -> 
         removed = cli("members", "remove", "n9", env=env)
         assert removed.returncode == 0, removed.stderr
     assert "n9" not in member_rows(cli("members", env=env).stdout)
+
+
+def test_progress_shows_snapshot_bytes_then_the_match_index_against_the_commit_index() -> None:
+    learner = {"id": "n4", "voter": False, "url": "http://n4:8801", "match_index": 0, "last_contact_ms_ago": 3,
+               "contacted": True, "replication": "snapshot", "snapshot_bytes": [3 << 20, 12 << 20]}
+    assert progress_text_of(learner, 5000) == "snapshot 3.0 MiB of 12.0 MiB (25%)"
+    received = {**learner, "snapshot_bytes": None}  # all sent; the learner has not acknowledged it yet
+    assert progress_text_of(received, 5000) == "snapshot sent, applying (match 0 of 5000)"
+    replicating = {**received, "replication": "replicate", "match_index": 4200}
+    assert progress_text_of(replicating, 5000) == "catching up: 4200 of 5000 (800 behind)"
+    assert progress_text_of({**replicating, "match_index": 5000}, 5000) == "caught up"
+    table = format_members([learner], 5000).splitlines()
+    assert table[1].split()[:4] == ["n4", "learner", "http://n4:8801", "0"]
+    assert re.search(r"3 ms ago +snapshot 3.0 MiB of 12.0 MiB \(25%\)$", table[1])
+
+
+def test_last_contact_is_never_only_when_the_leader_says_so() -> None:
+    assert contact_text_of({"contacted": False, "last_contact_ms_ago": None}) == "never"
+    assert contact_text_of({"contacted": None, "last_contact_ms_ago": None}) == "-"  # a follower's view: unknown
+    assert contact_text_of({"contacted": True, "last_contact_ms_ago": 12}) == "12 ms ago"
+    assert contact_text_of({"last_contact_ms_ago": 7}) == "7 ms ago"  # a node of an older version
 
 
 # ---------------------------------------------------------------- sessions
