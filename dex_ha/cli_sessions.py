@@ -38,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser)
     actions = sessions.add_subparsers(dest="sessions_command", required=True,
                                       metavar="{list,show,approve,deny,answer,reconcile,send}")
 
-    listing = actions.add_parser("list", parents=common, help="sessions in id order, one page at a time (--all: every page)")
+    listing = actions.add_parser("list", parents=common,
+                                 help="sessions in id order, one page at a time (--all: every page)")
     listing.add_argument("--agent", help="only this agent's sessions")
     listing.add_argument("--status", choices=("idle", "running"), help="only sessions in this status")
     listing.add_argument("--limit", type=_page_size, default=50, help="sessions per page, 1..1000 (default 50)")
