@@ -53,7 +53,12 @@ class CommandFailed(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dex-ha", description="dex-ha durable execution server")
+    parser = argparse.ArgumentParser(
+        prog="dex-ha", description="dex-ha durable execution server",
+        epilog=f"The commands that talk to a cluster (status, step-down, members, sessions) read ${URLS_VAR} "
+               f"(comma-separated node URLs) and ${TOKEN_VAR} when --url and --token are not given; "
+               f"`source DIR/tokens.env` after `dex-ha cluster up` sets both. "
+               f"Exit codes: 0 done, 1 refused, 2 bad usage, 3 no node answered.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
 

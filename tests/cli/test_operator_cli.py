@@ -24,8 +24,8 @@ import pytest
 from dex_ha.cli import contact_text_of, format_members, progress_text_of
 from dex_ha.client import DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
-from tests.cli import clean_env, run_cli
-from tests.e2e.cluster_process import LocalCluster
+from tests.cli import clean_env, free_ports, run_cli, stop, wait_until
+from tests.e2e.cluster_process import LocalCluster, joiner_config
 from tests.e2e.conftest import eventually, running
 from tests.e2e.dev_process import DevProcess
 
@@ -126,23 +126,37 @@ def test_members_without_a_subcommand_lists_them_and_list_does_too(cluster: Loca
         assert all(re.search(r"\d+ ms ago", row) for row in rows.values())
 
 
-def test_a_member_added_but_never_started_shows_never(cluster: LocalCluster) -> None:
+def test_a_member_added_but_never_started_shows_never_until_it_starts_and_catches_up(cluster: LocalCluster) -> None:
     env = tokens_env_vars(cluster.dir)
-    added = cli("members", "add", "--id", "n9", "--raft-addr", "127.0.0.1:1", "--node-url", "http://127.0.0.1:1",
-                env=env)
+    http_port, raft_port, probe_port = free_ports(3)
+    added = cli("members", "add", "--id", "n4", "--raft-addr", f"127.0.0.1:{raft_port}",
+                "--node-url", f"http://127.0.0.1:{http_port}", env=env)
+    n4 = None
     try:
         assert added.returncode == 0, added.stderr
         # Asked twice with time between: "never" stays, where a made-up contact time would grow.
         for _ in range(2):
             done = cli("members", "--url", cluster.urls["n2"], env=env)
             assert done.returncode == 0, done.stderr
-            row = member_rows(done.stdout)["n9"]
+            row = member_rows(done.stdout)["n4"]
             assert " learner " in row and " never " in row and "ms ago" not in row, done.stdout
-            assert "not reached yet" in row
+            assert row.endswith("not reached yet (is it running?)")
+        with open(cluster.dir / "n4.log", "ab") as out:
+            n4 = subprocess.Popen([sys.executable, "-m", "dex_ha.cli", "node", "--config",
+                                   str(joiner_config(cluster, http_port, raft_port, probe_port))],
+                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+        def n4_caught_up() -> str | None:
+            row = member_rows(cli("members", env=env).stdout).get("n4", "")
+            return row if re.search(r"\d+ ms ago +caught up$", row) else None
+
+        wait_until(n4_caught_up, 30, "n4 to answer the leader and catch up")
     finally:
-        removed = cli("members", "remove", "n9", env=env)
+        if n4 is not None:
+            stop(n4)
+        removed = cli("members", "remove", "n4", env=env)
         assert removed.returncode == 0, removed.stderr
-    assert "n9" not in member_rows(cli("members", env=env).stdout)
+    assert "n4" not in member_rows(cli("members", env=env).stdout)
 
 
 def test_progress_shows_snapshot_bytes_then_the_match_index_against_the_commit_index() -> None:
