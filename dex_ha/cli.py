@@ -398,8 +398,8 @@ def format_status(answers: list[NodeAnswer]) -> str:
     active = [a for a in answers if a.view and a.view.get("role") == "active"]
     if len(active) == 1:
         lines.append(f"active node: {active[0].view['node_id']} ({active[0].url})")
-    elif answers and all(a.status == 401 for a in answers if not a.view) and not any(a.view for a in answers):
-        lines.append(UNAUTHORIZED_HINT)  # every node is up but refused the token: not an election
+    elif any(a.status == 401 for a in answers) and not any(a.view for a in answers):
+        lines.append(UNAUTHORIZED_HINT)  # nodes are up but refuse the token: not an election
     elif not active:
         lines.append("NO active node answered (an election may be running; try again in a second)")
     else:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from dex_ha.cli import contact_text_of, format_members, progress_text_of
+from dex_ha.cli import NodeAnswer, contact_text_of, format_members, format_status, progress_text_of
 from dex_ha.client import DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.cli import clean_env, free_ports, run_cli, stop, wait_until
@@ -79,6 +79,17 @@ def test_status_without_a_token_says_401_and_how_to_fix_it(cluster: LocalCluster
     assert "401 unauthorized: set DEX_HA_TOKEN or pass --token" in done.stdout
     assert "NO active node" not in done.stdout  # it is not an election
     assert "401 unauthorized: set DEX_HA_TOKEN or pass --token" in done.stderr
+
+
+def test_status_blames_the_token_when_nodes_refuse_it_even_with_one_node_down() -> None:
+    refused = "401 unauthorized: set DEX_HA_TOKEN or pass --token (the server said: unknown token)"
+    answers = [NodeAnswer("http://h1:8801", error="no answer"),
+               NodeAnswer("http://h2:8801", error=refused, refused=True, status=401),
+               NodeAnswer("http://h3:8801", error=refused, refused=True, status=401)]
+    text = format_status(answers)
+    assert "\n401 unauthorized: set DEX_HA_TOKEN or pass --token\n" in text and "NO active node" not in text
+    forbidden = [NodeAnswer("http://h1:8801", error="refused (403 forbidden): …", refused=True, status=403)]
+    assert "401 unauthorized" not in format_status(forbidden)  # another refusal: no token advice
 
 
 def test_status_with_no_flags_reads_dex_ha_urls_and_dex_ha_token(cluster: LocalCluster) -> None:
