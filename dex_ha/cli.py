@@ -7,8 +7,10 @@ Exit codes: 0 done; 1 the server refused (its message is printed) or a cluster c
 could not go on; 2 bad usage, or a config that cannot run; 3 no node answered. An expected
 error prints one line to stderr, never a traceback.
 
-The commands that talk to a cluster take `--url` (several allowed) and follow the active
-node like the SDKs do; they use the Client SDK's Connection for every request.
+The commands that talk to a cluster take `--url` (several allowed, or comma-separated) and
+`--token`, and follow the active node like the SDKs do; they use the Client SDK's
+Connection for every request. Without the flags they read DEX_HA_URLS and DEX_HA_TOKEN,
+which `source DIR/tokens.env` sets after `dex-ha cluster up` (dex_ha/client/env.py).
 """
 
 from __future__ import annotations
@@ -23,15 +25,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from dex_ha import cli_backup, cli_cluster
-from dex_ha.client import Connection, DexError, DexUnavailable
+from dex_ha import cli_backup, cli_cluster, cli_sessions
+from dex_ha.client import Connection, DexClient, DexError, DexUnavailable
+from dex_ha.client.env import DEFAULT_URL, TOKEN_VAR, URLS_VAR, split_urls, token_from_env, urls_from_env
 from dex_ha.server.auth import TokenAuth
 from dex_ha.server.config import ConfigError, dev_config, dev_overrides_from_env, load_config, tokens_from_env
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_NO_NODE = 3
-DEFAULT_URL = "http://127.0.0.1:8801"
 # How long a command looks for the active node (an election takes about a second).
 FIND_ACTIVE_TIMEOUT_S = 15.0
 # `status`: how long one node may take to answer before it is marked as not answering.
@@ -52,7 +54,12 @@ class CommandFailed(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dex-ha", description="dex-ha durable execution server")
+    parser = argparse.ArgumentParser(
+        prog="dex-ha", description="dex-ha durable execution server",
+        epilog=f"The commands that talk to a cluster (status, step-down, members, sessions) read ${URLS_VAR} "
+               f"(comma-separated node URLs) and ${TOKEN_VAR} when --url and --token are not given; "
+               f"`source DIR/tokens.env` after `dex-ha cluster up` sets both. "
+               f"Exit codes: 0 done, 1 refused, 2 bad usage, 3 no node answered.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
 
@@ -80,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="how long running attempts may finish first (default: the node's drain_timeout_ms)")
 
     _add_members_parser(sub, remote)
+    cli_sessions.add_parser(sub, remote)
 
     cli_backup.add_parsers(sub, remote)
 
@@ -108,8 +116,13 @@ def _add_cluster_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_members_parser(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser) -> None:
-    members = sub.add_parser("members", help="add, promote or remove cluster members")
-    actions = members.add_subparsers(dest="members_command", required=True, metavar="{add,promote,remove}")
+    members_remote = remote
+    remote = _remote_options(default=argparse.SUPPRESS)  # for the subcommands (see _remote_options)
+    members = sub.add_parser("members", parents=[members_remote], help="list, add, promote or remove cluster members",
+                             description="Without a subcommand: the members as the active node sees them, "
+                                         "with each one's last contact and replication progress.")
+    actions = members.add_subparsers(dest="members_command", metavar="{list,add,promote,remove}")
+    actions.add_parser("list", parents=[remote], help="the members, their last contact and progress (the default)")
     add = actions.add_parser("add", parents=[remote], help="add a node as a learner (cold standby)")
     add.add_argument("--id", required=True, help="the new node's id")
     add.add_argument("--raft-addr", required=True, metavar="HOST:PORT", help="the new node's Raft address")
@@ -119,12 +132,17 @@ def _add_members_parser(sub: argparse._SubParsersAction, remote: argparse.Argume
         action.add_argument("id", metavar="ID", help="the member's node id")
 
 
-def _remote_options() -> argparse.ArgumentParser:
-    """--url and --token, shared by the commands that talk to a running cluster."""
-    remote = argparse.ArgumentParser(add_help=False)
+def _remote_options(default: Any = None) -> argparse.ArgumentParser:
+    """--url and --token, shared by the commands that talk to a running cluster.
+
+    `default=argparse.SUPPRESS` is for a subcommand of a command that takes them too
+    (`members --url X list`): otherwise the subcommand's None would overwrite X.
+    """
+    remote = argparse.ArgumentParser(add_help=False, argument_default=default)
     remote.add_argument("--url", action="append", metavar="URL",
-                        help=f"a node URL; repeat for several (default {DEFAULT_URL})")
-    remote.add_argument("--token", help="a bearer token (default: $DEX_HA_TOKEN)")
+                        help=f"a node URL; repeat, or separate with commas, for several "
+                             f"(default: ${URLS_VAR}, else {DEFAULT_URL})")
+    remote.add_argument("--token", help=f"a bearer token (default: ${TOKEN_VAR})")
     return remote
 
 
@@ -157,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     name = " ".join(filter(None, [args.command, getattr(args, "cluster_command", None),
-                                  getattr(args, "members_command", None)]))
+                                  getattr(args, "members_command", None), getattr(args, "sessions_command", None)]))
     try:
         return COMMANDS[args.command](args)
     except CommandFailed as exc:
@@ -240,21 +258,29 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def _urls(args: argparse.Namespace) -> list[str]:
+    """--url (repeated or comma-separated), else $DEX_HA_URLS, else the dev URL; checked, no repeats."""
+    given = [url for text in args.url for url in split_urls(text)] if args.url else None
+    source = "--url" if given else URLS_VAR
     urls = []
-    for url in args.url or [DEFAULT_URL]:
+    for url in given or urls_from_env():
         parts = urlsplit(url.strip())
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise CommandFailed(f"--url: expected http://host:port, got {url!r}", EXIT_USAGE)
+            raise CommandFailed(f"{source}: expected http://host:port, got {url!r}", EXIT_USAGE)
         if url.strip().rstrip("/") not in urls:
             urls.append(url.strip().rstrip("/"))
     return urls
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    return args.token or os.environ.get("DEX_HA_TOKEN") or None
+    return args.token or token_from_env(TOKEN_VAR)
+
+
+UNAUTHORIZED_HINT = f"401 unauthorized: set {TOKEN_VAR} or pass --token"
 
 
 def _refusal(exc: DexError) -> str:
+    if exc.status == 401:  # the usual first stumble: tokens.env not sourced
+        return f"{UNAUTHORIZED_HINT} (the server said: {exc.message})"
     return f"refused ({exc.status} {exc.code}): {exc.message}"
 
 
@@ -312,6 +338,7 @@ class NodeAnswer:
     view: dict[str, Any] | None = None
     error: str | None = None
     refused: bool = False  # it answered with an error status (it is up, but said no)
+    status: int | None = None  # the HTTP status of a refusal
 
 
 async def fetch_view(url: str, token: str | None) -> NodeAnswer:
@@ -322,7 +349,7 @@ async def fetch_view(url: str, token: str | None) -> NodeAnswer:
         except DexUnavailable:
             return NodeAnswer(url, error="no answer")
         except DexError as exc:
-            return NodeAnswer(url, error=_refusal(exc), refused=True)
+            return NodeAnswer(url, error=_refusal(exc), refused=True, status=exc.status)
 
 
 async def gather_views(urls: list[str], token: str | None) -> list[NodeAnswer]:
@@ -356,8 +383,7 @@ def status_rows(answers: list[NodeAnswer]) -> list[list[str]]:
         node_id = v["node_id"] if v else id_by_url.get(a.url, "?")
         m = members.get(node_id, {})
         voter = {True: "yes", False: "no"}.get(m.get("voter"), "-")
-        contact = m.get("last_contact_ms_ago")
-        contact_text = "-" if contact is None else f"{contact} ms ago"
+        contact_text = contact_text_of(m)
         if v is None:
             rows.append([node_id, a.url, "REFUSED" if a.refused else "NO ANSWER", "-", "-", "-", "-", "-",
                          voter, _dash(m.get("match_index")), contact_text])
@@ -375,6 +401,8 @@ def format_status(answers: list[NodeAnswer]) -> str:
     active = [a for a in answers if a.view and a.view.get("role") == "active"]
     if len(active) == 1:
         lines.append(f"active node: {active[0].view['node_id']} ({active[0].url})")
+    elif any(a.status == 401 for a in answers) and not any(a.view for a in answers):
+        lines.append(UNAUTHORIZED_HINT)  # nodes are up but refuse the token: not an election
     elif not active:
         lines.append("NO active node answered (an election may be running; try again in a second)")
     else:
@@ -418,14 +446,51 @@ def cmd_step_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_members(members: list[dict[str, Any]]) -> str:
+def contact_text_of(member: dict[str, Any]) -> str:
+    """"12 ms ago"; "never" when the active node never heard from it; "-" when unknown."""
+    if member.get("contacted") is False:
+        return "never"
+    contact = member.get("last_contact_ms_ago")
+    return "-" if contact is None else f"{contact} ms ago"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def progress_text_of(member: dict[str, Any], commit_index: int | None) -> str:
+    """How far a member is: a snapshot streaming to it (bytes), or its match index against the commit index."""
+    if member.get("replication") == "self":
+        return "leader"
+    sent_total = member.get("snapshot_bytes")
+    if sent_total:
+        sent, total = sent_total
+        percent = 100 * sent // total if total else 100
+        return f"snapshot {_mib(sent)} of {_mib(total)} ({percent}%)"
+    if member.get("contacted") is False:
+        return "not reached yet (is it running?)"
+    match = member.get("match_index")
+    if match is None or commit_index is None:
+        return "-"
+    if member.get("replication") == "snapshot":
+        return f"snapshot sent, applying (match {match} of {commit_index})"
+    if match >= commit_index:
+        return "caught up"
+    return f"catching up: {match} of {commit_index} ({max(0, commit_index - match)} behind)"
+
+
+def format_members(members: list[dict[str, Any]], commit_index: int | None = None) -> str:
     rows = [[m["id"], "voter" if m.get("voter") else "learner", _dash(m.get("url")), _dash(m.get("match_index")),
-             "-" if m.get("last_contact_ms_ago") is None else f"{m['last_contact_ms_ago']} ms ago"]
+             contact_text_of(m), progress_text_of(m, commit_index)]
             for m in members]
-    return cli_cluster.format_table(["member", "kind", "url", "match", "last contact"], rows)
+    return cli_cluster.format_table(["member", "kind", "url", "match", "last contact", "progress"], rows)
 
 
 def cmd_members(args: argparse.Namespace) -> int:
+    if args.members_command in (None, "list"):
+        view = asyncio.run(call_active(args, "GET", "/v1/cluster"))
+        print(format_members(view.get("members", []), view.get("commit_index")))
+        return 0
     member = quote(args.id, safe="")
     if args.members_command == "add":
         body = {"id": args.id, "raft_addr": args.raft_addr, "url": args.node_url}
@@ -438,7 +503,30 @@ def cmd_members(args: argparse.Namespace) -> int:
         answer = asyncio.run(call_active(args, "DELETE", f"/v1/cluster/members/{member}"))
         done = f"{args.id} removed from the cluster"
     print(done)
-    print(format_members(answer.get("members", [])))
+    print(format_members(answer.get("members", []), answer.get("commit_index")))
+    return 0
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    """`dex-ha sessions …`: the active node is found first (clear errors), then the Client SDK."""
+    async def run() -> str:
+        urls, token = _urls(args), _token(args)
+        active = await find_active(urls, token)
+        candidates = list(dict.fromkeys([active, *urls]))
+        async with DexClient(candidates, token, give_up_after_s=FIND_ACTIVE_TIMEOUT_S) as client:
+            try:
+                return await cli_sessions.run(args, client)
+            except DexUnavailable as exc:
+                raise CommandFailed(exc.message, EXIT_NO_NODE) from None
+            except DexError as exc:
+                raise CommandFailed(_refusal(exc), EXIT_REFUSED) from None
+            except (TypeError, ValueError) as exc:  # bad input, named by the SDK or cli_sessions
+                raise CommandFailed(str(exc), EXIT_USAGE) from None
+
+    print(asyncio.run(run()))
     return 0
 
 
@@ -484,7 +572,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"dev": cmd_dev, "node": cmd_node, "cluster": cmd_cluster, "status": cmd_status,
-            "step-down": cmd_step_down, "members": cmd_members, "demo": cmd_demo,
+            "step-down": cmd_step_down, "members": cmd_members, "demo": cmd_demo, "sessions": cmd_sessions,
             "backup": cmd_backup, "restore": cmd_restore}
 
 if __name__ == "__main__":

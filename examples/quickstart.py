@@ -3,6 +3,13 @@
     dex-ha dev &                      # in another terminal: the server on :8801
     python examples/quickstart.py     # or: python examples/quickstart.py http://127.0.0.1:8801
 
+With a cluster that has tokens, source the file that `dex-ha cluster up` wrote first; the
+SDKs then read the node URLs (DEX_HA_URLS) and the tokens (DEX_HA_WORKER_TOKEN for the
+Worker, DEX_HA_CLIENT_TOKEN for the client, else DEX_HA_TOKEN) from the environment:
+
+    dex-ha cluster up --dir ./dex-cluster && source ./dex-cluster/tokens.env
+    python examples/quickstart.py
+
 The model is scripted (no API key needed): it calls a read tool and a write tool that
 needs approval, the script approves it, and the model answers. Swap ScriptedModel for
 your own class with `respond(request, stream)` and `summarize(history, summary)` to use a
@@ -41,10 +48,11 @@ async def refund(ctx: ToolContext, order_id: str, cents: int) -> str:
     return f"refunded {cents} cents on {order_id} (key {ctx.idempotency_key})"
 
 
-async def main(url: str) -> None:
-    worker = Worker(url, agents=[agent])
+async def main(urls: str | None) -> None:
+    # None: DEX_HA_URLS, else http://127.0.0.1:8801 (the SDKs read the tokens the same way).
+    worker = Worker(urls, agents=[agent])
     running = asyncio.create_task(worker.run())
-    async with DexClient(url) as client:
+    async with DexClient(urls) as client:
         session = await client.create_session("support")
         sid = session["session_id"]
         await client.send_message(sid, "Please refund order A17")
@@ -61,4 +69,4 @@ async def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8801"))
+    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else None))

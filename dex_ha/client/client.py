@@ -28,6 +28,7 @@ from urllib.parse import quote
 import aiohttp
 
 from dex_ha.client.connection import Connection
+from dex_ha.client.env import CLIENT_TOKEN_VAR, TOKEN_VAR, token_from_env, urls_from_env
 from dex_ha.client.sse import RawEvent, read_events
 
 log = logging.getLogger("dex_ha.client")
@@ -89,10 +90,19 @@ class DexClient:
     """Async client of the dex-ha client API. Use ``async with`` or call :meth:`close`.
 
     ``urls`` and ``token`` and the keyword arguments go to :class:`Connection`
-    (``give_up_after_s``, ``request_timeout_s``, backoff settings).
+    (``give_up_after_s``, ``request_timeout_s``, backoff settings). ``urls`` is one URL, a
+    list, or a comma-separated string. Left out (None), they come from the environment
+    that ``tokens.env`` of ``dex-ha cluster up`` sets: ``urls`` from ``DEX_HA_URLS``
+    (else http://127.0.0.1:8801, where ``dex-ha dev`` listens) and ``token`` from
+    ``DEX_HA_CLIENT_TOKEN``, else ``DEX_HA_TOKEN`` (else no token).
     """
 
-    def __init__(self, urls: str | Sequence[str], token: str | None = None, **connection_kwargs: Any) -> None:
+    def __init__(self, urls: str | Sequence[str] | None = None, token: str | None = None,
+                 **connection_kwargs: Any) -> None:
+        if urls is None:
+            urls = urls_from_env()
+        if token is None:
+            token = token_from_env(CLIENT_TOKEN_VAR, TOKEN_VAR)
         self._conn = Connection(urls, token, **connection_kwargs)
 
     @property

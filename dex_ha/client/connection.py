@@ -41,9 +41,11 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import aiohttp
+
+from dex_ha.client.env import split_urls
 
 log = logging.getLogger("dex_ha.client")
 
@@ -95,18 +97,43 @@ class _RetryableAnswer(Exception):
 
 
 def _normalize_url(url: Any, argument: str) -> str:
-    """Check that ``url`` is an absolute http(s) URL and strip its trailing '/'."""
+    """Check that ``url`` is an absolute http(s) URL that can be requested; strip its trailing '/'.
+
+    ValueError naming ``argument`` and the URL for anything a request could not be sent
+    to (a bad port, spaces, a comma), so that a typo fails at once instead of being retried.
+    """
     if not isinstance(url, str):
         raise TypeError(f"{argument} must be a URL string, got {type(url).__name__}")
-    parts = urlsplit(url.strip())
+    text = url.strip()
+    parts = urlsplit(text)
+    problem = None
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{argument} must be an http:// or https:// URL, got {url!r}")
-    return url.strip().rstrip("/")
+        problem = "must be an http:// or https:// URL"
+    elif any(c.isspace() for c in text) or "," in text:
+        problem = "must be one URL (no spaces or commas)"
+    elif not parts.hostname:
+        problem = "has no host name"
+    elif not _valid_port(parts):
+        problem = "has a port that is not a number from 1 to 65535"
+    if problem is not None:
+        raise ValueError(f"{argument} {problem}, got {url!r}")
+    return text.rstrip("/")
+
+
+def _valid_port(parts: SplitResult) -> bool:
+    try:
+        port = parts.port  # ValueError for a port that is not a number, or above 65535
+    except ValueError:
+        return False
+    return port is None or port >= 1
 
 
 def _normalize_urls(urls: str | Sequence[str]) -> list[str]:
+    """The URLs as a list; a string may hold several, comma-separated (as DEX_HA_URLS does)."""
     if isinstance(urls, str):
-        return [_normalize_url(urls, "urls")]
+        urls = split_urls(urls) or [urls]
+        if len(urls) == 1:
+            return [_normalize_url(urls[0], "urls")]
     if not isinstance(urls, Sequence):
         raise TypeError(f"urls must be a URL string or a list of URL strings, got {type(urls).__name__}")
     if len(urls) == 0:
@@ -312,6 +339,8 @@ class Connection:
                 last_error = f"{base_url} answered {answer}"
                 retry_after_s = answer.retry_after_s
                 self._move_after_answer(base_url, answer)
+            except aiohttp.InvalidURL as exc:  # no retry can mend a URL (leader_url is checked, too)
+                raise ValueError(f"{what}: {base_url} is not a URL a request can be sent to ({exc})") from None
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 last_error = f"{base_url}: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
                 self._rotate(base_url, f"cannot reach it ({type(exc).__name__})")

@@ -957,6 +957,7 @@ class RaftCore:
         if pr is None:
             return
         pr.last_contact_ms = self._now
+        pr.heard_from = True
         if m.type == _MT.APP_RESP:
             self._handle_append_response(m, pr)
         elif m.type == _MT.HEARTBEAT_RESP:
@@ -1399,12 +1400,14 @@ class RaftCore:
             pr = self._prs.get(m)
             if m == self.id:
                 info.update(match=self._log.persisted, next=self._log.last_index + 1,
-                            state="self", last_contact_ms_ago=0)
+                            state="self", last_contact_ms_ago=0, contacted=True)
             elif pr is not None:
-                info.update(match=pr.match, next=pr.next, state=pr.state.value,
-                            last_contact_ms_ago=self._now - pr.last_contact_ms)
+                # None with contacted=False: this leader never heard from the peer (not yet started,
+                # unreachable); with no progress at all (not the leader) contacted is None: unknown.
+                info.update(match=pr.match, next=pr.next, state=pr.state.value, contacted=pr.heard_from,
+                            last_contact_ms_ago=self._now - pr.last_contact_ms if pr.heard_from else None)
             else:
-                info.update(match=None, next=None, state=None, last_contact_ms_ago=None)
+                info.update(match=None, next=None, state=None, last_contact_ms_ago=None, contacted=None)
             members[m] = info
         return {
             "id": self.id,

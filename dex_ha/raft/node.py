@@ -347,6 +347,7 @@ class RaftNode:
     def status(self) -> dict[str, Any]:
         st = self.core.status()
         st["snapshot_index"] = self._snapshot_index
+        st["snapshots_sending"] = self.transport.snapshots_in_flight()
         return st
 
     async def propose(self, data: bytes) -> Any:

@@ -79,6 +79,10 @@ class Progress:
     # Send time (leader clock) of the latest heartbeat round this peer acknowledged in the
     # current term; None until it acknowledges one. Drives the lease.
     lease_ack_ms: int | None = field(default=None)
+    # Whether the peer has sent this leader anything yet. last_contact_ms starts at the
+    # leader's "now" (so check-quorum gives a new peer a full election timeout), which
+    # must not be shown to people as a contact: status() says "never" until this is set.
+    heard_from: bool = False
 
     # -- state transitions -------------------------------------------------------------
 

@@ -759,6 +759,11 @@ class RaftTransport:
         for sender in self._senders.values():
             sender.write_now()
 
+    def snapshots_in_flight(self) -> dict[str, tuple[int, int]]:
+        """(bytes written so far, total bytes) of each snapshot being sent, by peer (progress for people)."""
+        return {peer_id: (sender.snapshot.offset, sender.snapshot.total)
+                for peer_id, sender in self._senders.items() if sender.snapshot is not None}
+
     def set_peers(self, peers: dict[str, Address]) -> None:
         """Replace the peer set (membership change). Changed addresses reconnect."""
         self._peers = {pid: tuple(addr) for pid, addr in peers.items() if pid != self.node_id}

@@ -345,11 +345,22 @@ class NodeServer:
             "lease_remaining_ms": view.lease_remaining_ms(),
             "insecure": self.config.insecure or not self.config.auth_enabled,
             "durability": self.config.durability,
-            "members": [
-                {"id": node_id, "voter": info["voter"], "url": members[node_id].url if node_id in members else None,
-                 "match_index": info["match"], "last_contact_ms_ago": info["last_contact_ms_ago"]}
-                for node_id, info in sorted(status["members"].items())],
+            "members": [self._member_view(node_id, info, members, status)
+                        for node_id, info in sorted(status["members"].items())],
         }
+
+    @staticmethod
+    def _member_view(node_id: str, info: dict[str, Any], members: dict[str, Any],
+                     status: dict[str, Any]) -> dict[str, Any]:
+        """One member as /v1/cluster shows it. `contacted` is False when this (leader) node never
+        heard from it, None when unknown (not the leader); `replication` is the leader's
+        progress state (probe, replicate, snapshot; self); `snapshot_bytes` is [sent, total]
+        while a snapshot streams to it (a learner catching up)."""
+        sending = status.get("snapshots_sending", {}).get(node_id)
+        return {"id": node_id, "voter": info["voter"], "url": members[node_id].url if node_id in members else None,
+                "match_index": info["match"], "last_contact_ms_ago": info["last_contact_ms_ago"],
+                "contacted": info.get("contacted"), "replication": info.get("state"),
+                "snapshot_bytes": list(sending) if sending is not None else None}
 
     def metrics_state(self) -> dict[str, Any]:
         view = self.raft.view

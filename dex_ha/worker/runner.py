@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import quote
 
 from dex_ha.client.connection import Connection, DexError, DexUnavailable
+from dex_ha.client.env import TOKEN_VAR, WORKER_TOKEN_VAR, token_from_env, urls_from_env
 from dex_ha.failpoints import Failpoints
 from dex_ha.worker.agent import Agent, Tool
 from dex_ha.worker.context import (
@@ -243,9 +244,15 @@ class AttemptHeartbeats:
 
 
 class Worker:
-    """Runs the tasks of its agents: poll, run with heartbeats, deliver (see module doc)."""
+    """Runs the tasks of its agents: poll, run with heartbeats, deliver (see module doc).
 
-    def __init__(self, urls: str | Sequence[str], token: str | None = None,
+    ``urls`` is one URL, a list, or a comma-separated string. Left out (None), they come
+    from the environment that ``tokens.env`` of ``dex-ha cluster up`` sets: ``urls`` from
+    ``DEX_HA_URLS`` (else http://127.0.0.1:8801, where ``dex-ha dev`` listens) and
+    ``token`` from ``DEX_HA_WORKER_TOKEN``, else ``DEX_HA_TOKEN`` (else no token).
+    """
+
+    def __init__(self, urls: str | Sequence[str] | None = None, token: str | None = None,
                  agents: Sequence[Agent] = (), worker_id: str | None = None, max_concurrency: int = 8,
                  poll_wait_ms: int = 20_000, heartbeat_interval_s: float | None = None,
                  drain_timeout_s: float = 30.0, poll_concurrency: int = 2, eager: bool = True,
@@ -276,6 +283,10 @@ class Worker:
         # in the answer (committed with the result), saving a poll per step of a turn.
         self.eager = eager
         self.on_result = on_result  # called for each result (complete or fail) the server accepted
+        if urls is None:
+            urls = urls_from_env()
+        if token is None:
+            token = token_from_env(WORKER_TOKEN_VAR, TOKEN_VAR)
         self._conn = Connection(urls, token, **connection_kwargs)
         self._failpoints = Failpoints()  # inert unless DEX_HA_FAILPOINTS arms them (crash tests)
         self._tasks: set[asyncio.Task[None]] = set()

@@ -1,0 +1,252 @@
+"""`dex-ha sessions …`: look at sessions and act on them from a terminal.
+
+    dex-ha sessions list [--agent A] [--status idle|running] [--limit N] [--after CURSOR] [--all]
+    dex-ha sessions show SESSION_ID
+    dex-ha sessions approve SESSION_ID CALL_ID [--reason TEXT]
+    dex-ha sessions deny SESSION_ID CALL_ID [--reason TEXT]
+    dex-ha sessions answer SESSION_ID QUESTION_ID ANSWER [--json-value]
+    dex-ha sessions reconcile SESSION_ID CALL_ID --outcome succeeded|failed [--result JSON] [--error TEXT]
+    dex-ha sessions send SESSION_ID TEXT [--mode queue|steer] [--message-id ID]
+
+Every subcommand takes `--json` (the server's answer as JSON, for scripts). This module
+turns arguments into Client SDK calls and answers into text; dex_ha/cli.py finds the
+active node, makes the DexClient and turns errors into exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from dex_ha.cli_cluster import format_table
+from dex_ha.client import DexClient
+
+# How much of a tool's arguments, output or error one table cell shows.
+CELL_CHARS = 60
+
+
+def add_parser(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser) -> None:
+    """The `sessions` command and its subcommands (each takes --url, --token and --json)."""
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="print the server's answer as JSON (for scripts)")
+    common = [remote, output]
+    sessions = sub.add_parser("sessions", help="list, inspect and act on agent sessions",
+                              description="Look at sessions and act on them: approve or deny a tool call, "
+                                          "answer a question, settle an outcome_unknown call, send a message.")
+    actions = sessions.add_subparsers(dest="sessions_command", required=True,
+                                      metavar="{list,show,approve,deny,answer,reconcile,send}")
+
+    listing = actions.add_parser("list", parents=common,
+                                 help="sessions in id order, one page at a time (--all: every page)")
+    listing.add_argument("--agent", help="only this agent's sessions")
+    listing.add_argument("--status", choices=("idle", "running"), help="only sessions in this status")
+    listing.add_argument("--limit", type=_page_size, default=50, help="sessions per page, 1..1000 (default 50)")
+    listing.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed under a full page)")
+    listing.add_argument("--all", action="store_true", help="follow the cursor through every page")
+
+    show = actions.add_parser("show", parents=common,
+                              help="one session: turns, steps and attempts, tool calls, pending approvals/questions")
+    show.add_argument("session_id", metavar="SESSION_ID")
+
+    for name, what in (("approve", "run a tool call that waits for approval"),
+                       ("deny", "refuse a tool call that waits for approval (the model sees the reason)")):
+        decide = actions.add_parser(name, parents=common, help=what)
+        decide.add_argument("session_id", metavar="SESSION_ID")
+        decide.add_argument("call_id", metavar="CALL_ID")
+        decide.add_argument("--reason", help="why (a denial's reason is what the model sees)")
+
+    answer = actions.add_parser("answer", parents=common, help="answer a question the model or a tool asked")
+    answer.add_argument("session_id", metavar="SESSION_ID")
+    answer.add_argument("question_id", metavar="QUESTION_ID")
+    answer.add_argument("answer", metavar="ANSWER", help="the answer text")
+    answer.add_argument("--json-value", action="store_true", help="ANSWER is a JSON value, not text")
+
+    reconcile = actions.add_parser("reconcile", parents=common,
+                                   help="settle a tool call whose outcome is unknown, after checking what happened")
+    reconcile.add_argument("session_id", metavar="SESSION_ID")
+    reconcile.add_argument("call_id", metavar="CALL_ID")
+    reconcile.add_argument("--outcome", required=True, choices=("succeeded", "failed"), help="what really happened")
+    reconcile.add_argument("--result", metavar="JSON", help="the tool's output as JSON, when it succeeded")
+    reconcile.add_argument("--error", help="the error, when it failed")
+
+    send = actions.add_parser("send", parents=common, help="send a user message (starts or steers a turn)")
+    send.add_argument("session_id", metavar="SESSION_ID")
+    send.add_argument("text", metavar="TEXT")
+    send.add_argument("--mode", choices=("queue", "steer"), default="queue",
+                      help="queue: after the running turn (default); steer: at its next model call")
+    send.add_argument("--message-id", help="an id that makes a repeated send a no-op (default: a new one)")
+
+
+def _page_size(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 1000, got {value}")
+    return value
+
+
+def _json_argument(text: str, option: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: not valid JSON ({exc.msg}): {text!r}") from None
+
+
+# ---------------------------------------------------------------- running a subcommand
+
+
+async def run(args: argparse.Namespace, client: DexClient) -> str:
+    """Run the subcommand in `args` through `client`; the text to print."""
+    command = args.sessions_command
+    if command == "list":
+        return await _list(args, client)
+    if command == "show":
+        snapshot = await client.get_session(args.session_id)
+        return _json(snapshot) if args.json else format_session(snapshot)
+    answer, done = await _act(args, client)
+    return _json(answer) if args.json else done
+
+
+async def _list(args: argparse.Namespace, client: DexClient) -> str:
+    page = await client.list_sessions(agent=args.agent, status=args.status, limit=args.limit, after=args.after)
+    sessions = list(page.get("sessions", []))
+    while args.all and page.get("next_after"):
+        page = await client.list_sessions(agent=args.agent, status=args.status, limit=args.limit,
+                                          after=page["next_after"])
+        sessions += page.get("sessions", [])
+    next_after = page.get("next_after")
+    if args.json:
+        return _json({"sessions": sessions, "next_after": next_after})
+    return format_session_list(sessions, next_after)
+
+
+async def _act(args: argparse.Namespace, client: DexClient) -> tuple[Any, str]:
+    """The server's answer and one line saying what was done."""
+    sid, command = args.session_id, args.sessions_command
+    if command in ("approve", "deny"):
+        answer = await client.approve(sid, args.call_id, approved=command == "approve", reason=args.reason)
+        return answer, f"tool call {args.call_id} of {sid}: {'approved' if command == 'approve' else 'denied'}"
+    if command == "answer":
+        value = _json_argument(args.answer, "ANSWER") if args.json_value else args.answer
+        return await client.answer(sid, args.question_id, value), f"question {args.question_id} of {sid}: answered"
+    if command == "reconcile":
+        result = _json_argument(args.result, "--result") if args.result is not None else None
+        answer = await client.reconcile(sid, args.call_id, args.outcome, result=result, error=args.error)
+        return answer, f"tool call {args.call_id} of {sid}: reconciled as {args.outcome}"
+    if command == "send":
+        answer = await client.send_message(sid, args.text, message_id=args.message_id, mode=args.mode)
+        message_id = (answer or {}).get("message_id", args.message_id)
+        return answer, f"message {message_id} sent to {sid} ({args.mode})"
+    raise ValueError(f"unknown sessions command {command!r}")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def when(ms: Any) -> str:
+    """A leader timestamp (ms since the epoch) as UTC time, "-" when there is none."""
+    if not isinstance(ms, int | float):
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def short(value: Any, limit: int = CELL_CHARS) -> str:
+    """A value on one line, cut to `limit` characters ("-" for None)."""
+    if value is None:
+        return "-"
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def format_session_list(sessions: list[dict[str, Any]], next_after: str | None) -> str:
+    rows = [[s["session_id"], s.get("agent", "-"), s.get("status", "-"), str(s.get("turn_count", "-")),
+             when(s.get("created_at")), when(s.get("updated_at"))] for s in sessions]
+    lines = [format_table(["session", "agent", "status", "turns", "created", "updated"], rows)
+             if rows else "no sessions"]
+    if next_after:
+        lines.append(f"more: dex-ha sessions list --after {next_after}  (or --all)")
+    return "\n".join(lines)
+
+
+def format_session(snapshot: dict[str, Any]) -> str:
+    """The snapshot of GET /v1/sessions/{id} as sections of tables, pending decisions last."""
+    sid = snapshot["session_id"]
+    sections = [
+        f"session {sid}  agent {snapshot.get('agent')}  status {snapshot.get('status')}  "
+        f"created {when(snapshot.get('created_at'))}  updated {when(snapshot.get('updated_at'))}",
+        _turns_section(snapshot.get("turns", [])),
+        _current_turn_section(snapshot.get("current_turn")),
+        _calls_section(snapshot.get("tool_calls", [])),
+        _approvals_section(sid, snapshot.get("pending_approvals", [])),
+        _questions_section(sid, snapshot.get("pending_questions", [])),
+    ]
+    waiting = snapshot.get("waiting_messages") or []
+    if waiting:
+        sections.append(f"waiting messages: {len(waiting)} (they start turns after the running one)")
+    return "\n\n".join(section for section in sections if section)
+
+
+def _turns_section(turns: list[dict[str, Any]]) -> str:
+    rows = [[str(t.get("number")), t["turn_id"], t.get("status", "-"), when(t.get("started_at")),
+             when(t.get("ended_at")), short(t.get("error"))] for t in turns]
+    return "turns:\n" + (format_table(["#", "turn", "status", "started", "ended", "error"], rows) if rows else "none")
+
+
+def _current_turn_section(turn: dict[str, Any] | None) -> str:
+    if not turn:
+        return ""
+    rows = [[step["step_id"], step.get("kind", "-"), step.get("status", "-"), short(step.get("call_id")),
+             f"{step.get('attempts_used', 0)}/{_dash(step.get('max_attempts'))}",
+             _attempts_text(step.get("attempts", []))]
+            for step in turn.get("steps", [])]
+    title = f"current turn {turn.get('turn_id')} ({turn.get('status')}): steps and attempts"
+    table = format_table(["step", "kind", "status", "call", "attempts", "attempt: status (worker, error)"], rows)
+    return title + "\n" + (table if rows else "no steps yet")
+
+
+def _attempts_text(attempts: list[dict[str, Any]]) -> str:
+    parts = []
+    for a in attempts:
+        detail = ", ".join(x for x in (a.get("worker_id"), short(a.get("error"), 40) if a.get("error") else None) if x)
+        parts.append(f"#{a.get('number')} {a.get('status')}" + (f" ({detail})" if detail else ""))
+    return "; ".join(parts) or "-"
+
+
+def _calls_section(calls: list[dict[str, Any]]) -> str:
+    rows = [[c["call_id"], c.get("name", "-"), c.get("effect", "-"), c.get("status", "-"),
+             str(sum(len(step.get("attempts", [])) for step in c.get("steps", []))),
+             short(c.get("error") if c.get("error") else c.get("output"))] for c in calls]
+    table = format_table(["call", "tool", "effect", "status", "attempts", "output / error"], rows)
+    hint = ""
+    if any(c.get("status") == "outcome_unknown" for c in calls):
+        hint = ("\noutcome_unknown: check what the tool did, then "
+                "dex-ha sessions reconcile SESSION CALL --outcome succeeded|failed")
+    return "tool calls:\n" + (table + hint if rows else "none")
+
+
+def _approvals_section(sid: str, approvals: list[dict[str, Any]]) -> str:
+    if not approvals:
+        return ""
+    rows = [[a["call_id"], a.get("name", "-"), short(a.get("arguments")), when(a.get("requested_at"))]
+            for a in approvals]
+    return ("pending approvals (dex-ha sessions approve|deny " + sid + " CALL):\n"
+            + format_table(["call", "tool", "arguments", "requested"], rows))
+
+
+def _questions_section(sid: str, questions: list[dict[str, Any]]) -> str:
+    if not questions:
+        return ""
+    rows = [[q["question_id"], q.get("source", "-"), short(q.get("call_id")), short(q.get("question")),
+             when(q.get("asked_at"))] for q in questions]
+    return ("pending questions (dex-ha sessions answer " + sid + " QUESTION ANSWER):\n"
+            + format_table(["question", "source", "call", "question text", "asked"], rows))
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
