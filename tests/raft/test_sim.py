@@ -1,8 +1,9 @@
 """Seeded deterministic simulations of the Raft core (harness: sim.py).
 
-Default: 400 seeds (3 and 5 voters, with and without membership changes, fast and slow
-disks, fine and coarse ticks, busy and quiet clients, and from seed 128 on a family whose
-nodes run different election timeouts changed by rolling restarts: 144 of the 400). More:
+Default: 256 seeds (3 and 5 voters, with and without membership changes, fast and slow
+disks, fine and coarse ticks, busy and quiet clients: every family of the seed's low 7 bits,
+each also with bit 7, the family whose nodes run different election timeouts changed by
+rolling restarts: 128 of the 256). More:
 DEX_HA_SIM_SEEDS=N, or DEX_HA_LONG=1 for 5000. Replay one seed: DEX_HA_SIM_SEED=<seed>
 ... -k replay.
 
@@ -25,7 +26,7 @@ from dex_ha.raft.core import RaftCore
 from .sim import REPLAY, Checker, SimFailure, Simulation, run_seed
 
 LONG = os.environ.get("DEX_HA_LONG", "") not in ("", "0")
-N_SEEDS = int(os.environ.get("DEX_HA_SIM_SEEDS", "5000" if LONG else "400"))
+N_SEEDS = int(os.environ.get("DEX_HA_SIM_SEEDS", "5000" if LONG else "256"))
 MIXED_TIMEOUT_FAMILY = 128  # seed bit 7: per-node timeouts and a rolling change (sim.py)
 
 
