@@ -84,6 +84,9 @@ def test_up_starts_three_nodes_with_exactly_one_active(cluster: LocalCluster) ->
         assert re.search(rf"^{node_id}\s+{re.escape(url)}\s+127\.0\.0\.1:\d+\s+{pids[node_id]}\s+\S+{node_id}\.log",
                          cluster.up_output, re.MULTILINE)
     assert f"dex-ha cluster down --dir {cluster.dir}" in cluster.up_output
+    # The web console it names is served there (the newcomer's first stop).
+    assert f"Web console: {cluster.urls['n1']}/ui" in cluster.up_output
+    assert http_status(cluster.urls["n1"] + "/ui") == 200
     assert "kill " + " ".join(str(pids[n]) for n in ("n1", "n2", "n3")) in cluster.up_output
     for private in ["tokens.env", "n1.toml", "cluster.json"]:
         assert stat.S_IMODE((cluster.dir / private).stat().st_mode) == 0o600
