@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-# Contract (DESIGN.md §4): the error of a tool call that never reached a Worker starts
+# Contract: the error of a tool call that never reached a Worker starts
 # with this string, so the model and callers know it is safe to call the tool again.
 TOOL_CALL_NOT_RUN_ERROR_PREFIX = "the tool did not run, so it is safe to call again"
 

@@ -1,4 +1,4 @@
-"""The `dex-ha` command (DESIGN.md §7).
+"""The `dex-ha` command.
 
     dex-ha dev | node | cluster up | cluster down | status | step-down | members … | demo
     dex-ha backup | restore   (cli_backup.py)
@@ -208,7 +208,7 @@ def _print_started(node) -> None:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    # No authentication unless tokens are configured (DESIGN §7): DEX_HA_TOKENS_* set them.
+    # No authentication unless tokens are configured (docs/configuration.md): DEX_HA_TOKENS_* set them.
     tokens = {role: tuple(values) for role, values in tokens_from_env(os.environ).items()}
     try:
         config = replace(dev_config(Path(args.data_dir), args.port, host=args.host, tokens=tokens,

@@ -1,4 +1,4 @@
-"""dex_ha.client — the Client SDK (DESIGN.md §2, §6).
+"""dex_ha.client — the Client SDK.
 
 :class:`Connection` reaches the active node of a cluster over HTTP and follows it across
 failovers (the Worker SDK uses it too); :class:`DexClient` wraps every client route;

@@ -1,4 +1,4 @@
-"""DexClient: an async client for every client route of the dex-ha HTTP API (DESIGN.md §6).
+"""DexClient: an async client for every client route of the dex-ha HTTP API.
 
 Every call goes through a :class:`~dex_ha.client.connection.Connection`, which follows
 the active node across failovers and retries. Retrying is safe because each call is

@@ -1,6 +1,6 @@
 """One way to reach the active node of a dex-ha cluster over HTTP (used by the Client and Worker SDKs).
 
-Only the active node serves the API (DESIGN.md §5). Every other node answers 503
+Only the active node serves the API. Every other node answers 503
 ``{"error": "not_active", "leader_url": ...}`` with ``Retry-After``. A :class:`Connection`
 hides that: it sends each request to the node it believes active and, when the answer
 says otherwise or the node cannot be reached, it moves on and tries again.

@@ -1,4 +1,4 @@
-"""dex_ha.engine — the deterministic session state machine (DESIGN.md §4).
+"""dex_ha.engine — the deterministic session state machine.
 
 Public API (what a server and the Raft node call):
 

@@ -1,4 +1,4 @@
-"""Agent definitions (DESIGN.md §6 `PUT /v1/agents/{name}`) and the tool policies in them.
+"""Agent definitions (`PUT /v1/agents/{name}`, docs/api.md) and the tool policies in them.
 
 A definition is validated and normalised (every optional field filled in) before it is
 stored, so comparing two definitions is comparing two canonical JSON strings, and the

@@ -41,7 +41,7 @@ class CreateSession:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RegisterAgent:
-    """Register or change an agent definition (DESIGN.md §6 `PUT /v1/agents/{name}`)."""
+    """Register or change an agent definition (`PUT /v1/agents/{name}`)."""
 
     at: int
     name: str

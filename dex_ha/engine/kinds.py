@@ -1,4 +1,4 @@
-"""The step-kind table (DESIGN.md §4): ONE data structure that drives attempts, retry
+"""The step-kind table: ONE data structure that drives attempts, retry
 windows, backoff timers and what happens when a step's attempts are used up.
 
 Every crash-matrix row maps to an entry of `STEP_KINDS`: a failed attempt of a task step
@@ -16,7 +16,7 @@ from typing import Mapping
 
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 
-# Contract (DESIGN.md §4): the `kind` strings.
+# Contract: the `kind` strings.
 RUN_MODEL = "RunModel"
 CALL_TOOL = "CallTool"
 CALL_SINGLE_ATTEMPT_TOOL = "CallSingleAttemptTool"
@@ -158,7 +158,7 @@ def window_closed(kind: str) -> str:
 
 
 def tool_outcome_on_exhaustion(effect: str, progress: str) -> str:
-    """The status a tool call records when its step can run no more (DESIGN.md §4)."""
+    """The status a tool call records when its step can run no more."""
     if progress == NOT_STARTED:
         return "failed"
     return "failed" if effect == "read" else "outcome_unknown"
@@ -170,7 +170,7 @@ def not_run_error(detail: str) -> str:
 
 
 def idempotency_key(session_id: str, call_id: str) -> str:
-    """Contract (DESIGN.md §4): a tool call's key, the same on every attempt."""
+    """Contract: a tool call's key, the same on every attempt."""
     return f"{session_id}:{call_id}"
 
 

@@ -63,7 +63,7 @@ class Timer:
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """What a Worker poll answer carries for one hand-out (DESIGN.md §6)."""
+    """What a Worker poll answer carries for one hand-out."""
 
     session_id: str
     turn_id: str
@@ -175,7 +175,7 @@ class Queries:
                     deadline_ms=deadline, agent=step["agent"])
 
     def _task_input(self, step: Any) -> dict[str, Any]:
-        """Task `input` by kind, exactly as DESIGN.md §6."""
+        """Task `input` by kind, exactly as docs/api.md gives it."""
         kind = step["kind"]
         if kind in (CALL_TOOL, CALL_SINGLE_ATTEMPT_TOOL, POLL_TOOL_TASK):
             return from_json(step["params"])
@@ -239,7 +239,7 @@ class Queries:
         return found
 
     def get_agent_snapshot(self, session_id: str) -> dict[str, Any] | None:
-        """Everything a client sees of a session (DESIGN.md §6 `GET /v1/sessions/{sid}`)."""
+        """Everything a client sees of a session (`GET /v1/sessions/{sid}`)."""
         s = self._store.session(session_id)
         if s is None:
             return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# code -> HTTP status the API answers with (DESIGN.md §6 error list).
+# code -> HTTP status the API answers with (the error list of docs/api.md).
 HTTP_STATUS_BY_CODE: dict[str, int] = {
     "ok": 200,
     "already_applied": 200,  # the same log index again: nothing happens

@@ -190,7 +190,7 @@ def _cancel_timers(ctx: ApplyContext, step: sqlite3.Row, purpose: str | None = N
 
 
 def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> None:
-    """The step can run no more: follow its kind's `on_exhaustion` (DESIGN.md §4)."""
+    """The step can run no more: follow its kind's `on_exhaustion`."""
     ctx.store.update("steps", {"step_id": step["step_id"]}, status="failed", ended_at=ctx.at, error=error,
                      queue_seq=None)
     _cancel_timers(ctx, step)  # a backoff or window timer must not wake a failed step

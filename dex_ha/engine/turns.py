@@ -1,4 +1,4 @@
-"""Turns (DESIGN.md §4 "A turn"): a user message starts one on an idle session; each round
+"""Turns (docs/architecture.md, "The engine"): a user message starts one on an idle session; each round
 compacts the history if it is over the agent's limit, then calls the model; a response
 with tool calls runs them (calls.py) and comes back here; a response without tool calls
 completes the turn. A turn ends completed, failed or cancelled, and the next waiting

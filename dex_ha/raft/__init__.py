@@ -1,1 +1,1 @@
-"""dex_ha.raft — see DESIGN.md §2."""
+"""dex_ha.raft — see docs/architecture.md."""

@@ -1,1 +1,1 @@
-"""dex_ha.server — see DESIGN.md §2."""
+"""dex_ha.server — see docs/architecture.md."""

@@ -1,4 +1,4 @@
-"""Every route of the HTTP API (DESIGN.md §6), declared once.
+"""Every route of the HTTP API, declared once.
 
 This table is the single source for request validation (`validation.py`), token checks
 (`auth.py`) and the OpenAPI document (`openapi.py`); the aiohttp app binds one handler to

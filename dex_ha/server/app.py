@@ -1,4 +1,4 @@
-"""The HTTP API (DESIGN.md §6): one handler per route of `api_spec.ROUTES`, bound by name.
+"""The HTTP API: one handler per route of `api_spec.ROUTES`, bound by name.
 
 Every request goes through the same pipeline (`_handle`): token → active node? → size and
 JSON → path, query, header and body validation → handler → JSON answer. Handlers get the

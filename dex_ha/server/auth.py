@@ -1,4 +1,4 @@
-"""Bearer-token authentication and role checks (DESIGN.md §6).
+"""Bearer-token authentication and role checks.
 
 Every token has one role: `client`, `worker` or `admin`. A route lists the roles that may
 call it (api_spec.py); `admin` may call every route that has roles, so an operator can do

@@ -110,7 +110,7 @@ class ServerConfig:
         return any(self.tokens.get(role) for role in ROLES)
 
     def check(self) -> None:
-        """Refuse a configuration that cannot run safely (DESIGN.md §7)."""
+        """Refuse a configuration that cannot run safely."""
         if self.durability not in ("strict", "relaxed"):
             raise ConfigError(f"durability: must be strict or relaxed, not {self.durability!r}")
         if not self.node_id:

@@ -1,4 +1,4 @@
-"""Leader services (DESIGN.md §5): the work only the active node does, for one term.
+"""Leader services: the work only the active node does, for one term.
 
 A `LeaderTerm` lives from the moment this node becomes leader until it loses leadership
 (or the process stops). It:

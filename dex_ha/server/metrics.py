@@ -1,4 +1,4 @@
-"""The node's Prometheus metrics (DESIGN.md §8, prefix `dex_`; the names are a contract).
+"""The node's Prometheus metrics (prefix `dex_`; the names are a contract: dashboards and alerts use them).
 
 Each node has its own registry (no global state: tests run several nodes in one process).
 Counters and histograms are updated where things happen; gauges that describe state

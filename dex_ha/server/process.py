@@ -1,6 +1,6 @@
 """Running a node as a process: logging, signals, and the wait until it stops.
 
-SIGTERM (and Ctrl-C) is a graceful stop (DESIGN.md §5): the active node stops handing out
+SIGTERM (and Ctrl-C) is a graceful stop: the active node stops handing out
 work, lets running attempts finish for up to `drain_timeout_ms`, hands the leadership to
 the most caught-up voter, and exits. A second signal stops at once.
 """

@@ -1,4 +1,4 @@
-"""Task tokens: the handle a Worker gets for one attempt (DESIGN.md §6), and uses for its
+"""Task tokens: the handle a Worker gets for one attempt, and uses for its
 heartbeats and its result.
 
 A token names the attempt, by step id + attempt number + term (the fencing of §5), and

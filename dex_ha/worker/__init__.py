@@ -1,4 +1,4 @@
-"""dex_ha.worker — the Worker SDK (DESIGN.md §2, §6).
+"""dex_ha.worker — the Worker SDK.
 
 Declare an :class:`Agent` with a model and tools, hand it to a :class:`Worker`, and run
 the Worker: it registers the agent, long-polls the server for tasks, runs model calls and

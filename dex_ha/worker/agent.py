@@ -5,7 +5,7 @@
     @agent.tool(effect="read")
     async def lookup(ctx: ToolContext, order_id: str) -> dict: ...
 
-`agent.definition()` is the body of `PUT /v1/agents/{name}` (DESIGN.md §6); the Worker
+`agent.definition()` is the body of `PUT /v1/agents/{name}`; the Worker
 registers it before it polls. The policy fields (effect, approval, inline, timeouts,
 attempts) tell the server how to run each call; the Worker only runs the functions.
 """

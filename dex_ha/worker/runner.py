@@ -1,5 +1,5 @@
 """The Worker: registers its agents, long-polls the server for tasks, runs each task in
-its own asyncio task with heartbeats, and delivers the result (DESIGN.md §5, §6).
+its own asyncio task with heartbeats, and delivers the result.
 
     worker = Worker("http://127.0.0.1:8801", agents=[agent])
     runner = asyncio.create_task(worker.run())
@@ -42,7 +42,7 @@ from dex_ha.worker.model import ModelRequest, ModelResponse
 
 log = logging.getLogger("dex_ha.worker")
 
-# Task kinds (contract strings, DESIGN.md §4).
+# Task kinds (contract strings of the API).
 RUN_MODEL = "RunModel"
 CALL_TOOL = "CallTool"
 CALL_SINGLE_ATTEMPT_TOOL = "CallSingleAttemptTool"
@@ -80,7 +80,7 @@ def first_heartbeat_failpoint(kind: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class WorkerTask:
-    """One hand-out from a poll answer (DESIGN.md §6)."""
+    """One hand-out from a poll answer."""
 
     task_token: str
     session_id: str

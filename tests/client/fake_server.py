@@ -7,7 +7,7 @@ server that plays ``active`` (serves the client routes) or ``standby`` (503
 be told to misbehave for its next requests (:class:`Fault`: a status, a dropped
 connection, a slow answer) or to drop an event stream after some events.
 
-Only what the tests need of DESIGN.md §6 is modelled; it is not a server.
+Only what the tests need of the API is modelled; it is not a server.
 
 Also here: :class:`RefusedPort` (a port nothing listens on), :class:`FakeSleep` (records
 backoff waits and drives a fake clock) and random.Random stand-ins whose ``uniform``

@@ -1,4 +1,4 @@
-"""The crash matrix (DESIGN.md §9): rows R01–R20 × worker_kill, server_restart, takeover (R21 in test_r21.py),
+"""The crash matrix: rows R01–R20 × worker_kill, server_restart, takeover (R21 in test_r21.py),
 one test per cell (`test_cell[R05-takeover]`), on real processes.
 
 Each cell runs its row's agent (agents.py) in its own worker process (worker_proc.py),

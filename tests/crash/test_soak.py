@@ -52,7 +52,7 @@ SETTLE_DEADLINE_S = 60.0  # a new active node, or all three nodes back after a r
 TURN_DEADLINE_S = 120.0  # one turn, through whatever kills land on it
 FINAL_DEADLINE_S = 180.0  # every session idle after the last kill
 MESSAGE_TRY_S = 5.0  # one try to send a message; a try that fails is repeated with the same id
-ALLOWED = {  # effect -> the statuses a call may end in (DESIGN §5: the failure route)
+ALLOWED = {  # effect -> the statuses a call may end in (the failure route of docs/crash-matrix.md)
     "read": {"succeeded", "failed"},
     "idempotent_write": {"succeeded", "failed", "outcome_unknown"},
     "write": {"succeeded", "failed", "outcome_unknown"},

@@ -121,7 +121,7 @@ def election_problems(before: ClusterSnapshot, after: ClusterSnapshot) -> list[s
 
 
 def answer_problems(result: LoadResult) -> list[str]:
-    """What says that the node did not shed load the way DESIGN §6 says (2xx, or 503
+    """What says that the node did not shed load the way docs/api.md says (2xx, or 503
     `overloaded` with Retry-After), or did not really serve."""
     problems = []
     unexpected = {answer: n for answer, n in result.by_answer.items()

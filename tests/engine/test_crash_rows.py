@@ -1,4 +1,4 @@
-"""The crash matrix (DESIGN.md §9, rows R01–R20) at the engine level.
+"""The crash matrix (rows R01–R20 of docs/crash-matrix.md) at the engine level.
 
 Each row is an entry of ROWS: the step kind it is about (an entry of STEP_KINDS, whose
 values the checks read instead of repeating numbers) and a scenario. The scenario drives

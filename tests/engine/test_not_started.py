@@ -1,4 +1,4 @@
-"""A Worker's `fail` with `not_started` (DESIGN.md §4, §6): the Worker never called the
+"""A Worker's `fail` with `not_started`: the Worker never called the
 tool function (unknown tool, arguments refused). The call records `failed` with
 NOT_STARTED and the not-run prefix, but only when no attempt of any step of the call could
 have run: one attempt that may have run keeps the call NOT_COMPLETED (a write:

@@ -1,4 +1,4 @@
-"""The retry window (DESIGN.md §4): RunModel and CompactContext run "up to 3 attempts
+"""The retry window: RunModel and CompactContext run "up to 3 attempts
 within 30 minutes" of the first hand-out. No retry may start after first hand-out + window,
 however long the step waited in the queue for a Worker; the turn fails instead, with the
 usual exhaustion note.

@@ -1,4 +1,4 @@
-"""Every flow of a turn (DESIGN.md §4 "A turn") at the engine level."""
+"""Every flow of a turn at the engine level."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 proxy, and the active node is cut off, both ways or one way, while a writer keeps writing
 through the SDK and a recorder asks every node's /readyz every 10 ms.
 
-What the design promises (DESIGN.md §3 lease, §5 readiness), checked from outside:
+What the design promises (the lease and readiness of docs/architecture.md), checked from outside:
 - a cut-off active node stops answering /readyz 200 before any other node answers 200
   (its lease runs out before the others may elect: never two active nodes);
 - it takes no write: a write sent to it straight after the cut is never acknowledged and

@@ -1,4 +1,4 @@
-"""A planned step down under load (DESIGN.md §5): while several sessions have a tool
+"""A planned step down under load: while several sessions have a tool
 running, an operator runs `dex-ha step-down` with a short drain timeout.
 
 - Tools that finish inside the drain: their steps have no failed attempt at all (RunModel

@@ -293,7 +293,7 @@ def tool_call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
 
 
 def model_result(content: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A RunModel result: the assistant message (DESIGN.md §6)."""
+    """A RunModel result: the assistant message."""
     return {"content": content, "tool_calls": calls or [], "usage": {"input_tokens": 3, "output_tokens": 2}}
 
 

@@ -1,4 +1,4 @@
-"""Leader services of DESIGN.md §5 beyond the routes: start_to_close timeouts and timers
+"""Leader services beyond the routes: start_to_close timeouts and timers
 that came due while no node was active."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Nodes that are not the active node (DESIGN.md §5): every active-only route answers 503
+"""Nodes that are not the active node: every active-only route answers 503
 `not_active` with `leader_url` and Retry-After; /readyz is 503; /livez and /v1/cluster are
 200. A 2-of-3 cluster in one process elects exactly one active node, the other points to it,
 and a planned step down moves the active role to the other node.

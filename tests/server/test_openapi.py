@@ -19,7 +19,7 @@ from dex_ha.server.validation import InvalidRequest, validate_body
 C, W, A = frozenset({"client"}), frozenset({"worker"}), frozenset({"admin"})
 ANY = frozenset({"client", "worker", "admin"})
 
-# The contract (DESIGN.md §6 and the brief's table): name, method, path, roles, active_only, stream.
+# The contract (docs/api.md): name, method, path, roles, active_only, stream.
 CONTRACT = [
     ("livez", "GET", "/livez", None, False, False),
     ("readyz", "GET", "/readyz", None, False, False),

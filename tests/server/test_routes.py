@@ -1,4 +1,4 @@
-"""The HTTP contract of one node (DESIGN.md §6), checked over raw HTTP against a real
+"""The HTTP contract of one node, checked over raw HTTP against a real
 NodeServer: every route of `api_spec.ROUTES` on its success path, and the error answers
 for bad input, bad tokens and wrong roles.
 
@@ -118,8 +118,8 @@ async def test_cluster_nodes_lists_each_member_with_its_own_view(api: HttpApi):
     expect(await api.get("/v1/cluster/nodes", role=None), 401)
 
 
-# DESIGN.md §8, with the label names each metric must carry. Counters show as *_total.
-DESIGN_METRICS: dict[str, tuple[str, ...]] = {
+# The contract metrics, with the label names each metric must carry. Counters show as *_total.
+CONTRACT_METRICS: dict[str, tuple[str, ...]] = {
     "dex_raft_term": (), "dex_raft_is_leader": (), "dex_active": (), "dex_raft_leader_changes_total": (),
     "dex_raft_commit_index": (), "dex_raft_applied_index": (), "dex_raft_proposal_seconds": (),
     "dex_raft_fsync_seconds": (), "dex_lease_remaining_seconds": (), "dex_steps_queued": ("agent", "kind"),
@@ -162,7 +162,7 @@ async def test_metrics_has_every_design_metric(api: HttpApi):
     reply = await api.get("/metrics", role=None)
     assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")
     samples = metric_samples(reply.body)
-    for name, labels in DESIGN_METRICS.items():
+    for name, labels in CONTRACT_METRICS.items():
         sample_name = f"{name}_count" if name in HISTOGRAMS else name
         label_sets = [dict(key[1]) for key in samples if key[0] == sample_name]
         assert label_sets, f"/metrics has no sample of {name}"
@@ -434,7 +434,7 @@ async def test_complete_with_tool_calls_puts_their_steps_in_the_snapshot(api: Ht
                            {"worker_id": "worker-1", "result": model_result("something else")}, role="worker")
     assert_error(other, 409, "stale_attempt")
 
-    # The tool steps go to Workers with the input of DESIGN.md §6.
+    # The tool steps go to Workers with the input docs/api.md gives.
     tool_task = await api.poll_one("helper")
     assert tool_task["kind"] == "CallTool" and tool_task["idempotency_key"] == "s1:c1"
     assert tool_task["input"] == {"call_id": "c1", "name": "lookup", "arguments": {"q": "bill"}}
@@ -1040,7 +1040,7 @@ async def test_a_token_of_the_wrong_role_is_403(api: HttpApi):
             if reply.status != 403 or reply.error_code() != "forbidden":
                 problems.append(f"{route.name} as {role}: {reply.status} {reply.body}")
     assert not problems, "\n".join(problems)
-    # The brief's cases are among them: worker on client routes, client on worker and admin routes.
+    # The cases that matter most are among them: worker on client routes, client on worker and admin routes.
     assert {("create_session", "worker"), ("worker_poll", "client"), ("step_down", "client"),
             ("add_member", "worker")} <= checked
     await assert_still_serves(api)

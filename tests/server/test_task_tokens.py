@@ -1,4 +1,4 @@
-"""Task tokens and task ownership (DESIGN.md §6): a task token is unguessable, and only the
+"""Task tokens and task ownership: a task token is unguessable, and only the
 Worker that polled a task may heartbeat, complete or fail it.
 
 - Another Worker (another worker_id, with a valid worker token) is refused with 403

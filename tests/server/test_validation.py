@@ -1,7 +1,7 @@
 """Request validation: bodies, query parameters, path ids and headers against the route table.
 
-The expected values below are written from the contract (the brief's route table and
-DESIGN.md §6), not derived from api_spec, so a wrong entry in the table fails here.
+The expected values below are written from the contract (the route table of
+docs/api.md), not derived from api_spec, so a wrong entry in the table fails here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A fake dex-ha node for Worker SDK tests: only the worker routes of DESIGN.md §6.
+"""A fake dex-ha node for Worker SDK tests: only the worker routes of the API.
 
 It records what the Worker sends (registrations, polls, heartbeats, results), hands out
 tasks the test queues, and misbehaves on request: answer a heartbeat with cancel or 409,
@@ -173,7 +173,7 @@ class FakeServer:
         return web.json_response({"tasks": [{k: v for k, v in t.items() if k != "queue"} for t in tasks]})
 
     def _not_owner(self, token: str, body: dict[str, Any]) -> web.Response | None:
-        """403 unless the report carries the worker_id that took the task (DESIGN.md §6)."""
+        """403 unless the report carries the worker_id that took the task."""
         if body.get("worker_id") == self.taken_by.get(token):
             return None
         return web.json_response({"error": "forbidden", "message": f"worker_id: task {token} was handed to "

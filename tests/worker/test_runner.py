@@ -421,7 +421,7 @@ async def test_concurrent_polls_share_the_free_slots_and_never_promise_more(fake
 
 
 async def test_every_report_carries_the_worker_id_that_polled_the_task(fake: FakeServer) -> None:
-    """Only the Worker that took a task may heartbeat, complete or fail it (DESIGN.md §6):
+    """Only the Worker that took a task may heartbeat, complete or fail it:
     the server checks the body's worker_id against the one the poll recorded."""
     box = Toolbox()
     slow = fake.add_tool_task("wait_gate", {"name": "slow"})
