@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from dex_ha.client import Connection
+from dex_ha.raft.storage import fsync_dir
 from dex_ha.server.backup import BackupError, describe, parse_members, read_backup, restore_data_dir
 
 BACKUP_PATH = "/v1/cluster/backup"
@@ -63,7 +64,7 @@ async def download_backup(urls: list[str], token: str | None, out: Path, timeout
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     return describe(header)
 
 
@@ -76,13 +77,6 @@ async def _stream_into(urls: list[str], token: str | None, f, timeout_s: float) 
         finally:
             response.release()
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def backup_line(out: str, info: dict) -> str:

@@ -57,7 +57,8 @@ from dex_ha.adapters._common import (
     builtin_tools, check_tool_name, declared_effect, effect, json_output, resolve_effects, running_tool, tool_context,
 )
 from dex_ha.models.openai import (
-    DEFAULT_SUMMARY_INSTRUCTIONS, NON_RETRYABLE_STATUSES, from_response, model_order, responses_input, transcript,
+    DEFAULT_SUMMARY_INSTRUCTIONS, NON_RETRYABLE_STATUSES, from_response, model_order, read_response_stream,
+    responses_input, transcript,
 )
 from dex_ha.worker.agent import Agent
 from dex_ha.worker.context import NonRetryableError, ToolContext, ToolError
@@ -70,10 +71,6 @@ __all__ = ["AgentsModel", "durable_agent", "effect", "tool_context"]
 HOSTED_TOOLS = (FileSearchTool, WebSearchTool, CodeInterpreterTool, ImageGenerationTool, HostedMCPTool)
 # The role of the session's notes and summary in the model input.
 NOTE_ROLE = "developer"
-
-
-class OpenAIAgentsStreamError(Exception):
-    """The model's stream failed or ended without a completed response (retryable)."""
 
 
 def durable_agent(agent: SDKAgent[Any], *, name: str | None = None, effects: Mapping[str, str] | None = None,
@@ -132,7 +129,7 @@ class AgentsModel:
             self.agent.model_settings, tools, output_schema, [], ModelTracing.DISABLED,
             previous_response_id=None, conversation_id=None, prompt=await self.agent.get_prompt(run_context))
         try:
-            return from_response(await _streamed_response(events, stream))
+            return from_response(await read_response_stream(events, stream))
         except openai.APIStatusError as exc:
             raise _mapped_error(exc) from exc
 
@@ -162,23 +159,6 @@ class AgentsModel:
 
 # ---------------------------------------------------------------- the model call
 
-
-async def _streamed_response(events: Any, stream: DeltaSink) -> Any:
-    """The final openai Response of a streamed model call; its text deltas go to `stream`."""
-    final = None
-    async for event in events:
-        if event.type == "response.output_text.delta":
-            stream.send_text(event.delta)
-        elif event.type in ("response.completed", "response.incomplete"):
-            final = event.response
-        elif event.type == "response.failed":
-            error = event.response.error
-            raise OpenAIAgentsStreamError(f"the response failed: {error.message if error else 'no reason given'}")
-        elif event.type == "error":
-            raise OpenAIAgentsStreamError(f"the stream reported an error: {event.message}")
-    if final is None:
-        raise OpenAIAgentsStreamError("the stream ended before the response was complete")
-    return final
 
 
 def _server_tools(tools: list[dict[str, Any]]) -> list[FunctionTool]:

@@ -147,21 +147,8 @@ class OpenAIModel:
             options["instructions"] = self.instructions
         if request.tools:
             options["tools"] = responses_tools(request.tools)
-        final = None
         async with await self._client.responses.create(**self._common_options(), **options) as events:
-            async for event in events:
-                if event.type == "response.output_text.delta":
-                    stream.send_text(event.delta)
-                elif event.type in ("response.completed", "response.incomplete"):
-                    final = event.response
-                elif event.type == "response.failed":
-                    error = event.response.error
-                    raise OpenAIStreamError(f"the response failed: {error.message if error else 'no reason given'}")
-                elif event.type == "error":
-                    raise OpenAIStreamError(f"the stream reported an error ({event.code}): {event.message}")
-        if final is None:
-            raise OpenAIStreamError("the stream ended before the response was complete")
-        return from_response(final)
+            return from_response(await read_response_stream(events, stream))
 
     # ------------------------------------------------------------ Chat Completions
 
@@ -436,6 +423,26 @@ def warm_up_parsers(api: str) -> None:
 
 
 # ---------------------------------------------------------------- shared helpers
+
+
+async def read_response_stream(events: Any, stream: DeltaSink) -> Any:
+    """The final Response of a streamed Responses API call (an async iterable of its
+    events); its text deltas go to `stream` as they arrive. A failed or unfinished
+    response raises OpenAIStreamError (retryable)."""
+    final = None
+    async for event in events:
+        if event.type == "response.output_text.delta":
+            stream.send_text(event.delta)
+        elif event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+        elif event.type == "response.failed":
+            error = event.response.error
+            raise OpenAIStreamError(f"the response failed: {error.message if error else 'no reason given'}")
+        elif event.type == "error":
+            raise OpenAIStreamError(f"the stream reported an error ({event.code}): {event.message}")
+    if final is None:
+        raise OpenAIStreamError("the stream ended before the response was complete")
+    return final
 
 
 def parse_arguments(arguments: str, name: str, *, cut: bool = False) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import msgpack
 
 from .clock import now_ms
 from .core import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped, RaftConfig, RaftCore, check_timing
-from .storage import RaftStorage
+from .storage import RaftStorage, fsync_dir
 from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
 from .types import (
     ConfChange,
@@ -746,7 +746,7 @@ class RaftNode:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
         if self.config.durability == "strict":
-            _fsync_dir(self._snap_dir)
+            fsync_dir(self._snap_dir)
 
     def _persist_received_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         self._write_snapshot_file(meta.index, data)
@@ -785,11 +785,3 @@ class RaftNode:
 def member_context(host: str, port: int, url: str = "") -> bytes:
     """The ConfChange context for ADD_LEARNER: where the new member listens."""
     return msgpack.packb({"host": host, "port": port, "url": url}, use_bin_type=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -140,7 +140,8 @@ def _add_record(buf: bytearray, seq: int, base: int, kind: int, body: bytes) -> 
     buf += body
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """A file's creation, rename or removal is durable once the directory holding it is synced."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -369,7 +370,7 @@ class RaftStorage:
         if not self.dir.is_dir():
             self.dir.mkdir(parents=True)
             if self._strict:  # the new directory's own entry must survive a crash too
-                _fsync_dir(self.dir.parent)
+                fsync_dir(self.dir.parent)
         self._lock()
         try:
             self._load()
@@ -721,7 +722,7 @@ class RaftStorage:
 
     def _fsync_dir(self) -> None:
         t0 = time.perf_counter()
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self.fsync_count += 1
         if self._on_fsync is not None:
             self._on_fsync(time.perf_counter() - t0)

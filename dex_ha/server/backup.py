@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from dex_ha.engine import Engine
 from dex_ha.engine.schema import SCHEMA_VERSION
-from dex_ha.raft.storage import RaftStorage
+from dex_ha.raft.storage import RaftStorage, fsync_dir
 from dex_ha.raft.types import ConfState, HardState, SnapshotMeta
 
 MAGIC = b"DEXHA-BACKUP\n"
@@ -186,16 +186,7 @@ def write_atomically(path: Path, parts: Iterable[bytes]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    """A rename is durable once the directory holding it is synced."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 # ---------------------------------------------------------------- restore
