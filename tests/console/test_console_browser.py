@@ -209,6 +209,9 @@ async def test_cluster_view_follows_a_step_down_and_a_sigkill(tmp_path: Path, pa
         await expect(page.get_by_test_id(f"role-{first}")).to_have_text("active")
         await expect(page.get_by_test_id(f"role-{standby}")).to_have_text("standby")
         await expect(page.get_by_test_id("active-link")).to_have_attribute("href", f"{cluster.urls[first]}/ui")
+        # Catch-up progress as the leader sees it.
+        await expect(page.get_by_test_id(f"progress-{first}")).to_have_text("leader")
+        await expect(page.get_by_test_id(f"progress-{standby}")).to_have_text("caught up")
 
         # On the active node's console: step down to a chosen node.
         await open_console(page, cluster.urls[first], token=token)

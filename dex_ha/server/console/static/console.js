@@ -193,17 +193,18 @@ function clusterView(main, signal) {
 function renderClusterTable(table, nodes, refresh) {
   const leader = nodes.find((n) => n.view && n.view.role === "active") || nodes.find((n) => n.view && n.view.leader_id === n.id);
   const leaderMembers = new Map(((leader && leader.view.members) || []).map((m) => [m.id, m]));
-  const header = h("tr", {}, ["node", "role", "ready", "term", "lease left", "applied index", "lag", "last contact", "URL", ""].map((t) => h("th", {}, t)));
+  const header = h("tr", {}, ["node", "role", "ready", "term", "lease left", "applied index", "lag", "last contact", "progress", "URL", ""].map((t) => h("th", {}, t)));
   const rows = nodes.map((node) => {
     const view = node.view;
     if (!node.reachable) {
       return h("tr", { "data-node": node.id, "data-role": "unreachable" },
-        h("td", {}, node.id), h("td", { class: "unreachable", colspan: 7 }, `unreachable: ${node.error}`),
+        h("td", {}, node.id), h("td", { class: "unreachable", colspan: 8 }, `unreachable: ${node.error}`),
         h("td", {}, node.url || ""), h("td", {}, removeButton(node, refresh)));
     }
     const lag = leader ? Math.max(0, leader.view.commit_index - view.applied_index) : "";
     const contact = leaderMembers.get(node.id);
     const contactText = node.id === (leader && leader.id) ? "(leader)"
+      : contact && contact.contacted === false ? "never"
       : contact && contact.last_contact_ms_ago !== null && contact.last_contact_ms_ago !== undefined ? `${contact.last_contact_ms_ago} ms ago` : "";
     return h("tr", { "data-node": node.id, "data-role": view.role },
       h("td", {}, node.id),
@@ -214,10 +215,30 @@ function renderClusterTable(table, nodes, refresh) {
       h("td", {}, view.applied_index),
       h("td", {}, lag),
       h("td", {}, contactText),
+      h("td", { "data-testid": `progress-${node.id}` }, catchUpProgress(node.id === (leader && leader.id), contact, lag)),
       h("td", {}, node.url ? h("a", { href: `${node.url}/ui` }, node.url) : ""),
       h("td", {}, removeButton(node, refresh)));
   });
   fill(table, header, ...rows);
+}
+
+/** How far a member is in catching up, as the leader sees it (a learner installing a snapshot
+ * shows the bytes sent so far). */
+function catchUpProgress(isLeader, member, lag) {
+  if (isLeader) return "leader";
+  if (!member) return "";
+  if (member.contacted === false) return "not reached yet";
+  const bytes = member.snapshot_bytes;
+  if (bytes) {
+    const [sent, total] = bytes;
+    return `snapshot ${mib(sent)} of ${mib(total)} MiB (${total ? Math.floor((100 * sent) / total) : 0}%)`;
+  }
+  if (member.replication === "snapshot") return "snapshot sent, applying";
+  return lag > 0 ? `catching up (${lag} behind)` : "caught up";
+}
+
+function mib(bytes) {
+  return (bytes / (1024 * 1024)).toFixed(1);
 }
 
 function removeButton(node, refresh) {
