@@ -44,7 +44,8 @@ def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_pat
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
 
     assert "steps/s" in done.stdout and "p50 ms" in done.stdout
-    assert "dev_steps_per_second" in done.stdout and "reference:" in done.stdout
+    assert "dev_steps_per_second" in done.stdout
+    assert "reference" not in done.stdout.lower()  # no figure of another system that this run did not measure
     result = json.loads(out.read_text())
     rows = result["dev"]["rows"]
     assert [r["concurrency"] for r in rows] == [1, 4]
