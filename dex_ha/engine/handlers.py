@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dex_ha.engine import calls, steps, turns
+from dex_ha.engine import calls, outcomes, steps, turns
 from dex_ha.engine.agents import normalize_definition
 from dex_ha.engine.commands import (
     AnswerQuestion, AttemptTimedOut, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
@@ -92,7 +92,7 @@ def cancel_turn(ctx: ApplyContext, cmd: CancelTurn) -> Handled:
     turn_id = session["current_turn_id"]
     if turn_id is None:
         return Handled({"cancelled": None}, noop=True)
-    turns.cancel_turn(ctx, cmd.session_id, turn_id, cmd.reason)
+    outcomes.cancel_turn(ctx, cmd.session_id, turn_id, cmd.reason)
     return Handled({"cancelled": turn_id})
 
 
@@ -107,7 +107,7 @@ def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
     fenced_term = ctx.store.meta(FENCED_TERM)
     for h in cmd.handouts:
         try:
-            attempt = steps.hand_out(ctx, h.step_id, h.worker_id, h.term, fenced_term, h.token_secret)
+            attempt = outcomes.hand_out(ctx, h.step_id, h.worker_id, h.term, fenced_term, h.token_secret)
         except Rejected as r:
             refused.append({"step_id": h.step_id, "code": r.code, "reason": r.reason})
             continue
@@ -159,7 +159,7 @@ def _hand_out_next_steps(ctx: ApplyContext, step: Any, worker_id: str, term: int
         if row["session_id"] != step["session_id"]:
             break
         try:
-            attempt = steps.hand_out(ctx, row["step_id"], worker_id, term, fenced_term, token_secret)
+            attempt = outcomes.hand_out(ctx, row["step_id"], worker_id, term, fenced_term, token_secret)
         except Rejected:  # changed nothing; the step waits for a poll instead
             break
         if attempt is None:  # its retry window was over: the step failed instead
@@ -180,25 +180,25 @@ RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] 
 
 def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled:
     step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
-    steps.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable,
+    outcomes.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable,
                        not_started=cmd.not_started)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 
 def heartbeat_lost(ctx: ApplyContext, cmd: HeartbeatLost) -> Handled:
     step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
-    steps.fail_attempt(ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True)
+    outcomes.fail_attempt(ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 
 def attempt_timed_out(ctx: ApplyContext, cmd: AttemptTimedOut) -> Handled:
     step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
-    steps.fail_attempt(ctx, step, cmd.attempt, "the attempt ran past its start_to_close timeout", True)
+    outcomes.fail_attempt(ctx, step, cmd.attempt, "the attempt ran past its start_to_close timeout", True)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 
 def fail_held_attempts(ctx: ApplyContext, cmd: FailHeldAttempts) -> Handled:
-    by_kind = steps.fail_held_attempts(ctx, cmd.term)
+    by_kind = outcomes.fail_held_attempts(ctx, cmd.term)
     failed = sum(by_kind.values())
     return Handled({"failed": failed, "by_kind": by_kind}, noop=failed == 0)
 
@@ -214,7 +214,7 @@ def fire_timer(ctx: ApplyContext, cmd: FireTimer) -> Handled:
         return Handled({"timer_id": cmd.timer_id, "status": timer["status"]}, noop=True)
     if cmd.at < timer["due_at"]:
         raise Rejected("conflict", f"timer {cmd.timer_id} is not due until {timer['due_at']}")
-    steps.fire_timer(ctx, timer)
+    outcomes.fire_timer(ctx, timer)
     return Handled({"timer_id": cmd.timer_id, "status": "fired", "purpose": timer["purpose"]})
 
 

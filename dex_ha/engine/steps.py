@@ -1,6 +1,8 @@
 """Step lifecycle: create, hand out, complete, fail → retry after a backoff timer or
-exhaust, and timers. What a step does once it is over is up to its kind (`STEP_KINDS`)
-and to the call and turn logic (`calls.py`, `turns.py`).
+exhaust, and timers. This module is a leaf: it changes steps, attempts and timers only.
+What follows once a step is over (a call's outcome, a failed turn, the next poll) is up to
+its kind (`STEP_KINDS`) and is done by the caller, `outcomes.py`, from what these functions
+return (an `Exhausted` step, a fired timer).
 
 Step statuses: queued → running → done | failed, with `backoff` (waiting for a retry
 timer) between two attempts; wait steps are `waiting` until an event ends them; any open
@@ -10,13 +12,12 @@ step of a cancelled turn becomes `cancelled`.
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import dataclass
 from typing import Any
 
-from dex_ha.engine import calls, turns
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED, NOT_STARTED, RUN_MODEL, OnExhaustion, idempotency_key, not_run_error, retry_decision,
-    retry_window_end, spec_of, tool_outcome_on_exhaustion, window_closed,
+    NOT_COMPLETED, NOT_STARTED, idempotency_key, retry_decision, retry_window_end, spec_of, window_closed,
 )
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.store import FENCED_TERM, to_json
@@ -25,6 +26,14 @@ OPEN_STEP_STATUSES = ("queued", "running", "backoff", "waiting")
 # Timer purposes: backoff (requeue for a retry), sleep, poll, and RETRY_WINDOW (the end of
 # a kind's retry window while a retry waits for a Worker).
 RETRY_WINDOW = "retry_window"
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted:
+    """A step that can run no more (already marked failed): what follows is up to its
+    kind's `on_exhaustion`, which the caller applies (`outcomes.follow_exhaustion`)."""
+    step: sqlite3.Row
+    error: str
 
 
 def create_step(ctx: ApplyContext, *, session_id: str, turn_id: str, agent: str, kind: str,
@@ -55,15 +64,16 @@ def end_wait_step(ctx: ApplyContext, step_id: str) -> None:
 # ---------------------------------------------------------------- attempts
 
 
-def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int,
-             token_secret: str | None) -> dict[str, Any] | None:
+def start_attempt(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int,
+                  token_secret: str | None) -> dict[str, Any] | Exhausted:
     """Start the next attempt of a queued step, for `worker_id`, with the leader's random
     `token_secret` for its task token. Raises Rejected, having changed nothing, when it
-    cannot start (every check comes before the first write).
+    cannot start (every check comes before the first write). The attempt is announced
+    separately (`announce_attempt`), once the caller has done what goes before it.
 
     A retry whose window is over (the step waited for a Worker too long) does not start:
-    the step is exhausted instead, and None is returned. That is a change of state, so the
-    command is accepted and the leader, seeing the step gone from the queue, moves on."""
+    the step is exhausted instead, and returned as `Exhausted`. That is a change of state,
+    so the command is accepted and the leader, seeing the step gone from the queue, moves on."""
     step = ctx.store.step(step_id)
     if step is None:
         raise Rejected("not_found", f"unknown step {step_id}")
@@ -74,8 +84,7 @@ def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_
     number = step["attempts_used"] + 1
     if number > 1:
         if _retry_window_over(ctx, step):
-            exhaust(ctx, step, f"attempt {number} was not handed out in time ({window_closed(step['kind'])})")
-            return None
+            return exhaust(ctx, step, f"attempt {number} was not handed out in time ({window_closed(step['kind'])})")
         _cancel_timers(ctx, step, purpose=RETRY_WINDOW)  # the retry starts in time
     deadline = ctx.at + step["start_to_close_ms"] if step["start_to_close_ms"] else None
     key = idempotency_key(step["session_id"], step["call_id"]) if step["call_id"] is not None else None
@@ -87,15 +96,20 @@ def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_
     if step["call_id"] is not None:
         # From now on the tool may have run: a later failure is NOT_COMPLETED.
         ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=1)
-    if step["kind"] == RUN_MODEL:
-        turns.deliver_steered_messages(ctx, step["session_id"], step["turn_id"])
-    # The event goes to clients: it names the Worker but never carries the token secret.
-    ctx.emit(step["session_id"], "attempt_started", step_id=step_id, kind=step["kind"],
-             attempt=number, term=term, worker_id=worker_id, call_id=step["call_id"])
     # For the leader that proposed the hand-out: it builds the Worker's task (and token) from this.
     return {"step_id": step_id, "attempt": number, "term": term, "worker_id": worker_id,
-            "session_id": step["session_id"], "kind": step["kind"], "deadline_at": deadline,
-            "queued_at": step["queued_at"], "token_secret": token_secret}
+            "session_id": step["session_id"], "turn_id": step["turn_id"], "kind": step["kind"],
+            "call_id": step["call_id"], "deadline_at": deadline, "queued_at": step["queued_at"],
+            "token_secret": token_secret}
+
+
+def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, Any]:
+    """Emit `attempt_started`; returns the hand-out as the leader reads it. The event goes
+    to clients: it names the Worker but never carries the token secret."""
+    ctx.emit(attempt["session_id"], "attempt_started", step_id=attempt["step_id"], kind=attempt["kind"],
+             attempt=attempt["attempt"], term=attempt["term"], worker_id=attempt["worker_id"],
+             call_id=attempt["call_id"])
+    return {k: v for k, v in attempt.items() if k not in ("turn_id", "call_id")}
 
 
 def current_attempt(ctx: ApplyContext, step_id: str, number: int,
@@ -127,16 +141,16 @@ def record_completion(ctx: ApplyContext, step: sqlite3.Row, number: int, digest:
 
 
 def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *,
-                 not_started: bool = False) -> None:
+                 not_started: bool = False) -> Exhausted | None:
     """The attempt failed, NOT_COMPLETED unless its Worker reports it never called the tool
-    (`not_started`); the step retries after a backoff or is exhausted."""
+    (`not_started`); the step retries after a backoff, or is exhausted and returned."""
     progress = NOT_STARTED if not_started else NOT_COMPLETED
     ctx.store.update("attempts", {"step_id": step["step_id"], "number": number}, status="failed",
                      ended_at=ctx.at, error=error, attempt_progress=progress)
     ctx.emit(step["session_id"], "attempt_failed", step_id=step["step_id"], kind=step["kind"],
              attempt=number, error=error, attempt_progress=progress, call_id=step["call_id"])
     if step["status"] != "running":  # cancelled: the call's outcome is recorded already
-        return
+        return None
     if not_started and step["call_id"] is not None:
         _recheck_call_ran(ctx, step)
     decision = retry_decision(step["kind"], max_attempts=step["max_attempts"],
@@ -146,8 +160,8 @@ def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, 
         ctx.store.update("steps", {"step_id": step["step_id"]}, status="backoff")
         set_timer(ctx, step, "backoff", ctx.at + decision.delay_ms)
         _watch_retry_window(ctx, step)
-    else:
-        exhaust(ctx, step, f"{error} ({decision.why_not})")
+        return None
+    return exhaust(ctx, step, f"{error} ({decision.why_not})")
 
 
 def _recheck_call_ran(ctx: ApplyContext, step: sqlite3.Row) -> None:
@@ -189,39 +203,21 @@ def _cancel_timers(ctx: ApplyContext, step: sqlite3.Row, purpose: str | None = N
     ctx.store.conn.execute(sql, params)
 
 
-def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> None:
-    """The step can run no more: follow its kind's `on_exhaustion`."""
+def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> Exhausted:
+    """The step can run no more: it fails; the caller follows its kind's `on_exhaustion`."""
     ctx.store.update("steps", {"step_id": step["step_id"]}, status="failed", ended_at=ctx.at, error=error,
                      queue_seq=None)
     _cancel_timers(ctx, step)  # a backoff or window timer must not wake a failed step
-    rule = spec_of(step["kind"]).on_exhaustion
-    if rule is OnExhaustion.FAIL_TURN:
-        turns.fail_turn(ctx, step["session_id"], step["turn_id"], f"{step['kind']} failed: {error}")
-    elif rule is OnExhaustion.TOOL_OUTCOME:
-        call = ctx.store.call(step["session_id"], step["call_id"])
-        progress = NOT_COMPLETED if call["ran"] else NOT_STARTED
-        status = tool_outcome_on_exhaustion(call["effect"], progress)
-        if progress == NOT_STARTED:
-            error = not_run_error(error)
-        elif status == "outcome_unknown":
-            error = f"the outcome is unknown: the tool may have run and will not run again ({error})"
-        calls.finish_call(ctx, call, status, error=error, progress=progress)
+    return Exhausted(step, error)
 
 
-def fail_held_attempts(ctx: ApplyContext, term: int) -> dict[str, int]:
-    """Takeover: fail every running attempt handed out before `term`; fence those terms.
-    Returns how many failed, by step kind (for the leader's metrics)."""
+def fence_term(ctx: ApplyContext, term: int) -> list[sqlite3.Row]:
+    """Takeover: fence the terms before `term`; returns the attempts they still hold running
+    (step_id, number, term), which the caller fails one by one."""
     if term > ctx.store.meta(FENCED_TERM):
         ctx.store.set_meta(FENCED_TERM, term)
-    held = ctx.store.rows("SELECT step_id, number, term FROM attempts "
+    return ctx.store.rows("SELECT step_id, number, term FROM attempts "
                           "WHERE status = 'running' AND term < ? ORDER BY step_id, number", (term,))
-    by_kind: dict[str, int] = {}
-    for a in held:
-        step = ctx.store.step(a["step_id"])
-        by_kind[step["kind"]] = by_kind.get(step["kind"], 0) + 1
-        fail_attempt(ctx, step, a["number"],
-                     f"the node that handed out this attempt (term {a['term']}) lost its lease", True)
-    return by_kind
 
 
 # ---------------------------------------------------------------- timers
@@ -236,30 +232,30 @@ def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: st
     return timer_id
 
 
-def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> None:
-    """A due timer fires once: requeue a step after its backoff, end a sleep, or poll."""
+def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> sqlite3.Row:
+    """A due timer fires once; returns its step. What the firing does (requeue after a
+    backoff, end a sleep, poll, close a retry window) is by purpose, in `outcomes.py`."""
     ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status="fired", fired_at=ctx.at)
     ctx.emit(timer["session_id"], "timer_fired", timer_id=timer["timer_id"], step_id=timer["step_id"],
              purpose=timer["purpose"])
-    step = ctx.store.step(timer["step_id"])
-    if timer["purpose"] == RETRY_WINDOW:
-        # Only pending while the step waits for its retry (the hand-out cancels it).
-        if step["status"] in ("queued", "backoff"):
-            exhaust(ctx, step, f"attempt {step['attempts_used'] + 1} was not handed out in time "
-                               f"({window_closed(step['kind'])})")
-        return
-    if timer["purpose"] == "backoff":
-        ctx.store.update("steps", {"step_id": step["step_id"]}, status="queued",
-                         queue_seq=ctx.ids.queue_position(), queued_at=ctx.at)
-        ctx.emit(step["session_id"], "step_queued", step_id=step["step_id"], kind=step["kind"],
-                 turn_id=step["turn_id"], call_id=step["call_id"])
-        return
-    end_wait_step(ctx, step["step_id"])
-    call = ctx.store.call(step["session_id"], step["call_id"])
-    if timer["purpose"] == "sleep":
-        calls.finish_call(ctx, call, "succeeded", output={"slept_ms": timer["due_at"] - step["created_at"]})
-    else:  # poll: the task's next poll, on the same handle
-        calls.queue_poll(ctx, call)
+    return ctx.store.step(timer["step_id"])
+
+
+def close_retry_window(ctx: ApplyContext, step: sqlite3.Row) -> Exhausted | None:
+    """The retry window's timer fired: a step still waiting for its retry is exhausted.
+    (The timer is only pending while the step waits for its retry: the hand-out cancels it.)"""
+    if step["status"] not in ("queued", "backoff"):
+        return None
+    return exhaust(ctx, step, f"attempt {step['attempts_used'] + 1} was not handed out in time "
+                              f"({window_closed(step['kind'])})")
+
+
+def requeue(ctx: ApplyContext, step: sqlite3.Row) -> None:
+    """The backoff is over: the step is queued again for its next attempt."""
+    ctx.store.update("steps", {"step_id": step["step_id"]}, status="queued",
+                     queue_seq=ctx.ids.queue_position(), queued_at=ctx.at)
+    ctx.emit(step["session_id"], "step_queued", step_id=step["step_id"], kind=step["kind"],
+             turn_id=step["turn_id"], call_id=step["call_id"])
 
 
 def cancel_open_steps(ctx: ApplyContext, turn_id: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dex_ha.engine import calls, steps
+from dex_ha.engine import steps
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import COMPACT_CONTEXT, RUN_MODEL
 from dex_ha.engine.results import Rejected
@@ -166,15 +166,6 @@ def fail_turn(ctx: ApplyContext, session_id: str, turn_id: str, error: str) -> N
                 f"repeat them: {listed}.")
         add_note(ctx, session_id, text)
     end_turn(ctx, session_id, turn_id, "failed", error)
-
-
-def cancel_turn(ctx: ApplyContext, session_id: str, turn_id: str, reason: str | None) -> None:
-    """Cancel: running attempts are flagged, open steps stop, each open call records an outcome."""
-    # Mark the turn first: calls that finish below must not start another model round.
-    ctx.store.update("turns", {"turn_id": turn_id}, status="cancelled")
-    steps.cancel_open_steps(ctx, turn_id)
-    calls.cancel_pending_calls(ctx, turn_id)
-    end_turn(ctx, session_id, turn_id, "cancelled", reason or "cancelled")
 
 
 def end_turn(ctx: ApplyContext, session_id: str, turn_id: str, status: str, error: str | None = None) -> None:
