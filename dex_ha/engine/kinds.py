@@ -1,7 +1,8 @@
 """The step-kind table: ONE data structure that drives attempts, retry
 windows, backoff timers and what happens when a step's attempts are used up.
 
-Every crash-matrix row maps to an entry of `STEP_KINDS`: a failed attempt of a task step
+Every crash-matrix row maps to an entry of `STEP_KINDS` (its `rows`), or to
+`CROSS_KIND_ROWS` when it is about any step: a failed attempt of a task step
 goes through `retry_decision`, and a step with no attempt left goes through
 `spec.on_exhaustion` (and, for tool steps, `tool_outcome_on_exhaustion`). No handler
 special-cases a kind by name for these decisions.
@@ -51,56 +52,107 @@ class OnExhaustion(enum.StrEnum):
     NEVER = "never"  # wait steps have no attempts to use up
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepKindSpec:
+    """How the engine runs the steps of one kind: retries, timeouts, and what exhaustion means."""
+
     kind: str
+    """The contract's `kind` string (RUN_MODEL, CALL_TOOL, ...)."""
     runs_in: RunsIn
-    max_attempts: int | None  # None for wait steps
-    retry_window_ms: int | None  # no retry may start later than first hand-out + window
-    backoff_initial_ms: int  # delay before attempt 2; each later delay × backoff_factor
+    """WORKER: a task step, handed out as attempts; SERVER: a wait step that an event ends."""
+    max_attempts: int | None
+    """How many attempts a task step may use before it is exhausted; None for wait steps."""
+    retry_window_ms: int | None
+    """No retry may start later than the first hand-out + this window; None: no window."""
+    backoff_initial_ms: int
+    """The delay before attempt 2; each later delay is the previous one × `backoff_factor`."""
     backoff_factor: int
-    start_to_close_ms: int | None  # default, when neither tool policy nor agent sets one
+    """What each backoff delay is multiplied by for the next one (1: a constant delay)."""
+    start_to_close_ms: int | None
+    """An attempt's timeout when neither the tool's policy nor the agent sets one; None for waits."""
     on_exhaustion: OnExhaustion
-    policy_may_override_attempts: bool  # a tool's `max_attempts` replaces max_attempts
-    ends_when: str  # for readers: what ends a wait step / what exhaustion means
+    """What follows once the step can run no more (applied by `outcomes.follow_exhaustion`)."""
+    policy_may_override_attempts: bool
+    """Whether a tool policy's `max_attempts` replaces `max_attempts`."""
+    ends_when: str
+    """For readers: what ends a wait step, or what exhaustion means for a task step."""
+    rows: tuple[str, ...]
+    """The crash-matrix rows (docs/crash-matrix.md) this kind's behaviour decides."""
 
     @property
     def is_task(self) -> bool:
         return self.runs_in is RunsIn.WORKER
 
 
-_MINUTE = 60_000
+MINUTE = 60_000
 
 STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType({
     s.kind: s for s in [
-        StepKindSpec(RUN_MODEL, RunsIn.WORKER, 3, 30 * _MINUTE, 1_000, 2, 10 * _MINUTE,
-                     OnExhaustion.FAIL_TURN, False,
-                     "turn fails; a note lists the tools that already ran"),
-        StepKindSpec(CALL_TOOL, RunsIn.WORKER, 3, None, 1_000, 2, 5 * _MINUTE,
-                     OnExhaustion.TOOL_OUTCOME, True,
-                     "read: failed; idempotent write: outcome_unknown (failed if NOT_STARTED)"),
-        StepKindSpec(CALL_SINGLE_ATTEMPT_TOOL, RunsIn.WORKER, 1, None, 0, 1, 5 * _MINUTE,
-                     OnExhaustion.TOOL_OUTCOME, False,
-                     "outcome_unknown, never run again (failed if NOT_STARTED)"),
-        StepKindSpec(POLL_TOOL_TASK, RunsIn.WORKER, 3, None, 1_000, 2, 1 * _MINUTE,
-                     OnExhaustion.TOOL_OUTCOME, False,
-                     "per poll; polls go on with the same handle, no second task starts"),
-        StepKindSpec(COMPACT_CONTEXT, RunsIn.WORKER, 3, 30 * _MINUTE, 1_000, 2, 10 * _MINUTE,
-                     OnExhaustion.FAIL_TURN, False,
-                     "turn fails; the next user message compacts again"),
-        StepKindSpec(AWAIT_TOOL_APPROVAL, RunsIn.SERVER, None, None, 0, 1, None,
-                     OnExhaustion.NEVER, False,
-                     "approved: the tool step is queued; denied: the call records failed"),
-        StepKindSpec(AWAIT_QUESTION_ANSWER, RunsIn.SERVER, None, None, 0, 1, None,
-                     OnExhaustion.NEVER, False,
-                     "the answer resumes the turn (ask_user) or the tool that asked"),
-        StepKindSpec(AWAIT_TIMER, RunsIn.SERVER, None, None, 0, 1, None,
-                     OnExhaustion.NEVER, False,
-                     "fires once; a timer due during an outage fires when a node is active"),
-        StepKindSpec(AWAIT_USER_MESSAGE, RunsIn.SERVER, None, None, 0, 1, None,
-                     OnExhaustion.NEVER, False,
-                     "the session is idle; the next message starts a turn"),
+        StepKindSpec(
+            kind=RUN_MODEL, runs_in=RunsIn.WORKER, max_attempts=3, retry_window_ms=30 * MINUTE,
+            backoff_initial_ms=1_000, backoff_factor=2, start_to_close_ms=10 * MINUTE,
+            on_exhaustion=OnExhaustion.FAIL_TURN, policy_may_override_attempts=False,
+            ends_when="turn fails; a note lists the tools that already ran",
+            # R20, R21: inline tools and a Claude Agent SDK segment run inside RunModel.
+            rows=("R01", "R02", "R20", "R21")),
+        StepKindSpec(
+            kind=CALL_TOOL, runs_in=RunsIn.WORKER, max_attempts=3, retry_window_ms=None,
+            backoff_initial_ms=1_000, backoff_factor=2, start_to_close_ms=5 * MINUTE,
+            on_exhaustion=OnExhaustion.TOOL_OUTCOME, policy_may_override_attempts=True,
+            ends_when="read: failed; idempotent write: outcome_unknown (failed if NOT_STARTED)",
+            rows=("R03", "R04", "R05", "R06", "R17")),
+        StepKindSpec(
+            kind=CALL_SINGLE_ATTEMPT_TOOL, runs_in=RunsIn.WORKER, max_attempts=1, retry_window_ms=None,
+            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=5 * MINUTE,
+            on_exhaustion=OnExhaustion.TOOL_OUTCOME, policy_may_override_attempts=False,
+            ends_when="outcome_unknown, never run again (failed if NOT_STARTED)",
+            rows=("R07", "R08")),
+        StepKindSpec(
+            kind=POLL_TOOL_TASK, runs_in=RunsIn.WORKER, max_attempts=3, retry_window_ms=None,
+            backoff_initial_ms=1_000, backoff_factor=2, start_to_close_ms=1 * MINUTE,
+            on_exhaustion=OnExhaustion.TOOL_OUTCOME, policy_may_override_attempts=False,
+            ends_when="per poll; polls go on with the same handle, no second task starts",
+            rows=("R12", "R13", "R17")),
+        StepKindSpec(
+            kind=COMPACT_CONTEXT, runs_in=RunsIn.WORKER, max_attempts=3, retry_window_ms=30 * MINUTE,
+            backoff_initial_ms=1_000, backoff_factor=2, start_to_close_ms=10 * MINUTE,
+            on_exhaustion=OnExhaustion.FAIL_TURN, policy_may_override_attempts=False,
+            ends_when="turn fails; the next user message compacts again",
+            rows=("R14", "R17")),
+        StepKindSpec(
+            kind=AWAIT_TOOL_APPROVAL, runs_in=RunsIn.SERVER, max_attempts=None, retry_window_ms=None,
+            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=None,
+            on_exhaustion=OnExhaustion.NEVER, policy_may_override_attempts=False,
+            ends_when="approved: the tool step is queued; denied: the call records failed",
+            rows=("R09", "R18")),
+        StepKindSpec(
+            kind=AWAIT_QUESTION_ANSWER, runs_in=RunsIn.SERVER, max_attempts=None, retry_window_ms=None,
+            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=None,
+            on_exhaustion=OnExhaustion.NEVER, policy_may_override_attempts=False,
+            ends_when="the answer resumes the turn (ask_user) or the tool that asked",
+            rows=("R10", "R18")),
+        StepKindSpec(
+            kind=AWAIT_TIMER, runs_in=RunsIn.SERVER, max_attempts=None, retry_window_ms=None,
+            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=None,
+            on_exhaustion=OnExhaustion.NEVER, policy_may_override_attempts=False,
+            ends_when="fires once; a timer due during an outage fires when a node is active",
+            rows=("R11", "R18")),
+        StepKindSpec(
+            kind=AWAIT_USER_MESSAGE, runs_in=RunsIn.SERVER, max_attempts=None, retry_window_ms=None,
+            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=None,
+            on_exhaustion=OnExhaustion.NEVER, policy_may_override_attempts=False,
+            ends_when="the session is idle; the next message starts a turn",
+            rows=("R15",)),
     ]
+})
+
+# Crash-matrix rows about any step, which no kind's settings decide: the step lifecycle
+# (steps.py) does, the same way for every kind. Listed here rather than under every kind,
+# so a kind's `rows` stay the rows its own settings answer.
+CROSS_KIND_ROWS: Mapping[str, str] = MappingProxyType({
+    "R16": "a queued step uses no attempt until a hand-out starts one (steps.start_attempt)",
+    "R19": "a result in flight is committed by its running attempt, or the attempt fails and "
+           "follows its kind's row (steps.current_attempt fences a late one)",
 })
 
 TASK_KINDS = frozenset(k for k, s in STEP_KINDS.items() if s.is_task)
@@ -154,7 +206,7 @@ def retry_window_end(kind: str, first_handout_at: int | None) -> int | None:
 
 def window_closed(kind: str) -> str:
     """Why a step of `kind` runs no more once its retry window is over."""
-    return f"no attempt left within {STEP_KINDS[kind].retry_window_ms // _MINUTE} min of the first"
+    return f"no attempt left within {STEP_KINDS[kind].retry_window_ms // MINUTE} min of the first"
 
 
 def tool_outcome_on_exhaustion(effect: str, progress: str) -> str:
