@@ -24,13 +24,13 @@ from dex_ha.engine.kinds import (
     POLL_TOOL_TASK, max_attempts_for, not_run_error, tool_outcome_on_exhaustion, tool_step_kind,
 )
 from dex_ha.engine.results import Rejected
+from dex_ha.engine.statuses import FINAL_CALL_STATUSES, CallStatus, TurnStatus
 from dex_ha.engine.store import from_json, to_json
 
 DEFAULT_POLL_AFTER_MS = 1_000
 MAX_TOOL_CALLS_PER_RESPONSE = 1_000  # keeps one entry's events within its event-id range
 # A tool_calls row: read from the table, or the dict just inserted into it.
 CallRow = sqlite3.Row | dict[str, Any]
-FINAL_STATUSES = ("succeeded", "failed", "outcome_unknown")
 NO_ANSWER = object()  # marks "the tool did not ask", as opposed to an answer of null
 
 
@@ -49,7 +49,7 @@ def record_model_response(ctx: ApplyContext, step: sqlite3.Row, result: dict[str
     ctx.emit(step["session_id"], "assistant_message", turn_id=step["turn_id"], step_id=step["step_id"],
              content=content, tool_calls=message["tool_calls"])
     if not tool_calls:
-        turns.end_turn(ctx, step["session_id"], step["turn_id"], "completed")
+        turns.end_turn(ctx, step["session_id"], step["turn_id"], TurnStatus.COMPLETED)
         return
     definition = ctx.store.agent_definition(step["agent"])
     policies = [tool_policy(definition, c["name"]) for c in tool_calls]
@@ -95,7 +95,7 @@ def _insert_call(ctx: ApplyContext, step: sqlite3.Row, position: int, call: dict
                agent=step["agent"], response_step_id=step["step_id"], position=position,
                name=call["name"], arguments=to_json(call["arguments"]),
                policy=to_json(policy.as_json() if policy else None),
-               effect=policy.effect if policy else None, status="pending", created_at=ctx.at)
+               effect=policy.effect if policy else None, status=CallStatus.PENDING, created_at=ctx.at)
     try:
         ctx.store.insert("tool_calls", **row)
     except sqlite3.IntegrityError:
@@ -107,7 +107,7 @@ def _route_call(ctx: ApplyContext, call: dict[str, Any], policy: ToolPolicy | No
                 raw: dict[str, Any]) -> None:
     name, arguments = call["name"], from_json(call["arguments"])
     if policy is None:
-        finish_call(ctx, call, "failed", progress=NOT_STARTED,
+        finish_call(ctx, call, CallStatus.FAILED, progress=NOT_STARTED,
                     error=not_run_error(f"no registered agent defines the tool {name!r}"))
     elif name == ASK_USER:
         ask_question(ctx, call, "ask_user", arguments.get("question", arguments))
@@ -124,7 +124,7 @@ def _route_call(ctx: ApplyContext, call: dict[str, Any], policy: ToolPolicy | No
 def _start_sleep(ctx: ApplyContext, call: CallRow, arguments: dict[str, Any]) -> None:
     ms = arguments.get("ms")
     if not isinstance(ms, int) or isinstance(ms, bool) or not 0 <= ms <= MAX_DURATION_MS:
-        finish_call(ctx, call, "failed", progress=NOT_STARTED,
+        finish_call(ctx, call, CallStatus.FAILED, progress=NOT_STARTED,
                     error=not_run_error(f"sleep needs `ms`, an integer from 0 to {MAX_DURATION_MS} (ten years)"))
         return
     step_id = _create_call_step(ctx, call, AWAIT_TIMER)
@@ -136,11 +136,11 @@ def _record_inline_result(ctx: ApplyContext, call: CallRow, result: Any) -> None
     ctx.store.update("tool_calls", _key(call), ran=1, step_id=call["response_step_id"])
     status = result.get("status") if isinstance(result, dict) else None
     if status == "ok":
-        finish_call(ctx, call, "succeeded", output=result.get("output"))
+        finish_call(ctx, call, CallStatus.SUCCEEDED, output=result.get("output"))
     elif status == "error":
-        finish_call(ctx, call, "failed", error=str(result.get("error")))
+        finish_call(ctx, call, CallStatus.FAILED, error=str(result.get("error")))
     else:
-        finish_call(ctx, call, "failed", error="the Worker reported no result for this inline tool")
+        finish_call(ctx, call, CallStatus.FAILED, error="the Worker reported no result for this inline tool")
 
 
 def _request_approval(ctx: ApplyContext, call: CallRow) -> None:
@@ -198,12 +198,12 @@ def _key(call: CallRow) -> dict[str, Any]:
 
 def record_tool_result(ctx: ApplyContext, step: sqlite3.Row, result: dict[str, Any]) -> None:
     """A CallTool / CallSingleAttemptTool result: ok, error, question or task."""
-    call = ctx.store.call(step["session_id"], step["call_id"])
+    call = ctx.store.require_call(step["session_id"], step["call_id"])
     status = result.get("status")
     if status == "ok":
-        finish_call(ctx, call, "succeeded", output=result.get("output"))
+        finish_call(ctx, call, CallStatus.SUCCEEDED, output=result.get("output"))
     elif status == "error":
-        finish_call(ctx, call, "failed", error=str(result.get("error")))
+        finish_call(ctx, call, CallStatus.FAILED, error=str(result.get("error")))
     elif status == "question":
         ask_question(ctx, call, "tool", result.get("question"))
     elif status == "task":
@@ -223,16 +223,16 @@ def _start_task(ctx: ApplyContext, call: CallRow, result: dict[str, Any]) -> Non
 
 def record_poll_result(ctx: ApplyContext, step: sqlite3.Row, result: dict[str, Any]) -> None:
     """A PollToolTask result: pending (poll again later), ok or error."""
-    call = ctx.store.call(step["session_id"], step["call_id"])
+    call = ctx.store.require_call(step["session_id"], step["call_id"])
     status = result.get("status")
     if status == "pending":
         poll_after = _poll_after(result, call["poll_after_ms"] or DEFAULT_POLL_AFTER_MS)
         ctx.store.update("tool_calls", _key(call), poll_after_ms=poll_after)
         _wait_before_poll(ctx, call, poll_after)
     elif status == "ok":
-        finish_call(ctx, call, "succeeded", output=result.get("output"))
+        finish_call(ctx, call, CallStatus.SUCCEEDED, output=result.get("output"))
     elif status == "error":
-        finish_call(ctx, call, "failed", error=str(result.get("error")))
+        finish_call(ctx, call, CallStatus.FAILED, error=str(result.get("error")))
     else:
         raise Rejected("invalid", "a poll result's status must be pending, ok or error")
 
@@ -252,10 +252,10 @@ def _wait_before_poll(ctx: ApplyContext, call: CallRow, delay_ms: int) -> None:
 # ---------------------------------------------------------------- outcomes
 
 
-def finish_call(ctx: ApplyContext, call: CallRow, status: str, *, output: Any = None,
+def finish_call(ctx: ApplyContext, call: CallRow, status: CallStatus, *, output: Any = None,
                 error: str | None = None, progress: str | None = None) -> None:
     """Record the call's one final outcome; the last call of a response moves the turn on."""
-    assert status in FINAL_STATUSES, status
+    assert status in FINAL_CALL_STATUSES, status
     ctx.store.update("tool_calls", _key(call), status=status,
                      output=None if output is None else to_json(output), error=error,
                      attempt_progress=progress, ended_at=ctx.at)
@@ -269,11 +269,11 @@ def _finish_response_if_done(ctx: ApplyContext, response_step_id: str, session_i
                              turn_id: str) -> None:
     response = ctx.store.rows("SELECT * FROM tool_calls WHERE response_step_id = ? ORDER BY position",
                               (response_step_id,))
-    if any(call["status"] == "pending" for call in response):
+    if any(call["status"] == CallStatus.PENDING for call in response):
         return
     ctx.store.append_history(session_id, turn_id, [tool_result_item(call) for call in response], ctx.at)
     turns.release_notes(ctx, session_id, turn_id)
-    if ctx.store.scalar("SELECT status FROM turns WHERE turn_id = ?", (turn_id,)) == "running":
+    if ctx.store.scalar("SELECT status FROM turns WHERE turn_id = ?", (turn_id,)) == TurnStatus.RUNNING:
         turns.schedule_model_round(ctx, session_id, turn_id)
 
 
@@ -281,7 +281,7 @@ def tool_result_item(call: CallRow) -> dict[str, Any]:
     """The history item the model sees for a call with an outcome."""
     item = {"type": "tool_result", "call_id": call["call_id"], "name": call["name"],
             "status": call["status"]}
-    if call["status"] == "succeeded":
+    if call["status"] == CallStatus.SUCCEEDED:
         item["output"] = from_json(call["output"])
     else:
         item["error"] = call["error"]
@@ -294,12 +294,12 @@ def cancel_pending_calls(ctx: ApplyContext, turn_id: str) -> None:
                                "ORDER BY response_step_id, position", (turn_id,)):
         if call["ran"]:
             status = tool_outcome_on_exhaustion(call["effect"], NOT_COMPLETED)
-            error = ("the turn was cancelled while the tool ran" if status == "failed" else
+            error = ("the turn was cancelled while the tool ran" if status == CallStatus.FAILED else
                      "the outcome is unknown: the turn was cancelled while the tool ran; "
                      "it will not run again")
             finish_call(ctx, call, status, error=error, progress=NOT_COMPLETED)
         else:
-            finish_call(ctx, call, "failed", error=not_run_error("the turn was cancelled"),
+            finish_call(ctx, call, CallStatus.FAILED, error=not_run_error("the turn was cancelled"),
                         progress=NOT_STARTED)
 
 
@@ -323,11 +323,11 @@ def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: 
                      status="approved" if approved else "denied", reason=reason, decided_at=ctx.at)
     steps.end_wait_step(ctx, approval["step_id"])
     ctx.emit(session_id, "approval_decided", call_id=call_id, approved=approved, reason=reason)
-    call = ctx.store.call(session_id, call_id)
+    call = ctx.store.require_call(session_id, call_id)
     if approved:
         queue_tool_step(ctx, call)
     else:
-        finish_call(ctx, call, "failed", progress=NOT_STARTED,
+        finish_call(ctx, call, CallStatus.FAILED, progress=NOT_STARTED,
                     error="the user denied the tool call" + (f": {reason}" if reason else ""))
     return True
 
@@ -348,9 +348,9 @@ def answer_question(ctx: ApplyContext, session_id: str, question_id: str, answer
     steps.end_wait_step(ctx, question["step_id"])
     ctx.emit(session_id, "question_answered", question_id=question_id, call_id=question["call_id"],
              answer=answer)
-    call = ctx.store.call(session_id, question["call_id"])
+    call = ctx.store.require_call(session_id, question["call_id"])
     if question["source"] == "ask_user":
-        finish_call(ctx, call, "succeeded", output=answer)
+        finish_call(ctx, call, CallStatus.SUCCEEDED, output=answer)
     else:  # the tool that asked runs again, with the answer in its input
         queue_tool_step(ctx, call, answer=answer)
     return True
@@ -359,10 +359,8 @@ def answer_question(ctx: ApplyContext, session_id: str, question_id: str, answer
 def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, result: Any,
               error: str | None) -> bool:
     """Settle an outcome_unknown call. Returns False for a repeat of the same settlement."""
-    call = ctx.store.call(session_id, call_id)
-    if call is None:
-        raise Rejected("not_found", f"session {session_id} has no tool call {call_id}")
-    if outcome == "failed":
+    call = ctx.store.require_call(session_id, call_id)
+    if outcome == CallStatus.FAILED:
         output, error = None, error or "reconciled as failed by an operator"
     else:
         output, error = (None if result is None else to_json(result)), None
@@ -370,14 +368,14 @@ def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, re
         if (call["status"], call["output"], call["error"]) == (outcome, output, error):
             return False
         raise Rejected("conflict", f"call {call_id} was already reconciled as {call['status']}")
-    if call["status"] != "outcome_unknown":
+    if call["status"] != CallStatus.OUTCOME_UNKNOWN:
         raise Rejected("conflict", f"only an outcome_unknown call can be reconciled; "
                                    f"call {call_id} is {call['status']}")
     ctx.store.bump(f"tool_calls.{outcome}")
     ctx.store.update("tool_calls", _key(call), status=outcome, output=output, error=error,
                      reconciled_at=ctx.at)
     note = (f"Tool call {call_id} ({call['name']}), whose outcome was unknown, was reconciled "
-            f"by an operator: {outcome}" + (f" ({error})" if outcome == "failed" else "") + ".")
+            f"by an operator: {outcome}" + (f" ({error})" if outcome == CallStatus.FAILED else "") + ".")
     turns.add_note(ctx, session_id, note)
     ctx.emit(session_id, "tool_call_reconciled", call_id=call_id, outcome=outcome, result=result,
              error=error)

@@ -68,7 +68,7 @@ def register_agent(ctx: ApplyContext, cmd: RegisterAgent) -> Handled:
 
 
 def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
-    session = _session(ctx, cmd.session_id)
+    session = ctx.store.require_session(cmd.session_id)
     message_id = cmd.message_id if cmd.message_id is not None else f"m{ctx.index}"
     _check_id(message_id, "message_id")
     if not cmd.text:
@@ -88,7 +88,7 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
 
 
 def cancel_turn(ctx: ApplyContext, cmd: CancelTurn) -> Handled:
-    session = _session(ctx, cmd.session_id)
+    session = ctx.store.require_session(cmd.session_id)
     turn_id = session["current_turn_id"]
     if turn_id is None:
         return Handled({"cancelled": None}, noop=True)
@@ -207,9 +207,7 @@ def fail_held_attempts(ctx: ApplyContext, cmd: FailHeldAttempts) -> Handled:
 
 
 def fire_timer(ctx: ApplyContext, cmd: FireTimer) -> Handled:
-    timer = ctx.store.timer(cmd.timer_id)
-    if timer is None:
-        raise Rejected("not_found", f"unknown timer {cmd.timer_id}")
+    timer = ctx.store.require_timer(cmd.timer_id)
     if timer["status"] != "pending":  # fires once; a cancelled one never fires
         return Handled({"timer_id": cmd.timer_id, "status": timer["status"]}, noop=True)
     if cmd.at < timer["due_at"]:
@@ -219,31 +217,24 @@ def fire_timer(ctx: ApplyContext, cmd: FireTimer) -> Handled:
 
 
 def decide_approval(ctx: ApplyContext, cmd: DecideApproval) -> Handled:
-    _session(ctx, cmd.session_id)
+    ctx.store.require_session(cmd.session_id)
     changed = calls.decide_approval(ctx, cmd.session_id, cmd.call_id, cmd.approved, cmd.reason)
     return Handled({"call_id": cmd.call_id, "approved": cmd.approved}, noop=not changed)
 
 
 def answer_question(ctx: ApplyContext, cmd: AnswerQuestion) -> Handled:
-    _session(ctx, cmd.session_id)
+    ctx.store.require_session(cmd.session_id)
     changed = calls.answer_question(ctx, cmd.session_id, cmd.question_id, cmd.answer)
     return Handled({"question_id": cmd.question_id}, noop=not changed)
 
 
 def reconcile_tool_call(ctx: ApplyContext, cmd: ReconcileToolCall) -> Handled:
-    _session(ctx, cmd.session_id)
+    ctx.store.require_session(cmd.session_id)
     changed = calls.reconcile(ctx, cmd.session_id, cmd.call_id, cmd.outcome, cmd.result, cmd.error)
     return Handled({"call_id": cmd.call_id, "status": cmd.outcome}, noop=not changed)
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _session(ctx: ApplyContext, session_id: str) -> Any:
-    session = ctx.store.session(session_id)
-    if session is None:
-        raise Rejected("not_found", f"unknown session {session_id}")
-    return session
 
 
 def _check_id(value: str, field: str) -> None:

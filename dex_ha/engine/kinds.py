@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
+from dex_ha.engine.statuses import CallStatus
 
 # Contract: the `kind` strings.
 RUN_MODEL = "RunModel"
@@ -209,11 +210,11 @@ def window_closed(kind: str) -> str:
     return f"no attempt left within {STEP_KINDS[kind].retry_window_ms // MINUTE} min of the first"
 
 
-def tool_outcome_on_exhaustion(effect: str, progress: str) -> str:
+def tool_outcome_on_exhaustion(effect: str, progress: str) -> CallStatus:
     """The status a tool call records when its step can run no more."""
     if progress == NOT_STARTED:
-        return "failed"
-    return "failed" if effect == "read" else "outcome_unknown"
+        return CallStatus.FAILED
+    return CallStatus.FAILED if effect == "read" else CallStatus.OUTCOME_UNKNOWN
 
 
 def not_run_error(detail: str) -> str:

@@ -22,6 +22,7 @@ from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
     NOT_COMPLETED, NOT_STARTED, RUN_MODEL, OnExhaustion, not_run_error, spec_of, tool_outcome_on_exhaustion,
 )
+from dex_ha.engine.statuses import CallStatus, TurnStatus
 
 
 def follow_exhaustion(ctx: ApplyContext, exhausted: steps.Exhausted | None) -> None:
@@ -33,12 +34,12 @@ def follow_exhaustion(ctx: ApplyContext, exhausted: steps.Exhausted | None) -> N
     if rule is OnExhaustion.FAIL_TURN:
         turns.fail_turn(ctx, step["session_id"], step["turn_id"], f"{step['kind']} failed: {error}")
     elif rule is OnExhaustion.TOOL_OUTCOME:
-        call = ctx.store.call(step["session_id"], step["call_id"])
+        call = ctx.store.require_call(step["session_id"], step["call_id"])
         progress = NOT_COMPLETED if call["ran"] else NOT_STARTED
         status = tool_outcome_on_exhaustion(call["effect"], progress)
         if progress == NOT_STARTED:
             error = not_run_error(error)
-        elif status == "outcome_unknown":
+        elif status == CallStatus.OUTCOME_UNKNOWN:
             error = f"the outcome is unknown: the tool may have run and will not run again ({error})"
         calls.finish_call(ctx, call, status, error=error, progress=progress)
 
@@ -69,7 +70,7 @@ def fail_held_attempts(ctx: ApplyContext, term: int) -> dict[str, int]:
     Returns how many failed, by step kind (for the leader's metrics)."""
     by_kind: dict[str, int] = {}
     for held in steps.fence_term(ctx, term):
-        step = ctx.store.step(held["step_id"])
+        step = ctx.store.require_step(held["step_id"])
         by_kind[step["kind"]] = by_kind.get(step["kind"], 0) + 1
         fail_attempt(ctx, step, held["number"],
                      f"the node that handed out this attempt (term {held['term']}) lost its lease", True)
@@ -87,9 +88,9 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> None:
         steps.requeue(ctx, step)
         return
     steps.end_wait_step(ctx, step["step_id"])
-    call = ctx.store.call(step["session_id"], step["call_id"])
+    call = ctx.store.require_call(step["session_id"], step["call_id"])
     if purpose == "sleep":
-        calls.finish_call(ctx, call, "succeeded", output={"slept_ms": timer["due_at"] - step["created_at"]})
+        calls.finish_call(ctx, call, CallStatus.SUCCEEDED, output={"slept_ms": timer["due_at"] - step["created_at"]})
     else:  # poll: the task's next poll, on the same handle
         calls.queue_poll(ctx, call)
 
@@ -97,7 +98,7 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> None:
 def cancel_turn(ctx: ApplyContext, session_id: str, turn_id: str, reason: str | None) -> None:
     """Cancel: running attempts are flagged, open steps stop, each open call records an outcome."""
     # Mark the turn first: calls that finish below must not start another model round.
-    ctx.store.update("turns", {"turn_id": turn_id}, status="cancelled")
+    ctx.store.update("turns", {"turn_id": turn_id}, status=TurnStatus.CANCELLED)
     steps.cancel_open_steps(ctx, turn_id)
     calls.cancel_pending_calls(ctx, turn_id)
-    turns.end_turn(ctx, session_id, turn_id, "cancelled", reason or "cancelled")
+    turns.end_turn(ctx, session_id, turn_id, TurnStatus.CANCELLED, reason or "cancelled")

@@ -5,7 +5,8 @@ API shows (get_agent_snapshot, list_sessions, session events). Reads only; no ch
 from __future__ import annotations
 
 import hmac
-from dataclasses import asdict, dataclass
+import sqlite3
+from dataclasses import dataclass, fields
 from itertools import groupby
 from typing import Any
 
@@ -97,6 +98,13 @@ _OUTCOME_UNKNOWN_CALLS = ("SELECT COUNT(*) FROM tool_calls c WHERE c.session_id 
                           "AND c.status = 'outcome_unknown'")
 
 
+def _by_name(cls: Any, row: sqlite3.Row, **converted: Any) -> Any:
+    """An instance of the dataclass `cls` from a row whose columns are named as its fields
+    (alias them in the SELECT), so the column order of the query does not matter;
+    `converted` gives the fields that need a conversion (SQLite has no booleans)."""
+    return cls(**{f.name: converted[f.name] if f.name in converted else row[f.name] for f in fields(cls)})
+
+
 def _same_secret(stored: str | None, given: str) -> bool:
     """Constant-time comparison, so response times do not reveal how much of a guess was
     right. An attempt stored without a secret (handed out before schema 2) matches nothing."""
@@ -119,12 +127,12 @@ class Queries:
         rows = self._store.rows(
             "SELECT step_id, session_id, turn_id, agent, kind, call_id, queued_at FROM steps "
             "WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?", (agent, limit))
-        return [QueuedStep(*r) for r in rows]
+        return [_by_name(QueuedStep, r) for r in rows]
 
     def running_attempts(self, term_lt: int | None = None, term: int | None = None) -> list[RunningAttempt]:
         """Running attempts; with `term_lt`, only those handed out before that term; with
         `term`, only those handed out in it."""
-        sql = ("SELECT a.step_id, a.number, a.term, a.worker_id, s.session_id, s.kind, a.started_at, "
+        sql = ("SELECT a.step_id, a.number AS attempt, a.term, a.worker_id, s.session_id, s.kind, a.started_at, "
                "a.deadline_at, a.cancel_requested FROM attempts a JOIN steps s ON s.step_id = a.step_id "
                "WHERE a.status = 'running'")
         params: tuple[Any, ...] = ()
@@ -133,7 +141,7 @@ class Queries:
         elif term is not None:
             sql, params = sql + " AND a.term = ?", (term,)
         rows = self._store.rows(sql + " ORDER BY a.term, a.step_id", params)
-        return [RunningAttempt(*r[:8], bool(r[8])) for r in rows]
+        return [_by_name(RunningAttempt, r, cancel_requested=bool(r["cancel_requested"])) for r in rows]
 
     def attempt_state(self, step_id: str, attempt: int, term: int, token_secret: str) -> AttemptState | None:
         """The attempt a task token names, or None unless it was handed out with `token_secret`

@@ -20,9 +20,9 @@ from dex_ha.engine.kinds import (
     NOT_COMPLETED, NOT_STARTED, idempotency_key, retry_decision, retry_window_end, spec_of, window_closed,
 )
 from dex_ha.engine.results import Rejected
+from dex_ha.engine.statuses import OPEN_STEP_STATUSES, StepStatus
 from dex_ha.engine.store import FENCED_TERM, to_json
 
-OPEN_STEP_STATUSES = ("queued", "running", "backoff", "waiting")
 # Timer purposes: backoff (requeue for a retry), sleep, poll, and RETRY_WINDOW (the end of
 # a kind's retry window while a retry waits for a Worker).
 RETRY_WINDOW = "retry_window"
@@ -44,7 +44,7 @@ def create_step(ctx: ApplyContext, *, session_id: str, turn_id: str, agent: str,
     step_id = ctx.ids.new("st")
     ctx.store.insert(
         "steps", step_id=step_id, session_id=session_id, turn_id=turn_id, agent=agent, kind=kind,
-        call_id=call_id, status="queued" if spec.is_task else "waiting",
+        call_id=call_id, status=StepStatus.QUEUED if spec.is_task else StepStatus.WAITING,
         queue_seq=ctx.ids.queue_position() if spec.is_task else None,
         queued_at=ctx.at if spec.is_task else None,
         max_attempts=max_attempts if max_attempts is not None else spec.max_attempts,
@@ -58,7 +58,7 @@ def create_step(ctx: ApplyContext, *, session_id: str, turn_id: str, agent: str,
 
 
 def end_wait_step(ctx: ApplyContext, step_id: str) -> None:
-    ctx.store.update("steps", {"step_id": step_id}, status="done", ended_at=ctx.at)
+    ctx.store.update("steps", {"step_id": step_id}, status=StepStatus.DONE, ended_at=ctx.at)
 
 
 # ---------------------------------------------------------------- attempts
@@ -74,10 +74,8 @@ def start_attempt(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fe
     A retry whose window is over (the step waited for a Worker too long) does not start:
     the step is exhausted instead, and returned as `Exhausted`. That is a change of state,
     so the command is accepted and the leader, seeing the step gone from the queue, moves on."""
-    step = ctx.store.step(step_id)
-    if step is None:
-        raise Rejected("not_found", f"unknown step {step_id}")
-    if step["status"] != "queued":
+    step = ctx.store.require_step(step_id)
+    if step["status"] != StepStatus.QUEUED:
         raise Rejected("conflict", f"step {step_id} is {step['status']}, not queued")
     if term < fenced_term:
         raise Rejected("stale_attempt", f"term {term} ended: attempts of terms before {fenced_term} were failed")
@@ -91,7 +89,7 @@ def start_attempt(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fe
     ctx.store.insert("attempts", step_id=step_id, number=number, term=term, worker_id=worker_id,
                      idempotency_key=key, status="running", started_at=ctx.at, deadline_at=deadline,
                      token_secret=token_secret)
-    ctx.store.update("steps", {"step_id": step_id}, status="running", attempts_used=number,
+    ctx.store.update("steps", {"step_id": step_id}, status=StepStatus.RUNNING, attempts_used=number,
                      queue_seq=None, first_handout_at=step["first_handout_at"] or ctx.at)
     if step["call_id"] is not None:
         # From now on the tool may have run: a later failure is NOT_COMPLETED.
@@ -115,9 +113,7 @@ def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, An
 def current_attempt(ctx: ApplyContext, step_id: str, number: int,
                     term: int) -> tuple[sqlite3.Row, sqlite3.Row]:
     """Fencing: the step and attempt, if (step id, attempt number, term) is still running."""
-    step = ctx.store.step(step_id)
-    if step is None:
-        raise Rejected("not_found", f"unknown step {step_id}")
+    step = ctx.store.require_step(step_id)
     attempt = ctx.store.row("SELECT term, status FROM attempts WHERE step_id = ? AND number = ?",
                             (step_id, number))
     if attempt is None:
@@ -134,9 +130,9 @@ def record_completion(ctx: ApplyContext, step: sqlite3.Row, number: int, digest:
     """Close the attempt as completed; False when the step no longer wants the result."""
     ctx.store.update("attempts", {"step_id": step["step_id"], "number": number},
                      status="completed", ended_at=ctx.at, result_digest=digest)
-    if step["status"] != "running":  # the turn was cancelled while the attempt ran
+    if step["status"] != StepStatus.RUNNING:  # the turn was cancelled while the attempt ran
         return False
-    ctx.store.update("steps", {"step_id": step["step_id"]}, status="done", ended_at=ctx.at)
+    ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.DONE, ended_at=ctx.at)
     return True
 
 
@@ -149,7 +145,7 @@ def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, 
                      ended_at=ctx.at, error=error, attempt_progress=progress)
     ctx.emit(step["session_id"], "attempt_failed", step_id=step["step_id"], kind=step["kind"],
              attempt=number, error=error, attempt_progress=progress, call_id=step["call_id"])
-    if step["status"] != "running":  # cancelled: the call's outcome is recorded already
+    if step["status"] != StepStatus.RUNNING:  # cancelled: the call's outcome is recorded already
         return None
     if not_started and step["call_id"] is not None:
         _recheck_call_ran(ctx, step)
@@ -157,7 +153,7 @@ def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, 
                               attempts_used=step["attempts_used"], retryable=retryable,
                               first_handout_at=step["first_handout_at"], at=ctx.at)
     if decision.retry:
-        ctx.store.update("steps", {"step_id": step["step_id"]}, status="backoff")
+        ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.BACKOFF)
         set_timer(ctx, step, "backoff", ctx.at + decision.delay_ms)
         _watch_retry_window(ctx, step)
         return None
@@ -205,7 +201,7 @@ def _cancel_timers(ctx: ApplyContext, step: sqlite3.Row, purpose: str | None = N
 
 def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> Exhausted:
     """The step can run no more: it fails; the caller follows its kind's `on_exhaustion`."""
-    ctx.store.update("steps", {"step_id": step["step_id"]}, status="failed", ended_at=ctx.at, error=error,
+    ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.FAILED, ended_at=ctx.at, error=error,
                      queue_seq=None)
     _cancel_timers(ctx, step)  # a backoff or window timer must not wake a failed step
     return Exhausted(step, error)
@@ -238,13 +234,13 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> sqlite3.Row:
     ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status="fired", fired_at=ctx.at)
     ctx.emit(timer["session_id"], "timer_fired", timer_id=timer["timer_id"], step_id=timer["step_id"],
              purpose=timer["purpose"])
-    return ctx.store.step(timer["step_id"])
+    return ctx.store.require_step(timer["step_id"])
 
 
 def close_retry_window(ctx: ApplyContext, step: sqlite3.Row) -> Exhausted | None:
     """The retry window's timer fired: a step still waiting for its retry is exhausted.
     (The timer is only pending while the step waits for its retry: the hand-out cancels it.)"""
-    if step["status"] not in ("queued", "backoff"):
+    if step["status"] not in (StepStatus.QUEUED, StepStatus.BACKOFF):
         return None
     return exhaust(ctx, step, f"attempt {step['attempts_used'] + 1} was not handed out in time "
                               f"({window_closed(step['kind'])})")
@@ -252,7 +248,7 @@ def close_retry_window(ctx: ApplyContext, step: sqlite3.Row) -> Exhausted | None
 
 def requeue(ctx: ApplyContext, step: sqlite3.Row) -> None:
     """The backoff is over: the step is queued again for its next attempt."""
-    ctx.store.update("steps", {"step_id": step["step_id"]}, status="queued",
+    ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.QUEUED,
                      queue_seq=ctx.ids.queue_position(), queued_at=ctx.at)
     ctx.emit(step["session_id"], "step_queued", step_id=step["step_id"], kind=step["kind"],
              turn_id=step["turn_id"], call_id=step["call_id"])
@@ -265,10 +261,10 @@ def cancel_open_steps(ctx: ApplyContext, turn_id: str) -> None:
         f"({', '.join('?' * len(OPEN_STEP_STATUSES))}) ORDER BY step_id", (turn_id, *OPEN_STEP_STATUSES))
     for step in open_steps:
         sid = step["step_id"]
-        if step["status"] == "running":
+        if step["status"] == StepStatus.RUNNING:
             ctx.store.conn.execute("UPDATE attempts SET cancel_requested = 1 "
                                    "WHERE step_id = ? AND status = 'running'", (sid,))
-        ctx.store.update("steps", {"step_id": sid}, status="cancelled", ended_at=ctx.at, queue_seq=None)
+        ctx.store.update("steps", {"step_id": sid}, status=StepStatus.CANCELLED, ended_at=ctx.at, queue_seq=None)
         ctx.store.conn.execute("UPDATE timers SET status = 'cancelled' "
                                "WHERE step_id = ? AND status = 'pending'", (sid,))
         ctx.store.conn.execute("UPDATE approvals SET status = 'cancelled', decided_at = ? "

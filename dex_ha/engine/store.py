@@ -19,6 +19,7 @@ import sqlite3
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator
 
+from dex_ha.engine.results import Rejected
 from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
 APPLIED_INDEX = "applied_index"
@@ -181,6 +182,21 @@ class Store:
         return self.row("SELECT * FROM tool_calls WHERE session_id = ? AND call_id = ?",
                         (session_id, call_id))
 
+    # The require_* reads are for commands that name a row: one missing is the command's
+    # fault, and the command is rejected (not_found) rather than the None passed on.
+
+    def require_session(self, session_id: str) -> sqlite3.Row:
+        return _found(self.session(session_id), f"unknown session {session_id}")
+
+    def require_step(self, step_id: str) -> sqlite3.Row:
+        return _found(self.step(step_id), f"unknown step {step_id}")
+
+    def require_call(self, session_id: str, call_id: str) -> sqlite3.Row:
+        return _found(self.call(session_id, call_id), f"session {session_id} has no tool call {call_id}")
+
+    def require_timer(self, timer_id: str) -> sqlite3.Row:
+        return _found(self.timer(timer_id), f"unknown timer {timer_id}")
+
     def attempt(self, step_id: str, number: int) -> sqlite3.Row | None:
         return self.row("SELECT * FROM attempts WHERE step_id = ? AND number = ?", (step_id, number))
 
@@ -236,3 +252,9 @@ class Store:
 def estimate_tokens(text: str) -> int:
     """A deterministic token estimate (about four characters per token)."""
     return len(text) // 4 + 1
+
+
+def _found(row: sqlite3.Row | None, reason: str) -> sqlite3.Row:
+    if row is None:
+        raise Rejected("not_found", reason)
+    return row

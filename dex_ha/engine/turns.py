@@ -13,11 +13,12 @@ from dex_ha.engine import steps
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import COMPACT_CONTEXT, RUN_MODEL
 from dex_ha.engine.results import Rejected
+from dex_ha.engine.statuses import TurnStatus
 from dex_ha.engine.store import from_json, to_json
 
 
 def start_next_turn_if_idle(ctx: ApplyContext, session_id: str) -> None:
-    session = ctx.store.session(session_id)
+    session = ctx.store.require_session(session_id)
     if session["current_turn_id"] is not None:
         return
     message = ctx.store.row("SELECT * FROM messages WHERE session_id = ? AND status = 'waiting' "
@@ -29,7 +30,7 @@ def start_next_turn_if_idle(ctx: ApplyContext, session_id: str) -> None:
     ctx.store.update("sessions", {"session_id": session_id}, status="running",
                      current_turn_id=turn_id, turn_count=number, updated_at=ctx.at)
     first_seq = _deliver_message(ctx, message, turn_id, announce=False)  # turn_started says it
-    ctx.store.insert("turns", turn_id=turn_id, session_id=session_id, number=number, status="running",
+    ctx.store.insert("turns", turn_id=turn_id, session_id=session_id, number=number, status=TurnStatus.RUNNING,
                      message_id=message["message_id"], first_seq=first_seq, started_at=ctx.at)
     ctx.emit(session_id, "turn_started", turn_id=turn_id, number=number,
              message_id=message["message_id"])
@@ -59,7 +60,7 @@ def _deliver_message(ctx: ApplyContext, message: Any, turn_id: str, announce: bo
 
 def schedule_model_round(ctx: ApplyContext, session_id: str, turn_id: str) -> None:
     """Step 2/3 of a turn: CompactContext if the visible history is over the limit, else RunModel."""
-    session = ctx.store.session(session_id)
+    session = ctx.store.require_session(session_id)
     definition = ctx.store.agent_definition(session["agent"]) or {}
     model_timeout = (definition.get("model") or {}).get("start_to_close_ms")
     cutoff = _compaction_cutoff(ctx, session, turn_id, definition.get("compaction") or {})
@@ -133,7 +134,7 @@ def add_note(ctx: ApplyContext, session_id: str, text: str) -> None:
     """A note for the model. While a model response's tool calls run, the history ends with
     that assistant message and its results come next: a note now would split them (model
     APIs refuse that), so it is held and goes in right after the results (`release_notes`)."""
-    session = ctx.store.session(session_id)
+    session = ctx.store.require_session(session_id)
     turn_id = session["current_turn_id"]
     note = {"type": "note", "text": text}
     if turn_id is not None and ctx.store.scalar(
@@ -165,10 +166,10 @@ def fail_turn(ctx: ApplyContext, session_id: str, turn_id: str, error: str) -> N
         text = (f"The previous turn failed ({error}). These tool calls already ran in it, so do not "
                 f"repeat them: {listed}.")
         add_note(ctx, session_id, text)
-    end_turn(ctx, session_id, turn_id, "failed", error)
+    end_turn(ctx, session_id, turn_id, TurnStatus.FAILED, error)
 
 
-def end_turn(ctx: ApplyContext, session_id: str, turn_id: str, status: str, error: str | None = None) -> None:
+def end_turn(ctx: ApplyContext, session_id: str, turn_id: str, status: TurnStatus, error: str | None = None) -> None:
     release_notes(ctx, session_id, turn_id)  # none is left once the calls have their results; never held past a turn
     ctx.store.update("turns", {"turn_id": turn_id}, status=status, ended_at=ctx.at, error=error)
     ctx.store.update("sessions", {"session_id": session_id}, status="idle", current_turn_id=None,

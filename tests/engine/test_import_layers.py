@@ -29,8 +29,8 @@ LAYERS: list[set[str]] = [
     {"steps"},
     {"queries", "context"},
     {"agents"},
-    {"kinds", "results", "commands", "store"},
-    {"schema"},
+    {"kinds", "commands", "store"},
+    {"results", "schema", "statuses"},
 ]
 
 
