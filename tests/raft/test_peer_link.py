@@ -42,8 +42,8 @@ from tests.raft.transport_helpers import (
     make_node,
     read_whole_frame,
 )
-from tests.support.kv_cluster import free_ports
 from tests.support.kv_node import KVStateMachine
+from tests.support.ports import free_ports
 from tests.support.waiting import eventually
 
 LOGGER = "dex_ha.raft.transport"
