@@ -41,7 +41,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -58,6 +57,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.common import CLK_TCK, cpu_pressure_us, cpu_seconds, fmt, fmt_pct, positive_ints  # noqa: E402
+from dex_ha.cli_cluster import free_port_range  # noqa: E402  (the one free-port helper)
 from dex_ha.cli_cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.client import DexClient  # noqa: E402
 from dex_ha.server.metrics import RENDER_INTERVAL_S  # noqa: E402
@@ -139,33 +139,6 @@ def wait_gone(pids: list[int], deadline_s: float) -> list[int]:
             return []
         time.sleep(0.05)
     return [p for p in pids if is_running(p)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def consecutive_free_ports(count: int, avoid: set[int] = frozenset()) -> int:
-    """A base port b with b..b+count-1 free on loopback (checked by binding them)."""
-    for _ in range(200):
-        base = free_port()
-        if base + count >= 65536 or any(p in avoid for p in range(base, base + count)):
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"found no {count} consecutive free loopback ports")
 
 
 # ---------------------------------------------------------------- deployments
@@ -262,10 +235,9 @@ async def start_cluster(root: Path, registry: ProcessRegistry, nodes: int = 3) -
     last_error = ""
     for attempt in range(1, 4):
         cluster_dir = root / f"cluster-{attempt}"  # a failed `up` leaves a layout that a retry may not reuse
-        http_base = consecutive_free_ports(nodes)
-        raft_base = consecutive_free_ports(nodes, avoid=set(range(http_base, http_base + nodes)))
-        probe_base = consecutive_free_ports(nodes, avoid=set(range(http_base, http_base + nodes))
-                                            | set(range(raft_base, raft_base + nodes)))
+        # One run of free ports cut in three, so the three ranges cannot overlap.
+        http_base = free_port_range(3 * nodes)
+        raft_base, probe_base = http_base + nodes, http_base + 2 * nodes
         command = cli_command("cluster", "up", "--nodes", str(nodes), "--dir", str(cluster_dir),
                               "--base-port", str(http_base), "--raft-base-port", str(raft_base),
                               "--probe-base-port", str(probe_base))

@@ -182,6 +182,18 @@ class ConfChangeRefused(ValueError):
 MAX_LEASE_WINDOW_MS = 60_000
 
 
+# The product's Raft timing, the one source of every default (RaftConfig, NodeConfig and
+# the server's ServerConfig read these). Failover takes about election_timeout_min plus a
+# random part of the range: the lease forbids a faster election. 500-1000 ms keeps a
+# SIGKILL failover under a second while leaving 10 heartbeats of slack before a busy
+# leader looks dead. The drift margin lets clocks run 5.3 % apart
+# (margin / (2 * election_timeout_min - margin)) without two leases overlapping.
+DEFAULT_ELECTION_TIMEOUT_MIN_MS = 500
+DEFAULT_ELECTION_TIMEOUT_MAX_MS = 1000
+DEFAULT_HEARTBEAT_INTERVAL_MS = 50
+DEFAULT_LEASE_DRIFT_MARGIN_MS = 50
+
+
 def check_timing(election_timeout_min_ms: int, election_timeout_max_ms: int,
                  heartbeat_interval_ms: int, lease_drift_margin_ms: int) -> None:
     """Raise ValueError (naming the setting) unless the timing can hold a lease.
@@ -208,10 +220,10 @@ def check_timing(election_timeout_min_ms: int, election_timeout_max_ms: int,
 @dataclass
 class RaftConfig:
     id: str
-    election_timeout_min_ms: int = 1000  # randomized in [min, max)
-    election_timeout_max_ms: int = 2000
-    heartbeat_interval_ms: int = 100
-    lease_drift_margin_ms: int = 100  # clock-drift margin subtracted from the lease
+    election_timeout_min_ms: int = DEFAULT_ELECTION_TIMEOUT_MIN_MS  # randomized in [min, max)
+    election_timeout_max_ms: int = DEFAULT_ELECTION_TIMEOUT_MAX_MS
+    heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS
+    lease_drift_margin_ms: int = DEFAULT_LEASE_DRIFT_MARGIN_MS  # clock-drift margin subtracted from the lease
     max_entry_bytes: int = 8 << 20  # propose() refuses bigger data (EntryTooLarge)
     max_msg_bytes: int = 1 << 20  # max entry bytes per APP message (batching)
     max_inflight_msgs: int = 256  # pipelining: APP messages in flight per follower

@@ -27,7 +27,19 @@ from typing import Any, Callable, Protocol
 import msgpack
 
 from .clock import now_ms
-from .core import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped, RaftConfig, RaftCore, check_timing
+from .core import (
+    DEFAULT_ELECTION_TIMEOUT_MAX_MS,
+    DEFAULT_ELECTION_TIMEOUT_MIN_MS,
+    DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_LEASE_DRIFT_MARGIN_MS,
+    ConfChangeRefused,
+    EntryTooLarge,
+    NotLeader,
+    ProposalDropped,
+    RaftConfig,
+    RaftCore,
+    check_timing,
+)
 from .storage import RaftStorage, fsync_dir
 from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
 from .types import (
@@ -94,13 +106,11 @@ class NodeConfig:
     members: dict[str, Member]
     join: bool = False
     durability: str = "strict"
-    # Failover takes about election_timeout_min + a random part of the range: the lease
-    # forbids a faster election. 500-1000 ms keeps a SIGKILL failover under a second
-    # while leaving 10 heartbeats of slack before a busy leader looks dead.
-    election_timeout_min_ms: int = 500
-    election_timeout_max_ms: int = 1000
-    heartbeat_interval_ms: int = 50
-    lease_drift_margin_ms: int = 50
+    # The product's timing (core.py says why these values).
+    election_timeout_min_ms: int = DEFAULT_ELECTION_TIMEOUT_MIN_MS
+    election_timeout_max_ms: int = DEFAULT_ELECTION_TIMEOUT_MAX_MS
+    heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS
+    lease_drift_margin_ms: int = DEFAULT_LEASE_DRIFT_MARGIN_MS
     # propose() refuses bigger data (EntryTooLarge). HTTP bodies go up to 4 MiB, and a
     # command's msgpack can be larger than its JSON (floats).
     max_entry_bytes: int = 8 << 20

@@ -51,6 +51,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from dex_ha.raft.core import (
+    DEFAULT_ELECTION_TIMEOUT_MAX_MS,
+    DEFAULT_ELECTION_TIMEOUT_MIN_MS,
+    DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_LEASE_DRIFT_MARGIN_MS,
+)
 from dex_ha.server.auth import ROLES
 
 Address = tuple[str, int]
@@ -89,12 +95,13 @@ class ServerConfig:
     # requests not counted. Enough for every Worker's heartbeats and results plus a burst of
     # clients; past it the node answers 503 `overloaded` at once instead of queueing.
     max_inflight_requests: int = 512
-    election_timeout_min_ms: int = 500
-    election_timeout_max_ms: int = 1_000
-    raft_heartbeat_interval_ms: int = 50
+    # The Raft timing defaults come from the raft layer (dex_ha.raft.core), their one source.
+    election_timeout_min_ms: int = DEFAULT_ELECTION_TIMEOUT_MIN_MS
+    election_timeout_max_ms: int = DEFAULT_ELECTION_TIMEOUT_MAX_MS
+    raft_heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS
     # Clock-rate drift the lease tolerates: up to margin / (2 * election_timeout_min - margin)
     # (5.3 % for 50 of 500). The lease ends this much earlier than the followers' refusal.
-    lease_drift_margin_ms: int = 50
+    lease_drift_margin_ms: int = DEFAULT_LEASE_DRIFT_MARGIN_MS
     snapshot_every_entries: int = 20_000
     # HTTP connections (dex_ha.server.http_limits): read timeouts for the request (never for
     # the answer: long polls and event streams last), and a cap on open connections.

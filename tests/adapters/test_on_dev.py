@@ -26,7 +26,8 @@ from tests.adapters.framework_agents import FRAMEWORKS, INSTRUCTIONS, ToolKit, b
 from tests.crash.cell import attempts, call_of
 from tests.crash.harness import REPO, env_with_repo
 from tests.crash.ledger import Ledger
-from tests.e2e.conftest import eventually, running
+from tests.e2e.conftest import running
+from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
 from tests.support.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
 from tests.support.processes import stop

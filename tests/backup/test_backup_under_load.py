@@ -24,7 +24,8 @@ from dex_ha.client import DexClient
 from dex_ha.server.backup import read_backup
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.e2e.cluster_process import LocalCluster
-from tests.e2e.conftest import cluster, eventually, running  # noqa: F401  (cluster: the source's fixture)
+from tests.e2e.conftest import cluster, running  # noqa: F401  (cluster: the source's fixture)
+from tests.support.waiting import eventually
 
 AGENT = "bk"
 TURNS_PER_SESSION = 2

@@ -26,7 +26,8 @@ from dex_ha.client import DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.cli import clean_env, free_ports, run_cli, stop, wait_until
 from tests.e2e.cluster_process import LocalCluster, joiner_config
-from tests.e2e.conftest import eventually, running
+from tests.e2e.conftest import running
+from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"

@@ -24,7 +24,7 @@ from dex_ha.client import DexClient
 from tests.console.console_worker import AGENT
 from tests.crash.ledger import Ledger
 from tests.e2e.cluster_process import LocalCluster
-from tests.e2e.conftest import eventually
+from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
 from tests.support.processes import stop
 

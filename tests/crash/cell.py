@@ -15,7 +15,7 @@ from dex_ha.client.client import SessionEvent
 
 from tests.crash.harness import DEADLINE_S, Column, WorkerProcess
 from tests.crash.ledger import Ledger, Run
-from tests.e2e.conftest import eventually
+from tests.support.waiting import eventually
 
 # The Worker's heartbeat interval in server-failure cells "before the first heartbeat":
 # the failure comes well within it after the tool started, so no heartbeat reached Dex.

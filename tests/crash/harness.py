@@ -26,7 +26,7 @@ import aiohttp
 from dex_ha.cli_cluster import node_process_alive, read_pids
 from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 from tests.e2e.cluster_process import LocalCluster
-from tests.e2e.conftest import eventually
+from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
 from tests.support.cluster_state import observe_settled
 from tests.support.processes import stop

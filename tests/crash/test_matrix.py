@@ -25,7 +25,7 @@ from tests.crash.cell import COMPLETED, FAILED, SLOW_HEARTBEAT_S, Cell, attempts
 from tests.crash.harness import Column
 from tests.crash.ledger import Run
 from tests.crash.rows import COLUMNS, ROWS
-from tests.e2e.conftest import eventually
+from tests.support.waiting import eventually
 
 WAIT_POINT = "server.wait.after-commit"
 

@@ -25,7 +25,7 @@ import pytest
 from tests.crash.cell import COMPLETED, FAILED, Cell, call_of
 from tests.crash.harness import Column, WorkerProcess
 from tests.crash.rows import COLUMNS
-from tests.e2e.conftest import eventually
+from tests.support.waiting import eventually
 from tests.support.claude_segment import (
     DEFERRED_TOOL, FINAL_TEXT, ScriptedCoder, cli_missing_reason, inline_runs, stage,
 )

@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 
 from dex_ha.server.node import NodeServer
-from tests.server.node_fixture import ClusterPlan, HttpApi, base_url, start_node, tool, wait_until
+from tests.server.node_fixture import ClusterPlan, HttpApi, base_url, start_node, tool
+from tests.support.waiting import eventually
 
 def member_gauges(node: NodeServer, name: str) -> dict[str, float]:
     return {s.labels["member"]: s.value for metric in node.metrics.registry.collect()
@@ -36,14 +37,14 @@ async def test_the_leader_exports_lag_and_contact_per_member_and_followers_expor
         ready = [n for n in three_nodes.values() if n.is_ready()]
         return ready[0] if len(ready) == 1 else None
 
-    active = await wait_until(the_active_node, timeout_s=10, what="an active node")
+    active = await eventually(the_active_node, deadline_s=10, what="an active node")
     followers = {nid for nid, n in three_nodes.items() if n is not active}
 
     async def both_followers_caught_up():
         lag = member_gauges(active, "dex_raft_follower_lag_entries")
         return set(lag) == followers and all(v == 0 for v in lag.values())
 
-    await wait_until(both_followers_caught_up, timeout_s=10, what="both followers at the commit index")
+    await eventually(both_followers_caught_up, deadline_s=10, what="both followers at the commit index")
     contact = member_gauges(active, "dex_raft_follower_last_contact_seconds")
     assert set(contact) == followers and all(0 <= v < 1.0 for v in contact.values()), contact
     for nid in followers:  # a follower tracks no one: the families are there, empty
@@ -59,6 +60,6 @@ async def test_the_leader_exports_lag_and_contact_per_member_and_followers_expor
         seconds = member_gauges(active, "dex_raft_follower_last_contact_seconds")
         return seconds[gone] > 1.0 and all(v < 1.0 for nid, v in seconds.items() if nid != gone)
 
-    await wait_until(gone_is_silent_for_over_a_second, timeout_s=10, what=f"{gone} silent for over 1 s")
+    await eventually(gone_is_silent_for_over_a_second, deadline_s=10, what=f"{gone} silent for over 1 s")
     lag = member_gauges(active, "dex_raft_follower_lag_entries")
     assert lag[gone] >= 1 and all(v == 0 for nid, v in lag.items() if nid != gone), lag

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+from typing import AsyncIterator, Protocol, TypeVar
 
 import pytest
 
 from tests.e2e.cluster_process import LocalCluster
+from tests.support.waiting import eventually  # noqa: F401  (the one polling helper; tests written against this name keep working)
 
 
 @pytest.fixture
@@ -45,19 +44,3 @@ async def running(worker: R) -> AsyncIterator[R]:
         await worker.stop()
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
-
-
-async def eventually(check: Callable[[], Any | Awaitable[Any]], what: str, deadline_s: float = 30.0,
-                     interval_s: float = 0.05) -> Any:
-    """Poll `check()` (a plain or an async function) until it returns something truthy;
-    fail after the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = check()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
-        await asyncio.sleep(interval_s)

@@ -14,7 +14,7 @@ from typing import Callable
 
 import aiohttp
 
-from tests.support.kv_cluster import free_ports
+from tests.support.ports import free_ports
 from tests.support.processes import stop
 
 

@@ -10,7 +10,7 @@ import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from tests.support.kv_cluster import free_ports
+from tests.support.ports import free_ports
 from tests.support.processes import stop
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,7 +25,8 @@ from dex_ha.cli_cluster import node_process_alive
 from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Worker
 from tests.e2e.cluster_process import LocalCluster
-from tests.e2e.conftest import eventually, running
+from tests.e2e.conftest import running
+from tests.support.waiting import eventually
 from tests.e2e.haproxy_process import haproxy_binary, haproxy_in_front_of
 from tests.support.failover_agent import AGENT, Ledger, attempts_of, make_agent
 

@@ -17,7 +17,8 @@ import pytest
 
 from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, ToolError, Worker
-from tests.e2e.conftest import eventually, running
+from tests.e2e.conftest import running
+from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
 
 AGENT = "e2e"

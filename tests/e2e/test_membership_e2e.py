@@ -9,11 +9,11 @@ import asyncio
 import subprocess
 import sys
 
-from dex_ha.cli_cluster import free_ports
 from dex_ha.client import DexClient
 from tests.e2e.cluster_process import LocalCluster, cluster_view, joiner_config
-from tests.e2e.conftest import eventually
+from tests.support.ports import free_ports
 from tests.support.processes import stop
+from tests.support.waiting import eventually
 
 DEADLINE_S = 30.0
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from dex_ha.client import DexClient, SessionEvent, StreamText
 from dex_ha.worker import Agent, ScriptedModel, Worker
-from tests.e2e.conftest import eventually, running
+from tests.e2e.conftest import running
+from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
 
 AGENT = "streamer"

@@ -12,7 +12,7 @@ from pathlib import Path
 from dex_ha.client import DexClient, DexError
 from dex_ha.server.node import STATE_DB
 from tests.e2e.cluster_process import LocalCluster, cluster_view
-from tests.e2e.conftest import eventually
+from tests.support.waiting import eventually
 
 WRITE_TIMEOUT_S = 2.0  # one try; a try that times out is retried with the same id
 

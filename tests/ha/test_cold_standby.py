@@ -22,7 +22,8 @@ from dex_ha.cli_cluster import close_all, free_ports, ready_nodes
 from dex_ha.client import Connection, DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, Worker
 from tests.e2e.cluster_process import cluster_view, joiner_config
-from tests.e2e.conftest import eventually, running
+from tests.e2e.conftest import running
+from tests.support.waiting import eventually
 from tests.ha.proxied_cluster import ProxiedCluster
 from tests.ha.scenario import sessions_on_disk
 from tests.support.processes import stop

@@ -20,7 +20,8 @@ from dex_ha.models.anthropic import AnthropicModel
 from dex_ha.worker import Agent, ToolContext, Worker
 from tests.crash.harness import env_with_repo
 from tests.crash.ledger import Ledger
-from tests.e2e.conftest import eventually, running
+from tests.e2e.conftest import running
+from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of
 from tests.models.anthropic_worker_proc import MODEL_NAME

@@ -38,6 +38,10 @@ from dex_ha.raft.types import (
 MT = MessageType
 ETMIN = 1000
 MARGIN = 100
+# The timing these tests are written for (slower than the product's default, so that
+# ten heartbeats fit in the lease): every RaftConfig here is made with it.
+TIMING = dict(election_timeout_min_ms=ETMIN, election_timeout_max_ms=2 * ETMIN, heartbeat_interval_ms=100,
+              lease_drift_margin_ms=MARGIN)
 
 
 # ---------------------------------------------------------------------------------
@@ -94,7 +98,7 @@ class Cluster:
     def start(self, nid: str, conf: ConfState | None = None) -> RaftCore:
         st = self.stores.setdefault(nid, Store())
         self.cores[nid] = RaftCore(
-            RaftConfig(id=nid, **{**self.cfg, **self.node_cfg.get(nid, {})}),  # type: ignore[arg-type]
+            RaftConfig(id=nid, **{**TIMING, **self.cfg, **self.node_cfg.get(nid, {})}),  # type: ignore[arg-type]
             hard_state=st.hs,
             conf_state=st.snap.conf_state if st.snap else (conf or self.conf),
             snapshot=st.snap,
@@ -321,7 +325,7 @@ def test_learner_never_campaigns_and_its_vote_does_not_count() -> None:
     assert not any(m.frm == "n3" and m.type in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
     assert not any(m.to == "n3" and m.type in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
     # A candidate among voters {n1, n2} does not count a grant from the learner.
-    cand = RaftCore(RaftConfig(id="n1", pre_vote=False), hard_state=HardState(term=1),
+    cand = RaftCore(RaftConfig(id="n1", pre_vote=False, **TIMING), hard_state=HardState(term=1),
                     conf_state=c.conf, snapshot=None, entries=[], applied=0, now_ms=0,
                     rng=random.Random(3))
     t = ETMIN
@@ -558,7 +562,7 @@ def test_a_heartbeat_asking_for_an_absurd_window_is_ignored() -> None:
 ])
 def test_config_refuses_settings_that_cannot_hold_a_lease(settings: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
-        RaftConfig(id="n1", **settings)
+        RaftConfig(id="n1", **{**TIMING, **settings})
 
 
 def test_a_proposal_above_max_entry_bytes_is_refused_and_nothing_appended() -> None:
@@ -758,7 +762,7 @@ def test_commit_only_by_counting_current_term_entries() -> None:
     conf = ConfState(("n1", "n2", "n3"), ())
     old = [Entry(1, 1), Entry(2, 2, data=b"old")]
     core = RaftCore(
-        RaftConfig(id="n1", pre_vote=False), hard_state=HardState(term=2, vote="n1", commit=1),
+        RaftConfig(id="n1", pre_vote=False, **TIMING), hard_state=HardState(term=2, vote="n1", commit=1),
         conf_state=conf, snapshot=None, entries=old, applied=1, now_ms=0,
         rng=random.Random(1),
     )

@@ -17,7 +17,6 @@ import hmac
 import logging
 import os
 import struct
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -42,10 +41,10 @@ from tests.raft.transport_helpers import (
     mac,
     make_node,
     read_whole_frame,
-    wait_until,
 )
-from tests.support.kv_cluster import free_ports
 from tests.support.kv_node import KVStateMachine
+from tests.support.ports import free_ports
+from tests.support.waiting import eventually
 
 LOGGER = "dex_ha.raft.transport"
 TAG_BYTES = 16
@@ -100,8 +99,8 @@ def describe(messages: list[Message]) -> list[tuple[str, int, int]]:
 
 async def assert_refused_for_its_mac(b: Node, relay: Relay, conn_number: int, caplog) -> None:
     """b, not the relay or a, closed that connection, counted it and said why."""
-    await wait_until(lambda: len(relay.connections) > conn_number
-                     and relay.connections[conn_number].closed_by_acceptor)
+    await eventually(lambda: len(relay.connections) > conn_number
+                     and relay.connections[conn_number].closed_by_acceptor, deadline_s=DEADLINE)
     assert b.transport.stats.frames_unauthenticated == 1
     assert b.transport.stats.connections_dropped == 1
     assert "fails its MAC" in caplog.text
@@ -186,7 +185,7 @@ async def test_a_frame_replayed_on_a_later_connection_is_refused(caplog) -> None
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             a.transport.send(app("a", "b", 1))
             assert (await b.recv()).index == 1
-            await wait_until(lambda: relay.connections[0].cut_by_relay)
+            await eventually(lambda: relay.connections[0].cut_by_relay, deadline_s=DEADLINE)
             got = await received_until_the_link_works(a, b)
             assert describe(got[:-1]) == []  # without the MAC: message 1 a second time
             await assert_refused_for_its_mac(b, relay, 1, caplog)
@@ -216,7 +215,7 @@ async def test_a_flood_of_forged_frames_is_counted_but_not_all_logged(caplog) ->
                 await raw.handshake("a", SECRET)
                 raw.send_raw(frame(KIND_MESSAGE, encode_message(app("a", "b", i))))  # no tag
                 assert await raw.closed_by_peer()
-            await wait_until(lambda: b.transport.stats.frames_unauthenticated >= flood)
+            await eventually(lambda: b.transport.stats.frames_unauthenticated >= flood, deadline_s=DEADLINE)
         lines = [r for r in caplog.records if "fails its MAC" in r.getMessage()]
         assert len(lines) == REJECTION_LOG_BURST
         assert b.inbox.empty()
@@ -231,13 +230,6 @@ def _node_config(nid: str, root: Path, members: dict[str, Member], listen: tuple
     return NodeConfig(id=nid, data_dir=root / nid, raft_listen=listen, members=members, durability="relaxed",
                       election_timeout_min_ms=300, election_timeout_max_ms=600, heartbeat_interval_ms=50,
                       lease_drift_margin_ms=30, secret=SECRET)
-
-
-async def _until(pred, what: str, deadline_s: float = DEADLINE) -> None:
-    t0 = time.monotonic()
-    while not pred():
-        assert time.monotonic() - t0 < deadline_s, f"timed out after {deadline_s}s waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_forged_heartbeat_does_not_change_the_term_of_a_raft_node(tmp_path: Path, caplog) -> None:
@@ -261,13 +253,13 @@ async def test_a_forged_heartbeat_does_not_change_the_term_of_a_raft_node(tmp_pa
     try:
         for node in nodes.values():
             await node.start()
-        await _until(lambda: any(n.is_leader and n.lease_valid() for n in nodes.values()) and n2.leader_id,
-                     "a leader with a lease that n2 knows")
+        await eventually(lambda: any(n.is_leader and n.lease_valid() for n in nodes.values()) and n2.leader_id,
+                     "a leader with a lease that n2 knows", deadline_s=DEADLINE)
         term = n2.core.term
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             armed = True
-            await _until(lambda: injected and (n2.transport.stats.connections_dropped or n2.core.term != term),
-                         "the forged heartbeat to arrive")
+            await eventually(lambda: injected and (n2.transport.stats.connections_dropped or n2.core.term != term),
+                         "the forged heartbeat to arrive", deadline_s=DEADLINE)
             assert n2.core.term == term, f"n2 moved to term {n2.core.term} on a forged heartbeat"
         assert n2.transport.stats.frames_unauthenticated == 1
         assert f"raft connection from {injected[0]}" in caplog.text and "fails its MAC" in caplog.text
@@ -305,7 +297,7 @@ async def test_a_short_or_empty_handshake_mac_is_refused(pair: tuple[Node, Node]
                  "the-first-half-of-the-right-one": mac(SECRET, "dialer", challenge, "a")[:16]}[answer]
         raw.send_raw(frame(17, msgpack.packb(["a", os.urandom(32), given], use_bin_type=True)))
         assert await raw.closed_by_peer()
-        await wait_until(lambda: raw.local_addr in caplog.text)
+        await eventually(lambda: raw.local_addr in caplog.text, deadline_s=DEADLINE)
     assert "bad or missing authentication" in caplog.text
     assert b.transport.stats.connections_rejected == 1 and b.inbox.empty()
 
@@ -327,7 +319,7 @@ async def test_a_handshake_recorded_on_one_connection_fails_on_the_next(caplog) 
             assert (await raw.read_frame())[0] == KIND_HELLO
             raw.send_raw(auth)
             assert await raw.closed_by_peer()
-            await wait_until(lambda: raw.local_addr in caplog.text)
+            await eventually(lambda: raw.local_addr in caplog.text, deadline_s=DEADLINE)
         assert b.transport.stats.connections_rejected == 1
 
         # 2. The HELLO and AUTH_OK again, to a dialer that believes this is b.
@@ -346,7 +338,7 @@ async def test_a_handshake_recorded_on_one_connection_fails_on_the_next(caplog) 
             failures = a.transport.stats.connect_failures
             a.transport.set_peers({"b": (LOOPBACK, server.sockets[0].getsockname()[1])})
             a.transport.send(app("a", "b", 2))
-            await wait_until(lambda: a.transport.stats.connect_failures > failures and got)
+            await eventually(lambda: a.transport.stats.connect_failures > failures and got, deadline_s=DEADLINE)
             assert got[0] == b""  # it hung up without sending a frame
         finally:
             server.close()

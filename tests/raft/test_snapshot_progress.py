@@ -8,7 +8,8 @@ import time
 
 from dex_ha.raft.types import Message, MessageType
 from tests.raft.test_transport import SNAP_META, started
-from tests.raft.transport_helpers import SECRET, make_node, wait_until
+from tests.raft.transport_helpers import DEADLINE, SECRET, make_node
+from tests.support.waiting import eventually
 
 DEADLINE_S = 20.0
 
@@ -28,7 +29,7 @@ async def test_a_snapshot_being_sent_reports_its_bytes_until_it_is_done() -> Non
                 assert set(progress) == {"b"}
                 seen.append(progress["b"])
             await asyncio.sleep(0)
-        await wait_until(lambda: a.snapshots_sent == [("b", True)])
+        await eventually(lambda: a.snapshots_sent == [("b", True)], deadline_s=DEADLINE)
         assert seen, "the snapshot was never seen in flight"
         assert {t for _, t in seen} == {total}
         sent = [s for s, _ in seen]

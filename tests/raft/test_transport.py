@@ -14,6 +14,7 @@ import pytest
 from dex_ha.raft.transport import FrameDecoder, FrameTooLarge, RaftTransport, pack_frame
 from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta, encode_message
 from tests.raft.transport_helpers import (
+    DEADLINE,
     KIND_AUTH_OK,
     KIND_CHUNK,
     KIND_HELLO,
@@ -28,8 +29,8 @@ from tests.raft.transport_helpers import (
     make_certs,
     mac,
     make_node,
-    wait_until,
 )
+from tests.support.waiting import eventually
 
 LOGGER = "dex_ha.raft.transport"
 
@@ -80,8 +81,8 @@ async def test_reconnect_after_the_peer_restarts(pair: tuple[Node, Node]) -> Non
     assert (await b.recv()).index == 1
     port = b.transport.port
     await b.transport.stop()
-    await wait_until(lambda: "b" in a.unreachable or a.transport.stats.connect_failures > 0
-                     or _send_and_count_drop(a))
+    await eventually(lambda: "b" in a.unreachable or a.transport.stats.connect_failures > 0
+                     or _send_and_count_drop(a), deadline_s=DEADLINE)
     b2 = make_node("b", port=port, secret=SECRET)
     await b2.transport.start()
     b2.transport.set_peers({"a": a.addr})
@@ -132,9 +133,9 @@ async def test_messages_are_dropped_and_reported_when_a_peer_is_down() -> None:
     try:
         for i in range(100):
             a.transport.send(app("a", "b", i))
-        await wait_until(lambda: a.transport.stats.messages_dropped >= 90 and "b" in a.unreachable)
+        await eventually(lambda: a.transport.stats.messages_dropped >= 90 and "b" in a.unreachable, deadline_s=DEADLINE)
         a.transport.send(Message(MessageType.SNAP, "b", "a", data=b"s" * 10))
-        await wait_until(lambda: ("b", False) in a.snapshots_sent)
+        await eventually(lambda: ("b", False) in a.snapshots_sent, deadline_s=DEADLINE)
     finally:
         await a.transport.stop()
 
@@ -150,15 +151,15 @@ async def test_while_unreachable_send_drops_at_once() -> None:
     await dead.transport.stop()
     a.transport.set_peers({"b": (LOOPBACK, port)})
     try:
-        await wait_until(lambda: a.transport.stats.connect_failures > 0)
+        await eventually(lambda: a.transport.stats.connect_failures > 0, deadline_s=DEADLINE)
 
         def dropped_synchronously() -> bool:
             before = a.transport.stats.messages_dropped
             a.transport.send(app("a", "b", 1))
             return a.transport.stats.messages_dropped > before
 
-        await wait_until(dropped_synchronously)
-        await wait_until(lambda: "b" in a.unreachable)
+        await eventually(dropped_synchronously, deadline_s=DEADLINE)
+        await eventually(lambda: "b" in a.unreachable, deadline_s=DEADLINE)
     finally:
         await a.transport.stop()
 
@@ -184,7 +185,7 @@ async def test_a_peer_that_keeps_dropping_us_is_not_redialed_in_a_hot_loop() -> 
     await a.transport.start()
     a.transport.set_peers({"b": (LOOPBACK, server.sockets[0].getsockname()[1])})
     try:
-        await wait_until(lambda: accepted >= 1)
+        await eventually(lambda: accepted >= 1, deadline_s=DEADLINE)
         await asyncio.sleep(1.0)  # a measurement window, not a wait for a condition
         assert accepted < 20  # exponential backoff: about 5 dials in a second, not thousands
     finally:
@@ -244,7 +245,7 @@ async def test_a_10_mib_snapshot_arrives_whole_in_chunks() -> None:
         assert received == snap
         assert b.transport.stats.frames_received >= 11  # ten 1 MiB chunks and the heartbeat
         assert b.transport.stats.snapshots_received == 1
-        await wait_until(lambda: a.snapshots_sent == [("b", True)])
+        await eventually(lambda: a.snapshots_sent == [("b", True)], deadline_s=DEADLINE)
         await still_talking(a, b)
     finally:
         await a.transport.stop()
@@ -257,7 +258,7 @@ async def test_a_snapshot_above_the_receivers_limit_drops_the_connection(caplog)
     try:
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             a.transport.send(Message(MessageType.SNAP, "b", "a", snapshot=SNAP_META, data=b"x" * (2 << 20)))
-            await wait_until(lambda: "exceeds the limit" in caplog.text)
+            await eventually(lambda: "exceeds the limit" in caplog.text, deadline_s=DEADLINE)
         assert b.inbox.empty()
         # The link comes back for normal traffic. A message that a queues before it notices
         # the drop is lost with the connection (by design), so send until one gets through.
@@ -306,7 +307,7 @@ async def test_a_peer_without_the_secret_is_refused_and_logged(pair: tuple[Node,
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         await raw.handshake("mallory", None)  # no MAC at all
         assert await raw.closed_by_peer()
-        await wait_until(lambda: raw.local_addr in caplog.text)
+        await eventually(lambda: raw.local_addr in caplog.text, deadline_s=DEADLINE)
     assert "rejected" in caplog.text
     assert b.transport.stats.connections_rejected == 1
     await still_talking(a, b)
@@ -318,7 +319,7 @@ async def test_a_wrong_hmac_is_refused_even_with_a_real_node_id(pair: tuple[Node
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         await raw.handshake("a", b"not-the-cluster-secret")
         assert await raw.closed_by_peer()
-        await wait_until(lambda: raw.local_addr in caplog.text)
+        await eventually(lambda: raw.local_addr in caplog.text, deadline_s=DEADLINE)
     raw2 = await RawPeer.connect(b.transport.port)
     await raw2.handshake("a", None, mac_override=b"\0" * 32)
     assert await raw2.closed_by_peer()
@@ -358,7 +359,7 @@ async def test_the_dialer_refuses_an_impostor_acceptor(caplog) -> None:
     try:
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             a.transport.send(app("a", "b", 1))
-            await wait_until(lambda: a.transport.stats.connect_failures > 0 and got_messages)
+            await eventually(lambda: a.transport.stats.connect_failures > 0 and got_messages, deadline_s=DEADLINE)
         assert got_messages[0] == b""  # it hung up without sending a frame
         assert "bad or missing authentication" in caplog.text
     finally:
@@ -385,7 +386,7 @@ async def test_garbage_before_authentication_is_refused(pair: tuple[Node, Node],
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         raw.send_raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert await raw.closed_by_peer()
-        await wait_until(lambda: raw.local_addr in caplog.text)
+        await eventually(lambda: raw.local_addr in caplog.text, deadline_s=DEADLINE)
     await still_talking(a, b)
 
 
@@ -396,7 +397,7 @@ async def test_garbage_after_authentication_drops_the_connection(pair: tuple[Nod
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         raw.send_frame(1, b"\xc1\xc1 definitely not msgpack")
         assert await raw.closed_by_peer()
-        await wait_until(lambda: "MalformedMessage" in caplog.text)
+        await eventually(lambda: "MalformedMessage" in caplog.text, deadline_s=DEADLINE)
     assert b.transport.stats.connections_dropped == 1
     await still_talking(a, b)
 
@@ -409,7 +410,7 @@ async def test_an_oversized_length_prefix_drops_the_connection_without_buffering
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             raw.send_raw(struct.pack(">I", 3 << 30))  # announces 3 GiB, sends nothing more
             assert await raw.closed_by_peer()  # closed on the prefix alone
-            await wait_until(lambda: "FrameTooLarge" in caplog.text)
+            await eventually(lambda: "FrameTooLarge" in caplog.text, deadline_s=DEADLINE)
         assert "3221225472" in caplog.text
         await still_talking(a, b)
     finally:
@@ -424,7 +425,7 @@ async def test_valid_msgpack_that_is_not_a_message_is_dropped(pair: tuple[Node, 
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         raw.send_frame(1, msgpack.packb({"type": "APP", "to": "b"}))
         assert await raw.closed_by_peer()
-        await wait_until(lambda: "MalformedMessage" in caplog.text)
+        await eventually(lambda: "MalformedMessage" in caplog.text, deadline_s=DEADLINE)
     assert b.inbox.empty()
     await still_talking(a, b)
 
@@ -479,9 +480,9 @@ async def test_a_node_with_a_secret_refuses_an_insecure_one(caplog) -> None:
     try:
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             a.transport.send(app("a", "b", 1))
-            await wait_until(lambda: b.transport.stats.connections_rejected > 0)
+            await eventually(lambda: b.transport.stats.connections_rejected > 0, deadline_s=DEADLINE)
         b.transport.send(app("b", "a", 2))
-        await wait_until(lambda: b.transport.stats.connect_failures > 0)  # a cannot prove itself
+        await eventually(lambda: b.transport.stats.connect_failures > 0, deadline_s=DEADLINE)  # a cannot prove itself
         assert a.inbox.empty() and b.inbox.empty()
     finally:
         await a.transport.stop()
@@ -527,7 +528,7 @@ async def test_mutual_tls_refuses_a_client_without_a_valid_certificate(certs, ca
             if raw is not None:
                 with pytest.raises((asyncio.IncompleteReadError, *ssl_errors())):
                     await raw.read_frame()  # no HELLO for it: the server hung up
-            await wait_until(lambda: "rejected" in caplog.text)
+            await eventually(lambda: "rejected" in caplog.text, deadline_s=DEADLINE)
         assert b.transport.stats.connections_rejected == 1 and b.inbox.empty()
     finally:
         await b.transport.stop()
@@ -583,7 +584,7 @@ async def test_a_flood_of_bad_connections_is_counted_but_not_all_logged(pair: tu
             raw = await RawPeer.connect(b.transport.port)
             raw.send_raw(b"GET / HTTP/1.1\r\n\r\n")
             assert await raw.closed_by_peer()
-        await wait_until(lambda: b.transport.stats.connections_rejected >= flood)
+        await eventually(lambda: b.transport.stats.connections_rejected >= flood, deadline_s=DEADLINE)
     lines = [r for r in caplog.records if "rejected:" in r.getMessage()]
     assert len(lines) == REJECTION_LOG_BURST
     await still_talking(a, b)

@@ -82,13 +82,6 @@ def app(frm: str, to: str, i: int, size: int = 256) -> Message:
                    entries=[Entry(3, i + 1, data=bytes([i % 256]) * size)])
 
 
-async def wait_until(pred, timeout: float = DEADLINE, interval: float = 0.01) -> None:
-    async def poll() -> None:
-        while not pred():
-            await asyncio.sleep(interval)
-    await asyncio.wait_for(poll(), timeout)
-
-
 # ---------------------------------------------------------------------------- raw peer
 
 

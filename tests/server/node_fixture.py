@@ -19,7 +19,7 @@ import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 import aiohttp
 import pytest
@@ -27,7 +27,8 @@ import pytest
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.config import Peer, ServerConfig, dev_config
 from dex_ha.server.node import NodeServer
-from tests.support.kv_cluster import free_ports
+from tests.support.ports import free_ports
+from tests.support.waiting import eventually
 
 CLIENT_TOKEN = "client-token-routes-0123456789"
 WORKER_TOKEN = "worker-token-routes-0123456789"
@@ -39,22 +40,6 @@ CLUSTER_SECRET = "cluster-secret-routes-0123456789"
 
 READY_DEADLINE_S = 10.0
 SSE_DEADLINE_S = 5.0
-
-
-# ---------------------------------------------------------------- waiting
-
-
-async def wait_until(condition: Callable[[], Awaitable[Any]], *, timeout_s: float, what: str,
-                     interval_s: float = 0.02) -> Any:
-    """Poll `condition()` until it returns something truthy; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(interval_s)
 
 
 # ---------------------------------------------------------------- nodes
@@ -80,7 +65,7 @@ async def start_node(config: ServerConfig, *, wait_ready: bool = True) -> NodeSe
     await node.start()
     if wait_ready:
         url = base_url(node)
-        await wait_until(lambda: is_ready(url), timeout_s=READY_DEADLINE_S, what=f"{url}/readyz to answer 200")
+        await eventually(lambda: is_ready(url), deadline_s=READY_DEADLINE_S, what=f"{url}/readyz to answer 200")
     return node
 
 
@@ -377,5 +362,4 @@ __all__ = [
     "ADMIN_TOKEN", "CLIENT_TOKEN", "ClusterPlan", "HttpApi", "Reply", "SseEvent", "SseStream",
     "TOKENS", "WORKER_TOKEN", "assert_error", "base_url", "call_view", "concrete_path", "expect", "free_ports",
     "is_ready", "model_result", "open_sse", "role_for", "route_of", "single_node_config", "start_node", "tool", "tool_call",
-    "wait_until",
 ]

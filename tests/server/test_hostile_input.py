@@ -19,8 +19,9 @@ from dex_ha.engine.kinds import MAX_DURATION_MS
 from dex_ha.server.node import NodeServer
 from dex_ha.server.validation import InvalidRequest
 from tests.server.node_fixture import (
-    CLIENT_TOKEN, ClusterPlan, HttpApi, assert_error, call_view, expect, model_result, tool, tool_call, wait_until,
+    CLIENT_TOKEN, ClusterPlan, HttpApi, assert_error, call_view, expect, model_result, tool, tool_call,
 )
+from tests.support.waiting import eventually
 
 TOKEN_PATH = "/v1/worker/tasks/st999-1-1"
 DEADLINE_S = 5.0
@@ -173,7 +174,7 @@ async def test_the_not_active_message_says_it_once(nodes, http, tmp_path):
     async def candidate() -> bool:
         return expect(await api.get("/v1/cluster", role="client"), 200)["role"] == "candidate"
 
-    await wait_until(candidate, timeout_s=15, what="n1 to campaign")
+    await eventually(candidate, deadline_s=15, what="n1 to campaign")
     reply = await api.get("/v1/sessions", role="client")
     assert_error(reply, 503, "not_active")
     assert reply.body["message"] == "this node is not the active node"

@@ -27,7 +27,8 @@ from dex_ha.server.http_limits import (
 from dex_ha.server.node import NodeServer
 from tests.e2e.dev_process import DevProcess
 from tests.server.conftest import HttpFactory, NodeFactory
-from tests.server.node_fixture import expect, open_sse, single_node_config, tool, wait_until
+from tests.server.node_fixture import expect, open_sse, single_node_config, tool
+from tests.support.waiting import eventually
 
 HALF_SENT = b"GET /livez HTTP/1.1\r\nHost: dex\r\nUser-Agent: slow\r\n"  # the blank line never comes
 MARGIN_S = 3.0  # on top of a timeout: a busy 2-core machine is slow to run the timer
@@ -134,7 +135,7 @@ async def test_half_sent_and_silent_connections_are_closed_within_the_header_tim
     for c in clients:
         c.close()
     assert sample(node, "dex_http_connections_rejected_total", reason="header_timeout") == len(clients)
-    await wait_until(lambda: holds(lambda: sample(node, "dex_http_connections_open") == 0), timeout_s=5,
+    await eventually(lambda: holds(lambda: sample(node, "dex_http_connections_open") == 0), deadline_s=5,
                      what="dex_http_connections_open to return to 0")
 
 
@@ -207,7 +208,7 @@ async def test_a_client_that_goes_away_mid_body_is_a_499_logged_at_debug_not_a_s
         assert await conn.reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
     await conn.send(b"{")
     conn.close()  # 999 bytes short
-    await wait_until(lambda: holds(lambda: request_counts(node, route)), timeout_s=5,
+    await eventually(lambda: holds(lambda: request_counts(node, route)), deadline_s=5,
                      what=f"the request to be counted in dex_http_requests_total{{route={route!r}}}")
     assert request_counts(node, route) == {"499": 1}
 
@@ -229,8 +230,8 @@ async def test_over_the_cap_probes_are_answered_and_other_requests_get_503_overl
     # The cap, the whole reserve, and more: the newest push the oldest out of the reserve.
     evicted = 24
     slow = await open_slow(node.http_port, cap + PROBE_RESERVE + evicted)
-    await wait_until(lambda: holds(lambda: sample(node, "dex_http_connections_rejected_total",
-                                                  reason="over_capacity") == evicted), timeout_s=10,
+    await eventually(lambda: holds(lambda: sample(node, "dex_http_connections_rejected_total",
+                                                  reason="over_capacity") == evicted), deadline_s=10,
                      what="the oldest slow reserve connections to be closed")
     assert sample(node, "dex_http_connections_open") == cap + PROBE_RESERVE
 
@@ -250,7 +251,7 @@ async def test_over_the_cap_probes_are_answered_and_other_requests_get_503_overl
 
     for conn in slow:
         conn.close()
-    await wait_until(lambda: holds(lambda: sample(node, "dex_http_connections_open") == 0), timeout_s=5,
+    await eventually(lambda: holds(lambda: sample(node, "dex_http_connections_open") == 0), deadline_s=5,
                      what="every slow connection to be gone")
     below_cap = await connect(node.http_port, get("/v1/sessions"))
     assert (await below_cap.response())[0] == 200
@@ -318,7 +319,7 @@ async def test_dev_under_a_low_open_files_limit_answers_every_probe_and_keeps_de
             for conn in slow:
                 conn.close()
             slow = []
-            await wait_until(lambda: holds(lambda: open_fds(dev.proc.pid) <= baseline + 2), timeout_s=10,
+            await eventually(lambda: holds(lambda: open_fds(dev.proc.pid) <= baseline + 2), deadline_s=10,
                              what="the node's descriptors to return to their baseline")
             status, _ = await _probe(session, dev.url + "/livez")
             assert status == 200

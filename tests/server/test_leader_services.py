@@ -10,8 +10,9 @@ from typing import Any
 
 from dex_ha.server.node import NodeServer
 from tests.server.node_fixture import (
-    call_view, single_node_config, start_node, tool, tool_call, wait_until,
+    call_view, single_node_config, start_node, tool, tool_call,
 )
+from tests.support.waiting import eventually
 
 
 async def test_an_attempt_past_its_start_to_close_fails_even_with_heartbeats(nodes, http, tmp_path: Path) -> None:
@@ -35,7 +36,7 @@ async def test_an_attempt_past_its_start_to_close_fails_even_with_heartbeats(nod
             attempts = [a for s in call_view(await api.snapshot("s1"), "c1")["steps"] for a in s["attempts"]]
             return attempts[0] if attempts and attempts[0]["status"] == "failed" else None
 
-        attempt = await wait_until(first_attempt_failed, timeout_s=10, what="the attempt to time out")
+        attempt = await eventually(first_attempt_failed, deadline_s=10, what="the attempt to time out")
     finally:
         beating = False
         await beater
@@ -63,7 +64,7 @@ async def test_a_timer_that_came_due_while_the_node_was_down_fires_at_once(http,
         async def sleep_call_done() -> bool:
             return call_view(await api.snapshot("s1"), "c1")["status"] == "succeeded"
 
-        await wait_until(sleep_call_done, timeout_s=10, what="the overdue timer to fire")
+        await eventually(sleep_call_done, deadline_s=10, what="the overdue timer to fire")
         assert time.monotonic() - started < 3.0, "an overdue timer must fire right after the takeover"
         assert (await api.snapshot("s1"))["pending_timers"] == []
     finally:

@@ -23,7 +23,8 @@ import aiohttp
 import pytest
 
 from dex_ha.server.metrics import RENDER_INTERVAL_S, ServerMetrics
-from tests.server.node_fixture import CLIENT_TOKEN, ClusterPlan, base_url, single_node_config, wait_until
+from tests.server.node_fixture import CLIENT_TOKEN, ClusterPlan, base_url, single_node_config
+from tests.support.waiting import eventually
 
 BLOCK_S = 1.5  # the HTTP loop is blocked this long: far past every election timeout below
 
@@ -53,7 +54,7 @@ async def test_a_blocked_http_loop_moves_neither_term_nor_leader_in_a_cluster(tm
         ready = [n for n in cluster if n.is_ready()]
         return ready[0] if len(ready) == 1 else None
 
-    active = await wait_until(one_active, timeout_s=10, what="an active node")
+    active = await eventually(one_active, deadline_s=10, what="an active node")
     term, leader = active.raft.view.term, active.raft.view.leader_id
     block_the_event_loop(BLOCK_S)  # 5x the 300 ms election timeout minimum
     assert active.raft.view.lease_valid(), "the active node's lease lapsed while its HTTP loop was busy"
@@ -99,7 +100,7 @@ async def test_past_the_bound_requests_get_overloaded_at_once_and_probes_still_p
     async with aiohttp.ClientSession() as session:
         held = [asyncio.ensure_future(session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers))
                 for _ in range(2)]
-        await wait_until(lambda: _in_flight(node, 2), timeout_s=5, what="both creates in flight")
+        await eventually(lambda: _in_flight(node, 2), deadline_s=5, what="both creates in flight")
         started = time.monotonic()
         async with session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers) as r:
             body = await r.json()
@@ -116,7 +117,7 @@ async def test_past_the_bound_requests_get_overloaded_at_once_and_probes_still_p
         for response in await asyncio.gather(*held):
             assert response.status == 201, await response.text()
             response.release()
-        await wait_until(lambda: _in_flight(node, 0), timeout_s=5, what="the slots to be given back")
+        await eventually(lambda: _in_flight(node, 0), deadline_s=5, what="the slots to be given back")
         async with session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers) as r:
             assert r.status == 201, await r.text()
         async with session.get(url + "/metrics") as r:
@@ -145,7 +146,7 @@ async def test_a_long_poll_does_not_take_a_slot(tmp_path: Path, nodes):
     async with aiohttp.ClientSession() as session:
         poll = asyncio.ensure_future(session.post(url + "/v1/worker/poll", headers=headers,
                                                   json={"worker_id": "w1", "agents": ["a"], "wait_ms": 3000}))
-        await wait_until(lambda: _waiting_polls(node), timeout_s=5, what="the long poll to wait")
+        await eventually(lambda: _waiting_polls(node), deadline_s=5, what="the long poll to wait")
         async with session.post(url + "/v1/sessions", json={"agent": "a"},
                                 headers={"Authorization": f"Bearer {CLIENT_TOKEN}"}) as r:
             assert r.status == 201, await r.text()
@@ -224,7 +225,7 @@ async def test_the_probe_port_says_not_ready_with_the_role_on_a_standby(tmp_path
         ready = [n for n in cluster if n.is_ready()]
         return ready[0] if len(ready) == 1 else None
 
-    active = await wait_until(one_active, timeout_s=10, what="an active node")
+    active = await eventually(one_active, deadline_s=10, what="an active node")
     standby = next(n for n in cluster if n is not active)
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{standby.probes.port}/readyz") as r:

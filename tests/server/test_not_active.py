@@ -13,8 +13,9 @@ import pytest
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.node import NodeServer
 from tests.server.node_fixture import (
-    ClusterPlan, HttpApi, assert_error, concrete_path, expect, role_for, wait_until,
+    ClusterPlan, HttpApi, assert_error, concrete_path, expect, role_for,
 )
+from tests.support.waiting import eventually
 
 covers = pytest.mark.covers
 
@@ -48,7 +49,7 @@ async def test_a_node_that_cannot_win_an_election_serves_no_v1_route(nodes, http
         view = expect(await api.get("/v1/cluster", role="client"), 200)
         return view["role"] == "candidate"
 
-    await wait_until(has_campaigned, timeout_s=ELECTION_DEADLINE_S, what="n1 to try an election")
+    await eventually(has_campaigned, deadline_s=ELECTION_DEADLINE_S, what="n1 to try an election")
     for route in ACTIVE_ONLY:
         assert_not_active(await request_route(api, route), route.name, leader_url=None)
 
@@ -70,14 +71,14 @@ async def wait_for_one_active(apis: dict[str, HttpApi]) -> str:
         assert len(ready) <= 1, f"two active nodes at once: {ready}"
         return ready[0] if ready else None
 
-    return await wait_until(the_ready_node, timeout_s=ELECTION_DEADLINE_S, what="one node to become active")
+    return await eventually(the_ready_node, deadline_s=ELECTION_DEADLINE_S, what="one node to become active")
 
 
 async def wait_for_leader_url(api: HttpApi, url: str) -> None:
     async def knows_leader() -> bool:
         return expect(await api.get("/v1/cluster", role="client"), 200)["leader_url"] == url
 
-    await wait_until(knows_leader, timeout_s=ELECTION_DEADLINE_S, what=f"{api.url} to name {url} as leader")
+    await eventually(knows_leader, deadline_s=ELECTION_DEADLINE_S, what=f"{api.url} to name {url} as leader")
 
 
 @covers("step_down", "create_session")

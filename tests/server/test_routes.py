@@ -26,8 +26,9 @@ from dex_ha.server.task_tokens import TaskToken
 from tests.server import test_not_active
 from tests.server.node_fixture import (
     HttpApi, Reply, assert_error, call_view, concrete_path, expect, free_ports, model_result, open_sse,
-    role_for, single_node_config, tool, tool_call, wait_until,
+    role_for, single_node_config, tool, tool_call,
 )
+from tests.support.waiting import eventually
 
 covers = pytest.mark.covers
 
@@ -349,7 +350,7 @@ async def test_a_poll_whose_worker_hung_up_is_handed_nothing(api: HttpApi, node:
     async def one_poll_waits() -> bool:
         return node.leader is not None and node.leader.waiting_polls() == 1
 
-    await wait_until(one_poll_waits, timeout_s=5, what="the first poll to wait")
+    await eventually(one_poll_waits, deadline_s=5, what="the first poll to wait")
     abandoned.cancel()  # closes its connection
     await asyncio.gather(abandoned, return_exceptions=True)
     await api.send_message("s1", "hi")
@@ -571,7 +572,7 @@ async def test_lost_write_attempt_is_outcome_unknown_and_can_be_reconciled(nodes
         call = call_view(await api.snapshot("s1"), "c1")
         return call if call["status"] != "pending" else None
 
-    call = await wait_until(call_settled, timeout_s=10, what="the lost write call to get an outcome")
+    call = await eventually(call_settled, deadline_s=10, what="the lost write call to get an outcome")
     assert call["status"] == "outcome_unknown" and call["attempt_progress"] == "NOT_COMPLETED"
     assert_error(await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {"worker_id": "worker-1"},
                                 role="worker"), 409, "stale_attempt")

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from dex_ha.cli_cluster import free_ports  # noqa: F401  (raft tests import it from here)
+from tests.support.ports import free_ports
 from dex_ha.raft.node import NodeConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Measure RaftTransport throughput over loopback: python -m tests.raft.transport_bench.
+"""Measure RaftTransport throughput over loopback: python -m bench.transport_bench.
 
 Sends messages from one node to another over a single connection and prints messages/s
 (end to end: encode, tag, batch, TCP, check, decode, callback), for a 256-byte APP (one

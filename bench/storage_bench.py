@@ -1,4 +1,4 @@
-"""Measure RaftStorage append throughput: python -m tests.raft.storage_bench [dir].
+"""Measure RaftStorage append throughput: python -m bench.storage_bench [dir].
 
 Prints appends/s (entries) and fsyncs/s for batches of 1 and 100 entries of 256 bytes,
 in strict and relaxed durability. Not a test; numbers for the report and bench/.
