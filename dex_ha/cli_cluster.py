@@ -224,27 +224,47 @@ def write_cluster_files(plan: ClusterPlan) -> None:
 
 
 def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held together while asking, so they cannot repeat)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """Distinct free loopback ports, chosen outside the kernel's ephemeral range.
+
+    Why outside it: a port the kernel hands out on its own (to an outgoing connection, or
+    to a listener bound to port 0) can land on a port chosen here in the moment between
+    choosing it and the node binding it, and the node then fails with "address in use".
+    Ports below the ephemeral range are only ever taken by someone asking for them by number.
+    """
+    low, high = _chosen_port_range()
+    rng = random.Random()
+    chosen: list[int] = []
+    for _ in range(200 * count):
+        port = rng.randrange(low, high)
+        if port not in chosen and _bindable(port):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise ClusterError(f"no {count} free ports found in {low}-{high}")
 
 
 def free_port_range(count: int, attempts: int = 200) -> int:
-    """The first of `count` consecutive free loopback ports (`cluster up` uses base + i)."""
+    """The first of `count` consecutive free loopback ports (`cluster up` uses base + i),
+    outside the kernel's ephemeral range for the reason free_ports gives."""
+    low, high = _chosen_port_range()
     rng = random.Random()
     for _ in range(attempts):
-        base = rng.randrange(20_000, 60_000)
+        base = rng.randrange(low, high - count)
         if all(_bindable(base + i) for i in range(count)):
             return base
     raise ClusterError(f"no {count} consecutive free ports found")
+
+
+def _chosen_port_range() -> tuple[int, int]:
+    """[low, high) for chosen ports: from 10000 up to the start of the ephemeral range
+    (Linux's /proc/sys/net/ipv4/ip_local_port_range), or 20000-30000 where that is unknown."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 20_000, 30_000
+    if ephemeral_low - 10_000 >= 2_000:
+        return 10_000, ephemeral_low
+    return 20_000, 30_000  # an unusual ephemeral range: take a fixed band and rely on the bind check
 
 
 def _bindable(port: int) -> bool:
@@ -428,7 +448,7 @@ def cluster_up(plan: ClusterPlan, timeout_s: float = 60.0) -> UpResult:
         stop_processes(procs, timeout_s=10.0)
         (plan.cluster_dir / PIDS_FILE).unlink(missing_ok=True)
         if isinstance(exc, ClusterError):
-            raise ClusterError(f"{exc}\n{_logs_of(plan)}") from None
+            raise ClusterError(f"{exc}\n{node_log_tails(plan)}") from None
         raise
     return UpResult(plan, {node_id: p.pid for node_id, p in procs.items()}, active)
 
@@ -437,7 +457,7 @@ def _first_exited(procs: Mapping[str, subprocess.Popen[bytes]]) -> str | None:
     return next((node_id for node_id, p in procs.items() if p.poll() is not None), None)
 
 
-def _logs_of(plan: ClusterPlan) -> str:
+def node_log_tails(plan: ClusterPlan) -> str:
     return "\n".join(f"  {n.log_path} (last lines):\n{log_tail(n.log_path)}" for n in plan.nodes)
 
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dex_ha.cli_cluster import (
-    ClusterPlan, NodePlan, node_toml, plan_cluster, start_node, stop_processes, wait_for_one_active,
-    write_cluster_files, write_pids,
+    ClusterError, ClusterPlan, NodePlan, node_log_tails, node_toml, plan_cluster, start_node, stop_processes,
+    wait_for_one_active, write_cluster_files, write_pids,
 )
 from tests.e2e.cluster_process import LocalCluster
 from tests.support.fault_proxy import ProxyMesh
@@ -68,7 +68,10 @@ class ProxiedCluster(LocalCluster):
         await self.mesh.start()
         for node_id in self.node_ids:
             self.start_node(node_id)
-        return await wait_for_one_active(self.plan.nodes, START_DEADLINE_S, self._first_exited)
+        try:
+            return await wait_for_one_active(self.plan.nodes, START_DEADLINE_S, self._first_exited)
+        except ClusterError as exc:  # say why: a node that exited wrote the reason to its log
+            raise ClusterError(f"{exc}\n{node_log_tails(self.plan)}") from None
 
     def start_node(self, node_id: str) -> None:
         """Start (or restart, on its data directory) one node; its pid goes to the pids file."""
