@@ -49,6 +49,11 @@ class Engine(Queries):
     def close(self) -> None:
         self._conn.close()
 
+    def trace_statements(self, callback: Callable[[str], object] | None) -> None:
+        """For measurements (bench/engine_bench.py, tests): `callback(sql)` for every SQL
+        statement this engine's connection runs, its parameters filled in; None stops it."""
+        self._conn.set_trace_callback(callback)
+
     def reader(self) -> EngineReader:
         """The queries through a connection of their own, for another thread (see EngineReader)."""
         if self.path == ":memory:":
