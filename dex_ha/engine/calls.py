@@ -259,7 +259,7 @@ def finish_call(ctx: ApplyContext, call: CallRow, status: CallStatus, *, output:
     ctx.store.update("tool_calls", _key(call), status=status,
                      output=None if output is None else to_json(output), error=error,
                      attempt_progress=progress, ended_at=ctx.at)
-    ctx.store.bump(f"tool_calls.{status}")
+    ctx.bump(f"tool_calls.{status}")
     ctx.emit(call["session_id"], "tool_call_finished", call_id=call["call_id"], name=call["name"],
              status=status, output=output, error=error, attempt_progress=progress)
     _finish_response_if_done(ctx, call["response_step_id"], call["session_id"], call["turn_id"])
@@ -371,7 +371,7 @@ def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, re
     if call["status"] != CallStatus.OUTCOME_UNKNOWN:
         raise Rejected("conflict", f"only an outcome_unknown call can be reconciled; "
                                    f"call {call_id} is {call['status']}")
-    ctx.store.bump(f"tool_calls.{outcome}")
+    ctx.bump(f"tool_calls.{outcome}")
     ctx.store.update("tool_calls", _key(call), status=outcome, output=output, error=error,
                      reconciled_at=ctx.at)
     note = (f"Tool call {call_id} ({call['name']}), whose outcome was unknown, was reconciled "

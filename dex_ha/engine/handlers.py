@@ -124,7 +124,7 @@ def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
 def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
     digest = hashlib.sha256(to_json(cmd.result).encode()).hexdigest()
     try:
-        step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+        step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     except Rejected:
         # A Worker retrying a completion that did commit gets ok, not 409.
         done = ctx.store.attempt(cmd.step_id, cmd.attempt)
@@ -179,20 +179,20 @@ RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] 
 
 
 def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled:
-    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable,
                        not_started=cmd.not_started)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 
 def heartbeat_lost(ctx: ApplyContext, cmd: HeartbeatLost) -> Handled:
-    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 
 def attempt_timed_out(ctx: ApplyContext, cmd: AttemptTimedOut) -> Handled:
-    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(ctx, step, cmd.attempt, "the attempt ran past its start_to_close timeout", True)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 

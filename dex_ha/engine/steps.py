@@ -110,20 +110,17 @@ def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, An
     return {k: v for k, v in attempt.items() if k not in ("turn_id", "call_id")}
 
 
-def current_attempt(ctx: ApplyContext, step_id: str, number: int,
-                    term: int) -> tuple[sqlite3.Row, sqlite3.Row]:
-    """Fencing: the step and attempt, if (step id, attempt number, term) is still running."""
-    step = ctx.store.require_step(step_id)
-    attempt = ctx.store.row("SELECT term, status FROM attempts WHERE step_id = ? AND number = ?",
-                            (step_id, number))
-    if attempt is None:
+def current_attempt(ctx: ApplyContext, step_id: str, number: int, term: int) -> sqlite3.Row:
+    """Fencing: the step, if (step id, attempt number, term) is still running."""
+    step = ctx.store.step_and_attempt(step_id, number)
+    if step["attempt_status"] is None:
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} was never handed out")
-    if attempt["term"] != term:
+    if step["attempt_term"] != term:
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} belongs to term "
-                                        f"{attempt['term']}, not {term}")
-    if attempt["status"] != "running":
-        raise Rejected("stale_attempt", f"attempt {number} of step {step_id} already {attempt['status']}")
-    return step, attempt
+                                        f"{step['attempt_term']}, not {term}")
+    if step["attempt_status"] != "running":
+        raise Rejected("stale_attempt", f"attempt {number} of step {step_id} already {step['attempt_status']}")
+    return step
 
 
 def record_completion(ctx: ApplyContext, step: sqlite3.Row, number: int, digest: str) -> bool:
