@@ -83,7 +83,7 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
     ctx.store.insert("messages", session_id=cmd.session_id, message_id=message_id, seq=seq,
                      text=cmd.text, mode=cmd.mode, status="waiting", at=ctx.at)
     ctx.emit(cmd.session_id, "message_received", message_id=message_id, text=cmd.text, mode=cmd.mode)
-    turns.start_next_turn_if_idle(ctx, cmd.session_id)
+    turns.start_next_turn_if_idle(ctx, session)  # the message changed none of what it reads
     return Handled({"message_id": message_id, "duplicate": False})
 
 

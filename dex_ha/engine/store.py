@@ -201,7 +201,10 @@ class Store:
 
     def agent_definition(self, name: str) -> dict[str, Any] | None:
         """The agent's normalised definition (shared: callers must not change it)."""
-        text = self.scalar("SELECT definition FROM agents WHERE name = ?", (name,))
+        return self.parsed_definition(self.scalar("SELECT definition FROM agents WHERE name = ?", (name,)))
+
+    def parsed_definition(self, text: str | None) -> dict[str, Any] | None:
+        """A definition's JSON text (None: no such agent) parsed, memoised by the text."""
         if text is None:
             return None
         parsed = self._definitions.get(text)
@@ -213,6 +216,14 @@ class Store:
 
     def session(self, session_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
+
+    def session_for_round(self, session_id: str) -> sqlite3.Row:
+        """What a model round needs (turns.schedule_model_round): the session's agent, its
+        history and summary counters, and the agent's definition text, in one read."""
+        return _found(self.row(
+            "SELECT s.session_id, s.agent, s.history_count, s.history_tokens, s.summary_upto_seq, "
+            "s.summary_upto_tokens, a.definition FROM sessions s LEFT JOIN agents a ON a.name = s.agent "
+            "WHERE s.session_id = ?", (session_id,)), f"unknown session {session_id}")
 
     def turn(self, turn_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM turns WHERE turn_id = ?", (turn_id,))
