@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from dex_ha.engine import calls, outcomes, steps, turns
 from dex_ha.engine.agents import normalize_definition
@@ -141,13 +141,13 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
         RESULT_HANDLERS[step["kind"]](ctx, step, cmd.result)
         if cmd.next_max and cmd.next_worker_id:
             # None: an entry written before schema 2, whose hand-outs have no secret.
-            token_secrets = cmd.next_token_secrets or [None] * cmd.next_max
+            token_secrets: Sequence[str | None] = cmd.next_token_secrets or [None] * cmd.next_max
             started = _hand_out_next_steps(ctx, step, cmd.next_worker_id, cmd.term, token_secrets)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt, "started": started})
 
 
 def _hand_out_next_steps(ctx: ApplyContext, step: Any, worker_id: str, term: int,
-                         token_secrets: list[str | None]) -> list[dict[str, Any]]:
+                         token_secrets: Sequence[str | None]) -> list[dict[str, Any]]:
     """Eager dispatch (see CompleteAttempt): the session's steps at the head of its agent's
     queue go to the Worker that just completed one, one token secret each; FIFO for
     everyone else holds."""

@@ -112,7 +112,8 @@ class Store:
     # ------------------------------------------------------------- generic helpers
 
     def row(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Row | None:
-        return self.conn.execute(sql, tuple(params)).fetchone()
+        found: sqlite3.Row | None = self.conn.execute(sql, tuple(params)).fetchone()
+        return found
 
     def rows(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         return self.conn.execute(sql, tuple(params)).fetchall()
@@ -251,6 +252,9 @@ class Store:
     def require_session(self, session_id: str) -> sqlite3.Row:
         return _found(self.session(session_id), f"unknown session {session_id}")
 
+    def require_turn(self, turn_id: str) -> sqlite3.Row:
+        return _found(self.turn(turn_id), f"unknown turn {turn_id}")
+
     def require_step(self, step_id: str) -> sqlite3.Row:
         return _found(self.step(step_id), f"unknown step {step_id}")
 
@@ -301,7 +305,8 @@ class Store:
         # task carries the history, so this is on the hot path.
         rows = self.conn.execute("SELECT item FROM history WHERE session_id = ? AND seq > ? ORDER BY seq",
                                  (session_id, after_seq)).fetchall()
-        return json.loads("[" + ",".join(r[0] for r in rows) + "]")
+        items: list[dict[str, Any]] = json.loads("[" + ",".join(r[0] for r in rows) + "]")
+        return items
 
 
 # Rows per multi-row INSERT: 4 values each stays far below SQLite's 32766 bound on values.
