@@ -123,8 +123,12 @@ def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
 
 def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
     digest = hashlib.sha256(to_json(cmd.result).encode()).hexdigest()
+    if not 0 <= cmd.next_max <= MAX_EAGER_HANDOUTS:
+        raise Rejected("invalid", f"next_max must be between 0 and {MAX_EAGER_HANDOUTS}")
+    if cmd.next_token_secrets and len(cmd.next_token_secrets) != cmd.next_max:
+        raise Rejected("invalid", "next_token_secrets must hold one secret per step of next_max")
     try:
-        step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+        step = steps.complete_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term, digest)
     except Rejected:
         # A Worker retrying a completion that did commit gets ok, not 409.
         done = ctx.store.attempt(cmd.step_id, cmd.attempt)
@@ -132,12 +136,8 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
                 and done["result_digest"] == digest):
             return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt}, noop=True)
         raise
-    if not 0 <= cmd.next_max <= MAX_EAGER_HANDOUTS:
-        raise Rejected("invalid", f"next_max must be between 0 and {MAX_EAGER_HANDOUTS}")
-    if cmd.next_token_secrets and len(cmd.next_token_secrets) != cmd.next_max:
-        raise Rejected("invalid", "next_token_secrets must hold one secret per step of next_max")
     started: list[dict[str, Any]] = []
-    if steps.record_completion(ctx, step, cmd.attempt, digest):
+    if step is not None:  # None: the turn was cancelled while the attempt ran
         RESULT_HANDLERS[step["kind"]](ctx, step, cmd.result)
         if cmd.next_max and cmd.next_worker_id:
             # None: an entry written before schema 2, whose hand-outs have no secret.

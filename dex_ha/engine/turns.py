@@ -16,13 +16,16 @@ from dex_ha.engine.results import Rejected
 from dex_ha.engine.statuses import TurnStatus
 from dex_ha.engine.store import from_json, to_json
 
+# What delivering a message reads of it.
+_MESSAGE_COLUMNS = "session_id, message_id, text, mode"
+
 
 def start_next_turn_if_idle(ctx: ApplyContext, session: Any) -> None:
     """`session`: its row, or the part of it with session_id, current_turn_id, turn_count."""
     session_id = session["session_id"]
     if session["current_turn_id"] is not None:
         return
-    message = ctx.store.row("SELECT * FROM messages WHERE session_id = ? AND status = 'waiting' "
+    message = ctx.store.row(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND status = 'waiting' "
                             "ORDER BY seq LIMIT 1", (session_id,))
     if message is None:
         return
@@ -40,7 +43,7 @@ def start_next_turn_if_idle(ctx: ApplyContext, session: Any) -> None:
 
 def deliver_steered_messages(ctx: ApplyContext, session_id: str, turn_id: str) -> None:
     """Steered messages join the history at the next model call of the running turn."""
-    for message in ctx.store.rows("SELECT * FROM messages WHERE session_id = ? AND status = 'waiting' "
+    for message in ctx.store.rows(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND status = 'waiting' "
                                   "AND mode = 'steer' ORDER BY seq", (session_id,)):
         _deliver_message(ctx, message, turn_id, announce=True)
 
