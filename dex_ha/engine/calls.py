@@ -277,8 +277,7 @@ def _finish_response_if_done(ctx: ApplyContext, response_step_id: str, session_i
         return
     ctx.store.append_history(session_id, turn_id, [tool_result_item(call) for call in response], ctx.at)
     turns.release_notes(ctx, session_id, turn_id)
-    if ctx.store.scalar("SELECT status FROM turns WHERE turn_id = ?", (turn_id,)) == TurnStatus.RUNNING:
-        turns.schedule_model_round(ctx, session_id, turn_id)
+    turns.schedule_model_round(ctx, session_id, turn_id)  # unless the turn was cancelled meanwhile
 
 
 def tool_result_item(call: CallRow) -> dict[str, Any]:

@@ -218,13 +218,15 @@ class Store:
     def session(self, session_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
 
-    def session_for_round(self, session_id: str) -> sqlite3.Row:
+    def session_for_round(self, session_id: str, turn_id: str) -> sqlite3.Row:
         """What a model round needs (turns.schedule_model_round): the session's agent, its
-        history and summary counters, and the agent's definition text, in one read."""
+        history and summary counters, the agent's definition text and the turn's status
+        (`turn_status`), in one read."""
         return _found(self.row(
             "SELECT s.session_id, s.agent, s.history_count, s.history_tokens, s.summary_upto_seq, "
-            "s.summary_upto_tokens, a.definition FROM sessions s LEFT JOIN agents a ON a.name = s.agent "
-            "WHERE s.session_id = ?", (session_id,)), f"unknown session {session_id}")
+            "s.summary_upto_tokens, a.definition, t.status AS turn_status FROM sessions s "
+            "LEFT JOIN agents a ON a.name = s.agent LEFT JOIN turns t ON t.turn_id = ? "
+            "WHERE s.session_id = ?", (turn_id, session_id)), f"unknown session {session_id}")
 
     def turn(self, turn_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM turns WHERE turn_id = ?", (turn_id,))

@@ -63,8 +63,11 @@ def _deliver_message(ctx: ApplyContext, message: Any, turn_id: str, announce: bo
 
 
 def schedule_model_round(ctx: ApplyContext, session_id: str, turn_id: str) -> None:
-    """Step 2/3 of a turn: CompactContext if the visible history is over the limit, else RunModel."""
-    session = ctx.store.session_for_round(session_id)
+    """Step 2/3 of a turn: CompactContext if the visible history is over the limit, else
+    RunModel; nothing once the turn is no longer running."""
+    session = ctx.store.session_for_round(session_id, turn_id)
+    if session["turn_status"] != TurnStatus.RUNNING:  # cancelled while its last calls finished
+        return
     definition = ctx.store.parsed_definition(session["definition"]) or {}
     model_timeout = (definition.get("model") or {}).get("start_to_close_ms")
     cutoff = _compaction_cutoff(ctx, session, turn_id, definition.get("compaction") or {})
