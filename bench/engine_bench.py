@@ -8,6 +8,13 @@ write), the two tool hand-outs, their results, the second model hand-out and the
 answer. Commands are encoded before the clock starts (the leader encodes them); the
 measured time is `Engine.apply` / `Engine.apply_batch` only (decode + SQLite).
 
+It also counts the SQL statements the engine runs for the same workload (a separate, small
+run with SQLite's trace callback; no timing): per command type, per durable step (a step is
+handed out to a Worker and its result committed: the StartAttempts and CompleteAttempt
+statements, the follow-ups that queue the next step included, over the number of steps),
+and grouped by statement text with its values replaced by `?`. The count is deterministic;
+tests/engine/test_statement_count.py holds it to STATEMENTS_PER_STEP_LIMIT.
+
     python bench/engine_bench.py [--sessions 50000] [--quick]
 
 Prints a table and writes bench/results/engine_bench.json.
@@ -19,10 +26,11 @@ import argparse
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +45,13 @@ AGENT = "bench"
 HANDOUTS_PER_COMMAND = 32
 BATCH_ENTRIES = 64  # committed entries applied per transaction in the batch mode
 CHECKPOINTS = (1_000, 5_000, 10_000, 25_000, 50_000)
+STEP_COMMANDS = ("StartAttempts", "CompleteAttempt")  # a step's hand-out and its result
+# What the workload runs today is 11.8 per step (19 before the engine's hot path was cut):
+# a query added to the hot path fails tests/engine/test_statement_count.py. The goal is 8;
+# most of what is left are writes of state (the attempt, the step, the history item, the
+# next step, the tool-call rows), so lowering it means storing less per step.
+STATEMENTS_PER_STEP_LIMIT = 11.8
+COUNTED_SESSIONS = 200
 
 
 def rss_mb() -> float:
@@ -47,11 +62,38 @@ def rss_mb() -> float:
     return float("nan")
 
 
+# A literal in traced SQL (the trace shows statements with their values filled in): a quoted
+# string, a number that is not part of a name, or NULL.
+_LITERAL = re.compile(r"'(?:[^']|'')*'|(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])|\bNULL\b")
+
+
+def normalise_sql(sql: str) -> str:
+    """The statement's text with its values replaced by `?` and its spaces collapsed, so the
+    executions of one statement group together."""
+    return " ".join(_LITERAL.sub("?", sql).split())
+
+
+class StatementCounter:
+    """Counts the statements an engine runs while a command type is applied, by
+    (command type, normalised statement). Statements outside `command` (the leader's
+    reads between applies) are not counted."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.command: str | None = None
+        self.counts: Counter[tuple[str, str]] = Counter()
+        engine.trace_statements(self._traced)
+
+    def _traced(self, sql: str) -> None:
+        if self.command is not None:
+            self.counts[(self.command, normalise_sql(sql))] += 1
+
+
 class Runner:
     """Proposes the workload to one engine and times the applies."""
 
-    def __init__(self, path: str, batch: bool, durable: bool) -> None:
+    def __init__(self, path: str, batch: bool, durable: bool, count_statements: bool = False) -> None:
         self.engine = Engine(path, durable=durable)
+        self.statements = StatementCounter(self.engine) if count_statements else None
         self.batch = batch
         self.index = 0
         self.at = 1_700_000_000_000
@@ -67,6 +109,8 @@ class Runner:
             entries.append((self.index, encode_command(cmd)))
         name = type(commands[0]).__name__ if commands else "-"
         results = []
+        if self.statements is not None:
+            self.statements.command = name
         cpu_start = time.process_time()
         start = time.perf_counter()
         if self.batch:
@@ -76,6 +120,8 @@ class Runner:
             results = [self.engine.apply(i, d) for i, d in entries]
         elapsed = time.perf_counter() - start
         self.cpu_seconds += time.process_time() - cpu_start
+        if self.statements is not None:
+            self.statements.command = None
         self.seconds += elapsed
         self.commands += len(entries)
         self.by_type[name][0] += len(entries)
@@ -113,12 +159,56 @@ class Runner:
         self.complete_all(models, lambda s: {"content": "Done: order 42 is paid.", "tool_calls": []})
 
 
+def register_agent(runner: Runner) -> None:
+    runner.apply([RegisterAgent(at=runner.at, name=AGENT, definition={"tools": [
+        {"name": "lookup", "effect": "read"}, {"name": "update", "effect": "idempotent_write"}]})])
+
+
+def count_statements(sessions: int = COUNTED_SESSIONS) -> dict[str, Any]:
+    """The SQL statements the workload runs (apply_batch, as the Raft node applies): per
+    command type, per step, and the statements themselves, most run first."""
+    with tempfile.TemporaryDirectory(prefix="dex-engine-count-") as tmp:
+        runner = Runner(os.path.join(tmp, "engine.db"), batch=True, durable=False, count_statements=True)
+        register_agent(runner)
+        runner.wave(0, sessions)
+        runner.engine.close()
+    assert runner.statements is not None
+    counts = runner.statements.counts
+    by_command: dict[str, int] = defaultdict(int)
+    for (command, _), n in counts.items():
+        by_command[command] += n
+    steps = runner.by_type["CompleteAttempt"][0]
+    step_statements = sum(by_command[c] for c in STEP_COMMANDS)
+    return {
+        "sessions": sessions,
+        "steps": steps,
+        "statements_per_step": round(step_statements / steps, 2),
+        "by_command": {name: {"commands": runner.by_type[name][0], "statements": n,
+                              "per_command": round(n / runner.by_type[name][0], 2)}
+                       for name, n in by_command.items()},
+        "top": [{"command": command, "sql": sql, "count": n, "per_step": round(n / steps, 2)}
+                for (command, sql), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))],
+    }
+
+
+def format_statements(report: dict[str, Any], top: int = 25) -> str:
+    """The statement counts as a table for people."""
+    lines = [f"SQL statements: {report['statements_per_step']} per step "
+             f"({report['steps']} steps of {report['sessions']} sessions; {'+'.join(STEP_COMMANDS)} over steps)"]
+    for name, v in report["by_command"].items():
+        lines.append(f"  {name:<16} {v['commands']:>6} commands {v['statements']:>7} statements "
+                     f"{v['per_command']:>7} per command")
+    lines.append(f"top {top} statements (count, per step, command, statement):")
+    for t in report["top"][:top]:
+        lines.append(f"  {t['count']:>6} {t['per_step']:>6}  {t['command']:<15} {t['sql'][:150]}")
+    return "\n".join(lines)
+
+
 def run(sessions: int, batch: bool, durable: bool, wave: int, checkpoints: tuple[int, ...]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dex-engine-bench-") as tmp:
         path = os.path.join(tmp, "engine.db")
         runner = Runner(path, batch=batch, durable=durable)
-        runner.apply([RegisterAgent(at=runner.at, name=AGENT, definition={"tools": [
-            {"name": "lookup", "effect": "read"}, {"name": "update", "effect": "idempotent_write"}]})])
+        register_agent(runner)
         points = []
         done = 0
         while done < sessions:
@@ -155,6 +245,9 @@ def main() -> None:
     single_sessions = 1_000 if args.quick else 5_000
     checkpoints = tuple(c for c in CHECKPOINTS if c <= growth_sessions)
 
+    statements = count_statements()
+    print(format_statements(statements))
+    print()
     runs = [
         run(single_sessions, batch=False, durable=False, wave=1_000, checkpoints=()),
         run(single_sessions, batch=False, durable=True, wave=1_000, checkpoints=()),
@@ -176,7 +269,8 @@ def main() -> None:
               f"{p['rss_mb']:>8} {p['db_mb']:>8}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     report = {"python": platform.python_version(), "machine": platform.machine(),
-              "sqlite": __import__("sqlite3").sqlite_version, "target_commands_per_s": 10_000, "runs": runs}
+              "sqlite": __import__("sqlite3").sqlite_version, "target_commands_per_s": 10_000, "runs": runs,
+              "statements": statements}
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"\nwrote {args.out}")
 

@@ -146,7 +146,7 @@ def _positive_int(value: Any, where: str) -> int | None:
 
 
 def _duration_ms(value: Any, where: str) -> int | None:
-    value = _positive_int(value, where)
-    if value is not None and value > MAX_DURATION_MS:
+    duration = _positive_int(value, where)
+    if duration is not None and duration > MAX_DURATION_MS:
         raise Rejected("invalid", f"{where} must be at most {MAX_DURATION_MS} (ten years)")
-    return value
+    return duration

@@ -198,16 +198,15 @@ def _key(call: CallRow) -> dict[str, Any]:
 
 def record_tool_result(ctx: ApplyContext, step: sqlite3.Row, result: dict[str, Any]) -> None:
     """A CallTool / CallSingleAttemptTool result: ok, error, question or task."""
-    call = ctx.store.require_call(step["session_id"], step["call_id"])
     status = result.get("status")
-    if status == "ok":
-        finish_call(ctx, call, CallStatus.SUCCEEDED, output=result.get("output"))
+    if status == "ok":  # the step names the call: finish_call needs no more of it
+        finish_call(ctx, step, CallStatus.SUCCEEDED, output=result.get("output"))
     elif status == "error":
-        finish_call(ctx, call, CallStatus.FAILED, error=str(result.get("error")))
+        finish_call(ctx, step, CallStatus.FAILED, error=str(result.get("error")))
     elif status == "question":
-        ask_question(ctx, call, "tool", result.get("question"))
+        ask_question(ctx, ctx.store.require_call(step["session_id"], step["call_id"]), "tool", result.get("question"))
     elif status == "task":
-        _start_task(ctx, call, result)
+        _start_task(ctx, ctx.store.require_call(step["session_id"], step["call_id"]), result)
     else:
         raise Rejected("invalid", "result.status must be ok, error, question or task")
 
@@ -254,27 +253,31 @@ def _wait_before_poll(ctx: ApplyContext, call: CallRow, delay_ms: int) -> None:
 
 def finish_call(ctx: ApplyContext, call: CallRow, status: CallStatus, *, output: Any = None,
                 error: str | None = None, progress: str | None = None) -> None:
-    """Record the call's one final outcome; the last call of a response moves the turn on."""
+    """Record the call's one final outcome; the last call of a response moves the turn on.
+    `call` needs only its key (session_id, call_id): the rest comes back from the UPDATE."""
     assert status in FINAL_CALL_STATUSES, status
-    ctx.store.update("tool_calls", _key(call), status=status,
-                     output=None if output is None else to_json(output), error=error,
-                     attempt_progress=progress, ended_at=ctx.at)
-    ctx.store.bump(f"tool_calls.{status}")
-    ctx.emit(call["session_id"], "tool_call_finished", call_id=call["call_id"], name=call["name"],
+    finished = ctx.store.row(
+        "UPDATE tool_calls SET status = ?, output = ?, error = ?, attempt_progress = ?, ended_at = ? "
+        "WHERE session_id = ? AND call_id = ? RETURNING name, response_step_id, turn_id",
+        (status, None if output is None else to_json(output), error, progress, ctx.at,
+         call["session_id"], call["call_id"]))
+    if finished is None:
+        raise Rejected("not_found", f"session {call['session_id']} has no tool call {call['call_id']}")
+    ctx.bump(f"tool_calls.{status}")
+    ctx.emit(call["session_id"], "tool_call_finished", call_id=call["call_id"], name=finished["name"],
              status=status, output=output, error=error, attempt_progress=progress)
-    _finish_response_if_done(ctx, call["response_step_id"], call["session_id"], call["turn_id"])
+    _finish_response_if_done(ctx, finished["response_step_id"], call["session_id"], finished["turn_id"])
 
 
 def _finish_response_if_done(ctx: ApplyContext, response_step_id: str, session_id: str,
                              turn_id: str) -> None:
-    response = ctx.store.rows("SELECT * FROM tool_calls WHERE response_step_id = ? ORDER BY position",
-                              (response_step_id,))
+    response = ctx.store.rows("SELECT call_id, name, status, output, error FROM tool_calls "
+                              "WHERE response_step_id = ? ORDER BY position", (response_step_id,))
     if any(call["status"] == CallStatus.PENDING for call in response):
         return
     ctx.store.append_history(session_id, turn_id, [tool_result_item(call) for call in response], ctx.at)
     turns.release_notes(ctx, session_id, turn_id)
-    if ctx.store.scalar("SELECT status FROM turns WHERE turn_id = ?", (turn_id,)) == TurnStatus.RUNNING:
-        turns.schedule_model_round(ctx, session_id, turn_id)
+    turns.schedule_model_round(ctx, session_id, turn_id)  # unless the turn was cancelled meanwhile
 
 
 def tool_result_item(call: CallRow) -> dict[str, Any]:
@@ -371,7 +374,7 @@ def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, re
     if call["status"] != CallStatus.OUTCOME_UNKNOWN:
         raise Rejected("conflict", f"only an outcome_unknown call can be reconciled; "
                                    f"call {call_id} is {call['status']}")
-    ctx.store.bump(f"tool_calls.{outcome}")
+    ctx.bump(f"tool_calls.{outcome}")
     ctx.store.update("tool_calls", _key(call), status=outcome, output=output, error=error,
                      reconciled_at=ctx.at)
     note = (f"Tool call {call_id} ({call['name']}), whose outcome was unknown, was reconciled "

@@ -17,7 +17,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
-import msgpack
+import msgpack  # type: ignore[import-untyped, unused-ignore]  # msgpack ships no type hints
 
 COMMAND_FORMAT_VERSION = 1
 
@@ -221,7 +221,8 @@ def encode_command(cmd: Command) -> bytes:
     name = type(cmd).__name__
     if name not in COMMAND_TYPES:
         raise TypeError(f"not a command: {cmd!r}")
-    return msgpack.packb([COMMAND_FORMAT_VERSION, name, _to_plain(cmd)], use_bin_type=True)
+    data: bytes = msgpack.packb([COMMAND_FORMAT_VERSION, name, _to_plain(cmd)], use_bin_type=True)
+    return data
 
 
 def decode_command(data: bytes) -> Command:
@@ -238,7 +239,8 @@ def decode_command(data: bytes) -> Command:
     cls = COMMAND_TYPES.get(name) if isinstance(name, str) else None
     if cls is None:
         raise CommandDecodeError(f"unknown command {name!r}")
-    return _build(cls, fields, name)
+    command: Command = _build(cls, fields, name)
+    return command
 
 
 def _to_plain(obj: Any) -> Any:
@@ -288,7 +290,7 @@ def _validator(hint: Any) -> Validator:
                                      else _fail(where, "must be a map"))
     if hint is type(None):
         return lambda value, where: None if value is None else _fail(where, "must be null")
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return lambda value, where: _build(hint, value, where)
     if hint is int:
         # type(...) is int: a bool is not an int here

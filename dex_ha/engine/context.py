@@ -37,16 +37,22 @@ class ApplyContext:
     at: int  # the command's leader wall-clock ms: the only "now" the engine knows
     ids: IdGen = field(init=False)
     events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # counter name -> increment
 
     def __post_init__(self) -> None:
         self.ids = IdGen(self.index)
 
     def emit(self, session_id: str, type_: str, **data: Any) -> None:
-        """A session event (streamed over SSE with its increasing id); stored by `flush_events`."""
+        """A session event (streamed over SSE with its increasing id); stored by `hand_over_writes`."""
         self.events.append((session_id, type_, data))
 
-    def flush_events(self) -> None:
-        """Store the entry's events in one statement, in the order they were emitted."""
-        if self.events:
-            self.store.add_events(self.events, self.at, self.index)
-            self.events.clear()
+    def bump(self, counter: str, by: int = 1) -> None:
+        """Add `by` to a counter of the `counters` table (written by `hand_over_writes`)."""
+        self.counts[counter] = self.counts.get(counter, 0) + by
+
+    def hand_over_writes(self) -> None:
+        """The entry applied: hand its events (in the order they were emitted) and counter
+        increments to the store, which writes them at the end of the transaction."""
+        if self.events or self.counts:
+            self.store.buffer_entry_writes(self.events, self.counts, self.at, self.index)
+        self.events, self.counts = [], {}

@@ -49,6 +49,11 @@ class Engine(Queries):
     def close(self) -> None:
         self._conn.close()
 
+    def trace_statements(self, callback: Callable[[str], object] | None) -> None:
+        """For measurements (bench/engine_bench.py, tests): `callback(sql)` for every SQL
+        statement this engine's connection runs, its parameters filled in; None stops it."""
+        self._conn.set_trace_callback(callback)
+
     def reader(self) -> EngineReader:
         """The queries through a connection of their own, for another thread (see EngineReader)."""
         if self.path == ":memory:":
@@ -87,9 +92,11 @@ class Engine(Queries):
                     continue
                 results.append(self._apply_entry(index, data, careful))
                 applied = index
+            self._store.write_buffered()
             self._store.set_meta(APPLIED_INDEX, applied)
             self._conn.execute("COMMIT")
         except BaseException:
+            self._store.discard_buffered()
             self._conn.execute("ROLLBACK")
             raise
         return results
@@ -133,7 +140,7 @@ class Engine(Queries):
     def _run(self, index: int, cmd: Command) -> ApplyResult:
         ctx = ApplyContext(self._store, index, cmd.at)
         handled = HANDLERS[type(cmd)](ctx, cmd)
-        ctx.flush_events()
+        ctx.hand_over_writes()
         return accepted(index, handled.value, noop=handled.noop)
 
     def _internal_error(self, index: int, cmd: object, exc: Exception) -> ApplyResult:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from dex_ha.engine import calls, outcomes, steps, turns
 from dex_ha.engine.agents import normalize_definition
@@ -83,7 +83,7 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
     ctx.store.insert("messages", session_id=cmd.session_id, message_id=message_id, seq=seq,
                      text=cmd.text, mode=cmd.mode, status="waiting", at=ctx.at)
     ctx.emit(cmd.session_id, "message_received", message_id=message_id, text=cmd.text, mode=cmd.mode)
-    turns.start_next_turn_if_idle(ctx, cmd.session_id)
+    turns.start_next_turn_if_idle(ctx, session)  # the message changed none of what it reads
     return Handled({"message_id": message_id, "duplicate": False})
 
 
@@ -123,8 +123,12 @@ def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
 
 def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
     digest = hashlib.sha256(to_json(cmd.result).encode()).hexdigest()
+    if not 0 <= cmd.next_max <= MAX_EAGER_HANDOUTS:
+        raise Rejected("invalid", f"next_max must be between 0 and {MAX_EAGER_HANDOUTS}")
+    if cmd.next_token_secrets and len(cmd.next_token_secrets) != cmd.next_max:
+        raise Rejected("invalid", "next_token_secrets must hold one secret per step of next_max")
     try:
-        step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+        step = steps.complete_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term, digest)
     except Rejected:
         # A Worker retrying a completion that did commit gets ok, not 409.
         done = ctx.store.attempt(cmd.step_id, cmd.attempt)
@@ -132,22 +136,18 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
                 and done["result_digest"] == digest):
             return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt}, noop=True)
         raise
-    if not 0 <= cmd.next_max <= MAX_EAGER_HANDOUTS:
-        raise Rejected("invalid", f"next_max must be between 0 and {MAX_EAGER_HANDOUTS}")
-    if cmd.next_token_secrets and len(cmd.next_token_secrets) != cmd.next_max:
-        raise Rejected("invalid", "next_token_secrets must hold one secret per step of next_max")
     started: list[dict[str, Any]] = []
-    if steps.record_completion(ctx, step, cmd.attempt, digest):
+    if step is not None:  # None: the turn was cancelled while the attempt ran
         RESULT_HANDLERS[step["kind"]](ctx, step, cmd.result)
         if cmd.next_max and cmd.next_worker_id:
             # None: an entry written before schema 2, whose hand-outs have no secret.
-            token_secrets = cmd.next_token_secrets or [None] * cmd.next_max
+            token_secrets: Sequence[str | None] = cmd.next_token_secrets or [None] * cmd.next_max
             started = _hand_out_next_steps(ctx, step, cmd.next_worker_id, cmd.term, token_secrets)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt, "started": started})
 
 
 def _hand_out_next_steps(ctx: ApplyContext, step: Any, worker_id: str, term: int,
-                         token_secrets: list[str | None]) -> list[dict[str, Any]]:
+                         token_secrets: Sequence[str | None]) -> list[dict[str, Any]]:
     """Eager dispatch (see CompleteAttempt): the session's steps at the head of its agent's
     queue go to the Worker that just completed one, one token secret each; FIFO for
     everyone else holds."""
@@ -179,20 +179,20 @@ RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] 
 
 
 def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled:
-    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable,
                        not_started=cmd.not_started)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 
 def heartbeat_lost(ctx: ApplyContext, cmd: HeartbeatLost) -> Handled:
-    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 
 def attempt_timed_out(ctx: ApplyContext, cmd: AttemptTimedOut) -> Handled:
-    step, _ = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
+    step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(ctx, step, cmd.attempt, "the attempt ran past its start_to_close timeout", True)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 

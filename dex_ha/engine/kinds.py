@@ -207,7 +207,10 @@ def retry_window_end(kind: str, first_handout_at: int | None) -> int | None:
 
 def window_closed(kind: str) -> str:
     """Why a step of `kind` runs no more once its retry window is over."""
-    return f"no attempt left within {STEP_KINDS[kind].retry_window_ms // MINUTE} min of the first"
+    window = STEP_KINDS[kind].retry_window_ms
+    if window is None:
+        raise ValueError(f"{kind} steps have no retry window")
+    return f"no attempt left within {window // MINUTE} min of the first"
 
 
 def tool_outcome_on_exhaustion(effect: str, progress: str) -> CallStatus:

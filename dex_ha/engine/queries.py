@@ -186,8 +186,9 @@ class Queries:
         """Task `input` by kind, exactly as docs/api.md gives it."""
         kind = step["kind"]
         if kind in (CALL_TOOL, CALL_SINGLE_ATTEMPT_TOOL, POLL_TOOL_TASK):
-            return from_json(step["params"])
-        session = self._store.session(step["session_id"])
+            params: dict[str, Any] = from_json(step["params"])
+            return params
+        session = self._store.require_session(step["session_id"])
         after = session["summary_upto_seq"]
         if kind == RUN_MODEL:
             task = {"history": self._store.history_items(step["session_id"], after),
@@ -304,7 +305,7 @@ class Queries:
         return [{**dict(r), "steps": steps_by_turn.get(r["turn_id"], [])} for r in rows]
 
     def _turn_view(self, turn_id: str) -> dict[str, Any]:
-        turn = dict(self._store.turn(turn_id))
+        turn = dict(self._store.require_turn(turn_id))
         turn["steps"] = self._steps_with_attempts("WHERE s.turn_id = ?", (turn_id,))
         return turn
 
@@ -322,8 +323,8 @@ class Queries:
             f"LEFT JOIN attempts a ON a.step_id = s.step_id {where} ORDER BY s.created_at, s.step_id, a.number",
             params)
         steps = []
-        for step_id, group in groupby(rows, key=lambda r: r["step_id"]):
-            group = list(group)
+        for step_id, grouped in groupby(rows, key=lambda r: r["step_id"]):
+            group = list(grouped)
             first = group[0]
             steps.append({
                 "step_id": step_id, "turn_id": first["turn_id"], "kind": first["kind"],

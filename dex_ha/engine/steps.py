@@ -21,7 +21,7 @@ from dex_ha.engine.kinds import (
 )
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.statuses import OPEN_STEP_STATUSES, StepStatus
-from dex_ha.engine.store import FENCED_TERM, to_json
+from dex_ha.engine.store import FENCED_TERM, STEP_COLUMNS, to_json
 
 # Timer purposes: backoff (requeue for a retry), sleep, poll, and RETRY_WINDOW (the end of
 # a kind's retry window while a retry waits for a Worker).
@@ -74,6 +74,10 @@ def start_attempt(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fe
     A retry whose window is over (the step waited for a Worker too long) does not start:
     the step is exhausted instead, and returned as `Exhausted`. That is a change of state,
     so the command is accepted and the leader, seeing the step gone from the queue, moves on."""
+    if term >= fenced_term:
+        first = _claim_first_attempt(ctx, step_id)
+        if first is not None:
+            return _record_attempt(ctx, first, 1, worker_id, term, token_secret)
     step = ctx.store.require_step(step_id)
     if step["status"] != StepStatus.QUEUED:
         raise Rejected("conflict", f"step {step_id} is {step['status']}, not queued")
@@ -84,18 +88,35 @@ def start_attempt(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fe
         if _retry_window_over(ctx, step):
             return exhaust(ctx, step, f"attempt {number} was not handed out in time ({window_closed(step['kind'])})")
         _cancel_timers(ctx, step, purpose=RETRY_WINDOW)  # the retry starts in time
-    deadline = ctx.at + step["start_to_close_ms"] if step["start_to_close_ms"] else None
-    key = idempotency_key(step["session_id"], step["call_id"]) if step["call_id"] is not None else None
-    ctx.store.insert("attempts", step_id=step_id, number=number, term=term, worker_id=worker_id,
-                     idempotency_key=key, status="running", started_at=ctx.at, deadline_at=deadline,
-                     token_secret=token_secret)
     ctx.store.update("steps", {"step_id": step_id}, status=StepStatus.RUNNING, attempts_used=number,
                      queue_seq=None, first_handout_at=step["first_handout_at"] or ctx.at)
+    return _record_attempt(ctx, step, number, worker_id, term, token_secret)
+
+
+def _claim_first_attempt(ctx: ApplyContext, step_id: str) -> sqlite3.Row | None:
+    """The common hand-out, a queued step's first attempt, needs no check beyond that: the
+    step becomes running and gives back what the attempt needs, in one statement. None
+    (nothing changed) for any other step: the caller reads it and checks it in full."""
+    return ctx.store.row(
+        "UPDATE steps SET status = 'running', attempts_used = 1, queue_seq = NULL, "
+        "first_handout_at = COALESCE(first_handout_at, ?) "
+        f"WHERE step_id = ? AND status = 'queued' AND attempts_used = 0 RETURNING {STEP_COLUMNS}",
+        (ctx.at, step_id))
+
+
+def _record_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, worker_id: str, term: int,
+                    token_secret: str | None) -> dict[str, Any]:
+    """Insert attempt `number` of `step` (already marked running); returns the hand-out."""
+    deadline = ctx.at + step["start_to_close_ms"] if step["start_to_close_ms"] else None
+    key = idempotency_key(step["session_id"], step["call_id"]) if step["call_id"] is not None else None
+    ctx.store.insert("attempts", step_id=step["step_id"], number=number, term=term, worker_id=worker_id,
+                     idempotency_key=key, status="running", started_at=ctx.at, deadline_at=deadline,
+                     token_secret=token_secret)
     if step["call_id"] is not None:
         # From now on the tool may have run: a later failure is NOT_COMPLETED.
         ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=1)
     # For the leader that proposed the hand-out: it builds the Worker's task (and token) from this.
-    return {"step_id": step_id, "attempt": number, "term": term, "worker_id": worker_id,
+    return {"step_id": step["step_id"], "attempt": number, "term": term, "worker_id": worker_id,
             "session_id": step["session_id"], "turn_id": step["turn_id"], "kind": step["kind"],
             "call_id": step["call_id"], "deadline_at": deadline, "queued_at": step["queued_at"],
             "token_secret": token_secret}
@@ -110,30 +131,35 @@ def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, An
     return {k: v for k, v in attempt.items() if k not in ("turn_id", "call_id")}
 
 
-def current_attempt(ctx: ApplyContext, step_id: str, number: int,
-                    term: int) -> tuple[sqlite3.Row, sqlite3.Row]:
-    """Fencing: the step and attempt, if (step id, attempt number, term) is still running."""
-    step = ctx.store.require_step(step_id)
-    attempt = ctx.store.row("SELECT term, status FROM attempts WHERE step_id = ? AND number = ?",
-                            (step_id, number))
-    if attempt is None:
+def current_attempt(ctx: ApplyContext, step_id: str, number: int, term: int) -> sqlite3.Row:
+    """Fencing: the step, if (step id, attempt number, term) is still running."""
+    step = ctx.store.step_and_attempt(step_id, number)
+    if step["attempt_status"] is None:
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} was never handed out")
-    if attempt["term"] != term:
+    if step["attempt_term"] != term:
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} belongs to term "
-                                        f"{attempt['term']}, not {term}")
-    if attempt["status"] != "running":
-        raise Rejected("stale_attempt", f"attempt {number} of step {step_id} already {attempt['status']}")
-    return step, attempt
+                                        f"{step['attempt_term']}, not {term}")
+    if step["attempt_status"] != "running":
+        raise Rejected("stale_attempt", f"attempt {number} of step {step_id} already {step['attempt_status']}")
+    return step
 
 
-def record_completion(ctx: ApplyContext, step: sqlite3.Row, number: int, digest: str) -> bool:
-    """Close the attempt as completed; False when the step no longer wants the result."""
-    ctx.store.update("attempts", {"step_id": step["step_id"], "number": number},
-                     status="completed", ended_at=ctx.at, result_digest=digest)
-    if step["status"] != StepStatus.RUNNING:  # the turn was cancelled while the attempt ran
-        return False
-    ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.DONE, ended_at=ctx.at)
-    return True
+def complete_attempt(ctx: ApplyContext, step_id: str, number: int, term: int, digest: str) -> sqlite3.Row | None:
+    """Fence and record a result: attempt (step id, `number`, `term`), if still running,
+    closes as completed and its step is done. Returns the step (STEP_COLUMNS), or None when
+    the step no longer wants the result (its turn was cancelled while the attempt ran).
+    Raises Rejected("stale_attempt"), having changed nothing, when the attempt is not current.
+
+    The fencing conditions are in the UPDATE itself, so the common case is two statements;
+    only a refused result reads the rows, to say why."""
+    closed = ctx.store.row("UPDATE attempts SET status = 'completed', ended_at = ?, result_digest = ? "
+                           "WHERE step_id = ? AND number = ? AND term = ? AND status = 'running' "
+                           "RETURNING number", (ctx.at, digest, step_id, number, term))
+    if closed is None:
+        current_attempt(ctx, step_id, number, term)  # raises, saying why it is not current
+        raise Rejected("stale_attempt", f"attempt {number} of step {step_id} is not running in term {term}")
+    return ctx.store.row(f"UPDATE steps SET status = 'done', ended_at = ? WHERE step_id = ? AND status = 'running' "
+                         f"RETURNING {STEP_COLUMNS}", (ctx.at, step_id))
 
 
 def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *,

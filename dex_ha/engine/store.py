@@ -27,6 +27,12 @@ FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-ou
 EVENT_ID_SHIFT = 16  # event id = (log index << 16) + its number within the entry and session
 
 
+# The columns of a steps row that the engine's logic and the task queries read: the hot
+# path reads these rather than every column (usage, error... are for the API's views).
+STEP_COLUMNS = ("step_id, session_id, turn_id, agent, kind, call_id, status, attempts_used, max_attempts, "
+                "start_to_close_ms, first_handout_at, queued_at, params, created_at")
+
+
 def _canonical_encoder() -> Callable[[Any], str]:
     """Canonical JSON (sorted keys, no spaces): the same value gives the same text on every
     node. json.dumps builds a new C encoder on every call; on the hot path we build it once."""
@@ -97,11 +103,17 @@ class Store:
         # Parsed agent definitions by their JSON text (a pure memo: the text is the key,
         # so a rolled-back or restored change can never serve a stale definition).
         self._definitions: dict[str, dict[str, Any]] = {}
+        # Rows that nothing reads while entries apply (session events, counters), kept
+        # until the transaction's end and written then in one statement each: see
+        # `buffer_entry_writes`. Empty outside a transaction.
+        self._event_rows: list[tuple[str, int, int, str]] = []
+        self._counts: dict[str, int] = {}
 
     # ------------------------------------------------------------- generic helpers
 
     def row(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Row | None:
-        return self.conn.execute(sql, tuple(params)).fetchone()
+        found: sqlite3.Row | None = self.conn.execute(sql, tuple(params)).fetchone()
+        return found
 
     def rows(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         return self.conn.execute(sql, tuple(params)).fetchall()
@@ -150,16 +162,50 @@ class Store:
         self.conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
                           "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
-    def bump(self, counter: str, by: int = 1) -> None:
-        """Add `by` to a counter of the `counters` table."""
-        self.conn.execute("INSERT INTO counters(name, value) VALUES (?, ?) "
-                          "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value", (counter, by))
+    # ------------------------------------------------------------- buffered writes
+
+    def buffer_entry_writes(self, events: list[tuple[str, str, dict[str, Any]]], counts: dict[str, int],
+                            at: int, index: int) -> None:
+        """Keep an applied entry's events (one row per session it touched, its events in
+        order) and counter increments until `write_buffered`, at the end of the transaction.
+
+        No handler reads events or counters, so the rows need not be in the table before
+        then; written together they cost one statement per transaction, not one per entry.
+        The caller hands over an entry only once it applied (a refused entry's writes are
+        never buffered), and `discard_buffered` drops them with a rolled-back transaction.
+        """
+        by_session: dict[str, list[list[Any]]] = {}
+        for session_id, type_, data in events:
+            by_session.setdefault(session_id, []).append([type_, data])
+        self._event_rows.extend((sid, index, at, to_json(evs)) for sid, evs in by_session.items())
+        for name, by in counts.items():
+            self._counts[name] = self._counts.get(name, 0) + by
+
+    def write_buffered(self) -> None:
+        """Write the buffered events and counter increments (inside the transaction)."""
+        rows, self._event_rows = self._event_rows, []
+        for chunk in _chunks(rows, _ROWS_PER_INSERT):
+            self.conn.execute("INSERT INTO events(session_id, log_index, at, events) VALUES "
+                              + ", ".join(["(?, ?, ?, ?)"] * len(chunk)), [v for row in chunk for v in row])
+        counts, self._counts = sorted(self._counts.items()), {}
+        for chunk in _chunks(counts, _ROWS_PER_INSERT):
+            self.conn.execute("INSERT INTO counters(name, value) VALUES "
+                              + ", ".join(["(?, ?)"] * len(chunk))
+                              + " ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                              [v for row in chunk for v in row])
+
+    def discard_buffered(self) -> None:
+        """Forget what was buffered: the transaction it belonged to is rolled back."""
+        self._event_rows, self._counts = [], {}
 
     # ------------------------------------------------------------- reads by key
 
     def agent_definition(self, name: str) -> dict[str, Any] | None:
         """The agent's normalised definition (shared: callers must not change it)."""
-        text = self.scalar("SELECT definition FROM agents WHERE name = ?", (name,))
+        return self.parsed_definition(self.scalar("SELECT definition FROM agents WHERE name = ?", (name,)))
+
+    def parsed_definition(self, text: str | None) -> dict[str, Any] | None:
+        """A definition's JSON text (None: no such agent) parsed, memoised by the text."""
         if text is None:
             return None
         parsed = self._definitions.get(text)
@@ -172,11 +218,31 @@ class Store:
     def session(self, session_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM sessions WHERE session_id = ?", (session_id,))
 
+    def session_for_round(self, session_id: str, turn_id: str) -> sqlite3.Row:
+        """What a model round needs (turns.schedule_model_round): the session's agent, its
+        history and summary counters, the agent's definition text and the turn's status
+        (`turn_status`), in one read."""
+        return _found(self.row(
+            "SELECT s.session_id, s.agent, s.history_count, s.history_tokens, s.summary_upto_seq, "
+            "s.summary_upto_tokens, a.definition, t.status AS turn_status FROM sessions s "
+            "LEFT JOIN agents a ON a.name = s.agent LEFT JOIN turns t ON t.turn_id = ? "
+            "WHERE s.session_id = ?", (turn_id, session_id)), f"unknown session {session_id}")
+
     def turn(self, turn_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM turns WHERE turn_id = ?", (turn_id,))
 
     def step(self, step_id: str) -> sqlite3.Row | None:
-        return self.row("SELECT * FROM steps WHERE step_id = ?", (step_id,))
+        """The step's columns that the engine's logic reads (STEP_COLUMNS)."""
+        return self.row(f"SELECT {STEP_COLUMNS} FROM steps WHERE step_id = ?", (step_id,))
+
+    def step_and_attempt(self, step_id: str, number: int) -> sqlite3.Row:
+        """The step (STEP_COLUMNS) with the term and status of its attempt `number`
+        (`attempt_term`, `attempt_status`: NULL when that attempt was never handed out),
+        in one read. Rejected(not_found) when there is no such step."""
+        prefixed = ", ".join(f"s.{c}" for c in STEP_COLUMNS.split(", "))
+        return _found(self.row(f"SELECT {prefixed}, a.term AS attempt_term, a.status AS attempt_status "
+                               "FROM steps s LEFT JOIN attempts a ON a.step_id = s.step_id AND a.number = ? "
+                               "WHERE s.step_id = ?", (number, step_id)), f"unknown step {step_id}")
 
     def call(self, session_id: str, call_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM tool_calls WHERE session_id = ? AND call_id = ?",
@@ -187,6 +253,9 @@ class Store:
 
     def require_session(self, session_id: str) -> sqlite3.Row:
         return _found(self.session(session_id), f"unknown session {session_id}")
+
+    def require_turn(self, turn_id: str) -> sqlite3.Row:
+        return _found(self.turn(turn_id), f"unknown turn {turn_id}")
 
     def require_step(self, step_id: str) -> sqlite3.Row:
         return _found(self.step(step_id), f"unknown step {step_id}")
@@ -221,10 +290,12 @@ class Store:
         """Append history items; returns the seq of the last. Keeps the session's counters current."""
         texts = [to_json(item) for item in (items if isinstance(items, list) else [items])]
         tokens = [estimate_tokens(text) for text in texts]
-        first = self.scalar("SELECT history_count + 1 FROM sessions WHERE session_id = ?", (session_id,))
-        last = first + len(texts) - 1
-        self.conn.execute("UPDATE sessions SET history_count = ?, history_tokens = history_tokens + ?, "
-                          "updated_at = ? WHERE session_id = ?", (last, sum(tokens), at, session_id))
+        # One statement moves the counters and says where the new items go.
+        counted = self.row("UPDATE sessions SET history_count = history_count + ?, "
+                           "history_tokens = history_tokens + ?, updated_at = ? WHERE session_id = ? "
+                           "RETURNING history_count", (len(texts), sum(tokens), at, session_id))
+        last: int = _found(counted, f"unknown session {session_id}")["history_count"]
+        first = last - len(texts) + 1
         self.conn.executemany("INSERT INTO history(session_id, seq, turn_id, item, tokens, at) "
                               "VALUES (?, ?, ?, ?, ?, ?)",
                               [(session_id, first + i, turn_id, text, n, at)
@@ -236,17 +307,17 @@ class Store:
         # task carries the history, so this is on the hot path.
         rows = self.conn.execute("SELECT item FROM history WHERE session_id = ? AND seq > ? ORDER BY seq",
                                  (session_id, after_seq)).fetchall()
-        return json.loads("[" + ",".join(r[0] for r in rows) + "]")
+        items: list[dict[str, Any]] = json.loads("[" + ",".join(r[0] for r in rows) + "]")
+        return items
 
-    # ------------------------------------------------------------- events
 
-    def add_events(self, events: list[tuple[str, str, dict[str, Any]]], at: int, index: int) -> None:
-        """One row per session that the entry touched, its events in order."""
-        by_session: dict[str, list[list[Any]]] = {}
-        for session_id, type_, data in events:
-            by_session.setdefault(session_id, []).append([type_, data])
-        self.conn.executemany("INSERT INTO events(session_id, log_index, at, events) VALUES (?, ?, ?, ?)",
-                              [(sid, index, at, to_json(evs)) for sid, evs in by_session.items()])
+# Rows per multi-row INSERT: 4 values each stays far below SQLite's 32766 bound on values.
+_ROWS_PER_INSERT = 500
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 def estimate_tokens(text: str) -> int:

@@ -16,12 +16,16 @@ from dex_ha.engine.results import Rejected
 from dex_ha.engine.statuses import TurnStatus
 from dex_ha.engine.store import from_json, to_json
 
+# What delivering a message reads of it.
+_MESSAGE_COLUMNS = "session_id, message_id, text, mode"
 
-def start_next_turn_if_idle(ctx: ApplyContext, session_id: str) -> None:
-    session = ctx.store.require_session(session_id)
+
+def start_next_turn_if_idle(ctx: ApplyContext, session: Any) -> None:
+    """`session`: its row, or the part of it with session_id, current_turn_id, turn_count."""
+    session_id = session["session_id"]
     if session["current_turn_id"] is not None:
         return
-    message = ctx.store.row("SELECT * FROM messages WHERE session_id = ? AND status = 'waiting' "
+    message = ctx.store.row(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND status = 'waiting' "
                             "ORDER BY seq LIMIT 1", (session_id,))
     if message is None:
         return
@@ -39,7 +43,7 @@ def start_next_turn_if_idle(ctx: ApplyContext, session_id: str) -> None:
 
 def deliver_steered_messages(ctx: ApplyContext, session_id: str, turn_id: str) -> None:
     """Steered messages join the history at the next model call of the running turn."""
-    for message in ctx.store.rows("SELECT * FROM messages WHERE session_id = ? AND status = 'waiting' "
+    for message in ctx.store.rows(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND status = 'waiting' "
                                   "AND mode = 'steer' ORDER BY seq", (session_id,)):
         _deliver_message(ctx, message, turn_id, announce=True)
 
@@ -59,9 +63,12 @@ def _deliver_message(ctx: ApplyContext, message: Any, turn_id: str, announce: bo
 
 
 def schedule_model_round(ctx: ApplyContext, session_id: str, turn_id: str) -> None:
-    """Step 2/3 of a turn: CompactContext if the visible history is over the limit, else RunModel."""
-    session = ctx.store.require_session(session_id)
-    definition = ctx.store.agent_definition(session["agent"]) or {}
+    """Step 2/3 of a turn: CompactContext if the visible history is over the limit, else
+    RunModel; nothing once the turn is no longer running."""
+    session = ctx.store.session_for_round(session_id, turn_id)
+    if session["turn_status"] != TurnStatus.RUNNING:  # cancelled while its last calls finished
+        return
+    definition = ctx.store.parsed_definition(session["definition"]) or {}
     model_timeout = (definition.get("model") or {}).get("start_to_close_ms")
     cutoff = _compaction_cutoff(ctx, session, turn_id, definition.get("compaction") or {})
     if cutoff is not None:
@@ -172,7 +179,8 @@ def fail_turn(ctx: ApplyContext, session_id: str, turn_id: str, error: str) -> N
 def end_turn(ctx: ApplyContext, session_id: str, turn_id: str, status: TurnStatus, error: str | None = None) -> None:
     release_notes(ctx, session_id, turn_id)  # none is left once the calls have their results; never held past a turn
     ctx.store.update("turns", {"turn_id": turn_id}, status=status, ended_at=ctx.at, error=error)
-    ctx.store.update("sessions", {"session_id": session_id}, status="idle", current_turn_id=None,
-                     updated_at=ctx.at)
+    session = ctx.store.row("UPDATE sessions SET status = 'idle', current_turn_id = NULL, updated_at = ? "
+                            "WHERE session_id = ? RETURNING session_id, current_turn_id, turn_count",
+                            (ctx.at, session_id))
     ctx.emit(session_id, f"turn_{status}", turn_id=turn_id, error=error)
-    start_next_turn_if_idle(ctx, session_id)
+    start_next_turn_if_idle(ctx, session)

@@ -78,6 +78,25 @@ def test_a_crash_inside_a_batch_keeps_neither_change_nor_index(tmp_path, monkeyp
     assert d.engine.logical_dump() == dump
 
 
+def test_writes_kept_for_a_rolled_back_batch_never_reach_a_later_one(tmp_path, monkeypatch):
+    """Events and counters are written at the end of the transaction: those of an entry
+    that applied in a batch that then failed go with the rollback, not into the next batch."""
+    d = busy_driver(str(tmp_path / "e.db"))
+    dump = d.engine.logical_dump(include_applied_index=False)
+
+    def disk_full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setitem(handlers.HANDLERS, CancelTurn, disk_full)
+    with pytest.raises(sqlite3.OperationalError):
+        d.engine.apply_batch([(d.index + 1, encode_command(CreateSession(at=1, session_id="s8", agent="helper"))),
+                              (d.index + 2, encode_command(CancelTurn(at=1, session_id="a")))])
+    monkeypatch.undo()
+    assert d.engine.apply(d.index + 1, b"").ok
+    assert d.engine.logical_dump(include_applied_index=False) == dump
+    assert d.engine.events("s8") == []
+
+
 def test_snapshot_and_restore_give_the_same_state(tmp_path):
     d = busy_driver(str(tmp_path / "e.db"))
     data = d.engine.snapshot()
