@@ -105,11 +105,8 @@ def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
               handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
-            try:
-                response = await _handle(api, auth, route, handler, request)
-            except RAFT_ERRORS as exc:  # Raft's errors, in the API's terms
-                raise from_raft(exc) from exc
-        except HttpError as exc:
+            response = await _handle(api, auth, route, handler, request)
+        except HttpError as exc:  # every error answer, in one shape (errors.py)
             response = _error_answer(api.node, exc)
         except ConnectionError as exc:  # the client went away: 499, not a server error
             response = client_gone(request, exc)
@@ -135,7 +132,10 @@ async def _handle(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler,
     with api.node.admission.slot(route.bounded):  # raises Overloaded: 503 at once
         if raw is not None:
             args.update(validate_body(route, decode_json_body(route, raw)))
-        answer = await handler(api, args, request)
+        try:
+            answer = await handler(api, args, request)
+        except RAFT_ERRORS as exc:  # a proposal or membership change that Raft refused
+            raise from_raft(exc) from exc
     if isinstance(answer, web.StreamResponse):
         return answer
     status, body = answer

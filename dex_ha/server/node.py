@@ -1,9 +1,8 @@
 """The node process: one Raft member with the engine as its state machine, the HTTP API,
 and — while it is the active node — the leader services of its term.
 
-Roles (`/v1/cluster`): `active` (leader, lease valid, takeover done), `draining` (the
-active node during a planned step down), `standby` (a voting follower), `learner`,
-`candidate` (an election is running, or a leader whose takeover or lease is not there yet).
+The role a node reports (`/v1/cluster`, `/readyz`) is a `NodeRole` (roles.py): active,
+draining, candidate, standby or learner.
 """
 
 from __future__ import annotations
