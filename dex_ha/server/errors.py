@@ -9,18 +9,18 @@ HttpErrors in `from_raft`.
 
 This module imports nothing of the server, so any module may raise these errors.
 
-    HttpError
-    ├── ApiError              any status and code a handler decides on
-    ├── InvalidRequest        400 invalid (validation.py: "<field>: <what is wrong>")
+    HttpError                 (where it is defined or raised)
+    ├── ApiError              any status and code a handler decides on (app.py)
+    ├── InvalidRequest        400 invalid, "<field>: <what is wrong>" (validation.py)
     ├── AuthError             401 unauthorized / 403 forbidden (auth.py)
-    ├── UnknownMember         404 not_found: a step down to no other voter
     ├── BodyTimeout           408 request_timeout (http_limits.py)
-    ├── StepDownFailed        409 step_down_failed
-    ├── MemberNotCaughtUp     409 conflict: a learner too far behind to promote
+    ├── StepDownFailed        409 step_down_failed (node.py)
+    │   └── UnknownMember     404 not_found: the step down names no other voter
+    ├── MemberNotCaughtUp     409 conflict: a learner too far behind to promote (node.py)
     ├── BodyTooLarge          413 too_large (validation.py)
     ├── Overloaded            503 overloaded, Retry-After (admission.py)
-    └── NotActive             503 not_active, Retry-After, leader_url
-        └── NotServing        this node is not the active node, draining or stopping (leader.py)
+    └── NotActive             503 not_active, Retry-After, leader_url (Raft's errors, from_raft)
+        └── NotServing        not the active node, draining or stopping (node.py, leader.py)
 """
 
 from __future__ import annotations
