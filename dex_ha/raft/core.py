@@ -105,8 +105,10 @@ from __future__ import annotations
 import enum
 import random
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from .progress import Inflights, Progress, ProgressState
+from .status import MemberStatus, Status
 from .types import (
     NO_NODE,
     ConfChange,
@@ -1405,36 +1407,27 @@ class RaftCore:
         voters = self._conf.voters
         return [(m, m in voters, pr.match, pr.last_contact_ms) for m, pr in sorted(self._prs.items()) if m != self.id]
 
-    def status(self) -> dict:
-        members = {}
-        for m in self._conf.members():
-            info: dict = {"voter": m in self._conf.voters}
-            pr = self._prs.get(m)
-            if m == self.id:
-                info.update(match=self._log.persisted, next=self._log.last_index + 1,
-                            state="self", last_contact_ms_ago=0, contacted=True)
-            elif pr is not None:
-                # None with contacted=False: this leader never heard from the peer (not yet started,
-                # unreachable); with no progress at all (not the leader) contacted is None: unknown.
-                info.update(match=pr.match, next=pr.next, state=pr.state.value, contacted=pr.heard_from,
+    def status(self) -> Status:
+        """The node's Raft state now, with each member's progress as far as this node knows it."""
+        return Status(
+            id=self.id, role=self.role.name.lower(), term=self._term, vote=self._vote, leader=self._leader,
+            commit=self._log.commit, applied=self._applied, first_index=self._log.first_index,
+            last_index=self._log.last_index, lease_remaining_ms=self.lease_remaining_ms(self._now),
+            transferring_to=self.transferring_to,
+            members=MappingProxyType({m: self._member_status(m) for m in self._conf.members()}))
+
+    def _member_status(self, member_id: str) -> MemberStatus:
+        voter = member_id in self._conf.voters
+        if member_id == self.id:
+            return MemberStatus(voter, match=self._log.persisted, next=self._log.last_index + 1, state="self",
+                                last_contact_ms_ago=0, contacted=True)
+        pr = self._prs.get(member_id)
+        if pr is None:  # not the leader: this node knows nothing of the member's progress
+            return MemberStatus(voter)
+        # contacted=False (and no last contact): this leader never heard from the peer
+        # (not yet started, unreachable).
+        return MemberStatus(voter, match=pr.match, next=pr.next, state=pr.state.value, contacted=pr.heard_from,
                             last_contact_ms_ago=self._now - pr.last_contact_ms if pr.heard_from else None)
-            else:
-                info.update(match=None, next=None, state=None, last_contact_ms_ago=None, contacted=None)
-            members[m] = info
-        return {
-            "id": self.id,
-            "role": self.role.name.lower(),
-            "term": self._term,
-            "vote": self._vote,
-            "leader": self._leader,
-            "commit": self._log.commit,
-            "applied": self._applied,
-            "first_index": self._log.first_index,
-            "last_index": self._log.last_index,
-            "lease_remaining_ms": self.lease_remaining_ms(self._now),
-            "transferring_to": self.transferring_to,
-            "members": members,
-        }
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ from .core import (
     RaftCore,
     check_timing,
 )
+from .status import Status
 from .storage import RaftStorage, fsync_dir
 from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
 from .types import (
@@ -354,11 +355,10 @@ class RaftNode:
     def members(self) -> dict[str, Member]:
         return dict(self._members)
 
-    def status(self) -> dict[str, Any]:
-        st = self.core.status()
-        st["snapshot_index"] = self._snapshot_index
-        st["snapshots_sending"] = self.transport.snapshots_in_flight()
-        return st
+    def status(self) -> Status:
+        """The core's status with the node loop's snapshot index and snapshots in flight."""
+        return replace(self.core.status(), snapshot_index=self._snapshot_index,
+                       snapshots_sending=self.transport.snapshots_in_flight())
 
     async def propose(self, data: bytes) -> Any:
         """Replicate `data`, apply it, and return the state machine's result.

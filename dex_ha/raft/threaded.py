@@ -31,6 +31,7 @@ from typing import Any, Callable
 from .core import NotLeader
 from .loop_thread import LoopThread
 from .node import Member, NodeConfig, RaftNode, RaftView, StateMachine
+from .status import Status
 from .types import ConfChange, EntryType
 
 
@@ -129,7 +130,7 @@ class RaftThread:
     def members(self) -> dict[str, Member]:
         return self.node.members()  # a copy, replaced as a whole on the Raft thread
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> Status:
         """The core's full status (members, progress), read on the Raft loop."""
         return await self._thread.call(self.node.status)
 

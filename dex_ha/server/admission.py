@@ -18,21 +18,20 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+from dex_ha.server.errors import RETRY_AFTER_S, Overloaded
+
 # Seconds a shed client should wait; the SDKs add jitter and cap their backoff.
-OVERLOADED_RETRY_AFTER_S = "1"
-
-
-class Overloaded(Exception):
-    """All slots are taken: the request is answered 503 `overloaded` with Retry-After."""
+OVERLOADED_RETRY_AFTER_S = RETRY_AFTER_S
 
 
 class Admission:
     """Counts the bounded requests in flight; `try_enter` refuses past `limit`."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, owner: str = "this node") -> None:
         if limit < 1:
             raise ValueError("limit: must be at least 1")
         self.limit = limit
+        self.owner = owner  # who sheds, in the Overloaded message ("node n1")
         self.in_flight = 0
         self.shed_total = 0
 
@@ -55,7 +54,7 @@ class Admission:
             yield
             return
         if not self.try_enter():
-            raise Overloaded(f"at its bound of {self.limit} requests in flight; retry after {OVERLOADED_RETRY_AFTER_S} s")
+            raise Overloaded(f"{self.owner} is at its bound of {self.limit} requests in flight; retry after {OVERLOADED_RETRY_AFTER_S} s")
         try:
             yield
         finally:

@@ -3,8 +3,8 @@
 Every request goes through the same pipeline (`_handle`): token → active node? → size and
 JSON → path, query, header and body validation → handler → JSON answer. Handlers get the
 validated arguments and return `(status, body)` or a response; errors are raised as
-exceptions that the pipeline turns into `{"error", "message"}` answers, so no handler
-writes an error response of its own.
+HttpErrors (errors.py) that the pipeline turns into `{"error", "message"}` answers, so no
+handler writes an error response of its own.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import logging
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -24,17 +24,16 @@ from dex_ha.engine import (
     AnswerQuestion, ApplyResult, AttemptState, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
     EngineReader, FailAttempt, ReconcileToolCall, RegisterAgent, SendMessage,
 )
-from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S, Overloaded
+from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.api_spec import ROUTES, RouteSpec
-from dex_ha.server.auth import AuthError, TokenAuth
+from dex_ha.server.auth import TokenAuth
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
 from dex_ha.server.cluster_nodes import every_node_view
 from dex_ha.server.console import add_console_routes
 from dex_ha.server.config import ConfigError, parse_address
-from dex_ha.server.http_limits import BodyTimeout, client_gone, read_body
-from dex_ha.server.leader import NotServing, wall_ms
-from dex_ha.raft.core import ConfChangeRefused, EntryTooLarge
-from dex_ha.server.node import NOT_ACTIVE_ERRORS, MemberNotCaughtUp, NodeServer, StepDownFailed, UnknownMember
+from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
+from dex_ha.server.http_limits import client_gone, read_body
+from dex_ha.server.leader import wall_ms
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
@@ -42,22 +41,16 @@ from dex_ha.server.validation import (
     validate_query,
 )
 
+if TYPE_CHECKING:  # node.py builds the app: importing it here at run time would be a circle
+    from dex_ha.server.node import NodeServer
+
 log = logging.getLogger("dex_ha.server.http")
 
-RETRY_AFTER_S = "1"
 SSE_KEEPALIVE_S = 15.0
 SSE_EVENTS_PER_READ = 500
 
 Answer = tuple[int, Any] | web.StreamResponse
 Handler = Callable[["Api", dict[str, Any], web.Request], Awaitable[Answer]]
-
-
-class ApiError(Exception):
-    """An error answer: `{"error": code, "message": message, **extra}` with `status`."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.extra = status, code, message, extra
 
 
 @dataclass
@@ -77,6 +70,13 @@ class Api:
         if not result.ok:
             raise ApiError(result.http_status, result.code, result.reason)
         return result
+
+
+def _value(result: ApplyResult) -> dict[str, Any]:
+    """What an accepted command returned; every command a handler proposes returns a value."""
+    if result.value is None:
+        raise RuntimeError(f"the command applied at index {result.index} returned no value")
+    return result.value
 
 
 def build_app(node: NodeServer) -> web.Application:
@@ -106,19 +106,8 @@ def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             response = await _handle(api, auth, route, handler, request)
-        except Overloaded as exc:
-            response = _error(503, "overloaded", f"node {api.node.config.node_id} is {exc}",
-                              headers={"Retry-After": OVERLOADED_RETRY_AFTER_S})
-        except ApiError as exc:
-            response = _error(exc.status, exc.code, exc.message, **exc.extra)
-        except (InvalidRequest, BodyTooLarge, BodyTimeout) as exc:
-            response = _error(exc.status, exc.code, str(exc))  # "<field>: <what is wrong>"
-        except AuthError as exc:
-            response = _error(exc.status, exc.code, exc.message, headers=exc.headers)
-        except EntryTooLarge as exc:  # the command would not fit in the replicated log
-            response = _error(413, "too_large", f"body: the command it makes is too large ({exc})")
-        except NOT_ACTIVE_ERRORS as exc:
-            response = _not_active(api.node, str(exc) or type(exc).__name__)
+        except HttpError as exc:  # every error answer, in one shape (errors.py)
+            response = _error_answer(api.node, exc)
         except ConnectionError as exc:  # the client went away: 499, not a server error
             response = client_gone(request, exc)
         except asyncio.CancelledError:
@@ -141,9 +130,12 @@ async def _handle(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler,
             **validate_headers(route, request.headers)}
     raw = await _read_body(api, route, request) if route.body is not None else None
     with api.node.admission.slot(route.bounded):  # raises Overloaded: 503 at once
-        if route.body is not None:
+        if raw is not None:
             args.update(validate_body(route, decode_json_body(route, raw)))
-        answer = await handler(api, args, request)
+        try:
+            answer = await handler(api, args, request)
+        except RAFT_ERRORS as exc:  # a proposal or membership change that Raft refused
+            raise from_raft(exc) from exc
     if isinstance(answer, web.StreamResponse):
         return answer
     status, body = answer
@@ -167,16 +159,15 @@ def _dumps(value: Any) -> str:
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None,
            **extra: Any) -> web.Response:
-    return web.json_response({"error": code, "message": message, **extra}, status=status,
-                             headers=headers, dumps=_dumps)
+    return _error_answer(None, HttpError(status, code, message, headers, **extra))
 
 
-def _not_active(node: NodeServer, why: str) -> web.Response:
-    leader_url = node.leader_url() if not node.raft.view.is_leader else None
-    # NotServing's messages are sentences about this node already ("this node is not the
-    # active node", "this node is draining: ..."); Raft's errors say why in Raft's words.
-    message = why if why.startswith("this node ") else f"this node is not the active node ({why})"
-    return _error(503, "not_active", message, headers={"Retry-After": RETRY_AFTER_S}, leader_url=leader_url)
+def _error_answer(node: NodeServer | None, error: HttpError) -> web.Response:
+    """The JSON answer to an error. A not-active answer names the node to go to instead."""
+    body = error.body()
+    if isinstance(error, NotActive) and node is not None:
+        body["leader_url"] = node.redirect_url()
+    return web.json_response(body, status=error.status, headers=error.headers or None, dumps=_dumps)
 
 
 # ---------------------------------------------------------------- every error in JSON
@@ -275,12 +266,7 @@ async def cluster_nodes(api: Api, args: dict[str, Any], request: web.Request) ->
 
 
 async def step_down(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    try:
-        return 200, await api.node.step_down(args.get("to"), args.get("drain_timeout_ms"))
-    except UnknownMember as exc:
-        raise ApiError(404, "not_found", str(exc)) from None
-    except StepDownFailed as exc:
-        raise ApiError(409, "step_down_failed", str(exc)) from None
+    return 200, await api.node.step_down(args.get("to"), args.get("drain_timeout_ms"))
 
 
 async def add_member(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -310,13 +296,13 @@ async def _known_member(api: Api, member_id: str) -> None:
 
 
 async def _members(api: Api) -> dict[str, Any]:
-    return {"members": (await api.node.cluster_view())["members"]}
+    return {"members": await api.node.members()}
 
 
 async def _membership(change: Awaitable[None]) -> None:
     try:
         await change
-    except (ConfChangeRefused, MemberNotCaughtUp) as exc:  # nothing changed
+    except ConfChangeRefused as exc:  # nothing changed (a learner not caught up: MemberNotCaughtUp, 409 too)
         raise ApiError(409, "conflict", str(exc)) from None
 
 
@@ -326,8 +312,8 @@ async def _membership(change: Awaitable[None]) -> None:
 async def create_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(CreateSession(at=wall_ms(), agent=args["agent"], session_id=args.get("session_id"),
                                              metadata=args.get("metadata")))
-    session_id = result.value["session_id"]
-    return (201 if result.value["created"] else 200), api.engine.get_agent_snapshot(session_id)
+    value = _value(result)
+    return (201 if value["created"] else 200), api.engine.get_agent_snapshot(value["session_id"])
 
 
 async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -353,31 +339,31 @@ def _snapshot(api: Api, session_id: str) -> dict[str, Any]:
 async def send_message(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(SendMessage(at=wall_ms(), session_id=args["session_id"], text=args["text"],
                                            message_id=args.get("message_id"), mode=args["mode"]))
-    return 202, {"session_id": args["session_id"], **result.value}
+    return 202, {"session_id": args["session_id"], **_value(result)}
 
 
 async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(DecideApproval(at=wall_ms(), session_id=args["session_id"], call_id=args["call_id"],
                                               approved=args["approved"], reason=args.get("reason")))
-    return 200, {**result.value, "noop": result.noop}
+    return 200, {**_value(result), "noop": result.noop}
 
 
 async def answer_question(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(AnswerQuestion(at=wall_ms(), session_id=args["session_id"],
                                               question_id=args["question_id"], answer=args["answer"]))
-    return 200, {**result.value, "noop": result.noop}
+    return 200, {**_value(result), "noop": result.noop}
 
 
 async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(CancelTurn(at=wall_ms(), session_id=args["session_id"], reason=args.get("reason")))
-    return 200, {"session_id": args["session_id"], **result.value}
+    return 200, {"session_id": args["session_id"], **_value(result)}
 
 
 async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(ReconcileToolCall(at=wall_ms(), session_id=args["session_id"], call_id=args["call_id"],
                                                  outcome=args["outcome"], result=args.get("result"),
                                                  error=args.get("error")))
-    return 200, {**result.value, "noop": result.noop}
+    return 200, {**_value(result), "noop": result.noop}
 
 
 async def session_events(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -494,17 +480,18 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
     token, _ = _attempt_of(api, args)
     step_id, attempt, term = token.step_id, token.attempt, token.term
     running = leader.running.get((step_id, attempt))
+    worker_id = running.worker_id if running is not None else None
     # Eager dispatch only for an attempt of this term whose Worker we know.
-    eager = args["next_tasks"] if running is not None and term == leader.term and not leader.draining else 0
+    eager = args["next_tasks"] if worker_id is not None and term == leader.term and not leader.draining else 0
     api.node.failpoints.hit("server.complete.before-propose")
     result = await api.propose(CompleteAttempt(
         at=wall_ms(), step_id=step_id, attempt=attempt, term=term, result=args["result"],
-        next_worker_id=running.worker_id if eager else None, next_max=eager,
+        next_worker_id=worker_id if eager else None, next_max=eager,
         next_token_secrets=[new_token_secret() for _ in range(eager)]))
     api.node.failpoints.hit("server.complete.after-commit")
     leader.forget(step_id, attempt)
     started = (result.value or {}).get("started", [])
-    tasks = [leader.task_for_handout(s, running.worker_id) for s in started] if running else []
+    tasks = [leader.task_for_handout(s, worker_id) for s in started] if worker_id is not None else []
     return 200, {"step_id": step_id, "attempt": attempt, "status": "completed", "tasks": tasks}
 
 

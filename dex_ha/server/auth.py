@@ -20,26 +20,22 @@ import hmac
 from typing import Iterable, Mapping
 
 from dex_ha.server.api_spec import RouteSpec
+from dex_ha.server.errors import HttpError
 
 ROLES = ("client", "worker", "admin")
 MIN_TOKEN_LENGTH = 16
 
 
-class AuthError(Exception):
-    """401 `unauthorized` (no valid token) or 403 `forbidden` (the token's role may not call the route)."""
+class AuthError(HttpError):
+    """401 `unauthorized` (no valid token) or 403 `forbidden` (the token's role may not call the route).
+    A 401 tells the caller which scheme to use (RFC 6750) in WWW-Authenticate."""
 
     def __init__(self, status: int, message: str) -> None:
         if status not in (401, 403):
             raise ValueError(f"status: must be 401 or 403 (got {status})")
-        super().__init__(message)
-        self.status = status
-        self.code = "unauthorized" if status == 401 else "forbidden"
+        headers = {"WWW-Authenticate": 'Bearer realm="dex-ha"'} if status == 401 else {}
+        super().__init__(status, "unauthorized" if status == 401 else "forbidden", message, headers)
         self.message = message
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """Response headers: a 401 tells the caller which scheme to use (RFC 6750)."""
-        return {"WWW-Authenticate": 'Bearer realm="dex-ha"'} if self.status == 401 else {}
 
 
 class TokenAuth:

@@ -15,11 +15,12 @@ others still check it themselves.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from dex_ha.server.node import NodeServer
+if TYPE_CHECKING:  # the node imports the app, which imports this module
+    from dex_ha.server.node import NodeServer
 
 MEMBER_VIEW_TIMEOUT_S = 1.0
 

@@ -56,6 +56,7 @@ from dex_ha.raft.core import (
     DEFAULT_ELECTION_TIMEOUT_MIN_MS,
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_LEASE_DRIFT_MARGIN_MS,
+    check_timing,
 )
 from dex_ha.server.auth import ROLES
 
@@ -146,15 +147,21 @@ class ServerConfig:
             raise ConfigError("cluster_secret: a node needs a cluster secret of ≥ 16 characters (or --insecure)")
 
     def _check_lease_timing(self) -> None:
-        """The raft layer checks the same (raft.core.check_timing); here with our key names."""
-        etmin, margin = self.election_timeout_min_ms, self.lease_drift_margin_ms
-        if etmin <= margin:
-            raise ConfigError(f"lease_drift_margin_ms: must be below election_timeout_min_ms ({etmin}), "
-                              f"got {margin}")
-        if not 0 < self.raft_heartbeat_interval_ms < etmin - margin:
-            raise ConfigError(f"raft_heartbeat_interval_ms: must be positive and below election_timeout_min_ms - "
-                              f"lease_drift_margin_ms ({etmin - margin}), got {self.raft_heartbeat_interval_ms}: "
-                              f"the lease would lapse between heartbeats")
+        """Raft's own timing check (raft.core.check_timing, the one source of the rule),
+        its message led by our key name: every message of it starts with the setting's name."""
+        try:
+            check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
+                         self.raft_heartbeat_interval_ms, self.lease_drift_margin_ms)
+        except ValueError as exc:
+            raft_name, _, what = str(exc).partition(" ")
+            if what.startswith("("):  # "(<value>) must be …": say the rule first, then the value
+                value, _, rule = what[1:].partition(") ")
+                what = f"{rule}, got {value}"
+            raise ConfigError(f"{_RAFT_SETTING_KEYS.get(raft_name, raft_name)}: {what}") from None
+
+
+# Raft's names of the timing settings that this config calls otherwise.
+_RAFT_SETTING_KEYS = {"heartbeat_interval_ms": "raft_heartbeat_interval_ms"}
 
 
 def parse_address(text: str, key: str) -> Address:

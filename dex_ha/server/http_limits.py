@@ -44,6 +44,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S
+from dex_ha.server.errors import HttpError
 from dex_ha.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -146,11 +147,11 @@ def max_connections_allowed(open_files: int) -> int:
 # ---------------------------------------------------------------- reading the request
 
 
-class BodyTimeout(Exception):
-    """The request body did not arrive in time (answered 408 by the API pipeline)."""
+class BodyTimeout(HttpError):
+    """The request body did not arrive in time: 408 `request_timeout`."""
 
-    status = 408
-    code = "request_timeout"
+    def __init__(self, message: str) -> None:
+        super().__init__(408, "request_timeout", message)
 
 
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
@@ -399,7 +400,8 @@ class _Connection(asyncio.Protocol):
         self._handler.data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._handler.eof_received()
+        self._handler.eof_received()
+        return None  # as aiohttp's handler: the transport closes itself
 
     def pause_writing(self) -> None:
         self._handler.pause_writing()

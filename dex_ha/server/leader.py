@@ -34,15 +34,12 @@ from dex_ha.raft.core import NotLeader, ProposalDropped
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
+from dex_ha.server.errors import NotServing
 from dex_ha.server.validation import InvalidRequest
 
 log = logging.getLogger("dex_ha.server.leader")
 
 Propose = Callable[[Command], Awaitable[ApplyResult]]
-
-
-class NotServing(Exception):
-    """This node cannot do that now (not the active node, draining, or stopping)."""
 
 
 def wall_ms() -> int:
@@ -333,7 +330,7 @@ class LeaderTerm:
     async def _fail_silent_and_late_attempts(self) -> None:
         now_mono, now_wall = time.monotonic(), wall_ms()
         timeout_s = self.heartbeat_timeout_ms / 1000
-        commands: list[tuple[Command, str, str]] = []
+        commands: list[tuple[HeartbeatLost | AttemptTimedOut, str, str]] = []
         for a in self.engine.running_attempts(term=self.term):
             tracked = self.running.get((a.step_id, a.attempt))
             if tracked is not None:

@@ -1,9 +1,8 @@
 """The node process: one Raft member with the engine as its state machine, the HTTP API,
 and — while it is the active node — the leader services of its term.
 
-Roles (`/v1/cluster`): `active` (leader, lease valid, takeover done), `draining` (the
-active node during a planned step down), `standby` (a voting follower), `learner`,
-`candidate` (an election is running, or a leader whose takeover or lease is not there yet).
+The role a node reports (`/v1/cluster`, `/readyz`) is a `NodeRole` (roles.py): active,
+draining, candidate, standby or learner.
 """
 
 from __future__ import annotations
@@ -18,18 +17,22 @@ from typing import Any, Callable
 from aiohttp import web
 
 from dex_ha.engine import ApplyResult, Command, Engine, encode_command
-from dex_ha.raft.core import NotLeader, ProposalDropped
+from dex_ha.raft.core import NotLeader
 from dex_ha.failpoints import Failpoints
 from dex_ha.raft.clock import now_ms
 from dex_ha.raft.node import Member, NodeConfig, member_context
 from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.types import ConfChange, ConfChangeType, Role
+from dex_ha.raft.status import MemberStatus, Status
 from dex_ha.server.admission import Admission
+from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
+from dex_ha.server.errors import MemberNotCaughtUp, NotServing, StepDownFailed, UnknownMember
 from dex_ha.server.http_limits import GuardedSite, HttpLimits
-from dex_ha.server.leader import LeaderTerm, NotServing
+from dex_ha.server.leader import LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.probes import ProbeServer
+from dex_ha.server.roles import NodeRole
 from dex_ha.server.replica import Replica
 from dex_ha.server.streams import DeltaRelay
 
@@ -44,19 +47,6 @@ SERVER_FAILPOINTS = (
     "server.wait.after-commit",  # a wait ended; committed and applied, the leader not told (replica.py)
 )
 HTTP_BACKLOG = 4096
-
-
-class StepDownFailed(Exception):
-    """The planned step down could not move the leadership (the message says why)."""
-
-
-class UnknownMember(StepDownFailed):
-    """The step down names a node that is not another voting member."""
-
-
-class MemberNotCaughtUp(Exception):
-    """A learner may become a voter only once its log is close to the leader's: a voter
-    that lags would count towards quorums it cannot serve (on one node: no quorum at all)."""
 
 
 # How far behind the commit index a learner may be, in entries, to be promoted.
@@ -85,7 +75,7 @@ class NodeServer:
         self.failpoints = Failpoints()
         self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True), self.failpoints)
         self.metrics = ServerMetrics()
-        self.admission = Admission(config.max_inflight_requests)
+        self.admission = Admission(config.max_inflight_requests, f"node {config.node_id}")
         self.relay = DeltaRelay()
         self.raft = RaftThread(self._raft_config(), self.replica, on_leader_change=self._on_leader_change,
                                on_fsync=self.metrics.fsync_seconds.observe, on_fatal=on_fatal)
@@ -109,8 +99,6 @@ class NodeServer:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        from dex_ha.server.app import ApiRunner, build_app  # the app imports this module
-
         if self.config.insecure:
             log.warning("node %s runs INSECURE: no API tokens and no cluster secret (--insecure)",
                         self.config.node_id)
@@ -206,24 +194,30 @@ class NodeServer:
         the probe listener (probes.py) answers it from its own thread."""
         node_id = self.config.node_id
         if self.is_ready():
-            return 200, {"status": "ready", "node_id": node_id, "role": "active"}
+            return 200, {"status": "ready", "node_id": node_id, "role": NodeRole.ACTIVE}
         role = self.role()
         return 503, {"error": "not_ready", "message": f"node {node_id} is {role}, not the active node",
                      "leader_url": self.leader_url(), "role": role}
 
-    def role(self) -> str:
+    def role(self) -> NodeRole:
         if self.is_ready():
-            return "active"
+            return NodeRole.ACTIVE
         if self.leader is not None and self.leader.draining:
-            return "draining"
+            return NodeRole.DRAINING
         view = self.raft.view
         if view.role in (Role.PRE_CANDIDATE, Role.CANDIDATE, Role.LEADER):
-            return "candidate"
-        return "standby" if view.voter else "learner"
+            return NodeRole.CANDIDATE
+        return NodeRole.STANDBY if view.voter else NodeRole.LEARNER
 
     def leader_url(self) -> str | None:
         member = self.raft.members().get(self.raft.view.leader_id)
         return member.url or None if member is not None else None
+
+    def redirect_url(self) -> str | None:
+        """Where a client this node turns away (503 not_active) should go: the leader's URL,
+        or None when this node is the leader itself (it will be active again, or will
+        lose the leadership) or knows no leader."""
+        return None if self.raft.view.is_leader else self.leader_url()
 
     # ------------------------------------------------------------------ proposals
 
@@ -245,8 +239,8 @@ class NodeServer:
         target = to or await self._most_caught_up_voter()
         if target is None:
             raise StepDownFailed("no other voter to hand the leadership to")
-        members = (await self.raft.status())["members"]
-        if target not in members or not members[target]["voter"] or target == self.config.node_id:
+        members = (await self.raft.status()).members
+        if target not in members or not members[target].voter or target == self.config.node_id:
             raise UnknownMember(f"{target!r} is not another voting member")
         timeout_ms = self.config.drain_timeout_ms if drain_timeout_ms is None else drain_timeout_ms
         left = await self.drain(leader, timeout_ms)
@@ -283,9 +277,9 @@ class NodeServer:
             raise StepDownFailed(f"{target} did not take the leadership in time; this node stays active")
 
     async def _most_caught_up_voter(self) -> str | None:
-        members = (await self.raft.status())["members"]
-        others = [(info.get("match") or 0, -(info.get("last_contact_ms_ago") or 0), node_id)
-                  for node_id, info in members.items() if info["voter"] and node_id != self.config.node_id]
+        members = (await self.raft.status()).members
+        others = [(info.match or 0, -(info.last_contact_ms_ago or 0), node_id)
+                  for node_id, info in members.items() if info.voter and node_id != self.config.node_id]
         return max(others)[2] if others else None
 
     async def shutdown_gracefully(self) -> None:
@@ -312,13 +306,13 @@ class NodeServer:
 
     async def promote_member(self, node_id: str) -> None:
         status = await self.raft.status()
-        info = status["members"].get(node_id, {})
-        if not info.get("voter"):  # promoting a voter is refused by the core (409) below
-            match, contact = info.get("match"), info.get("last_contact_ms_ago")
-            if (not match or status["commit"] - match > PROMOTE_MAX_LAG_ENTRIES or contact is None
+        info = status.members.get(node_id)
+        if info is not None and not info.voter:  # promoting a voter is refused by the core (409) below
+            match, contact = info.match, info.last_contact_ms_ago
+            if (not match or status.commit - match > PROMOTE_MAX_LAG_ENTRIES or contact is None
                     or contact > self.config.election_timeout_max_ms):
                 raise MemberNotCaughtUp(f"learner {node_id!r} is not caught up (match index {match}, commit index "
-                                        f"{status['commit']}, last contact {contact} ms ago); promote it once it is")
+                                        f"{status.commit}, last contact {contact} ms ago); promote it once it is")
         await self.raft.change_membership(ConfChange(ConfChangeType.PROMOTE, node_id))
 
     async def remove_member(self, node_id: str) -> None:
@@ -327,39 +321,45 @@ class NodeServer:
     # ------------------------------------------------------------------ reads
 
     async def is_member(self, node_id: str) -> bool:
-        return node_id in (await self.raft.status())["members"]
+        return node_id in (await self.raft.status()).members
+
+    async def members(self) -> list[dict[str, Any]]:
+        """The members, ordered by id, as /v1/cluster shows them (see _member_view)."""
+        return self._member_views(await self.raft.status())
 
     async def cluster_view(self) -> dict[str, Any]:
+        """`/v1/cluster`: this node's view of the cluster."""
         status = await self.raft.status()
-        members = self.raft.members()
         view = self.raft.view
-        leader = view.leader_id
         return {
             "node_id": self.config.node_id,
             "role": self.role(),
-            "term": status["term"],
-            "leader_id": leader or None,
+            "term": status.term,
+            "leader_id": view.leader_id or None,
             "leader_url": self.leader_url(),
-            "commit_index": status["commit"],
+            "commit_index": status.commit,
             "applied_index": self.replica.reads.applied_index(),
             "lease_remaining_ms": view.lease_remaining_ms(),
             "insecure": self.config.insecure or not self.config.auth_enabled,
             "durability": self.config.durability,
-            "members": [self._member_view(node_id, info, members, status)
-                        for node_id, info in sorted(status["members"].items())],
+            "members": self._member_views(status),
         }
 
+    def _member_views(self, status: Status) -> list[dict[str, Any]]:
+        urls = {node_id: member.url for node_id, member in self.raft.members().items()}
+        return [self._member_view(node_id, info, urls.get(node_id), status.snapshots_sending.get(node_id))
+                for node_id, info in sorted(status.members.items())]
+
     @staticmethod
-    def _member_view(node_id: str, info: dict[str, Any], members: dict[str, Any],
-                     status: dict[str, Any]) -> dict[str, Any]:
+    def _member_view(node_id: str, info: MemberStatus, url: str | None,
+                     sending: tuple[int, int] | None) -> dict[str, Any]:
         """One member as /v1/cluster shows it. `contacted` is False when this (leader) node never
         heard from it, None when unknown (not the leader); `replication` is the leader's
         progress state (probe, replicate, snapshot; self); `snapshot_bytes` is [sent, total]
         while a snapshot streams to it (a learner catching up)."""
-        sending = status.get("snapshots_sending", {}).get(node_id)
-        return {"id": node_id, "voter": info["voter"], "url": members[node_id].url if node_id in members else None,
-                "match_index": info["match"], "last_contact_ms_ago": info["last_contact_ms_ago"],
-                "contacted": info.get("contacted"), "replication": info.get("state"),
+        return {"id": node_id, "voter": info.voter, "url": url,
+                "match_index": info.match, "last_contact_ms_ago": info.last_contact_ms_ago,
+                "contacted": info.contacted, "replication": info.state,
                 "snapshot_bytes": list(sending) if sending is not None else None}
 
     def metrics_state(self) -> dict[str, Any]:
@@ -416,6 +416,4 @@ def _with_bound_port(config: ServerConfig, port: int) -> ServerConfig:
     peers = tuple(replace(p, url=url) if p.id == config.node_id else p for p in config.peers)
     return replace(config, http_listen=(host, port), url=url, peers=peers)
 
-
-NOT_ACTIVE_ERRORS = (NotServing, NotLeader, ProposalDropped)
 

@@ -28,6 +28,7 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 from dex_ha.server.api_spec import FieldSpec, RouteSpec
+from dex_ha.server.errors import HttpError
 
 MAX_JSON_DEPTH = 100
 # The integers a body may hold: the signed 64-bit range, which msgpack, SQLite and the
@@ -39,30 +40,25 @@ _MAX_INTEGER_CHARS = 20
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class InvalidRequest(Exception):
-    """A request the API answers with 400 `invalid`; `field` names what is wrong."""
-
-    status = 400
-    code = "invalid"
+class InvalidRequest(HttpError):
+    """A request the API answers with 400 `invalid`: "<field>: <message>"; `field` names
+    what is wrong, `message` says what is wrong with it."""
 
     def __init__(self, field: str, message: str) -> None:
         # Both can echo the request (an unknown key, a bad value): escape what UTF-8 cannot
         # carry, or the error answer itself could not be sent.
         field, message = _utf8_safe(field), _utf8_safe(message)
-        super().__init__(f"{field}: {message}")
+        super().__init__(400, "invalid", f"{field}: {message}")
         self.field = field
         self.message = message
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(HttpError):
     """A body over the route's `max_body_bytes`: 413 `too_large`."""
-
-    status = 413
-    code = "too_large"
 
     def __init__(self, limit: int, size: int | None = None) -> None:
         got = "" if size is None else f" (got {size} bytes)"
-        super().__init__(f"body: must be at most {limit} bytes{got}")
+        super().__init__(413, "too_large", f"body: must be at most {limit} bytes{got}")
         self.limit = limit
         self.message = str(self)
 

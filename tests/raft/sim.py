@@ -956,7 +956,7 @@ class Simulation:
         lines.append(f"scenario: {self.sc}")
         for nid in sorted(self.nodes):
             node = self.nodes[nid]
-            st = node.core.status() if node.core is not None else "down"
+            st = node.core.status().to_json() if node.core is not None else "down"
             lines.append(f"  {nid} clock={node.clock} sm={node.sm_index}: {st}")
         lines.append("trace (oldest first):")
         lines.extend(f"  {t:10.1f} {' '.join(map(str, rest))}" for t, *rest in self.trace)

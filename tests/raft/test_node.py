@@ -182,7 +182,8 @@ async def test_learner_joins_from_snapshot_then_promoted_and_removed(cluster) ->
     for i in range(200):  # several snapshots; the log before them is compacted away
         await _put(nodes, f"k{i}", str(i))
     leader = _leased_leaders(nodes)[0]
-    assert leader.status()["snapshot_index"] > 0
+    snapshot_index = leader.status().snapshot_index
+    assert snapshot_index is not None and snapshot_index > 0
 
     (port,) = free_ports(1)
     joiner_sm = KVStateMachine()

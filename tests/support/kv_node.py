@@ -95,7 +95,7 @@ class KVServer:
         return web.json_response({"index": index})
 
     async def status(self, request: web.Request) -> web.Response:
-        st = self.node.status()
+        st = self.node.status().to_json()
         st["lease_valid"] = self.node.lease_valid()
         st["is_leader"] = self.node.is_leader
         st["fsyncs"] = self.node.metrics.fsyncs

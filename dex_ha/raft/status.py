@@ -1,0 +1,72 @@
+"""What a Raft node reports about itself: `RaftCore.status()` and `RaftNode.status()`.
+
+Typed and frozen, like etcd's `Status{BasicStatus, Config, Progress}`: a reader gets
+attributes a type checker knows instead of dict keys, and cannot change what the node
+reported. `to_json()` gives the plain dict the node used to return, for logs and tools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """One member of the configuration as this node sees it.
+
+    On the leader `match`, `next` and `state` are its replication progress (`state` is
+    "probe", "replicate" or "snapshot"; "self" for the leader itself). `contacted` is
+    False while the leader never heard from the member (then `last_contact_ms_ago` is
+    None), True once it did. On any other node nothing of that is known: all None.
+    """
+
+    voter: bool
+    match: int | None = None
+    next: int | None = None
+    state: str | None = None
+    last_contact_ms_ago: int | None = None
+    contacted: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"voter": self.voter, "match": self.match, "next": self.next, "state": self.state,
+                "last_contact_ms_ago": self.last_contact_ms_ago, "contacted": self.contacted}
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A node's Raft state at one moment. `role` is the core's role in lower case
+    ("follower", "pre_candidate", "candidate", "leader", "learner"); `leader` and `vote`
+    are "" when there is none. The node loop adds what only it knows: the index of its
+    latest snapshot and the snapshots it is sending (bytes sent, total bytes) by peer.
+    The core hands `members` over read-only (a MappingProxyType)."""
+
+    id: str
+    role: str
+    term: int
+    vote: str
+    leader: str
+    commit: int
+    applied: int
+    first_index: int
+    last_index: int
+    lease_remaining_ms: int
+    transferring_to: str
+    members: Mapping[str, MemberStatus]
+    snapshot_index: int | None = None
+    snapshots_sending: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The status as plain JSON-able values (the node-loop fields only when set)."""
+        out: dict[str, Any] = {
+            "id": self.id, "role": self.role, "term": self.term, "vote": self.vote, "leader": self.leader,
+            "commit": self.commit, "applied": self.applied, "first_index": self.first_index,
+            "last_index": self.last_index, "lease_remaining_ms": self.lease_remaining_ms,
+            "transferring_to": self.transferring_to,
+            "members": {member_id: m.to_json() for member_id, m in self.members.items()},
+        }
+        if self.snapshot_index is not None:
+            out["snapshot_index"] = self.snapshot_index
+            out["snapshots_sending"] = {peer: list(sent) for peer, sent in self.snapshots_sending.items()}
+        return out
