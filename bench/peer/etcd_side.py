@@ -159,6 +159,7 @@ async def put_lane(http: aiohttp.ClientSession, urls: list[str], first: int, log
             log.latencies_s.append((now - started) / 1e9)
         else:
             log.failed += 1
+            await asyncio.sleep(0.01)  # a refused put answers at once: do not spin
 
 
 async def drive_puts(cluster: EtcdCluster, concurrency: int, warmup_s: float,

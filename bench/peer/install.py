@@ -81,7 +81,7 @@ def find_restate_binary(prefix: Path) -> Path | None:
 
 def restate_version(binary: Path) -> str | None:
     try:
-        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([str(binary), "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.split()[-1] if out.split() else None
@@ -100,7 +100,7 @@ def install_python_side(peer_dir: Path) -> Path:
 
 
 def pip_versions(python: Path) -> dict[str, str]:
-    out = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], capture_output=True, text=True,
+    out = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], check=False, capture_output=True, text=True,
                          timeout=120).stdout
     try:
         return {p["name"].lower(): p["version"] for p in json.loads(out or "[]")}
@@ -129,7 +129,7 @@ def install_etcd() -> tuple[str | None, str | None]:
 def etcd_version(binary: str | None) -> str | None:
     if binary is None:
         return None
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run([binary, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
     first = out.splitlines()[0] if out else ""
     return first.split(":", 1)[-1].strip() or None
 

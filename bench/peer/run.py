@@ -48,7 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import steps_bench  # noqa: E402  (dex-ha's measurement, reused as it is)
-from bench.common import cpu_pressure_us, fmt, positive_ints, rss_bytes  # noqa: E402
+from bench.common import fmt, positive_ints, rss_bytes  # noqa: E402
 from bench.peer import etcd_side, restate_side  # noqa: E402
 from bench.peer.install import default_dir, load_manifest  # noqa: E402
 from bench.steps_worker import bench_agent, register  # noqa: E402
