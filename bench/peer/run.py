@@ -253,9 +253,11 @@ async def failover_phase(manifest: dict[str, Any], args: argparse.Namespace, roo
     """Runs alternate between the systems, each on a fresh cluster."""
     runs: dict[str, list[float | None]] = {"dex-ha": [], "etcd": []}
     for run in range(args.failover_runs):
-        runs["dex-ha"].append(await dex_failover_once(root, registry))
+        run_root = root / f"failover-{run}"  # `cluster up` refuses a directory that holds another cluster
+        run_root.mkdir()
+        runs["dex-ha"].append(await dex_failover_once(run_root, registry))
         if manifest.get("etcd") and not args.no_etcd:
-            runs["etcd"].append(await etcd_side.failover_once(manifest["etcd"], root, registry.pids))
+            runs["etcd"].append(await etcd_side.failover_once(manifest["etcd"], run_root, registry.pids))
         print(f"[failover {run + 1}/{args.failover_runs}] " + ", ".join(
             f"{system} {fmt(None if not v or v[-1] is None else v[-1] * 1000, '.0f')} ms"
             for system, v in runs.items() if v), flush=True)
