@@ -51,3 +51,35 @@ def fmt(value: float | int | None, spec: str) -> str:
 
 def fmt_pct(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process now (VmRSS from /proc), 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (from /proc/PID/task/*/children), e.g. a server and the
+    worker processes it forked."""
+    tree, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        tree.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    pending += [int(child) for child in f.read().split()]
+            except OSError:
+                pass
+    return tree

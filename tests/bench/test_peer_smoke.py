@@ -1,0 +1,60 @@
+"""bench/peer/run.py: a very short real run of dex-ha and Restate side by side (one node,
+one concurrency, a couple of seconds each), when the peers are installed.
+
+It proves the harness measures both systems in one run: it exits 0, writes JSON with a row
+of each system whose steps/s is positive, prints the ratio line, and leaves no process
+behind. Without an install (`python bench/peer/install.py`), it is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+from bench.peer.install import default_dir, load_manifest  # noqa: E402
+from bench.steps_bench import is_running  # noqa: E402
+
+RUN = REPO_ROOT / "bench" / "peer" / "run.py"
+SMOKE_DEADLINE_S = 55.0  # the run takes ~15 s; it must stay under a minute on a loaded machine
+
+
+def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: Path) -> None:
+    peer_dir = default_dir()
+    manifest = load_manifest(peer_dir)
+    if manifest is None:
+        pytest.skip(f"the peers are not installed in {peer_dir} (DEX_HA_PEER_DIR): run "
+                    f"`python bench/peer/install.py` to install Restate, its SDK and etcd there")
+    out = tmp_path / "peer.json"
+    done = subprocess.run(
+        [sys.executable, str(RUN), "--dir", str(peer_dir), "--deployments", "one", "--concurrency", "4",
+         "--duration-s", "2", "--warmup-s", "0.5", "--turns-per-session", "3", "--failover-runs", "0",
+         "--json", str(out)],
+        cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=SMOKE_DEADLINE_S,
+        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+
+    result = json.loads(out.read_text())
+    [phase] = result["steps"]
+    rows = {row["system"]: row for row in phase["rows"]}
+    assert set(rows) == {"dex-ha", "restate"}
+    for system, row in rows.items():
+        assert row["concurrency"] == 4
+        assert row["steps"] > 0 and row["steps_per_second"] > 0, f"{system}: {row}"
+        assert row["server_rss_mb"] > 0 and row["sdk_rss_mb"] > 0, f"{system}: {row}"
+    summary = phase["summary"]
+    expected = round(rows["dex-ha"]["steps_per_second"] / rows["restate"]["steps_per_second"], 2)
+    assert summary["ratio"]["best_steps_per_second"] == expected
+    assert "(dex-ha / Restate)" in done.stdout
+    assert result["versions"]["restate_server"] == manifest["restate_version"]
+    if manifest.get("etcd"):
+        [etcd_row] = result["etcd"]["rows"]
+        assert etcd_row["commits_per_second"] > 0
+    assert [pid for pid in result["pids"] if is_running(pid)] == []
