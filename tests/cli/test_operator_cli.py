@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from dex_ha.cli import NodeAnswer, contact_text_of, format_members, format_status, progress_text_of
+from dex_ha.cli.members import contact_text_of, format_members, progress_text_of
+from dex_ha.cli.status import NodeAnswer, format_status
 from dex_ha.client import DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.cli import clean_env, free_ports, run_cli, stop, wait_until

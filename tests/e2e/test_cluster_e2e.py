@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from dex_ha.cli_cluster import node_process_alive
+from dex_ha.cli.cluster import node_process_alive
 from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Worker
 from tests.e2e.cluster_process import LocalCluster

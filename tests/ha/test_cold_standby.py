@@ -18,7 +18,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from dex_ha.cli_cluster import close_all, free_ports, ready_nodes
+from dex_ha.cli.cluster import close_all, free_ports, ready_nodes
 from dex_ha.client import Connection, DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, Worker
 from tests.e2e.cluster_process import cluster_view, joiner_config

@@ -9,25 +9,27 @@
     dex-ha sessions send SESSION_ID TEXT [--mode queue|steer] [--message-id ID]
 
 Every subcommand takes `--json` (the server's answer as JSON, for scripts). This module
-turns arguments into Client SDK calls and answers into text; dex_ha/cli.py finds the
-active node, makes the DexClient and turns errors into exit codes.
+turns arguments into Client SDK calls and answers into text; `cmd_sessions` finds the
+active node first (clear errors), makes the DexClient and turns errors into exit codes.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Any
 
-from dex_ha.cli_cluster import format_table
-from dex_ha.client import DexClient
+from dex_ha.cli.common import EXIT_NO_NODE, EXIT_REFUSED, EXIT_USAGE, CommandFailed, Subparsers, dash, format_table
+from dex_ha.cli.remote import FIND_ACTIVE_TIMEOUT_S, find_active, refusal, token_of, urls_of
+from dex_ha.client import DexClient, DexError, DexUnavailable
 
 # How much of a tool's arguments, output or error one table cell shows.
 CELL_CHARS = 60
 
 
-def add_parser(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser) -> None:
+def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     """The `sessions` command and its subcommands (each takes --url, --token and --json)."""
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--json", action="store_true", help="print the server's answer as JSON (for scripts)")
@@ -94,6 +96,26 @@ def _json_argument(text: str, option: str) -> Any:
 
 
 # ---------------------------------------------------------------- running a subcommand
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    """`dex-ha sessions …`: the active node is found first (clear errors), then the Client SDK."""
+    async def run_through_active() -> str:
+        urls, token = urls_of(args), token_of(args)
+        active = await find_active(urls, token)
+        candidates = list(dict.fromkeys([active, *urls]))
+        async with DexClient(candidates, token, give_up_after_s=FIND_ACTIVE_TIMEOUT_S) as client:
+            try:
+                return await run(args, client)
+            except DexUnavailable as exc:
+                raise CommandFailed(exc.message, EXIT_NO_NODE) from None
+            except DexError as exc:
+                raise CommandFailed(refusal(exc), EXIT_REFUSED) from None
+            except (TypeError, ValueError) as exc:  # bad input, named by the SDK or this module
+                raise CommandFailed(str(exc), EXIT_USAGE) from None
+
+    print(asyncio.run(run_through_active()))
+    return 0
 
 
 async def run(args: argparse.Namespace, client: DexClient) -> str:
@@ -202,7 +224,7 @@ def _current_turn_section(turn: dict[str, Any] | None) -> str:
     if not turn:
         return ""
     rows = [[step["step_id"], step.get("kind", "-"), step.get("status", "-"), short(step.get("call_id")),
-             f"{step.get('attempts_used', 0)}/{_dash(step.get('max_attempts'))}",
+             f"{step.get('attempts_used', 0)}/{dash(step.get('max_attempts'))}",
              _attempts_text(step.get("attempts", []))]
             for step in turn.get("steps", [])]
     title = f"current turn {turn.get('turn_id')} ({turn.get('status')}): steps and attempts"
@@ -246,7 +268,3 @@ def _questions_section(sid: str, questions: list[dict[str, Any]]) -> str:
              when(q.get("asked_at"))] for q in questions]
     return ("pending questions (dex-ha sessions answer " + sid + " QUESTION ANSWER):\n"
             + format_table(["question", "source", "call", "question text", "asked"], rows))
-
-
-def _dash(value: Any) -> str:
-    return "-" if value is None else str(value)

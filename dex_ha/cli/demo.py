@@ -1,7 +1,7 @@
 """`dex-ha demo`: one scripted agent session through a failover, on a local three-node cluster.
 
     dex-ha demo [--dir DIR] [--keep]
-    python -m dex_ha.demo worker --url URL [--url URL …] --ledger FILE    (the demo's Worker)
+    python -m dex_ha.cli.demo worker --url URL [--url URL …] --ledger FILE    (the demo's Worker)
 
 The script:
 
@@ -40,12 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from dex_ha.cli_cluster import (
-    free_ports,
+from dex_ha.cli.cluster import (
     ClusterError,
     ClusterPlan,
     check_ports_free,
-    format_table,
+    free_ports,
     node_env,
     plan_cluster,
     start_node,
@@ -54,6 +53,7 @@ from dex_ha.cli_cluster import (
     write_cluster_files,
     write_pids,
 )
+from dex_ha.cli.common import format_table
 from dex_ha.client import Connection, DexClient, SessionEvent
 from dex_ha.worker import (
     Agent,
@@ -163,7 +163,7 @@ async def run_worker(urls: Sequence[str], token: str | None, ledger_path: Path) 
 
 def start_worker(plan: ClusterPlan) -> subprocess.Popen[bytes]:
     """The Worker child process; its token travels in the environment, not on the command line."""
-    cmd = [sys.executable, "-m", "dex_ha.demo", "worker", "--ledger", str(plan.cluster_dir / "ledger.jsonl")]
+    cmd = [sys.executable, "-m", "dex_ha.cli.demo", "worker", "--ledger", str(plan.cluster_dir / "ledger.jsonl")]
     for url in plan.urls:
         cmd += ["--url", url]
     env = {**node_env(), "DEX_HA_TOKEN": plan.tokens["worker"]}
@@ -525,8 +525,8 @@ def _finish(procs: DemoProcesses, cluster_dir: Path, *, keep: bool, remove_dir: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m dex_ha.demo worker …` (the demo's child) or `python -m dex_ha.demo` (= dex-ha demo)."""
-    parser = argparse.ArgumentParser(prog="python -m dex_ha.demo")
+    """`python -m dex_ha.cli.demo worker …` (the demo's child) or `python -m dex_ha.cli.demo` (= dex-ha demo)."""
+    parser = argparse.ArgumentParser(prog="python -m dex_ha.cli.demo")
     sub = parser.add_subparsers(dest="role")
     worker = sub.add_parser("worker", help="the demo's Worker process")
     worker.add_argument("--url", action="append", required=True, help="a node URL (repeat)")
