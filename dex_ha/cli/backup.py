@@ -18,11 +18,23 @@ import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from dex_ha.cli.common import EXIT_NO_NODE, EXIT_REFUSED, EXIT_USAGE, CommandFailed, Subparsers
+from dex_ha.cli.common import (
+    EXIT_NO_NODE,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CommandFailed,
+    Subparsers,
+)
 from dex_ha.cli.remote import find_active, refusal, token_of, urls_of
 from dex_ha.client import Connection, DexError, DexUnavailable
 from dex_ha.raft.storage import fsync_dir
-from dex_ha.server.backup import BackupError, describe, parse_members, read_backup, restore_data_dir
+from dex_ha.server.backup import (
+    BackupError,
+    describe,
+    parse_members,
+    read_backup,
+    restore_data_dir,
+)
 
 BACKUP_PATH = "/v1/cluster/backup"
 DEFAULT_TIMEOUT_S = 600.0

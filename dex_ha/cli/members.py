@@ -9,7 +9,13 @@ import asyncio
 from typing import Any
 from urllib.parse import quote
 
-from dex_ha.cli.common import Subparsers, dash, format_table, non_negative_int, remote_options
+from dex_ha.cli.common import (
+    Subparsers,
+    dash,
+    format_table,
+    non_negative_int,
+    remote_options,
+)
 from dex_ha.cli.remote import call_active
 
 # `step-down` without --drain-timeout-ms waits for the server's configured drain (≤ 1 h).

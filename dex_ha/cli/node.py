@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 from dex_ha.cli.common import Subparsers
 from dex_ha.server.auth import TokenAuth
-from dex_ha.server.config import ConfigError, ServerConfig, dev_config, dev_overrides_from_env, load_config, tokens_from_env
+from dex_ha.server.config import (
+    ConfigError,
+    ServerConfig,
+    dev_config,
+    dev_overrides_from_env,
+    load_config,
+    tokens_from_env,
+)
 
 if TYPE_CHECKING:
     from dex_ha.server.node import NodeServer
@@ -34,7 +41,11 @@ def add_parsers(sub: Subparsers) -> None:
 
 
 def _run_node(config: ServerConfig, json_logs: bool) -> int:
-    from dex_ha.server.process import configure_logging, serve, use_uvloop  # the server loads only to serve
+    from dex_ha.server.process import (  # the server loads only to serve
+        configure_logging,
+        serve,
+        use_uvloop,
+    )
 
     configure_logging(json_logs or config.log_json)
     use_uvloop()

@@ -17,7 +17,13 @@ from urllib.parse import urlsplit
 
 from dex_ha.cli.common import EXIT_NO_NODE, EXIT_REFUSED, EXIT_USAGE, CommandFailed
 from dex_ha.client import Connection, DexError, DexUnavailable
-from dex_ha.client.env import TOKEN_VAR, URLS_VAR, split_urls, token_from_env, urls_from_env
+from dex_ha.client.env import (
+    TOKEN_VAR,
+    URLS_VAR,
+    split_urls,
+    token_from_env,
+    urls_from_env,
+)
 
 # How long a command looks for the active node (an election takes about a second).
 FIND_ACTIVE_TIMEOUT_S = 15.0

@@ -23,8 +23,22 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from dex_ha.cli.common import EXIT_NO_NODE, EXIT_REFUSED, EXIT_USAGE, CommandFailed, Subparsers, dash, format_table
-from dex_ha.cli.remote import FIND_ACTIVE_TIMEOUT_S, find_active, refusal, token_of, urls_of
+from dex_ha.cli.common import (
+    EXIT_NO_NODE,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CommandFailed,
+    Subparsers,
+    dash,
+    format_table,
+)
+from dex_ha.cli.remote import (
+    FIND_ACTIVE_TIMEOUT_S,
+    find_active,
+    refusal,
+    token_of,
+    urls_of,
+)
 from dex_ha.client import (
     Attempt,
     DexClient,

@@ -7,9 +7,22 @@ import asyncio
 import json
 from typing import Any
 
-from dex_ha.cli.common import EXIT_NO_NODE, EXIT_REFUSED, CommandFailed, Subparsers, dash, format_table
+from dex_ha.cli.common import (
+    EXIT_NO_NODE,
+    EXIT_REFUSED,
+    CommandFailed,
+    Subparsers,
+    dash,
+    format_table,
+)
 from dex_ha.cli.members import contact_text_of
-from dex_ha.cli.remote import UNAUTHORIZED_HINT, NodeAnswer, gather_views, token_of, urls_of
+from dex_ha.cli.remote import (
+    UNAUTHORIZED_HINT,
+    NodeAnswer,
+    gather_views,
+    token_of,
+    urls_of,
+)
 
 
 def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:

@@ -32,8 +32,14 @@ from urllib.parse import quote
 import aiohttp
 
 from dex_ha.client.connection import Connection
-from dex_ha.client.results import ClusterView, MessageAccepted, Session, SessionPage, SessionSummary
 from dex_ha.client.env import CLIENT_TOKEN_VAR, TOKEN_VAR, token_from_env, urls_from_env
+from dex_ha.client.results import (
+    ClusterView,
+    MessageAccepted,
+    Session,
+    SessionPage,
+    SessionSummary,
+)
 from dex_ha.client.sse import RawEvent, read_events
 
 log = logging.getLogger("dex_ha.client")

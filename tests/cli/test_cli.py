@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from dex_ha.cli.status import NodeAnswer, format_status, status_rows
 from dex_ha.cli.cluster import (
     ClusterError,
     check_ports_free,
@@ -24,6 +23,7 @@ from dex_ha.cli.cluster import (
     write_cluster_files,
 )
 from dex_ha.cli.demo import WORKER_READY
+from dex_ha.cli.status import NodeAnswer, format_status, status_rows
 from dex_ha.server.config import load_config
 from tests.cli import (
     clean_env,

@@ -8,8 +8,21 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from dex_ha.client import DexClient, DexError, IdleTimeoutError, MalformedAnswer, SessionEvent
-from tests.client.fake_server import FakeCluster, FakeNode, FakeSleep, Fault, UpperBoundRng, start_nodes
+from dex_ha.client import (
+    DexClient,
+    DexError,
+    IdleTimeoutError,
+    MalformedAnswer,
+    SessionEvent,
+)
+from tests.client.fake_server import (
+    FakeCluster,
+    FakeNode,
+    FakeSleep,
+    Fault,
+    UpperBoundRng,
+    start_nodes,
+)
 
 STEP = 5.0  # deadline for one expected event or state
 

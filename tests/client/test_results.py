@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from dex_ha.client import ClusterView, DexError, MalformedAnswer, MessageAccepted, Session, SessionPage
+from dex_ha.client import (
+    ClusterView,
+    DexError,
+    MalformedAnswer,
+    MessageAccepted,
+    Session,
+    SessionPage,
+)
 
 
 def snapshot_json() -> dict[str, Any]:
