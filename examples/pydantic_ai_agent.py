@@ -49,7 +49,7 @@ async def main(url: str) -> None:
     worker = Worker(url, agents=[durable_agent(support)])
     running = asyncio.create_task(worker.run())
     async with DexClient(url) as client:
-        sid = (await client.create_session("support"))["session_id"]
+        sid = (await client.create_session("support")).session_id
         await client.send_message(sid, "Please refund order A17 in full.")
         async for event in client.events(sid):
             if event.type == "delta":
@@ -61,7 +61,7 @@ async def main(url: str) -> None:
             if event.type in ("turn_completed", "turn_failed"):
                 break
         snapshot = await client.wait_until_idle(sid)
-        print("answer:", snapshot["history"][-1].get("content"))
+        print("answer:", snapshot.history[-1].get("content"))
     await worker.stop()
     await running
 

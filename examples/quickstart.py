@@ -54,7 +54,7 @@ async def main(urls: str | None) -> None:
     running = asyncio.create_task(worker.run())
     async with DexClient(urls) as client:
         session = await client.create_session("support")
-        sid = session["session_id"]
+        sid = session.session_id
         await client.send_message(sid, "Please refund order A17")
         async for event in client.events(sid):
             print(f"{event.type:>20}  {event.data if event.type != 'delta' else event.data.get('text', '')}")
@@ -63,7 +63,7 @@ async def main(urls: str | None) -> None:
             if event.type in ("turn_completed", "turn_failed"):
                 break
         snapshot = await client.wait_until_idle(sid)
-        print("answer:", snapshot["history"][-1]["content"])
+        print("answer:", snapshot.history[-1]["content"])
     await worker.stop()
     await running
 

@@ -10,8 +10,12 @@ Example::
 
     async with DexClient(["http://n1:8801", "http://n2:8801"], token="...") as client:
         session = await client.create_session("support-bot")
-        await client.send_message(session["session_id"], "Hello")
-        snapshot = await client.wait_until_idle(session["session_id"])
+        await client.send_message(session.session_id, "Hello")
+        snapshot = await client.wait_until_idle(session.session_id)
+        print(snapshot.status, snapshot.history[-1])
+
+The session calls return typed results (dex_ha/client/results.py says which, and why);
+each keeps the JSON the server sent in ``.raw``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,13 @@ import aiohttp
 
 from dex_ha.client.connection import Connection
 from dex_ha.client.env import CLIENT_TOKEN_VAR, TOKEN_VAR, token_from_env, urls_from_env
+from dex_ha.client.results import (
+    ClusterView,
+    MessageAccepted,
+    Session,
+    SessionPage,
+    SessionSummary,
+)
 from dex_ha.client.sse import RawEvent, read_events
 
 log = logging.getLogger("dex_ha.client")
@@ -86,6 +97,18 @@ def _optional_str(value: Any, argument: str) -> None:
         raise TypeError(f"{argument} must be a string or None, got {type(value).__name__}")
 
 
+def _optional_bool(value: Any, argument: str) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{argument} must be a bool or None, got {type(value).__name__}")
+
+
+def _query_value(value: str | int | bool) -> str:
+    """A query parameter's text: booleans as the API spells them (true, false)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 class DexClient:
     """Async client of the dex-ha client API. Use ``async with`` or call :meth:`close`.
 
@@ -114,7 +137,7 @@ class DexClient:
 
     async def create_session(
         self, agent: str, session_id: str | None = None, metadata: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    ) -> Session:
         """Create a session of ``agent`` (or get it, when ``session_id`` already exists for that agent).
 
         The session id is chosen here when not given, so a retry after a failover finds
@@ -129,11 +152,12 @@ class DexClient:
         body: dict[str, Any] = {"agent": agent, "session_id": session_id}
         if metadata is not None:
             body["metadata"] = metadata
-        return await self._conn.request("POST", "/v1/sessions", body)
+        return Session.from_answer(await self._conn.request("POST", "/v1/sessions", body))
 
-    async def get_session(self, session_id: str) -> dict[str, Any]:
+    async def get_session(self, session_id: str) -> Session:
         """The agent snapshot of a session: status, turns, history, tool calls, pending waits."""
-        return await self._conn.request("GET", f"/v1/sessions/{_segment(session_id, 'session_id')}")
+        return Session.from_answer(
+            await self._conn.request("GET", f"/v1/sessions/{_segment(session_id, 'session_id')}"))
 
     async def list_sessions(
         self,
@@ -141,43 +165,57 @@ class DexClient:
         status: str | None = None,
         limit: int | None = None,
         after: str | None = None,
-    ) -> dict[str, Any]:
-        """One page of sessions: ``{"sessions": [...], "next_after": str | None}``.
+        awaiting_approval: bool | None = None,
+        outcome_unknown: bool | None = None,
+    ) -> SessionPage:
+        """One page of sessions, in id order. Pass ``page.next_after`` as ``after`` for the
+        next page; None means no more pages.
 
-        Pass ``next_after`` as ``after`` to get the next page; None means no more pages.
+        Filters (None: no filter): ``agent``, ``status`` (``idle`` or ``running``),
+        ``awaiting_approval`` (True: only sessions with a tool call waiting for approval;
+        False: only those without) and ``outcome_unknown`` (True: only sessions with an
+        outcome_unknown tool call to reconcile; False: only those without).
         """
         _optional_str(agent, "agent")
         _optional_str(status, "status")
         _optional_str(after, "after")
+        _optional_bool(awaiting_approval, "awaiting_approval")
+        _optional_bool(outcome_unknown, "outcome_unknown")
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
             raise ValueError(f"limit must be a positive int or None, got {limit!r}")
         params = {
-            name: str(value)
-            for name, value in (("agent", agent), ("status", status), ("limit", limit), ("after", after))
+            name: _query_value(value)
+            for name, value in (("agent", agent), ("status", status), ("limit", limit), ("after", after),
+                                ("awaiting_approval", awaiting_approval), ("outcome_unknown", outcome_unknown))
             if value is not None
         }
-        return await self._conn.request("GET", "/v1/sessions", params=params)
+        return SessionPage.from_answer(await self._conn.request("GET", "/v1/sessions", params=params))
 
     async def iter_sessions(
-        self, agent: str | None = None, status: str | None = None, page_size: int = 100
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Every session matching the filters, fetching page after page."""
+        self,
+        agent: str | None = None,
+        status: str | None = None,
+        page_size: int = 100,
+        awaiting_approval: bool | None = None,
+        outcome_unknown: bool | None = None,
+    ) -> AsyncIterator[SessionSummary]:
+        """Every session matching the filters (those of :meth:`list_sessions`), page after page."""
         after: str | None = None
         while True:
-            page = await self.list_sessions(agent=agent, status=status, limit=page_size, after=after)
-            for session in page.get("sessions", []):
+            page = await self.list_sessions(agent=agent, status=status, limit=page_size, after=after,
+                                            awaiting_approval=awaiting_approval, outcome_unknown=outcome_unknown)
+            for session in page.sessions:
                 yield session
-            next_after = page.get("next_after")
-            if not next_after or next_after == after:
+            if not page.next_after or page.next_after == after:
                 return  # the last page (or a server that would loop forever)
-            after = next_after
+            after = page.next_after
 
     # ----------------------------------------------------------------- turns
 
     async def send_message(
         self, session_id: str, text: str, message_id: str | None = None, mode: str = "queue"
-    ) -> dict[str, Any]:
-        """Send a user message; returns the 202 body.
+    ) -> MessageAccepted:
+        """Send a user message; returns the 202 answer (the message id it was recorded under).
 
         The message id is chosen here when not given: a retry after a failover repeats
         the same id, which the server treats as a no-op, so it never starts a second turn.
@@ -192,7 +230,7 @@ class DexClient:
             message_id = uuid.uuid4().hex
         _segment(message_id, "message_id")
         body = {"text": text, "message_id": message_id, "mode": mode}
-        return await self._conn.request("POST", f"/v1/sessions/{sid}/messages", body)
+        return MessageAccepted.from_answer(await self._conn.request("POST", f"/v1/sessions/{sid}/messages", body))
 
     async def approve(
         self, session_id: str, call_id: str, approved: bool = True, reason: str | None = None
@@ -246,9 +284,9 @@ class DexClient:
 
     # ----------------------------------------------------------------- cluster
 
-    async def cluster(self) -> dict[str, Any]:
+    async def cluster(self) -> ClusterView:
         """The cluster view of the node the connection is on (any node answers this)."""
-        return await self._conn.request("GET", "/v1/cluster")
+        return ClusterView.from_answer(await self._conn.request("GET", "/v1/cluster"))
 
     # ----------------------------------------------------------------- events
 
@@ -296,7 +334,7 @@ class DexClient:
 
     # ----------------------------------------------------------------- waiting
 
-    async def wait_until_idle(self, session_id: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    async def wait_until_idle(self, session_id: str, timeout_s: float = 60.0) -> Session:
         """Wait until the session is idle with no waiting messages; return that snapshot.
 
         Re-reads the snapshot on a short, growing interval (the snapshot is the truth;
@@ -317,8 +355,8 @@ class DexClient:
                     snapshot = await self.get_session(session_id)
             except TimeoutError:
                 raise IdleTimeoutError(session_id, last_status, timeout_s) from None
-            last_status = snapshot.get("status")
-            if last_status == "idle" and not snapshot.get("waiting_messages"):
+            last_status = snapshot.status
+            if snapshot.is_idle:
                 return snapshot
             remaining = deadline - loop.time()
             if remaining <= 0:

@@ -68,13 +68,13 @@ async def test_a_turn_runs_the_cli_inline_and_the_custom_tool_as_its_own_step(de
         agent = coder_agent("coder", api_url=fake.base_url, work_dir=work_dir, ledger_path=tmp_path / "ledger.db")
         worker = Worker(dev.url, agents=[agent], poll_wait_ms=1000)
         async with running(worker), DexClient(dev.url) as client:
-            sid = (await client.create_session("coder"))["session_id"]
+            sid = (await client.create_session("coder")).session_id
             await client.send_message(sid, "Write the file, then store the record.")
             snap = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
         model_calls = fake.bodies()
 
-    assert snap["turns"][0]["status"] == "completed"
-    user, first, result, final = snap["history"]
+    assert snap.turns[0].status == "completed"
+    user, first, result, final = snap.history
     call_id = first["tool_calls"][0]["id"]
     # Segment 1 (one RunModel): two model calls and the Bash run inside it; it ended on put_record.
     assert (user["type"], first["content"]) == ("user", "Writing the file.")
@@ -84,8 +84,8 @@ async def test_a_turn_runs_the_cli_inline_and_the_custom_tool_as_its_own_step(de
     assert (final["content"], final["tool_calls"]) == (FINAL_TEXT, [])
     assert inline_runs(work_dir) == 1
     # The deferred tool ran once, as its own step (effect write: a single-attempt step), with its key.
-    call = next(c for c in snap["tool_calls"] if c["call_id"] == call_id)
-    assert (call["status"], call["step_kind"]) == ("succeeded", "CallSingleAttemptTool")
+    call = snap.tool_call(call_id)
+    assert (call.status, call.raw["step_kind"]) == ("succeeded", "CallSingleAttemptTool")
     ledger = Ledger(tmp_path / "ledger.db")
     assert [(r.key, r.attempt) for r in ledger.runs("tool", DEFERRED_TOOL, "started")] == [(f"{sid}:{call_id}", 1)]
     # Three model calls: two in segment 1, one in segment 2, which replayed the history:

@@ -99,7 +99,7 @@ async def test_a_turn_with_two_tool_calls(dev: DevProcess, fake: FakeOpenAI, led
     worker = Worker(dev.url, agents=[build(framework, name, fake.base_url, ToolKit(ledger))],
                     poll_wait_ms=1_000, drain_timeout_s=1.0)
     async with running(worker), DexClient(dev.url) as client:
-        sid = (await client.create_session(name))["session_id"]
+        sid = (await client.create_session(name)).session_id
         deltas: list[str] = []
         reader = asyncio.create_task(collect_deltas(client, sid, deltas))
         await client.send_message(sid, "Where is my order A17?")
@@ -111,10 +111,10 @@ async def test_a_turn_with_two_tool_calls(dev: DevProcess, fake: FakeOpenAI, led
     runs = [(r.name, r.data, r.key) for r in ledger.runs("tool", moment="finished")]
     assert sorted(runs) == [("lookup", {"order": "A17"}, f"{sid}:call_look"),
                             ("put_note", {"text": "asked about A17"}, f"{sid}:call_note")]
-    assert [[step["kind"] for step in call["steps"]] for call in snapshot["tool_calls"]] == [["CallTool"]] * 2
-    assert {c["call_id"]: (c["status"], c["effect"]) for c in snapshot["tool_calls"]} == {
+    assert [[step.kind for step in call.steps] for call in snapshot.tool_calls] == [["CallTool"]] * 2
+    assert {c.call_id: (c.status, c.effect) for c in snapshot.tool_calls} == {
         "call_look": ("succeeded", "read"), "call_note": ("succeeded", "idempotent_write")}
-    history = snapshot["history"]
+    history = snapshot.history
     assert [h["type"] for h in history] == ["user", "assistant", "tool_result", "tool_result", "assistant"]
     assert history[-1]["content"] == "Order A17 has shipped."
 
@@ -177,7 +177,7 @@ class KillCell:
 
     async def __aenter__(self) -> KillCell:
         self.worker.start()
-        self.session_id = (await self.client.create_session(self.name))["session_id"]
+        self.session_id = (await self.client.create_session(self.name)).session_id
         self._reader = asyncio.create_task(self._read_events())
         return self
 
@@ -210,8 +210,8 @@ class KillCell:
         await eventually(lambda: self.ledger.count("tool", name, moment), f"{name} {moment}", DEADLINE_S)
 
     async def idle(self) -> dict[str, Any]:
-        """The idle snapshot, once the event stream has seen the end of the turn too."""
-        snapshot = await self.client.wait_until_idle(self.session_id, timeout_s=DEADLINE_S)
+        """The idle snapshot (its JSON), once the event stream has seen the end of the turn too."""
+        snapshot = (await self.client.wait_until_idle(self.session_id, timeout_s=DEADLINE_S)).raw
         await eventually(lambda: any(e.type in ("turn_completed", "turn_failed") for e in self.events),
                          "the event stream to reach the end of the turn", DEADLINE_S)
         return snapshot

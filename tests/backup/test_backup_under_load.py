@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dex_ha.client import DexClient
+from dex_ha.client import DexClient, SessionSummary
 from dex_ha.server.backup import read_backup
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.e2e.cluster_process import LocalCluster
@@ -115,7 +115,7 @@ async def test_backup_under_load_restores_into_a_new_cluster(cluster: LocalClust
                          DEADLINE_S)
         load.stop.set()
         await asyncio.wait_for(asyncio.gather(*clients), DEADLINE_S)
-        source = {sid: await client.get_session(sid) for sid in load.created}
+        source = {sid: (await client.get_session(sid)).raw for sid in load.created}
     header, _ = read_backup(backup)
 
     target = LocalCluster(tmp_path / "restored")
@@ -124,8 +124,8 @@ async def test_backup_under_load_restores_into_a_new_cluster(cluster: LocalClust
         target.up()
         urls = list(target.urls.values())
         async with DexClient(urls, token=target.tokens["client"]) as restored_client:
-            restored_ids = {s["session_id"] for s in await list_all(restored_client)}
-            restored = {sid: await restored_client.get_session(sid) for sid in restored_ids}
+            restored_ids = {s.session_id for s in await list_all(restored_client)}
+            restored = {sid: (await restored_client.get_session(sid)).raw for sid in restored_ids}
             check_restored_sessions(source, restored, settled_before, created_before)
             await run_a_new_turn(target, restored_client, sorted(settled_before)[0], restored)
         assert await target_term(target) > header.term  # a new cluster, above the backup's term
@@ -133,12 +133,13 @@ async def test_backup_under_load_restores_into_a_new_cluster(cluster: LocalClust
         target.down()
 
 
-async def list_all(client: DexClient) -> list[dict[str, Any]]:
-    sessions, after = [], None
+async def list_all(client: DexClient) -> list[SessionSummary]:
+    sessions: list[SessionSummary] = []
+    after = None
     while True:
         page = await client.list_sessions(agent=AGENT, limit=1000, after=after)
-        sessions += page["sessions"]
-        after = page["next_after"]
+        sessions += page.sessions
+        after = page.next_after
         if after is None:
             return sessions
 
@@ -164,7 +165,7 @@ async def run_a_new_turn(target: LocalCluster, client: DexClient, sid: str, rest
                     poll_wait_ms=2_000, heartbeat_interval_s=0.2, drain_timeout_s=1.0)
     async with running(worker):
         await client.send_message(sid, "after the restore", message_id=f"{sid}-restored")
-        after = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+        after = (await client.wait_until_idle(sid, timeout_s=DEADLINE_S)).raw
     assert len(after["turns"]) == TURNS_PER_SESSION + 1 and after["turns"][-1]["status"] == "completed"
     assert history_texts(after)[:len(before["history"])] == history_texts(before)
     new_items = [item for item in after["history"] if item["seq"] > before["history"][-1]["seq"]]

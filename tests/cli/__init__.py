@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from dex_ha.cli_cluster import free_port_range, free_ports  # noqa: F401  (the tests import them from here)
+from dex_ha.cli.cluster import free_port_range, free_ports  # noqa: F401  (the tests import them from here)
 from tests.support.processes import stop  # noqa: F401
 
 T = TypeVar("T")

@@ -21,14 +21,15 @@ from typing import Any
 
 import pytest
 
-from dex_ha.cli import NodeAnswer, contact_text_of, format_members, format_status, progress_text_of
-from dex_ha.client import DexClient
+from dex_ha.cli.members import contact_text_of, format_members, progress_text_of
+from dex_ha.cli.status import NodeAnswer, format_status
+from dex_ha.client import DexClient, Session
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.cli import clean_env, free_ports, run_cli, stop, wait_until
 from tests.e2e.cluster_process import LocalCluster, joiner_config
 from tests.e2e.conftest import running
-from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
+from tests.support.waiting import eventually
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
 
@@ -235,27 +236,27 @@ async def worker(sourced: dict[str, str]) -> AsyncIterator[Worker]:
         yield started
 
 
-async def snapshot_when(client: DexClient, sid: str, check: Any, what: str) -> dict[str, Any]:
-    async def ready() -> dict[str, Any] | None:
+async def snapshot_when(client: DexClient, sid: str, check: Any, what: str) -> Session:
+    async def ready() -> Session | None:
         snapshot = await client.get_session(sid)
         return snapshot if check(snapshot) else None
 
     return await eventually(ready, what, deadline_s=30)
 
 
-def call_status(snapshot: dict[str, Any], call_id: str) -> str:
-    return next(c["status"] for c in snapshot["tool_calls"] if c["call_id"] == call_id)
+def call_status(snapshot: Session, call_id: str) -> str:
+    return snapshot.tool_call(call_id).status
 
 
 async def test_sessions_commands_drive_a_session_through_approval_question_deny_and_reconcile(
         sourced: dict[str, str], worker: Worker) -> None:
     env = sourced
     async with DexClient(give_up_after_s=30) as client:  # DEX_HA_URLS and DEX_HA_CLIENT_TOKEN
-        sid = (await client.create_session("ops", session_id="s-ops-1"))["session_id"]
+        sid = (await client.create_session("ops", session_id="s-ops-1")).session_id
         await client.create_session("ops", session_id="s-ops-0")
         sent = cli("sessions", "send", sid, "refund A17 please", env=env)
         assert sent.returncode == 0 and f"sent to {sid}" in sent.stdout, sent.stderr
-        await snapshot_when(client, sid, lambda s: s["pending_approvals"] and s["pending_questions"],
+        await snapshot_when(client, sid, lambda s: s.pending_approvals and s.pending_questions,
                             "the approval and the question")
 
         shown = cli("sessions", "show", sid, env=env)
@@ -273,15 +274,15 @@ async def test_sessions_commands_drive_a_session_through_approval_question_deny_
         assert cli("sessions", "approve", sid, "refund-1", env=env).returncode == 0
         answered = cli("sessions", "answer", sid, question_id, "blue", env=env)
         assert answered.returncode == 0 and "answered" in answered.stdout, answered.stderr
-        done = await snapshot_when(client, sid, lambda s: s["status"] == "idle", "turn 1 to end")
+        done = await snapshot_when(client, sid, lambda s: s.status == "idle", "turn 1 to end")
         assert call_status(done, "refund-1") == "succeeded"
-        assert next(c["output"] for c in done["tool_calls"] if c["call_id"] == "ask-1") == "color blue"
+        assert done.tool_call("ask-1").output == "color blue"
 
         assert cli("sessions", "send", sid, "charge and refund B2", env=env).returncode == 0
-        await snapshot_when(client, sid, lambda s: s["pending_approvals"], "the second approval")
+        await snapshot_when(client, sid, lambda s: s.pending_approvals, "the second approval")
         denied = cli("sessions", "deny", sid, "refund-2", "--reason", "not this one", env=env)
         assert denied.returncode == 0 and "denied" in denied.stdout, denied.stderr
-        unknown = await snapshot_when(client, sid, lambda s: s["status"] == "idle", "turn 2 to end")
+        unknown = await snapshot_when(client, sid, lambda s: s.status == "idle", "turn 2 to end")
         assert call_status(unknown, "refund-2") == "failed"
         assert call_status(unknown, "charge-2") == "outcome_unknown"
         assert "outcome_unknown: check what the tool did" in cli("sessions", "show", sid, env=env).stdout

@@ -190,7 +190,8 @@ class FakeNode:
         return web.json_response({"ok": True, "path": recorded.path, "body": recorded.body})
 
     async def _cluster(self, request: web.Request) -> web.Response:
-        return web.json_response({"role": self.role, "leader_url": self.leader_url, "url": self.url})
+        return web.json_response({"node_id": f"fake-{self.url.rsplit(':', 1)[-1]}", "role": self.role,
+                                  "leader_url": self.leader_url, "url": self.url})
 
     # ------------------------------------------------------------------ sessions
 

@@ -8,8 +8,21 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from dex_ha.client import DexClient, DexError, IdleTimeoutError, SessionEvent
-from tests.client.fake_server import FakeCluster, FakeNode, FakeSleep, Fault, UpperBoundRng, start_nodes
+from dex_ha.client import (
+    DexClient,
+    DexError,
+    IdleTimeoutError,
+    MalformedAnswer,
+    SessionEvent,
+)
+from tests.client.fake_server import (
+    FakeCluster,
+    FakeNode,
+    FakeSleep,
+    Fault,
+    UpperBoundRng,
+    start_nodes,
+)
 
 STEP = 5.0  # deadline for one expected event or state
 
@@ -55,13 +68,13 @@ async def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 
 
 async def test_create_session_makes_an_id_and_returns_the_201_body(client: DexClient, nodes: list[FakeNode]) -> None:
     session = await client.create_session("helper", metadata={"user": "u1"})
-    assert session["session_id"].startswith("s-") and len(session["session_id"]) > 10
-    assert session["agent"] == "helper" and session["metadata"] == {"user": "u1"}
+    assert session.session_id.startswith("s-") and len(session.session_id) > 10
+    assert session.agent == "helper" and session.metadata == {"user": "u1"}
     sent = nodes[0].requests_to("/v1/sessions")[0]
-    assert sent.body == {"agent": "helper", "session_id": session["session_id"], "metadata": {"user": "u1"}}
+    assert sent.body == {"agent": "helper", "session_id": session.session_id, "metadata": {"user": "u1"}}
     assert sent.headers["Authorization"] == "Bearer client-token"
     other = await client.create_session("helper")
-    assert other["session_id"] != session["session_id"]
+    assert other.session_id != session.session_id
 
 
 async def test_create_session_retried_across_a_failover_uses_the_same_id(
@@ -72,14 +85,14 @@ async def test_create_session_retried_across_a_failover_uses_the_same_id(
     session = await client.create_session("helper")
     sent = old.requests_to("/v1/sessions") + new.requests_to("/v1/sessions")
     assert len(sent) >= 2
-    assert {r.body["session_id"] for r in sent} == {session["session_id"]}
-    assert list(cluster.sessions) == [session["session_id"]]
+    assert {r.body["session_id"] for r in sent} == {session.session_id}
+    assert list(cluster.sessions) == [session.session_id]
     assert client.connection.current_url == new.url
 
 
 async def test_create_session_for_another_agent_is_a_conflict(client: DexClient) -> None:
     await client.create_session("a", session_id="s-1")
-    assert (await client.create_session("a", session_id="s-1"))["session_id"] == "s-1"
+    assert (await client.create_session("a", session_id="s-1")).session_id == "s-1"
     with pytest.raises(DexError) as info:
         await client.create_session("b", session_id="s-1")
     assert (info.value.status, info.value.code) == (409, "conflict")
@@ -97,11 +110,11 @@ async def test_list_sessions_pages_and_iter_sessions_follows_them(client: DexCli
         await client.create_session("a", session_id=f"s-a{i}")
     await client.create_session("b", session_id="s-b0")
     first = await client.list_sessions(agent="a", limit=2)
-    assert [s["session_id"] for s in first["sessions"]] == ["s-a0", "s-a1"]
-    assert first["next_after"] == "s-a1"
+    assert [s.session_id for s in first.sessions] == ["s-a0", "s-a1"]
+    assert first.next_after == "s-a1"
     assert nodes[0].requests_to("/v1/sessions")[-1].query == {"agent": "a", "limit": "2"}
 
-    listed = [s["session_id"] async for s in client.iter_sessions(agent="a", page_size=2)]
+    listed = [s.session_id async for s in client.iter_sessions(agent="a", page_size=2)]
     assert listed == [f"s-a{i}" for i in range(5)]
     pages = [r.query for r in nodes[0].requests_to("/v1/sessions") if r.method == "GET"][1:]
     assert pages == [
@@ -109,7 +122,7 @@ async def test_list_sessions_pages_and_iter_sessions_follows_them(client: DexCli
         {"agent": "a", "limit": "2", "after": "s-a1"},
         {"agent": "a", "limit": "2", "after": "s-a3"},
     ]
-    everything = [s["session_id"] async for s in client.iter_sessions(status="idle", page_size=100)]
+    everything = [s.session_id async for s in client.iter_sessions(status="idle", page_size=100)]
     assert sorted(everything) == sorted([f"s-a{i}" for i in range(5)] + ["s-b0"])
 
 
@@ -130,9 +143,9 @@ async def test_send_message_retried_across_a_failover_sends_the_same_message_id(
     accepted = await client.send_message("s-1", "hello")
     sent = old.requests_to("/v1/sessions/s-1/messages") + new.requests_to("/v1/sessions/s-1/messages")
     assert len(sent) >= 2
-    assert {r.body["message_id"] for r in sent} == {accepted["message_id"]}
-    assert all(r.body == {"text": "hello", "message_id": accepted["message_id"], "mode": "queue"} for r in sent)
-    assert cluster.message_ids["s-1"] == [accepted["message_id"]]
+    assert {r.body["message_id"] for r in sent} == {accepted.message_id}
+    assert all(r.body == {"text": "hello", "message_id": accepted.message_id, "mode": "queue"} for r in sent)
+    assert cluster.message_ids["s-1"] == [accepted.message_id]
 
 
 async def test_send_message_checks_its_arguments(client: DexClient) -> None:
@@ -184,7 +197,8 @@ async def test_decisions_check_their_arguments(client: DexClient) -> None:
 async def test_cluster_is_answered_by_a_standby_too(nodes: list[FakeNode]) -> None:
     async with DexClient(nodes[1].url) as client:
         view = await client.cluster()
-    assert view == {"role": "standby", "leader_url": nodes[0].url, "url": nodes[1].url}
+    assert (view.role, view.leader_url) == ("standby", nodes[0].url)
+    assert view.raw == {"node_id": view.node_id, "role": "standby", "leader_url": nodes[0].url, "url": nodes[1].url}
 
 
 # ---------------------------------------------------------------------------- events
@@ -302,9 +316,9 @@ async def test_wait_until_idle_returns_the_idle_snapshot(client: DexClient, clus
     finisher = asyncio.create_task(finish_the_turns())
     snapshot = await client.wait_until_idle("s-1", timeout_s=STEP)
     await finisher
-    assert snapshot["status"] == "idle"
-    assert snapshot["waiting_messages"] == []
-    assert snapshot["history"] == [{"type": "assistant", "content": "done"}]
+    assert snapshot.status == "idle"
+    assert snapshot.waiting_messages == ()
+    assert snapshot.history == ({"type": "assistant", "content": "done"},)
 
 
 async def test_wait_until_idle_raises_after_its_deadline(client: DexClient, cluster: FakeCluster) -> None:
@@ -334,4 +348,25 @@ async def test_wait_until_idle_keeps_waiting_through_a_failover(
     finisher = asyncio.create_task(finish())
     snapshot = await client.wait_until_idle("s-1", timeout_s=STEP)
     await finisher
-    assert snapshot["status"] == "idle"
+    assert snapshot.status == "idle"
+
+
+# ---------------------------------------------------------------------------- typed answers
+
+
+async def test_list_sessions_sends_the_approval_and_outcome_filters(client: DexClient, nodes: list[FakeNode]) -> None:
+    await client.list_sessions(awaiting_approval=True, outcome_unknown=False)
+    assert nodes[0].requests_to("/v1/sessions")[-1].query == {"awaiting_approval": "true", "outcome_unknown": "false"}
+    async for _ in client.iter_sessions(status="running", awaiting_approval=False):
+        pass
+    assert nodes[0].requests_to("/v1/sessions")[-1].query == {"status": "running", "limit": "100",
+                                                              "awaiting_approval": "false"}
+    with pytest.raises(TypeError, match="awaiting_approval"):
+        await client.list_sessions(awaiting_approval="yes")  # type: ignore[arg-type]
+
+
+async def test_a_malformed_answer_raises_the_sdk_error_naming_the_field(client: DexClient, nodes: list[FakeNode]) -> None:
+    nodes[0].add_faults(Fault("status", status=200, body={"session_id": "s-1", "agent": "a", "status": 3}))
+    with pytest.raises(MalformedAnswer) as caught:
+        await client.get_session("s-1")
+    assert caught.value.field == "status" and "expected a string, got int" in caught.value.message

@@ -90,8 +90,9 @@ async def confirm(page) -> None:
 
 
 async def call_of(client: DexClient, session_id: str, name: str) -> dict | None:
+    """The JSON of the session's first call of tool `name` (the page shows its fields by name)."""
     snapshot = await client.get_session(session_id)
-    return next((c for c in snapshot["tool_calls"] if c["name"] == name), None)
+    return next((c.raw for c in snapshot.tool_calls if c.name == name), None)
 
 
 # ---------------------------------------------------------------- sessions, on `dex-ha dev`
@@ -152,7 +153,7 @@ async def test_approve_stream_and_reconcile_from_the_console(dev: DevProcess, pa
 
 
 async def _pending_approval(client: DexClient, session_id: str) -> bool:
-    return bool((await client.get_session(session_id))["pending_approvals"])
+    return bool((await client.get_session(session_id)).pending_approvals)
 
 
 async def _call_status(client: DexClient, session_id: str, name: str, status: str) -> bool:

@@ -63,7 +63,7 @@ class Cell:
     # ---------------------------------------------------------------- the session
 
     async def open(self) -> str:
-        self.sid = (await self.client.create_session(self.agent))["session_id"]
+        self.sid = (await self.client.create_session(self.agent)).session_id
         self._collector = asyncio.create_task(self._collect_events())
         return self.sid
 
@@ -75,11 +75,12 @@ class Cell:
         await self.client.send_message(self.sid, text)
 
     async def snapshot(self) -> dict[str, Any]:
-        return await self.client.get_session(self.sid)
+        """The session's snapshot as JSON (the cells read it by key)."""
+        return (await self.client.get_session(self.sid)).raw
 
     async def idle(self) -> dict[str, Any]:
         """The idle snapshot, once the event stream has also seen the end of the last turn."""
-        snap = await self.client.wait_until_idle(self.sid, timeout_s=DEADLINE_S)
+        snap = (await self.client.wait_until_idle(self.sid, timeout_s=DEADLINE_S)).raw
         last_turn = snap["turns"][-1]["turn_id"]
         await eventually(lambda: any(e.type.startswith("turn_") and e.data.get("turn_id") == last_turn
                                      and e.type != "turn_started" for e in self.events),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from dex_ha.cli_cluster import node_process_alive, read_pids
+from dex_ha.cli.cluster import node_process_alive, read_pids
 from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 from tests.e2e.cluster_process import LocalCluster
 from tests.support.waiting import eventually

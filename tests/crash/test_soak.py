@@ -112,7 +112,7 @@ async def wait_idle(client: DexClient, session_id: str, totals: Totals, deadline
     deadline = time.monotonic() + deadline_s
     while True:
         try:
-            return await client.wait_until_idle(session_id, timeout_s=TURN_DEADLINE_S)
+            return (await client.wait_until_idle(session_id, timeout_s=TURN_DEADLINE_S)).raw
         except (DexError, asyncio.TimeoutError):
             totals.slow_turns += 1
             assert time.monotonic() < deadline, f"{session_id} not idle within {deadline_s} s"

@@ -18,7 +18,7 @@ PLACEHOLDER = re.compile(r"<[^<>]+>")
 PERCENT_SPEC = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdrfgi]")
 # A template with less literal text than this ("%s: %s") would match any line.
 MIN_LITERAL = 12
-# The dex-ha command prints an error as "dex-ha <command>: <message>" (cli.py).
+# The dex-ha command prints an error as "dex-ha <command>: <message>" (dex_ha/cli/main.py).
 CLI_PREFIX = re.compile(r"^dex-ha [a-z-]+: ")
 
 

@@ -17,12 +17,12 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 import pytest
 
-from dex_ha.cli_cluster import node_process_alive
-from dex_ha.client import DexClient, SessionEvent
+from dex_ha.cli.cluster import node_process_alive
+from dex_ha.client import DexClient, Session, SessionEvent
 from dex_ha.worker import Worker
 from tests.e2e.cluster_process import LocalCluster
 from tests.e2e.conftest import running
@@ -64,16 +64,16 @@ async def read_until(client: DexClient, sid: str, last_type: str, sink: list[Ses
 
 async def start_a_turn(client: DexClient, ledger: Ledger, cluster: LocalCluster, text: str) -> tuple[str, str]:
     """A session whose turn has its tool running now; (session id, the active node)."""
-    sid = (await client.create_session(AGENT))["session_id"]
+    sid = (await client.create_session(AGENT)).session_id
     await client.send_message(sid, text)
     await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
     return sid, await cluster.active_node()
 
 
-def assert_completed_without_a_failed_attempt(snapshot: dict[str, Any]) -> None:
-    assert snapshot["turns"][-1]["status"] == "completed"
-    every_attempt = [a for c in snapshot["tool_calls"] for s in c["steps"] for a in s["attempts"]]
-    assert every_attempt and all(a["status"] == "completed" for a in every_attempt)
+def assert_completed_without_a_failed_attempt(snapshot: Session) -> None:
+    assert snapshot.turns[-1].status == "completed"
+    every_attempt = [a for c in snapshot.tool_calls for s in c.steps for a in s.attempts]
+    assert every_attempt and all(a.status == "completed" for a in every_attempt)
 
 
 async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
@@ -90,16 +90,16 @@ async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
     assert new != old
 
     final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
-    assert final["turns"][-1]["status"] == "completed"
+    assert final.turns[-1].status == "completed"
     # The event stream resumed on the new active node: nothing twice, nothing missed.
     await asyncio.wait_for(reader, DEADLINE_S)
     fresh: list[SessionEvent] = []
     await read_until(client, sid, "turn_completed", fresh)  # the whole committed history, read anew
     assert [e.id for e in events if e.id is not None] == [e.id for e in fresh]
     assert {"attempt_failed", "timer_fired", "turn_completed"} <= {e.type for e in events}
-    call = next(c for c in final["tool_calls"] if c["call_id"] == "c-failover")
-    assert call["status"] == "succeeded" and call["output"] == "stored failover"
-    attempts = attempts_of(final, "c-failover")
+    call = final.tool_call("c-failover")
+    assert call.status == "succeeded" and call.output == "stored failover"
+    attempts = attempts_of(final.raw, "c-failover")
     assert [a["status"] for a in attempts] == ["failed", "completed"]
     assert "lost its lease" in attempts[0]["error"]  # failed by the new node's takeover
     assert attempts[1]["term"] > attempts[0]["term"]
@@ -125,7 +125,7 @@ async def test_step_down_moves_the_active_node_without_failing_a_running_attempt
 
     final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
     assert_completed_without_a_failed_attempt(final)
-    assert attempts_of(final, "c-deploy")[0]["status"] == "completed"
+    assert attempts_of(final.raw, "c-deploy")[0]["status"] == "completed"
     assert [r[2] for r in ledger.runs] == [1]  # the tool ran once
 
 

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 
 import pytest
 
-from dex_ha.client import DexClient, SessionEvent
+from dex_ha.client import DexClient, Session, SessionEvent, ToolCallRecord
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, ToolError, Worker
 from tests.e2e.conftest import running
 from tests.support.waiting import eventually
@@ -145,27 +145,27 @@ async def collect_events(client: DexClient, session_id: str, until: str, sink: l
             return
 
 
-def calls_by_id(snapshot: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["call_id"]: c for c in snapshot["tool_calls"]}
+def calls_by_id(snapshot: Session) -> dict[str, ToolCallRecord]:
+    return {c.call_id: c for c in snapshot.tool_calls}
 
 
 async def test_a_turn_through_every_route_of_a_tool_call(stack: tuple[DexClient, Ledger, Worker]) -> None:
     client, ledger, _ = stack
     session = await client.create_session(AGENT)
-    sid = session["session_id"]
+    sid = session.session_id
     events: list[SessionEvent] = []
     reader = asyncio.create_task(collect_events(client, sid, "turn_completed", events))
     await client.send_message(sid, "run everything")
 
     async def approvals_and_question() -> Any:
         snap = await client.get_session(sid)
-        return snap if len(snap["pending_approvals"]) == 2 and snap["pending_questions"] else None
+        return snap if len(snap.pending_approvals) == 2 and snap.pending_questions else None
 
     snap = await eventually(approvals_and_question, "two approvals and a question")
     assert ledger.count("wire_money") == 0, "a tool that needs approval ran before it was approved"
     await client.approve(sid, "c-wire-yes")
     await client.deny(sid, "c-wire-no", reason="too much")
-    await client.answer(sid, snap["pending_questions"][0]["question_id"], "blue")
+    await client.answer(sid, snap.pending_questions[0].question_id, "blue")
     final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
     await asyncio.wait_for(reader, DEADLINE_S)
 
@@ -173,24 +173,24 @@ async def test_a_turn_through_every_route_of_a_tool_call(stack: tuple[DexClient,
     expected = {"c-lookup": "succeeded", "c-put": "succeeded", "c-mail": "succeeded", "c-wire-yes": "succeeded",
                 "c-wire-no": "failed", "c-ask": "succeeded", "c-sleep": "succeeded", "c-build": "succeeded",
                 "c-bad": "failed"}
-    assert {cid: calls[cid]["status"] for cid in expected} == expected
-    assert calls["c-wire-no"]["error"] and "too much" in calls["c-wire-no"]["error"]
-    assert calls["c-bad"]["error"] == "the backend said no"
-    assert calls["c-build"]["output"] == {"artifact": "app.tar"}
-    assert calls["c-ask"]["output"] == "blue"
+    assert {cid: calls[cid].status for cid in expected} == expected
+    assert calls["c-wire-no"].error and "too much" in calls["c-wire-no"].error
+    assert calls["c-bad"].error == "the backend said no"
+    assert calls["c-build"].output == {"artifact": "app.tar"}
+    assert calls["c-ask"].output == "blue"
     # Each tool ran exactly once, with the contract idempotency key; the denied one never.
     assert ledger.runs == {("lookup", f"{sid}:c-lookup"): 1, ("put_item", f"{sid}:c-put"): 1,
                            ("send_email", f"{sid}:c-mail"): 1, ("wire_money", f"{sid}:c-wire-yes"): 1,
                            ("build", f"{sid}:c-build"): 1, ("fragile", f"{sid}:c-bad"): 1}
     assert ledger.polls["app"] == 3  # two pending answers, then ok: one task, several polls
-    kinds = {c["call_id"]: c["step_kind"] for c in final["tool_calls"]}
+    kinds = {c.call_id: c.raw["step_kind"] for c in final.tool_calls}
     assert kinds["c-mail"] == "CallSingleAttemptTool" and kinds["c-lookup"] == "CallTool"
     assert kinds["c-sleep"] == "AwaitTimer" and kinds["c-ask"] == "AwaitQuestionAnswer"
     assert kinds["c-build"] == "PollToolTask"
     # Ten history items before the second model call is over the limit of 8: compaction ran.
-    assert final["summary"] is not None and final["summary"]["text"].startswith("summary of")
-    assert [s["kind"] for s in calls["c-build"]["steps"]].count("PollToolTask") == 3
-    assert final["history"][-1]["type"] == "assistant"
+    assert final.summary is not None and final.summary["text"].startswith("summary of")
+    assert [s.kind for s in calls["c-build"].steps].count("PollToolTask") == 3
+    assert final.history[-1]["type"] == "assistant"
 
     types = [e.type for e in events]
     for expected_type in ("turn_started", "approval_requested", "approval_decided", "question_asked",
@@ -217,15 +217,15 @@ async def test_a_turn_through_every_route_of_a_tool_call(stack: tuple[DexClient,
 async def test_cancel_stops_a_running_write_and_reconcile_settles_it(
         stack: tuple[DexClient, Ledger, Worker]) -> None:
     client, ledger, _ = stack
-    sid = (await client.create_session(AGENT))["session_id"]
+    sid = (await client.create_session(AGENT)).session_id
     await client.send_message(sid, "block")
     await asyncio.wait_for(ledger.blocking_started.wait(), DEADLINE_S)
     await client.cancel(sid)
     final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
     call = calls_by_id(final)["c-slow"]
     # A running single-attempt write that was cancelled may have done its work.
-    assert call["status"] == "outcome_unknown"
-    assert final["turns"][-1]["status"] == "cancelled"
+    assert call.status == "outcome_unknown"
+    assert final.turns[-1].status == "cancelled"
 
     async def tool_was_cancelled() -> bool:
         return ledger.cancelled == ["c-slow"]
@@ -235,15 +235,15 @@ async def test_cancel_stops_a_running_write_and_reconcile_settles_it(
 
     async def attempt_ended() -> bool:
         call = calls_by_id(await client.get_session(sid))["c-slow"]
-        return [a["status"] for s in call["steps"] for a in s["attempts"]] == ["failed"]
+        return [a.status for s in call.steps for a in s.attempts] == ["failed"]
 
     # The Worker reports that it stopped, so the attempt ends now, not at its heartbeat timeout.
     await eventually(attempt_ended, "the cancelled attempt to end", deadline_s=5.0)
 
     await client.reconcile(sid, "c-slow", "succeeded", result={"checked": "by hand"})
     call = calls_by_id(await client.get_session(sid))["c-slow"]
-    assert call["status"] == "succeeded" and call["output"] == {"checked": "by hand"}
-    assert call["reconciled_at"] is not None
+    assert call.status == "succeeded" and call.output == {"checked": "by hand"}
+    assert call.raw["reconciled_at"] is not None
     again = await client.reconcile(sid, "c-slow", "succeeded", result={"checked": "by hand"})
     assert again["noop"] is True
     assert ledger.count("slow_write") == 1  # reconcile never runs the tool
@@ -258,7 +258,7 @@ async def test_a_restart_keeps_the_session_and_the_next_message_runs(tmp_path: P
     try:
         async with running(worker), DexClient(server.url) as client:
             await server.wait_ready()
-            sid = (await client.create_session(AGENT))["session_id"]
+            sid = (await client.create_session(AGENT)).session_id
             await client.send_message(sid, "hello")
             first = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
             server.kill()
@@ -268,5 +268,5 @@ async def test_a_restart_keeps_the_session_and_the_next_message_runs(tmp_path: P
             second = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
     finally:
         server.stop()
-    assert [t["status"] for t in second["turns"]] == ["completed", "completed"]
-    assert second["history"][:len(first["history"])] == first["history"]
+    assert [t.status for t in second.turns] == ["completed", "completed"]
+    assert second.history[:len(first.history)] == first.history

@@ -22,7 +22,7 @@ async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: L
     admin, client_token = cluster.tokens["admin"], cluster.tokens["client"]
     urls = list(cluster.urls.values())
     async with DexClient(urls, token=client_token) as client:
-        sessions = [(await client.create_session("joined"))["session_id"] for _ in range(5)]
+        sessions = [(await client.create_session("joined")).session_id for _ in range(5)]
 
     http_port, raft_port, probe_port = free_ports(3)
     n4_url = f"http://127.0.0.1:{http_port}"
@@ -59,7 +59,7 @@ async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: L
         # Listing needs an active node: one of the three survivors (n4 included) took over.
         async with DexClient([u for u in all_urls if u != cluster.urls[old]], token=client_token,
                              give_up_after_s=DEADLINE_S) as client:
-            listed = {s["session_id"] async for s in client.iter_sessions(agent="joined")}
+            listed = {s.session_id async for s in client.iter_sessions(agent="joined")}
         assert set(sessions) <= listed
     finally:
         stop(n4)

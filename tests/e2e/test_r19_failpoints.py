@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dex_ha.client import DexClient
+from dex_ha.client import DexClient, Session
 from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.e2e.conftest import running
@@ -30,9 +30,9 @@ def script(request: ModelRequest) -> dict[str, Any]:
     return {"content": "done", "tool_calls": []}
 
 
-def attempts(snapshot: dict[str, Any], kind: str) -> list[str]:
-    steps = [s for c in snapshot["tool_calls"] for s in c["steps"] if s["kind"] == kind]
-    return [a["status"] for s in steps for a in s["attempts"]]
+def attempts(snapshot: Session, kind: str) -> list[str]:
+    steps = [s for c in snapshot.tool_calls for s in c.steps if s.kind == kind]
+    return [a.status for s in steps for a in s.attempts]
 
 
 @pytest.mark.parametrize("failpoint, tool_runs, call_attempts", [
@@ -58,7 +58,7 @@ async def test_a_result_in_flight_when_the_node_dies_is_committed_or_its_attempt
     try:
         async with running(worker), DexClient(server.url) as client:
             await server.wait_ready()
-            sid = (await client.create_session("r19"))["session_id"]
+            sid = (await client.create_session("r19")).session_id
             await client.send_message(sid, "look it up")
             deadline = time.monotonic() + DEADLINE_S
             while server.proc.poll() is None and time.monotonic() < deadline:
@@ -69,8 +69,8 @@ async def test_a_result_in_flight_when_the_node_dies_is_committed_or_its_attempt
             final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
     finally:
         server.stop()
-    assert final["turns"][-1]["status"] == "completed"
-    call = final["tool_calls"][0]
-    assert call["status"] == "succeeded" and call["output"] == "found x"
+    assert final.turns[-1].status == "completed"
+    call = final.tool_calls[0]
+    assert call.status == "succeeded" and call.output == "found x"
     assert attempts(final, "CallTool") == call_attempts
     assert [key for key, _ in runs] == [f"{sid}:c1"] * tool_runs  # same key on every run

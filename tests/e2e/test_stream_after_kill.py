@@ -64,7 +64,7 @@ async def test_a_killed_attempts_text_is_dropped(tmp_path: Path) -> None:
     try:
         await dev.wait_ready()
         async with DexClient(dev.url) as client:
-            sid = (await client.create_session(AGENT))["session_id"]
+            sid = (await client.create_session(AGENT)).session_id
             raw: list[SessionEvent] = []
             stream = StreamText()
             reader = asyncio.create_task(follow(client, sid, raw, stream))
@@ -91,7 +91,7 @@ async def test_a_killed_attempts_text_is_dropped(tmp_path: Path) -> None:
             assert texts_of(raw, 1).strip() and texts_of(raw, 2) == FINAL_TEXT  # both were relayed...
             assert stream.text(step_id) == FINAL_TEXT and stream.attempt(step_id) == 2  # ...one is kept
             snapshot = await client.get_session(sid)
-            assert [h["content"] for h in snapshot["history"] if h["type"] == "assistant"] == [FINAL_TEXT]
+            assert [h["content"] for h in snapshot.history if h["type"] == "assistant"] == [FINAL_TEXT]
     finally:
         sigkill(child)
         assert dev.stop() == 0, dev.log_tail()

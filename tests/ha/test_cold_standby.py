@@ -18,7 +18,7 @@ from typing import AsyncIterator
 
 import pytest
 
-from dex_ha.cli_cluster import close_all, free_ports, ready_nodes
+from dex_ha.cli.cluster import close_all, free_ports, ready_nodes
 from dex_ha.client import Connection, DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, Worker
 from tests.e2e.cluster_process import cluster_view, joiner_config
@@ -56,7 +56,7 @@ async def test_a_cold_standby_replaces_a_dead_node_and_the_cluster_survives_anot
     cluster = snapshotting
     urls = dict(cluster.urls)
     async with DexClient(list(urls.values()), token=cluster.tokens["client"]) as client:
-        written = {(await client.create_session("standby"))["session_id"] for _ in range(SESSIONS_BEFORE)}
+        written = {(await client.create_session("standby")).session_id for _ in range(SESSIONS_BEFORE)}
 
     dead = await cluster.active_node()
     cluster.kill(dead)
@@ -125,10 +125,10 @@ async def survives_another_kill(cluster: ProxiedCluster, pids: dict[str, int], u
     worker = Worker(left, token=cluster.tokens["worker"], agents=[Agent("standby", model=ScriptedModel(answer_at_once))],
                     poll_wait_ms=2_000)
     async with running(worker), DexClient(left, token=cluster.tokens["client"]) as client:
-        sid = (await client.create_session("standby"))["session_id"]
+        sid = (await client.create_session("standby")).session_id
         await client.send_message(sid, "after the second kill")
         final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
-        listed = {s["session_id"] async for s in client.iter_sessions(agent="standby")}
-    assert final["turns"][-1]["status"] == "completed"
-    assert final["history"][-1]["content"] == "echo after the second kill"
+        listed = {s.session_id async for s in client.iter_sessions(agent="standby")}
+    assert final.turns[-1].status == "completed"
+    assert final.history[-1]["content"] == "echo after the second kill"
     assert written <= listed

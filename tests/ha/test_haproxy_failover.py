@@ -44,7 +44,7 @@ async def test_a_turn_completes_through_haproxy_when_the_active_node_dies_mid_to
     async with running(worker), DexClient(only_haproxy, token=proxied.tokens["client"]) as client, \
             ReadinessRecorder(proxied.probe_urls) as record, \
             running(AckedWriter(only_haproxy, proxied.tokens["client"])) as writer:
-        sid = (await client.create_session(AGENT))["session_id"]
+        sid = (await client.create_session(AGENT)).session_id
         await client.send_message(sid, "failover")
         await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
         old = await proxied.active_node()
@@ -55,8 +55,8 @@ async def test_a_turn_completes_through_haproxy_when_the_active_node_dies_mid_to
         await writer.acked_after(3)
         await record.next_round()
 
-    assert final["turns"][-1]["status"] == "completed"
-    attempts = attempts_of(final, "c-failover")
+    assert final.turns[-1].status == "completed"
+    attempts = attempts_of(final.raw, "c-failover")
     assert [(a["status"], a["attempt_progress"]) for a in attempts] == [("failed", "NOT_COMPLETED"),
                                                                         ("completed", None)]
     assert ledger.runs == [("slow_put", f"{sid}:c-failover", 1), ("slow_put", f"{sid}:c-failover", 2)]

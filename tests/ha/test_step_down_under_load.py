@@ -86,7 +86,7 @@ async def test_step_down_under_load_keeps_finished_steps_and_moves_the_rest(prox
                     heartbeat_interval_s=0.2, drain_timeout_s=1.0)
     async with running(worker), DexClient(urls, token=proxied.tokens["client"]) as client:
         texts = [f"quick-{i}" for i in range(QUICK_SESSIONS)] + [f"slow-{i}" for i in range(SLOW_SESSIONS)]
-        sessions = {text: (await client.create_session(AGENT))["session_id"] for text in texts}
+        sessions = {text: (await client.create_session(AGENT)).session_id for text in texts}
         for text, sid in sessions.items():
             await client.send_message(sid, text)
         await asyncio.wait_for(ledger.all_running.wait(), DEADLINE_S)
@@ -103,7 +103,7 @@ async def test_step_down_under_load_keeps_finished_steps_and_moves_the_rest(prox
             await record.next_round()
         finals = {text: await client.wait_until_idle(sid, timeout_s=DEADLINE_S) for text, sid in sessions.items()}
 
-    assert all(final["turns"][-1]["status"] == "completed" for final in finals.values())
+    assert all(final.turns[-1].status == "completed" for final in finals.values())
     assert_readiness_moved_once(record, old, new)
     await all_caught_up(proxied, proxied.node_ids)
     attempts = attempts_on_disk(proxied.plan.node(new).data_dir)

@@ -72,7 +72,7 @@ async def stack(tmp_path: Path, *, extra_env: dict[str, str] | None = None,
 
 async def turn(stack: Stack, session_id: str, text: str) -> list[SessionEvent]:
     """Send `text` and return the session's events of the turn it starts, until it ended."""
-    earlier_turns = len((await stack.client.get_session(session_id))["turns"])
+    earlier_turns = len((await stack.client.get_session(session_id)).turns)
     events: list[SessionEvent] = []
 
     async def collect() -> None:
@@ -96,7 +96,7 @@ async def test_a_turn_with_two_tool_calls_streams_and_sends_valid_requests(tmp_p
         s.fake.push(Reply.of("Let me check both orders.", tool_use("lookup", {"order": "A17"}, id="toolu_a"),
                              tool_use("lookup", {"order": "B2"}, id="toolu_b")),
                     Reply.of("Both orders have shipped."))
-        sid = (await s.client.create_session(AGENT))["session_id"]
+        sid = (await s.client.create_session(AGENT)).session_id
         events = await turn(s, sid, "Where are A17 and B2?")
         snapshot = await s.client.get_session(sid)
 
@@ -107,7 +107,7 @@ async def test_a_turn_with_two_tool_calls_streams_and_sends_valid_requests(tmp_p
     assert "".join(e.data["text"] for e in deltas) == "Let me check both orders.Both orders have shipped."
     assert len({e.step_id for e in deltas}) == 2 and len(deltas) > 2
     # The session recorded the calls with the provider's ids and the final answer.
-    history = snapshot["history"]
+    history = snapshot.history
     assert [h["type"] for h in history] == ["user", "assistant", "tool_result", "tool_result", "assistant"]
     assert [(c["id"], c["arguments"]) for c in history[1]["tool_calls"]] == [("toolu_a", {"order": "A17"}),
                                                                                ("toolu_b", {"order": "B2"})]
@@ -127,7 +127,7 @@ async def test_a_turn_with_two_tool_calls_streams_and_sends_valid_requests(tmp_p
 async def test_a_429_fails_attempt_one_and_attempt_two_completes(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
         s.fake.push(ApiError.rate_limited(retry_after=0), Reply.of("Here is your answer."))
-        sid = (await s.client.create_session(AGENT))["session_id"]
+        sid = (await s.client.create_session(AGENT)).session_id
         events = await turn(s, sid, "hello")
 
     assert events[-1].type == "turn_completed"
@@ -145,7 +145,7 @@ async def test_a_400_fails_the_turn_with_the_providers_message_and_no_retry(tmp_
     async with stack(tmp_path) as s:
         s.fake.push(ApiError(400, "invalid_request_error", "prompt is too long: 250000 tokens > 200000 maximum"),
                     Reply.of("never used"))
-        sid = (await s.client.create_session(AGENT))["session_id"]
+        sid = (await s.client.create_session(AGENT)).session_id
         events = await turn(s, sid, "hello")
 
     assert events[-1].type == "turn_failed"
@@ -159,13 +159,13 @@ async def test_compaction_asks_the_fake_for_the_summary_and_the_next_call_carrie
     async with stack(tmp_path, compaction={"max_items": 3}) as s:
         s.fake.push(Reply.of(tool_use("lookup", {"order": "A17"})), Reply.of("A17 has shipped."),
                     Reply.of(summary), Reply.of("You are welcome."))
-        sid = (await s.client.create_session(AGENT))["session_id"]
+        sid = (await s.client.create_session(AGENT)).session_id
         assert (await turn(s, sid, "Where is A17?"))[-1].type == "turn_completed"
         events = await turn(s, sid, "Thanks!")
         snapshot = await s.client.get_session(sid)
 
     assert events[-1].type == "turn_completed" and any(e.type == "summary_updated" for e in events)
-    assert snapshot["summary"]["text"] == summary
+    assert snapshot.summary["text"] == summary
     summary_call, after = s.fake.bodies()[2:]
     transcript = summary_call["messages"][0]["content"][0]["text"]
     assert "Where is A17?" in transcript and "A17 has shipped." in transcript and "tools" not in summary_call
@@ -199,7 +199,7 @@ async def test_r02_a_worker_killed_mid_stream_leaves_only_attempt_twos_text(tmp_
         await dev.wait_ready()
         async with FakeAnthropic([Reply.of(LOST_TEXT, stall_after_deltas=4), Reply.of(FINAL_TEXT)]) as fake, \
                 DexClient(dev.url) as client:
-            sid = (await client.create_session(AGENT))["session_id"]
+            sid = (await client.create_session(AGENT)).session_id
             raw: list[SessionEvent] = []
             text = StreamText()
             reader = asyncio.create_task(follow(client, sid, raw, text))
@@ -220,7 +220,7 @@ async def test_r02_a_worker_killed_mid_stream_leaves_only_attempt_twos_text(tmp_
 
         assert texts_of(raw, 1) == "attempt one starts to " and texts_of(raw, 2) == FINAL_TEXT
         assert text.text(step_id) == FINAL_TEXT and text.attempt(step_id) == 2
-        assert [h["content"] for h in snapshot["history"] if h["type"] == "assistant"] == [FINAL_TEXT]
+        assert [h["content"] for h in snapshot.history if h["type"] == "assistant"] == [FINAL_TEXT]
         # From outside: two model calls on the same input, each by its own process; the
         # killed one never finished, and the fake got exactly two requests.
         started, finished = ledger.runs("model", AGENT, "started"), ledger.runs("model", AGENT, "finished")

@@ -71,8 +71,8 @@ async def run_turn(dev: DevProcess, agent: Agent, text: str, until: str = "turn_
     the session's events until `until`, and the snapshot after."""
     worker = Worker(dev.url, agents=[agent], poll_wait_ms=1_000, drain_timeout_s=1.0)
     async with running(worker), DexClient(dev.url) as client:
-        sid = session_id or (await client.create_session(AGENT))["session_id"]
-        turn_number = len((await client.get_session(sid))["turns"]) + 1
+        sid = session_id or (await client.create_session(AGENT)).session_id
+        turn_number = len((await client.get_session(sid)).turns) + 1
         events: list[SessionEvent] = []
         reader = asyncio.create_task(follow_turn(client, sid, turn_number, until, events))
         await client.send_message(sid, text)
@@ -114,7 +114,7 @@ async def test_a_turn_with_two_tool_calls(dev: DevProcess, fake: FakeOpenAI, api
     # Each tool ran once, with the arguments the model gave and the contract idempotency key.
     assert sorted(tool_runs.runs) == [("lookup", {"order": "A17"}, f"{sid}:call_look"),
                                       ("put_note", {"text": "asked about A17"}, f"{sid}:call_note")]
-    history = snapshot["history"]
+    history = snapshot.history
     assert [h["type"] for h in history] == ["user", "assistant", "tool_result", "tool_result", "assistant"]
     assert [c["id"] for c in history[1]["tool_calls"]] == ["call_look", "call_note"]
     assert history[-1]["content"] == "Order A17 has shipped."
@@ -158,7 +158,7 @@ async def test_a_rate_limit_fails_attempt_1_and_attempt_2_completes(dev: DevProc
     started = [e.attempt for e in events if e.type == "attempt_started" and e.step_id == failed.step_id]
     assert started == [1, 2]
     assert streamed_text(events, failed.step_id, attempt=2) == "Here I am."
-    assert snapshot["turns"][-1]["status"] == "completed"
+    assert snapshot.turns[-1].status == "completed"
     first, second = fake.requests  # one request per attempt: the SDK did not retry by itself
     assert first.body == second.body
 
@@ -172,7 +172,7 @@ async def test_a_bad_request_fails_the_turn_with_the_providers_message(dev: DevP
 
     [turn_failed] = [e for e in events if e.type == "turn_failed"]
     assert message in turn_failed.data["error"]
-    assert snapshot["turns"][-1]["status"] == "failed" and message in snapshot["turns"][-1]["error"]
+    assert snapshot.turns[-1].status == "failed" and message in snapshot.turns[-1].error
     assert [e.attempt for e in events if e.type == "attempt_started"] == [1]  # no retry
     assert len(fake.requests) == 1
 
@@ -188,7 +188,7 @@ async def test_compaction_asks_the_model_api_for_the_summary(dev: DevProcess, fa
     await model.aclose()
 
     assert "summary_updated" in [e.type for e in events]
-    assert snapshot["summary"]["text"] == "The user greeted the assistant."
+    assert snapshot.summary["text"] == "The user greeted the assistant."
     _, summary_call, after = fake.requests
     assert summary_call.body["instructions"] == DEFAULT_SUMMARY_INSTRUCTIONS and not summary_call.stream
     transcript = summary_call.body["input"][0]["content"]
@@ -198,4 +198,4 @@ async def test_compaction_asks_the_model_api_for_the_summary(dev: DevProcess, fa
         {"type": "message", "role": "developer",
          "content": "Summary of the conversation before the messages below:\nThe user greeted the assistant."},
         {"type": "message", "role": "user", "content": "how are you?"}]
-    assert snapshot["history"][-1]["content"] == "I am fine, thanks."
+    assert snapshot.history[-1]["content"] == "I am fine, thanks."

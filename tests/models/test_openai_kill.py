@@ -47,7 +47,7 @@ async def test_r02_a_worker_killed_mid_stream(tmp_path: Path) -> None:
         async with FakeOpenAI() as fake, DexClient(dev.url) as client:
             fake.queue(Reply(LOST_TEXT, stall_after=3, delta_delay_s=0.01), Reply(FINAL_TEXT, delta_delay_s=0.01))
             await dev.wait_ready()
-            sid = (await client.create_session(AGENT))["session_id"]
+            sid = (await client.create_session(AGENT)).session_id
             raw: list[SessionEvent] = []
             stream = StreamText()
             reader = asyncio.create_task(follow(client, sid, raw, stream))
@@ -71,7 +71,7 @@ async def test_r02_a_worker_killed_mid_stream(tmp_path: Path) -> None:
             assert texts_of(raw, 1) == "attempt one starts " and texts_of(raw, 2) == FINAL_TEXT
             assert stream.text(step_id) == FINAL_TEXT and stream.attempt(step_id) == 2
             snapshot = await client.get_session(sid)
-            assert [h["content"] for h in snapshot["history"] if h["type"] == "assistant"] == [FINAL_TEXT]
+            assert [h["content"] for h in snapshot.history if h["type"] == "assistant"] == [FINAL_TEXT]
 
             # The model API got the same request twice, once from each Worker process.
             first, second = fake.requests

@@ -16,17 +16,32 @@ import asyncio
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, BinaryIO
 
-from dex_ha.client import Connection
+from dex_ha.cli.common import (
+    EXIT_NO_NODE,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CommandFailed,
+    Subparsers,
+)
+from dex_ha.cli.remote import find_active, refusal, token_of, urls_of
+from dex_ha.client import Connection, DexError, DexUnavailable
 from dex_ha.raft.storage import fsync_dir
-from dex_ha.server.backup import BackupError, describe, parse_members, read_backup, restore_data_dir
+from dex_ha.server.backup import (
+    BackupError,
+    describe,
+    parse_members,
+    read_backup,
+    restore_data_dir,
+)
 
 BACKUP_PATH = "/v1/cluster/backup"
 DEFAULT_TIMEOUT_S = 600.0
 READ_CHUNK_BYTES = 1 << 20
 
 
-def add_parsers(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser) -> None:
+def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     backup = sub.add_parser("backup", parents=[remote], help="write a consistent backup of a running cluster")
     backup.add_argument("--out", required=True, metavar="FILE", help="the backup file to write (atomically)")
     backup.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
@@ -45,7 +60,7 @@ def add_parsers(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser
 # ---------------------------------------------------------------- backup
 
 
-async def download_backup(urls: list[str], token: str | None, out: Path, timeout_s: float) -> dict:
+async def download_backup(urls: list[str], token: str | None, out: Path, timeout_s: float) -> dict[str, Any]:
     """Download a backup from the active node into `out`; what it covers (see describe)."""
     if timeout_s <= 0:
         raise ValueError(f"--timeout must be > 0, got {timeout_s}")
@@ -68,7 +83,7 @@ async def download_backup(urls: list[str], token: str | None, out: Path, timeout
     return describe(header)
 
 
-async def _stream_into(urls: list[str], token: str | None, f, timeout_s: float) -> None:
+async def _stream_into(urls: list[str], token: str | None, f: BinaryIO, timeout_s: float) -> None:
     async with Connection(urls, token, give_up_after_s=min(timeout_s, 30.0)) as conn:
         response = await conn.open_stream(BACKUP_PATH)
         try:
@@ -78,8 +93,7 @@ async def _stream_into(urls: list[str], token: str | None, f, timeout_s: float) 
             response.release()
 
 
-
-def backup_line(out: str, info: dict) -> str:
+def backup_line(out: str, info: dict[str, Any]) -> str:
     """What `dex-ha backup` prints once the file is in place."""
     return (f"backup written to {out}: index {info['index']}, term {info['term']}, schema {info['schema_version']}, "
             f"{info['bytes']} bytes, sha256 {info['sha256']}, taken on {info['node_id']} at {info['created_at']}")
@@ -102,4 +116,36 @@ def run_restore(file: str, data_dir: str, node_id: str, members_text: str | None
             f"Next: {then}. Each node's config must use this data_dir and list exactly these members as peers.")
 
 
-__all__ = ["BackupError", "add_parsers", "backup_line", "download_backup", "run_restore"]
+# ---------------------------------------------------------------- the commands
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    async def backup() -> dict[str, Any]:
+        url = await find_active(urls_of(args), token_of(args))
+        return await download_backup([url], token_of(args), Path(args.out), args.timeout)
+
+    try:
+        info = asyncio.run(backup())
+    except BackupError as exc:  # the download's header or checksum is wrong: nothing written
+        raise CommandFailed(str(exc), EXIT_REFUSED) from None
+    except ValueError as exc:  # a bad argument
+        raise CommandFailed(str(exc), EXIT_USAGE) from None
+    except TimeoutError:
+        raise CommandFailed(f"the download took longer than --timeout {args.timeout:g} s", EXIT_NO_NODE) from None
+    except DexUnavailable as exc:
+        raise CommandFailed(f"no active node served the backup: {exc.message}", EXIT_NO_NODE) from None
+    except DexError as exc:
+        raise CommandFailed(refusal(exc), EXIT_REFUSED) from None
+    print(backup_line(args.out, info))
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    try:
+        print(run_restore(args.file, args.data_dir, args.node_id, args.members, args.relaxed))
+    except ValueError as exc:  # the file, its checksum or format, the data dir or an argument
+        raise CommandFailed(str(exc), EXIT_USAGE) from None
+    return 0
+
+
+__all__ = ["BackupError", "add_parsers", "backup_line", "cmd_backup", "cmd_restore", "download_backup", "run_restore"]

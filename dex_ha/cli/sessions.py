@@ -1,6 +1,7 @@
 """`dex-ha sessions …`: look at sessions and act on them from a terminal.
 
-    dex-ha sessions list [--agent A] [--status idle|running] [--limit N] [--after CURSOR] [--all]
+    dex-ha sessions list [--agent A] [--status idle|running] [--awaiting-approval] [--outcome-unknown]
+                         [--limit N] [--after CURSOR] [--all]
     dex-ha sessions show SESSION_ID
     dex-ha sessions approve SESSION_ID CALL_ID [--reason TEXT]
     dex-ha sessions deny SESSION_ID CALL_ID [--reason TEXT]
@@ -9,25 +10,54 @@
     dex-ha sessions send SESSION_ID TEXT [--mode queue|steer] [--message-id ID]
 
 Every subcommand takes `--json` (the server's answer as JSON, for scripts). This module
-turns arguments into Client SDK calls and answers into text; dex_ha/cli.py finds the
-active node, makes the DexClient and turns errors into exit codes.
+turns arguments into Client SDK calls and answers into text; `cmd_sessions` finds the
+active node first (clear errors), makes the DexClient and turns errors into exit codes.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from dex_ha.cli_cluster import format_table
-from dex_ha.client import DexClient
+from dex_ha.cli.common import (
+    EXIT_NO_NODE,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CommandFailed,
+    Subparsers,
+    dash,
+    format_table,
+)
+from dex_ha.cli.remote import (
+    FIND_ACTIVE_TIMEOUT_S,
+    find_active,
+    refusal,
+    token_of,
+    urls_of,
+)
+from dex_ha.client import (
+    Attempt,
+    DexClient,
+    DexError,
+    DexUnavailable,
+    PendingApproval,
+    PendingQuestion,
+    Session,
+    SessionPage,
+    SessionSummary,
+    ToolCallRecord,
+    Turn,
+)
 
 # How much of a tool's arguments, output or error one table cell shows.
 CELL_CHARS = 60
 
 
-def add_parser(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser) -> None:
+def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     """The `sessions` command and its subcommands (each takes --url, --token and --json)."""
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--json", action="store_true", help="print the server's answer as JSON (for scripts)")
@@ -42,6 +72,10 @@ def add_parser(sub: argparse._SubParsersAction, remote: argparse.ArgumentParser)
                                  help="sessions in id order, one page at a time (--all: every page)")
     listing.add_argument("--agent", help="only this agent's sessions")
     listing.add_argument("--status", choices=("idle", "running"), help="only sessions in this status")
+    listing.add_argument("--awaiting-approval", action="store_true",
+                         help="only sessions with a tool call waiting for approval")
+    listing.add_argument("--outcome-unknown", action="store_true",
+                         help="only sessions with an outcome_unknown tool call to reconcile")
     listing.add_argument("--limit", type=_page_size, default=50, help="sessions per page, 1..1000 (default 50)")
     listing.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed under a full page)")
     listing.add_argument("--all", action="store_true", help="follow the cursor through every page")
@@ -90,10 +124,30 @@ def _json_argument(text: str, option: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"{option}: not valid JSON ({exc.msg}): {text!r}") from None
+        raise ValueError(f"{option}: not valid JSON ({exc}): {text!r}") from None
 
 
 # ---------------------------------------------------------------- running a subcommand
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    """`dex-ha sessions …`: the active node is found first (clear errors), then the Client SDK."""
+    async def run_through_active() -> str:
+        urls, token = urls_of(args), token_of(args)
+        active = await find_active(urls, token)
+        candidates = list(dict.fromkeys([active, *urls]))
+        async with DexClient(candidates, token, give_up_after_s=FIND_ACTIVE_TIMEOUT_S) as client:
+            try:
+                return await run(args, client)
+            except DexUnavailable as exc:
+                raise CommandFailed(exc.message, EXIT_NO_NODE) from None
+            except DexError as exc:
+                raise CommandFailed(refusal(exc), EXIT_REFUSED) from None
+            except (TypeError, ValueError) as exc:  # bad input, named by the SDK or this module
+                raise CommandFailed(str(exc), EXIT_USAGE) from None
+
+    print(asyncio.run(run_through_active()))
+    return 0
 
 
 async def run(args: argparse.Namespace, client: DexClient) -> str:
@@ -103,22 +157,26 @@ async def run(args: argparse.Namespace, client: DexClient) -> str:
         return await _list(args, client)
     if command == "show":
         snapshot = await client.get_session(args.session_id)
-        return _json(snapshot) if args.json else format_session(snapshot)
+        return _json(snapshot.raw) if args.json else format_session(snapshot)
     answer, done = await _act(args, client)
     return _json(answer) if args.json else done
 
 
 async def _list(args: argparse.Namespace, client: DexClient) -> str:
-    page = await client.list_sessions(agent=args.agent, status=args.status, limit=args.limit, after=args.after)
-    sessions = list(page.get("sessions", []))
-    while args.all and page.get("next_after"):
-        page = await client.list_sessions(agent=args.agent, status=args.status, limit=args.limit,
-                                          after=page["next_after"])
-        sessions += page.get("sessions", [])
-    next_after = page.get("next_after")
+    async def page_after(after: str | None) -> SessionPage:
+        return await client.list_sessions(
+            agent=args.agent, status=args.status, limit=args.limit, after=after,
+            awaiting_approval=True if args.awaiting_approval else None,
+            outcome_unknown=True if args.outcome_unknown else None)
+
+    page = await page_after(args.after)
+    sessions = list(page.sessions)
+    while args.all and page.next_after:
+        page = await page_after(page.next_after)
+        sessions += page.sessions
     if args.json:
-        return _json({"sessions": sessions, "next_after": next_after})
-    return format_session_list(sessions, next_after)
+        return _json({"sessions": [s.raw for s in sessions], "next_after": page.next_after})
+    return format_session_list(sessions, page.next_after)
 
 
 async def _act(args: argparse.Namespace, client: DexClient) -> tuple[Any, str]:
@@ -135,9 +193,8 @@ async def _act(args: argparse.Namespace, client: DexClient) -> tuple[Any, str]:
         answer = await client.reconcile(sid, args.call_id, args.outcome, result=result, error=args.error)
         return answer, f"tool call {args.call_id} of {sid}: reconciled as {args.outcome}"
     if command == "send":
-        answer = await client.send_message(sid, args.text, message_id=args.message_id, mode=args.mode)
-        message_id = (answer or {}).get("message_id", args.message_id)
-        return answer, f"message {message_id} sent to {sid} ({args.mode})"
+        accepted = await client.send_message(sid, args.text, message_id=args.message_id, mode=args.mode)
+        return accepted.raw, f"message {accepted.message_id} sent to {sid} ({args.mode})"
     raise ValueError(f"unknown sessions command {command!r}")
 
 
@@ -164,9 +221,9 @@ def short(value: Any, limit: int = CELL_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def format_session_list(sessions: list[dict[str, Any]], next_after: str | None) -> str:
-    rows = [[s["session_id"], s.get("agent", "-"), s.get("status", "-"), str(s.get("turn_count", "-")),
-             when(s.get("created_at")), when(s.get("updated_at"))] for s in sessions]
+def format_session_list(sessions: list[SessionSummary], next_after: str | None) -> str:
+    rows = [[s.session_id, s.agent, s.status, dash(s.turn_count), when(s.created_at), when(s.updated_at)]
+            for s in sessions]
     lines = [format_table(["session", "agent", "status", "turns", "created", "updated"], rows)
              if rows else "no sessions"]
     if next_after:
@@ -174,79 +231,71 @@ def format_session_list(sessions: list[dict[str, Any]], next_after: str | None) 
     return "\n".join(lines)
 
 
-def format_session(snapshot: dict[str, Any]) -> str:
+def format_session(snapshot: Session) -> str:
     """The snapshot of GET /v1/sessions/{id} as sections of tables, pending decisions last."""
-    sid = snapshot["session_id"]
+    sid = snapshot.session_id
     sections = [
-        f"session {sid}  agent {snapshot.get('agent')}  status {snapshot.get('status')}  "
-        f"created {when(snapshot.get('created_at'))}  updated {when(snapshot.get('updated_at'))}",
-        _turns_section(snapshot.get("turns", [])),
-        _current_turn_section(snapshot.get("current_turn")),
-        _calls_section(snapshot.get("tool_calls", [])),
-        _approvals_section(sid, snapshot.get("pending_approvals", [])),
-        _questions_section(sid, snapshot.get("pending_questions", [])),
+        f"session {sid}  agent {snapshot.agent}  status {snapshot.status}  "
+        f"created {when(snapshot.created_at)}  updated {when(snapshot.updated_at)}",
+        _turns_section(snapshot.turns),
+        _current_turn_section(snapshot.current_turn),
+        _calls_section(snapshot.tool_calls),
+        _approvals_section(sid, snapshot.pending_approvals),
+        _questions_section(sid, snapshot.pending_questions),
     ]
-    waiting = snapshot.get("waiting_messages") or []
-    if waiting:
-        sections.append(f"waiting messages: {len(waiting)} (they start turns after the running one)")
+    if snapshot.waiting_messages:
+        sections.append(f"waiting messages: {len(snapshot.waiting_messages)} (they start turns after the running one)")
     return "\n\n".join(section for section in sections if section)
 
 
-def _turns_section(turns: list[dict[str, Any]]) -> str:
-    rows = [[str(t.get("number")), t["turn_id"], t.get("status", "-"), when(t.get("started_at")),
-             when(t.get("ended_at")), short(t.get("error"))] for t in turns]
+def _turns_section(turns: Sequence[Turn]) -> str:
+    rows = [[dash(t.number), t.turn_id, t.status, when(t.started_at), when(t.ended_at), short(t.error)]
+            for t in turns]
     return "turns:\n" + (format_table(["#", "turn", "status", "started", "ended", "error"], rows) if rows else "none")
 
 
-def _current_turn_section(turn: dict[str, Any] | None) -> str:
-    if not turn:
+def _current_turn_section(turn: Turn | None) -> str:
+    if turn is None:
         return ""
-    rows = [[step["step_id"], step.get("kind", "-"), step.get("status", "-"), short(step.get("call_id")),
-             f"{step.get('attempts_used', 0)}/{_dash(step.get('max_attempts'))}",
-             _attempts_text(step.get("attempts", []))]
-            for step in turn.get("steps", [])]
-    title = f"current turn {turn.get('turn_id')} ({turn.get('status')}): steps and attempts"
+    rows = [[step.step_id, step.kind, step.status, short(step.call_id),
+             f"{step.attempts_used}/{dash(step.max_attempts)}", _attempts_text(step.attempts)]
+            for step in turn.steps]
+    title = f"current turn {turn.turn_id} ({turn.status}): steps and attempts"
     table = format_table(["step", "kind", "status", "call", "attempts", "attempt: status (worker, error)"], rows)
     return title + "\n" + (table if rows else "no steps yet")
 
 
-def _attempts_text(attempts: list[dict[str, Any]]) -> str:
+def _attempts_text(attempts: Sequence[Attempt]) -> str:
     parts = []
     for a in attempts:
-        detail = ", ".join(x for x in (a.get("worker_id"), short(a.get("error"), 40) if a.get("error") else None) if x)
-        parts.append(f"#{a.get('number')} {a.get('status')}" + (f" ({detail})" if detail else ""))
+        detail = ", ".join(x for x in (a.worker_id, short(a.error, 40) if a.error else None) if x)
+        parts.append(f"#{a.number} {a.status}" + (f" ({detail})" if detail else ""))
     return "; ".join(parts) or "-"
 
 
-def _calls_section(calls: list[dict[str, Any]]) -> str:
-    rows = [[c["call_id"], c.get("name", "-"), c.get("effect", "-"), c.get("status", "-"),
-             str(sum(len(step.get("attempts", [])) for step in c.get("steps", []))),
-             short(c.get("error") if c.get("error") else c.get("output"))] for c in calls]
+def _calls_section(calls: Sequence[ToolCallRecord]) -> str:
+    rows = [[c.call_id, c.name, dash(c.effect), c.status, str(sum(len(step.attempts) for step in c.steps)),
+             short(c.error if c.error else c.output)] for c in calls]
     table = format_table(["call", "tool", "effect", "status", "attempts", "output / error"], rows)
     hint = ""
-    if any(c.get("status") == "outcome_unknown" for c in calls):
+    if any(c.status == "outcome_unknown" for c in calls):
         hint = ("\noutcome_unknown: check what the tool did, then "
                 "dex-ha sessions reconcile SESSION CALL --outcome succeeded|failed")
     return "tool calls:\n" + (table + hint if rows else "none")
 
 
-def _approvals_section(sid: str, approvals: list[dict[str, Any]]) -> str:
+def _approvals_section(sid: str, approvals: Sequence[PendingApproval]) -> str:
     if not approvals:
         return ""
-    rows = [[a["call_id"], a.get("name", "-"), short(a.get("arguments")), when(a.get("requested_at"))]
-            for a in approvals]
+    rows = [[a.call_id, dash(a.name), short(a.arguments), when(a.requested_at)] for a in approvals]
     return ("pending approvals (dex-ha sessions approve|deny " + sid + " CALL):\n"
             + format_table(["call", "tool", "arguments", "requested"], rows))
 
 
-def _questions_section(sid: str, questions: list[dict[str, Any]]) -> str:
+def _questions_section(sid: str, questions: Sequence[PendingQuestion]) -> str:
     if not questions:
         return ""
-    rows = [[q["question_id"], q.get("source", "-"), short(q.get("call_id")), short(q.get("question")),
-             when(q.get("asked_at"))] for q in questions]
+    rows = [[q.question_id, dash(q.source), short(q.call_id), short(q.question), when(q.asked_at)]
+            for q in questions]
     return ("pending questions (dex-ha sessions answer " + sid + " QUESTION ANSWER):\n"
             + format_table(["question", "source", "call", "question text", "asked"], rows))
-
-
-def _dash(value: Any) -> str:
-    return "-" if value is None else str(value)

@@ -1,7 +1,7 @@
 """`dex-ha demo`: one scripted agent session through a failover, on a local three-node cluster.
 
     dex-ha demo [--dir DIR] [--keep]
-    python -m dex_ha.demo worker --url URL [--url URL …] --ledger FILE    (the demo's Worker)
+    python -m dex_ha.cli.demo worker --url URL [--url URL …] --ledger FILE    (the demo's Worker)
 
 The script:
 
@@ -40,12 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from dex_ha.cli_cluster import (
-    free_ports,
+from dex_ha.cli.cluster import (
     ClusterError,
     ClusterPlan,
     check_ports_free,
-    format_table,
+    free_ports,
     node_env,
     plan_cluster,
     start_node,
@@ -54,7 +53,8 @@ from dex_ha.cli_cluster import (
     write_cluster_files,
     write_pids,
 )
-from dex_ha.client import Connection, DexClient, SessionEvent
+from dex_ha.cli.common import format_table
+from dex_ha.client import Connection, DexClient, Session, SessionEvent
 from dex_ha.worker import (
     Agent,
     ModelResponse,
@@ -163,7 +163,7 @@ async def run_worker(urls: Sequence[str], token: str | None, ledger_path: Path) 
 
 def start_worker(plan: ClusterPlan) -> subprocess.Popen[bytes]:
     """The Worker child process; its token travels in the environment, not on the command line."""
-    cmd = [sys.executable, "-m", "dex_ha.demo", "worker", "--ledger", str(plan.cluster_dir / "ledger.jsonl")]
+    cmd = [sys.executable, "-m", "dex_ha.cli.demo", "worker", "--ledger", str(plan.cluster_dir / "ledger.jsonl")]
     for url in plan.urls:
         cmd += ["--url", url]
     env = {**node_env(), "DEX_HA_TOKEN": plan.tokens["worker"]}
@@ -272,7 +272,7 @@ class DemoOutcome:
 
     session_id: str
     events: list[SessionEvent]
-    snapshot: dict[str, Any]
+    snapshot: Session
     node_of_term: dict[int, str]
     killed: str
 
@@ -299,7 +299,7 @@ async def run_session(plan: ClusterPlan, procs: DemoProcesses, timeline: Timelin
     leader, term = await leader_of(plan.urls[0], admin)
     node_of_term[term] = leader
     async with DexClient(plan.urls, token=plan.tokens["client"]) as client:
-        session_id = (await client.create_session(AGENT))["session_id"]
+        session_id = (await client.create_session(AGENT)).session_id
         log = EventLog(client, session_id)
         try:
             await client.send_message(session_id, USER_MESSAGE)
@@ -318,7 +318,7 @@ async def run_session(plan: ClusterPlan, procs: DemoProcesses, timeline: Timelin
 async def kill_during_slow_tool(plan: ClusterPlan, procs: DemoProcesses, log: EventLog, timeline: Timeline,
                                 node_of_term: dict[int, str]) -> str:
     """SIGKILL the active node once the card is charged and reserve_stock runs; wait for the next one."""
-    response = await log.wait_for(lambda e: e.type == "assistant_message" and e.data.get("tool_calls"),
+    response = await log.wait_for(lambda e: e.type == "assistant_message" and bool(e.data.get("tool_calls")),
                                   "model response with tool calls")
     call_ids = {c["name"]: c["id"] for c in response.data["tool_calls"]}
     await log.wait_for(_is_call_event("tool_call_finished", call_ids["charge_card"]), "charge_card result")
@@ -353,14 +353,20 @@ class RenderContext:
 
     @classmethod
     def of(cls, outcome: DemoOutcome) -> RenderContext:
-        calls = outcome.snapshot.get("tool_calls", [])
-        keys = {(step["step_id"], a["number"]): a["idempotency_key"]
-                for call in calls for step in call.get("steps", []) for a in step.get("attempts", [])}
-        effects = {c["call_id"]: c["effect"] + (", needs approval" if (c.get("policy") or {}).get("approval") else "")
+        calls = outcome.snapshot.tool_calls
+        keys = {(step.step_id, a.number): a.idempotency_key for call in calls for step in call.steps
+                for a in step.attempts}
+        effects = {c.call_id: f"{c.effect}" + (", needs approval" if (c.policy or {}).get("approval") else "")
                    for c in calls}
-        names = {c["call_id"]: c["name"] for c in calls}
-        names.update({step["step_id"]: c["name"] for c in calls for step in c.get("steps", [])})
+        names = {c.call_id: c.name for c in calls}
+        names.update({step.step_id: c.name for c in calls for step in c.steps})
         return cls(names, effects, keys, outcome.node_of_term)
+
+    def key(self, step_id: str | None, attempt: int | None) -> str | None:
+        """The idempotency key of an attempt, None when unknown."""
+        if step_id is None or attempt is None:
+            return None
+        return self.keys.get((step_id, attempt))
 
     def node(self, term: int | None) -> str:
         return self.node_of_term.get(term, f"the leader of term {term}") if term is not None else "?"
@@ -401,12 +407,12 @@ def describe(event: SessionEvent, ctx: RenderContext) -> str | None:
 
 def _describe_attempt(event: SessionEvent, ctx: RenderContext, name: str) -> str:
     d = event.data
-    attempt, node = d.get("attempt"), ctx.node(d.get("term"))
+    attempt, node = event.attempt, ctx.node(d.get("term"))
     if d.get("kind") == "RunModel":
         return f"model call started on {node} (attempt {attempt})"
-    key = ctx.keys.get((d.get("step_id"), attempt))
+    key = ctx.key(event.step_id, attempt)
     if attempt and attempt > 1:
-        earlier = ctx.keys.get((d.get("step_id"), attempt - 1))
+        earlier = ctx.key(event.step_id, attempt - 1)
         same = "same" if key == earlier else "NEW"
         return f"tool {name} re-run on {node}: attempt {attempt}, {same} idempotency key {key}"
     return f"tool {name} started on {node} (attempt {attempt}, idempotency key {key})"
@@ -436,11 +442,11 @@ def ledger_lines(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def report(timeline: Timeline, outcome: DemoOutcome, ledger: list[dict[str, Any]]) -> str:
-    calls = [[c["name"], c["effect"], c["status"], str(sum(len(s.get("attempts", [])) for s in c.get("steps", [])))]
-             for c in outcome.snapshot.get("tool_calls", [])]
+    calls = [[c.name, f"{c.effect}", c.status, str(sum(len(step.attempts) for step in c.steps))]
+             for c in outcome.snapshot.tool_calls]
     return "\n".join([
         "", "TIMELINE (seconds since the demo started)", *timeline_lines(timeline, outcome), "",
-        f"session {outcome.session_id}: {outcome.snapshot.get('status')}; tool calls:",
+        f"session {outcome.session_id}: {outcome.snapshot.status}; tool calls:",
         format_table(["tool", "effect", "outcome", "attempts"], calls), "",
         "what the Worker's tools recorded (outside the server):", *ledger_lines(ledger),
     ])
@@ -463,7 +469,7 @@ async def _demo(cluster_dir: Path, procs: DemoProcesses, out: TextIO, keep: bool
             timeline.add(f"node {outcome.killed} restarted (pid {procs.nodes[outcome.killed].pid}); "
                          f"it rejoins as a standby")
     print(report(timeline, outcome, Ledger.read(plan.cluster_dir / "ledger.jsonl")), file=out, flush=True)
-    if outcome.snapshot.get("status") != "idle" or not any(e.type == "turn_completed" for e in outcome.events):
+    if outcome.snapshot.status != "idle" or not any(e.type == "turn_completed" for e in outcome.events):
         raise DemoFailed("the turn did not complete")
 
 
@@ -525,8 +531,8 @@ def _finish(procs: DemoProcesses, cluster_dir: Path, *, keep: bool, remove_dir: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m dex_ha.demo worker …` (the demo's child) or `python -m dex_ha.demo` (= dex-ha demo)."""
-    parser = argparse.ArgumentParser(prog="python -m dex_ha.demo")
+    """`python -m dex_ha.cli.demo worker …` (the demo's child) or `python -m dex_ha.cli.demo` (= dex-ha demo)."""
+    parser = argparse.ArgumentParser(prog="python -m dex_ha.cli.demo")
     sub = parser.add_subparsers(dest="role")
     worker = sub.add_parser("worker", help="the demo's Worker process")
     worker.add_argument("--url", action="append", required=True, help="a node URL (repeat)")

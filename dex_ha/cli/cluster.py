@@ -3,7 +3,7 @@
 `up` writes one TOML per node under DIR, starts `python -m dex_ha.cli node --config …` for
 each node (in its own session, so the nodes outlive the command), records the pids, waits
 until exactly one node is the active node, and returns. `down` stops the recorded pids.
-The demo (`dex_ha.demo`) uses the same pieces with free ports and relaxed durability.
+The demo (`dex_ha.cli.demo`) uses the same pieces with free ports and relaxed durability.
 
 What DIR holds:
 
@@ -18,6 +18,7 @@ What DIR holds:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -32,6 +33,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dex_ha.cli.common import (
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CommandFailed,
+    Subparsers,
+    format_table,
+    positive_int,
+)
 from dex_ha.client import Connection, DexError
 from dex_ha.server.auth import ROLES
 from dex_ha.server.config import (
@@ -488,14 +497,6 @@ def format_up_report(result: UpResult) -> str:
     ])
 
 
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    """Left-aligned columns, two spaces apart."""
-    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-             for row in [headers, *rows]]
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- down
 
 
@@ -567,7 +568,6 @@ __all__ = [
     "cluster_down",
     "cluster_up",
     "contiguous_ports",
-    "format_table",
     "format_up_report",
     "live_recorded_nodes",
     "node_process_alive",
@@ -582,3 +582,44 @@ __all__ = [
     "write_cluster_files",
     "write_pids",
 ]
+
+
+# ---------------------------------------------------------------- the command
+
+
+def add_parser(sub: Subparsers) -> None:
+    cluster = sub.add_parser("cluster", help="a local cluster on loopback, for trying HA")
+    actions = cluster.add_subparsers(dest="cluster_command", required=True, metavar="{up,down}")
+    up = actions.add_parser("up", help="write configs, start the nodes, wait for the active node")
+    up.add_argument("--nodes", type=positive_int, default=3, help="how many nodes (default 3)")
+    up.add_argument("--dir", default="./dex-cluster", help="configs, data, logs and pids (default ./dex-cluster)")
+    up.add_argument("--base-port", type=positive_int, default=8801, help="HTTP port of n1; n2 gets +1, … (8801)")
+    up.add_argument("--raft-base-port", type=positive_int, default=9801, help="Raft port of n1, then +1 (9801)")
+    up.add_argument("--probe-base-port", type=positive_int, default=10801,
+                    help="probe port (/livez, /readyz) of n1, then +1 (10801)")
+    up.add_argument("--relaxed", action="store_true", help="durability relaxed: no fsync (tests, demos)")
+    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the active node (60)")
+    down = actions.add_parser("down", help="stop the nodes that `cluster up` started (SIGTERM, then SIGKILL)")
+    down.add_argument("--dir", default="./dex-cluster", help="the directory given to `cluster up`")
+    down.add_argument("--timeout", type=float, default=45.0,
+                      help="seconds to wait after SIGTERM before SIGKILL (45: above the 30 s drain)")
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    try:
+        if args.cluster_command == "down":
+            for line in cluster_down(Path(args.dir), timeout_s=args.timeout):
+                print(line)
+            return 0
+        http_ports = contiguous_ports(args.base_port, args.nodes, "--base-port")
+        raft_ports = contiguous_ports(args.raft_base_port, args.nodes, "--raft-base-port")
+        probe_ports = contiguous_ports(args.probe_base_port, args.nodes, "--probe-base-port")
+        plan = plan_cluster(Path(args.dir), http_ports, raft_ports, probe_ports,
+                            durability="relaxed" if args.relaxed else "strict")
+        result = cluster_up(plan, timeout_s=args.timeout)
+    except ValueError as exc:
+        raise CommandFailed(str(exc), EXIT_USAGE) from None
+    except ClusterError as exc:
+        raise CommandFailed(str(exc), EXIT_REFUSED) from None
+    print(format_up_report(result))
+    return 0

@@ -1,0 +1,83 @@
+"""`dex-ha dev` (one node with embedded storage) and `dex-ha node` (one member of a cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dex_ha.cli.common import Subparsers
+from dex_ha.server.auth import TokenAuth
+from dex_ha.server.config import (
+    ConfigError,
+    ServerConfig,
+    dev_config,
+    dev_overrides_from_env,
+    load_config,
+    tokens_from_env,
+)
+
+if TYPE_CHECKING:
+    from dex_ha.server.node import NodeServer
+
+
+def add_parsers(sub: Subparsers) -> None:
+    dev = sub.add_parser("dev", help="run one node with embedded storage, ready in seconds")
+    dev.add_argument("--data-dir", default="./dex-data", help="where the node keeps its state (default ./dex-data)")
+    dev.add_argument("--port", type=int, default=8801, help="HTTP port on 127.0.0.1 (default 8801)")
+    dev.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on (default 127.0.0.1)")
+    dev.add_argument("--relaxed", action="store_true", help="no fsync (faster; loses the last writes on power loss)")
+    dev.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
+
+    node = sub.add_parser("node", help="run one member of a cluster")
+    node.add_argument("--config", required=True, help="the node's TOML file (see deploy/)")
+    node.add_argument("--insecure", action="store_true",
+                      help="allow running without API tokens and cluster secret (says so loudly)")
+    node.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
+
+
+def _run_node(config: ServerConfig, json_logs: bool) -> int:
+    from dex_ha.server.process import (  # the server loads only to serve
+        configure_logging,
+        serve,
+        use_uvloop,
+    )
+
+    configure_logging(json_logs or config.log_json)
+    use_uvloop()
+    asyncio.run(serve(config, on_started=_print_started if config.dev else None))
+    return 0
+
+
+def _print_started(node: NodeServer) -> None:
+    url = f"http://{node.config.http_listen[0]}:{node.http_port}"
+    auth = "token auth ON" if node.config.auth_enabled else "NO authentication (dev mode: no tokens configured)"
+    print(f"dex-ha dev: serving {url}  ({auth}; data in {node.config.data_dir}; Ctrl-C stops)", flush=True)
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    # No authentication unless tokens are configured (docs/configuration.md): DEX_HA_TOKENS_* set them.
+    tokens = {role: tuple(values) for role, values in tokens_from_env(os.environ).items()}
+    try:
+        config = replace(dev_config(Path(args.data_dir), args.port, host=args.host, tokens=tokens,
+                                    durability="relaxed" if args.relaxed else "strict"),
+                         **dev_overrides_from_env(os.environ))
+        config.check()
+        TokenAuth(config.tokens)  # refuses short, duplicated or unknown-role tokens, naming them
+    except (ConfigError, ValueError) as exc:
+        print(f"dex-ha dev: {exc}", file=sys.stderr)
+        return 2
+    return _run_node(config, args.log_json)
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(Path(args.config), insecure=args.insecure)
+    except ConfigError as exc:
+        print(f"dex-ha node: {exc}", file=sys.stderr)
+        return 2
+    return _run_node(config, args.log_json)

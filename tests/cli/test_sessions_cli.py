@@ -1,0 +1,54 @@
+"""`dex-ha sessions list` and `show` against the fake cluster of the Client SDK tests: the
+filters reach the server as query parameters, and the typed answers print as tables."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from dex_ha.cli.main import build_parser
+from dex_ha.cli.sessions import run
+from dex_ha.client import DexClient
+from tests.client.fake_server import FakeCluster, FakeNode, start_nodes
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[FakeNode]:
+    nodes = await start_nodes(FakeCluster(), "active")
+    try:
+        yield nodes[0]
+    finally:
+        for n in nodes:
+            await n.stop()
+
+
+async def test_list_sends_the_approval_and_outcome_filters_and_prints_the_page(node: FakeNode) -> None:
+    async with DexClient(node.url) as client:
+        await client.create_session("ops", session_id="s-1")
+        args = build_parser().parse_args(["sessions", "list", "--awaiting-approval", "--outcome-unknown",
+                                          "--limit", "5"])
+        text = await run(args, client)
+        assert node.requests_to("/v1/sessions")[-1].query == {"limit": "5", "awaiting_approval": "true",
+                                                              "outcome_unknown": "true"}
+        assert text.splitlines()[1].split()[:3] == ["s-1", "ops", "idle"]
+
+        plain = build_parser().parse_args(["sessions", "list", "--json"])
+        answer = json.loads(await run(plain, client))
+        assert "awaiting_approval" not in node.requests_to("/v1/sessions")[-1].query  # no flag: no filter
+        assert answer == {"sessions": [json.loads(json.dumps(node.cluster.sessions["s-1"]))], "next_after": None}
+
+
+async def test_show_prints_the_snapshot_and_json_prints_it_as_received(node: FakeNode) -> None:
+    async with DexClient(node.url) as client:
+        await client.create_session("ops", session_id="s-1")
+        node.cluster.sessions["s-1"]["pending_approvals"] = [
+            {"call_id": "c-1", "name": "refund", "arguments": {"order": "A17"}, "requested_at": 0}]
+        node.cluster.sessions["s-1"]["new_field"] = "kept"
+        text = await run(build_parser().parse_args(["sessions", "show", "s-1"]), client)
+        assert text.startswith("session s-1  agent ops  status idle")
+        assert "pending approvals (dex-ha sessions approve|deny s-1 CALL):" in text
+        assert "c-1   refund" in text
+        raw = json.loads(await run(build_parser().parse_args(["sessions", "show", "s-1", "--json"]), client))
+        assert raw["new_field"] == "kept"
