@@ -24,6 +24,5 @@ def lint_imports_command() -> str:
 def test_the_import_contracts_hold() -> None:
     # lint-imports puts its working directory first on sys.path, so it reads this checkout's
     # dex_ha (not an installed copy); --no-cache leaves no cache behind and reads no stale one.
-    run = subprocess.run([lint_imports_command(), "--no-cache"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run([lint_imports_command(), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, f"an import contract is broken:\n{run.stdout}\n{run.stderr}"
