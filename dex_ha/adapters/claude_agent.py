@@ -56,14 +56,22 @@ import tempfile
 import typing
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import claude_agent_sdk
 from claude_agent_sdk import (
-    AssistantMessage, ClaudeAgentOptions, ClaudeSDKClient, ResultMessage, SdkMcpTool, TextBlock, ToolResultBlock,
-    ToolUseBlock, UserMessage, create_sdk_mcp_server,
+    AssistantMessage,
+    ClaudeAgentOptions,
+    ClaudeSDKClient,
+    ResultMessage,
+    SdkMcpTool,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    UserMessage,
+    create_sdk_mcp_server,
 )
 
 from dex_ha.adapters import claude_launcher
@@ -122,7 +130,9 @@ def deferred_tool(sdk_tool: SdkMcpTool[Any], effect: str = "write", *, approval:
     """
     if not isinstance(sdk_tool, SdkMcpTool):
         raise TypeError(f"tool must be an SDK MCP tool (claude_agent_sdk.tool), got {type(sdk_tool).__name__}")
-    handler = sdk_tool.handler
+    # The SDK types the handler as taking the arguments alone; a handler may also take the
+    # ToolContext, which _positional_count finds out, so it is called with one or two.
+    handler: Callable[..., Any] = sdk_tool.handler
     wants_context = _positional_count(handler) >= 2
 
     async def run(ctx: ToolContext, **arguments: Any) -> Any:
@@ -222,7 +232,8 @@ class ClaudeTurnSegment(TurnSegment):
                                       allowed_tools=[*base.allowed_tools, *allowed])
         if replay.entries:
             options = dataclasses.replace(options, resume=replay.session_id,
-                                          session_store=ReplayStore(replay.session_id, replay.entries))
+                                          session_store=_as_session_store(ReplayStore(replay.session_id,
+                                                                                      replay.entries)))
         return options
 
     @contextlib.contextmanager
@@ -461,7 +472,7 @@ def transcript(messages: list[dict[str, Any]], session_id: str, cwd: str, model:
     """Messages as CLI transcript entries (one JSON object a line in a session file)."""
     entries: list[dict[str, Any]] = []
     parent = None
-    now = datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     for number, message in enumerate(messages):
         body: dict[str, Any] = dict(message)
         if message["role"] == "assistant":
@@ -514,6 +525,13 @@ class ReplayStore:
 
 
 # ---------------------------------------------------------------- small helpers
+
+
+def _as_session_store(store: ReplayStore) -> claude_agent_sdk.SessionStore:
+    """`store` as the SDK's SessionStore protocol. ReplayStore has the two methods the
+    protocol requires (append, load); the optional ones the SDK probes for at runtime, and
+    the protocol's dict entry types are TypedDicts of the JSON lines ReplayStore passes on."""
+    return typing.cast(claude_agent_sdk.SessionStore, store)
 
 
 def content_text(content: Any) -> str:

@@ -26,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 try:
     import openai
     from agents import (
         Agent as SDKAgent,
+    )
+    from agents import (
         AgentOutputSchema,
         AgentOutputSchemaBase,
         CodeInterpreterTool,
@@ -45,6 +47,7 @@ try:
         ModelTracing,
         OpenAIProvider,
         RunContextWrapper,
+        TResponseInputItem,
         WebSearchTool,
     )
     from agents import Model as SDKModel
@@ -54,11 +57,23 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
                       "pip install 'dex-ha[openai-agents]'") from exc
 
 from dex_ha.adapters._common import (
-    builtin_tools, check_tool_name, declared_effect, effect, json_output, resolve_effects, running_tool, tool_context,
+    builtin_tools,
+    check_tool_name,
+    declared_effect,
+    effect,
+    json_output,
+    resolve_effects,
+    running_tool,
+    tool_context,
 )
 from dex_ha.models.openai import (
-    DEFAULT_SUMMARY_INSTRUCTIONS, NON_RETRYABLE_STATUSES, from_response, model_order, read_response_stream,
-    responses_input, transcript,
+    DEFAULT_SUMMARY_INSTRUCTIONS,
+    NON_RETRYABLE_STATUSES,
+    from_response,
+    model_order,
+    read_response_stream,
+    responses_input,
+    transcript,
 )
 from dex_ha.worker.agent import Agent
 from dex_ha.worker.context import NonRetryableError, ToolContext, ToolError
@@ -125,7 +140,9 @@ class AgentsModel:
                          if isinstance(output_type, AgentOutputSchemaBase) else AgentOutputSchema(output_type))
         events = self._model().stream_response(
             await self.agent.get_system_prompt(run_context),
-            responses_input(model_order(request.history), request.summary, NOTE_ROLE),
+            # responses_input builds the Responses API's input items as plain dicts; the SDK
+            # types them as TypedDicts of that same shape.
+            cast("list[TResponseInputItem]", responses_input(model_order(request.history), request.summary, NOTE_ROLE)),
             self.agent.model_settings, tools, output_schema, [], ModelTracing.DISABLED,
             previous_response_id=None, conversation_id=None, prompt=await self.agent.get_prompt(run_context))
         try:

@@ -39,16 +39,24 @@ try:
     from pydantic_ai import messages as pm
     from pydantic_ai.agent import CallToolsNode, ModelRequestNode
     from pydantic_ai.direct import model_request
-    from pydantic_ai.exceptions import ModelHTTPError
+    from pydantic_ai.exceptions import ModelHTTPError, UserError
     from pydantic_ai.models import Model as PydanticModel
-    from pydantic_ai.tools import DeferredToolResults, Tool as PydanticTool, ToolDefinition
+    from pydantic_ai.tools import DeferredToolResults, ToolDefinition
+    from pydantic_ai.tools import Tool as PydanticTool
     from pydantic_ai.toolsets import ExternalToolset, FunctionToolset
     from pydantic_graph import End
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("dex_ha.adapters.pydantic_ai needs pydantic-ai: pip install 'dex-ha[pydantic-ai]'") from exc
 
 from dex_ha.adapters._common import (
-    builtin_tools, check_tool_name, declared_effect, effect, json_output, resolve_effects, running_tool, tool_context,
+    builtin_tools,
+    check_tool_name,
+    declared_effect,
+    effect,
+    json_output,
+    resolve_effects,
+    running_tool,
+    tool_context,
 )
 from dex_ha.models.openai import DEFAULT_SUMMARY_INSTRUCTIONS, NON_RETRYABLE_STATUSES, model_order, transcript
 from dex_ha.worker.agent import Agent
@@ -125,8 +133,11 @@ class PydanticAIModel:
         """A summary for compaction, by the agent's model, from the history as a transcript."""
         request = pm.ModelRequest(parts=[pm.UserPromptPart(transcript(history, summary))],
                                   instructions=DEFAULT_SUMMARY_INSTRUCTIONS)
+        model = self.model or self.agent.model
+        if model is None:  # the error agent.iter raises in respond() for the same mistake
+            raise UserError("`model` must either be set on the agent or passed to durable_agent")
         try:
-            response = await model_request(self.model or self.agent.model, [request])
+            response = await model_request(model, [request])
         except ModelHTTPError as exc:
             raise _mapped_error(exc) from exc
         return response.text or ""

@@ -432,6 +432,10 @@ class _Transfer:
 class RaftCore:
     """One Raft node's consensus state machine. See the module docstring."""
 
+    # Leader state set by _reset_leader_state; declared here because _tick_leader, which
+    # mypy reads first, uses it.
+    _next_heartbeat_ms: int
+
     def __init__(
         self,
         config: RaftConfig,

@@ -20,9 +20,10 @@ import random
 import ssl
 import tempfile
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import msgpack
 
@@ -55,6 +56,7 @@ from .types import (
     Role,
     SnapshotMeta,
     decode_conf_change,
+    pack,
 )
 
 log = logging.getLogger("dex_ha.raft.node")
@@ -227,7 +229,8 @@ class RaftNode:
         self.failure: BaseException | None = None  # why the loop died, if it did
         self._inbox: deque[Message] = deque()
         self._unreachable: set[str] = set()
-        self._proposals: deque[tuple[bytes | ConfChange, EntryType, Reply]] = deque()
+        # Proposals for the next turn: bytes for a normal entry, a ConfChange for a membership change.
+        self._proposals: deque[tuple[bytes | ConfChange, Reply]] = deque()
         self._contact = (0, "", 0)  # (term, leader, arrival ms) of the latest leader message
         self._pending: dict[int, _Pending] = {}
         self._wake = asyncio.Event()
@@ -367,7 +370,7 @@ class RaftNode:
         entry was lost to a leader change (it may or may not commit later: callers make
         commands idempotent), EntryTooLarge above max_entry_bytes (nothing appended).
         """
-        return await self._submit(data, EntryType.NORMAL)
+        return await self._submit(data)
 
     async def change_membership(self, cc: ConfChange) -> None:
         """Add a learner, promote or remove a member; waits until the change applied.
@@ -382,7 +385,7 @@ class RaftNode:
             # tell the transport where it listens now rather than when the entry commits.
             self._learn_address(cc)
             self.transport.set_peers(self._peer_addrs())
-        await self._submit(cc, EntryType.CONF_CHANGE)
+        await self._submit(cc)
 
     def transfer_leadership(self, to: str) -> None:
         """Planned step down: hand leadership to `to`. Only on the leader: the core's
@@ -402,19 +405,20 @@ class RaftNode:
 
     # ------------------------------------------------------------------ loop
 
-    async def _submit(self, payload: bytes | ConfChange, kind: EntryType) -> Any:
+    async def _submit(self, payload: bytes | ConfChange) -> Any:
         if self.core.role != Role.LEADER:
             raise NotLeader(self.core.leader_id)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.enqueue(payload, kind, fut)
+        self.enqueue(payload, fut)
         return await fut
 
-    def enqueue(self, payload: bytes | ConfChange, kind: EntryType, reply: Reply) -> None:
-        """Queue a proposal for the next turn; its outcome goes to `reply`. On the loop only."""
+    def enqueue(self, payload: bytes | ConfChange, reply: Reply) -> None:
+        """Queue a proposal for the next turn (bytes: a normal entry; a ConfChange: a
+        membership change); its outcome goes to `reply`. On the loop only."""
         if self.failure is not None:
             reply.set_exception(ProposalDropped("node failed"))
             return
-        self._proposals.append((payload, kind, reply))
+        self._proposals.append((payload, reply))
         self._wake.set()
 
     def _on_message(self, msg: Message) -> None:
@@ -518,11 +522,11 @@ class RaftNode:
 
     def _take_proposals(self) -> None:
         while self._proposals:
-            payload, kind, fut = self._proposals.popleft()
+            payload, fut = self._proposals.popleft()
             if fut.done():
                 continue
             try:
-                if kind == EntryType.CONF_CHANGE:
+                if isinstance(payload, ConfChange):
                     index = self.core.propose_conf_change(payload)
                 else:
                     index = self.core.propose(payload)
@@ -669,7 +673,7 @@ class RaftNode:
                 p.future.set_exception(exc)
         self._pending.clear()
         while self._proposals:
-            _, _, fut = self._proposals.popleft()
+            _, fut = self._proposals.popleft()
             if not fut.done():
                 fut.set_exception(exc)
 
@@ -780,7 +784,7 @@ class RaftNode:
     def _save_members_file(self) -> None:
         raw = {nid: [m.raft_addr[0], m.raft_addr[1], m.url] for nid, m in self._members.items()}
         tmp = self._members_path().with_suffix(".tmp")
-        tmp.write_bytes(msgpack.packb(raw, use_bin_type=True))
+        tmp.write_bytes(pack(raw))
         os.replace(tmp, self._members_path())
 
     def _load_members_file(self) -> None:
@@ -794,4 +798,4 @@ class RaftNode:
 
 def member_context(host: str, port: int, url: str = "") -> bytes:
     """The ConfChange context for ADD_LEARNER: where the new member listens."""
-    return msgpack.packb({"host": host, "port": port, "url": url}, use_bin_type=True)
+    return pack({"host": host, "port": port, "url": url})

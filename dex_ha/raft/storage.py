@@ -66,6 +66,7 @@ from typing import Any
 import msgpack
 
 from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE, Failpoints  # noqa: F401  (re-exported)
+
 from .types import (
     Entry,
     HardState,
@@ -383,10 +384,10 @@ class RaftStorage:
         self._lock_fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BlockingIOError as exc:
             os.close(self._lock_fd)
             self._lock_fd = -1
-            raise RuntimeError(f"raft log {self.dir} is already open in another process or object")
+            raise RuntimeError(f"raft log {self.dir} is already open in another process or object") from exc
 
     def close(self) -> None:
         """Flush (strict) and release the directory. Idempotent."""

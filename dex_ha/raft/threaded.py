@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .core import NotLeader
 from .loop_thread import LoopThread
 from .node import Member, NodeConfig, RaftNode, RaftView, StateMachine
 from .status import Status
-from .types import ConfChange, EntryType
+from .types import ConfChange
 
 
 class _ReplyToLoop:
@@ -144,7 +145,7 @@ class RaftThread:
         loop = self._thread.loop
         assert loop is not None and self._outbox is not None and self._caller_loop is not None
         future: asyncio.Future[Any] = self._caller_loop.create_future()
-        loop.call_soon_threadsafe(self.node.enqueue, data, EntryType.NORMAL, _ReplyToLoop(future, self._outbox))
+        loop.call_soon_threadsafe(self.node.enqueue, data, _ReplyToLoop(future, self._outbox))
         return await future
 
     async def change_membership(self, cc: ConfChange) -> None:

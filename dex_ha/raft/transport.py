@@ -197,7 +197,7 @@ class RaftTransport:
 
     def set_peers(self, peers: dict[str, Address]) -> None:
         """Replace the peer set (membership change). Changed addresses reconnect."""
-        self._peers = {pid: tuple(addr) for pid, addr in peers.items() if pid != self.node_id}
+        self._peers = {pid: (addr[0], addr[1]) for pid, addr in peers.items() if pid != self.node_id}
         if self._peers and self.listen is None:
             self.log.warning("raft transport of %s has no listener: peers %s cannot send to it",
                              self.node_id, ", ".join(sorted(self._peers)))
@@ -278,7 +278,8 @@ class RaftTransport:
         return done.dialer_frame_mac(self.secret)
 
     async def _serve_inbound(self, conn: socket.socket) -> None:
-        addr = "%s:%d" % conn.getpeername()[:2]
+        host, port = conn.getpeername()[:2]
+        addr = f"{host}:{port}"
         writer = None
         try:
             async with asyncio.timeout(self.handshake_timeout):

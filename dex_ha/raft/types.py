@@ -180,8 +180,14 @@ def entry_from_wire(raw: list[Any]) -> Entry:
     return Entry(raw[0], raw[1], EntryType(raw[2]), raw[3])
 
 
+def pack(obj: object) -> bytes:
+    """msgpack.packb with bin types, typed: msgpack ships no type information."""
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
+
+
 def encode_entry(e: Entry) -> bytes:
-    return msgpack.packb(entry_to_wire(e), use_bin_type=True)
+    return pack(entry_to_wire(e))
 
 
 def decode_entry(buf: bytes) -> Entry:
@@ -201,7 +207,7 @@ def hard_state_from_wire(raw: list[Any]) -> HardState:
 
 
 def encode_hard_state(hs: HardState) -> bytes:
-    return msgpack.packb(hard_state_to_wire(hs), use_bin_type=True)
+    return pack(hard_state_to_wire(hs))
 
 
 def decode_hard_state(buf: bytes) -> HardState:
@@ -209,7 +215,7 @@ def decode_hard_state(buf: bytes) -> HardState:
 
 
 def encode_conf_change(cc: ConfChange) -> bytes:
-    return msgpack.packb([int(cc.type), cc.node_id, cc.context], use_bin_type=True)
+    return pack([int(cc.type), cc.node_id, cc.context])
 
 
 def decode_conf_change(buf: bytes) -> ConfChange:
@@ -218,7 +224,7 @@ def decode_conf_change(buf: bytes) -> ConfChange:
 
 
 def encode_snapshot_meta(meta: SnapshotMeta) -> bytes:
-    return msgpack.packb(snapshot_meta_to_wire(meta), use_bin_type=True)
+    return pack(snapshot_meta_to_wire(meta))
 
 
 def decode_snapshot_meta(buf: bytes) -> SnapshotMeta:
@@ -236,7 +242,7 @@ def _index_slot(m: Message) -> int:
 
 
 def encode_message(m: Message) -> bytes:
-    return msgpack.packb(
+    return pack(
         [
             WIRE_VERSION,
             int(m.type),
@@ -253,7 +259,6 @@ def encode_message(m: Message) -> bytes:
             snapshot_meta_to_wire(m.snapshot) if m.snapshot is not None else None,
             m.data,
         ],
-        use_bin_type=True,
     )
 
 
@@ -261,7 +266,7 @@ class MalformedMessage(ValueError):
     """A frame that does not decode to a valid Message (a bad or hostile peer)."""
 
 
-def decode_message(buf: bytes) -> Message:
+def decode_message(buf: bytes | memoryview) -> Message:
     try:
         raw = msgpack.unpackb(buf, raw=False)
         # More than 14 slots: fields a newer peer appended; ignored, so that one can be

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dex_ha.worker.context import ArgumentsRefused, ToolContext, ToolError
+from dex_ha.worker.context import ArgumentsRefused, ToolContext
 from dex_ha.worker.model import Model
 
 EFFECTS = ("read", "idempotent_write", "write")
@@ -293,8 +293,11 @@ def _check_bool(value: Any, argument: str) -> None:
 
 
 def _optional_positive_int(value: Any, argument: str) -> int | None:
-    if value is None:
-        return None
+    return None if value is None else _positive_int(value, argument)
+
+
+def _positive_int(value: Any, argument: str) -> int:
+    """`value` when it is an int of at least 1 (a bool is not); the error names `argument`."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{argument} must be a positive integer or None, got {value!r}")
     return value
@@ -308,5 +311,5 @@ def _check_compaction(compaction: Any) -> dict[str, int]:
     unknown = sorted(set(compaction) - set(COMPACTION_KEYS))
     if unknown:
         raise ValueError(f"compaction: unknown key {unknown[0]!r} (allowed: {', '.join(COMPACTION_KEYS)})")
-    return {key: _optional_positive_int(value, f"compaction[{key!r}]") for key, value in compaction.items()
+    return {key: _positive_int(value, f"compaction[{key!r}]") for key, value in compaction.items()
             if value is not None}

@@ -36,7 +36,14 @@ from dex_ha.client.env import TOKEN_VAR, WORKER_TOKEN_VAR, token_from_env, urls_
 from dex_ha.failpoints import Failpoints
 from dex_ha.worker.agent import Agent, Tool
 from dex_ha.worker.context import (
-    ArgumentsRefused, AttemptCancelled, NonRetryableError, Pending, QuestionAsked, TaskHandle, ToolContext, ToolError,
+    ArgumentsRefused,
+    AttemptCancelled,
+    NonRetryableError,
+    Pending,
+    QuestionAsked,
+    TaskHandle,
+    ToolContext,
+    ToolError,
 )
 from dex_ha.worker.model import ModelRequest, ModelResponse
 
@@ -675,7 +682,7 @@ class Worker:
         eager_tasks = answer.get("tasks") if isinstance(answer, dict) else None
         if eager_tasks:
             # This runner ends now: its slot goes to the task handed out with the result.
-            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._tasks.discard(asyncio.current_task())
             for raw in eager_tasks[:1]:
                 self._start(raw)
 

@@ -14,15 +14,28 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
+from dex_ha.client import DexClient
+from dex_ha.worker import Worker
+from tests.crash.ledger import Ledger
+from tests.e2e.conftest import running
+from tests.e2e.dev_process import DevProcess
 from tests.support.claude_segment import (
-    DEFERRED_TOOL, DEFERRED_TOOL_CLI_NAME, FINAL_TEXT, ScriptedCoder, cli_missing_reason, coder_agent, inline_runs,
+    DEFERRED_TOOL,
+    DEFERRED_TOOL_CLI_NAME,
+    FINAL_TEXT,
+    ScriptedCoder,
+    cli_missing_reason,
+    coder_agent,
+    inline_runs,
     stage,
 )
+from tests.support.fake_anthropic import FakeAnthropic
 
 pytestmark = pytest.mark.skipif(cli_missing_reason() is not None, reason=str(cli_missing_reason()))
 
@@ -32,13 +45,6 @@ if cli_missing_reason() is None:
     from dex_ha.adapters import claude_launcher
     from dex_ha.adapters.claude_agent import ClaudeTurnSegment, Replay, conversation, durable_agent
 
-from dex_ha.client import DexClient
-from dex_ha.worker import Worker
-
-from tests.crash.ledger import Ledger
-from tests.e2e.conftest import running
-from tests.e2e.dev_process import DevProcess
-from tests.support.fake_anthropic import FakeAnthropic
 
 DEADLINE_S = 60.0
 

@@ -27,10 +27,10 @@ from tests.crash.cell import attempts, call_of
 from tests.crash.harness import REPO, env_with_repo
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
-from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
 from tests.support.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
 from tests.support.processes import stop
+from tests.support.waiting import eventually
 
 DEADLINE_S = 30.0
 # A killed Worker's attempt fails after this long without heartbeats (default 30 s).

@@ -14,7 +14,15 @@ import httpx2
 import openai
 import pytest
 from agents import (
-    Agent as SDKAgent, AgentHooks, ComputerTool, InputGuardrail, LocalShellTool, RunContextWrapper, WebSearchTool,
+    Agent as SDKAgent,
+)
+from agents import (
+    AgentHooks,
+    ComputerTool,
+    InputGuardrail,
+    LocalShellTool,
+    RunContextWrapper,
+    WebSearchTool,
     function_tool,
 )
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call

@@ -157,22 +157,6 @@ def test_the_step_kind_table_holds_the_contract_kinds():
     assert STEP_KINDS["CallSingleAttemptTool"].max_attempts == 1
 
 
-def test_the_engine_imports_neither_server_nor_raft():
-    import ast
-    import pathlib
-
-    root = pathlib.Path(__file__).resolve().parents[2] / "dex_ha" / "engine"
-    for path in root.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                names = [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            assert not any(n.startswith(("dex_ha.server", "dex_ha.raft")) for n in names), path
-
-
 def test_a_handout_batch_stays_one_entry(tmp_path):
     d = busy_driver(str(tmp_path / "e.db"))
     before = d.index

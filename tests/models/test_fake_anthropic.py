@@ -9,6 +9,7 @@ import anthropic
 import pytest
 
 from tests.support.fake_anthropic import ApiError, FakeAnthropic, Reply, tool_use
+from tests.support.waiting import eventually
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 DEADLINE_S = 10.0
@@ -84,9 +85,8 @@ async def test_a_stream_stalls_after_some_deltas_until_the_client_gives_up() -> 
                         received.append(event.delta.text)
 
         reader = asyncio.create_task(read())
-        async with asyncio.timeout(DEADLINE_S):
-            while fake.stalls == 0:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: fake.stalls > 0, "the fake to stall the stream", deadline_s=DEADLINE_S,
+                         interval_s=0.01)
         await asyncio.sleep(0.2)  # a stalled stream sends nothing more (checked below)
         assert received == ["one ", "two "] and not reader.done()
         reader.cancel()

@@ -4,13 +4,14 @@ the SDK parses out of its answers is what was scripted, streamed or not, on both
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import openai
 import pytest
 from openai import AsyncOpenAI
 
-from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, FakeOpenAI, Failure, Reply
+from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
 
 TOOLS_RESPONSES = [{"type": "function", "name": "lookup", "parameters": {"type": "object"}, "strict": False}]
 TOOLS_CHAT = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import openai
 import pytest
@@ -15,12 +16,17 @@ from openai import AsyncOpenAI
 
 from dex_ha.engine.agents import BUILTIN_TOOLS
 from dex_ha.models.openai import (
-    DEFAULT_SUMMARY_INSTRUCTIONS, MISSING_RESULT, OpenAIModel, OpenAIStreamError, chat_messages, model_order,
+    DEFAULT_SUMMARY_INSTRUCTIONS,
+    MISSING_RESULT,
+    OpenAIModel,
+    OpenAIStreamError,
+    chat_messages,
+    model_order,
     responses_input,
 )
 from dex_ha.worker import Agent, ModelRequest, NonRetryableError, ToolCall, ToolContext
 from tests.crash.harness import env_with_repo
-from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, FakeOpenAI, Failure, Reply
+from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
 
 APIS = ("responses", "chat")
 

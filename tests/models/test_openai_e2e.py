@@ -8,8 +8,9 @@ saw), the tools' own record of their runs, the client's event stream and the sna
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from dex_ha.models.openai import DEFAULT_SUMMARY_INSTRUCTIONS, OpenAIModel
 from dex_ha.worker import Agent, ToolContext, Worker
 from tests.e2e.conftest import running
 from tests.e2e.dev_process import DevProcess
-from tests.support.fake_openai import Call, FakeOpenAI, Failure, Reply
+from tests.support.fake_openai import Call, Failure, FakeOpenAI, Reply
 
 AGENT = "support"
 DEADLINE_S = 30.0

@@ -21,8 +21,9 @@ import hashlib
 import heapq
 import random
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 

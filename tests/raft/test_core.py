@@ -4,8 +4,8 @@ network: messages are delivered in order unless a test drops or holds them)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pytest
 
@@ -695,7 +695,7 @@ def test_replication_is_batched_and_pipelined() -> None:
 def test_inflight_bytes_limit() -> None:
     c = Cluster(["n1", "n2"], max_msg_bytes=1000, max_inflight_bytes=1500)
     n1 = c.elect("n1")
-    for i in range(10):
+    for _ in range(10):
         n1.propose(b"x" * 900)
     rd = n1.ready()
     apps = [m for m in rd.messages if m.type == MT.APP]

@@ -33,7 +33,7 @@ async def _writer(cluster: KVCluster, session: aiohttp.ClientSession, acked: dic
                     if resp.status == 200:
                         acked[key] = value
                         break
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 continue
         else:
             await asyncio.sleep(0.02)  # no leader right now: back off briefly
@@ -142,7 +142,7 @@ async def _raw_connect_and_send(port: int, payload: bytes) -> bytes:
         await writer.drain()
         try:
             return await asyncio.wait_for(reader.read(1024), timeout=6)
-        except (asyncio.TimeoutError, ConnectionError):
+        except (TimeoutError, ConnectionError):
             return b""
     finally:
         writer.close()

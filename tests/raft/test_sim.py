@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 

@@ -26,8 +26,8 @@ from tests.raft.transport_helpers import (
     app,
     connect_all,
     frame,
-    make_certs,
     mac,
+    make_certs,
     make_node,
 )
 from tests.support.waiting import eventually
@@ -113,7 +113,7 @@ async def _send_until_delivered(sender: Node, receiver: Node, poll_s: float) -> 
         i += 1
         try:
             return await asyncio.wait_for(receiver.inbox.get(), poll_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             continue
 
 

@@ -110,7 +110,8 @@ class RawPeer:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
-        self.local_addr = "%s:%d" % writer.get_extra_info("sockname")[:2]
+        host, port = writer.get_extra_info("sockname")[:2]
+        self.local_addr = f"{host}:{port}"
         self.my_challenge = b""
         self.frame_key: bytes | None = None  # after a handshake with the secret (no TLS)
         self.seq = 0
@@ -216,7 +217,7 @@ def make_certs(dir: Path) -> Certs:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def name(cn: str) -> x509.Name:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])

@@ -4,7 +4,7 @@ errors a developer gets for a bad declaration. No server needed."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -36,7 +36,7 @@ def support_agent() -> Agent:
         return "ok"
 
     @agent.tool(effect="idempotent_write", name="build_target")
-    async def build(ctx: ToolContext, target: str, tags: list[str], options: Optional[dict] = None) -> Any:
+    async def build(ctx: ToolContext, target: str, tags: list[str], options: dict | None = None) -> Any:
         return ctx.task_handle({"job": target})
 
     @agent.tool(effect="read", inline=True)
@@ -89,7 +89,7 @@ def test_agent_without_options_sends_only_its_tools() -> None:
 
 
 def test_schema_of_unannotated_and_untyped_parameters_accepts_anything() -> None:
-    def tool(ctx, a, b: "SomethingUnknown" = None, *rest):  # noqa: F821 - deliberately unresolvable
+    def tool(ctx, a, b: SomethingUnknown = None, *rest):  # noqa: F821 - deliberately unresolvable
         return None
 
     assert infer_input_schema(tool) == {"type": "object", "additionalProperties": False, "required": ["a"],
