@@ -37,7 +37,7 @@ def positive_ints(flag: str):  # type: ignore[no-untyped-def]
         try:
             values = [int(v) for v in text.split(",") if v.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag}: a comma-separated list of integers, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{flag}: a comma-separated list of integers, got {text!r}") from None
         if not values or any(v < 1 for v in values):
             raise argparse.ArgumentTypeError(f"{flag}: positive integers, got {text!r}")
         return values

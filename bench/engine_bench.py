@@ -31,13 +31,20 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dex_ha.engine import (  # noqa: E402
-    CompleteAttempt, CreateSession, Engine, Handout, RegisterAgent, SendMessage, StartAttempts,
+from dex_ha.engine import (
+    CompleteAttempt,
+    CreateSession,
+    Engine,
+    Handout,
+    RegisterAgent,
+    SendMessage,
+    StartAttempts,
     encode_command,
 )
 

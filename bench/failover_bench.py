@@ -144,7 +144,7 @@ async def run_turns(client: DexClient, agent: str, stop: asyncio.Event) -> None:
             await client.send_message(sid, f"turn {n}", message_id=f"{sid}-{n}")
             await client.wait_until_idle(sid, timeout_s=FAULT_DEADLINE_S)
             n += 1
-        except (DexError, asyncio.TimeoutError):
+        except (TimeoutError, DexError):
             await asyncio.sleep(0.05)
 
 

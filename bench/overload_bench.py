@@ -44,10 +44,11 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -58,7 +59,13 @@ from tests.e2e.cluster_process import LocalCluster  # noqa: E402
 from tests.e2e.dev_process import DevProcess  # noqa: E402
 from tests.support.cluster_state import FollowerGapSampler, observe_settled, term_changes  # noqa: E402
 from tests.support.http_load import (  # noqa: E402
-    DEFAULT_MIX, KINDS, LoadConfig, LoadResult, fds_needed, raise_fd_limit, run_load,
+    DEFAULT_MIX,
+    KINDS,
+    LoadConfig,
+    LoadResult,
+    fds_needed,
+    raise_fd_limit,
+    run_load,
 )
 
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "overload_bench.json"
@@ -304,7 +311,7 @@ def parse_mix(text: str) -> dict[str, float]:
         try:
             mix[kind.strip()] = float(weight)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--mix: {weight!r} is not a number")
+            raise argparse.ArgumentTypeError(f"--mix: {weight!r} is not a number") from None
     if any(w < 0 for w in mix.values()) or not any(w > 0 for w in mix.values()):
         raise argparse.ArgumentTypeError("--mix: weights must be >= 0, at least one > 0")
     return mix

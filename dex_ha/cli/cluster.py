@@ -155,7 +155,7 @@ def _reuse_existing(fresh: ClusterPlan) -> ClusterPlan:
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ClusterError(f"{path}: cannot read it ({exc}); remove {fresh.cluster_dir} or use another --dir")
+        raise ClusterError(f"{path}: cannot read it ({exc}); remove {fresh.cluster_dir} or use another --dir") from None
     if saved.get("layout") != json.loads(json.dumps(fresh.layout())):
         raise ClusterError(
             f"{fresh.cluster_dir} holds another cluster ({_describe_layout(saved.get('layout'))}); "
@@ -526,7 +526,7 @@ def cluster_down(cluster_dir: Path, timeout_s: float = 45.0) -> list[str]:
     configs = {node_id: cluster_dir / f"{node_id}.toml" for node_id in recorded}
     live = {node_id: pid for node_id, pid in recorded.items() if node_process_alive(pid, configs[node_id])}
     report = {node_id: f"{node_id} (pid {pid}): was not running" for node_id, pid in recorded.items()}
-    for node_id, pid in live.items():
+    for pid in live.values():
         _signal(pid, signal.SIGTERM)
     left = _wait_until_gone(live, configs, timeout_s)
     for node_id, pid in live.items():

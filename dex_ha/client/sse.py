@@ -13,7 +13,6 @@ client must tell committed events from live deltas.
 from __future__ import annotations
 
 import asyncio
-
 import codecs
 import re
 from collections.abc import AsyncIterator

@@ -24,18 +24,43 @@ The engine never imports ``dex_ha.server`` or ``dex_ha.raft``.
 """
 
 from dex_ha.engine.commands import (
-    AnswerQuestion, AttemptTimedOut, CancelTurn, Command, CommandDecodeError, CompleteAttempt,
-    CreateSession, DecideApproval, FailAttempt, FailHeldAttempts, FireTimer, Handout,
-    HeartbeatLost, ReconcileToolCall, RegisterAgent, SendMessage, StartAttempts, decode_command,
+    AnswerQuestion,
+    AttemptTimedOut,
+    CancelTurn,
+    Command,
+    CommandDecodeError,
+    CompleteAttempt,
+    CreateSession,
+    DecideApproval,
+    FailAttempt,
+    FailHeldAttempts,
+    FireTimer,
+    Handout,
+    HeartbeatLost,
+    ReconcileToolCall,
+    RegisterAgent,
+    SendMessage,
+    StartAttempts,
+    decode_command,
     encode_command,
 )
 from dex_ha.engine.engine import Engine, EngineReader
 from dex_ha.engine.kinds import (
-    AWAIT_QUESTION_ANSWER, AWAIT_TIMER, AWAIT_TOOL_APPROVAL, AWAIT_USER_MESSAGE,
-    CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, NOT_COMPLETED, NOT_STARTED,
-    POLL_TOOL_TASK, RUN_MODEL, STEP_KINDS, StepKindSpec,
+    AWAIT_QUESTION_ANSWER,
+    AWAIT_TIMER,
+    AWAIT_TOOL_APPROVAL,
+    AWAIT_USER_MESSAGE,
+    CALL_SINGLE_ATTEMPT_TOOL,
+    CALL_TOOL,
+    COMPACT_CONTEXT,
+    NOT_COMPLETED,
+    NOT_STARTED,
+    POLL_TOOL_TASK,
+    RUN_MODEL,
+    STEP_KINDS,
+    StepKindSpec,
+    idempotency_key,
 )
-from dex_ha.engine.kinds import idempotency_key
 from dex_ha.engine.queries import AttemptState, QueuedStep, RunningAttempt, SessionEvent, Task, Timer
 from dex_ha.engine.results import ApplyResult
 

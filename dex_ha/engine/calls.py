@@ -20,8 +20,17 @@ from dex_ha.engine import steps, turns
 from dex_ha.engine.agents import ASK_USER, SLEEP, ToolPolicy, tool_policy
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    AWAIT_QUESTION_ANSWER, AWAIT_TIMER, AWAIT_TOOL_APPROVAL, MAX_DURATION_MS, NOT_COMPLETED, NOT_STARTED,
-    POLL_TOOL_TASK, max_attempts_for, not_run_error, tool_outcome_on_exhaustion, tool_step_kind,
+    AWAIT_QUESTION_ANSWER,
+    AWAIT_TIMER,
+    AWAIT_TOOL_APPROVAL,
+    MAX_DURATION_MS,
+    NOT_COMPLETED,
+    NOT_STARTED,
+    POLL_TOOL_TASK,
+    max_attempts_for,
+    not_run_error,
+    tool_outcome_on_exhaustion,
+    tool_step_kind,
 )
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.statuses import FINAL_CALL_STATUSES, CallStatus, TurnStatus

@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]  # msgpack ships no type hints
 
@@ -203,11 +204,11 @@ class ReconcileToolCall:
     error: str | None = None
 
 
-Command = Union[
-    CreateSession, RegisterAgent, SendMessage, CancelTurn, StartAttempts, CompleteAttempt,
-    FailAttempt, HeartbeatLost, AttemptTimedOut, FailHeldAttempts, FireTimer, DecideApproval,
-    AnswerQuestion, ReconcileToolCall,
-]
+Command = (
+    CreateSession | RegisterAgent | SendMessage | CancelTurn | StartAttempts | CompleteAttempt
+    | FailAttempt | HeartbeatLost | AttemptTimedOut | FailHeldAttempts | FireTimer | DecideApproval
+    | AnswerQuestion | ReconcileToolCall
+)
 
 COMMAND_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}
 

@@ -14,7 +14,8 @@ import logging
 import os
 import sqlite3
 import tempfile
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from dex_ha.engine.commands import Command, CommandDecodeError, decode_command
 from dex_ha.engine.context import ApplyContext

@@ -6,19 +6,35 @@ turns it into an `ApplyResult`.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from dex_ha.engine import calls, outcomes, steps, turns
 from dex_ha.engine.agents import normalize_definition
 from dex_ha.engine.commands import (
-    AnswerQuestion, AttemptTimedOut, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
-    FailAttempt, FailHeldAttempts, FireTimer, HeartbeatLost, ReconcileToolCall, RegisterAgent,
-    SendMessage, StartAttempts,
+    AnswerQuestion,
+    AttemptTimedOut,
+    CancelTurn,
+    CompleteAttempt,
+    CreateSession,
+    DecideApproval,
+    FailAttempt,
+    FailHeldAttempts,
+    FireTimer,
+    HeartbeatLost,
+    ReconcileToolCall,
+    RegisterAgent,
+    SendMessage,
+    StartAttempts,
 )
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, POLL_TOOL_TASK, RUN_MODEL,
+    CALL_SINGLE_ATTEMPT_TOOL,
+    CALL_TOOL,
+    COMPACT_CONTEXT,
+    POLL_TOOL_TASK,
+    RUN_MODEL,
 )
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.store import FENCED_TERM, to_json

@@ -11,9 +11,9 @@ special-cases a kind by name for these decisions.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
 
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex_ha.engine.statuses import CallStatus

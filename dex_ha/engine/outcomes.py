@@ -20,7 +20,13 @@ from typing import Any
 from dex_ha.engine import calls, steps, turns
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED, NOT_STARTED, RUN_MODEL, OnExhaustion, not_run_error, spec_of, tool_outcome_on_exhaustion,
+    NOT_COMPLETED,
+    NOT_STARTED,
+    RUN_MODEL,
+    OnExhaustion,
+    not_run_error,
+    spec_of,
+    tool_outcome_on_exhaustion,
 )
 from dex_ha.engine.statuses import CallStatus, TurnStatus
 

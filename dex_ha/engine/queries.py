@@ -12,8 +12,15 @@ from typing import Any
 
 from dex_ha.engine.agents import model_tools
 from dex_ha.engine.kinds import (
-    AWAIT_USER_MESSAGE, CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, DEFAULT_HEARTBEAT_TIMEOUT_MS,
-    POLL_TOOL_TASK, RUN_MODEL, TASK_KINDS, idempotency_key,
+    AWAIT_USER_MESSAGE,
+    CALL_SINGLE_ATTEMPT_TOOL,
+    CALL_TOOL,
+    COMPACT_CONTEXT,
+    DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    POLL_TOOL_TASK,
+    RUN_MODEL,
+    TASK_KINDS,
+    idempotency_key,
 )
 from dex_ha.engine.store import APPLIED_INDEX, EVENT_ID_SHIFT, Store, from_json
 

@@ -17,7 +17,13 @@ from typing import Any
 
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED, NOT_STARTED, idempotency_key, retry_decision, retry_window_end, spec_of, window_closed,
+    NOT_COMPLETED,
+    NOT_STARTED,
+    idempotency_key,
+    retry_decision,
+    retry_window_end,
+    spec_of,
+    window_closed,
 )
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.statuses import OPEN_STEP_STATUSES, StepStatus

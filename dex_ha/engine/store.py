@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import json.encoder
 import sqlite3
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION

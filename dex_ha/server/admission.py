@@ -15,8 +15,8 @@ on open connections bounds them (see RouteSpec.bounded).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from dex_ha.server.errors import RETRY_AFTER_S, Overloaded
 

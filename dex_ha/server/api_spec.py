@@ -14,9 +14,10 @@ forget them; a route declares only its own (2xx, 404, 409).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "array", "any")
 

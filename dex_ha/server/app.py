@@ -12,32 +12,48 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from dex_ha.engine import (
-    AnswerQuestion, ApplyResult, AttemptState, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
-    EngineReader, FailAttempt, ReconcileToolCall, RegisterAgent, SendMessage,
+    AnswerQuestion,
+    ApplyResult,
+    AttemptState,
+    CancelTurn,
+    CompleteAttempt,
+    CreateSession,
+    DecideApproval,
+    EngineReader,
+    FailAttempt,
+    ReconcileToolCall,
+    RegisterAgent,
+    SendMessage,
 )
 from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import TokenAuth
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
 from dex_ha.server.cluster_nodes import every_node_view
-from dex_ha.server.console import add_console_routes
 from dex_ha.server.config import ConfigError, parse_address
+from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
 from dex_ha.server.http_limits import client_gone, read_body
 from dex_ha.server.leader import wall_ms
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
-    BodyTooLarge, InvalidRequest, decode_json_body, validate_body, validate_headers, validate_path,
+    BodyTooLarge,
+    InvalidRequest,
+    decode_json_body,
+    validate_body,
+    validate_headers,
+    validate_path,
     validate_query,
 )
 

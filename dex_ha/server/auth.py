@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from dex_ha.server.api_spec import RouteSpec
 from dex_ha.server.errors import HttpError

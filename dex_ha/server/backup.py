@@ -36,10 +36,11 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from dex_ha.engine import Engine
 from dex_ha.engine.schema import SCHEMA_VERSION
@@ -84,7 +85,7 @@ class BackupHeader:
 
 
 def make_header(index: int, term: int, node_id: str, payload: bytes, now_s: float | None = None) -> BackupHeader:
-    created = datetime.fromtimestamp(time.time() if now_s is None else now_s, timezone.utc)
+    created = datetime.fromtimestamp(time.time() if now_s is None else now_s, UTC)
     return BackupHeader(format=FORMAT_VERSION, index=index, term=term, schema_version=SCHEMA_VERSION,
                         created_at=created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
                         node_id=node_id, payload_bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest())

@@ -36,9 +36,10 @@ import json
 import logging
 import resource
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler

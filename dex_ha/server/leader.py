@@ -23,18 +23,26 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from dex_ha.engine import (
-    ApplyResult, AttemptTimedOut, Command, FailHeldAttempts, FireTimer, Handout, HeartbeatLost,
-    QueuedStep, StartAttempts,
+    ApplyResult,
+    AttemptTimedOut,
+    Command,
+    FailHeldAttempts,
+    FireTimer,
+    Handout,
+    HeartbeatLost,
+    QueuedStep,
+    StartAttempts,
 )
 from dex_ha.raft.core import NotLeader, ProposalDropped
+from dex_ha.server.errors import NotServing
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
-from dex_ha.server.errors import NotServing
 from dex_ha.server.validation import InvalidRequest
 
 log = logging.getLogger("dex_ha.server.leader")

@@ -11,19 +11,20 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
 from dex_ha.engine import ApplyResult, Command, Engine, encode_command
-from dex_ha.raft.core import NotLeader
 from dex_ha.failpoints import Failpoints
 from dex_ha.raft.clock import now_ms
+from dex_ha.raft.core import NotLeader
 from dex_ha.raft.node import Member, NodeConfig, member_context
+from dex_ha.raft.status import MemberStatus, Status
 from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.types import ConfChange, ConfChangeType, Role
-from dex_ha.raft.status import MemberStatus, Status
 from dex_ha.server.admission import Admission
 from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
@@ -32,8 +33,8 @@ from dex_ha.server.http_limits import GuardedSite, HttpLimits
 from dex_ha.server.leader import LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.probes import ProbeServer
-from dex_ha.server.roles import NodeRole
 from dex_ha.server.replica import Replica
+from dex_ha.server.roles import NodeRole
 from dex_ha.server.streams import DeltaRelay
 
 log = logging.getLogger("dex_ha.server")
@@ -118,7 +119,7 @@ class NodeServer:
             await self.probes.start()
             log.info("node %s answers probes (/livez, /readyz) on port %d", self.config.node_id, self.probes.port)
         raft = ("no Raft listener: a single voter" if self.config.raft_listen is None
-                else "raft on %s:%d" % self.config.raft_listen)
+                else "raft on {}:{}".format(*self.config.raft_listen))
         log.info("node %s serves HTTP on %s:%d (%s, data in %s)", self.config.node_id,
                  self.config.http_listen[0], self.http_port, raft, self.config.data_dir)
 
@@ -269,9 +270,10 @@ class NodeServer:
         try:
             await self.raft.transfer_leadership(target)
         except NotLeader as exc:
-            raise StepDownFailed(f"lost the leadership before the transfer (leader now {exc.leader_id!r})")
+            raise StepDownFailed(f"lost the leadership before the transfer (leader now {exc.leader_id!r})") from None
         deadline = time.monotonic() + 2 * self.config.election_timeout_max_ms / 1000
-        while self.raft.view.is_leader and time.monotonic() < deadline:
+        # The view is written by the Raft thread, which signals nothing to this loop: poll it.
+        while self.raft.view.is_leader and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         if self.raft.view.is_leader:
             raise StepDownFailed(f"{target} did not take the leadership in time; this node stays active")

@@ -7,7 +7,8 @@ published schema cannot drift from what the server accepts.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from dex_ha.server.api_spec import ROUTES, FieldSpec, RouteSpec
 

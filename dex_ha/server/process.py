@@ -16,7 +16,7 @@ import resource
 import signal
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.node import NodeServer

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from dex_ha.engine import AnswerQuestion, ApplyResult, DecideApproval, Engine, EngineReader, FireTimer, decode_command
 from dex_ha.failpoints import Failpoints

@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from dex_ha.server.api_spec import FieldSpec, RouteSpec

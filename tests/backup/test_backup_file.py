@@ -14,7 +14,14 @@ import pytest
 
 from dex_ha import cli
 from dex_ha.server.backup import (
-    FORMAT_VERSION, MAGIC, BackupError, backup_bytes, make_header, parse_backup, parse_members, read_backup,
+    FORMAT_VERSION,
+    MAGIC,
+    BackupError,
+    backup_bytes,
+    make_header,
+    parse_backup,
+    parse_members,
+    read_backup,
     restore_data_dir,
 )
 from dex_ha.server.node import NodeServer

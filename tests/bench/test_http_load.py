@@ -6,12 +6,10 @@ descriptor limit is too low."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import struct
-import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -19,6 +17,7 @@ from aiohttp import web
 from tests.support import http_load
 from tests.support.cluster_state import ClusterSnapshot, FollowerGapSampler, NodeState, parse_gauge, term_changes
 from tests.support.http_load import LoadConfig, LoadSetupError, error_code, percentile_ms, run_load
+from tests.support.waiting import eventually
 
 TOKEN = "t" * 24
 MIX = {"get_session": 1.0, "list_sessions": 1.0, "create_session": 1.0, "metrics": 1.0}
@@ -197,8 +196,7 @@ async def test_the_sampler_keeps_the_largest_gap_even_after_the_gauge_restarts()
     app.router.add_get("/metrics", metrics)
     async for url in serve(app):
         async with FollowerGapSampler({"n2": url}, interval_s=0.01) as sampler:
-            deadline = time.monotonic() + 10
-            while sampler.samples < 4 and time.monotonic() < deadline:  # three values, then no gauge
-                await asyncio.sleep(0.01)
+            # three values, then no gauge
+            await eventually(lambda: sampler.samples >= 4, "four samples", 10, interval_s=0.01)
     assert sampler.samples >= 4
     assert sampler.max_gap_s == 0.4

@@ -19,7 +19,6 @@ import sys
 from typing import Any
 
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
-
 from tests.crash.ledger import Ledger
 
 AGENT = "console"

@@ -14,8 +14,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import aiohttp
 import pytest
@@ -24,9 +24,9 @@ from dex_ha.client import DexClient
 from tests.console.console_worker import AGENT
 from tests.crash.ledger import Ledger
 from tests.e2e.cluster_process import LocalCluster
-from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
 from tests.support.processes import stop
+from tests.support.waiting import eventually
 
 CHROMIUM = Path("/usr/bin/chromium")
 UI_TIMEOUT_MS = 15_000  # every wait on the page has this deadline

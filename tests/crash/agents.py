@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dex_ha.worker import Agent, DeltaSink, ModelRequest, ModelResponse, ToolContext
-
 from tests.crash.ledger import Ledger
 
 HANG_TICK_S = 0.1

@@ -7,12 +7,12 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dex_ha.client import DexClient
 from dex_ha.client.client import SessionEvent
-
 from tests.crash.harness import DEADLINE_S, Column, WorkerProcess
 from tests.crash.ledger import Ledger, Run
 from tests.support.waiting import eventually

@@ -18,7 +18,6 @@ import signal
 from pathlib import Path
 
 from dex_ha.worker import Worker
-
 from tests.crash.worker_proc import BACKOFF_MAX_S, POLL_WAIT_MS
 from tests.support.claude_segment import coder_agent
 

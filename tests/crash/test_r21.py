@@ -25,11 +25,16 @@ import pytest
 from tests.crash.cell import COMPLETED, FAILED, Cell, call_of
 from tests.crash.harness import Column, WorkerProcess
 from tests.crash.rows import COLUMNS
-from tests.support.waiting import eventually
 from tests.support.claude_segment import (
-    DEFERRED_TOOL, FINAL_TEXT, ScriptedCoder, cli_missing_reason, inline_runs, stage,
+    DEFERRED_TOOL,
+    FINAL_TEXT,
+    ScriptedCoder,
+    cli_missing_reason,
+    inline_runs,
+    stage,
 )
 from tests.support.fake_anthropic import FakeAnthropic
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.skipif(cli_missing_reason() is not None, reason=str(cli_missing_reason()))
 

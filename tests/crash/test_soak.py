@@ -24,9 +24,10 @@ import os
 import random
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -103,7 +104,7 @@ async def send_until_acked(send: Any, *args: Any, **kwargs: Any) -> Any:
     while True:
         try:
             return await asyncio.wait_for(send(*args, **kwargs), MESSAGE_TRY_S)
-        except (DexError, asyncio.TimeoutError):
+        except (TimeoutError, DexError):
             assert time.monotonic() < deadline, f"not acknowledged within {TURN_DEADLINE_S} s"
 
 
@@ -113,7 +114,7 @@ async def wait_idle(client: DexClient, session_id: str, totals: Totals, deadline
     while True:
         try:
             return (await client.wait_until_idle(session_id, timeout_s=TURN_DEADLINE_S)).raw
-        except (DexError, asyncio.TimeoutError):
+        except (TimeoutError, DexError):
             totals.slow_turns += 1
             assert time.monotonic() < deadline, f"{session_id} not idle within {deadline_s} s"
 

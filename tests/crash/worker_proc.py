@@ -17,7 +17,6 @@ import logging
 import signal
 
 from dex_ha.worker import Worker
-
 from tests.crash.agents import AGENTS, Kit
 from tests.crash.ledger import Ledger
 

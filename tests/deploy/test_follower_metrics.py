@@ -4,8 +4,8 @@ dex_raft_follower_last_contact_seconds{member}. Three in-process nodes on loopba
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import aiohttp
 import pytest
@@ -13,6 +13,7 @@ import pytest
 from dex_ha.server.node import NodeServer
 from tests.server.node_fixture import ClusterPlan, HttpApi, base_url, start_node, tool
 from tests.support.waiting import eventually
+
 
 def member_gauges(node: NodeServer, name: str) -> dict[str, float]:
     return {s.labels["member"]: s.value for metric in node.metrics.registry.collect()

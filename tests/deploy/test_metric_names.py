@@ -12,7 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.monitoring_files import alert_expressions, dashboard_expressions, metric_names
 from tests.e2e.cluster_process import LocalCluster
-from tests.e2e.conftest import cluster  # noqa: F401  (cluster is a fixture)
 from tests.support.waiting import eventually
 
 # The sample names a family of each type writes (prometheus_client's text format).

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import pytest
 

@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import aiohttp
 
@@ -48,7 +48,7 @@ class DevProcess:
                     async with session.get(self.url + "/readyz", timeout=aiohttp.ClientTimeout(total=1)) as r:
                         if r.status == 200:
                             return
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     pass
                 await asyncio.sleep(0.05)
         raise AssertionError(f"dex-ha dev not ready within {deadline_s} s\n{self.log_tail()}")

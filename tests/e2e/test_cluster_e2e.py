@@ -16,8 +16,8 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 
@@ -26,9 +26,9 @@ from dex_ha.client import DexClient, Session, SessionEvent
 from dex_ha.worker import Worker
 from tests.e2e.cluster_process import LocalCluster
 from tests.e2e.conftest import running
-from tests.support.waiting import eventually
 from tests.e2e.haproxy_process import haproxy_binary, haproxy_in_front_of
 from tests.support.failover_agent import AGENT, Ledger, attempts_of, make_agent
+from tests.support.waiting import eventually
 
 DEADLINE_S = 45.0
 
@@ -106,10 +106,8 @@ async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
     # The ledger (outside the server): the call ran twice, with the same idempotency key.
     assert ledger.runs == [("slow_put", f"{sid}:c-failover", 1), ("slow_put", f"{sid}:c-failover", 2)]
     # The Worker stops the stale attempt once a heartbeat reaches the new node (409).
-    deadline = time.monotonic() + 10
-    while ledger.cancelled != [1] and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert ledger.cancelled == [1], "the Worker kept running an attempt the new active node had failed"
+    await eventually(lambda: ledger.cancelled == [1], "the Worker to stop the attempt the new active node "
+                     "had failed", 10)
     assert failover_s < 10, f"failover took {failover_s:.1f} s"
 
 
@@ -143,9 +141,6 @@ async def test_sigterm_on_the_active_node_drains_hands_over_and_exits(
     final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
     assert_completed_without_a_failed_attempt(final)
     assert [r[2] for r in ledger.runs] == [1]
-    deadline = time.monotonic() + 20
-    while node_process_alive(pid) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert not node_process_alive(pid), "the old active node did not exit after its drain"
+    await eventually(lambda: not node_process_alive(pid), "the old active node to exit after its drain", 20)
     log = (cluster.dir / f"{old}.log").read_text()
     assert "graceful stop" in log and "hands the leadership" in log

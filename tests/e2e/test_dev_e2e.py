@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 
 from dex_ha.client import DexClient, Session, SessionEvent, ToolCallRecord
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, ToolError, Worker
 from tests.e2e.conftest import running
-from tests.support.waiting import eventually
 from tests.e2e.dev_process import DevProcess
+from tests.support.waiting import eventually
 
 AGENT = "e2e"
 DEADLINE_S = 30.0

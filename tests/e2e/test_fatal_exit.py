@@ -32,7 +32,7 @@ async def _create_sessions_until_the_node_dies(dev: DevProcess) -> float:
                 async with session.post(dev.url + "/v1/sessions", json={"agent": "a", "session_id": f"s{i}"}) as r:
                     if r.status >= 500:
                         return time.monotonic()
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 return time.monotonic()
     raise AssertionError(f"the injected fsync failure never happened\n{dev.log_tail()}")
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import resource
 import secrets
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import AsyncIterator, Iterator, Mapping
 
 import pytest
 

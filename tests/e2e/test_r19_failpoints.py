@@ -8,8 +8,6 @@ the attempt fails and follows its row (a read runs again, with the same idempote
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from tests.e2e.conftest import running
 from tests.e2e.dev_process import DevProcess
+from tests.support.waiting import eventually
 
 DEADLINE_S = 30.0
 
@@ -60,9 +59,8 @@ async def test_a_result_in_flight_when_the_node_dies_is_committed_or_its_attempt
             await server.wait_ready()
             sid = (await client.create_session("r19")).session_id
             await client.send_message(sid, "look it up")
-            deadline = time.monotonic() + DEADLINE_S
-            while server.proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await eventually(lambda: server.proc.poll() is not None, "the server to exit at the failpoint",
+                             DEADLINE_S, interval_s=0.02)
             assert server.proc.poll() == FAILPOINT_EXIT_CODE, f"the failpoint was not reached\n{server.log_tail()}"
             server.extra_env = {}
             server.start()  # same port and data dir; the Worker and the client were never told

@@ -6,9 +6,24 @@ from __future__ import annotations
 from typing import Any
 
 from dex_ha.engine import (
-    ApplyResult, AttemptTimedOut, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
-    Engine, FailAttempt, FailHeldAttempts, FireTimer, Handout, HeartbeatLost, RegisterAgent,
-    SendMessage, StartAttempts, AnswerQuestion, ReconcileToolCall, encode_command,
+    AnswerQuestion,
+    ApplyResult,
+    AttemptTimedOut,
+    CancelTurn,
+    CompleteAttempt,
+    CreateSession,
+    DecideApproval,
+    Engine,
+    FailAttempt,
+    FailHeldAttempts,
+    FireTimer,
+    Handout,
+    HeartbeatLost,
+    ReconcileToolCall,
+    RegisterAgent,
+    SendMessage,
+    StartAttempts,
+    encode_command,
 )
 
 AGENT = "helper"

@@ -14,8 +14,8 @@ Every row runs under each failure, each on a fresh store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pytest
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
-from dex_ha.engine import CALL_TOOL, RegisterAgent, StartAttempts, Handout
+from dex_ha.engine import CALL_TOOL, Handout, RegisterAgent, StartAttempts
 from dex_ha.engine.kinds import MAX_DURATION_MS, retry_decision
 from tests.engine.driver import AGENT, Driver
 

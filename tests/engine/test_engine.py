@@ -6,10 +6,17 @@ import sqlite3
 
 import pytest
 
-from dex_ha.engine import handlers
 from dex_ha.engine import (
-    STEP_KINDS, CancelTurn, CompleteAttempt, CreateSession, Engine, Handout, StartAttempts,
-    decode_command, encode_command,
+    STEP_KINDS,
+    CancelTurn,
+    CompleteAttempt,
+    CreateSession,
+    Engine,
+    Handout,
+    StartAttempts,
+    decode_command,
+    encode_command,
+    handlers,
 )
 from dex_ha.engine.commands import COMMAND_TYPES
 from tests.engine.driver import Driver

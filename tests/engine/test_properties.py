@@ -18,9 +18,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dex_ha.engine import (
-    AnswerQuestion, AttemptTimedOut, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
-    Engine, FailAttempt, FailHeldAttempts, FireTimer, Handout, HeartbeatLost, ReconcileToolCall,
-    SendMessage, StartAttempts,
+    AnswerQuestion,
+    AttemptTimedOut,
+    CancelTurn,
+    CompleteAttempt,
+    CreateSession,
+    DecideApproval,
+    Engine,
+    FailAttempt,
+    FailHeldAttempts,
+    FireTimer,
+    Handout,
+    HeartbeatLost,
+    ReconcileToolCall,
+    SendMessage,
+    StartAttempts,
 )
 from tests.engine.driver import DEFAULT_TOOLS, Driver
 

@@ -7,9 +7,21 @@ import msgpack
 import pytest
 
 from dex_ha.engine import (
-    AnswerQuestion, AttemptTimedOut, CancelTurn, CompleteAttempt, CreateSession, DecideApproval,
-    FailAttempt, FireTimer, Handout, HeartbeatLost, ReconcileToolCall, RegisterAgent, SendMessage,
-    StartAttempts, encode_command,
+    AnswerQuestion,
+    AttemptTimedOut,
+    CancelTurn,
+    CompleteAttempt,
+    CreateSession,
+    DecideApproval,
+    FailAttempt,
+    FireTimer,
+    Handout,
+    HeartbeatLost,
+    ReconcileToolCall,
+    RegisterAgent,
+    SendMessage,
+    StartAttempts,
+    encode_command,
 )
 from tests.engine.driver import Driver
 

@@ -6,7 +6,11 @@ path fails here, with the statements listed by how often they ran."""
 from __future__ import annotations
 
 from bench.engine_bench import (
-    COUNTED_SESSIONS, STATEMENTS_PER_STEP_LIMIT, count_statements, format_statements, normalise_sql,
+    COUNTED_SESSIONS,
+    STATEMENTS_PER_STEP_LIMIT,
+    count_statements,
+    format_statements,
+    normalise_sql,
 )
 
 

@@ -6,7 +6,13 @@ import pytest
 
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex_ha.engine import (
-    STEP_KINDS, CompleteAttempt, CreateSession, FailHeldAttempts, FireTimer, Handout, StartAttempts,
+    STEP_KINDS,
+    CompleteAttempt,
+    CreateSession,
+    FailHeldAttempts,
+    FireTimer,
+    Handout,
+    StartAttempts,
 )
 from tests.engine.driver import Driver
 

@@ -3,8 +3,8 @@ fault proxy (proxied_cluster.py), stopped by pid afterwards."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 

@@ -17,8 +17,17 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dex_ha.cli.cluster import (
-    ClusterError, ClusterPlan, NodePlan, node_log_tails, node_toml, plan_cluster, start_node, stop_processes,
-    wait_for_one_active, write_cluster_files, write_pids,
+    ClusterError,
+    ClusterPlan,
+    NodePlan,
+    node_log_tails,
+    node_toml,
+    plan_cluster,
+    start_node,
+    stop_processes,
+    wait_for_one_active,
+    write_cluster_files,
+    write_pids,
 )
 from tests.e2e.cluster_process import LocalCluster
 from tests.support.fault_proxy import ProxyMesh

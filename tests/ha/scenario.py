@@ -36,7 +36,7 @@ class AckedWriter:
                 session_id = f"{self.prefix}-{len(self.acked)}"
                 try:
                     await client.create_session(self.agent, session_id=session_id)
-                except (DexError, asyncio.TimeoutError):
+                except (TimeoutError, DexError):
                     continue  # not acknowledged: the same id again (creating it twice is a no-op)
                 self.acked.append(session_id)
 

@@ -13,8 +13,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 
@@ -23,10 +23,10 @@ from dex_ha.client import Connection, DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, Worker
 from tests.e2e.cluster_process import cluster_view, joiner_config
 from tests.e2e.conftest import running
-from tests.support.waiting import eventually
 from tests.ha.proxied_cluster import ProxiedCluster
 from tests.ha.scenario import sessions_on_disk
 from tests.support.processes import stop
+from tests.support.waiting import eventually
 
 SNAPSHOT_EVERY = 50
 SESSIONS_BEFORE = 120  # > 2 snapshots' worth of entries

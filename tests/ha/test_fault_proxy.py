@@ -6,7 +6,7 @@ close resets open connections at once; links are independent."""
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 

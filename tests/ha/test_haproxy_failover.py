@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 import pytest
 
@@ -18,9 +18,9 @@ from dex_ha.client import DexClient
 from dex_ha.worker import Worker
 from tests.e2e.conftest import running
 from tests.e2e.haproxy_process import HAProxyProcess, haproxy_binary, haproxy_in_front_of
-from tests.support.failover_agent import AGENT, Ledger, attempts_of, make_agent
 from tests.ha.proxied_cluster import ProxiedCluster
 from tests.ha.scenario import AckedWriter, all_caught_up, sessions_on_disk
+from tests.support.failover_agent import AGENT, Ledger, attempts_of, make_agent
 from tests.support.readiness_record import ReadinessRecorder
 
 DEADLINE_S = 45.0

@@ -9,8 +9,9 @@ claimed by some test).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import pytest

@@ -17,9 +17,10 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -55,7 +56,7 @@ async def is_ready(url: str) -> bool:
         async with aiohttp.ClientSession() as session:
             async with session.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=2)) as response:
                 return response.status == 200
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         return False
 
 
@@ -316,7 +317,7 @@ class SseStream:
                 pytest.fail(f"no SSE event within {timeout_s} s (seen so far: {[e.event for e in self.seen]})")
             try:
                 raw = await asyncio.wait_for(self.response.content.readline(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue  # the deadline check above fails the test
             if not raw:
                 pytest.fail(f"the event stream ended (seen: {[e.event for e in self.seen]})")

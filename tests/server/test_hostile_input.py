@@ -19,7 +19,15 @@ from dex_ha.engine.kinds import MAX_DURATION_MS
 from dex_ha.server.node import NodeServer
 from dex_ha.server.validation import InvalidRequest
 from tests.server.node_fixture import (
-    CLIENT_TOKEN, ClusterPlan, HttpApi, assert_error, call_view, expect, model_result, tool, tool_call,
+    CLIENT_TOKEN,
+    ClusterPlan,
+    HttpApi,
+    assert_error,
+    call_view,
+    expect,
+    model_result,
+    tool,
+    tool_call,
 )
 from tests.support.waiting import eventually
 
@@ -201,7 +209,7 @@ async def queue_a_model_step(api: HttpApi, agent: str) -> None:
     await api.send_message(f"session-of-{agent}", "hello")
 
 
-async def good_poll_gets_its_step(api: HttpApi, poll: "asyncio.Task[Any]") -> None:
+async def good_poll_gets_its_step(api: HttpApi, poll: asyncio.Task[Any]) -> None:
     started = time.monotonic()
     reply = await poll
     tasks = expect(reply, 200)["tasks"]

@@ -13,16 +13,22 @@ import logging
 import os
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import pytest
 
 from dex_ha.server.config import ConfigError, load_config
 from dex_ha.server.http_limits import (
-    ACCEPT_BATCH, FD_HEADROOM, PROBE_HEADER_TIMEOUT_S, PROBE_LISTENER_LIMITS, PROBE_RESERVE, HttpLimits,
+    ACCEPT_BATCH,
+    FD_HEADROOM,
+    PROBE_HEADER_TIMEOUT_S,
+    PROBE_LISTENER_LIMITS,
+    PROBE_RESERVE,
+    HttpLimits,
 )
 from dex_ha.server.node import NodeServer
 from tests.e2e.dev_process import DevProcess

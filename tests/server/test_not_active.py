@@ -13,7 +13,12 @@ import pytest
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.node import NodeServer
 from tests.server.node_fixture import (
-    ClusterPlan, HttpApi, assert_error, concrete_path, expect, role_for,
+    ClusterPlan,
+    HttpApi,
+    assert_error,
+    concrete_path,
+    expect,
+    role_for,
 )
 from tests.support.waiting import eventually
 

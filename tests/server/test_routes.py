@@ -13,8 +13,9 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,8 +26,19 @@ from dex_ha.server.node import NodeServer
 from dex_ha.server.task_tokens import TaskToken
 from tests.server import test_not_active
 from tests.server.node_fixture import (
-    HttpApi, Reply, assert_error, call_view, concrete_path, expect, free_ports, model_result, open_sse,
-    role_for, single_node_config, tool, tool_call,
+    HttpApi,
+    Reply,
+    assert_error,
+    call_view,
+    concrete_path,
+    expect,
+    free_ports,
+    model_result,
+    open_sse,
+    role_for,
+    single_node_config,
+    tool,
+    tool_call,
 )
 from tests.support.waiting import eventually
 

@@ -32,7 +32,9 @@ from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import (  # noqa: E402
-    not_a_server_error, response_schema_conformance, status_code_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
 )
 
 from dex_ha.server.api_spec import ROUTES_BY_NAME  # noqa: E402

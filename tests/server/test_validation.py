@@ -14,8 +14,16 @@ from multidict import MultiDict
 
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME
 from dex_ha.server.validation import (
-    MAX_INTEGER, MAX_JSON_DEPTH, MIN_INTEGER, BodyTooLarge, InvalidRequest, decode_json_body, validate_body, validate_headers,
-    validate_path, validate_query,
+    MAX_INTEGER,
+    MAX_JSON_DEPTH,
+    MIN_INTEGER,
+    BodyTooLarge,
+    InvalidRequest,
+    decode_json_body,
+    validate_body,
+    validate_headers,
+    validate_path,
+    validate_query,
 )
 
 # route -> (the smallest valid body, what validate_body answers for it: defaults filled in)
@@ -351,7 +359,7 @@ def test_integers_at_the_ends_of_the_64_bit_range_pass():
 @pytest.mark.parametrize("text", ["9223372036854775808", "-9223372036854775809", "18446744073709551616",
                                   "123456789012345678901", "-" + "9" * 30, "9" * 5000])
 def test_integers_outside_the_64_bit_range_are_named_at_any_depth(text):
-    error = invalid_raw("task_complete", '{"result": {"rows": [1, {"n": %s}]}}' % text)
+    error = invalid_raw("task_complete", '{"result": {"rows": [1, {"n": ' + text + '}]}}')
     assert error.field == "result.rows[1].n"
     assert error.message.startswith("integer out of range: must be from -9223372036854775808 to 9223372036854775807")
     assert len(str(error)) < 200  # a 5000-digit value is not echoed whole

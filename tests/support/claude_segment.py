@@ -87,7 +87,6 @@ def coder_agent(name: str, *, api_url: str, work_dir: Path, ledger_path: Path) -
 
     from dex_ha.adapters.claude_agent import durable_agent
     from dex_ha.worker import ToolContext
-
     from tests.crash.ledger import Ledger
 
     ledger = Ledger(ledger_path)

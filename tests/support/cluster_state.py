@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import aiohttp
 
@@ -97,7 +97,7 @@ async def read_node(http: aiohttp.ClientSession, node_id: str, url: str, token: 
             view = await resp.json()
         async with http.get(url + "/metrics", timeout=timeout) as resp:
             gap = parse_gauge(await resp.text(), CONTACT_GAP_GAUGE) if resp.status == 200 else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         return NodeState(node_id, url, error=f"{type(exc).__name__}: {exc}")
     return NodeState(node_id, url, term=view.get("term"), role=view.get("role"),
                      leader_id=view.get("leader_id"), contact_gap_max_s=gap)
@@ -145,7 +145,7 @@ class FollowerGapSampler:
         try:
             async with http.get(url + "/metrics") as resp:
                 gap = parse_gauge(await resp.text(), CONTACT_GAP_GAUGE) if resp.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return  # a missed sample; the next one comes
         self.samples += 1
         if gap is not None and (self.max_gap_s is None or gap > self.max_gap_s):

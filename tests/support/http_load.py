@@ -36,8 +36,9 @@ import resource
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import aiohttp
 
@@ -306,7 +307,7 @@ async def send(http: aiohttp.ClientSession, target: Target, kind: str, rng: rand
                          "Retry-After" in resp.headers, time.perf_counter() - started)
     except asyncio.CancelledError:
         raise
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         tally.transport_error(kind, classify_transport_error(exc), exc)
 
 
@@ -337,7 +338,7 @@ async def seed_sessions(http: aiohttp.ClientSession, config: LoadConfig) -> list
                     if resp.status in (200, 201):
                         break
                     problem = f"HTTP {resp.status}: {text[:200]}"
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             if time.monotonic() > deadline:
                 raise LoadSetupError(f"could not create the seed session {session_id} at {config.base_url} "

@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.ports import free_ports
 from dex_ha.raft.node import NodeConfig
+from tests.support.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,7 +102,7 @@ async def statuses(cluster: KVCluster, session: aiohttp.ClientSession) -> dict[s
     for nid in cluster.alive():
         try:
             out[nid] = await get_json(session, cluster.nodes[nid].url + "/status", timeout=1.0)
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             continue
     return out
 
