@@ -122,7 +122,7 @@ class Runner:
         start = time.perf_counter()
         if self.batch:
             for i in range(0, len(entries), BATCH_ENTRIES):
-                results += self.engine.apply_batch(entries[i:i + BATCH_ENTRIES])
+                results += self.engine.apply_batch(entries[i : i + BATCH_ENTRIES])
         else:
             results = [self.engine.apply(i, d) for i, d in entries]
         elapsed = time.perf_counter() - start
@@ -140,26 +140,37 @@ class Runner:
     def hand_out_all(self, kind: str) -> list[str]:
         steps = [s.step_id for s in self.engine.queued_steps(AGENT, 1_000_000) if s.kind == kind]
         for i in range(0, len(steps), HANDOUTS_PER_COMMAND):
-            chunk = steps[i:i + HANDOUTS_PER_COMMAND]
-            self.apply([StartAttempts(at=self.at, handouts=[Handout(step_id=s, worker_id="w1", term=1)
-                                                            for s in chunk])])
+            chunk = steps[i : i + HANDOUTS_PER_COMMAND]
+            self.apply(
+                [StartAttempts(at=self.at, handouts=[Handout(step_id=s, worker_id="w1", term=1) for s in chunk])]
+            )
         return steps
 
     def complete_all(self, steps: list[str], result: Callable[[str], dict]) -> None:
-        self.apply([CompleteAttempt(at=self.at, step_id=s, attempt=1, term=1, result=result(s))
-                    for s in steps])
+        self.apply([CompleteAttempt(at=self.at, step_id=s, attempt=1, term=1, result=result(s)) for s in steps])
 
     def wave(self, first: int, count: int) -> None:
         sessions = [f"sess-{n:06d}" for n in range(first, first + count)]
         self.at += 1_000
         self.apply([CreateSession(at=self.at, session_id=s, agent=AGENT) for s in sessions])
-        self.apply([SendMessage(at=self.at, session_id=s, text="Find the order and update it.",
-                                message_id="m1") for s in sessions])
+        self.apply(
+            [
+                SendMessage(at=self.at, session_id=s, text="Find the order and update it.", message_id="m1")
+                for s in sessions
+            ]
+        )
         models = self.hand_out_all("RunModel")
-        self.complete_all(models, lambda s: {
-            "content": "Looking it up.", "usage": {"input_tokens": 120, "output_tokens": 30},
-            "tool_calls": [{"id": f"{s}-a", "name": "lookup", "arguments": {"order": 42}},
-                           {"id": f"{s}-b", "name": "update", "arguments": {"order": 42, "state": "paid"}}]})
+        self.complete_all(
+            models,
+            lambda s: {
+                "content": "Looking it up.",
+                "usage": {"input_tokens": 120, "output_tokens": 30},
+                "tool_calls": [
+                    {"id": f"{s}-a", "name": "lookup", "arguments": {"order": 42}},
+                    {"id": f"{s}-b", "name": "update", "arguments": {"order": 42, "state": "paid"}},
+                ],
+            },
+        )
         tools = self.hand_out_all("CallTool")
         self.complete_all(tools, lambda s: {"status": "ok", "output": {"order": 42, "state": "paid"}})
         models = self.hand_out_all("RunModel")
@@ -167,8 +178,17 @@ class Runner:
 
 
 def register_agent(runner: Runner) -> None:
-    runner.apply([RegisterAgent(at=runner.at, name=AGENT, definition={"tools": [
-        {"name": "lookup", "effect": "read"}, {"name": "update", "effect": "idempotent_write"}]})])
+    runner.apply(
+        [
+            RegisterAgent(
+                at=runner.at,
+                name=AGENT,
+                definition={
+                    "tools": [{"name": "lookup", "effect": "read"}, {"name": "update", "effect": "idempotent_write"}]
+                },
+            )
+        ]
+    )
 
 
 def count_statements(sessions: int = COUNTED_SESSIONS) -> dict[str, Any]:
@@ -190,21 +210,32 @@ def count_statements(sessions: int = COUNTED_SESSIONS) -> dict[str, Any]:
         "sessions": sessions,
         "steps": steps,
         "statements_per_step": round(step_statements / steps, 2),
-        "by_command": {name: {"commands": runner.by_type[name][0], "statements": n,
-                              "per_command": round(n / runner.by_type[name][0], 2)}
-                       for name, n in by_command.items()},
-        "top": [{"command": command, "sql": sql, "count": n, "per_step": round(n / steps, 2)}
-                for (command, sql), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))],
+        "by_command": {
+            name: {
+                "commands": runner.by_type[name][0],
+                "statements": n,
+                "per_command": round(n / runner.by_type[name][0], 2),
+            }
+            for name, n in by_command.items()
+        },
+        "top": [
+            {"command": command, "sql": sql, "count": n, "per_step": round(n / steps, 2)}
+            for (command, sql), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        ],
     }
 
 
 def format_statements(report: dict[str, Any], top: int = 25) -> str:
     """The statement counts as a table for people."""
-    lines = [f"SQL statements: {report['statements_per_step']} per step "
-             f"({report['steps']} steps of {report['sessions']} sessions; {'+'.join(STEP_COMMANDS)} over steps)"]
+    lines = [
+        f"SQL statements: {report['statements_per_step']} per step "
+        f"({report['steps']} steps of {report['sessions']} sessions; {'+'.join(STEP_COMMANDS)} over steps)"
+    ]
     for name, v in report["by_command"].items():
-        lines.append(f"  {name:<16} {v['commands']:>6} commands {v['statements']:>7} statements "
-                     f"{v['per_command']:>7} per command")
+        lines.append(
+            f"  {name:<16} {v['commands']:>6} commands {v['statements']:>7} statements "
+            f"{v['per_command']:>7} per command"
+        )
     lines.append(f"top {top} statements (count, per step, command, statement):")
     for t in report["top"][:top]:
         lines.append(f"  {t['count']:>6} {t['per_step']:>6}  {t['command']:<15} {t['sql'][:150]}")
@@ -222,11 +253,16 @@ def run(sessions: int, batch: bool, durable: bool, wave: int, checkpoints: tuple
             runner.wave(done, min(wave, sessions - done))
             done += min(wave, sessions - done)
             if done in checkpoints or done == sessions:
-                points.append({"sessions": done, "commands": runner.commands,
-                               "commands_per_s": round(runner.commands / runner.seconds),
-                               "commands_per_cpu_s": round(runner.commands / runner.cpu_seconds),
-                               "rss_mb": round(rss_mb(), 1),
-                               "db_mb": round(os.path.getsize(path) / 2**20, 1)})
+                points.append(
+                    {
+                        "sessions": done,
+                        "commands": runner.commands,
+                        "commands_per_s": round(runner.commands / runner.seconds),
+                        "commands_per_cpu_s": round(runner.commands / runner.cpu_seconds),
+                        "rss_mb": round(rss_mb(), 1),
+                        "db_mb": round(os.path.getsize(path) / 2**20, 1),
+                    }
+                )
         runner.engine.close()
         return {
             "mode": "apply_batch" if batch else "apply",
@@ -262,22 +298,33 @@ def main() -> None:
     ]
     print(f"{'mode':<12} {'durable':<8} {'sessions':>9} {'commands':>10} {'cmd/s':>8} {'cmd/cpu-s':>10}")
     for r in runs:
-        print(f"{r['mode']:<12} {str(r['durable']):<8} {r['sessions']:>9} {r['commands']:>10} "
-              f"{r['commands_per_s']:>8} {r['commands_per_cpu_s']:>10}")
+        print(
+            f"{r['mode']:<12} {str(r['durable']):<8} {r['sessions']:>9} {r['commands']:>10} "
+            f"{r['commands_per_s']:>8} {r['commands_per_cpu_s']:>10}"
+        )
     print()
     print("per command type (apply_batch run):")
     for name, v in runs[-1]["by_command"].items():
         print(f"  {name:<16} {v['count']:>9} {v['per_s']:>8}/s")
     print()
-    print(f"{'sessions':>9} {'commands':>10} {'cmd/s':>8} {'cmd/cpu-s':>10} {'RSS MB':>8} {'DB MB':>8}"
-          "   (apply_batch, cumulative)")
+    print(
+        f"{'sessions':>9} {'commands':>10} {'cmd/s':>8} {'cmd/cpu-s':>10} {'RSS MB':>8} {'DB MB':>8}"
+        "   (apply_batch, cumulative)"
+    )
     for p in runs[-1]["growth"]:
-        print(f"{p['sessions']:>9} {p['commands']:>10} {p['commands_per_s']:>8} {p['commands_per_cpu_s']:>10} "
-              f"{p['rss_mb']:>8} {p['db_mb']:>8}")
+        print(
+            f"{p['sessions']:>9} {p['commands']:>10} {p['commands_per_s']:>8} {p['commands_per_cpu_s']:>10} "
+            f"{p['rss_mb']:>8} {p['db_mb']:>8}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    report = {"python": platform.python_version(), "machine": platform.machine(),
-              "sqlite": __import__("sqlite3").sqlite_version, "target_commands_per_s": 10_000, "runs": runs,
-              "statements": statements}
+    report = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "sqlite": __import__("sqlite3").sqlite_version,
+        "target_commands_per_s": 10_000,
+        "runs": runs,
+        "statements": statements,
+    }
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"\nwrote {args.out}")
 

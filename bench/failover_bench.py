@@ -68,8 +68,10 @@ FAULTS = ("kill", "partition")
 TARGETS: dict[str, tuple[str, float]] = {  # name -> (what, limit in seconds; 0 for a count)
     "kill_ready_p50": ("kill -> another node ready, median", 0.8),
     "kill_ready_max": ("kill -> another node ready, max", 1.2),
-    "partition_ready_max": (f"partition -> ready, max (election timeout {ELECTION_TIMEOUT_MAX_S * 1000:.0f} ms "
-                            f"+ 300 ms)", ELECTION_TIMEOUT_MAX_S + 0.3),
+    "partition_ready_max": (
+        f"partition -> ready, max (election timeout {ELECTION_TIMEOUT_MAX_S * 1000:.0f} ms + 300 ms)",
+        ELECTION_TIMEOUT_MAX_S + 0.3,
+    ),
     "haproxy_first_step_max": ("fault -> first step done through HAProxy, max", 1.5),
     "step_down_gap_max": ("planned step down readiness gap, max", 0.1),
     "overlap_rounds": ("probe rounds with two ready nodes", 0),
@@ -148,11 +150,25 @@ async def run_turns(client: DexClient, agent: str, stop: asyncio.Event) -> None:
             await asyncio.sleep(0.05)
 
 
-async def start_lane(stack: AsyncExitStack, lane: str, urls: list[str], tokens: dict[str, str], sessions: int,
-                     clock: StepClock, stop: asyncio.Event) -> None:
+async def start_lane(
+    stack: AsyncExitStack,
+    lane: str,
+    urls: list[str],
+    tokens: dict[str, str],
+    sessions: int,
+    clock: StepClock,
+    stop: asyncio.Event,
+) -> None:
     agent = bench_agent(f"failover-{lane}")
-    worker = Worker(urls, token=tokens["worker"], agents=[agent], poll_wait_ms=2_000, heartbeat_interval_s=0.5,
-                    drain_timeout_s=1.0, on_result=clock.on_result(lane))
+    worker = Worker(
+        urls,
+        token=tokens["worker"],
+        agents=[agent],
+        poll_wait_ms=2_000,
+        heartbeat_interval_s=0.5,
+        drain_timeout_s=1.0,
+        on_result=clock.on_result(lane),
+    )
     client = await stack.enter_async_context(DexClient(urls, token=tokens["client"]))
     tasks = [asyncio.create_task(worker.run())]
     tasks += [asyncio.create_task(run_turns(client, agent.name, stop)) for _ in range(sessions)]
@@ -211,9 +227,16 @@ class Bench:
             await cluster.mesh.heal()
         await rejoined(cluster, old, new)
         failed = failed_attempts(cluster.plan.node(new).data_dir) - failed_before
-        return FailoverRun(fault, run, old, new, first.at - fault_at,
-                           {lane: None if at is None else at - fault_at for lane, at in steps.items()},
-                           failed, overlaps)
+        return FailoverRun(
+            fault,
+            run,
+            old,
+            new,
+            first.at - fault_at,
+            {lane: None if at is None else at - fault_at for lane, at in steps.items()},
+            failed,
+            overlaps,
+        )
 
     async def step_down(self, run: int) -> StepDownRun:
         cluster = self.cluster
@@ -221,15 +244,19 @@ class Bench:
         old = await cluster.active_node()
         asked_at = time.monotonic()
         async with aiohttp.ClientSession() as http:
-            async with http.post(cluster.urls[old] + "/v1/cluster/step-down", json={"drain_timeout_ms": 10_000},
-                                 headers={"Authorization": f"Bearer {cluster.tokens['admin']}"},
-                                 timeout=aiohttp.ClientTimeout(total=FAULT_DEADLINE_S)) as resp:
+            async with http.post(
+                cluster.urls[old] + "/v1/cluster/step-down",
+                json={"drain_timeout_ms": 10_000},
+                headers={"Authorization": f"Bearer {cluster.tokens['admin']}"},
+                timeout=aiohttp.ClientTimeout(total=FAULT_DEADLINE_S),
+            ) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"step down refused: {resp.status} {await resp.text()}")
         ready = await self.record.wait_ready(asked_at, set(cluster.node_ids) - {old}, FAULT_DEADLINE_S)
         new = ready.node
-        not_ready = next((row for row in self.record.rows
-                          if row.at >= asked_at and row.node == old and row.status != 200), None)
+        not_ready = next(
+            (row for row in self.record.rows if row.at >= asked_at and row.node == old and row.status != 200), None
+        )
         gap = None if not_ready is None else ready.at - not_ready.at
         await rejoined(cluster, old, new)
         return StepDownRun(run, old, new, gap, self.overlaps_since(asked_at))
@@ -250,16 +277,18 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         summary[fault] = {
             "runs": len(runs),
             "ready_s": median_max([r["ready_s"] for r in runs]),
-            "first_step_s": {lane: median_max([r["first_step_s"].get(lane) for r in runs])
-                             for lane in result["lanes"]},
+            "first_step_s": {lane: median_max([r["first_step_s"].get(lane) for r in runs]) for lane in result["lanes"]},
             "failed_attempts": median_max([r["failed_attempts"] for r in runs]),
             "overlap_rounds": sum(r["overlap_rounds"] for r in runs),
-            "missing": sum(1 for r in runs if r["ready_s"] is None
-                           or any(v is None for v in r["first_step_s"].values())),
+            "missing": sum(
+                1 for r in runs if r["ready_s"] is None or any(v is None for v in r["first_step_s"].values())
+            ),
         }
-    summary["step_down"] = {"runs": len(result["step_downs"]),
-                            "gap_s": median_max([r["gap_s"] for r in result["step_downs"]]),
-                            "overlap_rounds": sum(r["overlap_rounds"] for r in result["step_downs"])}
+    summary["step_down"] = {
+        "runs": len(result["step_downs"]),
+        "gap_s": median_max([r["gap_s"] for r in result["step_downs"]]),
+        "overlap_rounds": sum(r["overlap_rounds"] for r in result["step_downs"]),
+    }
     return summary
 
 
@@ -282,10 +311,14 @@ def ms(pair: tuple[float | None, float | None]) -> str:
 def print_table(result: dict[str, Any]) -> None:
     summary = result["summary"]
     lanes = result["lanes"]
-    print(f"\nFailover benchmark ({result['durability']} durability; {result['runs']} runs per fault; steady load: "
-          f"{result['sessions']} sessions per lane, lanes {', '.join(lanes)}; readiness asked every 10 ms)")
-    print(f"machine: {result['cores']} cores, load average at start {result['load_average_at_start']} "
-          f"(shared: other work on it counts in every number)")
+    print(
+        f"\nFailover benchmark ({result['durability']} durability; {result['runs']} runs per fault; steady load: "
+        f"{result['sessions']} sessions per lane, lanes {', '.join(lanes)}; readiness asked every 10 ms)"
+    )
+    print(
+        f"machine: {result['cores']} cores, load average at start {result['load_average_at_start']} "
+        f"(shared: other work on it counts in every number)"
+    )
     print("times are median / max in ms, from the instant of the fault")
     head = f"{'fault':<10} {'runs':>4} {'ready':>13}" + "".join(f" {'step (' + lane + ')':>17}" for lane in lanes)
     print(head + f" {'failed attempts':>15} {'overlap':>7}")
@@ -296,8 +329,10 @@ def print_table(result: dict[str, Any]) -> None:
         line += "".join(f" {ms(s['first_step_s'][lane]):>17}" for lane in lanes)
         print(line + f" {fmt(failed[0], '.0f') + ' / ' + fmt(failed[1], '.0f'):>15} {s['overlap_rounds']:>7}")
     sd = summary["step_down"]
-    print(f"planned step down: {sd['runs']} runs, readiness gap (old 503 -> new 200) {ms(sd['gap_s'])} ms, "
-          f"overlap {sd['overlap_rounds']}")
+    print(
+        f"planned step down: {sd['runs']} runs, readiness gap (old 503 -> new 200) {ms(sd['gap_s'])} ms, "
+        f"overlap {sd['overlap_rounds']}"
+    )
     print(f"\n{'target':<62} {'measured':>10}   goal")
     for name, (what, limit) in TARGETS.items():
         value = result["measured"][name]
@@ -337,15 +372,21 @@ async def measure(args: argparse.Namespace, root: Path, result: dict[str, Any]) 
             for run in range(args.runs):
                 row = await bench.failover(fault, run)
                 result["failovers"].append(asdict(row))
-                print(f"[{fault} {run + 1}/{args.runs}] {row.old} -> {row.new}: ready "
-                      f"{fmt(row.ready_s and row.ready_s * 1000, '.0f')} ms, first step "
-                      + ", ".join(f"{lane} {fmt(v and v * 1000, '.0f')} ms" for lane, v in row.first_step_s.items())
-                      + f", failed attempts {row.failed_attempts}, overlap {row.overlap_rounds}", flush=True)
+                print(
+                    f"[{fault} {run + 1}/{args.runs}] {row.old} -> {row.new}: ready "
+                    f"{fmt(row.ready_s and row.ready_s * 1000, '.0f')} ms, first step "
+                    + ", ".join(f"{lane} {fmt(v and v * 1000, '.0f')} ms" for lane, v in row.first_step_s.items())
+                    + f", failed attempts {row.failed_attempts}, overlap {row.overlap_rounds}",
+                    flush=True,
+                )
         for run in range(args.runs):
             down = await bench.step_down(run)
             result["step_downs"].append(asdict(down))
-            print(f"[step down {run + 1}/{args.runs}] {down.old} -> {down.new}: gap "
-                  f"{fmt(down.gap_s and down.gap_s * 1000, '.0f')} ms, overlap {down.overlap_rounds}", flush=True)
+            print(
+                f"[step down {run + 1}/{args.runs}] {down.old} -> {down.new}: gap "
+                f"{fmt(down.gap_s and down.gap_s * 1000, '.0f')} ms, overlap {down.overlap_rounds}",
+                flush=True,
+            )
         result["probe_rounds"] = record.rounds
         result["pids"] += cluster.started_pids
 
@@ -355,12 +396,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     assert main_task is not None
     # SIGTERM stops the bench like Ctrl-C: the exit stack stops every process by pid.
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
-    result: dict[str, Any] = {"runs": args.runs, "sessions": args.sessions,
-                              "durability": "relaxed" if args.relaxed else "strict", "cores": os.cpu_count(),
-                              "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
-                              "election_timeout_max_s": ELECTION_TIMEOUT_MAX_S,
-                              "targets": {name: {"what": what, "limit": limit} for name, (what, limit) in TARGETS.items()},
-                              "failovers": [], "step_downs": [], "pids": []}
+    result: dict[str, Any] = {
+        "runs": args.runs,
+        "sessions": args.sessions,
+        "durability": "relaxed" if args.relaxed else "strict",
+        "cores": os.cpu_count(),
+        "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
+        "election_timeout_max_s": ELECTION_TIMEOUT_MAX_S,
+        "targets": {name: {"what": what, "limit": limit} for name, (what, limit) in TARGETS.items()},
+        "failovers": [],
+        "step_downs": [],
+        "pids": [],
+    }
     with tempfile.TemporaryDirectory(prefix="dex-failover-bench-") as tmp:
         await measure(args, Path(args.work_dir) if args.work_dir else Path(tmp), result)
     result["summary"] = summarize(result)

@@ -130,14 +130,20 @@ async def cluster_deployment(root: Path, relaxed: bool) -> AsyncIterator[Target]
     try:
         await asyncio.to_thread(cluster.up)
         active = await cluster.active_node(deadline_s=60)
-        yield Target(cluster.urls, cluster.urls[active], cluster.tokens["client"],
-                     [cluster.pid(node_id) for node_id in cluster.urls])
+        yield Target(
+            cluster.urls,
+            cluster.urls[active],
+            cluster.tokens["client"],
+            [cluster.pid(node_id) for node_id in cluster.urls],
+        )
     finally:
         await asyncio.to_thread(cluster.down)
 
 
 DEPLOYMENTS: dict[str, Callable[[Path, bool], AbstractAsyncContextManager[Target]]] = {
-    "dev": dev_deployment, "cluster": cluster_deployment}
+    "dev": dev_deployment,
+    "cluster": cluster_deployment,
+}
 
 
 # ---------------------------------------------------------------- one level
@@ -151,18 +157,34 @@ async def measure(name: str, clients: int, args: argparse.Namespace, root: Path)
         followers = {node_id: url for node_id, url in target.urls.items() if url != target.load_url}
         cpu = CpuMeter(target.pids)
         async with FollowerGapSampler(followers) as sampler:
-            result = await run_load(LoadConfig(target.load_url, target.token, clients=clients,
-                                               duration_s=args.duration_s, mix=args.mix,
-                                               request_timeout_s=args.request_timeout_s))
+            result = await run_load(
+                LoadConfig(
+                    target.load_url,
+                    target.token,
+                    clients=clients,
+                    duration_s=args.duration_s,
+                    mix=args.mix,
+                    request_timeout_s=args.request_timeout_s,
+                )
+            )
         cpu_use = cpu.use()
         after = await observe_settled(target.urls, target.token, SETTLE_DEADLINE_S)
-    return Row(deployment=name, clients=clients, load=asdict(result),
-               before=[asdict(n) for n in before.nodes], after=[asdict(n) for n in after.nodes],
-               term_changes=term_changes(before, after), active_before=before.active, active_after=after.active,
-               follower_gap_max_s=largest(sampler.max_gap_s, after.largest_follower_gap_s()),
-               follower_gap_samples=sampler.samples, node_pids=target.pids,
-               busiest_node_cores=max(cpu_use.node_cores), generator_cores=cpu_use.generator_cores,
-               cpu_wait=cpu_use.cpu_wait)
+    return Row(
+        deployment=name,
+        clients=clients,
+        load=asdict(result),
+        before=[asdict(n) for n in before.nodes],
+        after=[asdict(n) for n in after.nodes],
+        term_changes=term_changes(before, after),
+        active_before=before.active,
+        active_after=after.active,
+        follower_gap_max_s=largest(sampler.max_gap_s, after.largest_follower_gap_s()),
+        follower_gap_samples=sampler.samples,
+        node_pids=target.pids,
+        busiest_node_cores=max(cpu_use.node_cores),
+        generator_cores=cpu_use.generator_cores,
+        cpu_wait=cpu_use.cpu_wait,
+    )
 
 
 def largest(*values: float | None) -> float | None:
@@ -199,26 +221,20 @@ class CpuMeter:
         return CpuUse(nodes, round((own_cpu_seconds() - self.own_start) / seconds, 2), wait)
 
 
-
-
-
-
 def own_cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
 
 
 def progress_line(row: Row, result: LoadResult) -> str:
-    return (f"[{row.deployment}] {row.clients} clients: {result.answers_per_s:.0f} answers/s, "
-            f"overloaded {result.count('overloaded')}, not_active {result.count('not_active')}, "
-            f"transport errors {result.transport_error_count}, term changes {fmt(row.term_changes, 'd')}")
+    return (
+        f"[{row.deployment}] {row.clients} clients: {result.answers_per_s:.0f} answers/s, "
+        f"overloaded {result.count('overloaded')}, not_active {result.count('not_active')}, "
+        f"transport errors {result.transport_error_count}, term changes {fmt(row.term_changes, 'd')}"
+    )
 
 
 # ---------------------------------------------------------------- the table
-
-
-
-
 
 
 def fmt_gap(seconds: float | None) -> str:
@@ -227,27 +243,44 @@ def fmt_gap(seconds: float | None) -> str:
 
 def print_table(result: dict[str, Any]) -> None:
     mix = ", ".join(f"{k} {w:g}" for k, w in result["mix"].items() if w > 0)
-    print(f"\nOverload benchmark ({result['durability']} durability; {result['duration_s']:g} s of load per level, "
-          f"a fresh server per level; closed-loop clients, one connection each, Retry-After not honoured)")
+    print(
+        f"\nOverload benchmark ({result['durability']} durability; {result['duration_s']:g} s of load per level, "
+        f"a fresh server per level; closed-loop clients, one connection each, Retry-After not honoured)"
+    )
     print(f"mix: {mix}. machine: {result['cores']} cores, load average at start {result['load_average_at_start']}")
-    print("srv cores / gen cores: CPU of the busiest node / of the load generator (1.00 = one core); cpu wait: "
-          "share of the window in which some runnable task waited for a CPU (PSI; other people's work counts)")
-    print(f"targets: term changes {TARGETS['term_changes']}; largest leader-contact gap seen by a follower "
-          f"{TARGETS['follower_leader_contact_gap']}")
-    print(f"{'deployment':<10} {'clients':>7} {'answers':>8} {'ans/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'overloaded':>10} {'not_active':>10} {'other':>6} {'transport':>9} {'terms Δ':>7} "
-          f"{'active':>9} {'gap ms':>6} {'srv cores':>9} {'gen cores':>9} {'cpu wait':>8}")
+    print(
+        "srv cores / gen cores: CPU of the busiest node / of the load generator (1.00 = one core); cpu wait: "
+        "share of the window in which some runnable task waited for a CPU (PSI; other people's work counts)"
+    )
+    print(
+        f"targets: term changes {TARGETS['term_changes']}; largest leader-contact gap seen by a follower "
+        f"{TARGETS['follower_leader_contact_gap']}"
+    )
+    print(
+        f"{'deployment':<10} {'clients':>7} {'answers':>8} {'ans/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'overloaded':>10} {'not_active':>10} {'other':>6} {'transport':>9} {'terms Δ':>7} "
+        f"{'active':>9} {'gap ms':>6} {'srv cores':>9} {'gen cores':>9} {'cpu wait':>8}"
+    )
     for row in result["rows"]:
         load = row["load"]
-        other = load["answers"] - load["accepted"] - load["by_code"].get("overloaded", 0) \
+        other = (
+            load["answers"]
+            - load["accepted"]
+            - load["by_code"].get("overloaded", 0)
             - load["by_code"].get("not_active", 0)
-        moved = "same" if row["active_after"] == row["active_before"] else \
-            f"{','.join(row['active_before']) or '-'}>{','.join(row['active_after']) or '-'}"
-        print(f"{row['deployment']:<10} {row['clients']:>7} {load['answers']:>8} {load['answers_per_s']:>7.0f} "
-              f"{fmt(load['p50_ms'], '.1f'):>8} {fmt(load['p99_ms'], '.1f'):>8} {load['by_code'].get('overloaded', 0):>10} "
-              f"{load['by_code'].get('not_active', 0):>10} {other:>6} {sum(load['transport_errors'].values()):>9} "
-              f"{fmt(row['term_changes'], 'd'):>7} {moved:>9} {fmt_gap(row['follower_gap_max_s']):>6} "
-              f"{row['busiest_node_cores']:>9.2f} {row['generator_cores']:>9.2f} {fmt_pct(row['cpu_wait']):>8}")
+        )
+        moved = (
+            "same"
+            if row["active_after"] == row["active_before"]
+            else f"{','.join(row['active_before']) or '-'}>{','.join(row['active_after']) or '-'}"
+        )
+        print(
+            f"{row['deployment']:<10} {row['clients']:>7} {load['answers']:>8} {load['answers_per_s']:>7.0f} "
+            f"{fmt(load['p50_ms'], '.1f'):>8} {fmt(load['p99_ms'], '.1f'):>8} {load['by_code'].get('overloaded', 0):>10} "
+            f"{load['by_code'].get('not_active', 0):>10} {other:>6} {sum(load['transport_errors'].values()):>9} "
+            f"{fmt(row['term_changes'], 'd'):>7} {moved:>9} {fmt_gap(row['follower_gap_max_s']):>6} "
+            f"{row['busiest_node_cores']:>9.2f} {row['generator_cores']:>9.2f} {fmt_pct(row['cpu_wait']):>8}"
+        )
         if load["transport_errors"]:
             print(f"{'':<10} transport errors: {load['transport_errors']}")
     print("\ntarget                          measured      goal")
@@ -282,23 +315,30 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     # Before any server starts: the nodes inherit the limit, and need a socket per client too.
     soft, hard = raise_fd_limit(fds_needed(max(args.clients)))
     names = [args.only] if args.only else ["dev", "cluster"]
-    result: dict[str, Any] = {"duration_s": args.duration_s, "clients": args.clients, "mix": args.mix,
-                              "durability": "relaxed" if args.relaxed else "strict", "cores": os.cpu_count(),
-                              "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
-                              "rlimit_nofile": [soft, hard], "election_timeout_min_s": ELECTION_TIMEOUT_MIN_S,
-                              "targets": TARGETS, "rows": []}
+    result: dict[str, Any] = {
+        "duration_s": args.duration_s,
+        "clients": args.clients,
+        "mix": args.mix,
+        "durability": "relaxed" if args.relaxed else "strict",
+        "cores": os.cpu_count(),
+        "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
+        "rlimit_nofile": [soft, hard],
+        "election_timeout_min_s": ELECTION_TIMEOUT_MIN_S,
+        "targets": TARGETS,
+        "rows": [],
+    }
     with tempfile.TemporaryDirectory(prefix="dex-overload-bench-") as tmp:
         root = Path(args.work_dir) if args.work_dir else Path(tmp)
         for name in names:
             for clients in args.clients:
-                print(f"[{name}] {clients} clients: starting a fresh server, then {args.duration_s:g} s of load ...",
-                      flush=True)
+                print(
+                    f"[{name}] {clients} clients: starting a fresh server, then {args.duration_s:g} s of load ...",
+                    flush=True,
+                )
                 row = await measure(name, clients, args, root)
                 result["rows"].append(asdict(row))
                 print(progress_line(row, LoadResult(**row.load)), flush=True)
     return result
-
-
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -319,18 +359,31 @@ def parse_mix(text: str) -> dict[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=positive_ints("--clients"), default=[500, 2000, 5000],
-                        help="comma-separated numbers of concurrent clients (default 500,2000,5000)")
+    parser.add_argument(
+        "--clients",
+        type=positive_ints("--clients"),
+        default=[500, 2000, 5000],
+        help="comma-separated numbers of concurrent clients (default 500,2000,5000)",
+    )
     parser.add_argument("--duration-s", type=float, default=10.0, help="seconds of load per level (default 10)")
     parser.add_argument("--only", choices=tuple(DEPLOYMENTS), help="measure one deployment only")
     parser.add_argument("--relaxed", action="store_true", help="durability relaxed (no fsync) instead of strict")
     default_mix = ",".join(f"{k}={w:g}" for k, w in DEFAULT_MIX.items())
-    parser.add_argument("--mix", type=parse_mix, default=dict(DEFAULT_MIX),
-                        help=f"request weights, e.g. {default_mix},sse=0.05 (default: {default_mix})")
-    parser.add_argument("--request-timeout-s", type=float, default=20.0,
-                        help="a request without an answer by then is a transport error (default 20)")
-    parser.add_argument("--work-dir", help="keep the data and node logs here (default: a temporary directory, "
-                                           "removed at the end)")
+    parser.add_argument(
+        "--mix",
+        type=parse_mix,
+        default=dict(DEFAULT_MIX),
+        help=f"request weights, e.g. {default_mix},sse=0.05 (default: {default_mix})",
+    )
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=20.0,
+        help="a request without an answer by then is a transport error (default 20)",
+    )
+    parser.add_argument(
+        "--work-dir", help="keep the data and node logs here (default: a temporary directory, removed at the end)"
+    )
     parser.add_argument("--json", default=str(DEFAULT_JSON), help=f"where to write the JSON (default {DEFAULT_JSON})")
     return parser
 
@@ -342,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--duration-s and --request-timeout-s must be > 0")
     try:
         import uvloop  # the load generator shares the cores with the server: the cheaper loop
+
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass

@@ -50,10 +50,18 @@ async def measure_load(cluster: KVCluster, session: aiohttp.ClientSession, count
         leader, _ = await wait_for_leased_leader(cluster, session, deadline_s=20)
         n = count if concurrency > 1 else max(2000, count // 10)
         # Warm-up so that connection setup and first fsyncs do not count.
-        await post_json(session, cluster.nodes[leader].url + "/bench",
-                        {"concurrency": concurrency, "count": 500, "size": 256}, timeout=120)
-        res = await post_json(session, cluster.nodes[leader].url + "/bench",
-                              {"concurrency": concurrency, "count": n, "size": 256}, timeout=600)
+        await post_json(
+            session,
+            cluster.nodes[leader].url + "/bench",
+            {"concurrency": concurrency, "count": 500, "size": 256},
+            timeout=120,
+        )
+        res = await post_json(
+            session,
+            cluster.nodes[leader].url + "/bench",
+            {"concurrency": concurrency, "count": n, "size": 256},
+            timeout=600,
+        )
         rows.append(res)
     return rows
 
@@ -63,8 +71,14 @@ async def measure_failover(cluster: KVCluster, session: aiohttp.ClientSession, k
     times = []
     for _ in range(kills):
         leader, _ = await wait_for_leased_leader(cluster, session, deadline_s=20)
-        load = asyncio.create_task(post_json(session, cluster.nodes[leader].url + "/bench",
-                                             {"concurrency": 4, "count": 10**9, "size": 256}, timeout=600))
+        load = asyncio.create_task(
+            post_json(
+                session,
+                cluster.nodes[leader].url + "/bench",
+                {"concurrency": 4, "count": 10**9, "size": 256},
+                timeout=600,
+            )
+        )
         await asyncio.sleep(0.5)
         cluster.kill(leader)
         _, took = await wait_for_leased_leader(cluster, session, deadline_s=30, exclude=leader)
@@ -82,28 +96,42 @@ async def measure_failover(cluster: KVCluster, session: aiohttp.ClientSession, k
 async def measure_soak(cluster: KVCluster, session: aiohttp.ClientSession, seconds: float) -> dict[str, Any]:
     leader, _ = await wait_for_leased_leader(cluster, session, deadline_s=20)
     before = await statuses(cluster, session)
-    res = await post_json(session, cluster.nodes[leader].url + "/bench",
-                          {"concurrency": 128, "count": 10**9, "size": 256, "duration_s": seconds},
-                          timeout=seconds + 120)
+    res = await post_json(
+        session,
+        cluster.nodes[leader].url + "/bench",
+        {"concurrency": 128, "count": 10**9, "size": 256, "duration_s": seconds},
+        timeout=seconds + 120,
+    )
     after = await statuses(cluster, session)
     changes = sum(after[n]["leader_changes"] - before[n]["leader_changes"] for n in after if n in before)
     terms = {n: (before[n]["term"], after[n]["term"]) for n in after if n in before}
-    return {"seconds": seconds, "committed": res["committed"], "per_second": res["per_second"],
-            "leader_changes": changes, "terms_before_after": terms}
+    return {
+        "seconds": seconds,
+        "committed": res["committed"],
+        "per_second": res["per_second"],
+        "leader_changes": changes,
+        "terms_before_after": terms,
+    }
 
 
 def print_table(result: dict[str, Any]) -> None:
     print("\nRaft benchmark (3 processes, loopback, strict durability, 256-byte proposals)")
     print(f"{'concurrency':>11} {'committed':>10} {'per second':>11} {'p50 ms':>8} {'p99 ms':>8} {'fsyncs/s':>9}")
     for r in result["load"]:
-        print(f"{r['concurrency']:>11} {r['committed']:>10} {r['per_second']:>11.0f} "
-              f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['fsyncs_per_second']:>9.0f}")
+        print(
+            f"{r['concurrency']:>11} {r['committed']:>10} {r['per_second']:>11.0f} "
+            f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['fsyncs_per_second']:>9.0f}"
+        )
     f = result["failover"]
-    print(f"\nleader SIGKILL -> new leader with a valid lease over {len(f['seconds'])} kills: "
-          f"median {f['median_s']:.3f} s, max {f['max_s']:.3f} s")
+    print(
+        f"\nleader SIGKILL -> new leader with a valid lease over {len(f['seconds'])} kills: "
+        f"median {f['median_s']:.3f} s, max {f['max_s']:.3f} s"
+    )
     s = result["soak"]
-    print(f"saturating run, no faults: {s['seconds']:.0f} s, {s['committed']} committed "
-          f"({s['per_second']:.0f}/s), leader changes: {s['leader_changes']}")
+    print(
+        f"saturating run, no faults: {s['seconds']:.0f} s, {s['committed']} committed "
+        f"({s['per_second']:.0f}/s), leader changes: {s['leader_changes']}"
+    )
     print("\ntarget                         measured      goal")
     for name, goal in TARGETS.items():
         print(f"{name:<30} {result['summary'][name]:>10.3f}    {goal}")

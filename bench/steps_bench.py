@@ -118,16 +118,12 @@ def is_running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-
-
 def machine_busy_seconds() -> float:
     """CPU seconds all cores spent not idle since boot (/proc/stat)."""
     with open("/proc/stat") as f:
         values = [int(v) for v in f.readline().split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = (values + [0] * 8)[:8]
     return (user + nice + system + irq + softirq + steal) / CLK_TCK
-
-
 
 
 def wait_gone(pids: list[int], deadline_s: float) -> list[int]:
@@ -182,8 +178,7 @@ async def start_dev(root: Path, registry: ProcessRegistry) -> Deployment:
     log_path = root / "dev.log"
     command = cli_command("dev", "--data-dir", str(root / "dev-data"), "--port", "0")
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     registry.add(proc.pid)
 
     def stop() -> list[int]:
@@ -238,13 +233,31 @@ async def start_cluster(root: Path, registry: ProcessRegistry, nodes: int = 3) -
         # One run of free ports cut in three, so the three ranges cannot overlap.
         http_base = free_port_range(3 * nodes)
         raft_base, probe_base = http_base + nodes, http_base + 2 * nodes
-        command = cli_command("cluster", "up", "--nodes", str(nodes), "--dir", str(cluster_dir),
-                              "--base-port", str(http_base), "--raft-base-port", str(raft_base),
-                              "--probe-base-port", str(probe_base))
+        command = cli_command(
+            "cluster",
+            "up",
+            "--nodes",
+            str(nodes),
+            "--dir",
+            str(cluster_dir),
+            "--base-port",
+            str(http_base),
+            "--raft-base-port",
+            str(raft_base),
+            "--probe-base-port",
+            str(probe_base),
+        )
         try:
-            done = await asyncio.to_thread(subprocess.run, command, cwd=REPO_ROOT, check=False,
-                                           capture_output=True, text=True, timeout=START_DEADLINE_S + 30,
-                                           stdin=subprocess.DEVNULL)
+            done = await asyncio.to_thread(
+                subprocess.run,
+                command,
+                cwd=REPO_ROOT,
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=START_DEADLINE_S + 30,
+                stdin=subprocess.DEVNULL,
+            )
         finally:  # also on a timeout or Ctrl-C: whatever it started is ours to stop
             pids = list(read_cluster_pids(cluster_dir).values()) if (cluster_dir / "pids").exists() else []
             for pid in pids:
@@ -268,8 +281,7 @@ async def start_cluster(root: Path, registry: ProcessRegistry, nodes: int = 3) -
     except BaseException:
         stop()
         raise
-    return Deployment("cluster", urls, pids, tokens.get("worker"), tokens.get("client"), stop,
-                      shlex.join(command))
+    return Deployment("cluster", urls, pids, tokens.get("worker"), tokens.get("client"), stop, shlex.join(command))
 
 
 def read_tokens(cluster_dir: Path) -> dict[str, str]:
@@ -290,8 +302,14 @@ def read_tokens(cluster_dir: Path) -> dict[str, str]:
 def stop_cluster(cluster_dir: Path, pids: list[int]) -> list[int]:
     """`dex-ha cluster down --dir DIR`, then make sure: SIGKILL what still runs."""
     try:
-        subprocess.run(cli_command("cluster", "down", "--dir", str(cluster_dir)), cwd=REPO_ROOT, check=False,
-                       capture_output=True, timeout=STOP_DEADLINE_S + 20, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            cli_command("cluster", "down", "--dir", str(cluster_dir)),
+            cwd=REPO_ROOT,
+            check=False,
+            capture_output=True,
+            timeout=STOP_DEADLINE_S + 20,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         pass
     stragglers = wait_gone(pids, 5.0)
@@ -368,8 +386,9 @@ class CompletionTracker:
 class WorkerProcess:
     """bench/steps_worker.py in a child process, its stdout read by a CompletionTracker."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, tracker: CompletionTracker,
-                 reader: asyncio.Task[None], log_path: Path) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, tracker: CompletionTracker, reader: asyncio.Task[None], log_path: Path
+    ) -> None:
         self.proc = proc
         self.tracker = tracker
         self.reader = reader
@@ -380,18 +399,39 @@ class WorkerProcess:
         return self.proc.pid
 
     @classmethod
-    async def start(cls, deployment: Deployment, agent: str, concurrency: int, turns_per_session: int,
-                    log_path: Path, registry: ProcessRegistry) -> WorkerProcess:
-        command = [sys.executable, str(WORKER_SCRIPT), "--agent", agent, "--max-concurrency", str(concurrency),
-                   "--turns-per-session", str(turns_per_session)]
+    async def start(
+        cls,
+        deployment: Deployment,
+        agent: str,
+        concurrency: int,
+        turns_per_session: int,
+        log_path: Path,
+        registry: ProcessRegistry,
+    ) -> WorkerProcess:
+        command = [
+            sys.executable,
+            str(WORKER_SCRIPT),
+            "--agent",
+            agent,
+            "--max-concurrency",
+            str(concurrency),
+            "--turns-per-session",
+            str(turns_per_session),
+        ]
         for url in deployment.urls:
             command += ["--url", url]
         env = dict(os.environ)
         if deployment.worker_token:
             env["DEX_HA_WORKER_TOKEN"] = deployment.worker_token
         with open(log_path, "ab") as log:
-            proc = await asyncio.create_subprocess_exec(*command, cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE,
-                                                        stderr=log, stdin=asyncio.subprocess.DEVNULL, env=env)
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                cwd=REPO_ROOT,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                stdin=asyncio.subprocess.DEVNULL,
+                env=env,
+            )
         registry.add(proc.pid)
         tracker = CompletionTracker()
         worker = cls(proc, tracker, asyncio.create_task(tracker.read(proc.stdout)), log_path)
@@ -405,8 +445,9 @@ class WorkerProcess:
     async def wait_ready(self) -> None:
         ready = asyncio.create_task(self.tracker.ready.wait())
         try:
-            await asyncio.wait({ready, self.reader}, timeout=WORKER_READY_DEADLINE_S,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {ready, self.reader}, timeout=WORKER_READY_DEADLINE_S, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             ready.cancel()
         if not self.tracker.ready.is_set():
@@ -504,9 +545,14 @@ async def quiet_attempts_started(http: aiohttp.ClientSession, urls: list[str]) -
 
 async def take_sample(http: aiohttp.ClientSession, deployment: Deployment, worker: WorkerProcess) -> Sample:
     at_ns, times = time.monotonic_ns(), os.times()
-    sample = Sample(at_ns=at_ns, node_cpu_s=[cpu_seconds(p) for p in deployment.node_pids],
-                    worker_cpu_s=cpu_seconds(worker.pid), bench_cpu_s=times.user + times.system,
-                    machine_busy_s=machine_busy_seconds(), cpu_pressure_us=cpu_pressure_us())
+    sample = Sample(
+        at_ns=at_ns,
+        node_cpu_s=[cpu_seconds(p) for p in deployment.node_pids],
+        worker_cpu_s=cpu_seconds(worker.pid),
+        bench_cpu_s=times.user + times.system,
+        machine_busy_s=machine_busy_seconds(),
+        cpu_pressure_us=cpu_pressure_us(),
+    )
     return sample
 
 
@@ -517,8 +563,7 @@ class LaneStats:
     stop: asyncio.Event = field(default_factory=asyncio.Event)  # set: start no new session
 
 
-async def run_lane(client: DexClient, agent: str, tracker: CompletionTracker, turns: int,
-                   stats: LaneStats) -> None:
+async def run_lane(client: DexClient, agent: str, tracker: CompletionTracker, turns: int, stats: LaneStats) -> None:
     """One concurrent session slot: a session with `turns` queued messages, then the next,
     until `stats.stop`; the session it is in then runs to its end (see stop_lanes)."""
     while not stats.stop.is_set():
@@ -526,8 +571,9 @@ async def run_lane(client: DexClient, agent: str, tracker: CompletionTracker, tu
         done = tracker.expect(session_id, turns * STEPS_PER_TURN)
         await client.create_session(agent, session_id)
         # Queue every message now: the server starts each turn as the previous one ends.
-        await asyncio.gather(*(client.send_message(session_id, f"turn {i}", message_id=f"{session_id}-m{i}")
-                               for i in range(turns)))
+        await asyncio.gather(
+            *(client.send_message(session_id, f"turn {i}", message_id=f"{session_id}-m{i}") for i in range(turns))
+        )
         stats.started += 1
         try:
             await asyncio.wait_for(done.wait(), SESSION_DEADLINE_S)
@@ -548,18 +594,22 @@ async def stop_lanes(lanes: list[asyncio.Task[None]], stats: LaneStats) -> None:
     await cancel_all(lanes)
 
 
-async def measure(deployment: Deployment, concurrency: int, args: argparse.Namespace, root: Path,
-                  registry: ProcessRegistry) -> Row:
+async def measure(
+    deployment: Deployment, concurrency: int, args: argparse.Namespace, root: Path, registry: ProcessRegistry
+) -> Row:
     agent = f"bench-{deployment.name}-c{concurrency}-{uuid.uuid4().hex[:6]}"  # leftovers of other rows stay away
-    worker = await WorkerProcess.start(deployment, agent, concurrency, args.turns_per_session,
-                                       root / f"worker-{agent}.log", registry)
+    worker = await WorkerProcess.start(
+        deployment, agent, concurrency, args.turns_per_session, root / f"worker-{agent}.log", registry
+    )
     lanes: list[asyncio.Task[None]] = []
     stats = LaneStats()
     try:
         async with DexClient(deployment.urls, deployment.client_token) as client, aiohttp.ClientSession() as http:
             started_before = await quiet_attempts_started(http, deployment.urls)
-            lanes = [asyncio.create_task(run_lane(client, agent, worker.tracker, args.turns_per_session, stats))
-                     for _ in range(concurrency)]
+            lanes = [
+                asyncio.create_task(run_lane(client, agent, worker.tracker, args.turns_per_session, stats))
+                for _ in range(concurrency)
+            ]
             await watch(worker, lanes, args.warmup_s)
             first = await take_sample(http, deployment, worker)
             await watch(worker, lanes, args.duration_s)
@@ -580,8 +630,7 @@ async def watch(worker: WorkerProcess, lanes: list[asyncio.Task[None]], seconds:
     done, _ = await asyncio.wait(watched, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     for task in done:
         if task is worker.reader:
-            raise RuntimeError(f"the Worker process ended early (exit {worker.proc.returncode}); "
-                               f"see {worker.log_path}")
+            raise RuntimeError(f"the Worker process ended early (exit {worker.proc.returncode}); see {worker.log_path}")
         task.result()  # a lane that raised: its error (a lane never ends on its own)
 
 
@@ -592,9 +641,17 @@ async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def summarize(deployment: Deployment, concurrency: int, worker: WorkerProcess, first: Sample, last: Sample,
-              stats: LaneStats, stopped_cleanly: bool, load_average: list[float],
-              row_attempts_started: float | None) -> Row:
+def summarize(
+    deployment: Deployment,
+    concurrency: int,
+    worker: WorkerProcess,
+    first: Sample,
+    last: Sample,
+    stats: LaneStats,
+    stopped_cleanly: bool,
+    load_average: list[float],
+    row_attempts_started: float | None,
+) -> Row:
     window_s = (last.at_ns - first.at_ns) / 1e9
     in_window = [c for c in worker.tracker.completions if first.at_ns <= c.at_ns < last.at_ns]
     steps = sum(1 for c in in_window if c.ok)
@@ -615,20 +672,33 @@ def summarize(deployment: Deployment, concurrency: int, worker: WorkerProcess, f
     if last.cpu_pressure_us is not None and first.cpu_pressure_us is not None:
         cpu_wait = round((last.cpu_pressure_us - first.cpu_pressure_us) / 1e6 / window_s, 3)
     return Row(
-        deployment=deployment.name, concurrency=concurrency, duration_s=round(window_s, 3), steps=steps,
+        deployment=deployment.name,
+        concurrency=concurrency,
+        duration_s=round(window_s, 3),
+        steps=steps,
         steps_per_second=round(steps / window_s, 1),
-        p50_ms=percentile_ms(all_gaps, 50), p99_ms=percentile_ms(all_gaps, 99), gaps=len(all_gaps),
+        p50_ms=percentile_ms(all_gaps, 50),
+        p99_ms=percentile_ms(all_gaps, 99),
+        gaps=len(all_gaps),
         p50_ms_by_kind={kind: percentile_ms(sorted(g), 50) for kind, g in gaps_by_kind.items() if g},
-        row_steps=sum(1 for c in worker.tracker.completions if c.ok), row_attempts_started=row_attempts_started,
+        row_steps=sum(1 for c in worker.tracker.completions if c.ok),
+        row_attempts_started=row_attempts_started,
         failed_results=sum(1 for c in in_window if not c.ok),
-        sessions_started=stats.started, sessions_abandoned=stats.abandoned,
+        sessions_started=stats.started,
+        sessions_abandoned=stats.abandoned,
         server_cpu_ms_per_step=per_step_ms(sum(node_cpu)),
         server_cpu_ms_per_step_by_node=[per_step_ms(c) or 0.0 for c in node_cpu],
         server_busiest_node_cores=cores(max(node_cpu)),
-        worker_cpu_ms_per_step=per_step_ms(worker_cpu), worker_cores=cores(worker_cpu),
-        bench_cpu_ms_per_step=per_step_ms(bench_cpu), other_load_cores=cores(other_cpu),
-        cpu_wait_fraction=cpu_wait, load_average=load_average, worker_pid=worker.pid,
-        worker_stopped_cleanly=stopped_cleanly, worker_completed_total=worker.tracker.ended)
+        worker_cpu_ms_per_step=per_step_ms(worker_cpu),
+        worker_cores=cores(worker_cpu),
+        bench_cpu_ms_per_step=per_step_ms(bench_cpu),
+        other_load_cores=cores(other_cpu),
+        cpu_wait_fraction=cpu_wait,
+        load_average=load_average,
+        worker_pid=worker.pid,
+        worker_stopped_cleanly=stopped_cleanly,
+        worker_completed_total=worker.tracker.ended,
+    )
 
 
 def completion_gaps(completions: list[Completion], start_ns: int, end_ns: int) -> dict[str, list[float]]:
@@ -656,8 +726,9 @@ def percentile_ms(sorted_values: list[float], pct: float) -> float | None:
 # ---------------------------------------------------------------- the run
 
 
-async def bench_deployment(name: str, args: argparse.Namespace, root: Path,
-                           registry: ProcessRegistry) -> dict[str, Any]:
+async def bench_deployment(
+    name: str, args: argparse.Namespace, root: Path, registry: ProcessRegistry
+) -> dict[str, Any]:
     start = start_dev if name == "dev" else start_cluster
     print(f"[{name}] starting ...", flush=True)
     deployment = await start(root, registry)
@@ -665,16 +736,26 @@ async def bench_deployment(name: str, args: argparse.Namespace, root: Path,
     leftovers: list[int] = []
     try:
         for concurrency in args.concurrency:
-            print(f"[{name}] concurrency {concurrency}: {args.warmup_s:g} s warm-up + {args.duration_s:g} s ...",
-                  flush=True)
+            print(
+                f"[{name}] concurrency {concurrency}: {args.warmup_s:g} s warm-up + {args.duration_s:g} s ...",
+                flush=True,
+            )
             row = await measure(deployment, concurrency, args, root, registry)
             rows.append(row)
-            print(f"[{name}] concurrency {concurrency}: {row.steps_per_second:.0f} steps/s, "
-                  f"p50 {fmt(row.p50_ms, '.2f')} ms", flush=True)
+            print(
+                f"[{name}] concurrency {concurrency}: {row.steps_per_second:.0f} steps/s, "
+                f"p50 {fmt(row.p50_ms, '.2f')} ms",
+                flush=True,
+            )
     finally:
         leftovers = await asyncio.to_thread(deployment.stop)
-    return {"command": deployment.command, "urls": deployment.urls, "node_pids": deployment.node_pids,
-            "killed_after_deadline": leftovers, "rows": [asdict(r) for r in rows]}
+    return {
+        "command": deployment.command,
+        "urls": deployment.urls,
+        "node_pids": deployment.node_pids,
+        "killed_after_deadline": leftovers,
+        "rows": [asdict(r) for r in rows],
+    }
 
 
 def summary_of(results: dict[str, Any]) -> dict[str, float | None]:
@@ -696,29 +777,35 @@ def meets(value: float | None, goal: str) -> str:
     return "met" if ok else "MISSED"
 
 
-
-
-
-
 def print_table(result: dict[str, Any]) -> None:
-    print(f"\nDurable steps benchmark (strict durability; a turn = RunModel, CallTool (no-op read), RunModel; "
-          f"{result['turns_per_session']} turns per session; Worker in its own process)")
-    print(f"machine: {result['cores']} cores. CPU columns: ms of CPU per step, and cores busy (1.00 = one full "
-          f"core) of the busiest server node, of the Worker, and of processes outside this bench (other); cpu wait = "
-          f"share of the time some runnable process waited for a CPU (PSI)")
-    print(f"{'deployment':<10} {'conc':>5} {'steps':>7} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'row done/started':>16} {'srv ms/step':>11} {'srv cores':>9} {'wrk ms/step':>11} {'wrk cores':>9} "
-          f"{'other':>6} {'cpu wait':>8}")
+    print(
+        f"\nDurable steps benchmark (strict durability; a turn = RunModel, CallTool (no-op read), RunModel; "
+        f"{result['turns_per_session']} turns per session; Worker in its own process)"
+    )
+    print(
+        f"machine: {result['cores']} cores. CPU columns: ms of CPU per step, and cores busy (1.00 = one full "
+        f"core) of the busiest server node, of the Worker, and of processes outside this bench (other); cpu wait = "
+        f"share of the time some runnable process waited for a CPU (PSI)"
+    )
+    print(
+        f"{'deployment':<10} {'conc':>5} {'steps':>7} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'row done/started':>16} {'srv ms/step':>11} {'srv cores':>9} {'wrk ms/step':>11} {'wrk cores':>9} "
+        f"{'other':>6} {'cpu wait':>8}"
+    )
     for name in ("dev", "cluster"):
         for r in result.get(name, {}).get("rows", []):
-            print(f"{name:<10} {r['concurrency']:>5} {r['steps']:>7} {r['steps_per_second']:>8.0f} "
-                  f"{fmt(r['p50_ms'], '.2f'):>7} {fmt(r['p99_ms'], '.2f'):>7} {r['row_steps']:>7}/{fmt(r['row_attempts_started'], '.0f'):<8} "
-                  f"{fmt(r['server_cpu_ms_per_step'], '.3f'):>11} {r['server_busiest_node_cores']:>9.2f} "
-                  f"{fmt(r['worker_cpu_ms_per_step'], '.3f'):>11} {r['worker_cores']:>9.2f} "
-                  f"{r['other_load_cores']:>6.2f} {fmt_pct(r['cpu_wait_fraction']):>8}")
-            notes = [f"{r['failed_results']} failed results" if r["failed_results"] else "",
-                     f"{r['sessions_abandoned']} sessions abandoned" if r["sessions_abandoned"] else "",
-                     "" if r["worker_stopped_cleanly"] else "the Worker had to be killed"]
+            print(
+                f"{name:<10} {r['concurrency']:>5} {r['steps']:>7} {r['steps_per_second']:>8.0f} "
+                f"{fmt(r['p50_ms'], '.2f'):>7} {fmt(r['p99_ms'], '.2f'):>7} {r['row_steps']:>7}/{fmt(r['row_attempts_started'], '.0f'):<8} "
+                f"{fmt(r['server_cpu_ms_per_step'], '.3f'):>11} {r['server_busiest_node_cores']:>9.2f} "
+                f"{fmt(r['worker_cpu_ms_per_step'], '.3f'):>11} {r['worker_cores']:>9.2f} "
+                f"{r['other_load_cores']:>6.2f} {fmt_pct(r['cpu_wait_fraction']):>8}"
+            )
+            notes = [
+                f"{r['failed_results']} failed results" if r["failed_results"] else "",
+                f"{r['sessions_abandoned']} sessions abandoned" if r["sessions_abandoned"] else "",
+                "" if r["worker_stopped_cleanly"] else "the Worker had to be killed",
+            ]
             if any(notes):
                 print(f"{'':<10} warning: {', '.join(n for n in notes if n)}")
     print("\ntarget                        measured    goal")
@@ -735,10 +822,15 @@ async def main_async(args: argparse.Namespace, registry: ProcessRegistry) -> dic
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     names = [args.only] if args.only else ["dev", "cluster"]
-    result: dict[str, Any] = {"duration_s": args.duration_s, "warmup_s": args.warmup_s,
-                              "concurrency": args.concurrency, "turns_per_session": args.turns_per_session,
-                              "cores": os.cpu_count(), "load_average_at_start": list(os.getloadavg()),
-                              "targets": TARGETS}
+    result: dict[str, Any] = {
+        "duration_s": args.duration_s,
+        "warmup_s": args.warmup_s,
+        "concurrency": args.concurrency,
+        "turns_per_session": args.turns_per_session,
+        "cores": os.cpu_count(),
+        "load_average_at_start": list(os.getloadavg()),
+        "targets": TARGETS,
+    }
     with tempfile.TemporaryDirectory(prefix="dex-steps-bench-") as tmp:
         for name in names:
             result[name] = await bench_deployment(name, args, Path(tmp), registry)
@@ -746,17 +838,23 @@ async def main_async(args: argparse.Namespace, registry: ProcessRegistry) -> dic
     return result
 
 
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=20.0, help="measured seconds per concurrency")
     parser.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured seconds before each window")
-    parser.add_argument("--concurrency", type=positive_ints("--concurrency"), default=[1, 16, 64, 128],
-                        help="comma-separated session concurrencies (default 1,16,64,128)")
+    parser.add_argument(
+        "--concurrency",
+        type=positive_ints("--concurrency"),
+        default=[1, 16, 64, 128],
+        help="comma-separated session concurrencies (default 1,16,64,128)",
+    )
     parser.add_argument("--only", choices=("dev", "cluster"), help="measure one deployment only")
-    parser.add_argument("--turns-per-session", type=int, default=10,
-                        help="turns queued in each session before the lane starts a new one")
+    parser.add_argument(
+        "--turns-per-session",
+        type=int,
+        default=10,
+        help="turns queued in each session before the lane starts a new one",
+    )
     parser.add_argument("--json", default=str(DEFAULT_JSON), help=f"where to write the JSON (default {DEFAULT_JSON})")
     return parser
 
@@ -767,6 +865,7 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error("--duration-s must be > 0, --warmup-s >= 0, --turns-per-session >= 1")
     try:
         import uvloop  # same event loop as the server and the Worker when installed
+
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass

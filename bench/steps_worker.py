@@ -107,8 +107,9 @@ class ReportingWorker(Worker):
         self._turns_per_session = turns_per_session
 
     def _report(self, task: WorkerTask, outcome: Any) -> None:
-        self._completions.completion(task.session_id, task.kind, not outcome.failed,
-                                     ends_session=self._ends_session(task, outcome))
+        self._completions.completion(
+            task.session_id, task.kind, not outcome.failed, ends_session=self._ends_session(task, outcome)
+        )
 
     def _ends_session(self, task: WorkerTask, outcome: Any) -> bool:
         """The answer (no tool call) of the session's last turn: the bench starts the next
@@ -133,9 +134,15 @@ async def run(args: argparse.Namespace) -> int:
     agent = bench_agent(args.agent)
     completions = CompletionLog(sys.stdout)
     await register(args.url, args.token, agent)
-    worker = ReportingWorker(args.url, args.token, agents=[agent], max_concurrency=args.max_concurrency,
-                             poll_wait_ms=args.poll_wait_ms, completions=completions,
-                             turns_per_session=args.turns_per_session)
+    worker = ReportingWorker(
+        args.url,
+        args.token,
+        agents=[agent],
+        max_concurrency=args.max_concurrency,
+        poll_wait_ms=args.poll_wait_ms,
+        completions=completions,
+        turns_per_session=args.turns_per_session,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -165,10 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", action="append", required=True, help="a node URL (repeat for a cluster)")
     parser.add_argument("--agent", required=True, help="the agent name to register and serve")
     parser.add_argument("--max-concurrency", type=int, required=True, help="task slots of the Worker")
-    parser.add_argument("--token", default=os.environ.get("DEX_HA_WORKER_TOKEN"),
-                        help="worker-role token (default: $DEX_HA_WORKER_TOKEN; none for dex-ha dev)")
-    parser.add_argument("--turns-per-session", type=int, required=True,
-                        help="turns the bench queues per session (the last one's answer is flushed at once)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("DEX_HA_WORKER_TOKEN"),
+        help="worker-role token (default: $DEX_HA_WORKER_TOKEN; none for dex-ha dev)",
+    )
+    parser.add_argument(
+        "--turns-per-session",
+        type=int,
+        required=True,
+        help="turns the bench queues per session (the last one's answer is flushed at once)",
+    )
     parser.add_argument("--poll-wait-ms", type=int, default=5_000, help="long-poll wait of the Worker")
     args = parser.parse_args(argv)
     if args.max_concurrency < 1:

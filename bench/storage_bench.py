@@ -28,8 +28,7 @@ def run(dir: Path, durability: str, batch: int, seconds: float = 2.0) -> dict[st
     elapsed = time.perf_counter() - t0
     fsyncs = st.fsync_count
     st.close()
-    return {"appends_per_s": saves * batch / elapsed, "saves_per_s": saves / elapsed,
-            "fsyncs_per_s": fsyncs / elapsed}
+    return {"appends_per_s": saves * batch / elapsed, "saves_per_s": saves / elapsed, "fsyncs_per_s": fsyncs / elapsed}
 
 
 def main() -> None:
@@ -38,8 +37,10 @@ def main() -> None:
     for durability in ("strict", "relaxed"):
         for batch in (1, 100):
             r = run(base / f"{durability}-{batch}", durability, batch)
-            print(f"{durability:10} {batch:5d} {r['appends_per_s']:12.0f} "
-                  f"{r['saves_per_s']:10.0f} {r['fsyncs_per_s']:10.0f}")
+            print(
+                f"{durability:10} {batch:5d} {r['appends_per_s']:12.0f} "
+                f"{r['saves_per_s']:10.0f} {r['fsyncs_per_s']:10.0f}"
+            )
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ async def run(kind: str, n: int, secret: bytes | None) -> float:
     msgs = messages(kind, n)
     t0 = time.perf_counter()
     for i in range(0, n, 1000):  # the node loop hands over messages in bursts
-        for m in msgs[i:i + 1000]:
+        for m in msgs[i : i + 1000]:
             a.send(m)
         await asyncio.sleep(0)
     await asyncio.wait_for(done.wait(), 120)
@@ -65,6 +65,7 @@ def main() -> None:
     loops = [("asyncio", asyncio.new_event_loop)]
     try:
         import uvloop
+
         loops.append(("uvloop", uvloop.new_event_loop))
     except ImportError:
         pass
@@ -76,8 +77,11 @@ def main() -> None:
                     loop = factory()
                     rates.append(loop.run_until_complete(run(kind, args.count, secret)))
                     loop.close()
-                print(f"{name:8} {kind:9} secret={'yes' if secret else 'no ':3}  {max(rates):9.0f} messages/s "
-                      f"(best of {args.repeat}; median {sorted(rates)[len(rates) // 2]:.0f})", flush=True)
+                print(
+                    f"{name:8} {kind:9} secret={'yes' if secret else 'no ':3}  {max(rates):9.0f} messages/s "
+                    f"(best of {args.repeat}; median {sorted(rates)[len(rates) // 2]:.0f})",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -37,9 +37,12 @@ def refund(order_id: str, cents: int) -> str:
     return f"refunded {cents} cents on {order_id} (key {tool_context().idempotency_key})"
 
 
-support = Agent(name="support", model=os.environ.get("OPENAI_MODEL", "gpt-4.1-mini"),
-                instructions="You help customers with their orders. Look an order up before you refund it.",
-                tools=[lookup_order, refund])
+support = Agent(
+    name="support",
+    model=os.environ.get("OPENAI_MODEL", "gpt-4.1-mini"),
+    instructions="You help customers with their orders. Look an order up before you refund it.",
+    tools=[lookup_order, refund],
+)
 
 
 async def main(url: str) -> None:

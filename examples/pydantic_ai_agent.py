@@ -25,10 +25,12 @@ from dex_ha.client import DexClient
 from dex_ha.worker import Worker
 
 # The client's own retries are off: the dex-ha server decides when a model call runs again.
-model = OpenAIChatModel(os.environ.get("OPENAI_MODEL", "gpt-4.1-mini"),
-                        provider=OpenAIProvider(openai_client=AsyncOpenAI(max_retries=0)))
-support = Agent(model, name="support",
-                instructions="You help customers with their orders. Look an order up before you refund it.")
+model = OpenAIChatModel(
+    os.environ.get("OPENAI_MODEL", "gpt-4.1-mini"), provider=OpenAIProvider(openai_client=AsyncOpenAI(max_retries=0))
+)
+support = Agent(
+    model, name="support", instructions="You help customers with their orders. Look an order up before you refund it."
+)
 
 
 @effect("read")  # safe to run again after a crash

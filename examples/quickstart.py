@@ -28,9 +28,13 @@ from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worke
 def script(request: ModelRequest) -> dict:
     last = request.history[-1]
     if last["type"] == "user":
-        return {"content": "Let me check the order and refund it.",
-                "tool_calls": [{"id": "lookup-1", "name": "lookup_order", "arguments": {"order_id": "A17"}},
-                               {"id": "refund-1", "name": "refund", "arguments": {"order_id": "A17", "cents": 1299}}]}
+        return {
+            "content": "Let me check the order and refund it.",
+            "tool_calls": [
+                {"id": "lookup-1", "name": "lookup_order", "arguments": {"order_id": "A17"}},
+                {"id": "refund-1", "name": "refund", "arguments": {"order_id": "A17", "cents": 1299}},
+            ],
+        }
     return {"content": "Done: order A17 is refunded.", "tool_calls": []}
 
 

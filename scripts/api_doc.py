@@ -85,8 +85,10 @@ def _input_rows(operation: dict[str, Any]) -> list[str]:
 
 
 def _input_row(name: str, where: str, schema: dict[str, Any], required: bool) -> str:
-    return (f"| `{name}` | {where} | {_type(schema)} | {'yes' if required else 'no'} "
-            f"| {_cell(schema.get('description', ''))}{_limits(schema)} |")
+    return (
+        f"| `{name}` | {where} | {_type(schema)} | {'yes' if required else 'no'} "
+        f"| {_cell(schema.get('description', ''))}{_limits(schema)} |"
+    )
 
 
 def _type(schema: dict[str, Any]) -> str:
@@ -101,9 +103,15 @@ def _type(schema: dict[str, Any]) -> str:
 def _limits(schema: dict[str, Any]) -> str:
     """The bounds a request is checked against, in words."""
     parts = []
-    for key, words in (("minimum", "min"), ("maximum", "max"), ("minLength", "min length"),
-                       ("maxLength", "max length"), ("minItems", "min items"), ("maxItems", "max items"),
-                       ("default", "default")):
+    for key, words in (
+        ("minimum", "min"),
+        ("maximum", "max"),
+        ("minLength", "min length"),
+        ("maxLength", "max length"),
+        ("minItems", "min items"),
+        ("maxItems", "max items"),
+        ("default", "default"),
+    ):
         if key in schema:
             parts.append(f"{words} {json.dumps(schema[key])}")  # JSON spelling: true, null
     return f" ({', '.join(parts)})" if parts else ""

@@ -80,8 +80,9 @@ def render_table() -> str:
         for column in COLUMNS:
             failure = row.failure(column)
             expected = f"xfail: {failure.xfail}" if failure.xfail else "pass"
-            lines.append(f"| `test_cell[{cell_id(row.id, column)}]` | {failure.death} | {failure.checks or '—'} "
-                         f"| {expected} |")
+            lines.append(
+                f"| `test_cell[{cell_id(row.id, column)}]` | {failure.death} | {failure.checks or '—'} | {expected} |"
+            )
     lines += ["", *SOAK]
     return "\n".join(lines) + "\n"
 
@@ -92,8 +93,12 @@ def render_run(results: list[dict]) -> str:
     if not results:
         return "\n".join(lines + ["No results were given.", ""])
     passed = sum(1 for r in results if r["outcome"] in ("passed", "xfailed"))
-    lines += [f"{passed} of {len(results)} cells as expected.", "",
-              "| column | cells | as expected | seconds |", "|---|---|---|---|"]
+    lines += [
+        f"{passed} of {len(results)} cells as expected.",
+        "",
+        "| column | cells | as expected | seconds |",
+        "|---|---|---|---|",
+    ]
     for column in COLUMNS:
         cells = [by_cell[c] for c in (cell_id(r, column) for r in ROWS) if c in by_cell]
         ok = sum(1 for c in cells if c["outcome"] in ("passed", "xfailed"))

@@ -74,11 +74,27 @@ async def start_etcd(etcd: str, root: Path, pids: list[int], members: int = 3) -
             member_dir = home / f"m{i + 1}"
             member_dir.mkdir(parents=True)
             client, peer = cluster.client_urls[i], f"http://127.0.0.1:{peer_ports[i]}"
-            command = [etcd, "--name", f"m{i + 1}", "--data-dir", str(member_dir / "data"),
-                       "--listen-client-urls", client, "--advertise-client-urls", client,
-                       "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                       "--initial-cluster", initial, "--initial-cluster-state", "new",
-                       "--initial-cluster-token", token]
+            command = [
+                etcd,
+                "--name",
+                f"m{i + 1}",
+                "--data-dir",
+                str(member_dir / "data"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                initial,
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                token,
+            ]
             with open(member_dir / "etcd.log", "ab") as log:
                 proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             cluster.procs.append(proc)
@@ -95,8 +111,11 @@ async def start_etcd(etcd: str, root: Path, pids: list[int], members: int = 3) -
 async def put(http: aiohttp.ClientSession, url: str, key: str, timeout_s: float) -> bool:
     """One put through the gateway; True when it was committed."""
     try:
-        async with http.post(url + "/v3/kv/put", json={"key": b64(key), "value": b64("v")},
-                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with http.post(
+            url + "/v3/kv/put",
+            json={"key": b64(key), "value": b64("v")},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             return resp.status == 200 and "header" in await resp.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return False
@@ -116,8 +135,7 @@ async def put_until_committed(http: aiohttp.ClientSession, urls: list[str], dead
 
 async def leader_index(http: aiohttp.ClientSession, urls: list[str]) -> int:
     for i, url in enumerate(urls):
-        async with http.post(url + "/v3/maintenance/status", json={},
-                             timeout=aiohttp.ClientTimeout(total=5)) as resp:
+        async with http.post(url + "/v3/maintenance/status", json={}, timeout=aiohttp.ClientTimeout(total=5)) as resp:
             status = await resp.json(content_type=None)
         if status.get("leader") and status["leader"] == status.get("header", {}).get("member_id"):
             return i
@@ -162,8 +180,9 @@ async def put_lane(http: aiohttp.ClientSession, urls: list[str], first: int, log
             await asyncio.sleep(0.01)  # a refused put answers at once: do not spin
 
 
-async def drive_puts(cluster: EtcdCluster, concurrency: int, warmup_s: float,
-                     duration_s: float) -> tuple[PutLog, int, int]:
+async def drive_puts(
+    cluster: EtcdCluster, concurrency: int, warmup_s: float, duration_s: float
+) -> tuple[PutLog, int, int]:
     """`concurrency` lanes of puts; the log and the window's bounds (monotonic ns)."""
     log = PutLog()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:

@@ -52,8 +52,15 @@ def load_manifest(peer_dir: Path) -> dict[str, Any] | None:
 
 def run(command: list[str], **kwargs: Any) -> str:
     print("+", " ".join(command), flush=True)
-    done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=COMMAND_DEADLINE_S,
-                          stdin=subprocess.DEVNULL, **kwargs)
+    done = subprocess.run(
+        command,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_DEADLINE_S,
+        stdin=subprocess.DEVNULL,
+        **kwargs,
+    )
     return done.stdout.strip()
 
 
@@ -64,12 +71,24 @@ def install_restate_server(peer_dir: Path) -> Path:
     if binary is None or restate_version(binary) != RESTATE_VERSION:
         if shutil.which("npm") is None:
             raise SystemExit("npm is not installed: it is needed to install the Restate server")
-        run(["npm", "install", "--prefix", str(prefix), "--ignore-scripts", "--no-audit", "--no-fund",
-             f"{RESTATE_NPM_PACKAGE}@{RESTATE_VERSION}"])
+        run(
+            [
+                "npm",
+                "install",
+                "--prefix",
+                str(prefix),
+                "--ignore-scripts",
+                "--no-audit",
+                "--no-fund",
+                f"{RESTATE_NPM_PACKAGE}@{RESTATE_VERSION}",
+            ]
+        )
         binary = find_restate_binary(prefix)
     if binary is None:
-        raise SystemExit(f"npm installed {RESTATE_NPM_PACKAGE} but no platform binary under {prefix}: "
-                         "this platform may have no prebuilt Restate server")
+        raise SystemExit(
+            f"npm installed {RESTATE_NPM_PACKAGE} but no platform binary under {prefix}: "
+            "this platform may have no prebuilt Restate server"
+        )
     return binary
 
 
@@ -100,8 +119,9 @@ def install_python_side(peer_dir: Path) -> Path:
 
 
 def pip_versions(python: Path) -> dict[str, str]:
-    out = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], check=False, capture_output=True, text=True,
-                         timeout=120).stdout
+    out = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format", "json"], check=False, capture_output=True, text=True, timeout=120
+    ).stdout
     try:
         return {p["name"].lower(): p["version"] for p in json.loads(out or "[]")}
     except ValueError:
@@ -118,10 +138,16 @@ def install_etcd() -> tuple[str | None, str | None]:
     if shutil.which("apt-get") is None:
         return None, "no apt-get on this machine (etcd 3.4 comes from Debian's etcd-server package)"
     try:
-        run(["apt-get", "install", "-y", "-q", ETCD_DEBIAN_PACKAGE], env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        run(
+            ["apt-get", "install", "-y", "-q", ETCD_DEBIAN_PACKAGE],
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
     except subprocess.CalledProcessError:
         run(["apt-get", "update", "-q"])
-        run(["apt-get", "install", "-y", "-q", ETCD_DEBIAN_PACKAGE], env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        run(
+            ["apt-get", "install", "-y", "-q", ETCD_DEBIAN_PACKAGE],
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
     binary = shutil.which("etcd")
     return (binary, None) if binary else (None, f"apt-get installed {ETCD_DEBIAN_PACKAGE} but no etcd is on PATH")
 
@@ -136,8 +162,12 @@ def etcd_version(binary: str | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", type=Path, default=default_dir(),
-                        help="install directory (default $DEX_HA_PEER_DIR or ~/.cache/dex-ha-peer)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=default_dir(),
+        help="install directory (default $DEX_HA_PEER_DIR or ~/.cache/dex-ha-peer)",
+    )
     args = parser.parse_args(argv)
     peer_dir: Path = args.dir.expanduser().resolve()
     peer_dir.mkdir(parents=True, exist_ok=True)
@@ -146,10 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     etcd, etcd_skipped = install_etcd()
     versions = pip_versions(python)
     manifest = {
-        "restate_server": str(restate), "restate_version": restate_version(restate),
-        "venv_python": str(python), "hypercorn": str(python.parent / "hypercorn"),
-        "restate_sdk_version": versions.get("restate-sdk"), "hypercorn_version": versions.get("hypercorn"),
-        "etcd": etcd, "etcd_version": etcd_version(etcd), "etcd_skipped": etcd_skipped,
+        "restate_server": str(restate),
+        "restate_version": restate_version(restate),
+        "venv_python": str(python),
+        "hypercorn": str(python.parent / "hypercorn"),
+        "restate_sdk_version": versions.get("restate-sdk"),
+        "hypercorn_version": versions.get("hypercorn"),
+        "etcd": etcd,
+        "etcd_version": etcd_version(etcd),
+        "etcd_skipped": etcd_skipped,
     }
     (peer_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     print(json.dumps(manifest, indent=2))

@@ -118,11 +118,12 @@ default-provider = "replicated"
 """
 
 
-async def start_restate(manifest: dict[str, Any], name: str, node_count: int, root: Path,
-                        pids: list[int]) -> RestateDeployment:
+async def start_restate(
+    manifest: dict[str, Any], name: str, node_count: int, root: Path, pids: list[int]
+) -> RestateDeployment:
     """Start `node_count` nodes and the service, register it; every pid goes into `pids`."""
     ports = free_ports(3 * node_count + 1)
-    nodes = [RestateNode(f"n{i + 1}", *ports[3 * i:3 * i + 3]) for i in range(node_count)]
+    nodes = [RestateNode(f"n{i + 1}", *ports[3 * i : 3 * i + 3]) for i in range(node_count)]
     replication = 1 if node_count == 1 else 2
     deployment = RestateDeployment(name, replication, nodes, sdk_port=ports[-1])
     cluster = f"dexpeer-{uuid.uuid4().hex[:8]}"
@@ -133,13 +134,27 @@ async def start_restate(manifest: dict[str, Any], name: str, node_count: int, ro
             node_dir.mkdir(parents=True, exist_ok=True)
             config = node_dir / "restate.toml"
             config.write_text(node_config(node, nodes, cluster, replication, first=i == 0))
-            command = [manifest["restate_server"], "--config-file", str(config), "--base-dir",
-                       str(node_dir / "data"), "--no-logo", "--log-disable-ansi-codes", "true"]
+            command = [
+                manifest["restate_server"],
+                "--config-file",
+                str(config),
+                "--base-dir",
+                str(node_dir / "data"),
+                "--no-logo",
+                "--log-disable-ansi-codes",
+                "true",
+            ]
             node.proc = spawn(command, node_dir / "server.log", env={"RESTATE_DISABLE_TELEMETRY": "true"})
             pids.append(node.proc.pid)
             deployment.commands.append(" ".join(command))
-        command = [manifest["hypercorn"], "--bind", f"127.0.0.1:{deployment.sdk_port}", "--workers", "1",
-                   "restate_service:app"]
+        command = [
+            manifest["hypercorn"],
+            "--bind",
+            f"127.0.0.1:{deployment.sdk_port}",
+            "--workers",
+            "1",
+            "restate_service:app",
+        ]
         deployment.sdk_proc = spawn(command, home / "sdk.log", cwd=SERVICE_DIR)
         pids.append(deployment.sdk_proc.pid)
         deployment.commands.append(" ".join(command))
@@ -152,11 +167,18 @@ async def start_restate(manifest: dict[str, Any], name: str, node_count: int, ro
     return deployment
 
 
-def spawn(command: list[str], log_path: Path, cwd: Path | None = None,
-          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    command: list[str], log_path: Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                                env={**os.environ, **(env or {})})
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+        )
 
 
 async def register_service(deployment: RestateDeployment) -> None:
@@ -169,8 +191,9 @@ async def register_service(deployment: RestateDeployment) -> None:
         while time.monotonic() < deadline:
             check_alive(deployment)
             try:
-                async with http.post(deployment.admin_url + "/deployments", json=body,
-                                     timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                async with http.post(
+                    deployment.admin_url + "/deployments", json=body, timeout=aiohttp.ClientTimeout(total=10)
+                ) as resp:
                     if resp.status in (200, 201):
                         return
                     last = f"{resp.status} {(await resp.text())[:300]}"
@@ -227,8 +250,9 @@ async def run_lane(http: aiohttp.ClientSession, urls: list[str], first: int, ste
         turn += 1
         log.started += 1
         try:
-            async with http.post(url + "/Steps/run", json=steps,
-                                 timeout=aiohttp.ClientTimeout(total=INVOCATION_DEADLINE_S)) as resp:
+            async with http.post(
+                url + "/Steps/run", json=steps, timeout=aiohttp.ClientTimeout(total=INVOCATION_DEADLINE_S)
+            ) as resp:
                 if resp.status == 200:
                     log.steps_by_invocation.append(await resp.json())
                     continue
@@ -252,20 +276,27 @@ class CpuSample:
 
 def cpu_sample(deployment: RestateDeployment) -> CpuSample:
     times = os.times()
-    return CpuSample(time.monotonic_ns(), sum(cpu_seconds(p) for p in deployment.server_pids()),
-                     sum(cpu_seconds(p) for p in deployment.sdk_pids()), times.user + times.system,
-                     machine_busy_seconds(), cpu_pressure_us())
+    return CpuSample(
+        time.monotonic_ns(),
+        sum(cpu_seconds(p) for p in deployment.server_pids()),
+        sum(cpu_seconds(p) for p in deployment.sdk_pids()),
+        times.user + times.system,
+        machine_busy_seconds(),
+        cpu_pressure_us(),
+    )
 
 
-async def drive(deployment: RestateDeployment, concurrency: int, steps: int, warmup_s: float,
-                duration_s: float) -> tuple[InvocationLog, CpuSample, CpuSample]:
+async def drive(
+    deployment: RestateDeployment, concurrency: int, steps: int, warmup_s: float, duration_s: float
+) -> tuple[InvocationLog, CpuSample, CpuSample]:
     """Run the load: warm-up, then the window between the two samples; then every lane
     finishes the invocation it is in (its steps may fall inside the window)."""
     log = InvocationLog()
     connector = aiohttp.TCPConnector(limit=0)  # aiohttp's default of 100 connections would cap c
     async with aiohttp.ClientSession(connector=connector) as http:
-        lanes = [asyncio.create_task(run_lane(http, deployment.ingress_urls, i, steps, log))
-                 for i in range(concurrency)]
+        lanes = [
+            asyncio.create_task(run_lane(http, deployment.ingress_urls, i, steps, log)) for i in range(concurrency)
+        ]
         try:
             await asyncio.sleep(warmup_s)
             first = cpu_sample(deployment)

@@ -109,8 +109,13 @@ class PeakRss:
 # ---------------------------------------------------------------- one row per system
 
 
-async def dex_row(deployment: steps_bench.Deployment, concurrency: int, args: argparse.Namespace, root: Path,
-                  registry: steps_bench.ProcessRegistry) -> dict[str, Any]:
+async def dex_row(
+    deployment: steps_bench.Deployment,
+    concurrency: int,
+    args: argparse.Namespace,
+    root: Path,
+    registry: steps_bench.ProcessRegistry,
+) -> dict[str, Any]:
     """bench/steps_bench.py's measurement of one concurrency, plus peak RSS. The SDK process
     is the Worker that measure() starts: the pid it registers."""
     registered_before = len(registry.pids)
@@ -121,46 +126,71 @@ async def dex_row(deployment: steps_bench.Deployment, concurrency: int, args: ar
     async with PeakRss(lambda: deployment.node_pids, worker_pids) as rss:
         row = await steps_bench.measure(deployment, concurrency, args, root, registry)
     result = asdict(row)
-    return {"system": "dex-ha", "concurrency": concurrency, "steps": row.steps,
-            "steps_per_second": row.steps_per_second, "p50_ms": row.p50_ms, "p99_ms": row.p99_ms,
-            "other_load_cores": row.other_load_cores, "cpu_wait_fraction": row.cpu_wait_fraction,
-            "server_cpu_ms_per_step": row.server_cpu_ms_per_step, "sdk_cpu_ms_per_step": row.worker_cpu_ms_per_step,
-            "failed": row.failed_results + row.sessions_abandoned, **rss.as_mb(), "steps_bench_row": result}
+    return {
+        "system": "dex-ha",
+        "concurrency": concurrency,
+        "steps": row.steps,
+        "steps_per_second": row.steps_per_second,
+        "p50_ms": row.p50_ms,
+        "p99_ms": row.p99_ms,
+        "other_load_cores": row.other_load_cores,
+        "cpu_wait_fraction": row.cpu_wait_fraction,
+        "server_cpu_ms_per_step": row.server_cpu_ms_per_step,
+        "sdk_cpu_ms_per_step": row.worker_cpu_ms_per_step,
+        "failed": row.failed_results + row.sessions_abandoned,
+        **rss.as_mb(),
+        "steps_bench_row": result,
+    }
 
 
-async def restate_row(deployment: restate_side.RestateDeployment, concurrency: int,
-                      args: argparse.Namespace) -> dict[str, Any]:
+async def restate_row(
+    deployment: restate_side.RestateDeployment, concurrency: int, args: argparse.Namespace
+) -> dict[str, Any]:
     """Restate at one concurrency: steps inside the window, per-step gaps (steps_bench's own
     arithmetic), CPU per step, the load of other processes, and peak RSS."""
     async with PeakRss(deployment.server_pids, deployment.sdk_pids) as rss:
-        log, first, last = await restate_side.drive(deployment, concurrency, args.steps_per_session, args.warmup_s,
-                                                    args.duration_s)
-    completions = [steps_bench.Completion(str(i), "ctx.run", at_ns, True)
-                   for i, steps in enumerate(log.steps_by_invocation) for at_ns in steps]
+        log, first, last = await restate_side.drive(
+            deployment, concurrency, args.steps_per_session, args.warmup_s, args.duration_s
+        )
+    completions = [
+        steps_bench.Completion(str(i), "ctx.run", at_ns, True)
+        for i, steps in enumerate(log.steps_by_invocation)
+        for at_ns in steps
+    ]
     window_s = (last.at_ns - first.at_ns) / 1e9
     steps = sum(1 for c in completions if first.at_ns <= c.at_ns < last.at_ns)
-    gaps = sorted(g for by_kind in steps_bench.completion_gaps(completions, first.at_ns, last.at_ns).values()
-                  for g in by_kind)
+    gaps = sorted(
+        g for by_kind in steps_bench.completion_gaps(completions, first.at_ns, last.at_ns).values() for g in by_kind
+    )
     server_cpu, sdk_cpu = last.server_cpu_s - first.server_cpu_s, last.sdk_cpu_s - first.sdk_cpu_s
     bench_cpu = last.bench_cpu_s - first.bench_cpu_s
     other = max(0.0, last.machine_busy_s - first.machine_busy_s - server_cpu - sdk_cpu - bench_cpu)
     cpu_wait = None
     if first.cpu_pressure_us is not None and last.cpu_pressure_us is not None:
         cpu_wait = round((last.cpu_pressure_us - first.cpu_pressure_us) / 1e6 / window_s, 3)
-    return {"system": "restate", "concurrency": concurrency, "steps": steps,
-            "steps_per_second": round(steps / window_s, 1),
-            "p50_ms": steps_bench.percentile_ms(gaps, 50), "p99_ms": steps_bench.percentile_ms(gaps, 99),
-            "other_load_cores": round(other / window_s, 2), "cpu_wait_fraction": cpu_wait,
-            "server_cpu_ms_per_step": round(server_cpu / steps * 1000, 3) if steps else None,
-            "sdk_cpu_ms_per_step": round(sdk_cpu / steps * 1000, 3) if steps else None,
-            "failed": log.failed, "invocations": len(log.steps_by_invocation), **rss.as_mb()}
+    return {
+        "system": "restate",
+        "concurrency": concurrency,
+        "steps": steps,
+        "steps_per_second": round(steps / window_s, 1),
+        "p50_ms": steps_bench.percentile_ms(gaps, 50),
+        "p99_ms": steps_bench.percentile_ms(gaps, 99),
+        "other_load_cores": round(other / window_s, 2),
+        "cpu_wait_fraction": cpu_wait,
+        "server_cpu_ms_per_step": round(server_cpu / steps * 1000, 3) if steps else None,
+        "sdk_cpu_ms_per_step": round(sdk_cpu / steps * 1000, 3) if steps else None,
+        "failed": log.failed,
+        "invocations": len(log.steps_by_invocation),
+        **rss.as_mb(),
+    }
 
 
 # ---------------------------------------------------------------- durable steps, both systems
 
 
-async def steps_phase(key: str, manifest: dict[str, Any], args: argparse.Namespace, root: Path,
-                      registry: steps_bench.ProcessRegistry) -> dict[str, Any]:
+async def steps_phase(
+    key: str, manifest: dict[str, Any], args: argparse.Namespace, root: Path, registry: steps_bench.ProcessRegistry
+) -> dict[str, Any]:
     """Both systems of one deployment up at once; for each c one row of each, the order
     alternating. (The idle one of the two costs little CPU: its heartbeats and gossip.)"""
     name = DEPLOYMENTS[key]
@@ -173,24 +203,32 @@ async def steps_phase(key: str, manifest: dict[str, Any], args: argparse.Namespa
         for index, concurrency in enumerate(args.concurrency):
             order = ("dex-ha", "restate") if index % 2 == 0 else ("restate", "dex-ha")
             for system in order:
-                print(f"[{name}] c={concurrency} {system}: {args.warmup_s:g} s warm-up + {args.duration_s:g} s ...",
-                      flush=True)
+                print(
+                    f"[{name}] c={concurrency} {system}: {args.warmup_s:g} s warm-up + {args.duration_s:g} s ...",
+                    flush=True,
+                )
                 if system == "dex-ha":
                     row = await dex_row(dex, concurrency, args, root, registry)
                 else:
                     row = await restate_row(restate, concurrency, args)
                 rows.append(row)
-                print(f"[{name}] c={concurrency} {system}: {row['steps_per_second']:.0f} steps/s, "
-                      f"p50 {fmt(row['p50_ms'], '.2f')} ms, other load {fmt(row['other_load_cores'], '.2f')} cores",
-                      flush=True)
+                print(
+                    f"[{name}] c={concurrency} {system}: {row['steps_per_second']:.0f} steps/s, "
+                    f"p50 {fmt(row['p50_ms'], '.2f')} ms, other load {fmt(row['other_load_cores'], '.2f')} cores",
+                    flush=True,
+                )
     finally:
         killed = await asyncio.to_thread(dex.stop)
         if restate is not None:
             killed += await asyncio.to_thread(restate.stop)
-    return {"deployment": name, "dex_ha_command": dex.command,
-            "restate_commands": restate.commands if restate else [],
-            "restate_replication": restate.replication if restate else None,
-            "killed_after_deadline": killed, "rows": rows}
+    return {
+        "deployment": name,
+        "dex_ha_command": dex.command,
+        "restate_commands": restate.commands if restate else [],
+        "restate_replication": restate.replication if restate else None,
+        "killed_after_deadline": killed,
+        "rows": rows,
+    }
 
 
 # ---------------------------------------------------------------- etcd and failover
@@ -205,9 +243,15 @@ async def etcd_phase(manifest: dict[str, Any], args: argparse.Namespace, root: P
             log, start_ns, end_ns = await etcd_side.drive_puts(cluster, concurrency, args.warmup_s, args.duration_s)
             window_s = (end_ns - start_ns) / 1e9
             inside = [lat for at, lat in zip(log.done_at_ns, log.latencies_s) if start_ns <= at < end_ns]
-            rows.append({"concurrency": concurrency, "commits": len(inside),
-                         "commits_per_second": round(len(inside) / window_s, 1),
-                         "p50_ms": steps_bench.percentile_ms(sorted(inside), 50), "failed": log.failed})
+            rows.append(
+                {
+                    "concurrency": concurrency,
+                    "commits": len(inside),
+                    "commits_per_second": round(len(inside) / window_s, 1),
+                    "p50_ms": steps_bench.percentile_ms(sorted(inside), 50),
+                    "failed": log.failed,
+                }
+            )
             print(f"[etcd] c={concurrency}: {rows[-1]['commits_per_second']:.0f} commits/s", flush=True)
     finally:
         await asyncio.to_thread(cluster.stop)
@@ -241,15 +285,19 @@ async def dex_failover_once(root: Path, registry: steps_bench.ProcessRegistry) -
 
 async def create_session(http: aiohttp.ClientSession, url: str, agent: str) -> bool:
     try:
-        async with http.post(url + "/v1/sessions", json={"agent": agent, "session_id": f"fo-{uuid.uuid4().hex[:12]}"},
-                             timeout=aiohttp.ClientTimeout(total=RETRY_TIMEOUT_S)) as resp:
+        async with http.post(
+            url + "/v1/sessions",
+            json={"agent": agent, "session_id": f"fo-{uuid.uuid4().hex[:12]}"},
+            timeout=aiohttp.ClientTimeout(total=RETRY_TIMEOUT_S),
+        ) as resp:
             return resp.status in (200, 201)
     except (aiohttp.ClientError, TimeoutError):
         return False
 
 
-async def failover_phase(manifest: dict[str, Any], args: argparse.Namespace, root: Path,
-                         registry: steps_bench.ProcessRegistry) -> dict[str, Any]:
+async def failover_phase(
+    manifest: dict[str, Any], args: argparse.Namespace, root: Path, registry: steps_bench.ProcessRegistry
+) -> dict[str, Any]:
     """Runs alternate between the systems, each on a fresh cluster."""
     runs: dict[str, list[float | None]] = {"dex-ha": [], "etcd": []}
     for run in range(args.failover_runs):
@@ -258,16 +306,25 @@ async def failover_phase(manifest: dict[str, Any], args: argparse.Namespace, roo
         runs["dex-ha"].append(await dex_failover_once(run_root, registry))
         if manifest.get("etcd") and not args.no_etcd:
             runs["etcd"].append(await etcd_side.failover_once(manifest["etcd"], run_root, registry.pids))
-        print(f"[failover {run + 1}/{args.failover_runs}] " + ", ".join(
-            f"{system} {fmt(None if not v or v[-1] is None else v[-1] * 1000, '.0f')} ms"
-            for system, v in runs.items() if v), flush=True)
+        print(
+            f"[failover {run + 1}/{args.failover_runs}] "
+            + ", ".join(
+                f"{system} {fmt(None if not v or v[-1] is None else v[-1] * 1000, '.0f')} ms"
+                for system, v in runs.items()
+                if v
+            ),
+            flush=True,
+        )
     return {system: {"runs_s": values, **median_max_ms(values)} for system, values in runs.items() if values}
 
 
 def median_max_ms(values: list[float | None]) -> dict[str, float | None]:
     seen = [v * 1000 for v in values if v is not None]
-    return {"median_ms": round(statistics.median(seen), 1) if seen else None,
-            "max_ms": round(max(seen), 1) if seen else None, "missing": len(values) - len(seen)}
+    return {
+        "median_ms": round(statistics.median(seen), 1) if seen else None,
+        "max_ms": round(max(seen), 1) if seen else None,
+        "missing": len(values) - len(seen),
+    }
 
 
 # ---------------------------------------------------------------- summary and table
@@ -284,68 +341,97 @@ def summarize(phase: dict[str, Any]) -> dict[str, Any]:
         rows = [r for r in phase["rows"] if r["system"] == system]
         best = max(rows, key=lambda r: r["steps_per_second"], default=None)
         c1 = next((r["p50_ms"] for r in rows if r["concurrency"] == 1), None)
-        out[system] = {"best_steps_per_second": best and best["steps_per_second"],
-                       "best_at_concurrency": best and best["concurrency"], "p50_ms_c1": c1,
-                       "server_rss_mb": max((r["server_rss_mb"] for r in rows), default=None),
-                       "sdk_rss_mb": max((r["sdk_rss_mb"] for r in rows), default=None)}
+        out[system] = {
+            "best_steps_per_second": best and best["steps_per_second"],
+            "best_at_concurrency": best and best["concurrency"],
+            "p50_ms_c1": c1,
+            "server_rss_mb": max((r["server_rss_mb"] for r in rows), default=None),
+            "sdk_rss_mb": max((r["sdk_rss_mb"] for r in rows), default=None),
+        }
     d, r = out["dex-ha"], out["restate"]
-    out["ratio"] = {key: ratio(d[key], r[key]) for key in ("best_steps_per_second", "p50_ms_c1", "server_rss_mb",
-                                                            "sdk_rss_mb")}
+    out["ratio"] = {
+        key: ratio(d[key], r[key]) for key in ("best_steps_per_second", "p50_ms_c1", "server_rss_mb", "sdk_rss_mb")
+    }
     return out
 
 
 def print_table(result: dict[str, Any]) -> None:
     m = result["machine"]
     v = result["versions"]
-    print(f"\ndex-ha vs Restate, side by side in one run (durable steps; a dex-ha step = a Worker task over HTTP, "
-          f"a Restate step = a journaled ctx.run; {result['steps_per_session']} steps per session/invocation)")
-    print(f"machine: {m['cores']} cores, {m['cpu']}, {m['memory_gb']} GB; other processes used "
-          f"{fmt(m['other_load_cores_mean'], '.2f')} cores on average during the rows (max "
-          f"{fmt(m['other_load_cores_max'], '.2f')}), load average {m['load_average_start']} -> "
-          f"{m['load_average_end']} (shared machine)")
-    print(f"versions: dex-ha {v['dex_ha']}, restate-server {v['restate_server']}, restate-sdk {v['restate_sdk']} "
-          f"on hypercorn {v['hypercorn']}, etcd {v['etcd']}, Python {v['python']}")
+    print(
+        f"\ndex-ha vs Restate, side by side in one run (durable steps; a dex-ha step = a Worker task over HTTP, "
+        f"a Restate step = a journaled ctx.run; {result['steps_per_session']} steps per session/invocation)"
+    )
+    print(
+        f"machine: {m['cores']} cores, {m['cpu']}, {m['memory_gb']} GB; other processes used "
+        f"{fmt(m['other_load_cores_mean'], '.2f')} cores on average during the rows (max "
+        f"{fmt(m['other_load_cores_max'], '.2f')}), load average {m['load_average_start']} -> "
+        f"{m['load_average_end']} (shared machine)"
+    )
+    print(
+        f"versions: dex-ha {v['dex_ha']}, restate-server {v['restate_server']}, restate-sdk {v['restate_sdk']} "
+        f"on hypercorn {v['hypercorn']}, etcd {v['etcd']}, Python {v['python']}"
+    )
     for phase in result["steps"]:
         print(f"\n{phase['deployment']} (Restate replication {phase['restate_replication']})")
-        print(f"{'conc':>5} {'dex-ha st/s':>11} {'restate st/s':>12} {'ratio':>6} {'dex p50':>8} {'rst p50':>8} "
-              f"{'dex p99':>8} {'rst p99':>8} {'other (dex/rst)':>15}")
+        print(
+            f"{'conc':>5} {'dex-ha st/s':>11} {'restate st/s':>12} {'ratio':>6} {'dex p50':>8} {'rst p50':>8} "
+            f"{'dex p99':>8} {'rst p99':>8} {'other (dex/rst)':>15}"
+        )
         by_c: dict[int, dict[str, dict[str, Any]]] = {}
         for row in phase["rows"]:
             by_c.setdefault(row["concurrency"], {})[row["system"]] = row
         for c, pair in by_c.items():
             d, r = pair.get("dex-ha", {}), pair.get("restate", {})
-            print(f"{c:>5} {fmt(d.get('steps_per_second'), '.0f'):>11} {fmt(r.get('steps_per_second'), '.0f'):>12} "
-                  f"{fmt(ratio(d.get('steps_per_second'), r.get('steps_per_second')), '.2f'):>6} "
-                  f"{fmt(d.get('p50_ms'), '.2f'):>8} {fmt(r.get('p50_ms'), '.2f'):>8} "
-                  f"{fmt(d.get('p99_ms'), '.2f'):>8} {fmt(r.get('p99_ms'), '.2f'):>8} "
-                  f"{fmt(d.get('other_load_cores'), '.2f') + '/' + fmt(r.get('other_load_cores'), '.2f'):>15}")
+            print(
+                f"{c:>5} {fmt(d.get('steps_per_second'), '.0f'):>11} {fmt(r.get('steps_per_second'), '.0f'):>12} "
+                f"{fmt(ratio(d.get('steps_per_second'), r.get('steps_per_second')), '.2f'):>6} "
+                f"{fmt(d.get('p50_ms'), '.2f'):>8} {fmt(r.get('p50_ms'), '.2f'):>8} "
+                f"{fmt(d.get('p99_ms'), '.2f'):>8} {fmt(r.get('p99_ms'), '.2f'):>8} "
+                f"{fmt(d.get('other_load_cores'), '.2f') + '/' + fmt(r.get('other_load_cores'), '.2f'):>15}"
+            )
         s = phase["summary"]
-        print(f"{'':>5} {'system':<8} {'best st/s (at c)':>17} {'p50 ms c=1':>11} {'server RSS MB':>14} {'SDK RSS MB':>11}")
+        print(
+            f"{'':>5} {'system':<8} {'best st/s (at c)':>17} {'p50 ms c=1':>11} {'server RSS MB':>14} {'SDK RSS MB':>11}"
+        )
         for system in ("dex-ha", "restate"):
             x = s[system]
             best = f"{fmt(x['best_steps_per_second'], '.0f')} ({fmt(x['best_at_concurrency'], 'd')})"
-            print(f"{'':>5} {system:<8} {best:>17} {fmt(x['p50_ms_c1'], '.2f'):>11} {fmt(x['server_rss_mb'], '.0f'):>14} "
-                  f"{fmt(x['sdk_rss_mb'], '.0f'):>11}")
+            print(
+                f"{'':>5} {system:<8} {best:>17} {fmt(x['p50_ms_c1'], '.2f'):>11} {fmt(x['server_rss_mb'], '.0f'):>14} "
+                f"{fmt(x['sdk_rss_mb'], '.0f'):>11}"
+            )
         q = s["ratio"]
-        print(f"{'':>5} {'ratio':<8} {fmt(q['best_steps_per_second'], '.2f'):>17} {fmt(q['p50_ms_c1'], '.2f'):>11} "
-              f"{fmt(q['server_rss_mb'], '.2f'):>14} {fmt(q['sdk_rss_mb'], '.2f'):>11}   (dex-ha / Restate)")
+        print(
+            f"{'':>5} {'ratio':<8} {fmt(q['best_steps_per_second'], '.2f'):>17} {fmt(q['p50_ms_c1'], '.2f'):>11} "
+            f"{fmt(q['server_rss_mb'], '.2f'):>14} {fmt(q['sdk_rss_mb'], '.2f'):>11}   (dex-ha / Restate)"
+        )
     if result.get("etcd"):
         print("\netcd 3.4, three members: commits through the HTTP gateway (/v3/kv/put)")
         for row in result["etcd"]["rows"]:
-            print(f"{row['concurrency']:>5} {row['commits_per_second']:>8.0f} commits/s  p50 {fmt(row['p50_ms'], '.2f')} ms"
-                  f"{'  failed ' + str(row['failed']) if row['failed'] else ''}")
+            print(
+                f"{row['concurrency']:>5} {row['commits_per_second']:>8.0f} commits/s  p50 {fmt(row['p50_ms'], '.2f')} ms"
+                f"{'  failed ' + str(row['failed']) if row['failed'] else ''}"
+            )
     elif result.get("etcd_skipped"):
         print(f"\netcd: skipped ({result['etcd_skipped']})")
     fo = result.get("failover")
     if fo:
         print("\nfailover: SIGKILL the leader/active node, until a write succeeds again (median / max ms)")
-        for system, what in (("dex-ha", "session create, nodes tried in turn"), ("etcd", "put via gateway, members in turn")):
+        for system, what in (
+            ("dex-ha", "session create, nodes tried in turn"),
+            ("etcd", "put via gateway, members in turn"),
+        ):
             if system in fo:
                 x = fo[system]
-                print(f"  {system:<7} {fmt(x['median_ms'], '.0f'):>6} / {fmt(x['max_ms'], '.0f'):<6} over "
-                      f"{len(x['runs_s'])} runs ({what}){'; missing ' + str(x['missing']) if x['missing'] else ''}")
+                print(
+                    f"  {system:<7} {fmt(x['median_ms'], '.0f'):>6} / {fmt(x['max_ms'], '.0f'):<6} over "
+                    f"{len(x['runs_s'])} runs ({what}){'; missing ' + str(x['missing']) if x['missing'] else ''}"
+                )
         if "dex-ha" in fo and "etcd" in fo:
-            print(f"  ratio dex-ha / etcd (median): {fmt(ratio(fo['dex-ha']['median_ms'], fo['etcd']['median_ms']), '.2f')}")
+            print(
+                f"  ratio dex-ha / etcd (median): {fmt(ratio(fo['dex-ha']['median_ms'], fo['etcd']['median_ms']), '.2f')}"
+            )
 
 
 # ---------------------------------------------------------------- the run
@@ -353,26 +439,42 @@ def print_table(result: dict[str, Any]) -> None:
 
 def machine_summary(result: dict[str, Any], load_start: list[float]) -> dict[str, Any]:
     others = [r["other_load_cores"] for p in result["steps"] for r in p["rows"] if r["other_load_cores"] is not None]
-    return {"cores": os.cpu_count(), "cpu": cpu_model(),
-            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
-            "other_load_cores_mean": round(statistics.mean(others), 2) if others else None,
-            "other_load_cores_max": max(others, default=None)}
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "load_average_start": load_start,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "other_load_cores_mean": round(statistics.mean(others), 2) if others else None,
+        "other_load_cores_max": max(others, default=None),
+    }
 
 
-async def main_async(args: argparse.Namespace, manifest: dict[str, Any],
-                     registry: steps_bench.ProcessRegistry) -> dict[str, Any]:
+async def main_async(
+    args: argparse.Namespace, manifest: dict[str, Any], registry: steps_bench.ProcessRegistry
+) -> dict[str, Any]:
     main_task = asyncio.current_task()
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)  # stop like Ctrl-C
     load_start = [round(x, 2) for x in os.getloadavg()]
     result: dict[str, Any] = {
-        "concurrency": args.concurrency, "duration_s": args.duration_s, "warmup_s": args.warmup_s,
+        "concurrency": args.concurrency,
+        "duration_s": args.duration_s,
+        "warmup_s": args.warmup_s,
         "steps_per_session": args.steps_per_session,
-        "versions": {"dex_ha": dex_ha_version, "restate_server": manifest.get("restate_version"),
-                     "restate_sdk": manifest.get("restate_sdk_version"), "hypercorn": manifest.get("hypercorn_version"),
-                     "etcd": manifest.get("etcd_version"), "python": platform.python_version()},
-        "steps": [], "etcd": None, "etcd_skipped": manifest.get("etcd_skipped"), "failover": None}
+        "versions": {
+            "dex_ha": dex_ha_version,
+            "restate_server": manifest.get("restate_version"),
+            "restate_sdk": manifest.get("restate_sdk_version"),
+            "hypercorn": manifest.get("hypercorn_version"),
+            "etcd": manifest.get("etcd_version"),
+            "python": platform.python_version(),
+        },
+        "steps": [],
+        "etcd": None,
+        "etcd_skipped": manifest.get("etcd_skipped"),
+        "failover": None,
+    }
     if args.no_etcd:
         result["etcd_skipped"] = "--no-etcd"
     with tempfile.TemporaryDirectory(prefix="dex-peer-bench-") as tmp:
@@ -395,10 +497,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=positive_ints("--concurrency"), default=[1, 16, 64, 128, 256, 512])
     parser.add_argument("--duration-s", type=float, default=10.0, help="measured seconds per row")
     parser.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured seconds before each window")
-    parser.add_argument("--deployments", type=lambda t: [k for k in t.split(",") if k], default=["one", "three"],
-                        help="comma-separated: one (dex-ha dev / one Restate node), three (3 nodes each)")
-    parser.add_argument("--turns-per-session", type=int, default=10,
-                        help="dex-ha turns per session (3 steps each); Restate runs as many steps per invocation")
+    parser.add_argument(
+        "--deployments",
+        type=lambda t: [k for k in t.split(",") if k],
+        default=["one", "three"],
+        help="comma-separated: one (dex-ha dev / one Restate node), three (3 nodes each)",
+    )
+    parser.add_argument(
+        "--turns-per-session",
+        type=int,
+        default=10,
+        help="dex-ha turns per session (3 steps each); Restate runs as many steps per invocation",
+    )
     parser.add_argument("--failover-runs", type=int, default=3, help="failovers per system (0: none)")
     parser.add_argument("--no-etcd", action="store_true", help="leave etcd out")
     parser.add_argument("--json", default=str(DEFAULT_JSON), help=f"where to write the JSON (default {DEFAULT_JSON})")

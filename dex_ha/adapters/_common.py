@@ -27,8 +27,7 @@ T = TypeVar("T")
 # The dex-ha context of the tool step running in this task (None outside a tool step). A
 # context variable, not a global: each asyncio task (and each thread a tool runs in, which
 # gets a copy of the caller's context) sees its own step.
-_running_tool: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar("dex_ha_running_tool",
-                                                                                 default=None)
+_running_tool: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar("dex_ha_running_tool", default=None)
 
 
 def effect(kind: str) -> Any:
@@ -49,8 +48,9 @@ def effect(kind: str) -> Any:
         try:
             setattr(tool, EFFECT_ATTRIBUTE, kind)
         except (AttributeError, TypeError):
-            raise TypeError(f"@effect({kind!r}) cannot mark {tool!r}; declare it in effects={{name: {kind!r}}}"
-                            ) from None
+            raise TypeError(
+                f"@effect({kind!r}) cannot mark {tool!r}; declare it in effects={{name: {kind!r}}}"
+            ) from None
         return tool
 
     return mark

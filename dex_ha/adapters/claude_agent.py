@@ -87,18 +87,27 @@ RESUME_INTERRUPTED_TURN_ENV = "CLAUDE_CODE_RESUME_INTERRUPTED_TURN"
 NON_RETRYABLE_ERRORS = frozenset({"authentication_failed", "billing_error", "invalid_request"})
 # How long to wait for the CLI to acknowledge the interrupt that ends a segment.
 INTERRUPT_TIMEOUT_S = 5.0
-SUMMARY_PROMPT = ("Summarize the conversation below for your own later use: the user's requests, what was "
-                  "done, the results of tool calls, and what is still open. Answer with the summary only.")
+SUMMARY_PROMPT = (
+    "Summarize the conversation below for your own later use: the user's requests, what was "
+    "done, the results of tool calls, and what is still open. Answer with the summary only."
+)
 
 
 # ---------------------------------------------------------------- the agent
 
 
-def durable_agent(name: str, options: ClaudeAgentOptions | None = None, *,
-                  tools: Sequence[SdkMcpTool[Any]] = (), effects: Mapping[str, str] | None = None,
-                  approval: Sequence[str] = (), server_name: str = DEFAULT_SERVER_NAME,
-                  compaction: dict[str, int] | None = None, model_start_to_close_ms: int | None = None,
-                  description: str | None = None) -> Agent:
+def durable_agent(
+    name: str,
+    options: ClaudeAgentOptions | None = None,
+    *,
+    tools: Sequence[SdkMcpTool[Any]] = (),
+    effects: Mapping[str, str] | None = None,
+    approval: Sequence[str] = (),
+    server_name: str = DEFAULT_SERVER_NAME,
+    compaction: dict[str, int] | None = None,
+    model_start_to_close_ms: int | None = None,
+    description: str | None = None,
+) -> Agent:
     """A dex-ha Agent that runs the Claude Agent SDK with `options`, in turn segments.
 
     `tools` are your SDK MCP tools (`@tool`): each runs as a durable dex-ha tool step with
@@ -116,8 +125,14 @@ def durable_agent(name: str, options: ClaudeAgentOptions | None = None, *,
         raise ValueError(f"effects/approval: {unknown[0]!r} is not one of the tools {names}")
     deferred = [deferred_tool(t, effects.get(t.name, "write"), approval=t.name in approval) for t in tools]
     segment = ClaudeTurnSegment(options, server_name=server_name)
-    return segment_agent(name, segment, deferred, compaction=compaction,
-                         model_start_to_close_ms=model_start_to_close_ms, description=description)
+    return segment_agent(
+        name,
+        segment,
+        deferred,
+        compaction=compaction,
+        model_start_to_close_ms=model_start_to_close_ms,
+        description=description,
+    )
 
 
 def deferred_tool(sdk_tool: SdkMcpTool[Any], effect: str = "write", *, approval: bool = False) -> DeferredTool:
@@ -142,8 +157,14 @@ def deferred_tool(sdk_tool: SdkMcpTool[Any], effect: str = "write", *, approval:
         return result
 
     run.__name__ = sdk_tool.name
-    return DeferredTool(sdk_tool.name, run, effect=effect, description=sdk_tool.description,
-                        input_schema=json_schema(sdk_tool.input_schema), approval=approval)
+    return DeferredTool(
+        sdk_tool.name,
+        run,
+        effect=effect,
+        description=sdk_tool.description,
+        input_schema=json_schema(sdk_tool.input_schema),
+        approval=approval,
+    )
 
 
 def json_schema(input_schema: Any) -> dict[str, Any]:
@@ -172,8 +193,13 @@ class ClaudeTurnSegment(TurnSegment):
     allows those tools, and sets `resume` and `session_store` itself.
     """
 
-    def __init__(self, options: ClaudeAgentOptions | None = None, *,
-                 server_name: str = DEFAULT_SERVER_NAME, kill_with_worker: bool = True) -> None:
+    def __init__(
+        self,
+        options: ClaudeAgentOptions | None = None,
+        *,
+        server_name: str = DEFAULT_SERVER_NAME,
+        kill_with_worker: bool = True,
+    ) -> None:
         if options is None:
             options = ClaudeAgentOptions()
         if not isinstance(options, ClaudeAgentOptions):
@@ -197,9 +223,18 @@ class ClaudeTurnSegment(TurnSegment):
         tools = {tool["name"]: tool for tool in request.tools}
         replay = Replay.of(request.history, request.summary, self.mcp_name, self._cwd(), self.options.model)
         run = SegmentRun({self.mcp_name(name): name for name in tools}, stream)
-        server = create_sdk_mcp_server(self.server_name, tools=[
-            SdkMcpTool(name, tool.get("description") or name, tool.get("input_schema") or {"type": "object",
-                       "properties": {}}, run.deferring_handler(name)) for name, tool in tools.items()])
+        server = create_sdk_mcp_server(
+            self.server_name,
+            tools=[
+                SdkMcpTool(
+                    name,
+                    tool.get("description") or name,
+                    tool.get("input_schema") or {"type": "object", "properties": {}},
+                    run.deferring_handler(name),
+                )
+                for name, tool in tools.items()
+            ],
+        )
         options = self._segment_options(replay, {self.server_name: server}, [self.mcp_name(n) for n in tools])
         with self._launcher() as launch:
             await run.drive(launch.options(options), replay.prompt, launch)
@@ -210,8 +245,7 @@ class ClaudeTurnSegment(TurnSegment):
         text in the prompt: a request without tools may not carry tool_use blocks."""
         prompt = f"{SUMMARY_PROMPT}\n\n<conversation>\n{history_as_text(history, summary)}\n</conversation>"
         replay = Replay.of([{"type": "user", "text": prompt}], None, self.mcp_name, self._cwd(), self.options.model)
-        options = dataclasses.replace(self._segment_options(replay, {}, []), tools=[], allowed_tools=[],
-                                      max_turns=1)
+        options = dataclasses.replace(self._segment_options(replay, {}, []), tools=[], allowed_tools=[], max_turns=1)
         run = SegmentRun({}, None)
         with self._launcher() as launch:
             await run.drive(launch.options(options), replay.prompt, launch)
@@ -228,12 +262,15 @@ class ClaudeTurnSegment(TurnSegment):
         env = dict(base.env)
         if replay.continues_turn:
             env[RESUME_INTERRUPTED_TURN_ENV] = "1"
-        options = dataclasses.replace(base, mcp_servers=mcp_servers, env=env,
-                                      allowed_tools=[*base.allowed_tools, *allowed])
+        options = dataclasses.replace(
+            base, mcp_servers=mcp_servers, env=env, allowed_tools=[*base.allowed_tools, *allowed]
+        )
         if replay.entries:
-            options = dataclasses.replace(options, resume=replay.session_id,
-                                          session_store=_as_session_store(ReplayStore(replay.session_id,
-                                                                                      replay.entries)))
+            options = dataclasses.replace(
+                options,
+                resume=replay.session_id,
+                session_store=_as_session_store(ReplayStore(replay.session_id, replay.entries)),
+            )
         return options
 
     @contextlib.contextmanager
@@ -246,7 +283,7 @@ class ClaudeTurnSegment(TurnSegment):
         with tempfile.TemporaryDirectory(prefix="dex-claude-") as directory:
             script, pid_file = Path(directory) / "claude", Path(directory) / "launcher.pid"
             command = [sys.executable, claude_launcher.__file__, str(pid_file), str(os.getpid()), cli]
-            script.write_text(f"#!/bin/sh\nexec {shlex.join(command)} \"$@\"\n")
+            script.write_text(f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
             script.chmod(0o700)
             yield Launch(str(script), pid_file)
 
@@ -309,6 +346,7 @@ class SegmentRun:
             self.changed.set()
             await asyncio.Event().wait()  # the segment ends here; the CLI is stopped before any answer
             raise AssertionError("unreachable")
+
         handler.__name__ = name
         return handler
 
@@ -357,8 +395,10 @@ class SegmentRun:
                     self.inline_pending.discard(block.tool_use_id)
         elif isinstance(message, ResultMessage):
             if message.is_error:
-                self.error = RuntimeError(f"the Claude Code CLI ended the turn with an error: "
-                                          f"{message.subtype}: {message.result or ''}".rstrip(": "))
+                self.error = RuntimeError(
+                    f"the Claude Code CLI ended the turn with an error: "
+                    f"{message.subtype}: {message.result or ''}".rstrip(": ")
+                )
             self.result = message
 
     def _take_assistant(self, message: AssistantMessage) -> None:
@@ -405,8 +445,14 @@ class Replay:
         return self.prompt is None and bool(self.entries)
 
     @classmethod
-    def of(cls, history: Sequence[HistoryItem], summary: str | None, mcp_name: Callable[[str], str],
-           cwd: str, model: str | None) -> Replay:
+    def of(
+        cls,
+        history: Sequence[HistoryItem],
+        summary: str | None,
+        mcp_name: Callable[[str], str],
+        cwd: str,
+        model: str | None,
+    ) -> Replay:
         items = list(history)
         prompt = None
         if items and items[-1].get("type") == "user":
@@ -418,8 +464,9 @@ class Replay:
         return cls(session_id, transcript(messages, session_id, cwd, model), prompt)
 
 
-def conversation(history: Sequence[HistoryItem], summary: str | None,
-                 mcp_name: Callable[[str], str]) -> list[dict[str, Any]]:
+def conversation(
+    history: Sequence[HistoryItem], summary: str | None, mcp_name: Callable[[str], str]
+) -> list[dict[str, Any]]:
     """The history as Messages API messages, consecutive items of one role in one message."""
     messages: list[dict[str, Any]] = []
 
@@ -448,8 +495,10 @@ def conversation(history: Sequence[HistoryItem], summary: str | None,
 
 def assistant_blocks(item: HistoryItem, mcp_name: Callable[[str], str]) -> list[dict[str, Any]]:
     blocks = [_text(item["content"])] if item.get("content") else []
-    blocks += [{"type": "tool_use", "id": call["id"], "name": mcp_name(call["name"]),
-                "input": call.get("arguments") or {}} for call in item.get("tool_calls") or []]
+    blocks += [
+        {"type": "tool_use", "id": call["id"], "name": mcp_name(call["name"]), "input": call.get("arguments") or {}}
+        for call in item.get("tool_calls") or []
+    ]
     return blocks or [_text("(no content)")]
 
 
@@ -460,8 +509,9 @@ def tool_result_block(item: HistoryItem) -> dict[str, Any]:
     if item.get("status") == "succeeded":
         output = item.get("output")
         content = output.get("content") if isinstance(output, dict) else None
-        block["content"] = content if _is_blocks(content) else (output if isinstance(output, str)
-                                                                else json.dumps(output))
+        block["content"] = (
+            content if _is_blocks(content) else (output if isinstance(output, str) else json.dumps(output))
+        )
     else:
         block["content"] = f"{item.get('status')}: {item.get('error') or ''}".rstrip(": ")
         block["is_error"] = True
@@ -477,12 +527,27 @@ def transcript(messages: list[dict[str, Any]], session_id: str, cwd: str, model:
         body: dict[str, Any] = dict(message)
         if message["role"] == "assistant":
             uses_tools = any(block["type"] == "tool_use" for block in message["content"])
-            body = {"id": f"msg_dexreplay{number}", "type": "message", "role": "assistant",
-                    "model": model or "replayed", "content": message["content"],
-                    "stop_reason": "tool_use" if uses_tools else "end_turn", "stop_sequence": None,
-                    "usage": {"input_tokens": 0, "output_tokens": 0}}
-        entry = {"type": message["role"], "uuid": str(uuid.uuid4()), "parentUuid": parent, "sessionId": session_id,
-                 "isSidechain": False, "userType": "external", "cwd": cwd, "timestamp": now, "message": body}
+            body = {
+                "id": f"msg_dexreplay{number}",
+                "type": "message",
+                "role": "assistant",
+                "model": model or "replayed",
+                "content": message["content"],
+                "stop_reason": "tool_use" if uses_tools else "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 0, "output_tokens": 0},
+            }
+        entry = {
+            "type": message["role"],
+            "uuid": str(uuid.uuid4()),
+            "parentUuid": parent,
+            "sessionId": session_id,
+            "isSidechain": False,
+            "userType": "external",
+            "cwd": cwd,
+            "timestamp": now,
+            "message": body,
+        }
         entries.append(entry)
         parent = entry["uuid"]
     return entries
@@ -498,8 +563,10 @@ def history_as_text(history: Sequence[HistoryItem], summary: str | None) -> str:
         elif kind == "note":
             lines.append(f"Note: {item.get('text', '')}")
         elif kind == "assistant":
-            calls = "".join(f"\n[called {c['name']}({json.dumps(c.get('arguments') or {})}), call {c['id']}]"
-                            for c in item.get("tool_calls") or [])
+            calls = "".join(
+                f"\n[called {c['name']}({json.dumps(c.get('arguments') or {})}), call {c['id']}]"
+                for c in item.get("tool_calls") or []
+            )
             lines.append(f"Assistant: {item.get('content') or ''}{calls}")
         elif kind == "tool_result":
             block = tool_result_block(item)

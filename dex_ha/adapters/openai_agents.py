@@ -53,8 +53,9 @@ try:
     from agents import Model as SDKModel
     from agents.tool_context import ToolContext as SDKToolContext
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("dex_ha.adapters.openai_agents needs the openai-agents package: "
-                      "pip install 'dex-ha[openai-agents]'") from exc
+    raise ImportError(
+        "dex_ha.adapters.openai_agents needs the openai-agents package: pip install 'dex-ha[openai-agents]'"
+    ) from exc
 
 from dex_ha.adapters._common import (
     builtin_tools,
@@ -88,10 +89,17 @@ HOSTED_TOOLS = (FileSearchTool, WebSearchTool, CodeInterpreterTool, ImageGenerat
 NOTE_ROLE = "developer"
 
 
-def durable_agent(agent: SDKAgent[Any], *, name: str | None = None, effects: Mapping[str, str] | None = None,
-                  model_provider: ModelProvider | None = None, context: Any = None,
-                  compaction: dict[str, int] | None = None, model_start_to_close_ms: int | None = None,
-                  description: str | None = None) -> Agent:
+def durable_agent(
+    agent: SDKAgent[Any],
+    *,
+    name: str | None = None,
+    effects: Mapping[str, str] | None = None,
+    model_provider: ModelProvider | None = None,
+    context: Any = None,
+    compaction: dict[str, int] | None = None,
+    model_start_to_close_ms: int | None = None,
+    description: str | None = None,
+) -> Agent:
     """A dex_ha.worker.Agent that runs `agent` (an agents.Agent) step by step.
 
     `name`: the dex-ha agent name (default: the agent's own name). `effects`: {tool name:
@@ -108,24 +116,31 @@ def durable_agent(agent: SDKAgent[Any], *, name: str | None = None, effects: Map
         raise TypeError(f"model_provider must be an agents.ModelProvider, got {type(model_provider).__name__}")
     _refuse_what_cannot_run_durably(agent)
     function_tools = _function_tools(agent)
-    resolved = resolve_effects({tool.name: declared_effect(tool, _wrapped(tool)) for tool in function_tools},
-                               effects)
-    dex_agent = Agent(name if name is not None else agent.name,
-                      model=AgentsModel(agent, model_provider=model_provider, context=context),
-                      compaction=compaction, model_start_to_close_ms=model_start_to_close_ms,
-                      description=description if description is not None else agent.handoff_description)
+    resolved = resolve_effects({tool.name: declared_effect(tool, _wrapped(tool)) for tool in function_tools}, effects)
+    dex_agent = Agent(
+        name if name is not None else agent.name,
+        model=AgentsModel(agent, model_provider=model_provider, context=context),
+        compaction=compaction,
+        model_start_to_close_ms=model_start_to_close_ms,
+        description=description if description is not None else agent.handoff_description,
+    )
     for tool in function_tools:
-        dex_agent.tool(effect=resolved[tool.name], name=tool.name, description=tool.description or None,
-                       input_schema=tool.params_json_schema,
-                       approval=tool.needs_approval is True)(_tool_step(tool, context))
+        dex_agent.tool(
+            effect=resolved[tool.name],
+            name=tool.name,
+            description=tool.description or None,
+            input_schema=tool.params_json_schema,
+            approval=tool.needs_approval is True,
+        )(_tool_step(tool, context))
     return dex_agent
 
 
 class AgentsModel:
     """The dex-ha model of an agents.Agent: one model call of the agent per RunModel step."""
 
-    def __init__(self, agent: SDKAgent[Any], *, model_provider: ModelProvider | None = None,
-                 context: Any = None) -> None:
+    def __init__(
+        self, agent: SDKAgent[Any], *, model_provider: ModelProvider | None = None, context: Any = None
+    ) -> None:
         self.agent = agent
         self.context = context
         self._provider = model_provider
@@ -136,15 +151,27 @@ class AgentsModel:
         run_context = RunContextWrapper(context=self.context)
         tools = [*await self.agent.get_all_tools(run_context), *_server_tools(request.tools)]
         output_type = self.agent.output_type
-        output_schema = (None if output_type in (None, str) else output_type
-                         if isinstance(output_type, AgentOutputSchemaBase) else AgentOutputSchema(output_type))
+        output_schema = (
+            None
+            if output_type in (None, str)
+            else output_type
+            if isinstance(output_type, AgentOutputSchemaBase)
+            else AgentOutputSchema(output_type)
+        )
         events = self._model().stream_response(
             await self.agent.get_system_prompt(run_context),
             # responses_input builds the Responses API's input items as plain dicts; the SDK
             # types them as TypedDicts of that same shape.
             cast("list[TResponseInputItem]", responses_input(model_order(request.history), request.summary, NOTE_ROLE)),
-            self.agent.model_settings, tools, output_schema, [], ModelTracing.DISABLED,
-            previous_response_id=None, conversation_id=None, prompt=await self.agent.get_prompt(run_context))
+            self.agent.model_settings,
+            tools,
+            output_schema,
+            [],
+            ModelTracing.DISABLED,
+            previous_response_id=None,
+            conversation_id=None,
+            prompt=await self.agent.get_prompt(run_context),
+        )
         try:
             return from_response(await read_response_stream(events, stream))
         except openai.APIStatusError as exc:
@@ -154,9 +181,17 @@ class AgentsModel:
         """A summary for compaction, by the agent's model, from the history as a transcript."""
         try:
             response = await self._model().get_response(
-                DEFAULT_SUMMARY_INSTRUCTIONS, [{"role": "user", "content": transcript(history, summary)}],
-                ModelSettings(), [], None, [], ModelTracing.DISABLED,
-                previous_response_id=None, conversation_id=None, prompt=None)
+                DEFAULT_SUMMARY_INSTRUCTIONS,
+                [{"role": "user", "content": transcript(history, summary)}],
+                ModelSettings(),
+                [],
+                None,
+                [],
+                ModelTracing.DISABLED,
+                previous_response_id=None,
+                conversation_id=None,
+                prompt=None,
+            )
         except openai.APIStatusError as exc:
             raise _mapped_error(exc) from exc
         return "".join(ItemHelpers.extract_last_text(item) or "" for item in response.output)
@@ -177,7 +212,6 @@ class AgentsModel:
 # ---------------------------------------------------------------- the model call
 
 
-
 def _server_tools(tools: list[dict[str, Any]]) -> list[FunctionTool]:
     """The server's built-in tools (ask_user, sleep) as function tools the model can call;
     the server runs them, never this process."""
@@ -185,10 +219,16 @@ def _server_tools(tools: list[dict[str, Any]]) -> list[FunctionTool]:
     async def never(_ctx: Any, _arguments: str) -> str:
         raise RuntimeError("a built-in tool of the dex-ha server runs on the server")
 
-    return [FunctionTool(name=tool["name"], description=tool.get("description") or "",
-                         params_json_schema=tool.get("input_schema") or {"type": "object", "properties": {}},
-                         on_invoke_tool=never, strict_json_schema=False)
-            for tool in builtin_tools(tools)]
+    return [
+        FunctionTool(
+            name=tool["name"],
+            description=tool.get("description") or "",
+            params_json_schema=tool.get("input_schema") or {"type": "object", "properties": {}},
+            on_invoke_tool=never,
+            strict_json_schema=False,
+        )
+        for tool in builtin_tools(tools)
+    ]
 
 
 def _mapped_error(exc: openai.APIStatusError) -> Exception:
@@ -207,8 +247,9 @@ def _tool_step(tool: FunctionTool, context: Any) -> Any:
 
     async def run(ctx: ToolContext, **arguments: Any) -> Any:
         arguments_json = json.dumps(arguments, ensure_ascii=False)
-        sdk_ctx = SDKToolContext(context=context, tool_name=tool.name, tool_call_id=ctx.call_id or ctx.step_id,
-                                 tool_arguments=arguments_json)
+        sdk_ctx = SDKToolContext(
+            context=context, tool_name=tool.name, tool_call_id=ctx.call_id or ctx.step_id, tool_arguments=arguments_json
+        )
         with running_tool(ctx):
             try:
                 async with asyncio.timeout(tool.timeout_seconds):
@@ -228,11 +269,15 @@ def _function_tools(agent: SDKAgent[Any]) -> list[FunctionTool]:
     for tool in tools:
         check_tool_name(tool.name)
         if tool.tool_input_guardrails or tool.tool_output_guardrails:
-            raise ValueError(f"tool {tool.name!r}: tool guardrails are not supported by the dex-ha adapter "
-                             "(check the input inside the tool instead)")
+            raise ValueError(
+                f"tool {tool.name!r}: tool guardrails are not supported by the dex-ha adapter "
+                "(check the input inside the tool instead)"
+            )
         if callable(tool.needs_approval):
-            raise ValueError(f"tool {tool.name!r}: needs_approval must be True or False here (a dex-ha tool "
-                             "either always waits for approval or never)")
+            raise ValueError(
+                f"tool {tool.name!r}: needs_approval must be True or False here (a dex-ha tool "
+                "either always waits for approval or never)"
+            )
     return tools
 
 
@@ -248,23 +293,33 @@ def _refuse_what_cannot_run_durably(agent: SDKAgent[Any]) -> None:
     """ValueError naming what the adapter cannot run as durable steps, and why."""
     what = f"agent {agent.name!r}"
     if agent.handoffs:
-        raise ValueError(f"{what}: handoffs are not supported by the dex-ha adapter (run each agent as its own "
-                         "dex-ha agent, or give it the other agent as a tool with agent.as_tool())")
+        raise ValueError(
+            f"{what}: handoffs are not supported by the dex-ha adapter (run each agent as its own "
+            "dex-ha agent, or give it the other agent as a tool with agent.as_tool())"
+        )
     if agent.mcp_servers:
-        raise ValueError(f"{what}: local MCP servers are not supported by the dex-ha adapter (their tools are "
-                         "only known at run time; use HostedMCPTool or wrap the calls in function tools)")
+        raise ValueError(
+            f"{what}: local MCP servers are not supported by the dex-ha adapter (their tools are "
+            "only known at run time; use HostedMCPTool or wrap the calls in function tools)"
+        )
     if agent.input_guardrails or agent.output_guardrails:
         raise ValueError(f"{what}: input and output guardrails are not supported by the dex-ha adapter")
     if agent.hooks is not None:
         raise ValueError(f"{what}: agent hooks are not called by the dex-ha adapter; remove them")
     if agent.tool_use_behavior != "run_llm_again":
-        raise ValueError(f"{what}: tool_use_behavior must be 'run_llm_again' (dex-ha always gives the tool "
-                         f"results back to the model), got {agent.tool_use_behavior!r}")
+        raise ValueError(
+            f"{what}: tool_use_behavior must be 'run_llm_again' (dex-ha always gives the tool "
+            f"results back to the model), got {agent.tool_use_behavior!r}"
+        )
     for tool in agent.tools:
         if isinstance(tool, HostedMCPTool) and tool.tool_config.get("require_approval", "always") != "never":
-            raise ValueError(f"{what}: hosted MCP tool {tool.name!r} needs require_approval='never' (its "
-                             "approvals would happen inside the model call)")
+            raise ValueError(
+                f"{what}: hosted MCP tool {tool.name!r} needs require_approval='never' (its "
+                "approvals would happen inside the model call)"
+            )
         if not isinstance(tool, (FunctionTool, *HOSTED_TOOLS)):
-            raise ValueError(f"{what}: tool {getattr(tool, 'name', tool)!r} ({type(tool).__name__}) runs in the "
-                             "agent's process and is not supported by the dex-ha adapter; wrap it in a "
-                             "function tool to run it as a durable step")
+            raise ValueError(
+                f"{what}: tool {getattr(tool, 'name', tool)!r} ({type(tool).__name__}) runs in the "
+                "agent's process and is not supported by the dex-ha adapter; wrap it in a "
+                "function tool to run it as a durable step"
+            )

@@ -68,10 +68,17 @@ __all__ = ["PydanticAIModel", "durable_agent", "effect", "history_messages", "to
 SUMMARY_PREFIX = "Summary of the conversation before the messages below:\n"
 
 
-def durable_agent(agent: PydanticAgent[Any, Any], *, name: str | None = None,
-                  effects: Mapping[str, str] | None = None, deps: Any = None,
-                  model: PydanticModel | str | None = None, compaction: dict[str, int] | None = None,
-                  model_start_to_close_ms: int | None = None, description: str | None = None) -> Agent:
+def durable_agent(
+    agent: PydanticAgent[Any, Any],
+    *,
+    name: str | None = None,
+    effects: Mapping[str, str] | None = None,
+    deps: Any = None,
+    model: PydanticModel | str | None = None,
+    compaction: dict[str, int] | None = None,
+    model_start_to_close_ms: int | None = None,
+    description: str | None = None,
+) -> Agent:
     """A dex_ha.worker.Agent that runs `agent` (a pydantic_ai.Agent) step by step.
 
     `name`: the dex-ha agent name (default: the agent's own name). `effects`: {tool name:
@@ -90,21 +97,31 @@ def durable_agent(agent: PydanticAgent[Any, Any], *, name: str | None = None,
         raise ValueError("name: the agent has no name of its own; pass name=")
     tools = _function_tools(agent)
     resolved = resolve_effects({tool.name: declared_effect(tool, tool.function) for tool in tools}, effects)
-    dex_agent = Agent(agent_name, model=PydanticAIModel(agent, deps=deps, model=model), compaction=compaction,
-                      model_start_to_close_ms=model_start_to_close_ms, description=description)
+    dex_agent = Agent(
+        agent_name,
+        model=PydanticAIModel(agent, deps=deps, model=model),
+        compaction=compaction,
+        model_start_to_close_ms=model_start_to_close_ms,
+        description=description,
+    )
     for tool in tools:
         definition = tool.tool_def
-        dex_agent.tool(effect=resolved[tool.name], name=tool.name, description=definition.description or None,
-                       input_schema=definition.parameters_json_schema,
-                       approval=tool.requires_approval)(_tool_step(agent, tool, deps, model))
+        dex_agent.tool(
+            effect=resolved[tool.name],
+            name=tool.name,
+            description=definition.description or None,
+            input_schema=definition.parameters_json_schema,
+            approval=tool.requires_approval,
+        )(_tool_step(agent, tool, deps, model))
     return dex_agent
 
 
 class PydanticAIModel:
     """The dex-ha model of a pydantic_ai.Agent: one model request of the agent per RunModel step."""
 
-    def __init__(self, agent: PydanticAgent[Any, Any], *, deps: Any = None,
-                 model: PydanticModel | str | None = None) -> None:
+    def __init__(
+        self, agent: PydanticAgent[Any, Any], *, deps: Any = None, model: PydanticModel | str | None = None
+    ) -> None:
         self.agent = agent
         self.deps = deps
         self.model = model
@@ -115,8 +132,9 @@ class PydanticAIModel:
         messages = [*await self._system_prompt(), *history_messages(request.history, request.summary)]
         server_tools = ExternalToolset([_definition(tool) for tool in builtin_tools(request.tools)])
         try:
-            async with self.agent.iter(None, message_history=messages, deps=self.deps, model=self.model,
-                                       toolsets=[server_tools]) as run:
+            async with self.agent.iter(
+                None, message_history=messages, deps=self.deps, model=self.model, toolsets=[server_tools]
+            ) as run:
                 node = run.next_node
                 while not isinstance(node, CallToolsNode):
                     if isinstance(node, End):
@@ -131,8 +149,9 @@ class PydanticAIModel:
 
     async def summarize(self, history: list[HistoryItem], summary: str | None) -> str:
         """A summary for compaction, by the agent's model, from the history as a transcript."""
-        request = pm.ModelRequest(parts=[pm.UserPromptPart(transcript(history, summary))],
-                                  instructions=DEFAULT_SUMMARY_INSTRUCTIONS)
+        request = pm.ModelRequest(
+            parts=[pm.UserPromptPart(transcript(history, summary))], instructions=DEFAULT_SUMMARY_INSTRUCTIONS
+        )
         model = self.model or self.agent.model
         if model is None:  # the error agent.iter raises in respond() for the same mistake
             raise UserError("`model` must either be set on the agent or passed to durable_agent")
@@ -178,13 +197,19 @@ def history_messages(history: list[HistoryItem], summary: str | None) -> list[pm
             messages.append(pm.ModelRequest(parts=[pm.SystemPromptPart(entry["text"])]))
         else:
             parts: list[pm.ModelResponsePart] = [pm.TextPart(entry["content"])] if entry["content"] else []
-            parts += [pm.ToolCallPart(call["name"], call["arguments"], tool_call_id=call["id"])
-                      for call in entry["calls"]]
+            parts += [
+                pm.ToolCallPart(call["name"], call["arguments"], tool_call_id=call["id"]) for call in entry["calls"]
+            ]
             messages.append(pm.ModelResponse(parts=parts))
             if entry["calls"]:
-                messages.append(pm.ModelRequest(parts=[pm.ToolReturnPart(call["name"], call["output"],
-                                                                         tool_call_id=call["id"])
-                                                       for call in entry["calls"]]))
+                messages.append(
+                    pm.ModelRequest(
+                        parts=[
+                            pm.ToolReturnPart(call["name"], call["output"], tool_call_id=call["id"])
+                            for call in entry["calls"]
+                        ]
+                    )
+                )
     return messages
 
 
@@ -192,8 +217,11 @@ def dex_response(response: pm.ModelResponse) -> ModelResponse:
     """The model's answer for dex-ha: its text parts joined, its tool calls with their ids.
     Thinking parts and native tool parts (run at the provider) are left out."""
     text = "".join(part.content for part in response.parts if isinstance(part, pm.TextPart))
-    calls = [ToolCall(part.tool_call_id, part.tool_name, part.args_as_dict())
-             for part in response.parts if isinstance(part, pm.ToolCallPart)]
+    calls = [
+        ToolCall(part.tool_call_id, part.tool_name, part.args_as_dict())
+        for part in response.parts
+        if isinstance(part, pm.ToolCallPart)
+    ]
     usage = {"input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens}
     return ModelResponse(text, calls, usage)
 
@@ -207,8 +235,11 @@ async def _stream_text(events: Any, stream: DeltaSink) -> None:
 
 
 def _definition(tool: dict[str, Any]) -> ToolDefinition:
-    return ToolDefinition(name=tool["name"], description=tool.get("description"),
-                          parameters_json_schema=tool.get("input_schema") or {"type": "object", "properties": {}})
+    return ToolDefinition(
+        name=tool["name"],
+        description=tool.get("description"),
+        parameters_json_schema=tool.get("input_schema") or {"type": "object", "properties": {}},
+    )
 
 
 def _mapped_error(exc: ModelHTTPError) -> Exception:
@@ -221,8 +252,9 @@ def _mapped_error(exc: ModelHTTPError) -> Exception:
 # ---------------------------------------------------------------- tool steps
 
 
-def _tool_step(agent: PydanticAgent[Any, Any], tool: PydanticTool[Any], deps: Any,
-               model: PydanticModel | str | None) -> Any:
+def _tool_step(
+    agent: PydanticAgent[Any, Any], tool: PydanticTool[Any], deps: Any, model: PydanticModel | str | None
+) -> Any:
     """The function of the dex-ha tool step that runs one call of `tool`: the agent's graph
     on a history that ends with that call, stopped once the tool's result is in."""
 
@@ -232,8 +264,9 @@ def _tool_step(agent: PydanticAgent[Any, Any], tool: PydanticTool[Any], deps: An
         # The server asked for the approval already: this step runs only once it was given.
         approved = DeferredToolResults(approvals={call_id: True}) if tool.requires_approval else None
         with running_tool(ctx):
-            async with agent.iter(None, message_history=history, deferred_tool_results=approved, deps=deps,
-                                  model=model) as graph:
+            async with agent.iter(
+                None, message_history=history, deferred_tool_results=approved, deps=deps, model=model
+            ) as graph:
                 node = graph.next_node
                 while not isinstance(node, (ModelRequestNode, End)):
                     node = await graph.next(node)
@@ -266,17 +299,20 @@ def _function_tools(agent: PydanticAgent[Any, Any]) -> list[PydanticTool[Any]]:
     """The agent's function tools; ValueError naming what the adapter cannot run durably."""
     what = f"agent {agent.name!r}"
     if agent.output_type is not str:
-        raise ValueError(f"{what}: output_type must be str (a dex-ha session answers in text), "
-                         f"got {agent.output_type!r}")
+        raise ValueError(
+            f"{what}: output_type must be str (a dex-ha session answers in text), got {agent.output_type!r}"
+        )
     # Output validators run after the model's final answer, a point the adapter never
     # lets the agent reach; refusing them is better than skipping them silently.
     if getattr(agent, "_output_validators", None):
         raise ValueError(f"{what}: output validators are not supported by the dex-ha adapter")
     function_toolset, *others = agent.toolsets
     for toolset in others:
-        raise ValueError(f"{what}: toolset {toolset.label} is not supported by the dex-ha adapter (MCP "
-                         "servers and other toolsets are only known at run time); register the tools "
-                         "on the agent itself")
+        raise ValueError(
+            f"{what}: toolset {toolset.label} is not supported by the dex-ha adapter (MCP "
+            "servers and other toolsets are only known at run time); register the tools "
+            "on the agent itself"
+        )
     if not isinstance(function_toolset, FunctionToolset):
         raise ValueError(f"{what}: its tools are not a plain function toolset ({function_toolset.label})")
     tools = list(function_toolset.tools.values())

@@ -73,8 +73,9 @@ class DeferredTool:
         if not callable(self.fn):
             raise TypeError(f"fn: the function of deferred tool {self.name!r} must be callable")
         if self.effect not in EFFECTS:
-            raise ValueError(f"effect: deferred tool {self.name!r}: effect must be one of "
-                             f"{', '.join(EFFECTS)}; got {self.effect!r}")
+            raise ValueError(
+                f"effect: deferred tool {self.name!r}: effect must be one of {', '.join(EFFECTS)}; got {self.effect!r}"
+            )
 
 
 class SegmentModel:
@@ -87,8 +88,9 @@ class SegmentModel:
 
     def __init__(self, segment: TurnSegment) -> None:
         if not isinstance(segment, TurnSegment):
-            raise TypeError(f"segment must have run(request, stream) and summarize(history, summary); "
-                            f"got {type(segment).__name__}")
+            raise TypeError(
+                f"segment must have run(request, stream) and summarize(history, summary); got {type(segment).__name__}"
+            )
         self.segment = segment
 
     async def respond(self, request: ModelRequest, stream: DeltaSink) -> ModelResponse:
@@ -96,26 +98,44 @@ class SegmentModel:
         allowed = {tool.get("name") for tool in request.tools}
         for call in response.tool_calls:
             if call.name not in allowed:
-                raise ValueError(f"the segment returned a call of {call.name!r}, which is not a deferred "
-                                 f"tool of this agent (deferred: {sorted(n for n in allowed if n)})")
+                raise ValueError(
+                    f"the segment returned a call of {call.name!r}, which is not a deferred "
+                    f"tool of this agent (deferred: {sorted(n for n in allowed if n)})"
+                )
         return response
 
     async def summarize(self, history: list[HistoryItem], summary: str | None) -> str:
         return await self.segment.summarize(history, summary)
 
 
-def segment_agent(name: str, segment: TurnSegment, tools: Sequence[DeferredTool] = (), *,
-                  compaction: dict[str, int] | None = None, model_start_to_close_ms: int | None = None,
-                  description: str | None = None) -> Agent:
+def segment_agent(
+    name: str,
+    segment: TurnSegment,
+    tools: Sequence[DeferredTool] = (),
+    *,
+    compaction: dict[str, int] | None = None,
+    model_start_to_close_ms: int | None = None,
+    description: str | None = None,
+) -> Agent:
     """A dex-ha Agent whose RunModel runs `segment` and whose tools are `tools`, each a
     tool step of its own with its declared effect."""
     if isinstance(tools, (str, bytes)) or not isinstance(tools, Sequence):
         raise TypeError("tools must be a list of DeferredTool")
-    agent = Agent(name, SegmentModel(segment), compaction=compaction,
-                  model_start_to_close_ms=model_start_to_close_ms, description=description)
+    agent = Agent(
+        name,
+        SegmentModel(segment),
+        compaction=compaction,
+        model_start_to_close_ms=model_start_to_close_ms,
+        description=description,
+    )
     for i, deferred in enumerate(tools):
         if not isinstance(deferred, DeferredTool):
             raise TypeError(f"tools[{i}] must be a DeferredTool, got {type(deferred).__name__}")
-        agent.tool(name=deferred.name, effect=deferred.effect, approval=deferred.approval,
-                   description=deferred.description, input_schema=deferred.input_schema)(deferred.fn)
+        agent.tool(
+            name=deferred.name,
+            effect=deferred.effect,
+            approval=deferred.approval,
+            description=deferred.description,
+            input_schema=deferred.input_schema,
+        )(deferred.fn)
     return agent

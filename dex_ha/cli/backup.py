@@ -44,16 +44,23 @@ READ_CHUNK_BYTES = 1 << 20
 def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     backup = sub.add_parser("backup", parents=[remote], help="write a consistent backup of a running cluster")
     backup.add_argument("--out", required=True, metavar="FILE", help="the backup file to write (atomically)")
-    backup.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"seconds for the whole download (default {DEFAULT_TIMEOUT_S:.0f})")
+    backup.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds for the whole download (default {DEFAULT_TIMEOUT_S:.0f})",
+    )
 
     restore = sub.add_parser("restore", help="seed a node of a NEW cluster from a backup file")
     restore.add_argument("file", metavar="FILE", help="a file written by `dex-ha backup`")
     restore.add_argument("--data-dir", required=True, help="the new node's data dir (must be empty or absent)")
     restore.add_argument("--node-id", required=True, help="the new node's id (its config's node_id)")
-    restore.add_argument("--members", metavar="ID,ID,...",
-                         help="the voting members of the new cluster, this node included; restore every "
-                              "node from the same file with the same list (default: this node alone)")
+    restore.add_argument(
+        "--members",
+        metavar="ID,ID,...",
+        help="the voting members of the new cluster, this node included; restore every "
+        "node from the same file with the same list (default: this node alone)",
+    )
     restore.add_argument("--relaxed", action="store_true", help="do not fsync the restored files (tests)")
 
 
@@ -95,8 +102,10 @@ async def _stream_into(urls: list[str], token: str | None, f: BinaryIO, timeout_
 
 def backup_line(out: str, info: dict[str, Any]) -> str:
     """What `dex-ha backup` prints once the file is in place."""
-    return (f"backup written to {out}: index {info['index']}, term {info['term']}, schema {info['schema_version']}, "
-            f"{info['bytes']} bytes, sha256 {info['sha256']}, taken on {info['node_id']} at {info['created_at']}")
+    return (
+        f"backup written to {out}: index {info['index']}, term {info['term']}, schema {info['schema_version']}, "
+        f"{info['bytes']} bytes, sha256 {info['sha256']}, taken on {info['node_id']} at {info['created_at']}"
+    )
 
 
 # ---------------------------------------------------------------- restore
@@ -106,14 +115,21 @@ def run_restore(file: str, data_dir: str, node_id: str, members_text: str | None
     """The `dex-ha restore` command's work; returns what it prints. ValueError (BackupError
     among them) when the file, its checksum, its format or the data dir refuse it."""
     members = parse_members(members_text, node_id)
-    header = restore_data_dir(Path(file), Path(data_dir), node_id, members,
-                              durability="relaxed" if relaxed else "strict")
+    header = restore_data_dir(
+        Path(file), Path(data_dir), node_id, members, durability="relaxed" if relaxed else "strict"
+    )
     others = [m for m in members if m != node_id]
-    then = (f"restore the other members ({', '.join(others)}) from the same file with the same --members, "
-            f"then start all of them" if others else "start it")
-    return (f"restored {file} into {data_dir}: node {node_id} of a new cluster of {', '.join(members)}, "
-            f"at index {header.index} (backup term {header.term}, taken on {header.node_id} at {header.created_at}).\n"
-            f"Next: {then}. Each node's config must use this data_dir and list exactly these members as peers.")
+    then = (
+        f"restore the other members ({', '.join(others)}) from the same file with the same --members, "
+        f"then start all of them"
+        if others
+        else "start it"
+    )
+    return (
+        f"restored {file} into {data_dir}: node {node_id} of a new cluster of {', '.join(members)}, "
+        f"at index {header.index} (backup term {header.term}, taken on {header.node_id} at {header.created_at}).\n"
+        f"Next: {then}. Each node's config must use this data_dir and list exactly these members as peers."
+    )
 
 
 # ---------------------------------------------------------------- the commands

@@ -114,8 +114,11 @@ class ClusterPlan:
 
     def layout(self) -> dict[str, object]:
         """What must match for a second `up` to restart the same cluster on its data."""
-        return {"nodes": [[n.node_id, n.http_port, n.raft_port, n.probe_port] for n in self.nodes],
-                "durability": self.durability, "drain_timeout_ms": self.drain_timeout_ms}
+        return {
+            "nodes": [[n.node_id, n.http_port, n.raft_port, n.probe_port] for n in self.nodes],
+            "durability": self.durability,
+            "drain_timeout_ms": self.drain_timeout_ms,
+        }
 
 
 def contiguous_ports(base: int, count: int, what: str) -> list[int]:
@@ -125,8 +128,15 @@ def contiguous_ports(base: int, count: int, what: str) -> list[int]:
     return [base + i for i in range(count)]
 
 
-def plan_cluster(cluster_dir: Path, http_ports: list[int], raft_ports: list[int], probe_ports: list[int], *,
-                 durability: str = "strict", drain_timeout_ms: int | None = None) -> ClusterPlan:
+def plan_cluster(
+    cluster_dir: Path,
+    http_ports: list[int],
+    raft_ports: list[int],
+    probe_ports: list[int],
+    *,
+    durability: str = "strict",
+    drain_timeout_ms: int | None = None,
+) -> ClusterPlan:
     """The plan of a cluster with one node per HTTP, Raft and probe port (ids n1, n2, …).
 
     When `cluster_dir` already holds a cluster, its secret and tokens are kept (the nodes
@@ -140,11 +150,19 @@ def plan_cluster(cluster_dir: Path, http_ports: list[int], raft_ports: list[int]
     if len(set(http_ports) | set(raft_ports) | set(probe_ports)) != 3 * len(http_ports):
         raise ValueError("ports: the HTTP, Raft and probe port ranges overlap; choose bases further apart")
     cluster_dir = cluster_dir.resolve()
-    nodes = tuple(NodePlan(f"n{i + 1}", http, raft, cluster_dir, probe)
-                  for i, (http, raft, probe) in enumerate(zip(http_ports, raft_ports, probe_ports)))
+    nodes = tuple(
+        NodePlan(f"n{i + 1}", http, raft, cluster_dir, probe)
+        for i, (http, raft, probe) in enumerate(zip(http_ports, raft_ports, probe_ports))
+    )
     # Hex, not urlsafe: a token that starts with "-" reads as an option on a command line.
-    fresh = ClusterPlan(cluster_dir, nodes, durability, secrets.token_hex(32),
-                        {role: secrets.token_hex(24) for role in ROLES}, drain_timeout_ms)
+    fresh = ClusterPlan(
+        cluster_dir,
+        nodes,
+        durability,
+        secrets.token_hex(32),
+        {role: secrets.token_hex(24) for role in ROLES},
+        drain_timeout_ms,
+    )
     return _reuse_existing(fresh)
 
 
@@ -159,17 +177,27 @@ def _reuse_existing(fresh: ClusterPlan) -> ClusterPlan:
     if saved.get("layout") != json.loads(json.dumps(fresh.layout())):
         raise ClusterError(
             f"{fresh.cluster_dir} holds another cluster ({_describe_layout(saved.get('layout'))}); "
-            f"start it with the same options, or use another --dir")
-    return ClusterPlan(fresh.cluster_dir, fresh.nodes, fresh.durability, saved["cluster_secret"],
-                       dict(saved["tokens"]), fresh.drain_timeout_ms)
+            f"start it with the same options, or use another --dir"
+        )
+    return ClusterPlan(
+        fresh.cluster_dir,
+        fresh.nodes,
+        fresh.durability,
+        saved["cluster_secret"],
+        dict(saved["tokens"]),
+        fresh.drain_timeout_ms,
+    )
 
 
 def _describe_layout(layout: object) -> str:
     if not isinstance(layout, dict):
         return "an unreadable layout"
     nodes = layout.get("nodes") or []
-    ports = ", ".join(f"{n[0]} http {n[1]} raft {n[2]}" + (f" probes {n[3]}" if len(n) > 3 else "")
-                      for n in nodes if isinstance(n, list) and len(n) >= 3)
+    ports = ", ".join(
+        f"{n[0]} http {n[1]} raft {n[2]}" + (f" probes {n[3]}" if len(n) > 3 else "")
+        for n in nodes
+        if isinstance(n, list) and len(n) >= 3
+    )
     return f"{len(nodes)} nodes: {ports}; durability {layout.get('durability')}"
 
 
@@ -196,15 +224,22 @@ def node_toml(plan: ClusterPlan, node: NodePlan) -> str:
     lines += ["", "[tokens]"]
     lines += [f"{role} = [{q(token)}]" for role, token in plan.tokens.items()]
     for peer in plan.nodes:
-        lines += ["", "[[peers]]", f"id = {q(peer.node_id)}", f"raft_addr = {q(peer.raft_addr)}",
-                  f"url = {q(peer.url)}"]
+        lines += [
+            "",
+            "[[peers]]",
+            f"id = {q(peer.node_id)}",
+            f"raft_addr = {q(peer.raft_addr)}",
+            f"url = {q(peer.url)}",
+        ]
     return "\n".join(lines) + "\n"
 
 
 def tokens_env(plan: ClusterPlan) -> str:
     """Shell exports of the tokens; DEX_HA_TOKEN (read by the dex-ha commands) is the admin token."""
-    lines = [f"# Tokens of the dex-ha cluster in {plan.cluster_dir}. Use: source {plan.cluster_dir / TOKENS_FILE}",
-             f"export DEX_HA_TOKEN={plan.tokens['admin']}"]
+    lines = [
+        f"# Tokens of the dex-ha cluster in {plan.cluster_dir}. Use: source {plan.cluster_dir / TOKENS_FILE}",
+        f"export DEX_HA_TOKEN={plan.tokens['admin']}",
+    ]
     lines += [f"export DEX_HA_{role.upper()}_TOKEN={plan.tokens[role]}" for role in ROLES]
     lines.append(f"export DEX_HA_URLS={','.join(plan.urls)}")
     return "\n".join(lines) + "\n"
@@ -297,9 +332,11 @@ def check_ports_free(plan: ClusterPlan) -> None:
                 try:
                     s.bind((HOST, port))
                 except OSError as exc:
-                    raise ClusterError(f"port {port} ({what} of {node.node_id}) is taken ({exc.strerror}); "
-                                       f"choose other ports with --base-port / --raft-base-port / "
-                                       f"--probe-base-port") from None
+                    raise ClusterError(
+                        f"port {port} ({what} of {node.node_id}) is taken ({exc.strerror}); "
+                        f"choose other ports with --base-port / --raft-base-port / "
+                        f"--probe-base-port"
+                    ) from None
 
 
 def node_env() -> dict[str, str]:
@@ -316,9 +353,14 @@ def start_node(node: NodePlan, extra_env: Mapping[str, str] | None = None) -> su
     `extra_env` is for tests (e.g. DEX_HA_FAILPOINTS for one node).
     """
     with open(node.log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "dex_ha.cli", "node", "--config", str(node.config_path)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env={**node_env(), **(extra_env or {})}, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "dex_ha.cli", "node", "--config", str(node.config_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**node_env(), **(extra_env or {})},
+            start_new_session=True,
+        )
 
 
 def write_pids(cluster_dir: Path, pids: Mapping[str, int]) -> None:
@@ -368,6 +410,7 @@ def node_process_alive(pid: int, config_path: Path | None = None) -> bool:
 
 async def ready_nodes(probes: Mapping[str, Connection]) -> list[str]:
     """The ids of the nodes whose /readyz answers 200 now (one try each, all at once)."""
+
     async def is_ready(conn: Connection) -> bool:
         try:
             await conn.request("GET", "/readyz")
@@ -388,8 +431,9 @@ async def close_all(conns: Iterable[Connection]) -> None:
     await asyncio.gather(*(conn.close() for conn in conns))
 
 
-async def wait_for_one_active(nodes: Iterable[NodePlan], timeout_s: float,
-                              exited: Callable[[], str | None] = lambda: None) -> str:
+async def wait_for_one_active(
+    nodes: Iterable[NodePlan], timeout_s: float, exited: Callable[[], str | None] = lambda: None
+) -> str:
     """Wait until exactly one node answers /readyz 200 and return its id.
 
     `exited` names a node process that died (checked on every round): waiting on is then
@@ -431,8 +475,11 @@ class UpResult:
 
 def live_recorded_nodes(cluster_dir: Path) -> dict[str, int]:
     """The recorded node pids that still run their node of this directory."""
-    return {node_id: pid for node_id, pid in read_pids(cluster_dir).items()
-            if node_process_alive(pid, cluster_dir.resolve() / f"{node_id}.toml")}
+    return {
+        node_id: pid
+        for node_id, pid in read_pids(cluster_dir).items()
+        if node_process_alive(pid, cluster_dir.resolve() / f"{node_id}.toml")
+    }
 
 
 def cluster_up(plan: ClusterPlan, timeout_s: float = 60.0) -> UpResult:
@@ -443,8 +490,10 @@ def cluster_up(plan: ClusterPlan, timeout_s: float = 60.0) -> UpResult:
     running = live_recorded_nodes(plan.cluster_dir) if plan.cluster_dir.exists() else {}
     if running:
         listed = ", ".join(f"{node_id} (pid {pid})" for node_id, pid in running.items())
-        raise ClusterError(f"{plan.cluster_dir} already has running nodes: {listed}; "
-                           f"stop them with: dex-ha cluster down --dir {plan.cluster_dir}")
+        raise ClusterError(
+            f"{plan.cluster_dir} already has running nodes: {listed}; "
+            f"stop them with: dex-ha cluster down --dir {plan.cluster_dir}"
+        )
     check_ports_free(plan)
     write_cluster_files(plan)
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -473,28 +522,39 @@ def node_log_tails(plan: ClusterPlan) -> str:
 def format_up_report(result: UpResult) -> str:
     """The table of nodes, how to use the tokens and how to stop the cluster."""
     plan = result.plan
-    rows = [[n.node_id, n.url, n.raft_addr, str(result.pids[n.node_id]), str(n.log_path),
-             "active" if n.node_id == result.active else "standby"] for n in plan.nodes]
+    rows = [
+        [
+            n.node_id,
+            n.url,
+            n.raft_addr,
+            str(result.pids[n.node_id]),
+            str(n.log_path),
+            "active" if n.node_id == result.active else "standby",
+        ]
+        for n in plan.nodes
+    ]
     urls = " ".join(f"--url {u}" for u in plan.urls)
     pids = " ".join(str(result.pids[n.node_id]) for n in plan.nodes)
-    return "\n".join([
-        f"dex-ha cluster up: {len(plan.nodes)} nodes running in {plan.cluster_dir} (durability {plan.durability})",
-        "",
-        format_table(["node", "url", "raft address", "pid", "log", "role"], rows),
-        "",
-        f"Tokens are in {plan.cluster_dir / TOKENS_FILE} (mode 0600). To use them:",
-        f"  source {plan.cluster_dir / TOKENS_FILE}      # DEX_HA_URLS, and DEX_HA_TOKEN: the admin token",
-        "  dex-ha status                 # no --url or --token needed once it is sourced",
-        f"  dex-ha step-down {urls}",
-        "  DexClient() and Worker() read DEX_HA_URLS and $DEX_HA_CLIENT_TOKEN / $DEX_HA_WORKER_TOKEN too",
-        "",
-        f"Web console: {plan.urls[0]}/ui (any node serves it; when it asks for a token, paste",
-        "$DEX_HA_TOKEN, the admin token: echo $DEX_HA_TOKEN after sourcing the file)",
-        "",
-        "To stop the cluster:",
-        f"  dex-ha cluster down --dir {plan.cluster_dir}",
-        f"  or: kill {pids}      # SIGTERM: each node drains and stops",
-    ])
+    return "\n".join(
+        [
+            f"dex-ha cluster up: {len(plan.nodes)} nodes running in {plan.cluster_dir} (durability {plan.durability})",
+            "",
+            format_table(["node", "url", "raft address", "pid", "log", "role"], rows),
+            "",
+            f"Tokens are in {plan.cluster_dir / TOKENS_FILE} (mode 0600). To use them:",
+            f"  source {plan.cluster_dir / TOKENS_FILE}      # DEX_HA_URLS, and DEX_HA_TOKEN: the admin token",
+            "  dex-ha status                 # no --url or --token needed once it is sourced",
+            f"  dex-ha step-down {urls}",
+            "  DexClient() and Worker() read DEX_HA_URLS and $DEX_HA_CLIENT_TOKEN / $DEX_HA_WORKER_TOKEN too",
+            "",
+            f"Web console: {plan.urls[0]}/ui (any node serves it; when it asks for a token, paste",
+            "$DEX_HA_TOKEN, the admin token: echo $DEX_HA_TOKEN after sourcing the file)",
+            "",
+            "To stop the cluster:",
+            f"  dex-ha cluster down --dir {plan.cluster_dir}",
+            f"  or: kill {pids}      # SIGTERM: each node drains and stops",
+        ]
+    )
 
 
 # ---------------------------------------------------------------- down
@@ -595,14 +655,22 @@ def add_parser(sub: Subparsers) -> None:
     up.add_argument("--dir", default="./dex-cluster", help="configs, data, logs and pids (default ./dex-cluster)")
     up.add_argument("--base-port", type=positive_int, default=8801, help="HTTP port of n1; n2 gets +1, … (8801)")
     up.add_argument("--raft-base-port", type=positive_int, default=9801, help="Raft port of n1, then +1 (9801)")
-    up.add_argument("--probe-base-port", type=positive_int, default=10801,
-                    help="probe port (/livez, /readyz) of n1, then +1 (10801)")
+    up.add_argument(
+        "--probe-base-port",
+        type=positive_int,
+        default=10801,
+        help="probe port (/livez, /readyz) of n1, then +1 (10801)",
+    )
     up.add_argument("--relaxed", action="store_true", help="durability relaxed: no fsync (tests, demos)")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the active node (60)")
     down = actions.add_parser("down", help="stop the nodes that `cluster up` started (SIGTERM, then SIGKILL)")
     down.add_argument("--dir", default="./dex-cluster", help="the directory given to `cluster up`")
-    down.add_argument("--timeout", type=float, default=45.0,
-                      help="seconds to wait after SIGTERM before SIGKILL (45: above the 30 s drain)")
+    down.add_argument(
+        "--timeout",
+        type=float,
+        default=45.0,
+        help="seconds to wait after SIGTERM before SIGKILL (45: above the 30 s drain)",
+    )
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
@@ -614,8 +682,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         http_ports = contiguous_ports(args.base_port, args.nodes, "--base-port")
         raft_ports = contiguous_ports(args.raft_base_port, args.nodes, "--raft-base-port")
         probe_ports = contiguous_ports(args.probe_base_port, args.nodes, "--probe-base-port")
-        plan = plan_cluster(Path(args.dir), http_ports, raft_ports, probe_ports,
-                            durability="relaxed" if args.relaxed else "strict")
+        plan = plan_cluster(
+            Path(args.dir), http_ports, raft_ports, probe_ports, durability="relaxed" if args.relaxed else "strict"
+        )
         result = cluster_up(plan, timeout_s=args.timeout)
     except ValueError as exc:
         raise CommandFailed(str(exc), EXIT_USAGE) from None

@@ -31,9 +31,12 @@ def remote_options(default: Any = None) -> argparse.ArgumentParser:
     (`members --url X list`): otherwise the subcommand's None would overwrite X.
     """
     remote = argparse.ArgumentParser(add_help=False, argument_default=default)
-    remote.add_argument("--url", action="append", metavar="URL",
-                        help=f"a node URL; repeat, or separate with commas, for several "
-                             f"(default: ${URLS_VAR}, else {DEFAULT_URL})")
+    remote.add_argument(
+        "--url",
+        action="append",
+        metavar="URL",
+        help=f"a node URL; repeat, or separate with commas, for several (default: ${URLS_VAR}, else {DEFAULT_URL})",
+    )
     remote.add_argument("--token", help=f"a bearer token (default: ${TOKEN_VAR})")
     return remote
 
@@ -60,6 +63,5 @@ def dash(value: Any) -> str:
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
     """Left-aligned columns, two spaces apart."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
-             for row in [headers, *rows]]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [headers, *rows]]
     return "\n".join(lines)

@@ -89,8 +89,14 @@ class Ledger:
         self.path = path
 
     def record(self, ctx: ToolContext, tool: str, event: str) -> None:
-        entry = {"at": time.time(), "tool": tool, "event": event, "attempt": ctx.attempt,
-                 "idempotency_key": ctx.idempotency_key, "worker_pid": os.getpid()}
+        entry = {
+            "at": time.time(),
+            "tool": tool,
+            "event": event,
+            "attempt": ctx.attempt,
+            "idempotency_key": ctx.idempotency_key,
+            "worker_pid": os.getpid(),
+        }
         with open(self.path, "a") as f:
             f.write(json.dumps(entry) + "\n")
 
@@ -103,14 +109,19 @@ class Ledger:
 
 def build_agent(ledger: Ledger, slow_tool_s: float = SLOW_TOOL_S) -> Agent:
     """The demo agent: a scripted model that calls three tools at once, then answers."""
-    model = ScriptedModel([
-        ModelResponse("I'll look up the order, reserve the stock and charge the card.", [
-            ToolCall(None, "lookup_order", {"order_id": "42"}),
-            ToolCall(None, "reserve_stock", {"order_id": "42", "seconds": slow_tool_s}),
-            ToolCall(None, "charge_card", {"order_id": "42", "amount_cents": 4200}),
-        ]),
-        ModelResponse("Order 42 is reserved and paid."),
-    ])
+    model = ScriptedModel(
+        [
+            ModelResponse(
+                "I'll look up the order, reserve the stock and charge the card.",
+                [
+                    ToolCall(None, "lookup_order", {"order_id": "42"}),
+                    ToolCall(None, "reserve_stock", {"order_id": "42", "seconds": slow_tool_s}),
+                    ToolCall(None, "charge_card", {"order_id": "42", "amount_cents": 4200}),
+                ],
+            ),
+            ModelResponse("Order 42 is reserved and paid."),
+        ]
+    )
     agent = Agent(AGENT, model, description="Reserves and charges orders (dex-ha demo)")
 
     @agent.tool(effect="read")
@@ -168,8 +179,9 @@ def start_worker(plan: ClusterPlan) -> subprocess.Popen[bytes]:
         cmd += ["--url", url]
     env = {**node_env(), "DEX_HA_TOKEN": plan.tokens["worker"]}
     with open(plan.cluster_dir / "worker.log", "ab") as log:
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 # ---------------------------------------------------------------- the client side (this process)
@@ -219,8 +231,9 @@ class EventLog:
                 self.events.append(event)
                 self._changed.set()
 
-    async def wait_for(self, predicate: Callable[[SessionEvent], bool], what: str,
-                       timeout_s: float = STEP_TIMEOUT_S) -> SessionEvent:
+    async def wait_for(
+        self, predicate: Callable[[SessionEvent], bool], what: str, timeout_s: float = STEP_TIMEOUT_S
+    ) -> SessionEvent:
         deadline = time.monotonic() + timeout_s
         while True:
             found = next((e for e in self.events if predicate(e)), None)
@@ -262,8 +275,9 @@ async def leader_of(url: str, token: str) -> tuple[str, int]:
 
 
 def _is_call_event(event_type: str, call_id: str, **match: Any) -> Callable[[SessionEvent], bool]:
-    return lambda e: (e.type == event_type and e.data.get("call_id") == call_id
-                      and all(e.data.get(k) == v for k, v in match.items()))
+    return lambda e: (
+        e.type == event_type and e.data.get("call_id") == call_id and all(e.data.get(k) == v for k, v in match.items())
+    )
 
 
 @dataclass
@@ -279,8 +293,9 @@ class DemoOutcome:
 
 async def start_cluster(cluster_dir: Path, procs: DemoProcesses, timeline: Timeline, out: TextIO) -> ClusterPlan:
     ports = free_ports(9)
-    plan = plan_cluster(cluster_dir, ports[:3], ports[3:6], ports[6:], durability="relaxed",
-                        drain_timeout_ms=DRAIN_TIMEOUT_MS)
+    plan = plan_cluster(
+        cluster_dir, ports[:3], ports[3:6], ports[6:], durability="relaxed", drain_timeout_ms=DRAIN_TIMEOUT_MS
+    )
     check_ports_free(plan)
     write_cluster_files(plan)
     print(f"starting 3 nodes in {plan.cluster_dir} …", file=out, flush=True)
@@ -315,15 +330,16 @@ async def run_session(plan: ClusterPlan, procs: DemoProcesses, timeline: Timelin
         return DemoOutcome(session_id, list(log.events), snapshot, node_of_term, killed)
 
 
-async def kill_during_slow_tool(plan: ClusterPlan, procs: DemoProcesses, log: EventLog, timeline: Timeline,
-                                node_of_term: dict[int, str]) -> str:
+async def kill_during_slow_tool(
+    plan: ClusterPlan, procs: DemoProcesses, log: EventLog, timeline: Timeline, node_of_term: dict[int, str]
+) -> str:
     """SIGKILL the active node once the card is charged and reserve_stock runs; wait for the next one."""
-    response = await log.wait_for(lambda e: e.type == "assistant_message" and bool(e.data.get("tool_calls")),
-                                  "model response with tool calls")
+    response = await log.wait_for(
+        lambda e: e.type == "assistant_message" and bool(e.data.get("tool_calls")), "model response with tool calls"
+    )
     call_ids = {c["name"]: c["id"] for c in response.data["tool_calls"]}
     await log.wait_for(_is_call_event("tool_call_finished", call_ids["charge_card"]), "charge_card result")
-    await log.wait_for(_is_call_event("attempt_started", call_ids["reserve_stock"], attempt=1),
-                       "reserve_stock attempt")
+    await log.wait_for(_is_call_event("attempt_started", call_ids["reserve_stock"], attempt=1), "reserve_stock attempt")
     victim, _ = await leader_of(plan.urls[0], plan.tokens["admin"])
     proc = procs.nodes[victim]
     os.kill(proc.pid, signal.SIGKILL)
@@ -354,10 +370,12 @@ class RenderContext:
     @classmethod
     def of(cls, outcome: DemoOutcome) -> RenderContext:
         calls = outcome.snapshot.tool_calls
-        keys = {(step.step_id, a.number): a.idempotency_key for call in calls for step in call.steps
-                for a in step.attempts}
-        effects = {c.call_id: f"{c.effect}" + (", needs approval" if (c.policy or {}).get("approval") else "")
-                   for c in calls}
+        keys = {
+            (step.step_id, a.number): a.idempotency_key for call in calls for step in call.steps for a in step.attempts
+        }
+        effects = {
+            c.call_id: f"{c.effect}" + (", needs approval" if (c.policy or {}).get("approval") else "") for c in calls
+        }
         names = {c.call_id: c.name for c in calls}
         names.update({step.step_id: c.name for c in calls for step in c.steps})
         return cls(names, effects, keys, outcome.node_of_term)
@@ -442,14 +460,23 @@ def ledger_lines(entries: list[dict[str, Any]]) -> list[str]:
 
 
 def report(timeline: Timeline, outcome: DemoOutcome, ledger: list[dict[str, Any]]) -> str:
-    calls = [[c.name, f"{c.effect}", c.status, str(sum(len(step.attempts) for step in c.steps))]
-             for c in outcome.snapshot.tool_calls]
-    return "\n".join([
-        "", "TIMELINE (seconds since the demo started)", *timeline_lines(timeline, outcome), "",
-        f"session {outcome.session_id}: {outcome.snapshot.status}; tool calls:",
-        format_table(["tool", "effect", "outcome", "attempts"], calls), "",
-        "what the Worker's tools recorded (outside the server):", *ledger_lines(ledger),
-    ])
+    calls = [
+        [c.name, f"{c.effect}", c.status, str(sum(len(step.attempts) for step in c.steps))]
+        for c in outcome.snapshot.tool_calls
+    ]
+    return "\n".join(
+        [
+            "",
+            "TIMELINE (seconds since the demo started)",
+            *timeline_lines(timeline, outcome),
+            "",
+            f"session {outcome.session_id}: {outcome.snapshot.status}; tool calls:",
+            format_table(["tool", "effect", "outcome", "attempts"], calls),
+            "",
+            "what the Worker's tools recorded (outside the server):",
+            *ledger_lines(ledger),
+        ]
+    )
 
 
 # ---------------------------------------------------------------- entry points
@@ -466,8 +493,9 @@ async def _demo(cluster_dir: Path, procs: DemoProcesses, out: TextIO, keep: bool
         if keep:  # leave a whole cluster behind: the killed node rejoins as a standby
             procs.nodes[outcome.killed] = start_node(plan.node(outcome.killed))
             write_pids(plan.cluster_dir, {node_id: p.pid for node_id, p in procs.nodes.items()})
-            timeline.add(f"node {outcome.killed} restarted (pid {procs.nodes[outcome.killed].pid}); "
-                         f"it rejoins as a standby")
+            timeline.add(
+                f"node {outcome.killed} restarted (pid {procs.nodes[outcome.killed].pid}); it rejoins as a standby"
+            )
     print(report(timeline, outcome, Ledger.read(plan.cluster_dir / "ledger.jsonl")), file=out, flush=True)
     if outcome.snapshot.status != "idle" or not any(e.type == "turn_completed" for e in outcome.events):
         raise DemoFailed("the turn did not complete")
@@ -518,13 +546,19 @@ def _signals_ignored() -> Iterator[None]:
 def _finish(procs: DemoProcesses, cluster_dir: Path, *, keep: bool, remove_dir: bool, out: TextIO) -> None:
     if keep:
         worker = f"kill {procs.worker.pid}    # the Worker" if procs.worker is not None else ""
-        print(f"\nthe cluster and the Worker keep running (--keep). Stop them with:\n"
-              f"  dex-ha cluster down --dir {cluster_dir}\n  {worker}", file=out)
+        print(
+            f"\nthe cluster and the Worker keep running (--keep). Stop them with:\n"
+            f"  dex-ha cluster down --dir {cluster_dir}\n  {worker}",
+            file=out,
+        )
         return
     with _signals_ignored():  # a second Ctrl-C must not cut the cleanup short (it has deadlines)
         procs.stop_all()
-    print(f"stopped every process the demo started (pids "
-          f"{', '.join(str(p.pid) for p in [*procs.nodes.values(), procs.worker] if p is not None)})", file=out)
+    print(
+        f"stopped every process the demo started (pids "
+        f"{', '.join(str(p.pid) for p in [*procs.nodes.values(), procs.worker] if p is not None)})",
+        file=out,
+    )
     (cluster_dir / "pids").unlink(missing_ok=True)
     if remove_dir:
         shutil.rmtree(cluster_dir, ignore_errors=True)

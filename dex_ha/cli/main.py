@@ -31,11 +31,13 @@ from dex_ha.client.env import TOKEN_VAR, URLS_VAR
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="dex-ha", description="dex-ha durable execution server",
+        prog="dex-ha",
+        description="dex-ha durable execution server",
         epilog=f"The commands that talk to a cluster (status, step-down, members, sessions) read ${URLS_VAR} "
-               f"(comma-separated node URLs) and ${TOKEN_VAR} when --url and --token are not given; "
-               f"`source DIR/tokens.env` after `dex-ha cluster up` sets both. "
-               f"Exit codes: 0 done, 1 refused, 2 bad usage, 3 no node answered.")
+        f"(comma-separated node URLs) and ${TOKEN_VAR} when --url and --token are not given; "
+        f"`source DIR/tokens.env` after `dex-ha cluster up` sets both. "
+        f"Exit codes: 0 done, 1 refused, 2 bad usage, 3 no node answered.",
+    )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command")
     remote = remote_options()
@@ -60,9 +62,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "dev": node.cmd_dev, "node": node.cmd_node, "cluster": cluster.cmd_cluster, "status": status.cmd_status,
-    "step-down": members.cmd_step_down, "members": members.cmd_members, "demo": cmd_demo,
-    "sessions": sessions.cmd_sessions, "backup": backup.cmd_backup, "restore": backup.cmd_restore,
+    "dev": node.cmd_dev,
+    "node": node.cmd_node,
+    "cluster": cluster.cmd_cluster,
+    "status": status.cmd_status,
+    "step-down": members.cmd_step_down,
+    "members": members.cmd_members,
+    "demo": cmd_demo,
+    "sessions": sessions.cmd_sessions,
+    "backup": backup.cmd_backup,
+    "restore": backup.cmd_restore,
 }
 
 
@@ -77,8 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    name = " ".join(filter(None, [args.command, getattr(args, "cluster_command", None),
-                                  getattr(args, "members_command", None), getattr(args, "sessions_command", None)]))
+    name = " ".join(
+        filter(
+            None,
+            [
+                args.command,
+                getattr(args, "cluster_command", None),
+                getattr(args, "members_command", None),
+                getattr(args, "sessions_command", None),
+            ],
+        )
+    )
     try:
         return COMMANDS[args.command](args)
     except CommandFailed as exc:

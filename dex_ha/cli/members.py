@@ -25,13 +25,21 @@ STEP_DOWN_MAX_WAIT_S = 3600.0
 def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     step_down = sub.add_parser("step-down", parents=[remote], help="move the active node elsewhere (planned)")
     step_down.add_argument("--to", metavar="NODE", help="the node to hand over to (default: the most caught-up)")
-    step_down.add_argument("--drain-timeout-ms", type=non_negative_int, metavar="N",
-                           help="how long running attempts may finish first (default: the node's drain_timeout_ms)")
+    step_down.add_argument(
+        "--drain-timeout-ms",
+        type=non_negative_int,
+        metavar="N",
+        help="how long running attempts may finish first (default: the node's drain_timeout_ms)",
+    )
 
     sub_remote = remote_options(default=argparse.SUPPRESS)  # for the subcommands (see remote_options)
-    members = sub.add_parser("members", parents=[remote], help="list, add, promote or remove cluster members",
-                             description="Without a subcommand: the members as the active node sees them, "
-                                         "with each one's last contact and replication progress.")
+    members = sub.add_parser(
+        "members",
+        parents=[remote],
+        help="list, add, promote or remove cluster members",
+        description="Without a subcommand: the members as the active node sees them, "
+        "with each one's last contact and replication progress.",
+    )
     actions = members.add_subparsers(dest="members_command", metavar="{list,add,promote,remove}")
     actions.add_parser("list", parents=[sub_remote], help="the members, their last contact and progress (the default)")
     add = actions.add_parser("add", parents=[sub_remote], help="add a node as a learner (cold standby)")
@@ -59,7 +67,7 @@ def cmd_step_down(args: argparse.Namespace) -> int:
 
 
 def contact_text_of(member: dict[str, Any]) -> str:
-    """"12 ms ago"; "never" when the active node never heard from it; "-" when unknown."""
+    """ "12 ms ago"; "never" when the active node never heard from it; "-" when unknown."""
     if member.get("contacted") is False:
         return "never"
     contact = member.get("last_contact_ms_ago")
@@ -92,9 +100,17 @@ def progress_text_of(member: dict[str, Any], commit_index: int | None) -> str:
 
 
 def format_members(members: list[dict[str, Any]], commit_index: int | None = None) -> str:
-    rows = [[m["id"], "voter" if m.get("voter") else "learner", dash(m.get("url")), dash(m.get("match_index")),
-             contact_text_of(m), progress_text_of(m, commit_index)]
-            for m in members]
+    rows = [
+        [
+            m["id"],
+            "voter" if m.get("voter") else "learner",
+            dash(m.get("url")),
+            dash(m.get("match_index")),
+            contact_text_of(m),
+            progress_text_of(m, commit_index),
+        ]
+        for m in members
+    ]
     return format_table(["member", "kind", "url", "match", "last contact", "progress"], rows)
 
 

@@ -35,8 +35,9 @@ def add_parsers(sub: Subparsers) -> None:
 
     node = sub.add_parser("node", help="run one member of a cluster")
     node.add_argument("--config", required=True, help="the node's TOML file (see deploy/)")
-    node.add_argument("--insecure", action="store_true",
-                      help="allow running without API tokens and cluster secret (says so loudly)")
+    node.add_argument(
+        "--insecure", action="store_true", help="allow running without API tokens and cluster secret (says so loudly)"
+    )
     node.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
 
 
@@ -63,9 +64,16 @@ def cmd_dev(args: argparse.Namespace) -> int:
     # No authentication unless tokens are configured (docs/configuration.md): DEX_HA_TOKENS_* set them.
     tokens = {role: tuple(values) for role, values in tokens_from_env(os.environ).items()}
     try:
-        config = replace(dev_config(Path(args.data_dir), args.port, host=args.host, tokens=tokens,
-                                    durability="relaxed" if args.relaxed else "strict"),
-                         **dev_overrides_from_env(os.environ))
+        config = replace(
+            dev_config(
+                Path(args.data_dir),
+                args.port,
+                host=args.host,
+                tokens=tokens,
+                durability="relaxed" if args.relaxed else "strict",
+            ),
+            **dev_overrides_from_env(os.environ),
+        )
         config.check()
         TokenAuth(config.tokens)  # refuses short, duplicated or unknown-role tokens, naming them
     except (ConfigError, ValueError) as exc:

@@ -73,8 +73,9 @@ async def find_active(urls: list[str], token: str | None, timeout_s: float = FIN
     if not any(a.view for a in answers):  # every node that answered refused (a token problem)
         raise CommandFailed(next(a.error or "refused" for a in answers if a.refused), EXIT_REFUSED)
     candidates = list(dict.fromkeys(urls + [a.url for a in answers]))
-    async with Connection(candidates, token, give_up_after_s=timeout_s,
-                          request_timeout_s=NODE_ANSWER_TIMEOUT_S) as conn:
+    async with Connection(
+        candidates, token, give_up_after_s=timeout_s, request_timeout_s=NODE_ANSWER_TIMEOUT_S
+    ) as conn:
         try:
             await conn.request("GET", "/readyz")
         except DexUnavailable as exc:
@@ -84,8 +85,9 @@ async def find_active(urls: list[str], token: str | None, timeout_s: float = FIN
         return conn.current_url
 
 
-async def call_once(url: str, token: str | None, method: str, path: str, body: Any = None,
-                    timeout_s: float = 30.0) -> Any:
+async def call_once(
+    url: str, token: str | None, method: str, path: str, body: Any = None, timeout_s: float = 30.0
+) -> Any:
     """One request to one node, never repeated: an admin change must not run twice."""
     async with Connection(url, token, give_up_after_s=0, request_timeout_s=timeout_s) as conn:
         try:
@@ -96,8 +98,9 @@ async def call_once(url: str, token: str | None, method: str, path: str, body: A
             raise CommandFailed(refusal(exc), EXIT_REFUSED) from None
 
 
-async def call_active(args: argparse.Namespace, method: str, path: str, body: Any = None,
-                      timeout_s: float = 30.0) -> Any:
+async def call_active(
+    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout_s: float = 30.0
+) -> Any:
     """One request to the active node (found first), never repeated."""
     url = await find_active(urls_of(args), token_of(args))
     return await call_once(url, token_of(args), method, path, body, timeout_s)
@@ -115,8 +118,9 @@ class NodeAnswer:
 
 
 async def fetch_view(url: str, token: str | None) -> NodeAnswer:
-    async with Connection(url, token, give_up_after_s=NODE_ANSWER_TIMEOUT_S / 2,
-                          request_timeout_s=NODE_ANSWER_TIMEOUT_S) as conn:
+    async with Connection(
+        url, token, give_up_after_s=NODE_ANSWER_TIMEOUT_S / 2, request_timeout_s=NODE_ANSWER_TIMEOUT_S
+    ) as conn:
         try:
             return NodeAnswer(url, view=await conn.request("GET", "/v1/cluster"))
         except DexUnavailable:
@@ -129,8 +133,13 @@ async def gather_views(urls: list[str], token: str | None) -> list[NodeAnswer]:
     """/v1/cluster from the given URLs, then from every member URL they list that was not asked yet."""
     answers = list(await asyncio.gather(*(fetch_view(url, token) for url in urls)))
     seen_ids = {a.view["node_id"] for a in answers if a.view}
-    member_urls = [m["url"].rstrip("/") for a in answers if a.view for m in a.view.get("members", [])
-                   if m.get("url") and m["id"] not in seen_ids]
+    member_urls = [
+        m["url"].rstrip("/")
+        for a in answers
+        if a.view
+        for m in a.view.get("members", [])
+        if m.get("url") and m["id"] not in seen_ids
+    ]
     extra = [url for url in dict.fromkeys(member_urls) if url not in urls]
     answers += await asyncio.gather(*(fetch_view(url, token) for url in extra))
     return answers

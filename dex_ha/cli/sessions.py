@@ -62,30 +62,40 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--json", action="store_true", help="print the server's answer as JSON (for scripts)")
     common = [remote, output]
-    sessions = sub.add_parser("sessions", help="list, inspect and act on agent sessions",
-                              description="Look at sessions and act on them: approve or deny a tool call, "
-                                          "answer a question, settle an outcome_unknown call, send a message.")
-    actions = sessions.add_subparsers(dest="sessions_command", required=True,
-                                      metavar="{list,show,approve,deny,answer,reconcile,send}")
+    sessions = sub.add_parser(
+        "sessions",
+        help="list, inspect and act on agent sessions",
+        description="Look at sessions and act on them: approve or deny a tool call, "
+        "answer a question, settle an outcome_unknown call, send a message.",
+    )
+    actions = sessions.add_subparsers(
+        dest="sessions_command", required=True, metavar="{list,show,approve,deny,answer,reconcile,send}"
+    )
 
-    listing = actions.add_parser("list", parents=common,
-                                 help="sessions in id order, one page at a time (--all: every page)")
+    listing = actions.add_parser(
+        "list", parents=common, help="sessions in id order, one page at a time (--all: every page)"
+    )
     listing.add_argument("--agent", help="only this agent's sessions")
     listing.add_argument("--status", choices=("idle", "running"), help="only sessions in this status")
-    listing.add_argument("--awaiting-approval", action="store_true",
-                         help="only sessions with a tool call waiting for approval")
-    listing.add_argument("--outcome-unknown", action="store_true",
-                         help="only sessions with an outcome_unknown tool call to reconcile")
+    listing.add_argument(
+        "--awaiting-approval", action="store_true", help="only sessions with a tool call waiting for approval"
+    )
+    listing.add_argument(
+        "--outcome-unknown", action="store_true", help="only sessions with an outcome_unknown tool call to reconcile"
+    )
     listing.add_argument("--limit", type=_page_size, default=50, help="sessions per page, 1..1000 (default 50)")
     listing.add_argument("--after", metavar="CURSOR", help="the page after this cursor (printed under a full page)")
     listing.add_argument("--all", action="store_true", help="follow the cursor through every page")
 
-    show = actions.add_parser("show", parents=common,
-                              help="one session: turns, steps and attempts, tool calls, pending approvals/questions")
+    show = actions.add_parser(
+        "show", parents=common, help="one session: turns, steps and attempts, tool calls, pending approvals/questions"
+    )
     show.add_argument("session_id", metavar="SESSION_ID")
 
-    for name, what in (("approve", "run a tool call that waits for approval"),
-                       ("deny", "refuse a tool call that waits for approval (the model sees the reason)")):
+    for name, what in (
+        ("approve", "run a tool call that waits for approval"),
+        ("deny", "refuse a tool call that waits for approval (the model sees the reason)"),
+    ):
         decide = actions.add_parser(name, parents=common, help=what)
         decide.add_argument("session_id", metavar="SESSION_ID")
         decide.add_argument("call_id", metavar="CALL_ID")
@@ -97,8 +107,9 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     answer.add_argument("answer", metavar="ANSWER", help="the answer text")
     answer.add_argument("--json-value", action="store_true", help="ANSWER is a JSON value, not text")
 
-    reconcile = actions.add_parser("reconcile", parents=common,
-                                   help="settle a tool call whose outcome is unknown, after checking what happened")
+    reconcile = actions.add_parser(
+        "reconcile", parents=common, help="settle a tool call whose outcome is unknown, after checking what happened"
+    )
     reconcile.add_argument("session_id", metavar="SESSION_ID")
     reconcile.add_argument("call_id", metavar="CALL_ID")
     reconcile.add_argument("--outcome", required=True, choices=("succeeded", "failed"), help="what really happened")
@@ -108,8 +119,12 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     send = actions.add_parser("send", parents=common, help="send a user message (starts or steers a turn)")
     send.add_argument("session_id", metavar="SESSION_ID")
     send.add_argument("text", metavar="TEXT")
-    send.add_argument("--mode", choices=("queue", "steer"), default="queue",
-                      help="queue: after the running turn (default); steer: at its next model call")
+    send.add_argument(
+        "--mode",
+        choices=("queue", "steer"),
+        default="queue",
+        help="queue: after the running turn (default); steer: at its next model call",
+    )
     send.add_argument("--message-id", help="an id that makes a repeated send a no-op (default: a new one)")
 
 
@@ -132,6 +147,7 @@ def _json_argument(text: str, option: str) -> Any:
 
 def cmd_sessions(args: argparse.Namespace) -> int:
     """`dex-ha sessions …`: the active node is found first (clear errors), then the Client SDK."""
+
     async def run_through_active() -> str:
         urls, token = urls_of(args), token_of(args)
         active = await find_active(urls, token)
@@ -165,9 +181,13 @@ async def run(args: argparse.Namespace, client: DexClient) -> str:
 async def _list(args: argparse.Namespace, client: DexClient) -> str:
     async def page_after(after: str | None) -> SessionPage:
         return await client.list_sessions(
-            agent=args.agent, status=args.status, limit=args.limit, after=after,
+            agent=args.agent,
+            status=args.status,
+            limit=args.limit,
+            after=after,
             awaiting_approval=True if args.awaiting_approval else None,
-            outcome_unknown=True if args.outcome_unknown else None)
+            outcome_unknown=True if args.outcome_unknown else None,
+        )
 
     page = await page_after(args.after)
     sessions = list(page.sessions)
@@ -222,10 +242,12 @@ def short(value: Any, limit: int = CELL_CHARS) -> str:
 
 
 def format_session_list(sessions: list[SessionSummary], next_after: str | None) -> str:
-    rows = [[s.session_id, s.agent, s.status, dash(s.turn_count), when(s.created_at), when(s.updated_at)]
-            for s in sessions]
-    lines = [format_table(["session", "agent", "status", "turns", "created", "updated"], rows)
-             if rows else "no sessions"]
+    rows = [
+        [s.session_id, s.agent, s.status, dash(s.turn_count), when(s.created_at), when(s.updated_at)] for s in sessions
+    ]
+    lines = [
+        format_table(["session", "agent", "status", "turns", "created", "updated"], rows) if rows else "no sessions"
+    ]
     if next_after:
         lines.append(f"more: dex-ha sessions list --after {next_after}  (or --all)")
     return "\n".join(lines)
@@ -249,17 +271,24 @@ def format_session(snapshot: Session) -> str:
 
 
 def _turns_section(turns: Sequence[Turn]) -> str:
-    rows = [[dash(t.number), t.turn_id, t.status, when(t.started_at), when(t.ended_at), short(t.error)]
-            for t in turns]
+    rows = [[dash(t.number), t.turn_id, t.status, when(t.started_at), when(t.ended_at), short(t.error)] for t in turns]
     return "turns:\n" + (format_table(["#", "turn", "status", "started", "ended", "error"], rows) if rows else "none")
 
 
 def _current_turn_section(turn: Turn | None) -> str:
     if turn is None:
         return ""
-    rows = [[step.step_id, step.kind, step.status, short(step.call_id),
-             f"{step.attempts_used}/{dash(step.max_attempts)}", _attempts_text(step.attempts)]
-            for step in turn.steps]
+    rows = [
+        [
+            step.step_id,
+            step.kind,
+            step.status,
+            short(step.call_id),
+            f"{step.attempts_used}/{dash(step.max_attempts)}",
+            _attempts_text(step.attempts),
+        ]
+        for step in turn.steps
+    ]
     title = f"current turn {turn.turn_id} ({turn.status}): steps and attempts"
     table = format_table(["step", "kind", "status", "call", "attempts", "attempt: status (worker, error)"], rows)
     return title + "\n" + (table if rows else "no steps yet")
@@ -274,13 +303,24 @@ def _attempts_text(attempts: Sequence[Attempt]) -> str:
 
 
 def _calls_section(calls: Sequence[ToolCallRecord]) -> str:
-    rows = [[c.call_id, c.name, dash(c.effect), c.status, str(sum(len(step.attempts) for step in c.steps)),
-             short(c.error if c.error else c.output)] for c in calls]
+    rows = [
+        [
+            c.call_id,
+            c.name,
+            dash(c.effect),
+            c.status,
+            str(sum(len(step.attempts) for step in c.steps)),
+            short(c.error if c.error else c.output),
+        ]
+        for c in calls
+    ]
     table = format_table(["call", "tool", "effect", "status", "attempts", "output / error"], rows)
     hint = ""
     if any(c.status == "outcome_unknown" for c in calls):
-        hint = ("\noutcome_unknown: check what the tool did, then "
-                "dex-ha sessions reconcile SESSION CALL --outcome succeeded|failed")
+        hint = (
+            "\noutcome_unknown: check what the tool did, then "
+            "dex-ha sessions reconcile SESSION CALL --outcome succeeded|failed"
+        )
     return "tool calls:\n" + (table + hint if rows else "none")
 
 
@@ -288,14 +328,21 @@ def _approvals_section(sid: str, approvals: Sequence[PendingApproval]) -> str:
     if not approvals:
         return ""
     rows = [[a.call_id, dash(a.name), short(a.arguments), when(a.requested_at)] for a in approvals]
-    return ("pending approvals (dex-ha sessions approve|deny " + sid + " CALL):\n"
-            + format_table(["call", "tool", "arguments", "requested"], rows))
+    return (
+        "pending approvals (dex-ha sessions approve|deny "
+        + sid
+        + " CALL):\n"
+        + format_table(["call", "tool", "arguments", "requested"], rows)
+    )
 
 
 def _questions_section(sid: str, questions: Sequence[PendingQuestion]) -> str:
     if not questions:
         return ""
-    rows = [[q.question_id, dash(q.source), short(q.call_id), short(q.question), when(q.asked_at)]
-            for q in questions]
-    return ("pending questions (dex-ha sessions answer " + sid + " QUESTION ANSWER):\n"
-            + format_table(["question", "source", "call", "question text", "asked"], rows))
+    rows = [[q.question_id, dash(q.source), short(q.call_id), short(q.question), when(q.asked_at)] for q in questions]
+    return (
+        "pending questions (dex-ha sessions answer "
+        + sid
+        + " QUESTION ANSWER):\n"
+        + format_table(["question", "source", "call", "question text", "asked"], rows)
+    )

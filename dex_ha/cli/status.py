@@ -48,18 +48,54 @@ def status_rows(answers: list[NodeAnswer]) -> list[list[str]]:
         voter = "yes" if m.get("voter") is True else "no" if m.get("voter") is False else "-"
         contact_text = contact_text_of(m)
         if v is None:
-            rows.append([node_id, a.url, "REFUSED" if a.refused else "NO ANSWER", "-", "-", "-", "-", "-",
-                         voter, dash(m.get("match_index")), contact_text])
+            rows.append(
+                [
+                    node_id,
+                    a.url,
+                    "REFUSED" if a.refused else "NO ANSWER",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    voter,
+                    dash(m.get("match_index")),
+                    contact_text,
+                ]
+            )
             continue
-        rows.append([node_id, a.url, v["role"], dash(v.get("term")), dash(v.get("leader_id")),
-                     dash(v.get("commit_index")), dash(v.get("applied_index")), dash(v.get("lease_remaining_ms")),
-                     voter, dash(m.get("match_index")), contact_text])
+        rows.append(
+            [
+                node_id,
+                a.url,
+                v["role"],
+                dash(v.get("term")),
+                dash(v.get("leader_id")),
+                dash(v.get("commit_index")),
+                dash(v.get("applied_index")),
+                dash(v.get("lease_remaining_ms")),
+                voter,
+                dash(m.get("match_index")),
+                contact_text,
+            ]
+        )
     return rows
 
 
 def format_status(answers: list[NodeAnswer]) -> str:
-    headers = ["node", "url", "role", "term", "leader", "commit", "applied", "lease ms", "voter", "match",
-               "last contact"]
+    headers = [
+        "node",
+        "url",
+        "role",
+        "term",
+        "leader",
+        "commit",
+        "applied",
+        "lease ms",
+        "voter",
+        "match",
+        "last contact",
+    ]
     lines = [format_table(headers, status_rows(answers)), ""]
     active = [(a.url, a.view) for a in answers if a.view and a.view.get("role") == "active"]
     if len(active) == 1:
@@ -70,8 +106,9 @@ def format_status(answers: list[NodeAnswer]) -> str:
     elif not active:
         lines.append("NO active node answered (an election may be running; try again in a second)")
     else:
-        lines.append(f"WARNING: {len(active)} nodes say they are active: "
-                     + ", ".join(view["node_id"] for _, view in active))
+        lines.append(
+            f"WARNING: {len(active)} nodes say they are active: " + ", ".join(view["node_id"] for _, view in active)
+        )
     lines += [f"{a.url}: {a.error}" for a in answers if a.error]
     if any(a.view.get("insecure") for a in answers if a.view):
         lines.append("note: the cluster runs WITHOUT authentication (--insecure or dev mode)")
@@ -81,8 +118,17 @@ def format_status(answers: list[NodeAnswer]) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     answers = asyncio.run(gather_views(urls_of(args), token_of(args)))
     if args.json:
-        print(json.dumps({"nodes": [{"url": a.url, "answer": a.view} if a.view else {"url": a.url, "error": a.error}
-                                    for a in answers]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "nodes": [
+                        {"url": a.url, "answer": a.view} if a.view else {"url": a.url, "error": a.error}
+                        for a in answers
+                    ]
+                },
+                indent=2,
+            )
+        )
     else:
         print(format_status(answers))
     if any(a.view for a in answers):

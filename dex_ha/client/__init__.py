@@ -27,6 +27,25 @@ from dex_ha.client.results import (
 )
 from dex_ha.client.stream_text import StreamText
 
-__all__ = ["Attempt", "ClusterView", "Connection", "DexClient", "DexError", "DexUnavailable", "IdleTimeoutError",
-           "MalformedAnswer", "Member", "MessageAccepted", "PendingApproval", "PendingQuestion", "Session",
-           "SessionEvent", "SessionPage", "SessionSummary", "Step", "StreamText", "ToolCallRecord", "Turn"]
+__all__ = [
+    "Attempt",
+    "ClusterView",
+    "Connection",
+    "DexClient",
+    "DexError",
+    "DexUnavailable",
+    "IdleTimeoutError",
+    "MalformedAnswer",
+    "Member",
+    "MessageAccepted",
+    "PendingApproval",
+    "PendingQuestion",
+    "Session",
+    "SessionEvent",
+    "SessionPage",
+    "SessionSummary",
+    "Step",
+    "StreamText",
+    "ToolCallRecord",
+    "Turn",
+]

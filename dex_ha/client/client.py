@@ -76,9 +76,7 @@ class IdleTimeoutError(asyncio.TimeoutError):
     """wait_until_idle's deadline passed. ``session_id`` and ``last_status`` say where it stood."""
 
     def __init__(self, session_id: str, last_status: str | None, timeout_s: float) -> None:
-        super().__init__(
-            f"session {session_id!r} is not idle after {timeout_s} s (last status: {last_status!r})"
-        )
+        super().__init__(f"session {session_id!r} is not idle after {timeout_s} s (last status: {last_status!r})")
         self.session_id = session_id
         self.last_status = last_status
 
@@ -120,8 +118,9 @@ class DexClient:
     ``DEX_HA_CLIENT_TOKEN``, else ``DEX_HA_TOKEN`` (else no token).
     """
 
-    def __init__(self, urls: str | Sequence[str] | None = None, token: str | None = None,
-                 **connection_kwargs: Any) -> None:
+    def __init__(
+        self, urls: str | Sequence[str] | None = None, token: str | None = None, **connection_kwargs: Any
+    ) -> None:
         if urls is None:
             urls = urls_from_env()
         if token is None:
@@ -157,7 +156,8 @@ class DexClient:
     async def get_session(self, session_id: str) -> Session:
         """The agent snapshot of a session: status, turns, history, tool calls, pending waits."""
         return Session.from_answer(
-            await self._conn.request("GET", f"/v1/sessions/{_segment(session_id, 'session_id')}"))
+            await self._conn.request("GET", f"/v1/sessions/{_segment(session_id, 'session_id')}")
+        )
 
     async def list_sessions(
         self,
@@ -185,8 +185,14 @@ class DexClient:
             raise ValueError(f"limit must be a positive int or None, got {limit!r}")
         params = {
             name: _query_value(value)
-            for name, value in (("agent", agent), ("status", status), ("limit", limit), ("after", after),
-                                ("awaiting_approval", awaiting_approval), ("outcome_unknown", outcome_unknown))
+            for name, value in (
+                ("agent", agent),
+                ("status", status),
+                ("limit", limit),
+                ("after", after),
+                ("awaiting_approval", awaiting_approval),
+                ("outcome_unknown", outcome_unknown),
+            )
             if value is not None
         }
         return SessionPage.from_answer(await self._conn.request("GET", "/v1/sessions", params=params))
@@ -202,8 +208,14 @@ class DexClient:
         """Every session matching the filters (those of :meth:`list_sessions`), page after page."""
         after: str | None = None
         while True:
-            page = await self.list_sessions(agent=agent, status=status, limit=page_size, after=after,
-                                            awaiting_approval=awaiting_approval, outcome_unknown=outcome_unknown)
+            page = await self.list_sessions(
+                agent=agent,
+                status=status,
+                limit=page_size,
+                after=after,
+                awaiting_approval=awaiting_approval,
+                outcome_unknown=outcome_unknown,
+            )
             for session in page.sessions:
                 yield session
             if not page.next_after or page.next_after == after:

@@ -217,9 +217,7 @@ class Connection:
         if backoff_initial_s <= 0:
             raise ValueError(f"backoff_initial_s must be > 0, got {backoff_initial_s}")
         if backoff_max_s < backoff_initial_s:
-            raise ValueError(
-                f"backoff_max_s must be >= backoff_initial_s, got {backoff_max_s} < {backoff_initial_s}"
-            )
+            raise ValueError(f"backoff_max_s must be >= backoff_initial_s, got {backoff_max_s} < {backoff_initial_s}")
         self._token = token
         self._request_timeout_s = request_timeout_s
         self._give_up_after_s = give_up_after_s
@@ -323,9 +321,7 @@ class Connection:
 
     # ----------------------------------------------------------------- retry loop
 
-    async def _with_retries(
-        self, what: str, send_once: Callable[[aiohttp.ClientSession, str], Awaitable[T]]
-    ) -> T:
+    async def _with_retries(self, what: str, send_once: Callable[[aiohttp.ClientSession, str], Awaitable[T]]) -> T:
         """Call ``send_once(session, base_url)`` until it succeeds or raises a DexError."""
         started = self._clock()
         # Moving to another node is free (no sleep) for one pass through the list.
@@ -406,7 +402,9 @@ class Connection:
         self._last_slow_warning_at = now
         log.warning(
             "dex-ha client: %s still retrying after %.1f s, no active node yet; last error: %s",
-            what, waited, last_error,
+            what,
+            waited,
+            last_error,
         )
 
     def retry_delay(self, failures: int) -> float:

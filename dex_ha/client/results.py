@@ -149,9 +149,17 @@ class Attempt:
 
     @classmethod
     def parse(cls, f: _Fields) -> Attempt:
-        return cls(number=f.req_int("number"), status=f.req_str("status"), worker_id=f.opt_str("worker_id"), term=f.opt_int("term"),
-                   idempotency_key=f.opt_str("idempotency_key"), started_at=f.opt_int("started_at"),
-                   ended_at=f.opt_int("ended_at"), error=f.opt_str("error"), raw=f.raw)
+        return cls(
+            number=f.req_int("number"),
+            status=f.req_str("status"),
+            worker_id=f.opt_str("worker_id"),
+            term=f.opt_int("term"),
+            idempotency_key=f.opt_str("idempotency_key"),
+            started_at=f.opt_int("started_at"),
+            ended_at=f.opt_int("ended_at"),
+            error=f.opt_str("error"),
+            raw=f.raw,
+        )
 
 
 @dataclass(frozen=True)
@@ -170,9 +178,17 @@ class Step:
 
     @classmethod
     def parse(cls, f: _Fields) -> Step:
-        return cls(step_id=f.req_str("step_id"), kind=f.req_str("kind"), status=f.req_str("status"), call_id=f.opt_str("call_id"),
-                   attempts_used=f.int_or("attempts_used", 0), max_attempts=f.opt_int("max_attempts"),
-                   error=f.opt_str("error"), attempts=f.items("attempts", Attempt.parse), raw=f.raw)
+        return cls(
+            step_id=f.req_str("step_id"),
+            kind=f.req_str("kind"),
+            status=f.req_str("status"),
+            call_id=f.opt_str("call_id"),
+            attempts_used=f.int_or("attempts_used", 0),
+            max_attempts=f.opt_int("max_attempts"),
+            error=f.opt_str("error"),
+            attempts=f.items("attempts", Attempt.parse),
+            raw=f.raw,
+        )
 
 
 @dataclass(frozen=True)
@@ -191,10 +207,17 @@ class Turn:
 
     @classmethod
     def parse(cls, f: _Fields) -> Turn:
-        return cls(turn_id=f.req_str("turn_id"), number=f.opt_int("number"), status=f.req_str("status"),
-                   message_id=f.opt_str("message_id"), started_at=f.opt_int("started_at"),
-                   ended_at=f.opt_int("ended_at"), error=f.opt_str("error"), steps=f.items("steps", Step.parse),
-                   raw=f.raw)
+        return cls(
+            turn_id=f.req_str("turn_id"),
+            number=f.opt_int("number"),
+            status=f.req_str("status"),
+            message_id=f.opt_str("message_id"),
+            started_at=f.opt_int("started_at"),
+            ended_at=f.opt_int("ended_at"),
+            error=f.opt_str("error"),
+            steps=f.items("steps", Step.parse),
+            raw=f.raw,
+        )
 
 
 @dataclass(frozen=True)
@@ -217,11 +240,21 @@ class ToolCallRecord:
 
     @classmethod
     def parse(cls, f: _Fields) -> ToolCallRecord:
-        return cls(call_id=f.req_str("call_id"), turn_id=f.opt_str("turn_id"), name=f.req_str("name"),
-                   arguments=f.value("arguments"), effect=f.opt_str("effect"), policy=f.opt_dict("policy"),
-                   status=f.req_str("status"),
-                   output=f.value("output"), error=f.opt_str("error"), attempt_progress=f.opt_str("attempt_progress"),
-                   idempotency_key=f.opt_str("idempotency_key"), steps=f.items("steps", Step.parse), raw=f.raw)
+        return cls(
+            call_id=f.req_str("call_id"),
+            turn_id=f.opt_str("turn_id"),
+            name=f.req_str("name"),
+            arguments=f.value("arguments"),
+            effect=f.opt_str("effect"),
+            policy=f.opt_dict("policy"),
+            status=f.req_str("status"),
+            output=f.value("output"),
+            error=f.opt_str("error"),
+            attempt_progress=f.opt_str("attempt_progress"),
+            idempotency_key=f.opt_str("idempotency_key"),
+            steps=f.items("steps", Step.parse),
+            raw=f.raw,
+        )
 
 
 @dataclass(frozen=True)
@@ -236,8 +269,13 @@ class PendingApproval:
 
     @classmethod
     def parse(cls, f: _Fields) -> PendingApproval:
-        return cls(call_id=f.req_str("call_id"), name=f.opt_str("name"), arguments=f.value("arguments"),
-                   requested_at=f.opt_int("requested_at"), raw=f.raw)
+        return cls(
+            call_id=f.req_str("call_id"),
+            name=f.opt_str("name"),
+            arguments=f.value("arguments"),
+            requested_at=f.opt_int("requested_at"),
+            raw=f.raw,
+        )
 
 
 @dataclass(frozen=True)
@@ -253,8 +291,14 @@ class PendingQuestion:
 
     @classmethod
     def parse(cls, f: _Fields) -> PendingQuestion:
-        return cls(question_id=f.req_str("question_id"), call_id=f.opt_str("call_id"), source=f.opt_str("source"),
-                   question=f.value("question"), asked_at=f.opt_int("asked_at"), raw=f.raw)
+        return cls(
+            question_id=f.req_str("question_id"),
+            call_id=f.opt_str("call_id"),
+            source=f.opt_str("source"),
+            question=f.value("question"),
+            asked_at=f.opt_int("asked_at"),
+            raw=f.raw,
+        )
 
 
 @dataclass(frozen=True)
@@ -302,14 +346,24 @@ class Session:
     @classmethod
     def _parse(cls, f: _Fields) -> Session:
         return cls(
-            session_id=f.req_str("session_id"), agent=f.req_str("agent"), status=f.req_str("status"),
-            metadata=f.opt_dict("metadata"), created_at=f.opt_int("created_at"), updated_at=f.opt_int("updated_at"),
-            waiting_for=f.opt_str("waiting_for"), current_turn=f.item("current_turn", Turn.parse),
-            turns=f.items("turns", Turn.parse), history=f.dicts("history"), summary=f.opt_dict("summary"),
+            session_id=f.req_str("session_id"),
+            agent=f.req_str("agent"),
+            status=f.req_str("status"),
+            metadata=f.opt_dict("metadata"),
+            created_at=f.opt_int("created_at"),
+            updated_at=f.opt_int("updated_at"),
+            waiting_for=f.opt_str("waiting_for"),
+            current_turn=f.item("current_turn", Turn.parse),
+            turns=f.items("turns", Turn.parse),
+            history=f.dicts("history"),
+            summary=f.opt_dict("summary"),
             tool_calls=f.items("tool_calls", ToolCallRecord.parse),
             pending_approvals=f.items("pending_approvals", PendingApproval.parse),
             pending_questions=f.items("pending_questions", PendingQuestion.parse),
-            pending_timers=f.dicts("pending_timers"), waiting_messages=f.dicts("waiting_messages"), raw=f.raw)
+            pending_timers=f.dicts("pending_timers"),
+            waiting_messages=f.dicts("waiting_messages"),
+            raw=f.raw,
+        )
 
 
 @dataclass(frozen=True)
@@ -330,11 +384,19 @@ class SessionSummary:
 
     @classmethod
     def parse(cls, f: _Fields) -> SessionSummary:
-        return cls(session_id=f.req_str("session_id"), agent=f.req_str("agent"), status=f.req_str("status"),
-                   current_turn_id=f.opt_str("current_turn_id"), turn_count=f.opt_int("turn_count"),
-                   created_at=f.opt_int("created_at"), updated_at=f.opt_int("updated_at"),
-                   metadata=f.opt_dict("metadata"), pending_approvals=f.int_or("pending_approvals", 0),
-                   outcome_unknown_calls=f.int_or("outcome_unknown_calls", 0), raw=f.raw)
+        return cls(
+            session_id=f.req_str("session_id"),
+            agent=f.req_str("agent"),
+            status=f.req_str("status"),
+            current_turn_id=f.opt_str("current_turn_id"),
+            turn_count=f.opt_int("turn_count"),
+            created_at=f.opt_int("created_at"),
+            updated_at=f.opt_int("updated_at"),
+            metadata=f.opt_dict("metadata"),
+            pending_approvals=f.int_or("pending_approvals", 0),
+            outcome_unknown_calls=f.int_or("outcome_unknown_calls", 0),
+            raw=f.raw,
+        )
 
 
 @dataclass(frozen=True)
@@ -347,8 +409,12 @@ class SessionPage:
 
     @classmethod
     def from_answer(cls, answer: Any) -> SessionPage:
-        return _parse(answer, lambda f: cls(sessions=f.items("sessions", SessionSummary.parse),
-                                            next_after=f.opt_str("next_after"), raw=f.raw))
+        return _parse(
+            answer,
+            lambda f: cls(
+                sessions=f.items("sessions", SessionSummary.parse), next_after=f.opt_str("next_after"), raw=f.raw
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -362,8 +428,15 @@ class MessageAccepted:
 
     @classmethod
     def from_answer(cls, answer: Any) -> MessageAccepted:
-        return _parse(answer, lambda f: cls(session_id=f.req_str("session_id"), message_id=f.req_str("message_id"),
-                                            duplicate=bool(f.opt_bool("duplicate")), raw=f.raw))
+        return _parse(
+            answer,
+            lambda f: cls(
+                session_id=f.req_str("session_id"),
+                message_id=f.req_str("message_id"),
+                duplicate=bool(f.opt_bool("duplicate")),
+                raw=f.raw,
+            ),
+        )
 
 
 # ---------------------------------------------------------------- cluster
@@ -384,9 +457,16 @@ class Member:
 
     @classmethod
     def parse(cls, f: _Fields) -> Member:
-        return cls(id=f.req_str("id"), voter=bool(f.opt_bool("voter")), url=f.opt_str("url"),
-                   match_index=f.opt_int("match_index"), last_contact_ms_ago=f.opt_int("last_contact_ms_ago"),
-                   contacted=f.opt_bool("contacted"), replication=f.opt_str("replication"), raw=f.raw)
+        return cls(
+            id=f.req_str("id"),
+            voter=bool(f.opt_bool("voter")),
+            url=f.opt_str("url"),
+            match_index=f.opt_int("match_index"),
+            last_contact_ms_ago=f.opt_int("last_contact_ms_ago"),
+            contacted=f.opt_bool("contacted"),
+            replication=f.opt_str("replication"),
+            raw=f.raw,
+        )
 
 
 @dataclass(frozen=True)
@@ -406,12 +486,35 @@ class ClusterView:
 
     @classmethod
     def from_answer(cls, answer: Any) -> ClusterView:
-        return _parse(answer, lambda f: cls(
-            node_id=f.req_str("node_id"), role=f.req_str("role"), term=f.opt_int("term"), leader_id=f.opt_str("leader_id"),
-            leader_url=f.opt_str("leader_url"), commit_index=f.opt_int("commit_index"),
-            applied_index=f.opt_int("applied_index"), lease_remaining_ms=f.opt_int("lease_remaining_ms"),
-            members=f.items("members", Member.parse), raw=f.raw))
+        return _parse(
+            answer,
+            lambda f: cls(
+                node_id=f.req_str("node_id"),
+                role=f.req_str("role"),
+                term=f.opt_int("term"),
+                leader_id=f.opt_str("leader_id"),
+                leader_url=f.opt_str("leader_url"),
+                commit_index=f.opt_int("commit_index"),
+                applied_index=f.opt_int("applied_index"),
+                lease_remaining_ms=f.opt_int("lease_remaining_ms"),
+                members=f.items("members", Member.parse),
+                raw=f.raw,
+            ),
+        )
 
 
-__all__ = ["Attempt", "ClusterView", "MalformedAnswer", "Member", "MessageAccepted", "PendingApproval",
-           "PendingQuestion", "Session", "SessionPage", "SessionSummary", "Step", "ToolCallRecord", "Turn"]
+__all__ = [
+    "Attempt",
+    "ClusterView",
+    "MalformedAnswer",
+    "Member",
+    "MessageAccepted",
+    "PendingApproval",
+    "PendingQuestion",
+    "Session",
+    "SessionPage",
+    "SessionSummary",
+    "Step",
+    "ToolCallRecord",
+    "Turn",
+]

@@ -54,7 +54,7 @@ class SSEParser:
         for line_end in _LINE_END.finditer(text):
             if line_end.group() == "\r" and line_end.end() == len(text):
                 break  # may be the first half of "\r\n": wait for the next chunk
-            event = self._line(text[start:line_end.start()])
+            event = self._line(text[start : line_end.start()])
             start = line_end.end()
             if event is not None:
                 events.append(event)
@@ -94,8 +94,9 @@ class SSEParser:
 STREAM_IDLE_TIMEOUT_S = 45.0
 
 
-async def read_events(resp: aiohttp.ClientResponse,
-                      idle_timeout_s: float = STREAM_IDLE_TIMEOUT_S) -> AsyncIterator[RawEvent]:
+async def read_events(
+    resp: aiohttp.ClientResponse, idle_timeout_s: float = STREAM_IDLE_TIMEOUT_S
+) -> AsyncIterator[RawEvent]:
     """Yield the events of an open event-stream response until it ends.
 
     A connection that drops mid-stream raises an aiohttp.ClientError, and one that sees no

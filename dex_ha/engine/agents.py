@@ -19,14 +19,18 @@ EFFECTS = ("read", "idempotent_write", "write")
 ASK_USER = "ask_user"
 SLEEP = "sleep"
 BUILTIN_TOOLS: tuple[dict[str, Any], ...] = (
-    {"name": ASK_USER, "builtin": True,
-     "description": "Ask the user a question and wait for the answer.",
-     "input_schema": {"type": "object", "properties": {"question": {"type": "string"}},
-                      "required": ["question"]}},
-    {"name": SLEEP, "builtin": True,
-     "description": "Wait for a number of milliseconds before going on.",
-     "input_schema": {"type": "object", "properties": {"ms": {"type": "integer", "minimum": 0}},
-                      "required": ["ms"]}},
+    {
+        "name": ASK_USER,
+        "builtin": True,
+        "description": "Ask the user a question and wait for the answer.",
+        "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}, "required": ["question"]},
+    },
+    {
+        "name": SLEEP,
+        "builtin": True,
+        "description": "Wait for a number of milliseconds before going on.",
+        "input_schema": {"type": "object", "properties": {"ms": {"type": "integer", "minimum": 0}}, "required": ["ms"]},
+    },
 )
 BUILTIN_NAMES = frozenset(t["name"] for t in BUILTIN_TOOLS)
 
@@ -43,8 +47,14 @@ class ToolPolicy:
     max_attempts: int | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "effect": self.effect, "approval": self.approval, "inline": self.inline,
-                "start_to_close_ms": self.start_to_close_ms, "max_attempts": self.max_attempts}
+        return {
+            "name": self.name,
+            "effect": self.effect,
+            "approval": self.approval,
+            "inline": self.inline,
+            "start_to_close_ms": self.start_to_close_ms,
+            "max_attempts": self.max_attempts,
+        }
 
 
 # The policy recorded on built-in calls: they change nothing outside the session.
@@ -72,8 +82,9 @@ def normalize_definition(definition: dict[str, Any]) -> dict[str, Any]:
             "max_items": _positive_int(compaction.get("max_items"), "definition.compaction.max_items"),
             "max_tokens": _positive_int(compaction.get("max_tokens"), "definition.compaction.max_tokens"),
         },
-        "model": {"start_to_close_ms": _duration_ms(model.get("start_to_close_ms"),
-                                                     "definition.model.start_to_close_ms")},
+        "model": {
+            "start_to_close_ms": _duration_ms(model.get("start_to_close_ms"), "definition.model.start_to_close_ms")
+        },
         "description": definition.get("description"),
         "metadata": definition.get("metadata"),
     }
@@ -81,8 +92,11 @@ def normalize_definition(definition: dict[str, Any]) -> dict[str, Any]:
 
 def _normalize_tool(tool: Any, where: str) -> dict[str, Any]:
     tool = _object(tool, where)
-    _no_unknown_keys(tool, {"name", "description", "input_schema", "effect", "approval", "inline",
-                            "start_to_close_ms", "max_attempts"}, where)
+    _no_unknown_keys(
+        tool,
+        {"name", "description", "input_schema", "effect", "approval", "inline", "start_to_close_ms", "max_attempts"},
+        where,
+    )
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise Rejected("invalid", f"{where}.name must be a non-empty string")
@@ -114,9 +128,14 @@ def tool_policy(definition: dict[str, Any] | None, name: str) -> ToolPolicy | No
         return BUILTIN_POLICY[name]
     for tool in (definition or {}).get("tools", []):
         if tool["name"] == name:
-            return ToolPolicy(name=name, effect=tool["effect"], approval=tool["approval"],
-                              inline=tool["inline"], start_to_close_ms=tool["start_to_close_ms"],
-                              max_attempts=tool["max_attempts"])
+            return ToolPolicy(
+                name=name,
+                effect=tool["effect"],
+                approval=tool["approval"],
+                inline=tool["inline"],
+                start_to_close_ms=tool["start_to_close_ms"],
+                max_attempts=tool["max_attempts"],
+            )
     return None
 
 

@@ -51,12 +51,20 @@ def record_model_response(ctx: ApplyContext, step: sqlite3.Row, result: dict[str
     content, tool_calls = _validate_model_result(ctx, step["session_id"], result)
     if isinstance(result.get("usage"), dict):
         ctx.store.update("steps", {"step_id": step["step_id"]}, usage=to_json(result["usage"]))
-    message = {"type": "assistant", "content": content,
-               "tool_calls": [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]}
-                              for c in tool_calls]}
+    message = {
+        "type": "assistant",
+        "content": content,
+        "tool_calls": [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in tool_calls],
+    }
     ctx.store.append_history(step["session_id"], step["turn_id"], message, ctx.at)
-    ctx.emit(step["session_id"], "assistant_message", turn_id=step["turn_id"], step_id=step["step_id"],
-             content=content, tool_calls=message["tool_calls"])
+    ctx.emit(
+        step["session_id"],
+        "assistant_message",
+        turn_id=step["turn_id"],
+        step_id=step["step_id"],
+        content=content,
+        tool_calls=message["tool_calls"],
+    )
     if not tool_calls:
         turns.end_turn(ctx, step["session_id"], step["turn_id"], TurnStatus.COMPLETED)
         return
@@ -64,14 +72,17 @@ def record_model_response(ctx: ApplyContext, step: sqlite3.Row, result: dict[str
     policies = [tool_policy(definition, c["name"]) for c in tool_calls]
     # Insert every call before routing any: a call that ends at once must not see its
     # response as complete while its siblings do not exist yet.
-    rows = [_insert_call(ctx, step, position, call, policy)
-            for position, (call, policy) in enumerate(zip(tool_calls, policies))]
+    rows = [
+        _insert_call(ctx, step, position, call, policy)
+        for position, (call, policy) in enumerate(zip(tool_calls, policies))
+    ]
     for row, call, policy in zip(rows, tool_calls, policies):
         _route_call(ctx, row, policy, call)
 
 
-def _validate_model_result(ctx: ApplyContext, session_id: str,
-                           result: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
+def _validate_model_result(
+    ctx: ApplyContext, session_id: str, result: dict[str, Any]
+) -> tuple[Any, list[dict[str, Any]]]:
     tool_calls = result.get("tool_calls") or []
     if not isinstance(tool_calls, list):
         raise Rejected("invalid", "result.tool_calls must be a list")
@@ -97,14 +108,24 @@ def _validate_model_result(ctx: ApplyContext, session_id: str,
     return result.get("content"), normalized
 
 
-def _insert_call(ctx: ApplyContext, step: sqlite3.Row, position: int, call: dict[str, Any],
-                 policy: ToolPolicy | None) -> dict[str, Any]:
+def _insert_call(
+    ctx: ApplyContext, step: sqlite3.Row, position: int, call: dict[str, Any], policy: ToolPolicy | None
+) -> dict[str, Any]:
     """Insert the call; returns the row as inserted (the routing reads it, not the table)."""
-    row = dict(session_id=step["session_id"], call_id=call["id"], turn_id=step["turn_id"],
-               agent=step["agent"], response_step_id=step["step_id"], position=position,
-               name=call["name"], arguments=to_json(call["arguments"]),
-               policy=to_json(policy.as_json() if policy else None),
-               effect=policy.effect if policy else None, status=CallStatus.PENDING, created_at=ctx.at)
+    row = dict(
+        session_id=step["session_id"],
+        call_id=call["id"],
+        turn_id=step["turn_id"],
+        agent=step["agent"],
+        response_step_id=step["step_id"],
+        position=position,
+        name=call["name"],
+        arguments=to_json(call["arguments"]),
+        policy=to_json(policy.as_json() if policy else None),
+        effect=policy.effect if policy else None,
+        status=CallStatus.PENDING,
+        created_at=ctx.at,
+    )
     try:
         ctx.store.insert("tool_calls", **row)
     except sqlite3.IntegrityError:
@@ -112,12 +133,16 @@ def _insert_call(ctx: ApplyContext, step: sqlite3.Row, position: int, call: dict
     return row
 
 
-def _route_call(ctx: ApplyContext, call: dict[str, Any], policy: ToolPolicy | None,
-                raw: dict[str, Any]) -> None:
+def _route_call(ctx: ApplyContext, call: dict[str, Any], policy: ToolPolicy | None, raw: dict[str, Any]) -> None:
     name, arguments = call["name"], from_json(call["arguments"])
     if policy is None:
-        finish_call(ctx, call, CallStatus.FAILED, progress=NOT_STARTED,
-                    error=not_run_error(f"no registered agent defines the tool {name!r}"))
+        finish_call(
+            ctx,
+            call,
+            CallStatus.FAILED,
+            progress=NOT_STARTED,
+            error=not_run_error(f"no registered agent defines the tool {name!r}"),
+        )
     elif name == ASK_USER:
         ask_question(ctx, call, "ask_user", arguments.get("question", arguments))
     elif name == SLEEP:
@@ -133,8 +158,13 @@ def _route_call(ctx: ApplyContext, call: dict[str, Any], policy: ToolPolicy | No
 def _start_sleep(ctx: ApplyContext, call: CallRow, arguments: dict[str, Any]) -> None:
     ms = arguments.get("ms")
     if not isinstance(ms, int) or isinstance(ms, bool) or not 0 <= ms <= MAX_DURATION_MS:
-        finish_call(ctx, call, CallStatus.FAILED, progress=NOT_STARTED,
-                    error=not_run_error(f"sleep needs `ms`, an integer from 0 to {MAX_DURATION_MS} (ten years)"))
+        finish_call(
+            ctx,
+            call,
+            CallStatus.FAILED,
+            progress=NOT_STARTED,
+            error=not_run_error(f"sleep needs `ms`, an integer from 0 to {MAX_DURATION_MS} (ten years)"),
+        )
         return
     step_id = _create_call_step(ctx, call, AWAIT_TIMER)
     steps.set_timer(ctx, _step_ref(call, step_id), "sleep", ctx.at + ms)
@@ -154,10 +184,21 @@ def _record_inline_result(ctx: ApplyContext, call: CallRow, result: Any) -> None
 
 def _request_approval(ctx: ApplyContext, call: CallRow) -> None:
     step_id = _create_call_step(ctx, call, AWAIT_TOOL_APPROVAL)
-    ctx.store.insert("approvals", session_id=call["session_id"], call_id=call["call_id"],
-                     step_id=step_id, status="pending", requested_at=ctx.at)
-    ctx.emit(call["session_id"], "approval_requested", call_id=call["call_id"], name=call["name"],
-             arguments=from_json(call["arguments"]))
+    ctx.store.insert(
+        "approvals",
+        session_id=call["session_id"],
+        call_id=call["call_id"],
+        step_id=step_id,
+        status="pending",
+        requested_at=ctx.at,
+    )
+    ctx.emit(
+        call["session_id"],
+        "approval_requested",
+        call_id=call["call_id"],
+        name=call["name"],
+        arguments=from_json(call["arguments"]),
+    )
 
 
 def queue_tool_step(ctx: ApplyContext, call: CallRow, answer: Any = NO_ANSWER) -> str:
@@ -165,13 +206,21 @@ def queue_tool_step(ctx: ApplyContext, call: CallRow, answer: Any = NO_ANSWER) -
     `answer` when the tool asked a question (a JSON null is an answer too)."""
     policy = from_json(call["policy"])
     kind = tool_step_kind(call["effect"])
-    params: dict[str, Any] = {"call_id": call["call_id"], "name": call["name"],
-                              "arguments": from_json(call["arguments"])}
+    params: dict[str, Any] = {
+        "call_id": call["call_id"],
+        "name": call["name"],
+        "arguments": from_json(call["arguments"]),
+    }
     if answer is not NO_ANSWER:
         params["answer"] = answer
-    return _create_call_step(ctx, call, kind, params=params,
-                             max_attempts=max_attempts_for(kind, policy["max_attempts"]),
-                             start_to_close_ms=policy["start_to_close_ms"])
+    return _create_call_step(
+        ctx,
+        call,
+        kind,
+        params=params,
+        max_attempts=max_attempts_for(kind, policy["max_attempts"]),
+        start_to_close_ms=policy["start_to_close_ms"],
+    )
 
 
 def queue_poll(ctx: ApplyContext, call: CallRow) -> str:
@@ -182,16 +231,37 @@ def queue_poll(ctx: ApplyContext, call: CallRow) -> str:
 def ask_question(ctx: ApplyContext, call: CallRow, source: str, question: Any) -> None:
     step_id = _create_call_step(ctx, call, AWAIT_QUESTION_ANSWER)
     question_id = ctx.ids.new("q")
-    ctx.store.insert("questions", question_id=question_id, session_id=call["session_id"],
-                     call_id=call["call_id"], step_id=step_id, source=source,
-                     question=to_json(question), status="pending", asked_at=ctx.at)
-    ctx.emit(call["session_id"], "question_asked", question_id=question_id, call_id=call["call_id"],
-             source=source, question=question)
+    ctx.store.insert(
+        "questions",
+        question_id=question_id,
+        session_id=call["session_id"],
+        call_id=call["call_id"],
+        step_id=step_id,
+        source=source,
+        question=to_json(question),
+        status="pending",
+        asked_at=ctx.at,
+    )
+    ctx.emit(
+        call["session_id"],
+        "question_asked",
+        question_id=question_id,
+        call_id=call["call_id"],
+        source=source,
+        question=question,
+    )
 
 
 def _create_call_step(ctx: ApplyContext, call: CallRow, kind: str, **kwargs: Any) -> str:
-    return steps.create_step(ctx, session_id=call["session_id"], turn_id=call["turn_id"], agent=call["agent"],
-                             kind=kind, call_id=call["call_id"], **kwargs)
+    return steps.create_step(
+        ctx,
+        session_id=call["session_id"],
+        turn_id=call["turn_id"],
+        agent=call["agent"],
+        kind=kind,
+        call_id=call["call_id"],
+        **kwargs,
+    )
 
 
 def _step_ref(call: CallRow, step_id: str) -> dict[str, Any]:
@@ -260,28 +330,52 @@ def _wait_before_poll(ctx: ApplyContext, call: CallRow, delay_ms: int) -> None:
 # ---------------------------------------------------------------- outcomes
 
 
-def finish_call(ctx: ApplyContext, call: CallRow, status: CallStatus, *, output: Any = None,
-                error: str | None = None, progress: str | None = None) -> None:
+def finish_call(
+    ctx: ApplyContext,
+    call: CallRow,
+    status: CallStatus,
+    *,
+    output: Any = None,
+    error: str | None = None,
+    progress: str | None = None,
+) -> None:
     """Record the call's one final outcome; the last call of a response moves the turn on.
     `call` needs only its key (session_id, call_id): the rest comes back from the UPDATE."""
     assert status in FINAL_CALL_STATUSES, status
     finished = ctx.store.row(
         "UPDATE tool_calls SET status = ?, output = ?, error = ?, attempt_progress = ?, ended_at = ? "
         "WHERE session_id = ? AND call_id = ? RETURNING name, response_step_id, turn_id",
-        (status, None if output is None else to_json(output), error, progress, ctx.at,
-         call["session_id"], call["call_id"]))
+        (
+            status,
+            None if output is None else to_json(output),
+            error,
+            progress,
+            ctx.at,
+            call["session_id"],
+            call["call_id"],
+        ),
+    )
     if finished is None:
         raise Rejected("not_found", f"session {call['session_id']} has no tool call {call['call_id']}")
     ctx.bump(f"tool_calls.{status}")
-    ctx.emit(call["session_id"], "tool_call_finished", call_id=call["call_id"], name=finished["name"],
-             status=status, output=output, error=error, attempt_progress=progress)
+    ctx.emit(
+        call["session_id"],
+        "tool_call_finished",
+        call_id=call["call_id"],
+        name=finished["name"],
+        status=status,
+        output=output,
+        error=error,
+        attempt_progress=progress,
+    )
     _finish_response_if_done(ctx, finished["response_step_id"], call["session_id"], finished["turn_id"])
 
 
-def _finish_response_if_done(ctx: ApplyContext, response_step_id: str, session_id: str,
-                             turn_id: str) -> None:
-    response = ctx.store.rows("SELECT call_id, name, status, output, error FROM tool_calls "
-                              "WHERE response_step_id = ? ORDER BY position", (response_step_id,))
+def _finish_response_if_done(ctx: ApplyContext, response_step_id: str, session_id: str, turn_id: str) -> None:
+    response = ctx.store.rows(
+        "SELECT call_id, name, status, output, error FROM tool_calls WHERE response_step_id = ? ORDER BY position",
+        (response_step_id,),
+    )
     if any(call["status"] == CallStatus.PENDING for call in response):
         return
     ctx.store.append_history(session_id, turn_id, [tool_result_item(call) for call in response], ctx.at)
@@ -291,8 +385,7 @@ def _finish_response_if_done(ctx: ApplyContext, response_step_id: str, session_i
 
 def tool_result_item(call: CallRow) -> dict[str, Any]:
     """The history item the model sees for a call with an outcome."""
-    item = {"type": "tool_result", "call_id": call["call_id"], "name": call["name"],
-            "status": call["status"]}
+    item = {"type": "tool_result", "call_id": call["call_id"], "name": call["name"], "status": call["status"]}
     if call["status"] == CallStatus.SUCCEEDED:
         item["output"] = from_json(call["output"])
     else:
@@ -302,24 +395,28 @@ def tool_result_item(call: CallRow) -> dict[str, Any]:
 
 def cancel_pending_calls(ctx: ApplyContext, turn_id: str) -> None:
     """Cancel: each open call records its outcome by whether its tool may have run."""
-    for call in ctx.store.rows("SELECT * FROM tool_calls WHERE turn_id = ? AND status = 'pending' "
-                               "ORDER BY response_step_id, position", (turn_id,)):
+    for call in ctx.store.rows(
+        "SELECT * FROM tool_calls WHERE turn_id = ? AND status = 'pending' ORDER BY response_step_id, position",
+        (turn_id,),
+    ):
         if call["ran"]:
             status = tool_outcome_on_exhaustion(call["effect"], NOT_COMPLETED)
-            error = ("the turn was cancelled while the tool ran" if status == CallStatus.FAILED else
-                     "the outcome is unknown: the turn was cancelled while the tool ran; "
-                     "it will not run again")
+            error = (
+                "the turn was cancelled while the tool ran"
+                if status == CallStatus.FAILED
+                else "the outcome is unknown: the turn was cancelled while the tool ran; it will not run again"
+            )
             finish_call(ctx, call, status, error=error, progress=NOT_COMPLETED)
         else:
-            finish_call(ctx, call, CallStatus.FAILED, error=not_run_error("the turn was cancelled"),
-                        progress=NOT_STARTED)
+            finish_call(
+                ctx, call, CallStatus.FAILED, error=not_run_error("the turn was cancelled"), progress=NOT_STARTED
+            )
 
 
 # ---------------------------------------------------------------- decisions
 
 
-def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: bool,
-                    reason: str | None) -> bool:
+def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: bool, reason: str | None) -> bool:
     """Returns False when the same decision was already recorded (an ok no-op)."""
     approval = ctx.store.approval(session_id, call_id)
     if approval is None:
@@ -331,16 +428,26 @@ def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: 
         if decided == approved:
             return False
         raise Rejected("conflict", f"call {call_id} was already {approval['status']}")
-    ctx.store.update("approvals", {"session_id": session_id, "call_id": call_id},
-                     status="approved" if approved else "denied", reason=reason, decided_at=ctx.at)
+    ctx.store.update(
+        "approvals",
+        {"session_id": session_id, "call_id": call_id},
+        status="approved" if approved else "denied",
+        reason=reason,
+        decided_at=ctx.at,
+    )
     steps.end_wait_step(ctx, approval["step_id"])
     ctx.emit(session_id, "approval_decided", call_id=call_id, approved=approved, reason=reason)
     call = ctx.store.require_call(session_id, call_id)
     if approved:
         queue_tool_step(ctx, call)
     else:
-        finish_call(ctx, call, CallStatus.FAILED, progress=NOT_STARTED,
-                    error="the user denied the tool call" + (f": {reason}" if reason else ""))
+        finish_call(
+            ctx,
+            call,
+            CallStatus.FAILED,
+            progress=NOT_STARTED,
+            error="the user denied the tool call" + (f": {reason}" if reason else ""),
+        )
     return True
 
 
@@ -355,11 +462,11 @@ def answer_question(ctx: ApplyContext, session_id: str, question_id: str, answer
         if question["answer"] == to_json(answer):
             return False
         raise Rejected("conflict", f"question {question_id} already has a different answer")
-    ctx.store.update("questions", {"question_id": question_id}, status="answered",
-                     answer=to_json(answer), answered_at=ctx.at)
+    ctx.store.update(
+        "questions", {"question_id": question_id}, status="answered", answer=to_json(answer), answered_at=ctx.at
+    )
     steps.end_wait_step(ctx, question["step_id"])
-    ctx.emit(session_id, "question_answered", question_id=question_id, call_id=question["call_id"],
-             answer=answer)
+    ctx.emit(session_id, "question_answered", question_id=question_id, call_id=question["call_id"], answer=answer)
     call = ctx.store.require_call(session_id, question["call_id"])
     if question["source"] == "ask_user":
         finish_call(ctx, call, CallStatus.SUCCEEDED, output=answer)
@@ -368,8 +475,7 @@ def answer_question(ctx: ApplyContext, session_id: str, question_id: str, answer
     return True
 
 
-def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, result: Any,
-              error: str | None) -> bool:
+def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, result: Any, error: str | None) -> bool:
     """Settle an outcome_unknown call. Returns False for a repeat of the same settlement."""
     call = ctx.store.require_call(session_id, call_id)
     if outcome == CallStatus.FAILED:
@@ -381,14 +487,15 @@ def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, re
             return False
         raise Rejected("conflict", f"call {call_id} was already reconciled as {call['status']}")
     if call["status"] != CallStatus.OUTCOME_UNKNOWN:
-        raise Rejected("conflict", f"only an outcome_unknown call can be reconciled; "
-                                   f"call {call_id} is {call['status']}")
+        raise Rejected(
+            "conflict", f"only an outcome_unknown call can be reconciled; call {call_id} is {call['status']}"
+        )
     ctx.bump(f"tool_calls.{outcome}")
-    ctx.store.update("tool_calls", _key(call), status=outcome, output=output, error=error,
-                     reconciled_at=ctx.at)
-    note = (f"Tool call {call_id} ({call['name']}), whose outcome was unknown, was reconciled "
-            f"by an operator: {outcome}" + (f" ({error})" if outcome == CallStatus.FAILED else "") + ".")
+    ctx.store.update("tool_calls", _key(call), status=outcome, output=output, error=error, reconciled_at=ctx.at)
+    note = (
+        f"Tool call {call_id} ({call['name']}), whose outcome was unknown, was reconciled "
+        f"by an operator: {outcome}" + (f" ({error})" if outcome == CallStatus.FAILED else "") + "."
+    )
     turns.add_note(ctx, session_id, note)
-    ctx.emit(session_id, "tool_call_reconciled", call_id=call_id, outcome=outcome, result=result,
-             error=error)
+    ctx.emit(session_id, "tool_call_reconciled", call_id=call_id, outcome=outcome, result=result, error=error)
     return True

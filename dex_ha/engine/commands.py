@@ -205,9 +205,20 @@ class ReconcileToolCall:
 
 
 Command = (
-    CreateSession | RegisterAgent | SendMessage | CancelTurn | StartAttempts | CompleteAttempt
-    | FailAttempt | HeartbeatLost | AttemptTimedOut | FailHeldAttempts | FireTimer | DecideApproval
-    | AnswerQuestion | ReconcileToolCall
+    CreateSession
+    | RegisterAgent
+    | SendMessage
+    | CancelTurn
+    | StartAttempts
+    | CompleteAttempt
+    | FailAttempt
+    | HeartbeatLost
+    | AttemptTimedOut
+    | FailHeldAttempts
+    | FireTimer
+    | DecideApproval
+    | AnswerQuestion
+    | ReconcileToolCall
 )
 
 COMMAND_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}
@@ -284,11 +295,13 @@ def _validator(hint: Any) -> Validator:
         return lambda value, where: value if value in allowed else _fail(where, f"must be one of {allowed}")
     if origin is list:
         item = _validator(typing.get_args(hint)[0])
-        return lambda value, where: ([item(v, f"{where}[]") for v in value] if isinstance(value, list)
-                                     else _fail(where, "must be a list"))
+        return lambda value, where: (
+            [item(v, f"{where}[]") for v in value] if isinstance(value, list) else _fail(where, "must be a list")
+        )
     if origin is dict:
-        return lambda value, where: (_check_json(value, where) if isinstance(value, dict)
-                                     else _fail(where, "must be a map"))
+        return lambda value, where: (
+            _check_json(value, where) if isinstance(value, dict) else _fail(where, "must be a map")
+        )
     if hint is type(None):
         return lambda value, where: None if value is None else _fail(where, "must be null")
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
@@ -332,8 +345,15 @@ def _check_json(value: Any, where: str) -> Any:
 
 def _field_validators(cls: type) -> list[tuple[str, bool, Validator, str]]:
     hints = typing.get_type_hints(cls)
-    return [(f.name, f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
-             _validator(hints[f.name]), f"{cls.__name__}.{f.name}") for f in dataclasses.fields(cls)]
+    return [
+        (
+            f.name,
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            _validator(hints[f.name]),
+            f"{cls.__name__}.{f.name}",
+        )
+        for f in dataclasses.fields(cls)
+    ]
 
 
 # Per class: (field, required, validator, where); computed once at import, never mutated.

@@ -61,9 +61,15 @@ def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
         if existing["agent"] != cmd.agent:
             raise Rejected("conflict", f"session {session_id} belongs to agent {existing['agent']}")
         return Handled({"session_id": session_id, "created": False}, noop=True)
-    ctx.store.insert("sessions", session_id=session_id, agent=cmd.agent, status="idle",
-                     metadata=None if cmd.metadata is None else to_json(cmd.metadata),
-                     created_at=ctx.at, updated_at=ctx.at)
+    ctx.store.insert(
+        "sessions",
+        session_id=session_id,
+        agent=cmd.agent,
+        status="idle",
+        metadata=None if cmd.metadata is None else to_json(cmd.metadata),
+        created_at=ctx.at,
+        updated_at=ctx.at,
+    )
     ctx.emit(session_id, "session_created", agent=cmd.agent, metadata=cmd.metadata)
     return Handled({"session_id": session_id, "created": True})
 
@@ -79,7 +85,8 @@ def register_agent(ctx: ApplyContext, cmd: RegisterAgent) -> Handled:
         "INSERT INTO agents(name, definition, version, updated_at) VALUES (?, ?, ?, ?) "
         "ON CONFLICT(name) DO UPDATE SET definition = excluded.definition, "
         "version = excluded.version, updated_at = excluded.updated_at",
-        (cmd.name, definition, version, ctx.at))
+        (cmd.name, definition, version, ctx.at),
+    )
     return Handled({"name": cmd.name, "version": version, "changed": True})
 
 
@@ -96,8 +103,16 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
         return Handled({"message_id": message_id, "duplicate": True}, noop=True)
     seq = session["message_count"] + 1
     ctx.store.update("sessions", {"session_id": cmd.session_id}, message_count=seq, updated_at=ctx.at)
-    ctx.store.insert("messages", session_id=cmd.session_id, message_id=message_id, seq=seq,
-                     text=cmd.text, mode=cmd.mode, status="waiting", at=ctx.at)
+    ctx.store.insert(
+        "messages",
+        session_id=cmd.session_id,
+        message_id=message_id,
+        seq=seq,
+        text=cmd.text,
+        mode=cmd.mode,
+        status="waiting",
+        at=ctx.at,
+    )
     ctx.emit(cmd.session_id, "message_received", message_id=message_id, text=cmd.text, mode=cmd.mode)
     turns.start_next_turn_if_idle(ctx, session)  # the message changed none of what it reads
     return Handled({"message_id": message_id, "duplicate": False})
@@ -148,8 +163,12 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
     except Rejected:
         # A Worker retrying a completion that did commit gets ok, not 409.
         done = ctx.store.attempt(cmd.step_id, cmd.attempt)
-        if (done is not None and done["status"] == "completed" and done["term"] == cmd.term
-                and done["result_digest"] == digest):
+        if (
+            done is not None
+            and done["status"] == "completed"
+            and done["term"] == cmd.term
+            and done["result_digest"] == digest
+        ):
             return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt}, noop=True)
         raise
     started: list[dict[str, Any]] = []
@@ -162,15 +181,18 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt, "started": started})
 
 
-def _hand_out_next_steps(ctx: ApplyContext, step: Any, worker_id: str, term: int,
-                         token_secrets: Sequence[str | None]) -> list[dict[str, Any]]:
+def _hand_out_next_steps(
+    ctx: ApplyContext, step: Any, worker_id: str, term: int, token_secrets: Sequence[str | None]
+) -> list[dict[str, Any]]:
     """Eager dispatch (see CompleteAttempt): the session's steps at the head of its agent's
     queue go to the Worker that just completed one, one token secret each; FIFO for
     everyone else holds."""
     fenced_term = ctx.store.meta(FENCED_TERM)
     started = []
-    rows = ctx.store.rows("SELECT step_id, session_id FROM steps WHERE agent = ? AND status = 'queued' "
-                          "ORDER BY queue_seq LIMIT ?", (step["agent"], len(token_secrets)))
+    rows = ctx.store.rows(
+        "SELECT step_id, session_id FROM steps WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?",
+        (step["agent"], len(token_secrets)),
+    )
     for row, token_secret in zip(rows, token_secrets):
         if row["session_id"] != step["session_id"]:
             break
@@ -196,8 +218,9 @@ RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] 
 
 def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled:
     step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
-    outcomes.fail_attempt(ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable,
-                       not_started=cmd.not_started)
+    outcomes.fail_attempt(
+        ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable, not_started=cmd.not_started
+    )
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 

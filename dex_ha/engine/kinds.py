@@ -87,74 +87,142 @@ class StepKindSpec:
 
 MINUTE = 60_000
 
-STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType({
-    s.kind: s for s in [
-        StepKindSpec(
-            kind=RUN_MODEL, runs_in=RunsIn.WORKER, max_attempts=3, retry_window_ms=30 * MINUTE,
-            backoff_initial_ms=1_000, backoff_factor=2, start_to_close_ms=10 * MINUTE,
-            on_exhaustion=OnExhaustion.FAIL_TURN, policy_may_override_attempts=False,
-            ends_when="turn fails; a note lists the tools that already ran",
-            # R20, R21: inline tools and a Claude Agent SDK segment run inside RunModel.
-            rows=("R01", "R02", "R20", "R21")),
-        StepKindSpec(
-            kind=CALL_TOOL, runs_in=RunsIn.WORKER, max_attempts=3, retry_window_ms=None,
-            backoff_initial_ms=1_000, backoff_factor=2, start_to_close_ms=5 * MINUTE,
-            on_exhaustion=OnExhaustion.TOOL_OUTCOME, policy_may_override_attempts=True,
-            ends_when="read: failed; idempotent write: outcome_unknown (failed if NOT_STARTED)",
-            rows=("R03", "R04", "R05", "R06", "R17")),
-        StepKindSpec(
-            kind=CALL_SINGLE_ATTEMPT_TOOL, runs_in=RunsIn.WORKER, max_attempts=1, retry_window_ms=None,
-            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=5 * MINUTE,
-            on_exhaustion=OnExhaustion.TOOL_OUTCOME, policy_may_override_attempts=False,
-            ends_when="outcome_unknown, never run again (failed if NOT_STARTED)",
-            rows=("R07", "R08")),
-        StepKindSpec(
-            kind=POLL_TOOL_TASK, runs_in=RunsIn.WORKER, max_attempts=3, retry_window_ms=None,
-            backoff_initial_ms=1_000, backoff_factor=2, start_to_close_ms=1 * MINUTE,
-            on_exhaustion=OnExhaustion.TOOL_OUTCOME, policy_may_override_attempts=False,
-            ends_when="per poll; polls go on with the same handle, no second task starts",
-            rows=("R12", "R13", "R17")),
-        StepKindSpec(
-            kind=COMPACT_CONTEXT, runs_in=RunsIn.WORKER, max_attempts=3, retry_window_ms=30 * MINUTE,
-            backoff_initial_ms=1_000, backoff_factor=2, start_to_close_ms=10 * MINUTE,
-            on_exhaustion=OnExhaustion.FAIL_TURN, policy_may_override_attempts=False,
-            ends_when="turn fails; the next user message compacts again",
-            rows=("R14", "R17")),
-        StepKindSpec(
-            kind=AWAIT_TOOL_APPROVAL, runs_in=RunsIn.SERVER, max_attempts=None, retry_window_ms=None,
-            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=None,
-            on_exhaustion=OnExhaustion.NEVER, policy_may_override_attempts=False,
-            ends_when="approved: the tool step is queued; denied: the call records failed",
-            rows=("R09", "R18")),
-        StepKindSpec(
-            kind=AWAIT_QUESTION_ANSWER, runs_in=RunsIn.SERVER, max_attempts=None, retry_window_ms=None,
-            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=None,
-            on_exhaustion=OnExhaustion.NEVER, policy_may_override_attempts=False,
-            ends_when="the answer resumes the turn (ask_user) or the tool that asked",
-            rows=("R10", "R18")),
-        StepKindSpec(
-            kind=AWAIT_TIMER, runs_in=RunsIn.SERVER, max_attempts=None, retry_window_ms=None,
-            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=None,
-            on_exhaustion=OnExhaustion.NEVER, policy_may_override_attempts=False,
-            ends_when="fires once; a timer due during an outage fires when a node is active",
-            rows=("R11", "R18")),
-        StepKindSpec(
-            kind=AWAIT_USER_MESSAGE, runs_in=RunsIn.SERVER, max_attempts=None, retry_window_ms=None,
-            backoff_initial_ms=0, backoff_factor=1, start_to_close_ms=None,
-            on_exhaustion=OnExhaustion.NEVER, policy_may_override_attempts=False,
-            ends_when="the session is idle; the next message starts a turn",
-            rows=("R15",)),
-    ]
-})
+STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
+    {
+        s.kind: s
+        for s in [
+            StepKindSpec(
+                kind=RUN_MODEL,
+                runs_in=RunsIn.WORKER,
+                max_attempts=3,
+                retry_window_ms=30 * MINUTE,
+                backoff_initial_ms=1_000,
+                backoff_factor=2,
+                start_to_close_ms=10 * MINUTE,
+                on_exhaustion=OnExhaustion.FAIL_TURN,
+                policy_may_override_attempts=False,
+                ends_when="turn fails; a note lists the tools that already ran",
+                # R20, R21: inline tools and a Claude Agent SDK segment run inside RunModel.
+                rows=("R01", "R02", "R20", "R21"),
+            ),
+            StepKindSpec(
+                kind=CALL_TOOL,
+                runs_in=RunsIn.WORKER,
+                max_attempts=3,
+                retry_window_ms=None,
+                backoff_initial_ms=1_000,
+                backoff_factor=2,
+                start_to_close_ms=5 * MINUTE,
+                on_exhaustion=OnExhaustion.TOOL_OUTCOME,
+                policy_may_override_attempts=True,
+                ends_when="read: failed; idempotent write: outcome_unknown (failed if NOT_STARTED)",
+                rows=("R03", "R04", "R05", "R06", "R17"),
+            ),
+            StepKindSpec(
+                kind=CALL_SINGLE_ATTEMPT_TOOL,
+                runs_in=RunsIn.WORKER,
+                max_attempts=1,
+                retry_window_ms=None,
+                backoff_initial_ms=0,
+                backoff_factor=1,
+                start_to_close_ms=5 * MINUTE,
+                on_exhaustion=OnExhaustion.TOOL_OUTCOME,
+                policy_may_override_attempts=False,
+                ends_when="outcome_unknown, never run again (failed if NOT_STARTED)",
+                rows=("R07", "R08"),
+            ),
+            StepKindSpec(
+                kind=POLL_TOOL_TASK,
+                runs_in=RunsIn.WORKER,
+                max_attempts=3,
+                retry_window_ms=None,
+                backoff_initial_ms=1_000,
+                backoff_factor=2,
+                start_to_close_ms=1 * MINUTE,
+                on_exhaustion=OnExhaustion.TOOL_OUTCOME,
+                policy_may_override_attempts=False,
+                ends_when="per poll; polls go on with the same handle, no second task starts",
+                rows=("R12", "R13", "R17"),
+            ),
+            StepKindSpec(
+                kind=COMPACT_CONTEXT,
+                runs_in=RunsIn.WORKER,
+                max_attempts=3,
+                retry_window_ms=30 * MINUTE,
+                backoff_initial_ms=1_000,
+                backoff_factor=2,
+                start_to_close_ms=10 * MINUTE,
+                on_exhaustion=OnExhaustion.FAIL_TURN,
+                policy_may_override_attempts=False,
+                ends_when="turn fails; the next user message compacts again",
+                rows=("R14", "R17"),
+            ),
+            StepKindSpec(
+                kind=AWAIT_TOOL_APPROVAL,
+                runs_in=RunsIn.SERVER,
+                max_attempts=None,
+                retry_window_ms=None,
+                backoff_initial_ms=0,
+                backoff_factor=1,
+                start_to_close_ms=None,
+                on_exhaustion=OnExhaustion.NEVER,
+                policy_may_override_attempts=False,
+                ends_when="approved: the tool step is queued; denied: the call records failed",
+                rows=("R09", "R18"),
+            ),
+            StepKindSpec(
+                kind=AWAIT_QUESTION_ANSWER,
+                runs_in=RunsIn.SERVER,
+                max_attempts=None,
+                retry_window_ms=None,
+                backoff_initial_ms=0,
+                backoff_factor=1,
+                start_to_close_ms=None,
+                on_exhaustion=OnExhaustion.NEVER,
+                policy_may_override_attempts=False,
+                ends_when="the answer resumes the turn (ask_user) or the tool that asked",
+                rows=("R10", "R18"),
+            ),
+            StepKindSpec(
+                kind=AWAIT_TIMER,
+                runs_in=RunsIn.SERVER,
+                max_attempts=None,
+                retry_window_ms=None,
+                backoff_initial_ms=0,
+                backoff_factor=1,
+                start_to_close_ms=None,
+                on_exhaustion=OnExhaustion.NEVER,
+                policy_may_override_attempts=False,
+                ends_when="fires once; a timer due during an outage fires when a node is active",
+                rows=("R11", "R18"),
+            ),
+            StepKindSpec(
+                kind=AWAIT_USER_MESSAGE,
+                runs_in=RunsIn.SERVER,
+                max_attempts=None,
+                retry_window_ms=None,
+                backoff_initial_ms=0,
+                backoff_factor=1,
+                start_to_close_ms=None,
+                on_exhaustion=OnExhaustion.NEVER,
+                policy_may_override_attempts=False,
+                ends_when="the session is idle; the next message starts a turn",
+                rows=("R15",),
+            ),
+        ]
+    }
+)
 
 # Crash-matrix rows about any step, which no kind's settings decide: the step lifecycle
 # (steps.py) does, the same way for every kind. Listed here rather than under every kind,
 # so a kind's `rows` stay the rows its own settings answer.
-CROSS_KIND_ROWS: Mapping[str, str] = MappingProxyType({
-    "R16": "a queued step uses no attempt until a hand-out starts one (steps.start_attempt)",
-    "R19": "a result in flight is committed by its running attempt, or the attempt fails and "
-           "follows its kind's row (steps.current_attempt fences a late one)",
-})
+CROSS_KIND_ROWS: Mapping[str, str] = MappingProxyType(
+    {
+        "R16": "a queued step uses no attempt until a hand-out starts one (steps.start_attempt)",
+        "R19": "a result in flight is committed by its running attempt, or the attempt fails and "
+        "follows its kind's row (steps.current_attempt fences a late one)",
+    }
+)
 
 TASK_KINDS = frozenset(k for k, s in STEP_KINDS.items() if s.is_task)
 
@@ -177,8 +245,9 @@ class RetryDecision:
     why_not: str = ""
 
 
-def retry_decision(kind: str, *, max_attempts: int, attempts_used: int, retryable: bool,
-                   first_handout_at: int, at: int) -> RetryDecision:
+def retry_decision(
+    kind: str, *, max_attempts: int, attempts_used: int, retryable: bool, first_handout_at: int, at: int
+) -> RetryDecision:
     """Whether a step whose latest attempt just failed at `at` runs again, and when.
 
     This decides only whether a retry is worth queueing. A queued retry may still wait

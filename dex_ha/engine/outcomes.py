@@ -50,8 +50,9 @@ def follow_exhaustion(ctx: ApplyContext, exhausted: steps.Exhausted | None) -> N
         calls.finish_call(ctx, call, status, error=error, progress=progress)
 
 
-def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int,
-             token_secret: str | None) -> dict[str, Any] | None:
+def hand_out(
+    ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int, token_secret: str | None
+) -> dict[str, Any] | None:
     """Start the next attempt of a queued step (see `steps.start_attempt`); None when its
     retry window was over and the step was exhausted instead."""
     attempt = steps.start_attempt(ctx, step_id, worker_id, term, fenced_term, token_secret)
@@ -65,8 +66,9 @@ def hand_out(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_
     return steps.announce_attempt(ctx, attempt)
 
 
-def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *,
-                 not_started: bool = False) -> None:
+def fail_attempt(
+    ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *, not_started: bool = False
+) -> None:
     """The attempt failed: the step retries later, or is exhausted and followed up."""
     follow_exhaustion(ctx, steps.fail_attempt(ctx, step, number, error, retryable, not_started=not_started))
 
@@ -78,8 +80,13 @@ def fail_held_attempts(ctx: ApplyContext, term: int) -> dict[str, int]:
     for held in steps.fence_term(ctx, term):
         step = ctx.store.require_step(held["step_id"])
         by_kind[step["kind"]] = by_kind.get(step["kind"], 0) + 1
-        fail_attempt(ctx, step, held["number"],
-                     f"the node that handed out this attempt (term {held['term']}) lost its lease", True)
+        fail_attempt(
+            ctx,
+            step,
+            held["number"],
+            f"the node that handed out this attempt (term {held['term']}) lost its lease",
+            True,
+        )
     return by_kind
 
 

@@ -99,10 +99,12 @@ class SessionEvent:
 
 
 # Per-session counts for list_sessions (correlated on the outer `sessions` row).
-_PENDING_APPROVALS = ("SELECT COUNT(*) FROM approvals a WHERE a.session_id = sessions.session_id "
-                      "AND a.status = 'pending'")
-_OUTCOME_UNKNOWN_CALLS = ("SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = sessions.session_id "
-                          "AND c.status = 'outcome_unknown'")
+_PENDING_APPROVALS = (
+    "SELECT COUNT(*) FROM approvals a WHERE a.session_id = sessions.session_id AND a.status = 'pending'"
+)
+_OUTCOME_UNKNOWN_CALLS = (
+    "SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = sessions.session_id AND c.status = 'outcome_unknown'"
+)
 
 
 def _by_name(cls: Any, row: sqlite3.Row, **converted: Any) -> Any:
@@ -133,15 +135,19 @@ class Queries:
         """Queued task steps of one agent, first queued first (FIFO)."""
         rows = self._store.rows(
             "SELECT step_id, session_id, turn_id, agent, kind, call_id, queued_at FROM steps "
-            "WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?", (agent, limit))
+            "WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?",
+            (agent, limit),
+        )
         return [_by_name(QueuedStep, r) for r in rows]
 
     def running_attempts(self, term_lt: int | None = None, term: int | None = None) -> list[RunningAttempt]:
         """Running attempts; with `term_lt`, only those handed out before that term; with
         `term`, only those handed out in it."""
-        sql = ("SELECT a.step_id, a.number AS attempt, a.term, a.worker_id, s.session_id, s.kind, a.started_at, "
-               "a.deadline_at, a.cancel_requested FROM attempts a JOIN steps s ON s.step_id = a.step_id "
-               "WHERE a.status = 'running'")
+        sql = (
+            "SELECT a.step_id, a.number AS attempt, a.term, a.worker_id, s.session_id, s.kind, a.started_at, "
+            "a.deadline_at, a.cancel_requested FROM attempts a JOIN steps s ON s.step_id = a.step_id "
+            "WHERE a.status = 'running'"
+        )
         params: tuple[Any, ...] = ()
         if term_lt is not None:
             sql, params = sql + " AND a.term < ?", (term_lt,)
@@ -170,8 +176,7 @@ class Queries:
         params: tuple[Any, ...] = ()
         if now_ms is not None:
             sql, params = sql + " AND due_at <= ?", (now_ms,)
-        return [Timer(*r) for r in self._store.rows(sql + " ORDER BY due_at, timer_id LIMIT ?",
-                                                     (*params, limit))]
+        return [Timer(*r) for r in self._store.rows(sql + " ORDER BY due_at, timer_id LIMIT ?", (*params, limit))]
 
     def task_for(self, step_id: str, heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS) -> Task | None:
         """The task of a task step's current attempt (or of its next one, while queued)."""
@@ -181,13 +186,22 @@ class Queries:
         number, deadline = step["attempts_used"] + 1, None
         if step["status"] == "running":
             number = step["attempts_used"]
-            deadline = self._store.scalar("SELECT deadline_at FROM attempts WHERE step_id = ? AND number = ?",
-                                          (step_id, number))
+            deadline = self._store.scalar(
+                "SELECT deadline_at FROM attempts WHERE step_id = ? AND number = ?", (step_id, number)
+            )
         key = idempotency_key(step["session_id"], step["call_id"]) if step["call_id"] else None
-        return Task(session_id=step["session_id"], turn_id=step["turn_id"], step_id=step_id,
-                    kind=step["kind"], attempt=number, idempotency_key=key,
-                    input=self._task_input(step), heartbeat_timeout_ms=heartbeat_timeout_ms,
-                    deadline_ms=deadline, agent=step["agent"])
+        return Task(
+            session_id=step["session_id"],
+            turn_id=step["turn_id"],
+            step_id=step_id,
+            kind=step["kind"],
+            attempt=number,
+            idempotency_key=key,
+            input=self._task_input(step),
+            heartbeat_timeout_ms=heartbeat_timeout_ms,
+            deadline_ms=deadline,
+            agent=step["agent"],
+        )
 
     def _task_input(self, step: Any) -> dict[str, Any]:
         """Task `input` by kind, exactly as docs/api.md gives it."""
@@ -198,12 +212,14 @@ class Queries:
         session = self._store.require_session(step["session_id"])
         after = session["summary_upto_seq"]
         if kind == RUN_MODEL:
-            task = {"history": self._store.history_items(step["session_id"], after),
-                    "tools": model_tools(self._store.agent_definition(step["agent"]))}
+            task = {
+                "history": self._store.history_items(step["session_id"], after),
+                "tools": model_tools(self._store.agent_definition(step["agent"])),
+            }
         elif kind == COMPACT_CONTEXT:
             upto = from_json(step["params"])["upto_seq"]
             items = self._store.history_items(step["session_id"], after)
-            task = {"history": items[:max(0, upto - after)]}
+            task = {"history": items[: max(0, upto - after)]}
         else:  # pragma: no cover - TASK_KINDS holds only the kinds above
             raise AssertionError(kind)
         if session["summary"] is not None:
@@ -212,9 +228,16 @@ class Queries:
 
     # ---------------------------------------------------------- API reads
 
-    def list_sessions(self, agent: str | None = None, status: str | None = None, limit: int = 100,
-                      after: str | None = None, *, awaiting_approval: bool | None = None,
-                      outcome_unknown: bool | None = None) -> list[dict[str, Any]]:
+    def list_sessions(
+        self,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        *,
+        awaiting_approval: bool | None = None,
+        outcome_unknown: bool | None = None,
+    ) -> list[dict[str, Any]]:
         """Sessions ordered by id; pass the last id seen as `after` for the next page.
 
         Each row counts the session's pending approvals and its outcome_unknown tool calls
@@ -237,15 +260,18 @@ class Queries:
             f"SELECT session_id, agent, status, current_turn_id, turn_count, created_at, updated_at, "
             f"metadata, ({_PENDING_APPROVALS}) AS pending_approvals, "
             f"({_OUTCOME_UNKNOWN_CALLS}) AS outcome_unknown_calls "
-            f"FROM sessions {where} ORDER BY session_id LIMIT ?", (*params, limit))
+            f"FROM sessions {where} ORDER BY session_id LIMIT ?",
+            (*params, limit),
+        )
         return [{**dict(r), "metadata": from_json(r["metadata"])} for r in rows]
 
     def events(self, session_id: str, after: int = 0, limit: int = 1000) -> list[SessionEvent]:
         """Committed events of a session with ids greater than `after` (Last-Event-ID)."""
         found: list[SessionEvent] = []
         for index, at, events in self._store.conn.execute(
-                "SELECT log_index, at, events FROM events WHERE session_id = ? AND log_index >= ? "
-                "ORDER BY log_index", (session_id, after >> EVENT_ID_SHIFT)):
+            "SELECT log_index, at, events FROM events WHERE session_id = ? AND log_index >= ? ORDER BY log_index",
+            (session_id, after >> EVENT_ID_SHIFT),
+        ):
             for n, (type_, data) in enumerate(from_json(events)):
                 event_id = (index << EVENT_ID_SHIFT) + n
                 if event_id > after:
@@ -271,33 +297,66 @@ class Queries:
             # An idle session is in the AwaitUserMessage state: the next message starts a turn.
             "waiting_for": None if s["current_turn_id"] else AWAIT_USER_MESSAGE,
             "turns": self._turns_with_steps(session_id),
-            "history": [{"seq": r[0], **from_json(r[1])} for r in self._store.rows(
-                "SELECT seq, item FROM history WHERE session_id = ? ORDER BY seq", (session_id,))],
-            "summary": None if s["summary"] is None else {
-                "text": s["summary"], "upto_seq": s["summary_upto_seq"], "at": s["summary_at"]},
-            "tool_calls": [self._call_view(c, steps_by_call.get(c["call_id"], []))
-                           for c in self._store.rows("SELECT * FROM tool_calls WHERE session_id = ? "
-                                                     "ORDER BY created_at, response_step_id, position",
-                                                     (session_id,))],
+            "history": [
+                {"seq": r[0], **from_json(r[1])}
+                for r in self._store.rows(
+                    "SELECT seq, item FROM history WHERE session_id = ? ORDER BY seq", (session_id,)
+                )
+            ],
+            "summary": None
+            if s["summary"] is None
+            else {"text": s["summary"], "upto_seq": s["summary_upto_seq"], "at": s["summary_at"]},
+            "tool_calls": [
+                self._call_view(c, steps_by_call.get(c["call_id"], []))
+                for c in self._store.rows(
+                    "SELECT * FROM tool_calls WHERE session_id = ? ORDER BY created_at, response_step_id, position",
+                    (session_id,),
+                )
+            ],
             "pending_approvals": [
-                {"call_id": r["call_id"], "name": r["name"], "arguments": from_json(r["arguments"]),
-                 "requested_at": r["requested_at"]}
+                {
+                    "call_id": r["call_id"],
+                    "name": r["name"],
+                    "arguments": from_json(r["arguments"]),
+                    "requested_at": r["requested_at"],
+                }
                 for r in self._store.rows(
                     "SELECT a.call_id, a.requested_at, c.name, c.arguments FROM approvals a "
                     "JOIN tool_calls c ON c.session_id = a.session_id AND c.call_id = a.call_id "
                     "WHERE a.session_id = ? AND a.status = 'pending' ORDER BY a.requested_at, a.call_id",
-                    (session_id,))],
+                    (session_id,),
+                )
+            ],
             "pending_questions": [
-                {"question_id": r["question_id"], "call_id": r["call_id"], "source": r["source"],
-                 "question": from_json(r["question"]), "asked_at": r["asked_at"]}
-                for r in self._store.rows("SELECT * FROM questions WHERE session_id = ? AND status = 'pending' "
-                                          "ORDER BY asked_at, question_id", (session_id,))],
-            "pending_timers": [dict(r) for r in self._store.rows(
-                "SELECT timer_id, step_id, purpose, due_at FROM timers WHERE session_id = ? "
-                "AND status = 'pending' ORDER BY due_at, timer_id", (session_id,))],
-            "waiting_messages": [dict(r) for r in self._store.rows(
-                "SELECT message_id, text, mode, at FROM messages WHERE session_id = ? "
-                "AND status = 'waiting' ORDER BY seq", (session_id,))],
+                {
+                    "question_id": r["question_id"],
+                    "call_id": r["call_id"],
+                    "source": r["source"],
+                    "question": from_json(r["question"]),
+                    "asked_at": r["asked_at"],
+                }
+                for r in self._store.rows(
+                    "SELECT * FROM questions WHERE session_id = ? AND status = 'pending' "
+                    "ORDER BY asked_at, question_id",
+                    (session_id,),
+                )
+            ],
+            "pending_timers": [
+                dict(r)
+                for r in self._store.rows(
+                    "SELECT timer_id, step_id, purpose, due_at FROM timers WHERE session_id = ? "
+                    "AND status = 'pending' ORDER BY due_at, timer_id",
+                    (session_id,),
+                )
+            ],
+            "waiting_messages": [
+                dict(r)
+                for r in self._store.rows(
+                    "SELECT message_id, text, mode, at FROM messages WHERE session_id = ? "
+                    "AND status = 'waiting' ORDER BY seq",
+                    (session_id,),
+                )
+            ],
         }
 
     def _turns_with_steps(self, session_id: str) -> list[dict[str, Any]]:
@@ -305,10 +364,14 @@ class Queries:
         steps_by_turn: dict[str, list[dict[str, Any]]] = {}
         # By turn (the steps_by_turn index), not by session: steps has no session index.
         for step in self._steps_with_attempts(
-                "WHERE s.turn_id IN (SELECT turn_id FROM turns WHERE session_id = ?)", (session_id,)):
+            "WHERE s.turn_id IN (SELECT turn_id FROM turns WHERE session_id = ?)", (session_id,)
+        ):
             steps_by_turn.setdefault(step["turn_id"], []).append(step)
-        rows = self._store.rows("SELECT turn_id, number, status, message_id, started_at, ended_at, error FROM turns "
-                                "WHERE session_id = ? ORDER BY number", (session_id,))
+        rows = self._store.rows(
+            "SELECT turn_id, number, status, message_id, started_at, ended_at, error FROM turns "
+            "WHERE session_id = ? ORDER BY number",
+            (session_id,),
+        )
         return [{**dict(r), "steps": steps_by_turn.get(r["turn_id"], [])} for r in rows]
 
     def _turn_view(self, turn_id: str) -> dict[str, Any]:
@@ -318,8 +381,10 @@ class Queries:
 
     def _call_steps(self, session_id: str) -> dict[str, list[dict[str, Any]]]:
         steps = self._steps_with_attempts("WHERE s.session_id = ? AND s.call_id IS NOT NULL", (session_id,))
-        return {call_id: list(group) for call_id, group in
-                groupby(sorted(steps, key=lambda st: st["call_id"]), key=lambda st: st["call_id"])}
+        return {
+            call_id: list(group)
+            for call_id, group in groupby(sorted(steps, key=lambda st: st["call_id"]), key=lambda st: st["call_id"])
+        }
 
     def _steps_with_attempts(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
         rows = self._store.rows(
@@ -328,24 +393,40 @@ class Queries:
             "a.status, a.started_at, "
             f"a.ended_at, a.error, a.attempt_progress, a.cancel_requested FROM steps s "
             f"LEFT JOIN attempts a ON a.step_id = s.step_id {where} ORDER BY s.created_at, s.step_id, a.number",
-            params)
+            params,
+        )
         steps = []
         for step_id, grouped in groupby(rows, key=lambda r: r["step_id"]):
             group = list(grouped)
             first = group[0]
-            steps.append({
-                "step_id": step_id, "turn_id": first["turn_id"], "kind": first["kind"],
-                "status": first["step_status"],
-                "call_id": first["call_id"], "attempts_used": first["attempts_used"],
-                "max_attempts": first["max_attempts"], "error": first["step_error"],
-                "attempts": [{"number": r["number"], "term": r["term"], "worker_id": r["worker_id"],
-                              "idempotency_key": r["idempotency_key"],
-                              "status": r["status"], "started_at": r["started_at"],
-                              "ended_at": r["ended_at"], "error": r["error"],
-                              "attempt_progress": r["attempt_progress"],
-                              "cancel_requested": bool(r["cancel_requested"])}
-                             for r in group if r["number"] is not None],
-            })
+            steps.append(
+                {
+                    "step_id": step_id,
+                    "turn_id": first["turn_id"],
+                    "kind": first["kind"],
+                    "status": first["step_status"],
+                    "call_id": first["call_id"],
+                    "attempts_used": first["attempts_used"],
+                    "max_attempts": first["max_attempts"],
+                    "error": first["step_error"],
+                    "attempts": [
+                        {
+                            "number": r["number"],
+                            "term": r["term"],
+                            "worker_id": r["worker_id"],
+                            "idempotency_key": r["idempotency_key"],
+                            "status": r["status"],
+                            "started_at": r["started_at"],
+                            "ended_at": r["ended_at"],
+                            "error": r["error"],
+                            "attempt_progress": r["attempt_progress"],
+                            "cancel_requested": bool(r["cancel_requested"]),
+                        }
+                        for r in group
+                        if r["number"] is not None
+                    ],
+                }
+            )
         return steps
 
     def _call_view(self, call: Any, steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -375,15 +456,20 @@ class Queries:
     def stats(self) -> dict[str, Any]:
         """Gauges for /metrics: queued steps by (agent, kind), pending timers, sessions by status."""
         return {
-            "steps_queued": {(r[0], r[1]): r[2] for r in self._store.rows(
-                "SELECT agent, kind, COUNT(*) FROM steps WHERE status = 'queued' GROUP BY agent, kind")},
+            "steps_queued": {
+                (r[0], r[1]): r[2]
+                for r in self._store.rows(
+                    "SELECT agent, kind, COUNT(*) FROM steps WHERE status = 'queued' GROUP BY agent, kind"
+                )
+            },
             "timers_pending": self._store.scalar("SELECT COUNT(*) FROM timers WHERE status = 'pending'"),
-            "sessions": {r[0]: r[1] for r in self._store.rows(
-                "SELECT status, COUNT(*) FROM sessions GROUP BY status")},
+            "sessions": {r[0]: r[1] for r in self._store.rows("SELECT status, COUNT(*) FROM sessions GROUP BY status")},
             "attempts_running": self._store.scalar("SELECT COUNT(*) FROM attempts WHERE status = 'running'"),
             # Outcomes recorded (only grows; replicated, so it survives failovers).
-            "tool_calls": {r[0].removeprefix("tool_calls."): r[1] for r in self._store.rows(
-                "SELECT name, value FROM counters WHERE name LIKE 'tool_calls.%'")},
+            "tool_calls": {
+                r[0].removeprefix("tool_calls."): r[1]
+                for r in self._store.rows("SELECT name, value FROM counters WHERE name LIKE 'tool_calls.%'")
+            },
         }
 
     def logical_dump(self, include_applied_index: bool = True) -> dict[str, list[tuple[Any, ...]]]:

@@ -51,8 +51,9 @@ class Rejected(Exception):
         self.reason = reason
 
     def result(self, index: int) -> ApplyResult:
-        return ApplyResult(index=index, ok=False, code=self.code, reason=self.reason,
-                           http_status=HTTP_STATUS_BY_CODE[self.code])
+        return ApplyResult(
+            index=index, ok=False, code=self.code, reason=self.reason, http_status=HTTP_STATUS_BY_CODE[self.code]
+        )
 
 
 def accepted(index: int, value: dict[str, Any] | None = None, *, noop: bool = False) -> ApplyResult:

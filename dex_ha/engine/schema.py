@@ -28,7 +28,9 @@ MIGRATIONS: dict[int, str] = {
     2: HELD_NOTES,
 }
 
-SCHEMA = HELD_NOTES + """
+SCHEMA = (
+    HELD_NOTES
+    + """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -227,3 +229,4 @@ CREATE TABLE IF NOT EXISTS counters (
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
+)

@@ -38,28 +38,52 @@ RETRY_WINDOW = "retry_window"
 class Exhausted:
     """A step that can run no more (already marked failed): what follows is up to its
     kind's `on_exhaustion`, which the caller applies (`outcomes.follow_exhaustion`)."""
+
     step: sqlite3.Row
     error: str
 
 
-def create_step(ctx: ApplyContext, *, session_id: str, turn_id: str, agent: str, kind: str,
-                call_id: str | None = None, params: dict[str, Any] | None = None,
-                max_attempts: int | None = None, start_to_close_ms: int | None = None) -> str:
+def create_step(
+    ctx: ApplyContext,
+    *,
+    session_id: str,
+    turn_id: str,
+    agent: str,
+    kind: str,
+    call_id: str | None = None,
+    params: dict[str, Any] | None = None,
+    max_attempts: int | None = None,
+    start_to_close_ms: int | None = None,
+) -> str:
     """A new step: queued for a Worker (task kinds) or waiting in the server (wait kinds)."""
     spec = spec_of(kind)
     step_id = ctx.ids.new("st")
     ctx.store.insert(
-        "steps", step_id=step_id, session_id=session_id, turn_id=turn_id, agent=agent, kind=kind,
-        call_id=call_id, status=StepStatus.QUEUED if spec.is_task else StepStatus.WAITING,
+        "steps",
+        step_id=step_id,
+        session_id=session_id,
+        turn_id=turn_id,
+        agent=agent,
+        kind=kind,
+        call_id=call_id,
+        status=StepStatus.QUEUED if spec.is_task else StepStatus.WAITING,
         queue_seq=ctx.ids.queue_position() if spec.is_task else None,
         queued_at=ctx.at if spec.is_task else None,
         max_attempts=max_attempts if max_attempts is not None else spec.max_attempts,
         start_to_close_ms=start_to_close_ms or spec.start_to_close_ms,
-        params=None if params is None else to_json(params), created_at=ctx.at)
+        params=None if params is None else to_json(params),
+        created_at=ctx.at,
+    )
     if call_id is not None:
         ctx.store.update("tool_calls", {"session_id": session_id, "call_id": call_id}, step_id=step_id)
-    ctx.emit(session_id, "step_queued" if spec.is_task else "step_waiting",
-             step_id=step_id, kind=kind, turn_id=turn_id, call_id=call_id)
+    ctx.emit(
+        session_id,
+        "step_queued" if spec.is_task else "step_waiting",
+        step_id=step_id,
+        kind=kind,
+        turn_id=turn_id,
+        call_id=call_id,
+    )
     return step_id
 
 
@@ -70,8 +94,9 @@ def end_wait_step(ctx: ApplyContext, step_id: str) -> None:
 # ---------------------------------------------------------------- attempts
 
 
-def start_attempt(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int,
-                  token_secret: str | None) -> dict[str, Any] | Exhausted:
+def start_attempt(
+    ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int, token_secret: str | None
+) -> dict[str, Any] | Exhausted:
     """Start the next attempt of a queued step, for `worker_id`, with the leader's random
     `token_secret` for its task token. Raises Rejected, having changed nothing, when it
     cannot start (every check comes before the first write). The attempt is announced
@@ -94,8 +119,14 @@ def start_attempt(ctx: ApplyContext, step_id: str, worker_id: str, term: int, fe
         if _retry_window_over(ctx, step):
             return exhaust(ctx, step, f"attempt {number} was not handed out in time ({window_closed(step['kind'])})")
         _cancel_timers(ctx, step, purpose=RETRY_WINDOW)  # the retry starts in time
-    ctx.store.update("steps", {"step_id": step_id}, status=StepStatus.RUNNING, attempts_used=number,
-                     queue_seq=None, first_handout_at=step["first_handout_at"] or ctx.at)
+    ctx.store.update(
+        "steps",
+        {"step_id": step_id},
+        status=StepStatus.RUNNING,
+        attempts_used=number,
+        queue_seq=None,
+        first_handout_at=step["first_handout_at"] or ctx.at,
+    )
     return _record_attempt(ctx, step, number, worker_id, term, token_secret)
 
 
@@ -107,33 +138,60 @@ def _claim_first_attempt(ctx: ApplyContext, step_id: str) -> sqlite3.Row | None:
         "UPDATE steps SET status = 'running', attempts_used = 1, queue_seq = NULL, "
         "first_handout_at = COALESCE(first_handout_at, ?) "
         f"WHERE step_id = ? AND status = 'queued' AND attempts_used = 0 RETURNING {STEP_COLUMNS}",
-        (ctx.at, step_id))
+        (ctx.at, step_id),
+    )
 
 
-def _record_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, worker_id: str, term: int,
-                    token_secret: str | None) -> dict[str, Any]:
+def _record_attempt(
+    ctx: ApplyContext, step: sqlite3.Row, number: int, worker_id: str, term: int, token_secret: str | None
+) -> dict[str, Any]:
     """Insert attempt `number` of `step` (already marked running); returns the hand-out."""
     deadline = ctx.at + step["start_to_close_ms"] if step["start_to_close_ms"] else None
     key = idempotency_key(step["session_id"], step["call_id"]) if step["call_id"] is not None else None
-    ctx.store.insert("attempts", step_id=step["step_id"], number=number, term=term, worker_id=worker_id,
-                     idempotency_key=key, status="running", started_at=ctx.at, deadline_at=deadline,
-                     token_secret=token_secret)
+    ctx.store.insert(
+        "attempts",
+        step_id=step["step_id"],
+        number=number,
+        term=term,
+        worker_id=worker_id,
+        idempotency_key=key,
+        status="running",
+        started_at=ctx.at,
+        deadline_at=deadline,
+        token_secret=token_secret,
+    )
     if step["call_id"] is not None:
         # From now on the tool may have run: a later failure is NOT_COMPLETED.
         ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=1)
     # For the leader that proposed the hand-out: it builds the Worker's task (and token) from this.
-    return {"step_id": step["step_id"], "attempt": number, "term": term, "worker_id": worker_id,
-            "session_id": step["session_id"], "turn_id": step["turn_id"], "kind": step["kind"],
-            "call_id": step["call_id"], "deadline_at": deadline, "queued_at": step["queued_at"],
-            "token_secret": token_secret}
+    return {
+        "step_id": step["step_id"],
+        "attempt": number,
+        "term": term,
+        "worker_id": worker_id,
+        "session_id": step["session_id"],
+        "turn_id": step["turn_id"],
+        "kind": step["kind"],
+        "call_id": step["call_id"],
+        "deadline_at": deadline,
+        "queued_at": step["queued_at"],
+        "token_secret": token_secret,
+    }
 
 
 def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, Any]:
     """Emit `attempt_started`; returns the hand-out as the leader reads it. The event goes
     to clients: it names the Worker but never carries the token secret."""
-    ctx.emit(attempt["session_id"], "attempt_started", step_id=attempt["step_id"], kind=attempt["kind"],
-             attempt=attempt["attempt"], term=attempt["term"], worker_id=attempt["worker_id"],
-             call_id=attempt["call_id"])
+    ctx.emit(
+        attempt["session_id"],
+        "attempt_started",
+        step_id=attempt["step_id"],
+        kind=attempt["kind"],
+        attempt=attempt["attempt"],
+        term=attempt["term"],
+        worker_id=attempt["worker_id"],
+        call_id=attempt["call_id"],
+    )
     return {k: v for k, v in attempt.items() if k not in ("turn_id", "call_id")}
 
 
@@ -143,8 +201,9 @@ def current_attempt(ctx: ApplyContext, step_id: str, number: int, term: int) -> 
     if step["attempt_status"] is None:
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} was never handed out")
     if step["attempt_term"] != term:
-        raise Rejected("stale_attempt", f"attempt {number} of step {step_id} belongs to term "
-                                        f"{step['attempt_term']}, not {term}")
+        raise Rejected(
+            "stale_attempt", f"attempt {number} of step {step_id} belongs to term {step['attempt_term']}, not {term}"
+        )
     if step["attempt_status"] != "running":
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} already {step['attempt_status']}")
     return step
@@ -158,32 +217,58 @@ def complete_attempt(ctx: ApplyContext, step_id: str, number: int, term: int, di
 
     The fencing conditions are in the UPDATE itself, so the common case is two statements;
     only a refused result reads the rows, to say why."""
-    closed = ctx.store.row("UPDATE attempts SET status = 'completed', ended_at = ?, result_digest = ? "
-                           "WHERE step_id = ? AND number = ? AND term = ? AND status = 'running' "
-                           "RETURNING number", (ctx.at, digest, step_id, number, term))
+    closed = ctx.store.row(
+        "UPDATE attempts SET status = 'completed', ended_at = ?, result_digest = ? "
+        "WHERE step_id = ? AND number = ? AND term = ? AND status = 'running' "
+        "RETURNING number",
+        (ctx.at, digest, step_id, number, term),
+    )
     if closed is None:
         current_attempt(ctx, step_id, number, term)  # raises, saying why it is not current
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} is not running in term {term}")
-    return ctx.store.row(f"UPDATE steps SET status = 'done', ended_at = ? WHERE step_id = ? AND status = 'running' "
-                         f"RETURNING {STEP_COLUMNS}", (ctx.at, step_id))
+    return ctx.store.row(
+        f"UPDATE steps SET status = 'done', ended_at = ? WHERE step_id = ? AND status = 'running' "
+        f"RETURNING {STEP_COLUMNS}",
+        (ctx.at, step_id),
+    )
 
 
-def fail_attempt(ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *,
-                 not_started: bool = False) -> Exhausted | None:
+def fail_attempt(
+    ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *, not_started: bool = False
+) -> Exhausted | None:
     """The attempt failed, NOT_COMPLETED unless its Worker reports it never called the tool
     (`not_started`); the step retries after a backoff, or is exhausted and returned."""
     progress = NOT_STARTED if not_started else NOT_COMPLETED
-    ctx.store.update("attempts", {"step_id": step["step_id"], "number": number}, status="failed",
-                     ended_at=ctx.at, error=error, attempt_progress=progress)
-    ctx.emit(step["session_id"], "attempt_failed", step_id=step["step_id"], kind=step["kind"],
-             attempt=number, error=error, attempt_progress=progress, call_id=step["call_id"])
+    ctx.store.update(
+        "attempts",
+        {"step_id": step["step_id"], "number": number},
+        status="failed",
+        ended_at=ctx.at,
+        error=error,
+        attempt_progress=progress,
+    )
+    ctx.emit(
+        step["session_id"],
+        "attempt_failed",
+        step_id=step["step_id"],
+        kind=step["kind"],
+        attempt=number,
+        error=error,
+        attempt_progress=progress,
+        call_id=step["call_id"],
+    )
     if step["status"] != StepStatus.RUNNING:  # cancelled: the call's outcome is recorded already
         return None
     if not_started and step["call_id"] is not None:
         _recheck_call_ran(ctx, step)
-    decision = retry_decision(step["kind"], max_attempts=step["max_attempts"],
-                              attempts_used=step["attempts_used"], retryable=retryable,
-                              first_handout_at=step["first_handout_at"], at=ctx.at)
+    decision = retry_decision(
+        step["kind"],
+        max_attempts=step["max_attempts"],
+        attempts_used=step["attempts_used"],
+        retryable=retryable,
+        first_handout_at=step["first_handout_at"],
+        at=ctx.at,
+    )
     if decision.retry:
         ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.BACKOFF)
         set_timer(ctx, step, "backoff", ctx.at + decision.delay_ms)
@@ -202,7 +287,8 @@ def _recheck_call_ran(ctx: ApplyContext, step: sqlite3.Row) -> None:
         "SELECT 1 FROM attempts a JOIN steps s ON s.step_id = a.step_id "
         "WHERE s.session_id = ? AND s.call_id = ? "
         "AND NOT (a.status = 'failed' AND a.attempt_progress = ?) LIMIT 1",
-        (step["session_id"], step["call_id"], NOT_STARTED))
+        (step["session_id"], step["call_id"], NOT_STARTED),
+    )
     if not may_have_run:
         ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=0)
 
@@ -233,8 +319,9 @@ def _cancel_timers(ctx: ApplyContext, step: sqlite3.Row, purpose: str | None = N
 
 def exhaust(ctx: ApplyContext, step: sqlite3.Row, error: str) -> Exhausted:
     """The step can run no more: it fails; the caller follows its kind's `on_exhaustion`."""
-    ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.FAILED, ended_at=ctx.at, error=error,
-                     queue_seq=None)
+    ctx.store.update(
+        "steps", {"step_id": step["step_id"]}, status=StepStatus.FAILED, ended_at=ctx.at, error=error, queue_seq=None
+    )
     _cancel_timers(ctx, step)  # a backoff or window timer must not wake a failed step
     return Exhausted(step, error)
 
@@ -244,8 +331,10 @@ def fence_term(ctx: ApplyContext, term: int) -> list[sqlite3.Row]:
     (step_id, number, term), which the caller fails one by one."""
     if term > ctx.store.meta(FENCED_TERM):
         ctx.store.set_meta(FENCED_TERM, term)
-    return ctx.store.rows("SELECT step_id, number, term FROM attempts "
-                          "WHERE status = 'running' AND term < ? ORDER BY step_id, number", (term,))
+    return ctx.store.rows(
+        "SELECT step_id, number, term FROM attempts WHERE status = 'running' AND term < ? ORDER BY step_id, number",
+        (term,),
+    )
 
 
 # ---------------------------------------------------------------- timers
@@ -253,10 +342,19 @@ def fence_term(ctx: ApplyContext, term: int) -> list[sqlite3.Row]:
 
 def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: str, due_at: int) -> str:
     timer_id = ctx.ids.new("tm")
-    ctx.store.insert("timers", timer_id=timer_id, session_id=step["session_id"], turn_id=step["turn_id"],
-                     step_id=step["step_id"], purpose=purpose, due_at=due_at, status="pending")
-    ctx.emit(step["session_id"], "timer_set", timer_id=timer_id, step_id=step["step_id"],
-             purpose=purpose, due_at=due_at)
+    ctx.store.insert(
+        "timers",
+        timer_id=timer_id,
+        session_id=step["session_id"],
+        turn_id=step["turn_id"],
+        step_id=step["step_id"],
+        purpose=purpose,
+        due_at=due_at,
+        status="pending",
+    )
+    ctx.emit(
+        step["session_id"], "timer_set", timer_id=timer_id, step_id=step["step_id"], purpose=purpose, due_at=due_at
+    )
     return timer_id
 
 
@@ -264,8 +362,13 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> sqlite3.Row:
     """A due timer fires once; returns its step. What the firing does (requeue after a
     backoff, end a sleep, poll, close a retry window) is by purpose, in `outcomes.py`."""
     ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status="fired", fired_at=ctx.at)
-    ctx.emit(timer["session_id"], "timer_fired", timer_id=timer["timer_id"], step_id=timer["step_id"],
-             purpose=timer["purpose"])
+    ctx.emit(
+        timer["session_id"],
+        "timer_fired",
+        timer_id=timer["timer_id"],
+        step_id=timer["step_id"],
+        purpose=timer["purpose"],
+    )
     return ctx.store.require_step(timer["step_id"])
 
 
@@ -274,32 +377,52 @@ def close_retry_window(ctx: ApplyContext, step: sqlite3.Row) -> Exhausted | None
     (The timer is only pending while the step waits for its retry: the hand-out cancels it.)"""
     if step["status"] not in (StepStatus.QUEUED, StepStatus.BACKOFF):
         return None
-    return exhaust(ctx, step, f"attempt {step['attempts_used'] + 1} was not handed out in time "
-                              f"({window_closed(step['kind'])})")
+    return exhaust(
+        ctx, step, f"attempt {step['attempts_used'] + 1} was not handed out in time ({window_closed(step['kind'])})"
+    )
 
 
 def requeue(ctx: ApplyContext, step: sqlite3.Row) -> None:
     """The backoff is over: the step is queued again for its next attempt."""
-    ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.QUEUED,
-                     queue_seq=ctx.ids.queue_position(), queued_at=ctx.at)
-    ctx.emit(step["session_id"], "step_queued", step_id=step["step_id"], kind=step["kind"],
-             turn_id=step["turn_id"], call_id=step["call_id"])
+    ctx.store.update(
+        "steps",
+        {"step_id": step["step_id"]},
+        status=StepStatus.QUEUED,
+        queue_seq=ctx.ids.queue_position(),
+        queued_at=ctx.at,
+    )
+    ctx.emit(
+        step["session_id"],
+        "step_queued",
+        step_id=step["step_id"],
+        kind=step["kind"],
+        turn_id=step["turn_id"],
+        call_id=step["call_id"],
+    )
 
 
 def cancel_open_steps(ctx: ApplyContext, turn_id: str) -> None:
     """Cancel: open steps stop; running attempts are flagged so heartbeats tell Workers."""
     open_steps = ctx.store.rows(
         f"SELECT step_id, status FROM steps WHERE turn_id = ? AND status IN "
-        f"({', '.join('?' * len(OPEN_STEP_STATUSES))}) ORDER BY step_id", (turn_id, *OPEN_STEP_STATUSES))
+        f"({', '.join('?' * len(OPEN_STEP_STATUSES))}) ORDER BY step_id",
+        (turn_id, *OPEN_STEP_STATUSES),
+    )
     for step in open_steps:
         sid = step["step_id"]
         if step["status"] == StepStatus.RUNNING:
-            ctx.store.conn.execute("UPDATE attempts SET cancel_requested = 1 "
-                                   "WHERE step_id = ? AND status = 'running'", (sid,))
+            ctx.store.conn.execute(
+                "UPDATE attempts SET cancel_requested = 1 WHERE step_id = ? AND status = 'running'", (sid,)
+            )
         ctx.store.update("steps", {"step_id": sid}, status=StepStatus.CANCELLED, ended_at=ctx.at, queue_seq=None)
-        ctx.store.conn.execute("UPDATE timers SET status = 'cancelled' "
-                               "WHERE step_id = ? AND status = 'pending'", (sid,))
-        ctx.store.conn.execute("UPDATE approvals SET status = 'cancelled', decided_at = ? "
-                               "WHERE step_id = ? AND status = 'pending'", (ctx.at, sid))
-        ctx.store.conn.execute("UPDATE questions SET status = 'cancelled', answered_at = ? "
-                               "WHERE step_id = ? AND status = 'pending'", (ctx.at, sid))
+        ctx.store.conn.execute(
+            "UPDATE timers SET status = 'cancelled' WHERE step_id = ? AND status = 'pending'", (sid,)
+        )
+        ctx.store.conn.execute(
+            "UPDATE approvals SET status = 'cancelled', decided_at = ? WHERE step_id = ? AND status = 'pending'",
+            (ctx.at, sid),
+        )
+        ctx.store.conn.execute(
+            "UPDATE questions SET status = 'cancelled', answered_at = ? WHERE step_id = ? AND status = 'pending'",
+            (ctx.at, sid),
+        )

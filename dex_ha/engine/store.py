@@ -30,8 +30,10 @@ EVENT_ID_SHIFT = 16  # event id = (log index << 16) + its number within the entr
 
 # The columns of a steps row that the engine's logic and the task queries read: the hot
 # path reads these rather than every column (usage, error... are for the API's views).
-STEP_COLUMNS = ("step_id, session_id, turn_id, agent, kind, call_id, status, attempts_used, max_attempts, "
-                "start_to_close_ms, first_handout_at, queued_at, params, created_at")
+STEP_COLUMNS = (
+    "step_id, session_id, turn_id, agent, kind, call_id, status, attempts_used, max_attempts, "
+    "start_to_close_ms, first_handout_at, queued_at, params, created_at"
+)
 
 
 def _canonical_encoder() -> Callable[[Any], str]:
@@ -45,8 +47,7 @@ def _canonical_encoder() -> Callable[[Any], str]:
     def not_json(value: Any) -> Any:
         raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
-    encode_chunks = c_make_encoder(None, not_json, json.encoder.encode_basestring, None, ":", ",",
-                                   True, False, True)
+    encode_chunks = c_make_encoder(None, not_json, json.encoder.encode_basestring, None, ":", ",", True, False, True)
     return lambda value: "".join(encode_chunks(value, 0))
 
 
@@ -61,8 +62,7 @@ def connect(path: str, durable: bool) -> sqlite3.Connection:
     # isolation_level=None: we issue BEGIN/COMMIT/SAVEPOINT ourselves.
     # check_same_thread=False: a server may apply from an executor thread; callers
     # serialise access (the Engine is not thread-safe).
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                           cached_statements=512)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, cached_statements=512)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'NORMAL' if durable else 'OFF'}")
@@ -90,8 +90,9 @@ def init_schema(conn: sqlite3.Connection) -> None:
 
 def can_migrate(version: int) -> bool:
     """Whether init_schema can bring a database of schema `version` (0: new) to the current one."""
-    return version == 0 or (1 <= version <= SCHEMA_VERSION
-                            and all(v in MIGRATIONS for v in range(version, SCHEMA_VERSION)))
+    return version == 0 or (
+        1 <= version <= SCHEMA_VERSION and all(v in MIGRATIONS for v in range(version, SCHEMA_VERSION))
+    )
 
 
 class Store:
@@ -160,13 +161,16 @@ class Store:
         return default if value is None else int(value)
 
     def set_meta(self, key: str, value: int) -> None:
-        self.conn.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
-                          "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+        self.conn.execute(
+            "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
 
     # ------------------------------------------------------------- buffered writes
 
-    def buffer_entry_writes(self, events: list[tuple[str, str, dict[str, Any]]], counts: dict[str, int],
-                            at: int, index: int) -> None:
+    def buffer_entry_writes(
+        self, events: list[tuple[str, str, dict[str, Any]]], counts: dict[str, int], at: int, index: int
+    ) -> None:
         """Keep an applied entry's events (one row per session it touched, its events in
         order) and counter increments until `write_buffered`, at the end of the transaction.
 
@@ -186,14 +190,19 @@ class Store:
         """Write the buffered events and counter increments (inside the transaction)."""
         rows, self._event_rows = self._event_rows, []
         for chunk in _chunks(rows, _ROWS_PER_INSERT):
-            self.conn.execute("INSERT INTO events(session_id, log_index, at, events) VALUES "
-                              + ", ".join(["(?, ?, ?, ?)"] * len(chunk)), [v for row in chunk for v in row])
+            self.conn.execute(
+                "INSERT INTO events(session_id, log_index, at, events) VALUES "
+                + ", ".join(["(?, ?, ?, ?)"] * len(chunk)),
+                [v for row in chunk for v in row],
+            )
         counts, self._counts = sorted(self._counts.items()), {}
         for chunk in _chunks(counts, _ROWS_PER_INSERT):
-            self.conn.execute("INSERT INTO counters(name, value) VALUES "
-                              + ", ".join(["(?, ?)"] * len(chunk))
-                              + " ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
-                              [v for row in chunk for v in row])
+            self.conn.execute(
+                "INSERT INTO counters(name, value) VALUES "
+                + ", ".join(["(?, ?)"] * len(chunk))
+                + " ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+                [v for row in chunk for v in row],
+            )
 
     def discard_buffered(self) -> None:
         """Forget what was buffered: the transaction it belonged to is rolled back."""
@@ -223,11 +232,16 @@ class Store:
         """What a model round needs (turns.schedule_model_round): the session's agent, its
         history and summary counters, the agent's definition text and the turn's status
         (`turn_status`), in one read."""
-        return _found(self.row(
-            "SELECT s.session_id, s.agent, s.history_count, s.history_tokens, s.summary_upto_seq, "
-            "s.summary_upto_tokens, a.definition, t.status AS turn_status FROM sessions s "
-            "LEFT JOIN agents a ON a.name = s.agent LEFT JOIN turns t ON t.turn_id = ? "
-            "WHERE s.session_id = ?", (turn_id, session_id)), f"unknown session {session_id}")
+        return _found(
+            self.row(
+                "SELECT s.session_id, s.agent, s.history_count, s.history_tokens, s.summary_upto_seq, "
+                "s.summary_upto_tokens, a.definition, t.status AS turn_status FROM sessions s "
+                "LEFT JOIN agents a ON a.name = s.agent LEFT JOIN turns t ON t.turn_id = ? "
+                "WHERE s.session_id = ?",
+                (turn_id, session_id),
+            ),
+            f"unknown session {session_id}",
+        )
 
     def turn(self, turn_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM turns WHERE turn_id = ?", (turn_id,))
@@ -241,13 +255,18 @@ class Store:
         (`attempt_term`, `attempt_status`: NULL when that attempt was never handed out),
         in one read. Rejected(not_found) when there is no such step."""
         prefixed = ", ".join(f"s.{c}" for c in STEP_COLUMNS.split(", "))
-        return _found(self.row(f"SELECT {prefixed}, a.term AS attempt_term, a.status AS attempt_status "
-                               "FROM steps s LEFT JOIN attempts a ON a.step_id = s.step_id AND a.number = ? "
-                               "WHERE s.step_id = ?", (number, step_id)), f"unknown step {step_id}")
+        return _found(
+            self.row(
+                f"SELECT {prefixed}, a.term AS attempt_term, a.status AS attempt_status "
+                "FROM steps s LEFT JOIN attempts a ON a.step_id = s.step_id AND a.number = ? "
+                "WHERE s.step_id = ?",
+                (number, step_id),
+            ),
+            f"unknown step {step_id}",
+        )
 
     def call(self, session_id: str, call_id: str) -> sqlite3.Row | None:
-        return self.row("SELECT * FROM tool_calls WHERE session_id = ? AND call_id = ?",
-                        (session_id, call_id))
+        return self.row("SELECT * FROM tool_calls WHERE session_id = ? AND call_id = ?", (session_id, call_id))
 
     # The require_* reads are for commands that name a row: one missing is the command's
     # fault, and the command is rejected (not_found) rather than the None passed on.
@@ -274,40 +293,43 @@ class Store:
         return self.row("SELECT * FROM timers WHERE timer_id = ?", (timer_id,))
 
     def approval(self, session_id: str, call_id: str) -> sqlite3.Row | None:
-        return self.row("SELECT * FROM approvals WHERE session_id = ? AND call_id = ?",
-                        (session_id, call_id))
+        return self.row("SELECT * FROM approvals WHERE session_id = ? AND call_id = ?", (session_id, call_id))
 
     def question(self, question_id: str) -> sqlite3.Row | None:
         return self.row("SELECT * FROM questions WHERE question_id = ?", (question_id,))
 
     def message(self, session_id: str, message_id: str) -> sqlite3.Row | None:
-        return self.row("SELECT * FROM messages WHERE session_id = ? AND message_id = ?",
-                        (session_id, message_id))
+        return self.row("SELECT * FROM messages WHERE session_id = ? AND message_id = ?", (session_id, message_id))
 
     # ------------------------------------------------------------- history
 
-    def append_history(self, session_id: str, turn_id: str | None,
-                       items: dict[str, Any] | list[dict[str, Any]], at: int) -> int:
+    def append_history(
+        self, session_id: str, turn_id: str | None, items: dict[str, Any] | list[dict[str, Any]], at: int
+    ) -> int:
         """Append history items; returns the seq of the last. Keeps the session's counters current."""
         texts = [to_json(item) for item in (items if isinstance(items, list) else [items])]
         tokens = [estimate_tokens(text) for text in texts]
         # One statement moves the counters and says where the new items go.
-        counted = self.row("UPDATE sessions SET history_count = history_count + ?, "
-                           "history_tokens = history_tokens + ?, updated_at = ? WHERE session_id = ? "
-                           "RETURNING history_count", (len(texts), sum(tokens), at, session_id))
+        counted = self.row(
+            "UPDATE sessions SET history_count = history_count + ?, "
+            "history_tokens = history_tokens + ?, updated_at = ? WHERE session_id = ? "
+            "RETURNING history_count",
+            (len(texts), sum(tokens), at, session_id),
+        )
         last: int = _found(counted, f"unknown session {session_id}")["history_count"]
         first = last - len(texts) + 1
-        self.conn.executemany("INSERT INTO history(session_id, seq, turn_id, item, tokens, at) "
-                              "VALUES (?, ?, ?, ?, ?, ?)",
-                              [(session_id, first + i, turn_id, text, n, at)
-                               for i, (text, n) in enumerate(zip(texts, tokens))])
+        self.conn.executemany(
+            "INSERT INTO history(session_id, seq, turn_id, item, tokens, at) VALUES (?, ?, ?, ?, ?, ?)",
+            [(session_id, first + i, turn_id, text, n, at) for i, (text, n) in enumerate(zip(texts, tokens))],
+        )
         return last
 
     def history_items(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
         # One parse of a JSON array instead of one json.loads per item: every RunModel
         # task carries the history, so this is on the hot path.
-        rows = self.conn.execute("SELECT item FROM history WHERE session_id = ? AND seq > ? ORDER BY seq",
-                                 (session_id, after_seq)).fetchall()
+        rows = self.conn.execute(
+            "SELECT item FROM history WHERE session_id = ? AND seq > ? ORDER BY seq", (session_id, after_seq)
+        ).fetchall()
         items: list[dict[str, Any]] = json.loads("[" + ",".join(r[0] for r in rows) + "]")
         return items
 
@@ -318,7 +340,7 @@ _ROWS_PER_INSERT = 500
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def estimate_tokens(text: str) -> int:

@@ -39,12 +39,14 @@ DEFAULT_SUMMARY_INSTRUCTIONS = (
     "Write a summary that lets the assistant go on without the original messages: the user's goals and "
     "requests, the decisions made, what each tool call did and its result (say which writes ran and which "
     "failed or have an unknown outcome), open questions, and anything the assistant promised. "
-    "Answer with the summary only.")
+    "Answer with the summary only."
+)
 # Statuses where another attempt fails the same way: the turn fails at once.
 NON_RETRYABLE_STATUSES = frozenset({400, 401, 403, 404, 413})
 # The same, for an `error` event inside a stream (its HTTP status is 200).
-NON_RETRYABLE_ERROR_TYPES = frozenset({"invalid_request_error", "authentication_error", "permission_error",
-                                       "not_found_error", "request_too_large"})
+NON_RETRYABLE_ERROR_TYPES = frozenset(
+    {"invalid_request_error", "authentication_error", "permission_error", "not_found_error", "request_too_large"}
+)
 SUMMARY_HEADING = "Summary of the conversation so far:"
 NOTE_PREFIX = "[note from the system] "
 NO_RESULT = "no result was recorded for this tool call"
@@ -64,11 +66,19 @@ class AnthropicModel:
     `summary_instructions` and `summary_max_tokens` shape the summary call.
     """
 
-    def __init__(self, model: str, *, system: str | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
-                 client: anthropic.AsyncAnthropic | None = None, api_key: str | None = None,
-                 base_url: str | None = None, timeout: float | None = None,
-                 summary_instructions: str = DEFAULT_SUMMARY_INSTRUCTIONS,
-                 summary_max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        system: str | None = None,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        client: anthropic.AsyncAnthropic | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float | None = None,
+        summary_instructions: str = DEFAULT_SUMMARY_INSTRUCTIONS,
+        summary_max_tokens: int | None = None,
+    ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError("model must be a non-empty string (the Anthropic model name)")
         if system is not None and not isinstance(system, str):
@@ -89,8 +99,10 @@ class AnthropicModel:
 
     async def respond(self, request: ModelRequest, stream: DeltaSink) -> ModelResponse:
         try:
-            params: dict[str, Any] = {"messages": to_messages(request.history, request.summary),
-                                      "max_tokens": self.max_tokens}
+            params: dict[str, Any] = {
+                "messages": to_messages(request.history, request.summary),
+                "max_tokens": self.max_tokens,
+            }
             if request.tools:
                 params["tools"] = to_tools(request.tools)
         except ValueError as exc:  # the same input would fail the same way on every attempt
@@ -103,8 +115,11 @@ class AnthropicModel:
         """One model call over a transcript of `history` (and the earlier summary). A
         transcript, not the messages themselves: the API refuses tool_use blocks in a
         request without the tool definitions, and compaction does not get those."""
-        params = {"system": self.summary_instructions, "max_tokens": self.summary_max_tokens,
-                  "messages": [{"role": "user", "content": [_text(transcript(history, summary))]}]}
+        params = {
+            "system": self.summary_instructions,
+            "max_tokens": self.summary_max_tokens,
+            "messages": [{"role": "user", "content": [_text(transcript(history, summary))]}],
+        }
         response = from_message(await self._stream(params, None))
         if not response.content.strip():
             raise RuntimeError("the model returned an empty summary")
@@ -129,8 +144,9 @@ class AnthropicModel:
         return f"AnthropicModel({self.model!r}, max_tokens={self.max_tokens})"
 
 
-def _make_client(client: Any, api_key: str | None, base_url: str | None,
-                 timeout: float | None) -> anthropic.AsyncAnthropic:
+def _make_client(
+    client: Any, api_key: str | None, base_url: str | None, timeout: float | None
+) -> anthropic.AsyncAnthropic:
     """The SDK client, with its own retries off (the server owns retries)."""
     if client is not None:
         if not isinstance(client, anthropic.AsyncAnthropic):
@@ -143,8 +159,9 @@ def _make_client(client: Any, api_key: str | None, base_url: str | None,
         return client.with_options(**options)
     if api_key is None and not (os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")):
         raise ValueError("api_key: pass api_key=, set ANTHROPIC_API_KEY, or pass a configured client=")
-    return anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=0,
-                                    timeout=timeout if timeout is not None else DEFAULT_TIMEOUT_S)
+    return anthropic.AsyncAnthropic(
+        api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout if timeout is not None else DEFAULT_TIMEOUT_S
+    )
 
 
 # ---------------------------------------------------------------- errors
@@ -166,8 +183,10 @@ def describe_error(exc: anthropic.APIStatusError) -> str:
     message = _error_field(exc, "message") or str(exc)
     kind = _error_type(exc)
     request_id = getattr(exc, "request_id", None)
-    return (f"anthropic {exc.status_code}{' ' + kind if kind else ''}: {message}"
-            f"{f' (request {request_id})' if request_id else ''}")
+    return (
+        f"anthropic {exc.status_code}{' ' + kind if kind else ''}: {message}"
+        f"{f' (request {request_id})' if request_id else ''}"
+    )
 
 
 def _error_type(exc: anthropic.APIStatusError) -> str | None:
@@ -256,8 +275,14 @@ def _assistant_blocks(item: HistoryItem, index: int) -> tuple[list[dict[str, Any
         if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not isinstance(call.get("name"), str):
             raise ValueError(f"request.history[{index}].tool_calls[{j}] needs a string id and name")
         arguments = call.get("arguments")
-        blocks.append({"type": "tool_use", "id": call["id"], "name": call["name"],
-                       "input": arguments if isinstance(arguments, dict) else {}})
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": call["name"],
+                "input": arguments if isinstance(arguments, dict) else {},
+            }
+        )
         ids.append(call["id"])
     return blocks, ids
 
@@ -314,8 +339,10 @@ def transcript(history: Sequence[HistoryItem], summary: str | None) -> str:
             if _string(item.get("content")).strip():
                 lines.append(f"Assistant: {_string(item.get('content'))}")
             for call in item.get("tool_calls") or []:
-                lines.append(f"Assistant called tool {call.get('name')} (call {call.get('id')}) with "
-                             f"{json.dumps(call.get('arguments'), ensure_ascii=False)}")
+                lines.append(
+                    f"Assistant called tool {call.get('name')} (call {call.get('id')}) with "
+                    f"{json.dumps(call.get('arguments'), ensure_ascii=False)}"
+                )
         elif kind == "tool_result":
             lines.append(f"Result of call {item.get('call_id')} ({item.get('name')}): {_result_text(item)}")
     lines.append("\nWrite the summary of the conversation above.")

@@ -40,8 +40,21 @@ NOTE_ROLES = ("developer", "system", "user")
 # HTTP statuses that another attempt with the same input would get again.
 NON_RETRYABLE_STATUSES = frozenset({400, 401, 403, 404, 422})
 # Request parameters OpenAIModel sets itself; `request_options` may not override them.
-RESERVED_OPTIONS = frozenset({"model", "input", "messages", "instructions", "tools", "stream", "stream_options",
-                              "store", "timeout", "max_output_tokens", "max_completion_tokens"})
+RESERVED_OPTIONS = frozenset(
+    {
+        "model",
+        "input",
+        "messages",
+        "instructions",
+        "tools",
+        "stream",
+        "stream_options",
+        "store",
+        "timeout",
+        "max_output_tokens",
+        "max_completion_tokens",
+    }
+)
 # A tool without an input schema takes no arguments.
 EMPTY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 MISSING_RESULT = "No result is recorded for this call."
@@ -50,7 +63,8 @@ DEFAULT_SUMMARY_INSTRUCTIONS = (
     "assistant can go on without the full text. Write a concise summary that keeps every fact, "
     "decision, commitment, open question and tool result that may matter later, including ids, "
     "names, numbers and which tool calls already ran (they must not be repeated). Answer with the "
-    "summary only.")
+    "summary only."
+)
 
 
 class OpenAIStreamError(Exception):
@@ -72,11 +86,21 @@ class OpenAIModel:
     parameters of every request, by the SDK's names (temperature, reasoning, ...).
     """
 
-    def __init__(self, model: str, *, api: str = "responses", instructions: str | None = None,
-                 client: AsyncOpenAI | None = None, api_key: str | None = None, base_url: str | None = None,
-                 max_output_tokens: int | None = None, timeout_s: float | None = None,
-                 summary_instructions: str | None = None, note_role: str = "developer",
-                 request_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        api: str = "responses",
+        instructions: str | None = None,
+        client: AsyncOpenAI | None = None,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        max_output_tokens: int | None = None,
+        timeout_s: float | None = None,
+        summary_instructions: str | None = None,
+        note_role: str = "developer",
+        request_options: Mapping[str, Any] | None = None,
+    ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be a non-empty string, got {model!r}")
         if api not in APIS:
@@ -85,11 +109,13 @@ class OpenAIModel:
         _check_optional_str(summary_instructions, "summary_instructions")
         if note_role not in NOTE_ROLES:
             raise ValueError(f"note_role must be one of {', '.join(NOTE_ROLES)}; got {note_role!r}")
-        if max_output_tokens is not None and (not isinstance(max_output_tokens, int)
-                                              or isinstance(max_output_tokens, bool) or max_output_tokens < 1):
+        if max_output_tokens is not None and (
+            not isinstance(max_output_tokens, int) or isinstance(max_output_tokens, bool) or max_output_tokens < 1
+        ):
             raise ValueError(f"max_output_tokens must be a positive integer or None, got {max_output_tokens!r}")
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                      or not timeout_s > 0):
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0
+        ):
             raise ValueError(f"timeout_s must be a positive number or None, got {timeout_s!r}")
         self.model = model
         self.api = api
@@ -122,12 +148,16 @@ class OpenAIModel:
         try:
             if self.api == "responses":
                 response = await self._client.responses.create(
-                    **self._common_options(), instructions=self.summary_instructions,
-                    input=[{"role": "user", "content": text}], store=False)
+                    **self._common_options(),
+                    instructions=self.summary_instructions,
+                    input=[{"role": "user", "content": text}],
+                    store=False,
+                )
                 return response.output_text
             completion = await self._client.chat.completions.create(
-                **self._common_options(), messages=[{"role": "system", "content": self.summary_instructions},
-                                                    {"role": "user", "content": text}])
+                **self._common_options(),
+                messages=[{"role": "system", "content": self.summary_instructions}, {"role": "user", "content": text}],
+            )
             return (completion.choices[0].message.content or "") if completion.choices else ""
         except openai.APIStatusError as exc:
             raise _mapped_error(exc) from exc
@@ -139,10 +169,14 @@ class OpenAIModel:
 
     # ------------------------------------------------------------ the Responses API
 
-    async def _stream_response(self, entries: list[dict[str, Any]], request: ModelRequest,
-                               stream: DeltaSink) -> ModelResponse:
-        options: dict[str, Any] = {"input": responses_input(entries, request.summary, self.note_role),
-                                   "store": False, "stream": True}
+    async def _stream_response(
+        self, entries: list[dict[str, Any]], request: ModelRequest, stream: DeltaSink
+    ) -> ModelResponse:
+        options: dict[str, Any] = {
+            "input": responses_input(entries, request.summary, self.note_role),
+            "store": False,
+            "stream": True,
+        }
         if self.instructions:
             options["instructions"] = self.instructions
         if request.tools:
@@ -152,11 +186,14 @@ class OpenAIModel:
 
     # ------------------------------------------------------------ Chat Completions
 
-    async def _stream_chat(self, entries: list[dict[str, Any]], request: ModelRequest,
-                           stream: DeltaSink) -> ModelResponse:
+    async def _stream_chat(
+        self, entries: list[dict[str, Any]], request: ModelRequest, stream: DeltaSink
+    ) -> ModelResponse:
         options: dict[str, Any] = {
             "messages": chat_messages(entries, request.summary, self.instructions, self.note_role),
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if request.tools:
             options["tools"] = chat_tools(request.tools)
         answer = ChatAnswer()
@@ -199,8 +236,9 @@ def model_order(history: list[HistoryItem]) -> list[dict[str, Any]]:
     history becomes a note. Entries: {"type": "user"|"note", "text"} and
     {"type": "assistant", "content", "calls": [{"id", "name", "arguments", "output"}]}.
     """
-    results = {item.get("call_id"): item for item in history
-               if isinstance(item, dict) and item.get("type") == "tool_result"}
+    results = {
+        item.get("call_id"): item for item in history if isinstance(item, dict) and item.get("type") == "tool_result"
+    }
     answered: set[str] = set()
     entries: list[dict[str, Any]] = []
     for item in history:
@@ -213,13 +251,24 @@ def model_order(history: list[HistoryItem]) -> list[dict[str, Any]]:
                 result = results.get(call.get("id"))
                 if result is not None:
                     answered.add(call["id"])
-                calls.append({"id": call.get("id"), "name": call.get("name"), "arguments": call.get("arguments") or {},
-                              "output": MISSING_RESULT if result is None else result_text(result)})
+                calls.append(
+                    {
+                        "id": call.get("id"),
+                        "name": call.get("name"),
+                        "arguments": call.get("arguments") or {},
+                        "output": MISSING_RESULT if result is None else result_text(result),
+                    }
+                )
             entries.append({"type": "assistant", "content": _text(item.get("content")), "calls": calls})
         elif kind == "tool_result":
             if item.get("call_id") not in answered:
-                entries.append({"type": "note", "text": f"The result of an earlier call of {item.get('name')} "
-                                                        f"(call {item.get('call_id')}): {result_text(item)}"})
+                entries.append(
+                    {
+                        "type": "note",
+                        "text": f"The result of an earlier call of {item.get('name')} "
+                        f"(call {item.get('call_id')}): {result_text(item)}",
+                    }
+                )
         elif kind == "note":
             entries.append({"type": "note", "text": _text(item.get("text"))})
         else:  # an item type this version does not know: show it rather than lose it
@@ -249,8 +298,10 @@ def transcript(history: list[HistoryItem], summary: str | None) -> str:
             if entry["content"]:
                 lines.append(f"Assistant: {entry['content']}")
             for call in entry["calls"]:
-                lines.append(f"Assistant called {call['name']} (call {call['id']}) with "
-                             f"{json.dumps(call['arguments'], ensure_ascii=False, default=str)}")
+                lines.append(
+                    f"Assistant called {call['name']} (call {call['id']}) with "
+                    f"{json.dumps(call['arguments'], ensure_ascii=False, default=str)}"
+                )
                 lines.append(f"Result of call {call['id']}: {call['output']}")
     return "\n".join(lines)
 
@@ -272,18 +323,35 @@ def responses_input(entries: list[dict[str, Any]], summary: str | None, note_rol
         else:
             if entry["content"]:
                 items.append({"type": "message", "role": "assistant", "content": entry["content"]})
-            items += [{"type": "function_call", "call_id": call["id"], "name": call["name"],
-                       "arguments": json.dumps(call["arguments"], ensure_ascii=False)} for call in entry["calls"]]
-            items += [{"type": "function_call_output", "call_id": call["id"], "output": call["output"]}
-                      for call in entry["calls"]]
+            items += [
+                {
+                    "type": "function_call",
+                    "call_id": call["id"],
+                    "name": call["name"],
+                    "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+                }
+                for call in entry["calls"]
+            ]
+            items += [
+                {"type": "function_call_output", "call_id": call["id"], "output": call["output"]}
+                for call in entry["calls"]
+            ]
     return items
 
 
 def responses_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Function tools of the Responses API. `strict` is off: a strict schema must list
     every property as required, which an agent's optional arguments are not."""
-    return [{"type": "function", "name": tool["name"], "description": tool.get("description") or "",
-             "parameters": tool.get("input_schema") or EMPTY_OBJECT_SCHEMA, "strict": False} for tool in tools]
+    return [
+        {
+            "type": "function",
+            "name": tool["name"],
+            "description": tool.get("description") or "",
+            "parameters": tool.get("input_schema") or EMPTY_OBJECT_SCHEMA,
+            "strict": False,
+        }
+        for tool in tools
+    ]
 
 
 def from_response(response: Any) -> ModelResponse:
@@ -292,11 +360,19 @@ def from_response(response: Any) -> ModelResponse:
     texts, calls = [], []
     for item in response.output:
         if item.type == "message":
-            texts += [part.text if part.type == "output_text" else part.refusal for part in item.content
-                      if part.type in ("output_text", "refusal")]
+            texts += [
+                part.text if part.type == "output_text" else part.refusal
+                for part in item.content
+                if part.type in ("output_text", "refusal")
+            ]
         elif item.type == "function_call":
-            calls.append(ToolCall(item.call_id, item.name, parse_arguments(item.arguments, item.name,
-                                                                           cut=response.status == "incomplete")))
+            calls.append(
+                ToolCall(
+                    item.call_id,
+                    item.name,
+                    parse_arguments(item.arguments, item.name, cut=response.status == "incomplete"),
+                )
+            )
     usage = response.usage
     return ModelResponse("".join(texts), calls, _usage(usage.input_tokens, usage.output_tokens) if usage else {})
 
@@ -304,8 +380,9 @@ def from_response(response: Any) -> ModelResponse:
 # ---------------------------------------------------------------- Chat Completions
 
 
-def chat_messages(entries: list[dict[str, Any]], summary: str | None, instructions: str | None,
-                  note_role: str) -> list[dict[str, Any]]:
+def chat_messages(
+    entries: list[dict[str, Any]], summary: str | None, instructions: str | None, note_role: str
+) -> list[dict[str, Any]]:
     """Chat messages: the instructions as the system message, then the conversation, each
     assistant message with tool_calls followed by one `tool` message per call."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
@@ -320,19 +397,35 @@ def chat_messages(entries: list[dict[str, Any]], summary: str | None, instructio
             message: dict[str, Any] = {"role": "assistant", "content": entry["content"] or None}
             if entry["calls"]:
                 message["tool_calls"] = [
-                    {"id": call["id"], "type": "function",
-                     "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
-                    for call in entry["calls"]]
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {
+                            "name": call["name"],
+                            "arguments": json.dumps(call["arguments"], ensure_ascii=False),
+                        },
+                    }
+                    for call in entry["calls"]
+                ]
             messages.append(message)
-            messages += [{"role": "tool", "tool_call_id": call["id"], "content": call["output"]}
-                         for call in entry["calls"]]
+            messages += [
+                {"role": "tool", "tool_call_id": call["id"], "content": call["output"]} for call in entry["calls"]
+            ]
     return messages
 
 
 def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"type": "function", "function": {"name": tool["name"], "description": tool.get("description") or "",
-                                              "parameters": tool.get("input_schema") or EMPTY_OBJECT_SCHEMA}}
-            for tool in tools]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": tool["name"],
+                "description": tool.get("description") or "",
+                "parameters": tool.get("input_schema") or EMPTY_OBJECT_SCHEMA,
+            },
+        }
+        for tool in tools
+    ]
 
 
 class ChatAnswer:
@@ -369,21 +462,41 @@ class ChatAnswer:
         if self.finish_reason is None:
             raise OpenAIStreamError("the stream ended before the completion was finished")
         cut = self.finish_reason == "length"
-        calls = [ToolCall(call["id"] or None, call["name"], parse_arguments(call["arguments"], call["name"], cut=cut))
-                 for _, call in sorted(self.calls.items())]
+        calls = [
+            ToolCall(call["id"] or None, call["name"], parse_arguments(call["arguments"], call["name"], cut=cut))
+            for _, call in sorted(self.calls.items())
+        ]
         usage = _usage(self.usage.prompt_tokens, self.usage.completion_tokens) if self.usage is not None else {}
         return ModelResponse("".join(self.text), calls, usage)
 
 
 # ---------------------------------------------------------------- warming the SDK up
 
-_SAMPLE_USAGE = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
-                 "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+_SAMPLE_USAGE = {
+    "input_tokens": 0,
+    "output_tokens": 0,
+    "total_tokens": 0,
+    "input_tokens_details": {"cached_tokens": 0},
+    "output_tokens_details": {"reasoning_tokens": 0},
+}
 _SAMPLE_RESPONSE = {
-    "id": "resp_0", "object": "response", "created_at": 0, "status": "completed", "model": "", "usage": _SAMPLE_USAGE,
-    "output": [{"id": "msg_0", "type": "message", "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": "", "annotations": []}]},
-               {"id": "fc_0", "type": "function_call", "call_id": "call_0", "name": "f", "arguments": "{}"}]}
+    "id": "resp_0",
+    "object": "response",
+    "created_at": 0,
+    "status": "completed",
+    "model": "",
+    "usage": _SAMPLE_USAGE,
+    "output": [
+        {
+            "id": "msg_0",
+            "type": "message",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "", "annotations": []}],
+        },
+        {"id": "fc_0", "type": "function_call", "call_id": "call_0", "name": "f", "arguments": "{}"},
+    ],
+}
 _SAMPLE_CALL = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 _SAMPLE_CHAT_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
@@ -403,21 +516,58 @@ def warm_up_parsers(api: str) -> None:
 
         if api == "responses":
             from openai.types.responses import Response, ResponseStreamEvent
+
             construct_type(type_=Response, value=_SAMPLE_RESPONSE)
-            for event in ({"type": "response.output_text.delta", "delta": "", "item_id": "msg_0", "output_index": 0,
-                           "content_index": 0, "sequence_number": 0, "logprobs": []},
-                          {"type": "response.completed", "response": _SAMPLE_RESPONSE, "sequence_number": 1}):
+            for event in (
+                {
+                    "type": "response.output_text.delta",
+                    "delta": "",
+                    "item_id": "msg_0",
+                    "output_index": 0,
+                    "content_index": 0,
+                    "sequence_number": 0,
+                    "logprobs": [],
+                },
+                {"type": "response.completed", "response": _SAMPLE_RESPONSE, "sequence_number": 1},
+            ):
                 construct_type(type_=ResponseStreamEvent, value=event)
         else:
             from openai.types.chat import ChatCompletion, ChatCompletionChunk
-            construct_type(type_=ChatCompletionChunk, value={
-                "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "", "usage": _SAMPLE_CHAT_USAGE,
-                "choices": [{"index": 0, "finish_reason": None,
-                             "delta": {"content": "", "tool_calls": [{"index": 0, **_SAMPLE_CALL}]}}]})
-            construct_type(type_=ChatCompletion, value={
-                "id": "c", "object": "chat.completion", "created": 0, "model": "", "usage": _SAMPLE_CHAT_USAGE,
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": "", "tool_calls": [_SAMPLE_CALL]}}]})
+
+            construct_type(
+                type_=ChatCompletionChunk,
+                value={
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "",
+                    "usage": _SAMPLE_CHAT_USAGE,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": None,
+                            "delta": {"content": "", "tool_calls": [{"index": 0, **_SAMPLE_CALL}]},
+                        }
+                    ],
+                },
+            )
+            construct_type(
+                type_=ChatCompletion,
+                value={
+                    "id": "c",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "",
+                    "usage": _SAMPLE_CHAT_USAGE,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "", "tool_calls": [_SAMPLE_CALL]},
+                        }
+                    ],
+                },
+            )
     except Exception as exc:  # an SDK version without that function: no harm, only no head start
         log.debug("could not build the openai SDK's parsers ahead of time: %s", exc)
 
@@ -456,8 +606,9 @@ def parse_arguments(arguments: str, name: str, *, cut: bool = False) -> dict[str
     if isinstance(value, dict):
         return value
     if cut:
-        raise NonRetryableError(f"the answer reached the output token limit in the middle of a call of {name!r}; "
-                                "raise max_output_tokens")
+        raise NonRetryableError(
+            f"the answer reached the output token limit in the middle of a call of {name!r}; raise max_output_tokens"
+        )
     raise OpenAIStreamError(f"the model called {name!r} with arguments that are not a JSON object: {arguments[:200]!r}")
 
 
@@ -500,8 +651,11 @@ def _client_without_retries(client: AsyncOpenAI | None, api_key: str | None, bas
     _check_optional_str(base_url, "base_url")
     if not (api_key or os.environ.get("OPENAI_API_KEY")):
         raise ValueError("api_key: none given and OPENAI_API_KEY is not set")
-    return AsyncOpenAI(api_key=api_key or os.environ["OPENAI_API_KEY"],
-                       base_url=base_url or os.environ.get("OPENAI_BASE_URL") or None, max_retries=0)
+    return AsyncOpenAI(
+        api_key=api_key or os.environ["OPENAI_API_KEY"],
+        base_url=base_url or os.environ.get("OPENAI_BASE_URL") or None,
+        max_retries=0,
+    )
 
 
 def _check_request_options(options: Mapping[str, Any] | None, create: Any) -> dict[str, Any]:

@@ -196,8 +196,9 @@ DEFAULT_HEARTBEAT_INTERVAL_MS = 50
 DEFAULT_LEASE_DRIFT_MARGIN_MS = 50
 
 
-def check_timing(election_timeout_min_ms: int, election_timeout_max_ms: int,
-                 heartbeat_interval_ms: int, lease_drift_margin_ms: int) -> None:
+def check_timing(
+    election_timeout_min_ms: int, election_timeout_max_ms: int, heartbeat_interval_ms: int, lease_drift_margin_ms: int
+) -> None:
     """Raise ValueError (naming the setting) unless the timing can hold a lease.
 
     The lease lasts election_timeout_min - lease_drift_margin after a heartbeat round a
@@ -205,18 +206,23 @@ def check_timing(election_timeout_min_ms: int, election_timeout_max_ms: int,
     between rounds and the node is not active while it leads.
     """
     if not 0 < election_timeout_min_ms <= MAX_LEASE_WINDOW_MS:
-        raise ValueError(f"election_timeout_min_ms must be in 1..{MAX_LEASE_WINDOW_MS}, "
-                         f"not {election_timeout_min_ms}")
+        raise ValueError(f"election_timeout_min_ms must be in 1..{MAX_LEASE_WINDOW_MS}, not {election_timeout_min_ms}")
     if election_timeout_max_ms < election_timeout_min_ms:
-        raise ValueError(f"election_timeout_max_ms ({election_timeout_max_ms}) must not be below "
-                         f"election_timeout_min_ms ({election_timeout_min_ms})")
+        raise ValueError(
+            f"election_timeout_max_ms ({election_timeout_max_ms}) must not be below "
+            f"election_timeout_min_ms ({election_timeout_min_ms})"
+        )
     if not 0 <= lease_drift_margin_ms < election_timeout_min_ms:
-        raise ValueError(f"lease_drift_margin_ms ({lease_drift_margin_ms}) must be in "
-                         f"0..election_timeout_min_ms ({election_timeout_min_ms}) - 1")
+        raise ValueError(
+            f"lease_drift_margin_ms ({lease_drift_margin_ms}) must be in "
+            f"0..election_timeout_min_ms ({election_timeout_min_ms}) - 1"
+        )
     lease = election_timeout_min_ms - lease_drift_margin_ms
     if not 0 < heartbeat_interval_ms < lease:
-        raise ValueError(f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be positive and below "
-                         f"election_timeout_min_ms - lease_drift_margin_ms ({lease})")
+        raise ValueError(
+            f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be positive and below "
+            f"election_timeout_min_ms - lease_drift_margin_ms ({lease})"
+        )
 
 
 @dataclass
@@ -236,8 +242,12 @@ class RaftConfig:
     max_committed_bytes_per_ready: int = 8 << 20
 
     def __post_init__(self) -> None:
-        check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
-                     self.heartbeat_interval_ms, self.lease_drift_margin_ms)
+        check_timing(
+            self.election_timeout_min_ms,
+            self.election_timeout_max_ms,
+            self.heartbeat_interval_ms,
+            self.lease_drift_margin_ms,
+        )
         if self.max_entry_bytes < 1:
             raise ValueError(f"max_entry_bytes must be positive, not {self.max_entry_bytes}")
 
@@ -751,8 +761,7 @@ class RaftCore:
             changes.append(ConfChange(ConfChangeType.PROMOTE, v))
         changes += [ConfChange(ConfChangeType.ADD_LEARNER, n) for n in self._base_conf.learners]
         entries = [
-            Entry(self._term, i + 1, EntryType.CONF_CHANGE, encode_conf_change(cc))
-            for i, cc in enumerate(changes)
+            Entry(self._term, i + 1, EntryType.CONF_CHANGE, encode_conf_change(cc)) for i, cc in enumerate(changes)
         ]
         if entries:
             self._log.append(entries)
@@ -823,9 +832,7 @@ class RaftCore:
         pre = m.type == _MT.PRE_VOTE
         resp_type = _MT.PRE_VOTE_RESP if pre else _MT.VOTE_RESP
         can_vote = (
-            self._vote == m.frm
-            or (self._vote == NO_NODE and self._leader == NO_NODE)
-            or (pre and m.term > self._term)
+            self._vote == m.frm or (self._vote == NO_NODE and self._leader == NO_NODE) or (pre and m.term > self._term)
         )
         # The recent-leader check again, for a vote in a term we adopted from some other
         # message (e.g. a delayed rejection carrying a higher term): the leader we heard
@@ -1051,9 +1058,7 @@ class RaftCore:
         ents = self._log.slice(pr.next, self._log.last_index + 1, self._cfg.max_msg_bytes)
         if not ents and not send_if_empty:
             return False
-        self._send(
-            _MT.APP, peer, index=prev, log_term=prev_term, entries=ents, commit=self._log.commit
-        )
+        self._send(_MT.APP, peer, index=prev, log_term=prev_term, entries=ents, commit=self._log.commit)
         last = ents[-1].index if ents else prev
         pr.sent_entries(last, sum(e.size() for e in ents), len(ents))
         return True
@@ -1076,8 +1081,13 @@ class RaftCore:
             del self._round_sent_ms[r]
         for peer, pr in self._prs.items():
             commit = min(pr.match, self._log.commit)
-            self._send(_MT.HEARTBEAT, peer, commit=commit, context=self._round,
-                       lease_window_ms=self._cfg.election_timeout_min_ms)
+            self._send(
+                _MT.HEARTBEAT,
+                peer,
+                commit=commit,
+                context=self._round,
+                lease_window_ms=self._cfg.election_timeout_min_ms,
+            )
 
     def _match_of(self, node: str) -> int:
         if node == self.id:
@@ -1133,8 +1143,10 @@ class RaftCore:
         if self._log.commit < self._pending_conf_index:
             raise ConfChangeRefused("a configuration change (or the leader's no-op) is pending")
         if apply_conf_change(self._conf, cc) is None:
-            raise ConfChangeRefused(f"{cc.type.name.lower()} {cc.node_id!r} does not fit the configuration "
-                                    f"(voters {sorted(self._conf.voters)}, learners {sorted(self._conf.learners)})")
+            raise ConfChangeRefused(
+                f"{cc.type.name.lower()} {cc.node_id!r} does not fit the configuration "
+                f"(voters {sorted(self._conf.voters)}, learners {sorted(self._conf.learners)})"
+            )
 
     def _check_can_propose(self) -> None:
         if self._role != Role.LEADER:
@@ -1307,11 +1319,7 @@ class RaftCore:
         if index > self._applied or index > self._log.persisted:
             raise ValueError(f"cannot compact to {index}: not applied/persisted yet")
         expected = self.snapshot_meta(index)
-        if (
-            meta.index != index
-            or meta.term != expected.term
-            or canonical_conf(meta.conf_state) != expected.conf_state
-        ):
+        if meta.index != index or meta.term != expected.term or canonical_conf(meta.conf_state) != expected.conf_state:
             raise ValueError(f"snapshot meta {meta} does not match the log ({expected})")
         self._base_conf = expected.conf_state
         self._conf_entries = [i for i in self._conf_entries if i > index]
@@ -1373,9 +1381,7 @@ class RaftCore:
             self._pending_snapshot = None
         hi = self._committed_hi()
         if hi > self._applying:
-            rd.committed_entries = self._log.slice(
-                self._applying + 1, hi + 1, self._cfg.max_committed_bytes_per_ready
-            )
+            rd.committed_entries = self._log.slice(self._applying + 1, hi + 1, self._cfg.max_committed_bytes_per_ready)
             self._applying = rd.committed_entries[-1].index
         rd.messages, self._msgs = self._msgs, []
         prev = self._prev_hs
@@ -1414,29 +1420,50 @@ class RaftCore:
     def status(self) -> Status:
         """The node's Raft state now, with each member's progress as far as this node knows it."""
         return Status(
-            id=self.id, role=self.role.name.lower(), term=self._term, vote=self._vote, leader=self._leader,
-            commit=self._log.commit, applied=self._applied, first_index=self._log.first_index,
-            last_index=self._log.last_index, lease_remaining_ms=self.lease_remaining_ms(self._now),
+            id=self.id,
+            role=self.role.name.lower(),
+            term=self._term,
+            vote=self._vote,
+            leader=self._leader,
+            commit=self._log.commit,
+            applied=self._applied,
+            first_index=self._log.first_index,
+            last_index=self._log.last_index,
+            lease_remaining_ms=self.lease_remaining_ms(self._now),
             transferring_to=self.transferring_to,
-            members=MappingProxyType({m: self._member_status(m) for m in self._conf.members()}))
+            members=MappingProxyType({m: self._member_status(m) for m in self._conf.members()}),
+        )
 
     def _member_status(self, member_id: str) -> MemberStatus:
         voter = member_id in self._conf.voters
         if member_id == self.id:
-            return MemberStatus(voter, match=self._log.persisted, next=self._log.last_index + 1, state="self",
-                                last_contact_ms_ago=0, contacted=True)
+            return MemberStatus(
+                voter,
+                match=self._log.persisted,
+                next=self._log.last_index + 1,
+                state="self",
+                last_contact_ms_ago=0,
+                contacted=True,
+            )
         pr = self._prs.get(member_id)
         if pr is None:  # not the leader: this node knows nothing of the member's progress
             return MemberStatus(voter)
         # contacted=False (and no last contact): this leader never heard from the peer
         # (not yet started, unreachable).
-        return MemberStatus(voter, match=pr.match, next=pr.next, state=pr.state.value, contacted=pr.heard_from,
-                            last_contact_ms_ago=self._now - pr.last_contact_ms if pr.heard_from else None)
+        return MemberStatus(
+            voter,
+            match=pr.match,
+            next=pr.next,
+            state=pr.state.value,
+            contacted=pr.heard_from,
+            last_contact_ms_ago=self._now - pr.last_contact_ms if pr.heard_from else None,
+        )
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _send(self, mtype: MessageType, to: str, *, term: int | None = None,
-              frm: str | None = None, **fields: object) -> None:
+    def _send(
+        self, mtype: MessageType, to: str, *, term: int | None = None, frm: str | None = None, **fields: object
+    ) -> None:
         self._msgs.append(
             Message(
                 type=mtype,

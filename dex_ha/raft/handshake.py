@@ -69,12 +69,27 @@ class Handshake:
 
     def dialer_frame_mac(self, secret: bytes) -> FrameMac:
         """What tags the dialer's frames on this connection (the only frames it carries)."""
-        return FrameMac(link_key(secret, self.dialer_challenge, self.acceptor_challenge,
-                                 self.dialer_id, self.acceptor_id, DIALER_TO_ACCEPTOR))
+        return FrameMac(
+            link_key(
+                secret,
+                self.dialer_challenge,
+                self.acceptor_challenge,
+                self.dialer_id,
+                self.acceptor_id,
+                DIALER_TO_ACCEPTOR,
+            )
+        )
 
 
-async def dial(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, node_id: str,
-               secret: bytes | None, expected_peer_id: str, addr: tuple[str, int]) -> Handshake:
+async def dial(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    node_id: str,
+    secret: bytes | None,
+    expected_peer_id: str,
+    addr: tuple[str, int],
+) -> Handshake:
     """The dialer's side: authenticate both ways with the node we meant to reach at `addr`."""
     proto, version, challenge = _unpack_fields(*await read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_HELLO, 3)
     if proto != PROTOCOL or version != PROTOCOL_VERSION:
@@ -90,16 +105,17 @@ async def dial(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, no
     _verify_mac(secret, "acceptor", my_challenge, peer_id, mac)
     if peer_id != expected_peer_id:
         raise HandshakeError(f"{addr[0]}:{addr[1]} is node {peer_id!r}, not {expected_peer_id!r}")
-    return Handshake(dialer_id=node_id, acceptor_id=peer_id,
-                     dialer_challenge=my_challenge, acceptor_challenge=challenge)
+    return Handshake(
+        dialer_id=node_id, acceptor_id=peer_id, dialer_challenge=my_challenge, acceptor_challenge=challenge
+    )
 
 
-async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, node_id: str,
-                 secret: bytes | None) -> Handshake:
+async def accept(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, node_id: str, secret: bytes | None
+) -> Handshake:
     """The acceptor's side: authenticate both ways with whoever dialed us."""
     challenge = os.urandom(CHALLENGE_BYTES)
-    writer.write(pack_frame(KIND_HELLO, msgpack.packb([PROTOCOL, PROTOCOL_VERSION, challenge],
-                                                      use_bin_type=True)))
+    writer.write(pack_frame(KIND_HELLO, msgpack.packb([PROTOCOL, PROTOCOL_VERSION, challenge], use_bin_type=True)))
     await writer.drain()
     peer_id, peer_challenge, mac = _unpack_fields(*await read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_AUTH, 3)
     peer_id = _check_node_id(peer_id)
@@ -111,8 +127,9 @@ async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, 
     reply = [node_id, _mac(secret, "acceptor", peer_challenge, node_id)]
     writer.write(pack_frame(KIND_AUTH_OK, msgpack.packb(reply, use_bin_type=True)))
     await writer.drain()
-    return Handshake(dialer_id=peer_id, acceptor_id=node_id,
-                     dialer_challenge=peer_challenge, acceptor_challenge=challenge)
+    return Handshake(
+        dialer_id=peer_id, acceptor_id=node_id, dialer_challenge=peer_challenge, acceptor_challenge=challenge
+    )
 
 
 def _unpack_fields(kind: int, body: bytes, expected_kind: int, n: int) -> list[object]:
@@ -145,8 +162,11 @@ def _verify_mac(secret: bytes | None, role: str, challenge: bytes, node_id: str,
         return  # insecure mode: nothing to check
     # The length first, said out loud: an empty or truncated answer must never pass as
     # a prefix of the right one (compare_digest also refuses it, in constant time).
-    if (not isinstance(mac, bytes) or len(mac) != HANDSHAKE_MAC_BYTES
-            or not hmac.compare_digest(mac, _mac(secret, role, challenge, node_id))):
+    if (
+        not isinstance(mac, bytes)
+        or len(mac) != HANDSHAKE_MAC_BYTES
+        or not hmac.compare_digest(mac, _mac(secret, role, challenge, node_id))
+    ):
         raise HandshakeError(f"bad or missing authentication from a peer claiming to be {node_id!r}")
 
 
@@ -164,8 +184,14 @@ def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes, length: int = 32) -> bytes
     return okm[:length]
 
 
-def link_key(secret: bytes, dialer_challenge: bytes, acceptor_challenge: bytes,
-             dialer_id: str, acceptor_id: str, direction: bytes) -> bytes:
+def link_key(
+    secret: bytes,
+    dialer_challenge: bytes,
+    acceptor_challenge: bytes,
+    dialer_id: str,
+    acceptor_id: str,
+    direction: bytes,
+) -> bytes:
     """The key of one direction of one connection (see the module docstring). The ids are
     length-prefixed, so ("ab", "c") and ("a", "bc") give different keys."""
     info = LINK_KEY_LABEL

@@ -59,6 +59,7 @@ class LoopThread:
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Call `fn(*args)` on this thread's loop (for code that must not run elsewhere)."""
+
         async def call() -> T:
             return fn(*args)
 

@@ -125,11 +125,17 @@ class NodeConfig:
     seed: int | None = None  # election-timeout randomness; None: from os.urandom
 
     def __post_init__(self) -> None:
-        check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
-                     self.heartbeat_interval_ms, self.lease_drift_margin_ms)
+        check_timing(
+            self.election_timeout_min_ms,
+            self.election_timeout_max_ms,
+            self.heartbeat_interval_ms,
+            self.lease_drift_margin_ms,
+        )
         if not 0 < self.max_entry_bytes <= MAX_ENTRY_BYTES_LIMIT:
-            raise ValueError(f"max_entry_bytes must be in 1..{MAX_ENTRY_BYTES_LIMIT} (one entry must fit "
-                             f"in one transport frame), not {self.max_entry_bytes}")
+            raise ValueError(
+                f"max_entry_bytes must be in 1..{MAX_ENTRY_BYTES_LIMIT} (one entry must fit "
+                f"in one transport frame), not {self.max_entry_bytes}"
+            )
 
 
 @dataclass
@@ -212,10 +218,14 @@ class Reply(Protocol):
 class RaftNode:
     """One member of a Raft group, running its loop on the current event loop."""
 
-    def __init__(self, config: NodeConfig, state_machine: StateMachine,
-                 on_leader_change: Callable[[str], None] | None = None,
-                 on_fsync: Callable[[float], None] | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        state_machine: StateMachine,
+        on_leader_change: Callable[[str], None] | None = None,
+        on_fsync: Callable[[float], None] | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
         """`on_leader_change(leader_id)` and `on_fsync(seconds)` let the server layer feed
         its metrics (a histogram of fsync time) without raft/ importing anything of ours.
         `on_fatal(exc)` is called when the loop dies of an error it cannot go on from (a
@@ -253,17 +263,24 @@ class RaftNode:
         self._snap_dir.mkdir(exist_ok=True)
         for leftover in self._snap_dir.glob("*.tmp"):  # a write cut short by a crash
             leftover.unlink()
-        self.storage = RaftStorage.open(config.data_dir / "raft", durability=config.durability,
-                                        on_fsync=self._record_fsync)
+        self.storage = RaftStorage.open(
+            config.data_dir / "raft", durability=config.durability, on_fsync=self._record_fsync
+        )
         self.core = self._build_core()
         self.view = self._current_view()
         self.peer_progress: tuple[PeerProgress, ...] = ()  # only a leader knows it; see _current_peer_progress
         hs = self.storage.hard_state
         self._persisted_term_vote = (hs.term, hs.vote)
         self.transport = RaftTransport(
-            config.id, config.raft_listen, self._peer_addrs(), self._on_message,
-            secret=config.secret, ssl_server=config.ssl_server, ssl_client=config.ssl_client,
-            on_unreachable=self._on_unreachable, on_snapshot_sent=self._on_snapshot_sent,
+            config.id,
+            config.raft_listen,
+            self._peer_addrs(),
+            self._on_message,
+            secret=config.secret,
+            ssl_server=config.ssl_server,
+            ssl_client=config.ssl_client,
+            on_unreachable=self._on_unreachable,
+            on_snapshot_sent=self._on_snapshot_sent,
         )
 
     # ------------------------------------------------------------------ setup
@@ -294,9 +311,16 @@ class RaftNode:
             max_entry_bytes=self.config.max_entry_bytes,
         )
         seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(8), "big")
-        return RaftCore(cfg, hard_state=hard_state, conf_state=conf, snapshot=snap_meta,
-                        entries=entries, applied=self.sm.applied_index(),
-                        now_ms=now_ms(), rng=random.Random(seed))
+        return RaftCore(
+            cfg,
+            hard_state=hard_state,
+            conf_state=conf,
+            snapshot=snap_meta,
+            entries=entries,
+            applied=self.sm.applied_index(),
+            now_ms=now_ms(),
+            rng=random.Random(seed),
+        )
 
     def _restore_state_machine(self, snap_meta: SnapshotMeta | None) -> None:
         """A state machine behind the durable snapshot (e.g. in-memory) starts from it."""
@@ -360,8 +384,11 @@ class RaftNode:
 
     def status(self) -> Status:
         """The core's status with the node loop's snapshot index and snapshots in flight."""
-        return replace(self.core.status(), snapshot_index=self._snapshot_index,
-                       snapshots_sending=self.transport.snapshots_in_flight())
+        return replace(
+            self.core.status(),
+            snapshot_index=self._snapshot_index,
+            snapshots_sending=self.transport.snapshots_in_flight(),
+        )
 
     async def propose(self, data: bytes) -> Any:
         """Replicate `data`, apply it, and return the state machine's result.
@@ -510,15 +537,23 @@ class RaftNode:
     def _current_view(self) -> RaftView:
         core = self.core
         voters = core.conf_state.voters
-        return RaftView(term=core.term, role=core.role, leader_id=core.leader_id, lease_end_ms=core.lease_end_ms(),
-                        commit=core.commit_index, voter=self.config.id in voters,
-                        sole_voter=tuple(voters) == (self.config.id,))
+        return RaftView(
+            term=core.term,
+            role=core.role,
+            leader_id=core.leader_id,
+            lease_end_ms=core.lease_end_ms(),
+            commit=core.commit_index,
+            voter=self.config.id in voters,
+            sole_voter=tuple(voters) == (self.config.id,),
+        )
 
     def _current_peer_progress(self) -> tuple[PeerProgress, ...]:
         """Each other member's match index and last contact, as the leader tracks them;
         empty on a follower (it tracks no one)."""
-        return tuple(PeerProgress(id=m, voter=voter, match=match, last_contact_ms=contact)
-                     for m, voter, match, contact in self.core.peer_progress())
+        return tuple(
+            PeerProgress(id=m, voter=voter, match=match, last_contact_ms=contact)
+            for m, voter, match, contact in self.core.peer_progress()
+        )
 
     def _take_proposals(self) -> None:
         while self._proposals:
@@ -708,8 +743,7 @@ class RaftNode:
         if self.sm.applied_index() - self._taken.index < self.config.snapshot_every_entries:
             return
         copy = self.sm.snapshot_copier()
-        self._snapshot_task = asyncio.create_task(self._take_snapshot(copy),
-                                                  name=f"raft-snapshot-{self.config.id}")
+        self._snapshot_task = asyncio.create_task(self._take_snapshot(copy), name=f"raft-snapshot-{self.config.id}")
 
     async def _take_snapshot(self, copy: Callable[[], tuple[int, bytes]]) -> None:
         """Copy and write the snapshot off the event loop (a large state takes seconds,

@@ -126,8 +126,12 @@ class PeerSender:
             self._drop(msg, "send queue full")
         elif msg.type == MessageType.SNAP:
             if len(msg.data) > t.max_snapshot_bytes:
-                t.log.error("raft snapshot for %s is %d bytes, above max_snapshot_bytes %d: dropped",
-                            self.peer_id, len(msg.data), t.max_snapshot_bytes)
+                t.log.error(
+                    "raft snapshot for %s is %d bytes, above max_snapshot_bytes %d: dropped",
+                    self.peer_id,
+                    len(msg.data),
+                    t.max_snapshot_bytes,
+                )
                 self._drop(msg, "too large")
                 return
             self.queue.append(msg)
@@ -135,8 +139,13 @@ class PeerSender:
         else:
             frame = pack_frame(KIND_MESSAGE, encode_message(msg), t.tag_bytes)
             if len(frame) - 4 > t.max_frame_bytes:
-                t.log.error("raft message %s to %s is %d bytes, above max_frame_bytes %d: dropped",
-                            msg.type.name, self.peer_id, len(frame) - 4, t.max_frame_bytes)
+                t.log.error(
+                    "raft message %s to %s is %d bytes, above max_frame_bytes %d: dropped",
+                    msg.type.name,
+                    self.peer_id,
+                    len(frame) - 4,
+                    t.max_frame_bytes,
+                )
                 self._drop(msg, "too large")
                 return
             self.queue.append(frame)
@@ -194,8 +203,7 @@ class PeerSender:
             else:
                 backoff = BACKOFF_MIN_S
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     mac: FrameMac | None) -> float:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mac: FrameMac | None) -> float:
         """Run one connection until it fails; returns how long it lasted (seconds)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -237,15 +245,17 @@ class PeerSender:
             return
         # The first failure of a streak is news; the retries every few seconds are not.
         level = logging.WARNING if self._failures == 1 else logging.DEBUG
-        self.t.log.log(level, "raft connection to %s at %s:%d failed: %s", self.peer_id, *self.addr,
-                       str(exc) or type(exc).__name__)
+        self.t.log.log(
+            level, "raft connection to %s at %s:%d failed: %s", self.peer_id, *self.addr, str(exc) or type(exc).__name__
+        )
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, FrameMac | None]:
         t = self.t
         host, port = self.addr
         async with asyncio.timeout(t.handshake_timeout):
             reader, writer = await asyncio.open_connection(
-                host, port, ssl=t.ssl_client, server_hostname=host if t.ssl_client else None)
+                host, port, ssl=t.ssl_client, server_hostname=host if t.ssl_client else None
+            )
             try:
                 mac = await self._dialer_handshake(reader, writer)
             except BaseException:
@@ -256,16 +266,15 @@ class PeerSender:
         self._failures = 0
         return reader, writer, mac
 
-    async def _dialer_handshake(self, reader: asyncio.StreamReader,
-                                writer: asyncio.StreamWriter) -> FrameMac | None:
+    async def _dialer_handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> FrameMac | None:
         """Authenticate both ways; returns what tags our frames on this connection."""
         t = self.t
-        done = await handshake.dial(reader, writer, node_id=t.node_id, secret=t.secret,
-                                    expected_peer_id=self.peer_id, addr=self.addr)
+        done = await handshake.dial(
+            reader, writer, node_id=t.node_id, secret=t.secret, expected_peer_id=self.peer_id, addr=self.addr
+        )
         return t.frame_mac(done)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    mac: FrameMac | None) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mac: FrameMac | None) -> None:
         """Write queued frames in batches until the connection fails."""
         # The acceptor never writes after the handshake: a read completes only when the
         # peer closes (or misbehaves), which tells us to reconnect without waiting for

@@ -34,8 +34,7 @@ class OutgoingSnapshot:
         end = min(self.offset + self._chunk_bytes, self.total)
         header = encode_message(dataclasses.replace(self.msg, data=b"")) if self.offset == 0 else None
         done = end == self.total
-        body = msgpack.packb([self.offset, self.total, done, header, self._view[self.offset:end]],
-                             use_bin_type=True)
+        body = msgpack.packb([self.offset, self.total, done, header, self._view[self.offset : end]], use_bin_type=True)
         self.offset, self.finished = end, done
         return pack_frame(KIND_CHUNK, body, self._tag_bytes)
 
@@ -57,8 +56,13 @@ def parse_chunk(body: memoryview) -> Chunk:
         offset, total, done, header, data = fields
     except Exception as exc:
         raise ProtocolError(f"undecodable snapshot chunk: {exc}") from exc
-    if not (isinstance(offset, int) and isinstance(total, int) and 0 <= offset <= total
-            and isinstance(data, bytes) and (header is None or isinstance(header, bytes))):
+    if not (
+        isinstance(offset, int)
+        and isinstance(total, int)
+        and 0 <= offset <= total
+        and isinstance(data, bytes)
+        and (header is None or isinstance(header, bytes))
+    ):
         raise ProtocolError("malformed snapshot chunk")
     return Chunk(offset, total, bool(done), header, data)
 

@@ -30,8 +30,14 @@ class MemberStatus:
     contacted: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"voter": self.voter, "match": self.match, "next": self.next, "state": self.state,
-                "last_contact_ms_ago": self.last_contact_ms_ago, "contacted": self.contacted}
+        return {
+            "voter": self.voter,
+            "match": self.match,
+            "next": self.next,
+            "state": self.state,
+            "last_contact_ms_ago": self.last_contact_ms_ago,
+            "contacted": self.contacted,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +66,16 @@ class Status:
     def to_json(self) -> dict[str, Any]:
         """The status as plain JSON-able values (the node-loop fields only when set)."""
         out: dict[str, Any] = {
-            "id": self.id, "role": self.role, "term": self.term, "vote": self.vote, "leader": self.leader,
-            "commit": self.commit, "applied": self.applied, "first_index": self.first_index,
-            "last_index": self.last_index, "lease_remaining_ms": self.lease_remaining_ms,
+            "id": self.id,
+            "role": self.role,
+            "term": self.term,
+            "vote": self.vote,
+            "leader": self.leader,
+            "commit": self.commit,
+            "applied": self.applied,
+            "first_index": self.first_index,
+            "last_index": self.last_index,
+            "lease_remaining_ms": self.lease_remaining_ms,
             "transferring_to": self.transferring_to,
             "members": {member_id: m.to_json() for member_id, m in self.members.items()},
         }

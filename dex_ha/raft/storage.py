@@ -334,8 +334,9 @@ def _scan_segment(buf: bytes, seq: int, on_record: Callable[[int, Any], None]) -
 class RaftStorage:
     """The durable Raft log and hard state of one node. Open with RaftStorage.open()."""
 
-    def __init__(self, dir: Path, durability: str, segment_bytes: int,
-                 on_fsync: Callable[[float], None] | None) -> None:
+    def __init__(
+        self, dir: Path, durability: str, segment_bytes: int, on_fsync: Callable[[float], None] | None
+    ) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
         self.dir = dir
@@ -360,9 +361,14 @@ class RaftStorage:
     # ------------------------------------------------------------------ open / close
 
     @classmethod
-    def open(cls, dir: str | Path, durability: str = "strict", *,
-             segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-             on_fsync: Callable[[float], None] | None = None) -> RaftStorage:
+    def open(
+        cls,
+        dir: str | Path,
+        durability: str = "strict",
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        on_fsync: Callable[[float], None] | None = None,
+    ) -> RaftStorage:
         """Open (or create) the log in `dir`, replaying it and repairing a torn tail.
 
         Raises LogCorruptionError if the log is damaged anywhere but its tail.
@@ -432,8 +438,9 @@ class RaftStorage:
         segs.sort(key=lambda s: s.seq)
         for a, b in zip(segs, segs[1:]):
             if b.seq != a.seq + 1:
-                raise LogCorruptionError(f"{self.dir}: segment {a.seq + 1:016x} is missing "
-                                         f"(have {a.path.name} then {b.path.name})")
+                raise LogCorruptionError(
+                    f"{self.dir}: segment {a.seq + 1:016x} is missing (have {a.path.name} then {b.path.name})"
+                )
         return segs
 
     def _adopt(self, replay: _Replay) -> None:
@@ -476,9 +483,11 @@ class RaftStorage:
     @staticmethod
     def _describe(seg: _Segment, result: _ScanResult, replay: _Replay) -> str:
         last = replay.offset + len(replay.entries) - 1
-        return (f"{seg.path}: {result.bad} at byte offset {result.good_bytes} "
-                f"(record {result.records}; the last good entry is index {last}, "
-                f"so the damage is at entry index {last + 1} or the hard state after it)")
+        return (
+            f"{seg.path}: {result.bad} at byte offset {result.good_bytes} "
+            f"(record {result.records}; the last good entry is index {last}, "
+            f"so the damage is at entry index {last + 1} or the hard state after it)"
+        )
 
     @staticmethod
     def _describe_zeroed_tail(buf: bytes, seg: _Segment, result: _ScanResult) -> str:
@@ -488,9 +497,11 @@ class RaftStorage:
         while p is not None:
             later += 1
             p = _find_valid_record(buf, seg.seq, p + _HEADER.size + _HEADER.unpack_from(buf, p)[0])
-        return (f"; zero-filled from there (space never written back before a crash): the log "
-                f"ends there, dropping {len(buf) - result.good_bytes} bytes holding {later} "
-                f"well-formed record(s) of later, unsynced writes")
+        return (
+            f"; zero-filled from there (space never written back before a crash): the log "
+            f"ends there, dropping {len(buf) - result.good_bytes} bytes holding {later} "
+            f"well-formed record(s) of later, unsynced writes"
+        )
 
     def _check_header(self, seg: _Segment, result: _ScanResult, buf: bytes) -> None:
         if result.records == 0 or buf[8] != KIND_HARD_STATE:
@@ -595,8 +606,7 @@ class RaftStorage:
     def _check_append(self, entries: list[Entry]) -> None:
         first = entries[0].index
         if not self._terms.first <= first <= self._terms.last + 1:
-            raise ValueError(f"cannot append at index {first}: the log holds "
-                             f"{self._terms.first}..{self._terms.last}")
+            raise ValueError(f"cannot append at index {first}: the log holds {self._terms.first}..{self._terms.last}")
         for a, b in zip(entries, entries[1:]):
             if b.index != a.index + 1:
                 raise ValueError(f"entries are not contiguous: {a.index} then {b.index}")
@@ -629,8 +639,7 @@ class RaftStorage:
             self._terms = _Terms(meta.index + 1, meta.term)
 
     @staticmethod
-    def _add_snapshot_record(buf: bytearray, seq: int, base: int, meta: SnapshotMeta,
-                             keep_suffix: bool) -> None:
+    def _add_snapshot_record(buf: bytearray, seq: int, base: int, meta: SnapshotMeta, keep_suffix: bool) -> None:
         body = msgpack.packb([snapshot_meta_to_wire(meta), keep_suffix], use_bin_type=True)
         _add_record(buf, seq, base, KIND_SNAPSHOT, body)
 

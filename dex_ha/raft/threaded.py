@@ -90,14 +90,20 @@ class _Outbox:
 class RaftThread:
     """Runs `RaftNode(config, state_machine)` on a thread of its own (see the module doc)."""
 
-    def __init__(self, config: NodeConfig, state_machine: StateMachine, *,
-                 on_leader_change: Callable[[str], None] | None = None,
-                 on_fsync: Callable[[float], None] | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        state_machine: StateMachine,
+        *,
+        on_leader_change: Callable[[str], None] | None = None,
+        on_fsync: Callable[[float], None] | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self._on_leader_change = on_leader_change
         self._on_fatal = on_fatal
-        self.node = RaftNode(config, state_machine, on_leader_change=self._leader_changed,
-                             on_fsync=on_fsync, on_fatal=self._fatal)
+        self.node = RaftNode(
+            config, state_machine, on_leader_change=self._leader_changed, on_fsync=on_fsync, on_fatal=self._fatal
+        )
         self._thread = LoopThread(f"raft-{config.id}")
         self._caller_loop: asyncio.AbstractEventLoop | None = None
         self._outbox: _Outbox | None = None

@@ -69,11 +69,29 @@ from .wire import (
 )
 
 __all__ = [
-    "ACCEPTOR_TO_DIALER", "BACKOFF_MAX_S", "BACKOFF_MIN_S", "DEFAULT_MAX_FRAME_BYTES",
-    "DIALER_TO_ACCEPTOR", "KIND_CHUNK", "KIND_MESSAGE", "REJECTION_LOG_BURST",
-    "REJECTION_LOG_WINDOW_S", "TAG_BYTES", "Address", "FrameAuthError", "FrameDecoder",
-    "FrameMac", "FrameTooLarge", "HandshakeError", "LogBudget", "ProtocolError",
-    "RaftTransport", "TransportStats", "hkdf_sha256", "link_key", "pack_frame",
+    "ACCEPTOR_TO_DIALER",
+    "BACKOFF_MAX_S",
+    "BACKOFF_MIN_S",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "DIALER_TO_ACCEPTOR",
+    "KIND_CHUNK",
+    "KIND_MESSAGE",
+    "REJECTION_LOG_BURST",
+    "REJECTION_LOG_WINDOW_S",
+    "TAG_BYTES",
+    "Address",
+    "FrameAuthError",
+    "FrameDecoder",
+    "FrameMac",
+    "FrameTooLarge",
+    "HandshakeError",
+    "LogBudget",
+    "ProtocolError",
+    "RaftTransport",
+    "TransportStats",
+    "hkdf_sha256",
+    "link_key",
+    "pack_frame",
 ]
 
 READ_BYTES = 256 << 10  # one read() from a socket
@@ -82,16 +100,26 @@ READ_BYTES = 256 << 10  # one read() from a socket
 class RaftTransport:
     """Carries Raft messages between this node and its peers. See the module docstring."""
 
-    def __init__(self, node_id: str, listen: Address | None, peers: dict[str, Address],
-                 on_message: Callable[[Message], None], *, secret: bytes | None = None,
-                 ssl_server: ssl.SSLContext | None = None, ssl_client: ssl.SSLContext | None = None,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, snapshot_chunk_bytes: int = 1 << 20,
-                 max_snapshot_bytes: int = 4 << 30,
-                 max_queue_messages: int = 4096, max_queue_bytes: int = 64 << 20,
-                 handshake_timeout: float = 5.0,
-                 on_unreachable: Callable[[str], None] | None = None,
-                 on_snapshot_sent: Callable[[str, bool], None] | None = None,
-                 logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        listen: Address | None,
+        peers: dict[str, Address],
+        on_message: Callable[[Message], None],
+        *,
+        secret: bytes | None = None,
+        ssl_server: ssl.SSLContext | None = None,
+        ssl_client: ssl.SSLContext | None = None,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        snapshot_chunk_bytes: int = 1 << 20,
+        max_snapshot_bytes: int = 4 << 30,
+        max_queue_messages: int = 4096,
+        max_queue_bytes: int = 64 << 20,
+        handshake_timeout: float = 5.0,
+        on_unreachable: Callable[[str], None] | None = None,
+        on_snapshot_sent: Callable[[str, bool], None] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
         """Beyond the obvious: `max_snapshot_bytes` bounds a reassembled snapshot (it is
         held in memory); `max_queue_messages` / `max_queue_bytes` bound each peer's send
         queue (beyond them send() drops); `handshake_timeout` bounds dialing, TLS and
@@ -152,8 +180,7 @@ class RaftTransport:
         self._listener = socket.create_server(sockaddr[:2], family=family, backlog=128)
         self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
-        self._accept_task = asyncio.create_task(self._accept_loop(self._listener),
-                                                name=f"raft-accept-{self.node_id}")
+        self._accept_task = asyncio.create_task(self._accept_loop(self._listener), name=f"raft-accept-{self.node_id}")
 
     async def stop(self) -> None:
         """Close the listener and every connection; no task is left behind."""
@@ -192,15 +219,21 @@ class RaftTransport:
 
     def snapshots_in_flight(self) -> dict[str, tuple[int, int]]:
         """(bytes written so far, total bytes) of each snapshot being sent, by peer (progress for people)."""
-        return {peer_id: (sender.snapshot.offset, sender.snapshot.total)
-                for peer_id, sender in self._senders.items() if sender.snapshot is not None}
+        return {
+            peer_id: (sender.snapshot.offset, sender.snapshot.total)
+            for peer_id, sender in self._senders.items()
+            if sender.snapshot is not None
+        }
 
     def set_peers(self, peers: dict[str, Address]) -> None:
         """Replace the peer set (membership change). Changed addresses reconnect."""
         self._peers = {pid: (addr[0], addr[1]) for pid, addr in peers.items() if pid != self.node_id}
         if self._peers and self.listen is None:
-            self.log.warning("raft transport of %s has no listener: peers %s cannot send to it",
-                             self.node_id, ", ".join(sorted(self._peers)))
+            self.log.warning(
+                "raft transport of %s has no listener: peers %s cannot send to it",
+                self.node_id,
+                ", ".join(sorted(self._peers)),
+            )
         for pid in list(self._senders):
             sender = self._senders[pid]
             if self._peers.get(pid) != sender.addr:
@@ -259,8 +292,9 @@ class RaftTransport:
     def _log_rejection(self, addr: str, reason: str) -> None:
         """A scanner or a misconfigured peer can open thousands of connections: log the
         first few of each window and then how many were not logged."""
-        self._log_limited(self._rejection_log, "rejected connections",
-                          "raft connection from %s rejected: %s", addr, reason)
+        self._log_limited(
+            self._rejection_log, "rejected connections", "raft connection from %s rejected: %s", addr, reason
+        )
 
     def _log_limited(self, budget: LogBudget, what: str, fmt: str, *args: object) -> None:
         allowed, unlogged = budget.take(asyncio.get_running_loop().time())
@@ -312,19 +346,22 @@ class RaftTransport:
         protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
         # (The returned protocol is the TLS layer under uvloop, so keep our own.)
         transport, _ = await loop.connect_accepted_socket(
-            lambda: protocol, conn, ssl=self.ssl_server,
-            ssl_handshake_timeout=self.handshake_timeout if self.ssl_server else None)
+            lambda: protocol,
+            conn,
+            ssl=self.ssl_server,
+            ssl_handshake_timeout=self.handshake_timeout if self.ssl_server else None,
+        )
         # What asyncio.open_connection does for a dialed socket.
         return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
-    async def _acceptor_handshake(self, reader: asyncio.StreamReader,
-                                  writer: asyncio.StreamWriter) -> tuple[str, FrameMac | None]:
+    async def _acceptor_handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> tuple[str, FrameMac | None]:
         """Authenticate both ways; returns the peer's id and what checks its frames."""
         done = await handshake.accept(reader, writer, node_id=self.node_id, secret=self.secret)
         return done.dialer_id, self.frame_mac(done)
 
-    async def _receive(self, reader: asyncio.StreamReader, peer_id: str, addr: str,
-                       mac: FrameMac | None) -> None:
+    async def _receive(self, reader: asyncio.StreamReader, peer_id: str, addr: str, mac: FrameMac | None) -> None:
         """Deliver frames until the peer closes or breaks the protocol (then drop it)."""
         decoder = FrameDecoder(self.max_frame_bytes)
         conn = _InboundConnection(self, peer_id, mac)
@@ -340,8 +377,15 @@ class RaftTransport:
                 self.stats.frames_unauthenticated += 1
             # Rate-limited: whoever can inject into the stream can make us drop (and the
             # peer redial) as often as it likes.
-            self._log_limited(self._drop_log, "dropped connections",
-                              "raft connection from %s (%s) dropped: %s: %s", peer_id, addr, type(exc).__name__, exc)
+            self._log_limited(
+                self._drop_log,
+                "dropped connections",
+                "raft connection from %s (%s) dropped: %s: %s",
+                peer_id,
+                addr,
+                type(exc).__name__,
+                exc,
+            )
         except (OSError, asyncio.IncompleteReadError) as exc:
             self.log.info("raft connection from %s (%s) lost: %s", peer_id, addr, exc)
         except Exception:  # a bug on our side: drop this connection, keep the node serving
@@ -349,14 +393,23 @@ class RaftTransport:
             self.log.exception("raft connection from %s (%s) dropped after an unexpected error", peer_id, addr)
         if conn.reassembly is not None:
             self.stats.snapshots_failed += 1
-            self.log.warning("raft snapshot from %s abandoned after %d of %d bytes", peer_id,
-                             len(conn.reassembly.data), conn.reassembly.total)
+            self.log.warning(
+                "raft snapshot from %s abandoned after %d of %d bytes",
+                peer_id,
+                len(conn.reassembly.data),
+                conn.reassembly.total,
+            )
 
     def _deliver(self, msg: Message) -> None:
         if msg.to != self.node_id:
             self.stats.messages_dropped += 1
-            self.log.warning("raft message %s from %s is addressed to %r, not us (%r): dropped",
-                             msg.type.name, msg.frm, msg.to, self.node_id)
+            self.log.warning(
+                "raft message %s from %s is addressed to %r, not us (%r): dropped",
+                msg.type.name,
+                msg.frm,
+                msg.to,
+                self.node_id,
+            )
             return
         self.notify(self.on_message, msg)
 
@@ -384,8 +437,9 @@ class _InboundConnection:
 
     def _check_sender(self, msg: Message) -> Message:
         if msg.frm != self.peer_id:
-            raise ProtocolError(f"message claims to be from {msg.frm!r} on a connection "
-                                f"authenticated as {self.peer_id!r}")
+            raise ProtocolError(
+                f"message claims to be from {msg.frm!r} on a connection authenticated as {self.peer_id!r}"
+            )
         return msg
 
     def _handle_chunk(self, body: memoryview) -> None:

@@ -163,7 +163,9 @@ class FrameMac:
         # What the sender tagged: the sequence number, then the frame from its length prefix.
         expected = self._tag(_SEQ_AND_LENGTH.pack(self._seq, len(frame)), view[:tag_at])
         if not hmac.compare_digest(expected, view[tag_at:]):
-            raise FrameAuthError(f"frame {self._seq} of this connection fails its MAC: it was injected, "
-                                 "replayed, reordered or corrupted on the way")
+            raise FrameAuthError(
+                f"frame {self._seq} of this connection fails its MAC: it was injected, "
+                "replayed, reordered or corrupted on the way"
+            )
         self._seq += 1
         return view[:tag_at]

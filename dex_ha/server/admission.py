@@ -54,7 +54,9 @@ class Admission:
             yield
             return
         if not self.try_enter():
-            raise Overloaded(f"{self.owner} is at its bound of {self.limit} requests in flight; retry after {OVERLOADED_RETRY_AFTER_S} s")
+            raise Overloaded(
+                f"{self.owner} is at its bound of {self.limit} requests in flight; retry after {OVERLOADED_RETRY_AFTER_S} s"
+            )
         try:
             yield
         finally:

@@ -106,10 +106,19 @@ class RouteSpec:
 # ---------------------------------------------------------------- field helpers
 
 
-def _id(name: str, description: str, *, required: bool = True, nullable: bool = False,
-        max_length: int = MAX_ID_LENGTH) -> FieldSpec:
-    return FieldSpec(name, "string", required=required, nullable=nullable, description=description,
-                     min_length=1, max_length=max_length, format="id")
+def _id(
+    name: str, description: str, *, required: bool = True, nullable: bool = False, max_length: int = MAX_ID_LENGTH
+) -> FieldSpec:
+    return FieldSpec(
+        name,
+        "string",
+        required=required,
+        nullable=nullable,
+        description=description,
+        min_length=1,
+        max_length=max_length,
+        format="id",
+    )
 
 
 def _reason(name: str, description: str) -> FieldSpec:
@@ -126,12 +135,14 @@ QUESTION_ID = _id("question_id", "The question's id.")
 TASK_TOKEN = _id("task_token", "The task token that the poll answer handed out (opaque).")
 # A task's heartbeat, complete and fail come from the Worker that polled it, and only from it.
 TASK_WORKER_ID = _id("worker_id", "The id of the Worker that polled the task; another Worker's report is 403.")
-TASK_REPORT_ERRORS = MappingProxyType({
-    403: "forbidden: the token's role may not call this route, or worker_id is not the Worker the task "
-         "was handed to",
-    404: "not_found: no task was handed out with this token",
-    409: "stale_attempt: the attempt is no longer current",
-})
+TASK_REPORT_ERRORS = MappingProxyType(
+    {
+        403: "forbidden: the token's role may not call this route, or worker_id is not the Worker the task "
+        "was handed to",
+        404: "not_found: no task was handed out with this token",
+        409: "stale_attempt: the attempt is no longer current",
+    }
+)
 AGENT_NAME = _id("name", "The agent's name.")
 MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_LENGTH)
 
@@ -139,12 +150,25 @@ MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_L
 # ---------------------------------------------------------------- the route factory
 
 
-def _route(name: str, method: str, path: str, roles: frozenset[str] | None, summary: str, *,
-           success: Mapping[int, str], errors: Mapping[int, str] | None = None,
-           body: tuple[FieldSpec, ...] | None = None, query: tuple[FieldSpec, ...] = (),
-           path_params: tuple[FieldSpec, ...] = (), headers: tuple[FieldSpec, ...] = (),
-           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, active_only: bool = True, bounded: bool = True,
-           stream: bool = False, content_type: str = "application/json") -> RouteSpec:
+def _route(
+    name: str,
+    method: str,
+    path: str,
+    roles: frozenset[str] | None,
+    summary: str,
+    *,
+    success: Mapping[int, str],
+    errors: Mapping[int, str] | None = None,
+    body: tuple[FieldSpec, ...] | None = None,
+    query: tuple[FieldSpec, ...] = (),
+    path_params: tuple[FieldSpec, ...] = (),
+    headers: tuple[FieldSpec, ...] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    active_only: bool = True,
+    bounded: bool = True,
+    stream: bool = False,
+    content_type: str = "application/json",
+) -> RouteSpec:
     """A RouteSpec whose responses include every status that its shape implies."""
     responses: dict[int, str] = {**success, **(errors or {})}
     if body is not None or query or path_params or headers:
@@ -155,33 +179,76 @@ def _route(name: str, method: str, path: str, roles: frozenset[str] | None, summ
     if body is not None:
         responses.setdefault(413, f"too_large: the body is over {max_body_bytes} bytes")
     if active_only:
-        responses.setdefault(503, "not_active: this node is not the active node; retry, or follow leader_url"
-                             + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else ""))
+        responses.setdefault(
+            503,
+            "not_active: this node is not the active node; retry, or follow leader_url"
+            + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else ""),
+        )
     elif bounded:
         responses.setdefault(503, "overloaded: the node sheds load; retry after Retry-After")
-    return RouteSpec(name=name, method=method, path=path, roles=roles, summary=summary, body=body,
-                     query=query, path_params=path_params, headers=headers,
-                     responses=MappingProxyType(dict(sorted(responses.items()))),
-                     max_body_bytes=max_body_bytes, active_only=active_only, bounded=bounded, stream=stream,
-                     content_type=content_type)
+    return RouteSpec(
+        name=name,
+        method=method,
+        path=path,
+        roles=roles,
+        summary=summary,
+        body=body,
+        query=query,
+        path_params=path_params,
+        headers=headers,
+        responses=MappingProxyType(dict(sorted(responses.items()))),
+        max_body_bytes=max_body_bytes,
+        active_only=active_only,
+        bounded=bounded,
+        stream=stream,
+        content_type=content_type,
+    )
 
 
 # ---------------------------------------------------------------- operations
 
 
 _OPERATIONS = (
-    _route("livez", "GET", "/livez", None, "Liveness: 200 while the process serves HTTP.",
-           success={200: "the process is alive"}, active_only=False, bounded=False),
-    _route("readyz", "GET", "/readyz", None,
-           "Readiness: 200 only on the active node (leader, lease valid, takeover done, not draining).",
-           success={200: "this node is the active node"},
-           errors={503: "not ready: not the leader, lease not valid, takeover not done, or draining"},
-           active_only=False, bounded=False),
-    _route("metrics", "GET", "/metrics", None, "Prometheus metrics (prefix dex_).",
-           success={200: "metrics in the Prometheus text format"}, active_only=False,
-           content_type="text/plain; version=0.0.4"),
-    _route("openapi", "GET", "/openapi.json", None, "This OpenAPI document.",
-           success={200: "the OpenAPI 3.1 document"}, active_only=False),
+    _route(
+        "livez",
+        "GET",
+        "/livez",
+        None,
+        "Liveness: 200 while the process serves HTTP.",
+        success={200: "the process is alive"},
+        active_only=False,
+        bounded=False,
+    ),
+    _route(
+        "readyz",
+        "GET",
+        "/readyz",
+        None,
+        "Readiness: 200 only on the active node (leader, lease valid, takeover done, not draining).",
+        success={200: "this node is the active node"},
+        errors={503: "not ready: not the leader, lease not valid, takeover not done, or draining"},
+        active_only=False,
+        bounded=False,
+    ),
+    _route(
+        "metrics",
+        "GET",
+        "/metrics",
+        None,
+        "Prometheus metrics (prefix dex_).",
+        success={200: "metrics in the Prometheus text format"},
+        active_only=False,
+        content_type="text/plain; version=0.0.4",
+    ),
+    _route(
+        "openapi",
+        "GET",
+        "/openapi.json",
+        None,
+        "This OpenAPI document.",
+        success={200: "the OpenAPI 3.1 document"},
+        active_only=False,
+    ),
 )
 
 
@@ -189,95 +256,183 @@ _OPERATIONS = (
 
 
 _SESSIONS = (
-    _route("create_session", "POST", "/v1/sessions", CLIENT, "Create a session (idempotent by session_id).",
-           success={200: "the session already exists with the same agent; the same session",
-                    201: "created; the body holds session_id"},
-           errors={409: "conflict: the session id exists with another agent"},
-           body=(
-               _id("agent", "The name of the agent that runs the session."),
-               _id("session_id", "The id to use; omitted or null lets the server choose one.",
-                   required=False, nullable=True),
-               _object("metadata", "Free-form JSON object stored with the session."),
-           )),
-    _route("list_sessions", "GET", "/v1/sessions", CLIENT, "List sessions, filtered and paginated.",
-           success={200: "a page of sessions and the cursor for the next page"},
-           query=(
-               FieldSpec("agent", "string", max_length=MAX_ID_LENGTH, description="Only this agent's sessions."),
-               FieldSpec("status", "string", enum=("idle", "running"), description="Only sessions in this status."),
-               FieldSpec("limit", "integer", min=1, max=1000, default=100, description="Page size."),
-               FieldSpec("after", "string", max_length=MAX_ID_LENGTH,
-                         description="The cursor from the previous page: sessions after it."),
-               FieldSpec("awaiting_approval", "boolean",
-                         description="true: only sessions with a tool call waiting for approval; false: only "
-                                     "sessions without one."),
-               FieldSpec("outcome_unknown", "boolean",
-                         description="true: only sessions with an outcome_unknown tool call to reconcile; "
-                                     "false: only sessions without one."),
-           )),
-    _route("get_session", "GET", "/v1/sessions/{session_id}", CLIENT,
-           "The agent snapshot: status, turn, history, tool calls with their attempts, pending waits.",
-           success={200: "the agent snapshot"}, errors={404: "not_found: no such session"},
-           path_params=(SESSION_ID,)),
-    _route("send_message", "POST", "/v1/sessions/{session_id}/messages", CLIENT,
-           "Send a user message; a repeated message_id is a no-op.",
-           success={202: "accepted (or already accepted, for a repeated message_id)"},
-           errors={404: "not_found: no such session",
-                   409: "conflict: the message_id was already sent with another text"},
-           path_params=(SESSION_ID,),
-           body=(
-               FieldSpec("text", "string", required=True, min_length=1, max_length=MAX_TEXT_LENGTH,
-                         description="The user's message."),
-               _id("message_id", "Client-chosen id that makes retries safe.", required=False, nullable=True),
-               FieldSpec("mode", "string", enum=("queue", "steer"), default="queue",
-                         description="queue: after the running turn; steer: at the next model call."),
-           ),
-           # Room for MAX_TEXT_LENGTH characters even when every one is JSON-escaped.
-           max_body_bytes=4 << 20),
-    _route("decide_approval", "POST", "/v1/sessions/{session_id}/approvals/{call_id}", CLIENT,
-           "Approve or deny a tool call that waits for approval.",
-           success={200: "recorded (the same decision again is a no-op)"},
-           errors={404: "not_found: no such session, or the call awaits no approval",
-                   409: "conflict: a different decision was already made, or the turn was cancelled"},
-           path_params=(SESSION_ID, CALL_ID),
-           body=(
-               FieldSpec("approved", "boolean", required=True, description="true runs the tool; false denies it."),
-               _reason("reason", "Why; a denial's reason is what the model sees."),
-           )),
-    _route("answer_question", "POST", "/v1/sessions/{session_id}/questions/{question_id}/answer", CLIENT,
-           "Answer a question that the model or a tool asked.",
-           success={200: "recorded (the same answer again is a no-op)"},
-           errors={404: "not_found: no such session or question",
-                   409: "conflict: a different answer was already given, or the turn was cancelled"},
-           path_params=(SESSION_ID, QUESTION_ID),
-           body=(FieldSpec("answer", "any", required=True, description="The answer, any JSON value."),)),
-    _route("cancel_turn", "POST", "/v1/sessions/{session_id}/cancel", CLIENT,
-           "Cancel the running turn (the body is optional).",
-           success={200: "cancelled, or nothing was running"},
-           errors={404: "not_found: no such session"},
-           path_params=(SESSION_ID,),
-           body=(_reason("reason", "Why the turn was cancelled."),)),
-    _route("reconcile_tool_call", "POST", "/v1/sessions/{session_id}/tool-calls/{call_id}/reconcile", CLIENT,
-           "Settle a tool call whose outcome is unknown.",
-           success={200: "reconciled (the same outcome again is a no-op)"},
-           errors={404: "not_found: no such session or tool call",
-                   409: "conflict: the call's outcome is not unknown, or it was reconciled differently"},
-           path_params=(SESSION_ID, CALL_ID),
-           body=(
-               FieldSpec("outcome", "string", required=True, enum=("succeeded", "failed"),
-                         description="What really happened."),
-               FieldSpec("result", "any", description="The tool's output, when it succeeded."),
-               FieldSpec("error", "string", nullable=True, description="The error, when it failed."),
-           )),
-    _route("session_events", "GET", "/v1/sessions/{session_id}/events", CLIENT,
-           "Server-Sent Events: committed session events (with ids) and live delta events.",
-           success={200: "an event stream"},
-           errors={404: "not_found: no such session"},
-           path_params=(SESSION_ID,),
-           query=(FieldSpec("after", "string", pattern=r"[0-9]{1,20}",
-                            description="Resume after this event id."),),
-           headers=(FieldSpec("Last-Event-ID", "string", pattern=r"[0-9]{1,20}",
-                              description="Resume after this event id (the SSE reconnect header)."),),
-           stream=True, bounded=False, content_type="text/event-stream"),
+    _route(
+        "create_session",
+        "POST",
+        "/v1/sessions",
+        CLIENT,
+        "Create a session (idempotent by session_id).",
+        success={
+            200: "the session already exists with the same agent; the same session",
+            201: "created; the body holds session_id",
+        },
+        errors={409: "conflict: the session id exists with another agent"},
+        body=(
+            _id("agent", "The name of the agent that runs the session."),
+            _id(
+                "session_id",
+                "The id to use; omitted or null lets the server choose one.",
+                required=False,
+                nullable=True,
+            ),
+            _object("metadata", "Free-form JSON object stored with the session."),
+        ),
+    ),
+    _route(
+        "list_sessions",
+        "GET",
+        "/v1/sessions",
+        CLIENT,
+        "List sessions, filtered and paginated.",
+        success={200: "a page of sessions and the cursor for the next page"},
+        query=(
+            FieldSpec("agent", "string", max_length=MAX_ID_LENGTH, description="Only this agent's sessions."),
+            FieldSpec("status", "string", enum=("idle", "running"), description="Only sessions in this status."),
+            FieldSpec("limit", "integer", min=1, max=1000, default=100, description="Page size."),
+            FieldSpec(
+                "after",
+                "string",
+                max_length=MAX_ID_LENGTH,
+                description="The cursor from the previous page: sessions after it.",
+            ),
+            FieldSpec(
+                "awaiting_approval",
+                "boolean",
+                description="true: only sessions with a tool call waiting for approval; false: only "
+                "sessions without one.",
+            ),
+            FieldSpec(
+                "outcome_unknown",
+                "boolean",
+                description="true: only sessions with an outcome_unknown tool call to reconcile; "
+                "false: only sessions without one.",
+            ),
+        ),
+    ),
+    _route(
+        "get_session",
+        "GET",
+        "/v1/sessions/{session_id}",
+        CLIENT,
+        "The agent snapshot: status, turn, history, tool calls with their attempts, pending waits.",
+        success={200: "the agent snapshot"},
+        errors={404: "not_found: no such session"},
+        path_params=(SESSION_ID,),
+    ),
+    _route(
+        "send_message",
+        "POST",
+        "/v1/sessions/{session_id}/messages",
+        CLIENT,
+        "Send a user message; a repeated message_id is a no-op.",
+        success={202: "accepted (or already accepted, for a repeated message_id)"},
+        errors={404: "not_found: no such session", 409: "conflict: the message_id was already sent with another text"},
+        path_params=(SESSION_ID,),
+        body=(
+            FieldSpec(
+                "text",
+                "string",
+                required=True,
+                min_length=1,
+                max_length=MAX_TEXT_LENGTH,
+                description="The user's message.",
+            ),
+            _id("message_id", "Client-chosen id that makes retries safe.", required=False, nullable=True),
+            FieldSpec(
+                "mode",
+                "string",
+                enum=("queue", "steer"),
+                default="queue",
+                description="queue: after the running turn; steer: at the next model call.",
+            ),
+        ),
+        # Room for MAX_TEXT_LENGTH characters even when every one is JSON-escaped.
+        max_body_bytes=4 << 20,
+    ),
+    _route(
+        "decide_approval",
+        "POST",
+        "/v1/sessions/{session_id}/approvals/{call_id}",
+        CLIENT,
+        "Approve or deny a tool call that waits for approval.",
+        success={200: "recorded (the same decision again is a no-op)"},
+        errors={
+            404: "not_found: no such session, or the call awaits no approval",
+            409: "conflict: a different decision was already made, or the turn was cancelled",
+        },
+        path_params=(SESSION_ID, CALL_ID),
+        body=(
+            FieldSpec("approved", "boolean", required=True, description="true runs the tool; false denies it."),
+            _reason("reason", "Why; a denial's reason is what the model sees."),
+        ),
+    ),
+    _route(
+        "answer_question",
+        "POST",
+        "/v1/sessions/{session_id}/questions/{question_id}/answer",
+        CLIENT,
+        "Answer a question that the model or a tool asked.",
+        success={200: "recorded (the same answer again is a no-op)"},
+        errors={
+            404: "not_found: no such session or question",
+            409: "conflict: a different answer was already given, or the turn was cancelled",
+        },
+        path_params=(SESSION_ID, QUESTION_ID),
+        body=(FieldSpec("answer", "any", required=True, description="The answer, any JSON value."),),
+    ),
+    _route(
+        "cancel_turn",
+        "POST",
+        "/v1/sessions/{session_id}/cancel",
+        CLIENT,
+        "Cancel the running turn (the body is optional).",
+        success={200: "cancelled, or nothing was running"},
+        errors={404: "not_found: no such session"},
+        path_params=(SESSION_ID,),
+        body=(_reason("reason", "Why the turn was cancelled."),),
+    ),
+    _route(
+        "reconcile_tool_call",
+        "POST",
+        "/v1/sessions/{session_id}/tool-calls/{call_id}/reconcile",
+        CLIENT,
+        "Settle a tool call whose outcome is unknown.",
+        success={200: "reconciled (the same outcome again is a no-op)"},
+        errors={
+            404: "not_found: no such session or tool call",
+            409: "conflict: the call's outcome is not unknown, or it was reconciled differently",
+        },
+        path_params=(SESSION_ID, CALL_ID),
+        body=(
+            FieldSpec(
+                "outcome", "string", required=True, enum=("succeeded", "failed"), description="What really happened."
+            ),
+            FieldSpec("result", "any", description="The tool's output, when it succeeded."),
+            FieldSpec("error", "string", nullable=True, description="The error, when it failed."),
+        ),
+    ),
+    _route(
+        "session_events",
+        "GET",
+        "/v1/sessions/{session_id}/events",
+        CLIENT,
+        "Server-Sent Events: committed session events (with ids) and live delta events.",
+        success={200: "an event stream"},
+        errors={404: "not_found: no such session"},
+        path_params=(SESSION_ID,),
+        query=(FieldSpec("after", "string", pattern=r"[0-9]{1,20}", description="Resume after this event id."),),
+        headers=(
+            FieldSpec(
+                "Last-Event-ID",
+                "string",
+                pattern=r"[0-9]{1,20}",
+                description="Resume after this event id (the SSE reconnect header).",
+            ),
+        ),
+        stream=True,
+        bounded=False,
+        content_type="text/event-stream",
+    ),
 )
 
 
@@ -285,75 +440,146 @@ _SESSIONS = (
 
 
 _WORKER = (
-    _route("register_agent", "PUT", "/v1/agents/{name}", WORKER,
-           "Register or change an agent definition (tools and their policies).",
-           success={200: "registered (the same definition again is a no-op)"},
-           path_params=(AGENT_NAME,),
-           body=(
-               FieldSpec("tools", "array", required=True, items="object", max_length=MAX_ITEMS,
-                         description="The tools: name, description, input_schema, effect, approval, inline, "
-                                     "start_to_close_ms, max_attempts."),
-               _object("compaction", "When to compact the history: max_items, max_tokens."),
-               _object("model", "Model step policy: start_to_close_ms."),
-               FieldSpec("description", "string", nullable=True, description="What the agent does."),
-               _object("metadata", "Free-form JSON object stored with the agent."),
-           )),
-    _route("worker_poll", "POST", "/v1/worker/poll", WORKER,
-           "Long-poll for tasks of the given agents; each hand-out is committed before the answer.",
-           success={200: "tasks (possibly none when wait_ms ran out)"},
-           body=(
-               _id("worker_id", "The Worker's id, recorded on each attempt handed to it; its heartbeats and "
-                                "results for those tasks must carry the same id."),
-               FieldSpec("agents", "array", required=True, min_length=1, max_length=100,
-                         items=_id("agent", "An agent name."),
-                         description="The agents whose steps this Worker runs."),
-               FieldSpec("max_tasks", "integer", min=1, max=1000, default=1,
-                         description="At most this many tasks in the answer."),
-               FieldSpec("wait_ms", "integer", min=0, max=60_000, default=20_000,
-                         description="How long to wait for a task before answering with none."),
-           ),
-           bounded=False),
-    _route("task_heartbeat", "POST", "/v1/worker/tasks/{task_token}/heartbeat", WORKER,
-           "Keep a task's attempt alive and relay stream deltas; the answer says whether to cancel.",
-           success={200: "the attempt is current; the body says whether to cancel"},
-           errors=TASK_REPORT_ERRORS,
-           path_params=(TASK_TOKEN,),
-           body=(TASK_WORKER_ID,
-                 FieldSpec("deltas", "array", items="object", max_length=MAX_ITEMS, nullable=True,
-                           description="Live output since the previous heartbeat (model text deltas).")),
-           max_body_bytes=256 << 10),
-    _route("task_complete", "POST", "/v1/worker/tasks/{task_token}/complete", WORKER,
-           "Report a task's result.",
-           success={200: "the result is committed; `tasks` holds the session's next steps handed to this "
-                         "Worker in the same entry when `next_tasks` asked for them"},
-           errors=TASK_REPORT_ERRORS,
-           path_params=(TASK_TOKEN,),
-           body=(TASK_WORKER_ID,
-                 FieldSpec("result", "any", required=True,
-                           description="The step's result (its shape depends on the kind)."),
-                 FieldSpec("next_tasks", "integer", min=0, max=16, default=0,
-                           description="Eager dispatch: hand this Worker up to this many of the session's "
-                                       "next steps in the same commit (only steps no other session's queued "
-                                       "step is waiting ahead of); they come back in `tasks`, as a poll's.")),
-           max_body_bytes=4 << 20),
-    _route("task_fail", "POST", "/v1/worker/tasks/{task_token}/fail", WORKER,
-           "Report that a task's attempt failed.",
-           success={200: "the failure is committed"},
-           errors=TASK_REPORT_ERRORS,
-           path_params=(TASK_TOKEN,),
-           body=(
-               TASK_WORKER_ID,
-               FieldSpec("error", "string", required=True, max_length=MAX_ERROR_LENGTH, description="What went wrong."),
-               FieldSpec("retryable", "boolean", default=True,
-                         description="false: do not try this step again "
-                                     "(the step kind's exhaustion rule decides the outcome)."),
-               FieldSpec("not_started", "boolean", default=False,
-                         description="true: the Worker never called the tool function in this attempt "
-                                     "(unknown tool, arguments refused). If no attempt of the call could "
-                                     "have run, the call records failed with NOT_STARTED and an error that "
-                                     "begins \"the tool did not run, so it is safe to call again\"; "
-                                     "otherwise it changes nothing about the call's outcome."),
-           )),
+    _route(
+        "register_agent",
+        "PUT",
+        "/v1/agents/{name}",
+        WORKER,
+        "Register or change an agent definition (tools and their policies).",
+        success={200: "registered (the same definition again is a no-op)"},
+        path_params=(AGENT_NAME,),
+        body=(
+            FieldSpec(
+                "tools",
+                "array",
+                required=True,
+                items="object",
+                max_length=MAX_ITEMS,
+                description="The tools: name, description, input_schema, effect, approval, inline, "
+                "start_to_close_ms, max_attempts.",
+            ),
+            _object("compaction", "When to compact the history: max_items, max_tokens."),
+            _object("model", "Model step policy: start_to_close_ms."),
+            FieldSpec("description", "string", nullable=True, description="What the agent does."),
+            _object("metadata", "Free-form JSON object stored with the agent."),
+        ),
+    ),
+    _route(
+        "worker_poll",
+        "POST",
+        "/v1/worker/poll",
+        WORKER,
+        "Long-poll for tasks of the given agents; each hand-out is committed before the answer.",
+        success={200: "tasks (possibly none when wait_ms ran out)"},
+        body=(
+            _id(
+                "worker_id",
+                "The Worker's id, recorded on each attempt handed to it; its heartbeats and "
+                "results for those tasks must carry the same id.",
+            ),
+            FieldSpec(
+                "agents",
+                "array",
+                required=True,
+                min_length=1,
+                max_length=100,
+                items=_id("agent", "An agent name."),
+                description="The agents whose steps this Worker runs.",
+            ),
+            FieldSpec(
+                "max_tasks", "integer", min=1, max=1000, default=1, description="At most this many tasks in the answer."
+            ),
+            FieldSpec(
+                "wait_ms",
+                "integer",
+                min=0,
+                max=60_000,
+                default=20_000,
+                description="How long to wait for a task before answering with none.",
+            ),
+        ),
+        bounded=False,
+    ),
+    _route(
+        "task_heartbeat",
+        "POST",
+        "/v1/worker/tasks/{task_token}/heartbeat",
+        WORKER,
+        "Keep a task's attempt alive and relay stream deltas; the answer says whether to cancel.",
+        success={200: "the attempt is current; the body says whether to cancel"},
+        errors=TASK_REPORT_ERRORS,
+        path_params=(TASK_TOKEN,),
+        body=(
+            TASK_WORKER_ID,
+            FieldSpec(
+                "deltas",
+                "array",
+                items="object",
+                max_length=MAX_ITEMS,
+                nullable=True,
+                description="Live output since the previous heartbeat (model text deltas).",
+            ),
+        ),
+        max_body_bytes=256 << 10,
+    ),
+    _route(
+        "task_complete",
+        "POST",
+        "/v1/worker/tasks/{task_token}/complete",
+        WORKER,
+        "Report a task's result.",
+        success={
+            200: "the result is committed; `tasks` holds the session's next steps handed to this "
+            "Worker in the same entry when `next_tasks` asked for them"
+        },
+        errors=TASK_REPORT_ERRORS,
+        path_params=(TASK_TOKEN,),
+        body=(
+            TASK_WORKER_ID,
+            FieldSpec("result", "any", required=True, description="The step's result (its shape depends on the kind)."),
+            FieldSpec(
+                "next_tasks",
+                "integer",
+                min=0,
+                max=16,
+                default=0,
+                description="Eager dispatch: hand this Worker up to this many of the session's "
+                "next steps in the same commit (only steps no other session's queued "
+                "step is waiting ahead of); they come back in `tasks`, as a poll's.",
+            ),
+        ),
+        max_body_bytes=4 << 20,
+    ),
+    _route(
+        "task_fail",
+        "POST",
+        "/v1/worker/tasks/{task_token}/fail",
+        WORKER,
+        "Report that a task's attempt failed.",
+        success={200: "the failure is committed"},
+        errors=TASK_REPORT_ERRORS,
+        path_params=(TASK_TOKEN,),
+        body=(
+            TASK_WORKER_ID,
+            FieldSpec("error", "string", required=True, max_length=MAX_ERROR_LENGTH, description="What went wrong."),
+            FieldSpec(
+                "retryable",
+                "boolean",
+                default=True,
+                description="false: do not try this step again (the step kind's exhaustion rule decides the outcome).",
+            ),
+            FieldSpec(
+                "not_started",
+                "boolean",
+                default=False,
+                description="true: the Worker never called the tool function in this attempt "
+                "(unknown tool, arguments refused). If no attempt of the call could "
+                "have run, the call records failed with NOT_STARTED and an error that "
+                'begins "the tool did not run, so it is safe to call again"; '
+                "otherwise it changes nothing about the call's outcome.",
+            ),
+        ),
+    ),
 )
 
 
@@ -361,46 +587,105 @@ _WORKER = (
 
 
 _CLUSTER = (
-    _route("cluster", "GET", "/v1/cluster", ANY_ROLE,
-           "This node's view of the cluster: role, term, leader, indexes, lease, members.",
-           success={200: "the cluster table"}, active_only=False),
-    _route("cluster_nodes", "GET", "/v1/cluster/nodes", ANY_ROLE,
-           "Every member's own view (GET /v1/cluster of each, asked by this node with the caller's token); "
-           "a member that does not answer within 1 s is listed with reachable false.",
-           success={200: "one entry per member: id, url, voter, reachable, and view or error"},
-           active_only=False),
-    _route("step_down", "POST", "/v1/cluster/step-down", ADMIN,
-           "Planned step down: drain, then transfer leadership (the body is optional).",
-           success={200: "leadership was transferred"},
-           errors={404: "not_found: `to` is not a voting member",
-                   409: "conflict: no voter can take over, or a step down is already in progress"},
-           body=(
-               _id("to", "The member to hand leadership to; omitted: the most caught-up voter.",
-                   required=False, nullable=True, max_length=MAX_MEMBER_ID_LENGTH),
-               FieldSpec("drain_timeout_ms", "integer", min=0, max=3_600_000, nullable=True,
-                         description="How long running attempts may finish first; omitted: the configured default."),
-           )),
-    _route("add_member", "POST", "/v1/cluster/members", ADMIN, "Add a node as a learner (cold standby).",
-           success={200: "the member was added as a learner"},
-           errors={409: "conflict: the id or address is already a member, or another change is in progress"},
-           body=(
-               _id("id", "The new member's node id.", max_length=MAX_MEMBER_ID_LENGTH),
-               FieldSpec("raft_addr", "string", required=True, max_length=MAX_ID_LENGTH, format="host-port",
-                         description="The member's Raft address, host:port."),
-               FieldSpec("url", "string", required=True, max_length=2048, format="uri",
-                         description="The member's HTTP base URL (http or https)."),
-           )),
-    _route("promote_member", "POST", "/v1/cluster/members/{member_id}/promote", ADMIN,
-           "Promote a learner to a voter.",
-           success={200: "the member is a voter"},
-           errors={404: "not_found: no such member",
-                   409: "conflict: the member is already a voter, not caught up, or another change is in progress"},
-           path_params=(MEMBER_ID,)),
-    _route("remove_member", "DELETE", "/v1/cluster/members/{member_id}", ADMIN, "Remove a member.",
-           success={200: "the member was removed"},
-           errors={404: "not_found: no such member",
-                   409: "conflict: another membership change is in progress"},
-           path_params=(MEMBER_ID,)),
+    _route(
+        "cluster",
+        "GET",
+        "/v1/cluster",
+        ANY_ROLE,
+        "This node's view of the cluster: role, term, leader, indexes, lease, members.",
+        success={200: "the cluster table"},
+        active_only=False,
+    ),
+    _route(
+        "cluster_nodes",
+        "GET",
+        "/v1/cluster/nodes",
+        ANY_ROLE,
+        "Every member's own view (GET /v1/cluster of each, asked by this node with the caller's token); "
+        "a member that does not answer within 1 s is listed with reachable false.",
+        success={200: "one entry per member: id, url, voter, reachable, and view or error"},
+        active_only=False,
+    ),
+    _route(
+        "step_down",
+        "POST",
+        "/v1/cluster/step-down",
+        ADMIN,
+        "Planned step down: drain, then transfer leadership (the body is optional).",
+        success={200: "leadership was transferred"},
+        errors={
+            404: "not_found: `to` is not a voting member",
+            409: "conflict: no voter can take over, or a step down is already in progress",
+        },
+        body=(
+            _id(
+                "to",
+                "The member to hand leadership to; omitted: the most caught-up voter.",
+                required=False,
+                nullable=True,
+                max_length=MAX_MEMBER_ID_LENGTH,
+            ),
+            FieldSpec(
+                "drain_timeout_ms",
+                "integer",
+                min=0,
+                max=3_600_000,
+                nullable=True,
+                description="How long running attempts may finish first; omitted: the configured default.",
+            ),
+        ),
+    ),
+    _route(
+        "add_member",
+        "POST",
+        "/v1/cluster/members",
+        ADMIN,
+        "Add a node as a learner (cold standby).",
+        success={200: "the member was added as a learner"},
+        errors={409: "conflict: the id or address is already a member, or another change is in progress"},
+        body=(
+            _id("id", "The new member's node id.", max_length=MAX_MEMBER_ID_LENGTH),
+            FieldSpec(
+                "raft_addr",
+                "string",
+                required=True,
+                max_length=MAX_ID_LENGTH,
+                format="host-port",
+                description="The member's Raft address, host:port.",
+            ),
+            FieldSpec(
+                "url",
+                "string",
+                required=True,
+                max_length=2048,
+                format="uri",
+                description="The member's HTTP base URL (http or https).",
+            ),
+        ),
+    ),
+    _route(
+        "promote_member",
+        "POST",
+        "/v1/cluster/members/{member_id}/promote",
+        ADMIN,
+        "Promote a learner to a voter.",
+        success={200: "the member is a voter"},
+        errors={
+            404: "not_found: no such member",
+            409: "conflict: the member is already a voter, not caught up, or another change is in progress",
+        },
+        path_params=(MEMBER_ID,),
+    ),
+    _route(
+        "remove_member",
+        "DELETE",
+        "/v1/cluster/members/{member_id}",
+        ADMIN,
+        "Remove a member.",
+        success={200: "the member was removed"},
+        errors={404: "not_found: no such member", 409: "conflict: another membership change is in progress"},
+        path_params=(MEMBER_ID,),
+    ),
 )
 
 
@@ -408,13 +693,18 @@ _CLUSTER = (
 
 
 _BACKUP = (
-    _route("backup", "GET", "/v1/cluster/backup", ADMIN,
-           "A consistent backup of the state, taken while the node serves: a dex-ha backup file "
-           "(header with format version, index, term, schema version, created_at and sha256, then "
-           "the state). `dex-ha backup` writes it to a file; `dex-ha restore` seeds a new cluster from it.",
-           success={200: "the backup file"},
-           errors={409: "conflict: the copy's index left the Raft log meanwhile; try again"},
-           content_type="application/octet-stream"),
+    _route(
+        "backup",
+        "GET",
+        "/v1/cluster/backup",
+        ADMIN,
+        "A consistent backup of the state, taken while the node serves: a dex-ha backup file "
+        "(header with format version, index, term, schema version, created_at and sha256, then "
+        "the state). `dex-ha backup` writes it to a file; `dex-ha restore` seeds a new cluster from it.",
+        success={200: "the backup file"},
+        errors={409: "conflict: the copy's index left the Raft log meanwhile; try again"},
+        content_type="application/octet-stream",
+    ),
 )
 
 

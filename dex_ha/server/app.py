@@ -100,8 +100,7 @@ def build_app(node: NodeServer) -> web.Application:
     api = Api(node, openapi_document(version=_version()))
     # aiohttp refuses bodies above client_max_size before we see them; our per-route
     # limits are lower, so this only has to be the largest of them.
-    app = web.Application(client_max_size=max(r.max_body_bytes for r in ROUTES) + 1,
-                          middlewares=[_json_http_errors])
+    app = web.Application(client_max_size=max(r.max_body_bytes for r in ROUTES) + 1, middlewares=[_json_http_errors])
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _pipeline(api, auth, route, HANDLERS[route.name]))
     add_console_routes(app)  # the web console's page and files (no token: the page asks for one)
@@ -117,8 +116,9 @@ def _version() -> str:
         return "0.0.0"
 
 
-def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
-              handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def _pipeline(
+    api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             response = await _handle(api, auth, route, handler, request)
@@ -137,13 +137,17 @@ def _pipeline(api: Api, auth: TokenAuth, route: RouteSpec,
     return handle
 
 
-async def _handle(api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler,
-                  request: web.Request) -> web.StreamResponse:
+async def _handle(
+    api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler, request: web.Request
+) -> web.StreamResponse:
     auth.check(request.headers.get("Authorization"), route)
     if route.active_only:
         api.node.serving()  # raises NotServing: 503 with leader_url
-    args = {**validate_path(route, request.match_info), **validate_query(route, request.query),
-            **validate_headers(route, request.headers)}
+    args = {
+        **validate_path(route, request.match_info),
+        **validate_query(route, request.query),
+        **validate_headers(route, request.headers),
+    }
     raw = await _read_body(api, route, request) if route.body is not None else None
     with api.node.admission.slot(route.bounded):  # raises Overloaded: 503 at once
         if raw is not None:
@@ -173,8 +177,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None,
-           **extra: Any) -> web.Response:
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> web.Response:
     return _error_answer(None, HttpError(status, code, message, headers, **extra))
 
 
@@ -197,15 +200,20 @@ def _error_answer(node: NodeServer | None, error: HttpError) -> web.Response:
 
 
 @web.middleware
-async def _json_http_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                            ) -> web.StreamResponse:
+async def _json_http_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error(exc.status, _code_for_status(exc.status), _routing_message(request, exc),
-                      headers={"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None)
+        return _error(
+            exc.status,
+            _code_for_status(exc.status),
+            _routing_message(request, exc),
+            headers={"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None,
+        )
 
 
 def _routing_message(request: web.Request, exc: web.HTTPException) -> str:
@@ -228,13 +236,17 @@ class _JsonErrorsRequestHandler(RequestHandler):
 
     __slots__ = ()
 
-    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs; raises if an answer was already sent
         # aiohttp's message quotes the bytes it choked on over several lines; the first says what.
         what = (message or HTTPStatus(status).phrase).strip().splitlines()[0].rstrip(":")
-        response = _error(status, _code_for_status(status), f"the HTTP request is malformed: {what}"
-                          if status < 500 else "the server failed to answer; see its log")
+        response = _error(
+            status,
+            _code_for_status(status),
+            f"the HTTP request is malformed: {what}" if status < 500 else "the server failed to answer; see its log",
+        )
         response.force_close()  # as aiohttp does: the connection's framing cannot be trusted
         return response
 
@@ -249,8 +261,12 @@ class ApiRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        return _JsonErrorsServer(server.request_handler, request_factory=server.request_factory,
-                                 handler_cancellation=server.handler_cancellation, **server._kwargs)
+        return _JsonErrorsServer(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            **server._kwargs,
+        )
 
 
 async def openapi(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -326,19 +342,26 @@ async def _membership(change: Awaitable[None]) -> None:
 
 
 async def create_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    result = await api.propose(CreateSession(at=wall_ms(), agent=args["agent"], session_id=args.get("session_id"),
-                                             metadata=args.get("metadata")))
+    result = await api.propose(
+        CreateSession(
+            at=wall_ms(), agent=args["agent"], session_id=args.get("session_id"), metadata=args.get("metadata")
+        )
+    )
     value = _value(result)
     return (201 if value["created"] else 200), api.engine.get_agent_snapshot(value["session_id"])
 
 
 async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     limit = args["limit"]
-    sessions = api.engine.list_sessions(args.get("agent"), args.get("status"), limit, args.get("after"),
-                                        awaiting_approval=args.get("awaiting_approval"),
-                                        outcome_unknown=args.get("outcome_unknown"))
-    return 200, {"sessions": sessions,
-                 "next_after": sessions[-1]["session_id"] if len(sessions) == limit else None}
+    sessions = api.engine.list_sessions(
+        args.get("agent"),
+        args.get("status"),
+        limit,
+        args.get("after"),
+        awaiting_approval=args.get("awaiting_approval"),
+        outcome_unknown=args.get("outcome_unknown"),
+    )
+    return 200, {"sessions": sessions, "next_after": sessions[-1]["session_id"] if len(sessions) == limit else None}
 
 
 async def get_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -353,20 +376,37 @@ def _snapshot(api: Api, session_id: str) -> dict[str, Any]:
 
 
 async def send_message(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    result = await api.propose(SendMessage(at=wall_ms(), session_id=args["session_id"], text=args["text"],
-                                           message_id=args.get("message_id"), mode=args["mode"]))
+    result = await api.propose(
+        SendMessage(
+            at=wall_ms(),
+            session_id=args["session_id"],
+            text=args["text"],
+            message_id=args.get("message_id"),
+            mode=args["mode"],
+        )
+    )
     return 202, {"session_id": args["session_id"], **_value(result)}
 
 
 async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    result = await api.propose(DecideApproval(at=wall_ms(), session_id=args["session_id"], call_id=args["call_id"],
-                                              approved=args["approved"], reason=args.get("reason")))
+    result = await api.propose(
+        DecideApproval(
+            at=wall_ms(),
+            session_id=args["session_id"],
+            call_id=args["call_id"],
+            approved=args["approved"],
+            reason=args.get("reason"),
+        )
+    )
     return 200, {**_value(result), "noop": result.noop}
 
 
 async def answer_question(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    result = await api.propose(AnswerQuestion(at=wall_ms(), session_id=args["session_id"],
-                                              question_id=args["question_id"], answer=args["answer"]))
+    result = await api.propose(
+        AnswerQuestion(
+            at=wall_ms(), session_id=args["session_id"], question_id=args["question_id"], answer=args["answer"]
+        )
+    )
     return 200, {**_value(result), "noop": result.noop}
 
 
@@ -376,9 +416,16 @@ async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> A
 
 
 async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    result = await api.propose(ReconcileToolCall(at=wall_ms(), session_id=args["session_id"], call_id=args["call_id"],
-                                                 outcome=args["outcome"], result=args.get("result"),
-                                                 error=args.get("error")))
+    result = await api.propose(
+        ReconcileToolCall(
+            at=wall_ms(),
+            session_id=args["session_id"],
+            call_id=args["call_id"],
+            outcome=args["outcome"],
+            result=args.get("result"),
+            error=args.get("error"),
+        )
+    )
     return 200, {**_value(result), "noop": result.noop}
 
 
@@ -392,8 +439,9 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     _snapshot(api, session_id)  # 404 before the stream starts
     after_text = args.get("Last-Event-ID") or args.get("after")
     after = int(after_text) if after_text else 0
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"})
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
     await response.prepare(request)
     wake = asyncio.Event()
     changed = api.node.replica.changed
@@ -442,16 +490,22 @@ def _sse(event_id: str | None, event_type: str, data: dict[str, Any]) -> bytes:
 
 
 async def register_agent(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    definition = {k: args[k] for k in ("tools", "compaction", "model", "description", "metadata")
-                  if args.get(k) is not None}
+    definition = {
+        k: args[k] for k in ("tools", "compaction", "model", "description", "metadata") if args.get(k) is not None
+    }
     result = await api.propose(RegisterAgent(at=wall_ms(), name=args["name"], definition=definition))
     return 200, result.value
 
 
 async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     leader = api.node.serving()
-    tasks = await leader.poll(args["worker_id"], args["agents"], args["max_tasks"], args["wait_ms"],
-                              gone=lambda: request.transport is None or request.transport.is_closing())
+    tasks = await leader.poll(
+        args["worker_id"],
+        args["agents"],
+        args["max_tasks"],
+        args["wait_ms"],
+        gone=lambda: request.transport is None or request.transport.is_closing(),
+    )
     return 200, {"tasks": tasks}
 
 
@@ -468,13 +522,16 @@ def _attempt_of(api: Api, args: dict[str, Any]) -> tuple[TaskToken, AttemptState
     them before the proposal cannot race with it.
     """
     token = TaskToken.parse(args["task_token"])
-    state = None if token is None else api.engine.attempt_state(token.step_id, token.attempt, token.term,
-                                                                token.secret)
+    state = None if token is None else api.engine.attempt_state(token.step_id, token.attempt, token.term, token.secret)
     if token is None or state is None:
         raise ApiError(404, "not_found", "no task was handed out with this task token")
     if state.worker_id != args["worker_id"]:
-        raise ApiError(403, "forbidden", f"worker_id: attempt {token.attempt} of step {token.step_id!r} was "
-                                         f"handed to another Worker; only that Worker may report on it")
+        raise ApiError(
+            403,
+            "forbidden",
+            f"worker_id: attempt {token.attempt} of step {token.step_id!r} was "
+            f"handed to another Worker; only that Worker may report on it",
+        )
     return token, state
 
 
@@ -483,8 +540,11 @@ async def task_heartbeat(api: Api, args: dict[str, Any], request: web.Request) -
     token, state = _attempt_of(api, args)
     step_id, attempt = token.step_id, token.attempt
     if not state.current or token.term != leader.term:
-        raise ApiError(409, "stale_attempt", f"attempt {attempt} of step {step_id!r} is no longer current "
-                                             f"({state.status}); stop working on it")
+        raise ApiError(
+            409,
+            "stale_attempt",
+            f"attempt {attempt} of step {step_id!r} is no longer current ({state.status}); stop working on it",
+        )
     running = leader.heartbeat(step_id, attempt)
     if running is not None and args.get("deltas"):
         api.node.relay.publish(running.session_id, step_id, attempt, args["deltas"])
@@ -500,10 +560,18 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
     # Eager dispatch only for an attempt of this term whose Worker we know.
     eager = args["next_tasks"] if worker_id is not None and term == leader.term and not leader.draining else 0
     api.node.failpoints.hit("server.complete.before-propose")
-    result = await api.propose(CompleteAttempt(
-        at=wall_ms(), step_id=step_id, attempt=attempt, term=term, result=args["result"],
-        next_worker_id=worker_id if eager else None, next_max=eager,
-        next_token_secrets=[new_token_secret() for _ in range(eager)]))
+    result = await api.propose(
+        CompleteAttempt(
+            at=wall_ms(),
+            step_id=step_id,
+            attempt=attempt,
+            term=term,
+            result=args["result"],
+            next_worker_id=worker_id if eager else None,
+            next_max=eager,
+            next_token_secrets=[new_token_secret() for _ in range(eager)],
+        )
+    )
     api.node.failpoints.hit("server.complete.after-commit")
     leader.forget(step_id, attempt)
     started = (result.value or {}).get("started", [])
@@ -515,9 +583,17 @@ async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Ans
     leader = api.node.serving()
     token, _ = _attempt_of(api, args)
     step_id, attempt, term = token.step_id, token.attempt, token.term
-    await api.propose(FailAttempt(at=wall_ms(), step_id=step_id, attempt=attempt, term=term,
-                                  error=args["error"], retryable=args["retryable"],
-                                  not_started=args["not_started"]))
+    await api.propose(
+        FailAttempt(
+            at=wall_ms(),
+            step_id=step_id,
+            attempt=attempt,
+            term=term,
+            error=args["error"],
+            retryable=args["retryable"],
+            not_started=args["not_started"],
+        )
+    )
     running = leader.running.get((step_id, attempt))
     kind = running.kind if running is not None else "unknown"
     leader.forget(step_id, attempt)
@@ -538,30 +614,50 @@ async def backup(api: Api, args: dict[str, Any], request: web.Request) -> Answer
     except BackupNotPossible as exc:
         raise ApiError(409, "conflict", str(exc)) from None
     parts = list(backup_bytes(header, payload))
-    response = web.StreamResponse(headers={
-        "Content-Type": "application/octet-stream",
-        "Content-Length": str(sum(map(len, parts))),
-        "Content-Disposition": f'attachment; filename="dex-ha-backup-{header.index}.dexbak"',
-        "X-Dex-Backup-Index": str(header.index), "X-Dex-Backup-Term": str(header.term),
-        "X-Dex-Backup-Sha256": header.sha256})
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(sum(map(len, parts))),
+            "Content-Disposition": f'attachment; filename="dex-ha-backup-{header.index}.dexbak"',
+            "X-Dex-Backup-Index": str(header.index),
+            "X-Dex-Backup-Term": str(header.term),
+            "X-Dex-Backup-Sha256": header.sha256,
+        }
+    )
     await response.prepare(request)
     for part in parts:
         view = memoryview(part)
         for start in range(0, len(view), BACKUP_CHUNK_BYTES):
-            await response.write(view[start:start + BACKUP_CHUNK_BYTES])
+            await response.write(view[start : start + BACKUP_CHUNK_BYTES])
     await response.write_eof()
     return response
 
 
 HANDLERS: dict[str, Handler] = {
-    "livez": livez, "readyz": readyz, "metrics": metrics, "openapi": openapi, "cluster": cluster,
-    "step_down": step_down, "add_member": add_member, "promote_member": promote_member,
-    "remove_member": remove_member, "create_session": create_session, "list_sessions": list_sessions,
-    "get_session": get_session, "send_message": send_message, "decide_approval": decide_approval,
-    "answer_question": answer_question, "cancel_turn": cancel_turn,
-    "reconcile_tool_call": reconcile_tool_call, "session_events": session_events,
-    "register_agent": register_agent, "worker_poll": worker_poll, "task_heartbeat": task_heartbeat,
-    "task_complete": task_complete, "task_fail": task_fail, "cluster_nodes": cluster_nodes,
+    "livez": livez,
+    "readyz": readyz,
+    "metrics": metrics,
+    "openapi": openapi,
+    "cluster": cluster,
+    "step_down": step_down,
+    "add_member": add_member,
+    "promote_member": promote_member,
+    "remove_member": remove_member,
+    "create_session": create_session,
+    "list_sessions": list_sessions,
+    "get_session": get_session,
+    "send_message": send_message,
+    "decide_approval": decide_approval,
+    "answer_question": answer_question,
+    "cancel_turn": cancel_turn,
+    "reconcile_tool_call": reconcile_tool_call,
+    "session_events": session_events,
+    "register_agent": register_agent,
+    "worker_poll": worker_poll,
+    "task_heartbeat": task_heartbeat,
+    "task_complete": task_complete,
+    "task_fail": task_fail,
+    "cluster_nodes": cluster_nodes,
     "backup": backup,
 }
 

@@ -41,8 +41,7 @@ class AuthError(HttpError):
 class TokenAuth:
     """The configured tokens by role; `check` decides whether a request may call a route."""
 
-    def __init__(self, tokens: Mapping[str, Iterable[str]] | None, *,
-                 operations_need_token: bool = False) -> None:
+    def __init__(self, tokens: Mapping[str, Iterable[str]] | None, *, operations_need_token: bool = False) -> None:
         self._digests: list[tuple[str, bytes]] = _digests_by_role(tokens or {})
         self._operations_need_token = operations_need_token
 
@@ -76,8 +75,9 @@ class TokenAuth:
         role = self._authenticate(authorization)
         if route.roles is None or role == "admin" or role in route.roles:
             return role
-        raise AuthError(403, f"{route.method} {route.path} needs {_role_names(route.roles)} "
-                             f"(this token has the {role} role)")
+        raise AuthError(
+            403, f"{route.method} {route.path} needs {_role_names(route.roles)} (this token has the {role} role)"
+        )
 
     def _authenticate(self, authorization: str | None) -> str:
         if authorization is None or not authorization.strip():

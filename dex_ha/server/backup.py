@@ -86,9 +86,16 @@ class BackupHeader:
 
 def make_header(index: int, term: int, node_id: str, payload: bytes, now_s: float | None = None) -> BackupHeader:
     created = datetime.fromtimestamp(time.time() if now_s is None else now_s, UTC)
-    return BackupHeader(format=FORMAT_VERSION, index=index, term=term, schema_version=SCHEMA_VERSION,
-                        created_at=created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                        node_id=node_id, payload_bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    return BackupHeader(
+        format=FORMAT_VERSION,
+        index=index,
+        term=term,
+        schema_version=SCHEMA_VERSION,
+        created_at=created.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        node_id=node_id,
+        payload_bytes=len(payload),
+        sha256=hashlib.sha256(payload).hexdigest(),
+    )
 
 
 def backup_bytes(header: BackupHeader, payload: bytes) -> Iterable[bytes]:
@@ -127,15 +134,19 @@ def parse_backup(data: bytes, where: str = "backup") -> tuple[BackupHeader, byte
     end = data.find(b"\n", len(MAGIC), len(MAGIC) + MAX_HEADER_BYTES)
     if end < 0:
         raise BackupError(f"{where}: the header line is missing or cut short")
-    header = _decode_header(data[len(MAGIC):end], where)
-    payload = data[end + 1:]
+    header = _decode_header(data[len(MAGIC) : end], where)
+    payload = data[end + 1 :]
     if len(payload) != header.payload_bytes:
-        raise BackupError(f"{where}: the payload has {len(payload)} bytes, the header says {header.payload_bytes} "
-                          f"(the file is cut short or has something appended)")
+        raise BackupError(
+            f"{where}: the payload has {len(payload)} bytes, the header says {header.payload_bytes} "
+            f"(the file is cut short or has something appended)"
+        )
     digest = hashlib.sha256(payload).hexdigest()
     if digest != header.sha256:
-        raise BackupError(f"{where}: checksum mismatch: the payload's sha256 is {digest}, the header says "
-                          f"{header.sha256} (the file is damaged)")
+        raise BackupError(
+            f"{where}: checksum mismatch: the payload's sha256 is {digest}, the header says "
+            f"{header.sha256} (the file is damaged)"
+        )
     return header, payload
 
 
@@ -158,10 +169,19 @@ def _decode_header(line: bytes, where: str) -> BackupHeader:
         raise BackupError(f"{where}: the header is not a JSON object")
     version = raw.get("format")
     if version != FORMAT_VERSION:
-        raise BackupError(f"{where}: unknown backup format version {version!r}; this dex-ha reads version "
-                          f"{FORMAT_VERSION} (restore it with the dex-ha version that wrote it, or a newer one)")
-    types = {"index": int, "term": int, "schema_version": int, "created_at": str, "node_id": str,
-             "payload_bytes": int, "sha256": str}
+        raise BackupError(
+            f"{where}: unknown backup format version {version!r}; this dex-ha reads version "
+            f"{FORMAT_VERSION} (restore it with the dex-ha version that wrote it, or a newer one)"
+        )
+    types = {
+        "index": int,
+        "term": int,
+        "schema_version": int,
+        "created_at": str,
+        "node_id": str,
+        "payload_bytes": int,
+        "sha256": str,
+    }
     for name, kind in types.items():
         if not isinstance(raw.get(name), kind) or isinstance(raw.get(name), bool):
             raise BackupError(f"{where}: header field {name!r} is missing or not a {kind.__name__}")
@@ -219,12 +239,15 @@ def check_empty_data_dir(data_dir: Path) -> None:
         found = sorted(p.name for p in data_dir.iterdir())
         if found:
             shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
-            raise BackupError(f"data dir {data_dir} is not empty ({shown}): restore seeds a new node only; "
-                              f"give it an empty or new directory")
+            raise BackupError(
+                f"data dir {data_dir} is not empty ({shown}): restore seeds a new node only; "
+                f"give it an empty or new directory"
+            )
 
 
-def restore_data_dir(backup: Path, data_dir: Path, node_id: str, members: tuple[str, ...],
-                     durability: str = "strict") -> BackupHeader:
+def restore_data_dir(
+    backup: Path, data_dir: Path, node_id: str, members: tuple[str, ...], durability: str = "strict"
+) -> BackupHeader:
     """Seed `data_dir` as member `node_id` of a new cluster of `members` from `backup`.
 
     Checks everything first (the file, its checksum and format, the state inside it, an
@@ -292,6 +315,12 @@ def _write_raft_log(raft_dir: Path, header: BackupHeader, members: tuple[str, ..
 
 def describe(header: BackupHeader) -> dict[str, Any]:
     """What `dex-ha backup` and `dex-ha restore` print about a backup."""
-    return {"index": header.index, "term": header.term, "schema_version": header.schema_version,
-            "created_at": header.created_at, "node_id": header.node_id, "bytes": header.payload_bytes,
-            "sha256": header.sha256}
+    return {
+        "index": header.index,
+        "term": header.term,
+        "schema_version": header.schema_version,
+        "created_at": header.created_at,
+        "node_id": header.node_id,
+        "bytes": header.payload_bytes,
+        "sha256": header.sha256,
+    }

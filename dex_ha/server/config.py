@@ -128,8 +128,7 @@ class ServerConfig:
             raise ConfigError(f"peers: must list this node ({self.node_id!r}) unless join = true")
         if self.election_timeout_min_ms >= self.election_timeout_max_ms:
             raise ConfigError("election_timeout_min_ms: must be below election_timeout_max_ms")
-        for name in ("heartbeat_timeout_ms", "drain_timeout_ms", "raft_heartbeat_interval_ms",
-                     "lease_drift_margin_ms"):
+        for name in ("heartbeat_timeout_ms", "drain_timeout_ms", "raft_heartbeat_interval_ms", "lease_drift_margin_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
         self._check_lease_timing()
@@ -151,8 +150,12 @@ class ServerConfig:
         """Raft's own timing check (raft.core.check_timing, the one source of the rule),
         its message led by our key name: every message of it starts with the setting's name."""
         try:
-            check_timing(self.election_timeout_min_ms, self.election_timeout_max_ms,
-                         self.raft_heartbeat_interval_ms, self.lease_drift_margin_ms)
+            check_timing(
+                self.election_timeout_min_ms,
+                self.election_timeout_max_ms,
+                self.raft_heartbeat_interval_ms,
+                self.lease_drift_margin_ms,
+            )
         except ValueError as exc:
             raft_name, _, what = str(exc).partition(" ")
             if what.startswith("("):  # "(<value>) must be …": say the rule first, then the value
@@ -172,22 +175,35 @@ def parse_address(text: str, key: str) -> Address:
     return host.strip("[]"), int(port)
 
 
-def dev_config(data_dir: Path, port: int, *, host: str = "127.0.0.1",
-               tokens: Mapping[str, tuple[str, ...]] | None = None,
-               durability: str = "strict") -> ServerConfig:
+def dev_config(
+    data_dir: Path,
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    tokens: Mapping[str, tuple[str, ...]] | None = None,
+    durability: str = "strict",
+) -> ServerConfig:
     """`dex-ha dev`: a single voter on loopback. No one ever sends it a Raft message, so
     it opens no Raft port (an open one would be one more thing to attack)."""
     url = f"http://{host}:{port}"
     no_raft_addr = (host, 0)  # its entry in the member list: never dialled
-    return ServerConfig(node_id="dev", data_dir=data_dir, http_listen=(host, port), url=url,
-                        raft_listen=None, peers=(Peer("dev", no_raft_addr, url),),
-                        tokens=dict(tokens or {}), dev=True, durability=durability,
-                        # One voter: no one to wait for, so a restart is ready at once.
-                        election_timeout_min_ms=150, election_timeout_max_ms=300)
+    return ServerConfig(
+        node_id="dev",
+        data_dir=data_dir,
+        http_listen=(host, port),
+        url=url,
+        raft_listen=None,
+        peers=(Peer("dev", no_raft_addr, url),),
+        tokens=dict(tokens or {}),
+        dev=True,
+        durability=durability,
+        # One voter: no one to wait for, so a restart is ready at once.
+        election_timeout_min_ms=150,
+        election_timeout_max_ms=300,
+    )
 
 
-def load_config(path: Path | None, env: Mapping[str, str] | None = None, *,
-                insecure: bool = False) -> ServerConfig:
+def load_config(path: Path | None, env: Mapping[str, str] | None = None, *, insecure: bool = False) -> ServerConfig:
     """The configuration of `dex-ha node`: the TOML file, then environment overrides."""
     raw: dict[str, Any] = {}
     if path is not None:
@@ -204,12 +220,27 @@ def load_config(path: Path | None, env: Mapping[str, str] | None = None, *,
 
 
 ENV_KEYS = {
-    "node_id": str, "data_dir": str, "http_listen": str, "url": str, "raft_listen": str, "probe_listen": str,
-    "durability": str, "cluster_secret": str, "join": bool, "heartbeat_timeout_ms": int,
-    "drain_timeout_ms": int, "max_inflight_requests": int, "election_timeout_min_ms": int,
-    "election_timeout_max_ms": int, "raft_heartbeat_interval_ms": int, "lease_drift_margin_ms": int,
-    "log_json": bool, "http_header_timeout_ms": int, "http_body_timeout_ms": int,
-    "http_keepalive_timeout_ms": int, "http_max_connections": int,
+    "node_id": str,
+    "data_dir": str,
+    "http_listen": str,
+    "url": str,
+    "raft_listen": str,
+    "probe_listen": str,
+    "durability": str,
+    "cluster_secret": str,
+    "join": bool,
+    "heartbeat_timeout_ms": int,
+    "drain_timeout_ms": int,
+    "max_inflight_requests": int,
+    "election_timeout_min_ms": int,
+    "election_timeout_max_ms": int,
+    "raft_heartbeat_interval_ms": int,
+    "lease_drift_margin_ms": int,
+    "log_json": bool,
+    "http_header_timeout_ms": int,
+    "http_body_timeout_ms": int,
+    "http_keepalive_timeout_ms": int,
+    "http_max_connections": int,
 }
 
 
@@ -235,9 +266,16 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
 
 
 # What `dex-ha dev` takes from DEX_HA_* (its other keys are fixed: one voter on loopback).
-DEV_ENV_KEYS = ("probe_listen", "heartbeat_timeout_ms", "drain_timeout_ms", "max_inflight_requests",
-                "http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms",
-                "http_max_connections")
+DEV_ENV_KEYS = (
+    "probe_listen",
+    "heartbeat_timeout_ms",
+    "drain_timeout_ms",
+    "max_inflight_requests",
+    "http_header_timeout_ms",
+    "http_body_timeout_ms",
+    "http_keepalive_timeout_ms",
+    "http_max_connections",
+)
 
 
 def dev_overrides_from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -275,35 +313,52 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
     tokens = raw.get("tokens") or {}
     if not isinstance(tokens, dict) or any(role not in ROLES for role in tokens):
         raise ConfigError(f"tokens: roles are {', '.join(ROLES)}")
-    simple = {k: raw[k] for k in ("durability", "join", "heartbeat_timeout_ms", "drain_timeout_ms",
-                                  "max_inflight_requests",
-                                  "election_timeout_min_ms", "election_timeout_max_ms",
-                                  "raft_heartbeat_interval_ms", "lease_drift_margin_ms",
-                                  "snapshot_every_entries", "log_json",
-                                  "http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms",
-                                  "http_max_connections")
-              if k in raw}
+    simple = {
+        k: raw[k]
+        for k in (
+            "durability",
+            "join",
+            "heartbeat_timeout_ms",
+            "drain_timeout_ms",
+            "max_inflight_requests",
+            "election_timeout_min_ms",
+            "election_timeout_max_ms",
+            "raft_heartbeat_interval_ms",
+            "lease_drift_margin_ms",
+            "snapshot_every_entries",
+            "log_json",
+            "http_header_timeout_ms",
+            "http_body_timeout_ms",
+            "http_keepalive_timeout_ms",
+            "http_max_connections",
+        )
+        if k in raw
+    }
     for key, value in simple.items():
         expected = type(getattr(_DEFAULTS, key))
         if type(value) is not expected:
             raise ConfigError(f"{key}: must be {expected.__name__}, got {value!r}")
     return ServerConfig(
-        node_id=str(raw["node_id"]), data_dir=Path(raw["data_dir"]), http_listen=http_listen,
+        node_id=str(raw["node_id"]),
+        data_dir=Path(raw["data_dir"]),
+        http_listen=http_listen,
         url=str(raw.get("url") or f"http://{http_listen[0]}:{http_listen[1]}").rstrip("/"),
-        raft_listen=parse_address(raw["raft_listen"], "raft_listen"), peers=peers,
+        raft_listen=parse_address(raw["raft_listen"], "raft_listen"),
+        peers=peers,
         probe_listen=parse_address(raw["probe_listen"], "probe_listen") if raw.get("probe_listen") else None,
-        cluster_secret=secret, tokens={r: tuple(t) for r, t in tokens.items()},
-        insecure=insecure, **simple)
+        cluster_secret=secret,
+        tokens={r: tuple(t) for r, t in tokens.items()},
+        insecure=insecure,
+        **simple,
+    )
 
 
 def _peer(raw: Any, i: int) -> Peer:
     if not isinstance(raw, dict) or not {"id", "raft_addr", "url"} <= set(raw):
         raise ConfigError(f"peers[{i}]: needs id, raft_addr and url")
-    return Peer(str(raw["id"]), parse_address(raw["raft_addr"], f"peers[{i}].raft_addr"),
-                str(raw["url"]).rstrip("/"))
+    return Peer(str(raw["id"]), parse_address(raw["raft_addr"], f"peers[{i}].raft_addr"), str(raw["url"]).rstrip("/"))
 
 
 # Defaults of the optional keys, for type checks of the TOML values.
-_DEFAULTS = ServerConfig(node_id="", data_dir=Path("."), http_listen=("", 0), url="",
-                         raft_listen=("", 0), peers=())
+_DEFAULTS = ServerConfig(node_id="", data_dir=Path("."), http_listen=("", 0), url="", raft_listen=("", 0), peers=())
 __all__ = ["ConfigError", "Peer", "ServerConfig", "dev_config", "load_config", "parse_address", "replace"]

@@ -39,8 +39,9 @@ class HttpError(Exception):
     `headers`. The message is the error's `str()` (a subclass may keep parts of it in
     attributes of its own, as InvalidRequest keeps `field`)."""
 
-    def __init__(self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None,
-                 **extra: Any) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code

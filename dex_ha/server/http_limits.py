@@ -96,12 +96,18 @@ class HttpLimits:
         allowed = max_connections_allowed(open_files)
         wanted = config.http_max_connections or min(allowed, MAX_CONNECTIONS_CEILING)
         if wanted > allowed:
-            log.warning("http_max_connections = %d is more than the open-files limit allows; using %d "
-                        "(raise the limit: ulimit -n, LimitNOFILE=)", wanted, allowed)
-        return cls(header_timeout_s=config.http_header_timeout_ms / 1000,
-                   body_timeout_s=config.http_body_timeout_ms / 1000,
-                   keepalive_timeout_s=config.http_keepalive_timeout_ms / 1000,
-                   max_connections=min(wanted, allowed))
+            log.warning(
+                "http_max_connections = %d is more than the open-files limit allows; using %d "
+                "(raise the limit: ulimit -n, LimitNOFILE=)",
+                wanted,
+                allowed,
+            )
+        return cls(
+            header_timeout_s=config.http_header_timeout_ms / 1000,
+            body_timeout_s=config.http_body_timeout_ms / 1000,
+            keepalive_timeout_s=config.http_keepalive_timeout_ms / 1000,
+            max_connections=min(wanted, allowed),
+        )
 
     @property
     def reserve_header_timeout_s(self) -> float:
@@ -117,15 +123,22 @@ class HttpLimits:
 
     def describe(self) -> str:
         reserve = f" (+{self.reserve} for /livez and /readyz)" if self.reserve else ""
-        return (f"at most {self.max_connections} connections{reserve}, request headers within "
-                f"{self.header_timeout_s:g} s, a body within {self.body_timeout_s:g} s, "
-                f"idle keep-alive {self.keepalive_timeout_s:g} s")
+        return (
+            f"at most {self.max_connections} connections{reserve}, request headers within "
+            f"{self.header_timeout_s:g} s, a body within {self.body_timeout_s:g} s, "
+            f"idle keep-alive {self.keepalive_timeout_s:g} s"
+        )
 
 
 # The probe listener (probes.py): kubelets and balancers open a connection per check and send
 # their request at once. Its cap bounds the descriptors that clients of that port can take.
-PROBE_LISTENER_LIMITS = HttpLimits(header_timeout_s=PROBE_HEADER_TIMEOUT_S, body_timeout_s=PROBE_HEADER_TIMEOUT_S,
-                                   keepalive_timeout_s=PROBE_HEADER_TIMEOUT_S, max_connections=64, reserve=0)
+PROBE_LISTENER_LIMITS = HttpLimits(
+    header_timeout_s=PROBE_HEADER_TIMEOUT_S,
+    body_timeout_s=PROBE_HEADER_TIMEOUT_S,
+    keepalive_timeout_s=PROBE_HEADER_TIMEOUT_S,
+    max_connections=64,
+    reserve=0,
+)
 
 
 def open_files_limit() -> int:
@@ -138,9 +151,12 @@ def max_connections_allowed(open_files: int) -> int:
     """The most API connections that leave FD_HEADROOM of `open_files` descriptors to the rest."""
     allowed = open_files - FD_HEADROOM - PROBE_RESERVE - ACCEPT_BATCH
     if allowed < MIN_CONNECTIONS:
-        log.warning("the open-files limit (%d) is too low for a node: HTTP clients may take the descriptors "
-                    "that Raft and SQLite need; raise it to at least %d", open_files,
-                    MIN_CONNECTIONS + FD_HEADROOM + PROBE_RESERVE + ACCEPT_BATCH)
+        log.warning(
+            "the open-files limit (%d) is too low for a node: HTTP clients may take the descriptors "
+            "that Raft and SQLite need; raise it to at least %d",
+            open_files,
+            MIN_CONNECTIONS + FD_HEADROOM + PROBE_RESERVE + ACCEPT_BATCH,
+        )
         return MIN_CONNECTIONS
     return allowed
 
@@ -182,8 +198,9 @@ class GuardedSite(web.BaseSite):
     """An aiohttp site on a listening socket whose connections a ConnectionGuard accepts.
     `metrics` (the API port's) counts them; None for the probe listener."""
 
-    def __init__(self, runner: web.BaseRunner, sock: socket.socket, limits: HttpLimits,
-                 metrics: ServerMetrics | None) -> None:
+    def __init__(
+        self, runner: web.BaseRunner, sock: socket.socket, limits: HttpLimits, metrics: ServerMetrics | None
+    ) -> None:
         super().__init__(runner)
         self._sock = sock
         self._guard = ConnectionGuard(limits, metrics)
@@ -355,11 +372,17 @@ class ConnectionGuard:
         return response
 
     def _overloaded(self) -> web.Response:
-        body = {"error": "overloaded",
-                "message": f"the node has {self.limits.max_connections} HTTP connections open, its limit; "
-                           "retry later (only /livez and /readyz are answered now)"}
-        return web.json_response(body, status=503, headers={"Retry-After": OVERLOADED_RETRY_AFTER_S},
-                                 dumps=partial(json.dumps, separators=(",", ":")))
+        body = {
+            "error": "overloaded",
+            "message": f"the node has {self.limits.max_connections} HTTP connections open, its limit; "
+            "retry later (only /livez and /readyz are answered now)",
+        }
+        return web.json_response(
+            body,
+            status=503,
+            headers={"Retry-After": OVERLOADED_RETRY_AFTER_S},
+            dumps=partial(json.dumps, separators=(",", ":")),
+        )
 
 
 class _Connection(asyncio.Protocol):
@@ -459,5 +482,12 @@ class _Connection(asyncio.Protocol):
         return self._request is None or self._request.content.is_eof()
 
 
-__all__ = ["BodyTimeout", "CLIENT_CLOSED_REQUEST", "GuardedSite", "HttpLimits", "PROBE_LISTENER_LIMITS",
-           "client_gone", "read_body"]
+__all__ = [
+    "BodyTimeout",
+    "CLIENT_CLOSED_REQUEST",
+    "GuardedSite",
+    "HttpLimits",
+    "PROBE_LISTENER_LIMITS",
+    "client_gone",
+    "read_body",
+]

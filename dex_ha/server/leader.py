@@ -81,8 +81,16 @@ class _WaitingPoll:
 class LeaderTerm:
     """The leader services of one term."""
 
-    def __init__(self, term: int, replica: Replica, propose: Propose, metrics: ServerMetrics, *,
-                 heartbeat_timeout_ms: int, monitor_interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        term: int,
+        replica: Replica,
+        propose: Propose,
+        metrics: ServerMetrics,
+        *,
+        heartbeat_timeout_ms: int,
+        monitor_interval_s: float | None = None,
+    ) -> None:
         self.term = term
         self.replica = replica
         self.engine = replica.reads  # read-only: changes go through propose
@@ -122,8 +130,11 @@ class LeaderTerm:
 
     async def _run(self) -> None:
         await self._take_over()
-        for name, loop in (("dispatch", self._dispatch_loop), ("monitor", self._monitor_loop),
-                           ("timers", self._timer_loop)):
+        for name, loop in (
+            ("dispatch", self._dispatch_loop),
+            ("monitor", self._monitor_loop),
+            ("timers", self._timer_loop),
+        ):
             self._tasks.append(asyncio.create_task(self._supervised(name, loop), name=f"{name}-{self.term}"))
 
     async def _supervised(self, name: str, loop: Callable[[], Awaitable[None]]) -> None:
@@ -153,13 +164,18 @@ class LeaderTerm:
         for kind, n in by_kind.items():
             self.metrics.attempts_failed.labels(kind=kind, reason="takeover").inc(n)
         self.takeover_done = True
-        log.info("takeover of term %d done in %.0f ms: %d attempts of earlier terms failed",
-                 self.term, (time.monotonic() - started) * 1000, sum(by_kind.values()))
+        log.info(
+            "takeover of term %d done in %.0f ms: %d attempts of earlier terms failed",
+            self.term,
+            (time.monotonic() - started) * 1000,
+            sum(by_kind.values()),
+        )
 
     # ------------------------------------------------------------------ dispatch
 
-    async def poll(self, worker_id: str, agents: list[str], max_tasks: int, wait_ms: int,
-                   gone: Callable[[], bool] = lambda: False) -> list[dict[str, Any]]:
+    async def poll(
+        self, worker_id: str, agents: list[str], max_tasks: int, wait_ms: int, gone: Callable[[], bool] = lambda: False
+    ) -> list[dict[str, Any]]:
         """A Worker long poll: the tasks handed to it (committed), or [] when wait_ms passed.
         `gone()` says whether the Worker hung up meanwhile."""
         self._check_dispatching()
@@ -233,8 +249,9 @@ class LeaderTerm:
                 matched.append((poll, steps))
         return matched
 
-    def _steps_for(self, poll: _WaitingPoll, queues: dict[str, deque[QueuedStep]],
-                   wanted: dict[str, int]) -> list[QueuedStep]:
+    def _steps_for(
+        self, poll: _WaitingPoll, queues: dict[str, deque[QueuedStep]], wanted: dict[str, int]
+    ) -> list[QueuedStep]:
         """Up to poll.max_tasks steps of the poll's agents, taken from `queues` (each
         agent's queue is read once per pass, for every poll that wants it)."""
         steps: list[QueuedStep] = []
@@ -248,9 +265,11 @@ class LeaderTerm:
 
     async def _hand_out(self, matched: list[tuple[_WaitingPoll, list[QueuedStep]]]) -> None:
         """One proposal for every hand-out of this pass; answer the polls once it applied."""
-        handouts = [Handout(step_id=s.step_id, worker_id=poll.worker_id, term=self.term,
-                            token_secret=new_token_secret())
-                    for poll, steps in matched for s in steps]
+        handouts = [
+            Handout(step_id=s.step_id, worker_id=poll.worker_id, term=self.term, token_secret=new_token_secret())
+            for poll, steps in matched
+            for s in steps
+        ]
         try:
             result = await self._propose(StartAttempts(at=wall_ms(), handouts=handouts))
             started = {s["step_id"]: s for s in (result.value or {}).get("started", [])}
@@ -259,8 +278,9 @@ class LeaderTerm:
                 # instead of starting it, so it left the queue and is not offered again.
                 log.info("step %s not handed out: its retry window is over", expired["step_id"])
             for poll, steps in matched:
-                tasks = [self.task_for_handout(started[s.step_id], poll.worker_id)
-                         for s in steps if s.step_id in started]
+                tasks = [
+                    self.task_for_handout(started[s.step_id], poll.worker_id) for s in steps if s.step_id in started
+                ]
                 if tasks or self._stopped:
                     if not poll.future.done():
                         poll.future.set_result(tasks)
@@ -279,12 +299,14 @@ class LeaderTerm:
         """The task a Worker gets for a committed hand-out (`started`, as the engine
         reports it); from now on the attempt's heartbeats are watched."""
         step_id, attempt, kind = started["step_id"], started["attempt"], started["kind"]
-        self.running[(step_id, attempt)] = HandedOutAttempt(step_id, attempt, started["session_id"], kind, worker_id,
-                                                          time.monotonic())
+        self.running[(step_id, attempt)] = HandedOutAttempt(
+            step_id, attempt, started["session_id"], kind, worker_id, time.monotonic()
+        )
         self.metrics.attempts_started.labels(kind=kind).inc()
         now_ms = wall_ms()
         self.metrics.schedule_to_start.labels(kind=kind).observe(
-            max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000))
+            max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000)
+        )
         task = self.engine.task_for(step_id, self.heartbeat_timeout_ms)
         body = task.as_json() if task is not None else {"step_id": step_id, "kind": kind}
         token = TaskToken(step_id, attempt, started["term"], started["token_secret"])
@@ -346,11 +368,21 @@ class LeaderTerm:
             else:  # committed, but its poll answer is not built yet: silent since its hand-out
                 silent_s = min(now_mono - self._started_mono, (now_wall - a.started_at) / 1000)
             if a.deadline_at is not None and now_wall > a.deadline_at:
-                commands.append((AttemptTimedOut(at=now_wall, step_id=a.step_id, attempt=a.attempt, term=a.term),
-                                 a.kind, "start_to_close"))
+                commands.append(
+                    (
+                        AttemptTimedOut(at=now_wall, step_id=a.step_id, attempt=a.attempt, term=a.term),
+                        a.kind,
+                        "start_to_close",
+                    )
+                )
             elif silent_s > timeout_s:
-                commands.append((HeartbeatLost(at=now_wall, step_id=a.step_id, attempt=a.attempt, term=a.term),
-                                 a.kind, "heartbeat_timeout"))
+                commands.append(
+                    (
+                        HeartbeatLost(at=now_wall, step_id=a.step_id, attempt=a.attempt, term=a.term),
+                        a.kind,
+                        "heartbeat_timeout",
+                    )
+                )
         if commands:
             await asyncio.gather(*(self._fail_attempt(*c) for c in commands))
 

@@ -30,33 +30,49 @@ class ServerMetrics:
         self._rendered: tuple[float, bytes] | None = None  # (when, text) of the latest render
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.proposal_seconds = Histogram("dex_raft_proposal_seconds", "Time from propose to applied.",
-                                          buckets=LATENCY_BUCKETS, registry=r)
-        self.fsync_seconds = Histogram("dex_raft_fsync_seconds", "Time of one Raft log fsync.",
-                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.attempts_started = Counter("dex_attempts_started", "Attempts handed out to Workers.",
-                                        ["kind"], registry=r)
-        self.attempts_failed = Counter("dex_attempts_failed", "Attempts failed, by reason.",
-                                       ["kind", "reason"], registry=r)
-        self.schedule_to_start = Histogram("dex_step_schedule_to_start_seconds",
-                                           "Time a task step waited in its queue before hand-out.",
-                                           ["kind"], buckets=SCHEDULE_BUCKETS, registry=r)
-        self.http_requests = Counter("dex_http_requests", "HTTP requests by route and status code.",
-                                     ["route", "code"], registry=r)
+        self.proposal_seconds = Histogram(
+            "dex_raft_proposal_seconds", "Time from propose to applied.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.fsync_seconds = Histogram(
+            "dex_raft_fsync_seconds", "Time of one Raft log fsync.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.attempts_started = Counter("dex_attempts_started", "Attempts handed out to Workers.", ["kind"], registry=r)
+        self.attempts_failed = Counter(
+            "dex_attempts_failed", "Attempts failed, by reason.", ["kind", "reason"], registry=r
+        )
+        self.schedule_to_start = Histogram(
+            "dex_step_schedule_to_start_seconds",
+            "Time a task step waited in its queue before hand-out.",
+            ["kind"],
+            buckets=SCHEDULE_BUCKETS,
+            registry=r,
+        )
+        self.http_requests = Counter(
+            "dex_http_requests", "HTTP requests by route and status code.", ["route", "code"], registry=r
+        )
         self._http_children: dict[tuple[str, int], Any] = {}
         # Connections (dex_ha.server.http_limits). A request the client gave up on is counted
         # in dex_http_requests_total with code 499, never as a 5xx.
         self.http_connections_open = Gauge(
-            "dex_http_connections_open", "Open HTTP connections on the API port, the probe reserve included.",
-            registry=r)
+            "dex_http_connections_open",
+            "Open HTTP connections on the API port, the probe reserve included.",
+            registry=r,
+        )
         self.http_connections_max = Gauge(
-            "dex_http_connections_max", "The cap on open HTTP connections on the API port (http_max_connections); "
-            "/livez and /readyz have a small reserve above it.", registry=r)
+            "dex_http_connections_max",
+            "The cap on open HTTP connections on the API port (http_max_connections); "
+            "/livez and /readyz have a small reserve above it.",
+            registry=r,
+        )
         self.http_connections_rejected = Counter(
-            "dex_http_connections_rejected", "API-port HTTP connections closed before their request was answered, "
+            "dex_http_connections_rejected",
+            "API-port HTTP connections closed before their request was answered, "
             "by reason: over_capacity (the cap and the probe reserve were full, or a non-probe request came on "
             "the reserve), header_timeout (the request's headers did not arrive in time), accept_error (accept "
-            "failed, e.g. out of file descriptors).", ["reason"], registry=r)
+            "failed, e.g. out of file descriptors).",
+            ["reason"],
+            registry=r,
+        )
 
     def count_request(self, route: str, code: int) -> None:
         """`dex_http_requests_total{route,code}` + 1 (the labelled child is looked up once)."""
@@ -90,22 +106,27 @@ class _StateCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self._read_state()
-        for name, help_text in (("dex_raft_term", "Current Raft term."),
-                                ("dex_raft_is_leader", "1 on the Raft leader."),
-                                ("dex_active", "1 only on the active node (leader, lease, takeover, not draining)."),
-                                ("dex_raft_commit_index", "Highest log index known committed."),
-                                ("dex_raft_applied_index", "Highest log index applied to the engine."),
-                                ("dex_lease_remaining_seconds", "Seconds left on the leader's lease (0 elsewhere)."),
-                                ("dex_raft_leader_contact_gap_max_seconds",
-                                 "Largest gap between two messages from the leader of the current term, as "
-                                 "they arrived here (0 on the leader); near the election timeout, a failover is close."),
-                                ("dex_timers_pending", "Timers waiting to fire."),
-                                ("dex_http_requests_in_flight",
-                                 "Requests being worked on, of those admission control bounds."),
-                                ("dex_workers_connected", "Workers seen polling or heartbeating recently.")):
+        for name, help_text in (
+            ("dex_raft_term", "Current Raft term."),
+            ("dex_raft_is_leader", "1 on the Raft leader."),
+            ("dex_active", "1 only on the active node (leader, lease, takeover, not draining)."),
+            ("dex_raft_commit_index", "Highest log index known committed."),
+            ("dex_raft_applied_index", "Highest log index applied to the engine."),
+            ("dex_lease_remaining_seconds", "Seconds left on the leader's lease (0 elsewhere)."),
+            (
+                "dex_raft_leader_contact_gap_max_seconds",
+                "Largest gap between two messages from the leader of the current term, as "
+                "they arrived here (0 on the leader); near the election timeout, a failover is close.",
+            ),
+            ("dex_timers_pending", "Timers waiting to fire."),
+            ("dex_http_requests_in_flight", "Requests being worked on, of those admission control bounds."),
+            ("dex_workers_connected", "Workers seen polling or heartbeating recently."),
+        ):
             yield GaugeMetricFamily(name, help_text, value=s[name])
-        shed = CounterMetricFamily("dex_http_requests_shed", "Requests answered 503 overloaded at once "
-                                   "(admission control: max_inflight_requests).")
+        shed = CounterMetricFamily(
+            "dex_http_requests_shed",
+            "Requests answered 503 overloaded at once (admission control: max_inflight_requests).",
+        )
         shed.add_metric([], s["dex_http_requests_shed_total"])
         yield shed
         leader_changes = CounterMetricFamily("dex_raft_leader_changes", "Leader changes seen by this node.")
@@ -120,8 +141,11 @@ class _StateCollector:
             sessions.add_metric([status], n)
         yield sessions
         yield from _follower_families(s["followers"])
-        calls = CounterMetricFamily("dex_tool_calls", "Tool call outcomes recorded (a reconciled call counts "
-                                    "as outcome_unknown and again as its settlement).", labels=["outcome"])
+        calls = CounterMetricFamily(
+            "dex_tool_calls",
+            "Tool call outcomes recorded (a reconciled call counts as outcome_unknown and again as its settlement).",
+            labels=["outcome"],
+        )
         for outcome, n in sorted(s["tool_calls"].items()):
             calls.add_metric([outcome], n)
         yield calls
@@ -129,11 +153,18 @@ class _StateCollector:
 
 def _follower_families(followers: dict[str, tuple[int, float]]) -> Iterator[Metric]:
     """Per-member replication gauges, exported by the leader only (followers track no one)."""
-    lag = GaugeMetricFamily("dex_raft_follower_lag_entries", "On the leader: entries the member is behind "
-                            "the commit index (its match index); absent on other nodes.", labels=["member"])
-    contact = GaugeMetricFamily("dex_raft_follower_last_contact_seconds", "On the leader: seconds since the "
-                                "member last answered; a heartbeat interval when healthy, growing while it is "
-                                "unreachable; absent on other nodes.", labels=["member"])
+    lag = GaugeMetricFamily(
+        "dex_raft_follower_lag_entries",
+        "On the leader: entries the member is behind the commit index (its match index); absent on other nodes.",
+        labels=["member"],
+    )
+    contact = GaugeMetricFamily(
+        "dex_raft_follower_last_contact_seconds",
+        "On the leader: seconds since the "
+        "member last answered; a heartbeat interval when healthy, growing while it is "
+        "unreachable; absent on other nodes.",
+        labels=["member"],
+    )
     for member, (behind, seconds) in sorted(followers.items()):
         lag.add_metric([member], behind)
         contact.add_metric([member], seconds)

@@ -78,8 +78,13 @@ class NodeServer:
         self.metrics = ServerMetrics()
         self.admission = Admission(config.max_inflight_requests, f"node {config.node_id}")
         self.relay = DeltaRelay()
-        self.raft = RaftThread(self._raft_config(), self.replica, on_leader_change=self._on_leader_change,
-                               on_fsync=self.metrics.fsync_seconds.observe, on_fatal=on_fatal)
+        self.raft = RaftThread(
+            self._raft_config(),
+            self.replica,
+            on_leader_change=self._on_leader_change,
+            on_fsync=self.metrics.fsync_seconds.observe,
+            on_fatal=on_fatal,
+        )
         self.metrics.add_state_gauges(self.metrics_state)
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
@@ -90,22 +95,27 @@ class NodeServer:
         c = self.config
         secret = c.cluster_secret.encode() if c.cluster_secret else None
         return NodeConfig(
-            id=c.node_id, data_dir=c.data_dir, raft_listen=c.raft_listen,
-            members={p.id: Member(p.raft_addr, p.url) for p in c.peers}, join=c.join,
-            durability=c.durability, election_timeout_min_ms=c.election_timeout_min_ms,
+            id=c.node_id,
+            data_dir=c.data_dir,
+            raft_listen=c.raft_listen,
+            members={p.id: Member(p.raft_addr, p.url) for p in c.peers},
+            join=c.join,
+            durability=c.durability,
+            election_timeout_min_ms=c.election_timeout_min_ms,
             election_timeout_max_ms=c.election_timeout_max_ms,
-            heartbeat_interval_ms=c.raft_heartbeat_interval_ms, lease_drift_margin_ms=c.lease_drift_margin_ms,
-            snapshot_every_entries=c.snapshot_every_entries, secret=secret)
+            heartbeat_interval_ms=c.raft_heartbeat_interval_ms,
+            lease_drift_margin_ms=c.lease_drift_margin_ms,
+            snapshot_every_entries=c.snapshot_every_entries,
+            secret=secret,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         if self.config.insecure:
-            log.warning("node %s runs INSECURE: no API tokens and no cluster secret (--insecure)",
-                        self.config.node_id)
+            log.warning("node %s runs INSECURE: no API tokens and no cluster secret (--insecure)", self.config.node_id)
         elif not self.config.auth_enabled:
-            log.warning("node %s runs WITHOUT authentication (dev mode, no tokens configured)",
-                        self.config.node_id)
+            log.warning("node %s runs WITHOUT authentication (dev mode, no tokens configured)", self.config.node_id)
         self.replica.notify_on(asyncio.get_running_loop())
         await self.raft.start()
         limits = HttpLimits.from_config(self.config)
@@ -118,10 +128,19 @@ class NodeServer:
         if self.probes is not None:
             await self.probes.start()
             log.info("node %s answers probes (/livez, /readyz) on port %d", self.config.node_id, self.probes.port)
-        raft = ("no Raft listener: a single voter" if self.config.raft_listen is None
-                else "raft on {}:{}".format(*self.config.raft_listen))
-        log.info("node %s serves HTTP on %s:%d (%s, data in %s)", self.config.node_id,
-                 self.config.http_listen[0], self.http_port, raft, self.config.data_dir)
+        raft = (
+            "no Raft listener: a single voter"
+            if self.config.raft_listen is None
+            else "raft on {}:{}".format(*self.config.raft_listen)
+        )
+        log.info(
+            "node %s serves HTTP on %s:%d (%s, data in %s)",
+            self.config.node_id,
+            self.config.http_listen[0],
+            self.http_port,
+            raft,
+            self.config.data_dir,
+        )
 
     async def stop(self) -> None:
         self.stopping = True
@@ -150,8 +169,9 @@ class NodeServer:
         term = view.term
         if view.is_leader and self.leader is None and not self.stopping:
             log.info("node %s is leader of term %d: taking over", self.config.node_id, term)
-            self.leader = LeaderTerm(term, self.replica, self.propose, self.metrics,
-                                     heartbeat_timeout_ms=self.config.heartbeat_timeout_ms)
+            self.leader = LeaderTerm(
+                term, self.replica, self.propose, self.metrics, heartbeat_timeout_ms=self.config.heartbeat_timeout_ms
+            )
             self.leader.start()
 
     async def _stop_leader_services(self) -> None:
@@ -165,8 +185,14 @@ class NodeServer:
     def serving(self) -> LeaderTerm:
         """The services of the term we lead, if this node is the active node; else NotServing."""
         leader, view = self.leader, self.raft.view
-        if (leader is None or not leader.takeover_done or not view.is_leader
-                or leader.term != view.term or not view.lease_valid() or self.stopping):
+        if (
+            leader is None
+            or not leader.takeover_done
+            or not view.is_leader
+            or leader.term != view.term
+            or not view.lease_valid()
+            or self.stopping
+        ):
             raise NotServing("this node is not the active node")
         return leader
 
@@ -197,8 +223,12 @@ class NodeServer:
         if self.is_ready():
             return 200, {"status": "ready", "node_id": node_id, "role": NodeRole.ACTIVE}
         role = self.role()
-        return 503, {"error": "not_ready", "message": f"node {node_id} is {role}, not the active node",
-                     "leader_url": self.leader_url(), "role": role}
+        return 503, {
+            "error": "not_ready",
+            "message": f"node {node_id} is {role}, not the active node",
+            "leader_url": self.leader_url(),
+            "role": role,
+        }
 
     def role(self) -> NodeRole:
         if self.is_ready():
@@ -249,14 +279,17 @@ class NodeServer:
             await self._transfer(target)
         finally:
             leader.end_drain()
-        return {"from": self.config.node_id, "to": self.raft.view.leader_id or target,
-                "running_attempts_left": left}
+        return {"from": self.config.node_id, "to": self.raft.view.leader_id or target, "running_attempts_left": left}
 
     async def drain(self, leader: LeaderTerm, timeout_ms: int) -> int:
         """Stop handing out work and wait for this term's running attempts; how many are left."""
         leader.begin_drain()
-        log.info("node %s drains: %d attempts running, up to %d ms", self.config.node_id,
-                 leader.running_in_term(), timeout_ms)
+        log.info(
+            "node %s drains: %d attempts running, up to %d ms",
+            self.config.node_id,
+            leader.running_in_term(),
+            timeout_ms,
+        )
         deadline = time.monotonic() + timeout_ms / 1000
         while (left := leader.running_in_term()) and time.monotonic() < deadline:
             version = self.replica.changed.version
@@ -280,8 +313,11 @@ class NodeServer:
 
     async def _most_caught_up_voter(self) -> str | None:
         members = (await self.raft.status()).members
-        others = [(info.match or 0, -(info.last_contact_ms_ago or 0), node_id)
-                  for node_id, info in members.items() if info.voter and node_id != self.config.node_id]
+        others = [
+            (info.match or 0, -(info.last_contact_ms_ago or 0), node_id)
+            for node_id, info in members.items()
+            if info.voter and node_id != self.config.node_id
+        ]
         return max(others)[2] if others else None
 
     async def shutdown_gracefully(self) -> None:
@@ -303,18 +339,25 @@ class NodeServer:
     # ------------------------------------------------------------------ membership
 
     async def add_member(self, node_id: str, raft_addr: tuple[str, int], url: str) -> None:
-        await self.raft.change_membership(ConfChange(ConfChangeType.ADD_LEARNER, node_id,
-                                                     member_context(raft_addr[0], raft_addr[1], url)))
+        await self.raft.change_membership(
+            ConfChange(ConfChangeType.ADD_LEARNER, node_id, member_context(raft_addr[0], raft_addr[1], url))
+        )
 
     async def promote_member(self, node_id: str) -> None:
         status = await self.raft.status()
         info = status.members.get(node_id)
         if info is not None and not info.voter:  # promoting a voter is refused by the core (409) below
             match, contact = info.match, info.last_contact_ms_ago
-            if (not match or status.commit - match > PROMOTE_MAX_LAG_ENTRIES or contact is None
-                    or contact > self.config.election_timeout_max_ms):
-                raise MemberNotCaughtUp(f"learner {node_id!r} is not caught up (match index {match}, commit index "
-                                        f"{status.commit}, last contact {contact} ms ago); promote it once it is")
+            if (
+                not match
+                or status.commit - match > PROMOTE_MAX_LAG_ENTRIES
+                or contact is None
+                or contact > self.config.election_timeout_max_ms
+            ):
+                raise MemberNotCaughtUp(
+                    f"learner {node_id!r} is not caught up (match index {match}, commit index "
+                    f"{status.commit}, last contact {contact} ms ago); promote it once it is"
+                )
         await self.raft.change_membership(ConfChange(ConfChangeType.PROMOTE, node_id))
 
     async def remove_member(self, node_id: str) -> None:
@@ -349,20 +392,29 @@ class NodeServer:
 
     def _member_views(self, status: Status) -> list[dict[str, Any]]:
         urls = {node_id: member.url for node_id, member in self.raft.members().items()}
-        return [self._member_view(node_id, info, urls.get(node_id), status.snapshots_sending.get(node_id))
-                for node_id, info in sorted(status.members.items())]
+        return [
+            self._member_view(node_id, info, urls.get(node_id), status.snapshots_sending.get(node_id))
+            for node_id, info in sorted(status.members.items())
+        ]
 
     @staticmethod
-    def _member_view(node_id: str, info: MemberStatus, url: str | None,
-                     sending: tuple[int, int] | None) -> dict[str, Any]:
+    def _member_view(
+        node_id: str, info: MemberStatus, url: str | None, sending: tuple[int, int] | None
+    ) -> dict[str, Any]:
         """One member as /v1/cluster shows it. `contacted` is False when this (leader) node never
         heard from it, None when unknown (not the leader); `replication` is the leader's
         progress state (probe, replicate, snapshot; self); `snapshot_bytes` is [sent, total]
         while a snapshot streams to it (a learner catching up)."""
-        return {"id": node_id, "voter": info.voter, "url": url,
-                "match_index": info.match, "last_contact_ms_ago": info.last_contact_ms_ago,
-                "contacted": info.contacted, "replication": info.state,
-                "snapshot_bytes": list(sending) if sending is not None else None}
+        return {
+            "id": node_id,
+            "voter": info.voter,
+            "url": url,
+            "match_index": info.match,
+            "last_contact_ms_ago": info.last_contact_ms_ago,
+            "contacted": info.contacted,
+            "replication": info.state,
+            "snapshot_bytes": list(sending) if sending is not None else None,
+        }
 
     def metrics_state(self) -> dict[str, Any]:
         view = self.raft.view
@@ -391,8 +443,10 @@ class NodeServer:
         """On the leader: each other member's (entries behind the commit index, seconds since
         it last answered); empty elsewhere. Feeds the follower-lag and unreachable alerts."""
         now = now_ms()
-        return {p.id: (max(0, commit - p.match), max(0, now - p.last_contact_ms) / 1000)
-                for p in self.raft.node.peer_progress}
+        return {
+            p.id: (max(0, commit - p.match), max(0, now - p.last_contact_ms) / 1000)
+            for p in self.raft.node.peer_progress
+        }
 
 
 def _bind(address: tuple[str, int], what: str = "HTTP") -> socket.socket:
@@ -417,5 +471,3 @@ def _with_bound_port(config: ServerConfig, port: int) -> ServerConfig:
     url = f"http://{host}:{port}"
     peers = tuple(replace(p, url=url) if p.id == config.node_id else p for p in config.peers)
     return replace(config, http_listen=(host, port), url=url, peers=peers)
-
-

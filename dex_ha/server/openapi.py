@@ -25,8 +25,7 @@ _PATH_PARAM = re.compile(r"{([^}]+)}")
 FORMAT_PATTERNS = {"id": r"^[^\x00-\x1F\x7F-\x9F]*$"}
 
 
-def openapi_document(routes: Iterable[RouteSpec] = ROUTES, *, title: str = "dex-ha",
-                     version: str) -> dict[str, Any]:
+def openapi_document(routes: Iterable[RouteSpec] = ROUTES, *, title: str = "dex-ha", version: str) -> dict[str, Any]:
     """An OpenAPI 3.1 document (plain JSON-serializable dicts) describing every route."""
     if not isinstance(version, str) or not version:
         raise ValueError("version: must be a non-empty string")
@@ -39,15 +38,18 @@ def openapi_document(routes: Iterable[RouteSpec] = ROUTES, *, title: str = "dex-
             "title": title,
             "version": version,
             "description": "Durable execution server for AI agent sessions, run as a highly available "
-                           "Raft cluster. Only the active node serves /v1 routes (except /v1/cluster); "
-                           "the others answer 503 not_active with leader_url and Retry-After.",
+            "Raft cluster. Only the active node serves /v1 routes (except /v1/cluster); "
+            "the others answer 503 not_active with leader_url and Retry-After.",
         },
         "paths": paths,
         "components": {
             "schemas": _error_schemas(),
             "securitySchemes": {
-                SECURITY_SCHEME: {"type": "http", "scheme": "bearer",
-                                  "description": "A token of role client, worker or admin."},
+                SECURITY_SCHEME: {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A token of role client, worker or admin.",
+                },
             },
         },
     }
@@ -80,8 +82,11 @@ def _access_description(route: RouteSpec) -> str:
     else:
         roles = sorted(route.roles | {"admin"})
         who = f"Roles: {', '.join(roles)} (admin may call every route)."
-    where = ("Served only by the active node; other nodes answer 503 not_active."
-             if route.active_only else "Served by every node.")
+    where = (
+        "Served only by the active node; other nodes answer 503 not_active."
+        if route.active_only
+        else "Served by every node."
+    )
     return f"{who} {where}"
 
 
@@ -94,11 +99,21 @@ def _tag(route: RouteSpec) -> str:
 
 
 def _parameters(route: RouteSpec) -> list[dict[str, Any]]:
-    located = ([("path", spec) for spec in route.path_params] + [("query", spec) for spec in route.query]
-               + [("header", spec) for spec in route.headers])
-    return [{"name": spec.name, "in": location, "required": location == "path" or spec.required,
-             "description": spec.description, "schema": field_schema(spec)}
-            for location, spec in located]
+    located = (
+        [("path", spec) for spec in route.path_params]
+        + [("query", spec) for spec in route.query]
+        + [("header", spec) for spec in route.headers]
+    )
+    return [
+        {
+            "name": spec.name,
+            "in": location,
+            "required": location == "path" or spec.required,
+            "description": spec.description,
+            "schema": field_schema(spec),
+        }
+        for location, spec in located
+    ]
 
 
 def _request_body(route: RouteSpec) -> dict[str, Any]:
@@ -114,7 +129,7 @@ def _request_body(route: RouteSpec) -> dict[str, Any]:
     return {
         "required": route.body_required,
         "description": f"At most {route.max_body_bytes} bytes."
-                       + ("" if route.body_required else " Optional: an empty body means {}."),
+        + ("" if route.body_required else " Optional: an empty body means {}."),
         "content": {_JSON: {"schema": schema}},
     }
 
@@ -125,8 +140,12 @@ def _response(route: RouteSpec, status: int, description: str) -> dict[str, Any]
         name = "NotActiveError" if status == 503 and route.active_only else "Error"
         response["content"] = {_JSON: {"schema": {"$ref": f"#/components/schemas/{name}"}}}
         if status == 503:
-            response["headers"] = {"Retry-After": {"description": "Seconds to wait before retrying.",
-                                                   "schema": {"type": "integer", "minimum": 0}}}
+            response["headers"] = {
+                "Retry-After": {
+                    "description": "Seconds to wait before retrying.",
+                    "schema": {"type": "integer", "minimum": 0},
+                }
+            }
         if status == 401:
             response["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
         return response
@@ -184,19 +203,28 @@ def _error_schemas() -> dict[str, Any]:
         "type": "object",
         "required": ["error", "message"],
         "properties": {
-            "error": {"type": "string", "description": "Machine-readable code: invalid, unauthorized, "
-                                                       "forbidden, not_found, method_not_allowed, conflict, "
-                                                       "stale_attempt, step_down_failed, too_large, not_active, "
-                                                       "not_ready, internal."},
+            "error": {
+                "type": "string",
+                "description": "Machine-readable code: invalid, unauthorized, "
+                "forbidden, not_found, method_not_allowed, conflict, "
+                "stale_attempt, step_down_failed, too_large, not_active, "
+                "not_ready, internal.",
+            },
             "message": {"type": "string", "description": "What went wrong, for people; names the field."},
         },
     }
     not_active = {
         "allOf": [
             {"$ref": "#/components/schemas/Error"},
-            {"type": "object", "properties": {
-                "leader_url": {"type": ["string", "null"],
-                               "description": "The active node's URL when this node knows it."}}},
+            {
+                "type": "object",
+                "properties": {
+                    "leader_url": {
+                        "type": ["string", "null"],
+                        "description": "The active node's URL when this node knows it.",
+                    }
+                },
+            },
         ],
     }
     return {"Error": error, "NotActiveError": not_active}

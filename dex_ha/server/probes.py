@@ -53,8 +53,7 @@ class ProbeServer:
         app = web.Application()
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/readyz", self._readyz)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     **PROBE_LISTENER_LIMITS.handler_args())
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **PROBE_LISTENER_LIMITS.handler_args())
         await self._runner.setup()
         # Capped, with a short header timeout: clients of this port cannot take the node's descriptors.
         await GuardedSite(self._runner, self._sock, PROBE_LISTENER_LIMITS, metrics=None).start()
@@ -70,5 +69,4 @@ class ProbeServer:
 
 
 def _json(status: int, body: dict[str, Any]) -> web.Response:
-    return web.Response(status=status, text=json.dumps(body, separators=(",", ":")),
-                        content_type="application/json")
+    return web.Response(status=status, text=json.dumps(body, separators=(",", ":")), content_type="application/json")

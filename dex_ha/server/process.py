@@ -28,9 +28,12 @@ class JsonLogFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message (and the exception)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-                 + f".{int(record.msecs):03d}Z",
-                 "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        entry = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
@@ -38,8 +41,9 @@ class JsonLogFormatter(logging.Formatter):
 
 def configure_logging(json_logs: bool, level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLogFormatter() if json_logs else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonLogFormatter() if json_logs else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -115,8 +119,11 @@ async def serve(config: ServerConfig, on_started: Callable[[NodeServer], None] |
         nonlocal signals
         signals += 1
         if signals == 1:
-            log.info("%s: graceful stop (drain up to %d ms, then hand over)", signal.Signals(signum).name,
-                     config.drain_timeout_ms)
+            log.info(
+                "%s: graceful stop (drain up to %d ms, then hand over)",
+                signal.Signals(signum).name,
+                config.drain_timeout_ms,
+            )
             stop_requested.set()
         else:
             # Stop at once, as SIGKILL would: the node is built to survive that (its log

@@ -40,8 +40,13 @@ class DeltaRelay:
         for queue, wake in self._subscribers.get(session_id, {}).items():
             wake.set()
             for data in deltas:
-                event = {"type": "delta", "session_id": session_id, "step_id": step_id,
-                         "attempt": attempt, "data": data}
+                event = {
+                    "type": "delta",
+                    "session_id": session_id,
+                    "step_id": step_id,
+                    "attempt": attempt,
+                    "data": data,
+                }
                 try:
                     queue.put_nowait(event)
                 except asyncio.QueueFull:  # a slow reader misses live output, never committed events

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 SECRET_BYTES = 16  # 128 bits: not guessable, however many attempts a Worker token makes
 # Numbers of at most 18 ASCII digits: below 2**63, so SQLite can take them (a longer one
 # is no attempt or term this cluster has used; it is not a token, rather than a 500).
-_TOKEN = re.compile(rf"(?P<step_id>.+)-(?P<attempt>[0-9]{{1,18}})-(?P<term>[0-9]{{1,18}})"
-                    rf"-(?P<secret>[0-9a-f]{{{2 * SECRET_BYTES}}})")
+_TOKEN = re.compile(
+    rf"(?P<step_id>.+)-(?P<attempt>[0-9]{{1,18}})-(?P<term>[0-9]{{1,18}})"
+    rf"-(?P<secret>[0-9a-f]{{{2 * SECRET_BYTES}}})"
+)
 
 
 def new_token_secret() -> str:

@@ -121,8 +121,9 @@ def validate_path(route: RouteSpec, params: Mapping[str, str]) -> dict[str, str]
 def validate_headers(route: RouteSpec, headers: Mapping[str, str]) -> dict[str, Any]:
     """The request headers the route declares (looked up case-insensitively); others are ignored."""
     by_lower_name = {name.lower(): value for name, value in headers.items()}
-    present = {spec.name: by_lower_name[spec.name.lower()]
-               for spec in route.headers if spec.name.lower() in by_lower_name}
+    present = {
+        spec.name: by_lower_name[spec.name.lower()] for spec in route.headers if spec.name.lower() in by_lower_name
+    }
     return {spec.name: _field_value(spec, present, spec.name) for spec in route.headers}
 
 
@@ -185,10 +186,12 @@ def _check_json_values(body: dict[str, Any]) -> None:
 
 
 def _check_scalar(value: Any, path: str) -> None:
-    if isinstance(value, _LongInteger) or (isinstance(value, int) and not isinstance(value, bool)
-                                           and not MIN_INTEGER <= value <= MAX_INTEGER):
-        raise InvalidRequest(path, f"integer out of range: must be from {MIN_INTEGER} to {MAX_INTEGER} "
-                                   f"(got {_shortened(str(value))})")
+    if isinstance(value, _LongInteger) or (
+        isinstance(value, int) and not isinstance(value, bool) and not MIN_INTEGER <= value <= MAX_INTEGER
+    ):
+        raise InvalidRequest(
+            path, f"integer out of range: must be from {MIN_INTEGER} to {MAX_INTEGER} (got {_shortened(str(value))})"
+        )
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidRequest(path, f"numbers must be finite (got {value})")
     if isinstance(value, str):
@@ -201,8 +204,11 @@ def _check_unicode(text: str, path: str, what: str) -> None:
         return
     found = _SURROGATE.search(text)
     if found is not None:
-        raise InvalidRequest(path, f"{what}must be valid Unicode text: a lone surrogate "
-                                   f"{found.group()!r} at character {found.start()} cannot be encoded as UTF-8")
+        raise InvalidRequest(
+            path,
+            f"{what}must be valid Unicode text: a lone surrogate "
+            f"{found.group()!r} at character {found.start()} cannot be encoded as UTF-8",
+        )
 
 
 # ---------------------------------------------------------------- one field
@@ -347,12 +353,20 @@ _FORMAT_CHECKS = {"id": _id_problem, "host-port": _host_port_problem, "uri": _ur
 
 
 _PYTHON_TYPE: dict[str, type | tuple[type, ...]] = {
-    "string": str, "boolean": bool, "object": dict, "array": list,
+    "string": str,
+    "boolean": bool,
+    "object": dict,
+    "array": list,
 }
 
 _TYPE_PHRASE = {
-    "string": "a string", "integer": "an integer", "number": "a finite number", "boolean": "a boolean",
-    "object": "a JSON object", "array": "an array", "any": "any JSON value",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a finite number",
+    "boolean": "a boolean",
+    "object": "a JSON object",
+    "array": "an array",
+    "any": "any JSON value",
 }
 
 

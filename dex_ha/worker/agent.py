@@ -29,8 +29,16 @@ BUILTIN_TOOL_NAMES = frozenset({"ask_user", "sleep"})
 COMPACTION_KEYS = ("max_items", "max_tokens")
 
 # Python annotation → JSON-schema type, for the input_schema inferred from a signature.
-_JSON_TYPES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean",
-                               list: "array", tuple: "array", set: "array", dict: "object"}
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    tuple: "array",
+    set: "array",
+    dict: "object",
+}
 
 ToolFunction = Callable[..., Any]
 
@@ -72,10 +80,18 @@ class Tool:
 
     def definition(self) -> dict[str, Any]:
         """This tool's entry in the agent definition (optional fields only when set)."""
-        entry: dict[str, Any] = {"name": self.name, "effect": self.effect,
-                                 "approval": self.approval, "inline": self.inline}
-        optional = {"description": self.description, "input_schema": self.input_schema,
-                    "start_to_close_ms": self.start_to_close_ms, "max_attempts": self.max_attempts}
+        entry: dict[str, Any] = {
+            "name": self.name,
+            "effect": self.effect,
+            "approval": self.approval,
+            "inline": self.inline,
+        }
+        optional = {
+            "description": self.description,
+            "input_schema": self.input_schema,
+            "start_to_close_ms": self.start_to_close_ms,
+            "max_attempts": self.max_attempts,
+        }
         entry.update({key: value for key, value in optional.items() if value is not None})
         return entry
 
@@ -103,10 +119,15 @@ class Tool:
 class Agent:
     """A named agent: its model, its tools and policies, and its compaction limit."""
 
-    def __init__(self, name: str, model: Model | None = None, *,
-                 compaction: dict[str, int] | None = None,
-                 model_start_to_close_ms: int | None = None,
-                 description: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: Model | None = None,
+        *,
+        compaction: dict[str, int] | None = None,
+        model_start_to_close_ms: int | None = None,
+        description: str | None = None,
+    ) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"name must be a non-empty string without '/', got {name!r}")
         self.name = name
@@ -118,10 +139,18 @@ class Agent:
         self.description = description
         self.tools: dict[str, Tool] = {}
 
-    def tool(self, *, effect: str, approval: bool = False, inline: bool = False,
-             start_to_close_ms: int | None = None, max_attempts: int | None = None,
-             description: str | None = None, input_schema: dict[str, Any] | None = None,
-             name: str | None = None) -> Callable[[ToolFunction], Tool]:
+    def tool(
+        self,
+        *,
+        effect: str,
+        approval: bool = False,
+        inline: bool = False,
+        start_to_close_ms: int | None = None,
+        max_attempts: int | None = None,
+        description: str | None = None,
+        input_schema: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> Callable[[ToolFunction], Tool]:
         """Decorator that declares a tool of this agent; returns the Tool object.
 
         `effect` is required: "read" (safe to repeat), "idempotent_write" (repeated with the
@@ -145,11 +174,17 @@ class Agent:
                 raise ValueError("fn: a tool must be a function")
             tool_name = self._check_new_tool_name(name if name is not None else fn.__name__)
             _require_positional_params(fn, 1, "fn", "a tool function takes the ToolContext first")
-            tool = Tool(name=tool_name, fn=fn, effect=effect,
-                        description=description if description is not None else _first_paragraph(fn),
-                        input_schema=input_schema if input_schema is not None else infer_input_schema(fn),
-                        approval=approval, inline=inline,
-                        start_to_close_ms=start_to_close_ms, max_attempts=max_attempts)
+            tool = Tool(
+                name=tool_name,
+                fn=fn,
+                effect=effect,
+                description=description if description is not None else _first_paragraph(fn),
+                input_schema=input_schema if input_schema is not None else infer_input_schema(fn),
+                approval=approval,
+                inline=inline,
+                start_to_close_ms=start_to_close_ms,
+                max_attempts=max_attempts,
+            )
             self.tools[tool_name] = tool
             return tool
 
@@ -262,8 +297,7 @@ async def _call(fn: ToolFunction, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
-def _require_positional_params(fn: ToolFunction, count: int, argument: str, why: str, *,
-                               exactly: bool = False) -> None:
+def _require_positional_params(fn: ToolFunction, count: int, argument: str, why: str, *, exactly: bool = False) -> None:
     """`fn` must accept `count` positional arguments (and need no others when `exactly`)."""
     try:
         signature = inspect.signature(fn)
@@ -311,5 +345,4 @@ def _check_compaction(compaction: Any) -> dict[str, int]:
     unknown = sorted(set(compaction) - set(COMPACTION_KEYS))
     if unknown:
         raise ValueError(f"compaction: unknown key {unknown[0]!r} (allowed: {', '.join(COMPACTION_KEYS)})")
-    return {key: _positive_int(value, f"compaction[{key!r}]") for key, value in compaction.items()
-            if value is not None}
+    return {key: _positive_int(value, f"compaction[{key!r}]") for key, value in compaction.items() if value is not None}

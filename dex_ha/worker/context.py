@@ -79,10 +79,20 @@ class Pending:
 class ToolContext:
     """The context of one tool run (one attempt of one call)."""
 
-    def __init__(self, *, session_id: str, turn_id: str, step_id: str, call_id: str | None,
-                 attempt: int, idempotency_key: str | None, worker_id: str,
-                 answer: Any = None, has_answer: bool = False,
-                 send_heartbeat: HeartbeatSender | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        turn_id: str,
+        step_id: str,
+        call_id: str | None,
+        attempt: int,
+        idempotency_key: str | None,
+        worker_id: str,
+        answer: Any = None,
+        has_answer: bool = False,
+        send_heartbeat: HeartbeatSender | None = None,
+    ) -> None:
         self.session_id = session_id
         self.turn_id = turn_id
         self.step_id = step_id
@@ -140,8 +150,10 @@ class ToolContext:
         return Pending(poll_after_ms)
 
     def __repr__(self) -> str:
-        return (f"ToolContext(step_id={self.step_id!r}, call_id={self.call_id!r}, "
-                f"attempt={self.attempt}, idempotency_key={self.idempotency_key!r})")
+        return (
+            f"ToolContext(step_id={self.step_id!r}, call_id={self.call_id!r}, "
+            f"attempt={self.attempt}, idempotency_key={self.idempotency_key!r})"
+        )
 
 
 def _check_poll_after(poll_after_ms: Any) -> None:

@@ -71,14 +71,19 @@ class ModelResponse:
     def with_call_ids(self, prefix: str) -> ModelResponse:
         """Calls without an id get `{prefix}_{index}`: the same script position gives the
         same ids on every attempt, so a re-run RunModel answers the same calls."""
-        calls = [call if call.id else ToolCall(f"{prefix}_{i}", call.name, call.arguments)
-                 for i, call in enumerate(self.tool_calls)]
+        calls = [
+            call if call.id else ToolCall(f"{prefix}_{i}", call.name, call.arguments)
+            for i, call in enumerate(self.tool_calls)
+        ]
         return ModelResponse(self.content, calls, self.usage)
 
     def as_result(self) -> dict[str, Any]:
         """The RunModel result body (without inline tool results)."""
-        return {"content": self.content, "tool_calls": [c.as_json() for c in self.tool_calls],
-                "usage": dict(self.usage)}
+        return {
+            "content": self.content,
+            "tool_calls": [c.as_json() for c in self.tool_calls],
+            "usage": dict(self.usage),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +134,13 @@ class ScriptedModel:
     plus those a default summary says it covers.
     """
 
-    def __init__(self, responses: Sequence[ModelResponse | dict[str, Any]] | ScriptFunction, *,
-                 summarizer: Summarizer | None = None, delta_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        responses: Sequence[ModelResponse | dict[str, Any]] | ScriptFunction,
+        *,
+        summarizer: Summarizer | None = None,
+        delta_delay_s: float = 0.0,
+    ) -> None:
         if callable(responses):
             self._script: ScriptFunction | None = responses
             self._responses: list[ModelResponse] = []
@@ -173,8 +183,9 @@ class ScriptedModel:
             value = await value if inspect.isawaitable(value) else value
             return ModelResponse.coerce(value, "the script function's response")
         if position >= len(self._responses):
-            raise ScriptExhausted(f"ScriptedModel has {len(self._responses)} responses; "
-                                  f"the session asks for response #{position + 1}")
+            raise ScriptExhausted(
+                f"ScriptedModel has {len(self._responses)} responses; the session asks for response #{position + 1}"
+            )
         return self._responses[position]
 
 

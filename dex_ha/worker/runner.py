@@ -111,11 +111,19 @@ class WorkerTask:
                 raise ValueError(f"task.{name} must be a non-empty string")
         if not isinstance(raw.get("input"), dict):
             raise ValueError("task.input must be an object")
-        return cls(task_token=raw["task_token"], session_id=raw["session_id"], turn_id=raw["turn_id"],
-                   step_id=raw["step_id"], kind=raw["kind"], attempt=int(raw.get("attempt") or 1),
-                   input=raw["input"], heartbeat_timeout_ms=int(raw.get("heartbeat_timeout_ms") or 30_000),
-                   agent=raw.get("agent"), idempotency_key=raw.get("idempotency_key"),
-                   deadline_ms=raw.get("deadline_ms"))
+        return cls(
+            task_token=raw["task_token"],
+            session_id=raw["session_id"],
+            turn_id=raw["turn_id"],
+            step_id=raw["step_id"],
+            kind=raw["kind"],
+            attempt=int(raw.get("attempt") or 1),
+            input=raw["input"],
+            heartbeat_timeout_ms=int(raw.get("heartbeat_timeout_ms") or 30_000),
+            agent=raw.get("agent"),
+            idempotency_key=raw.get("idempotency_key"),
+            deadline_ms=raw.get("deadline_ms"),
+        )
 
     def path(self, action: str) -> str:
         return f"/v1/worker/tasks/{quote(self.task_token, safe='')}/{action}"
@@ -158,8 +166,14 @@ class AttemptHeartbeats:
     server answers `{"cancel": true}` or 409 it calls `on_stop` once and sends no more.
     """
 
-    def __init__(self, conn: Connection, task: WorkerTask, worker_id: str, interval_s: float,
-                 failpoints: Failpoints | None = None) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        task: WorkerTask,
+        worker_id: str,
+        interval_s: float,
+        failpoints: Failpoints | None = None,
+    ) -> None:
         self._conn = conn
         self._failpoints = failpoints
         self._first = True  # no heartbeat of this attempt was sent yet
@@ -200,8 +214,12 @@ class AttemptHeartbeats:
             if deltas:
                 body["deltas"] = deltas
             try:
-                answer = await self._conn.request("POST", self._task.path("heartbeat"), body,
-                                                  timeout_s=max(1.0, self._task.heartbeat_timeout_ms / 1000))
+                answer = await self._conn.request(
+                    "POST",
+                    self._task.path("heartbeat"),
+                    body,
+                    timeout_s=max(1.0, self._task.heartbeat_timeout_ms / 1000),
+                )
             except DexError as exc:
                 if exc.status == 409:
                     self._stop("the attempt is no longer current (409)", cancelled_by_server=False)
@@ -259,12 +277,21 @@ class Worker:
     ``token`` from ``DEX_HA_WORKER_TOKEN``, else ``DEX_HA_TOKEN`` (else no token).
     """
 
-    def __init__(self, urls: str | Sequence[str] | None = None, token: str | None = None,
-                 agents: Sequence[Agent] = (), worker_id: str | None = None, max_concurrency: int = 8,
-                 poll_wait_ms: int = 20_000, heartbeat_interval_s: float | None = None,
-                 drain_timeout_s: float = 30.0, poll_concurrency: int = 2, eager: bool = True,
-                 on_result: Callable[[WorkerTask, Outcome], None] | None = None,
-                 **connection_kwargs: Any) -> None:
+    def __init__(
+        self,
+        urls: str | Sequence[str] | None = None,
+        token: str | None = None,
+        agents: Sequence[Agent] = (),
+        worker_id: str | None = None,
+        max_concurrency: int = 8,
+        poll_wait_ms: int = 20_000,
+        heartbeat_interval_s: float | None = None,
+        drain_timeout_s: float = 30.0,
+        poll_concurrency: int = 2,
+        eager: bool = True,
+        on_result: Callable[[WorkerTask, Outcome], None] | None = None,
+        **connection_kwargs: Any,
+    ) -> None:
         self._agents = _check_agents(agents)
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
             raise ValueError("worker_id must be a non-empty string or None")
@@ -349,12 +376,19 @@ class Worker:
         if self._started:
             await self._loop_exited.wait()  # tasks from a poll answered just now are started first
         if self._tasks:
-            log.info("worker %s stopping: draining %d running tasks (up to %.1f s)",
-                     self.worker_id, len(self._tasks), timeout)
+            log.info(
+                "worker %s stopping: draining %d running tasks (up to %.1f s)",
+                self.worker_id,
+                len(self._tasks),
+                timeout,
+            )
             await asyncio.wait(set(self._tasks), timeout=timeout)
         if self._tasks:
-            log.warning("worker %s: %d tasks still running after the drain timeout; cancelling them",
-                        self.worker_id, len(self._tasks))
+            log.warning(
+                "worker %s: %d tasks still running after the drain timeout; cancelling them",
+                self.worker_id,
+                len(self._tasks),
+            )
             await self._cancel_running()
         await self._conn.close()
 
@@ -408,10 +442,15 @@ class Worker:
 
     async def _poll(self, max_tasks: int) -> list[Any]:
         """One long poll for up to `max_tasks` tasks; [] when interrupted or refused."""
-        body = {"worker_id": self.worker_id, "agents": list(self._agents), "max_tasks": max_tasks,
-                "wait_ms": self.poll_wait_ms}
-        request = self._conn.request("POST", "/v1/worker/poll", body,
-                                     timeout_s=self.poll_wait_ms / 1000 + POLL_TIMEOUT_MARGIN_S)
+        body = {
+            "worker_id": self.worker_id,
+            "agents": list(self._agents),
+            "max_tasks": max_tasks,
+            "wait_ms": self.poll_wait_ms,
+        }
+        request = self._conn.request(
+            "POST", "/v1/worker/poll", body, timeout_s=self.poll_wait_ms / 1000 + POLL_TIMEOUT_MARGIN_S
+        )
         try:
             answer = await self._interruptible(request)
         except DexError as exc:
@@ -424,8 +463,12 @@ class Worker:
         if not isinstance(tasks, list):
             return []  # interrupted by stop() (None), or an answer without a task list
         if len(tasks) > max_tasks:  # never run more than max_concurrency
-            log.warning("worker %s: asked for %d tasks, got %d; ignoring the extra ones (they time out)",
-                        self.worker_id, max_tasks, len(tasks))
+            log.warning(
+                "worker %s: asked for %d tasks, got %d; ignoring the extra ones (they time out)",
+                self.worker_id,
+                max_tasks,
+                len(tasks),
+            )
         return list(tasks[:max_tasks])
 
     async def _interruptible(self, request: Coroutine[Any, Any, Any]) -> Any:
@@ -516,8 +559,7 @@ class Worker:
         wait for it). After a 409 the attempt is someone else's business: send nothing."""
         log.info("%s: %s; dropping its result", task, heartbeats.stop_reason)
         if heartbeats.cancelled_by_server:
-            return Outcome(error="cancelled: the Worker stopped the attempt at the server's request",
-                           retryable=False)
+            return Outcome(error="cancelled: the Worker stopped the attempt at the server's request", retryable=False)
         return None
 
     def _interval_for(self, task: WorkerTask) -> float:
@@ -528,8 +570,12 @@ class Worker:
     async def _execute(self, task: WorkerTask, heartbeats: AttemptHeartbeats) -> Outcome:
         """Dispatch by kind; every exception becomes a `fail` outcome."""
         handlers: dict[str, Callable[[WorkerTask, Agent, AttemptHeartbeats], Awaitable[Any]]] = {
-            RUN_MODEL: self._run_model, CALL_TOOL: self._call_tool, CALL_SINGLE_ATTEMPT_TOOL: self._call_tool,
-            POLL_TOOL_TASK: self._poll_tool_task, COMPACT_CONTEXT: self._compact_context}
+            RUN_MODEL: self._run_model,
+            CALL_TOOL: self._call_tool,
+            CALL_SINGLE_ATTEMPT_TOOL: self._call_tool,
+            POLL_TOOL_TASK: self._poll_tool_task,
+            COMPACT_CONTEXT: self._compact_context,
+        }
         try:
             handler = handlers.get(task.kind)
             if handler is None:
@@ -558,12 +604,21 @@ class Worker:
             raise NotStarted(f"this Worker has no agent {name!r}")
         return agent
 
-    def _context(self, task: WorkerTask, heartbeats: AttemptHeartbeats, *, call_id: str | None,
-                 idempotency_key: str | None) -> ToolContext:
-        ctx = ToolContext(session_id=task.session_id, turn_id=task.turn_id, step_id=task.step_id,
-                          call_id=call_id, attempt=task.attempt, idempotency_key=idempotency_key,
-                          worker_id=self.worker_id, answer=task.input.get("answer"),
-                          has_answer="answer" in task.input, send_heartbeat=heartbeats.beat_with_progress)
+    def _context(
+        self, task: WorkerTask, heartbeats: AttemptHeartbeats, *, call_id: str | None, idempotency_key: str | None
+    ) -> ToolContext:
+        ctx = ToolContext(
+            session_id=task.session_id,
+            turn_id=task.turn_id,
+            step_id=task.step_id,
+            call_id=call_id,
+            attempt=task.attempt,
+            idempotency_key=idempotency_key,
+            worker_id=self.worker_id,
+            answer=task.input.get("answer"),
+            has_answer="answer" in task.input,
+            send_heartbeat=heartbeats.beat_with_progress,
+        )
         heartbeats.contexts.append(ctx)
         return ctx
 
@@ -572,8 +627,11 @@ class Worker:
     async def _run_model(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
         if agent.model is None:
             raise NotStarted(f"agent {agent.name!r} has no model")
-        request = ModelRequest(history=list(task.input.get("history") or []), summary=task.input.get("summary"),
-                               tools=list(task.input.get("tools") or []))
+        request = ModelRequest(
+            history=list(task.input.get("history") or []),
+            summary=task.input.get("summary"),
+            tools=list(task.input.get("tools") or []),
+        )
         response = ModelResponse.coerce(await agent.model.respond(request, heartbeats), "the model's response")
         calls = []
         for i, call in enumerate(response.tool_calls):
@@ -586,8 +644,9 @@ class Worker:
             calls.append(entry)
         return {"content": response.content, "tool_calls": calls, "usage": dict(response.usage)}
 
-    async def _run_inline(self, task: WorkerTask, heartbeats: AttemptHeartbeats, tool: Tool, call_id: str,
-                          arguments: dict[str, Any]) -> dict[str, Any]:
+    async def _run_inline(
+        self, task: WorkerTask, heartbeats: AttemptHeartbeats, tool: Tool, call_id: str, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
         """An inline tool runs inside the model call; its result rides in the RunModel
         result. An exception (not ToolError) fails the whole RunModel attempt, which
         then runs again with its inline tools (at-least-once)."""
@@ -604,8 +663,7 @@ class Worker:
 
     async def _call_tool(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
         tool = _tool_for(agent, task)
-        ctx = self._context(task, heartbeats, call_id=task.input.get("call_id"),
-                            idempotency_key=task.idempotency_key)
+        ctx = self._context(task, heartbeats, call_id=task.input.get("call_id"), idempotency_key=task.idempotency_key)
         try:
             value = await tool.invoke(ctx, task.input.get("arguments") or {})
         except ArgumentsRefused as exc:  # before the function was called: it did not run
@@ -622,13 +680,11 @@ class Worker:
             raise Unrunnable(f"tool {tool.name!r} returned ctx.pending(); only its poll function may")
         return {"status": "ok", "output": value}
 
-    async def _poll_tool_task(self, task: WorkerTask, agent: Agent,
-                              heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+    async def _poll_tool_task(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
         tool = _tool_for(agent, task)
         if tool.poll_fn is None:
             raise NotStarted(f"tool {tool.name!r} has no poll function")
-        ctx = self._context(task, heartbeats, call_id=task.input.get("call_id"),
-                            idempotency_key=task.idempotency_key)
+        ctx = self._context(task, heartbeats, call_id=task.input.get("call_id"), idempotency_key=task.idempotency_key)
         try:
             value = await tool.invoke_poll(ctx, task.input.get("handle"))
         except ToolError as exc:
@@ -638,14 +694,16 @@ class Worker:
         self._failpoints.hit("worker.PollToolTask.during-poll")
         if isinstance(value, Pending):
             # The server rejects a null poll_after_ms: leave the key out to keep the old interval.
-            return {"status": "pending"} if value.poll_after_ms is None else \
-                {"status": "pending", "poll_after_ms": value.poll_after_ms}
+            return (
+                {"status": "pending"}
+                if value.poll_after_ms is None
+                else {"status": "pending", "poll_after_ms": value.poll_after_ms}
+            )
         if isinstance(value, TaskHandle):
             raise Unrunnable(f"the poll function of tool {tool.name!r} returned a new task handle")
         return {"status": "ok", "output": value}
 
-    async def _compact_context(self, task: WorkerTask, agent: Agent,
-                               heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+    async def _compact_context(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
         if agent.model is None:
             raise NotStarted(f"agent {agent.name!r} has no model")
         summary = await agent.model.summarize(list(task.input.get("history") or []), task.input.get("summary"))
@@ -696,8 +754,9 @@ class Worker:
             if exc.status == 409:
                 log.info("%s: failure not needed any more (409: %s)", task, exc.message)
             else:
-                log.error("%s: the server refused the failure report (%d %s): %s",
-                          task, exc.status, exc.code, exc.message)
+                log.error(
+                    "%s: the server refused the failure report (%d %s): %s", task, exc.status, exc.code, exc.message
+                )
             return
         self.completed += 1
         log.debug("%s: reported failed (retryable=%s): %s", task, retryable, error)

@@ -86,7 +86,10 @@ async def test_a_turn_runs_the_cli_inline_and_the_custom_tool_as_its_own_step(de
     assert (user["type"], first["content"]) == ("user", "Writing the file.")
     assert first["tool_calls"] == [{"id": call_id, "name": DEFERRED_TOOL, "arguments": {"key": "k1", "value": "v1"}}]
     assert (result["type"], result["status"], result["output"]) == (
-        "tool_result", "succeeded", {"content": [{"type": "text", "text": "stored k1"}]})
+        "tool_result",
+        "succeeded",
+        {"content": [{"type": "text", "text": "stored k1"}]},
+    )
     assert (final["content"], final["tool_calls"]) == (FINAL_TEXT, [])
     assert inline_runs(work_dir) == 1
     # The deferred tool ran once, as its own step (effect write: a single-attempt step), with its key.
@@ -111,13 +114,28 @@ async def test_a_turn_runs_the_cli_inline_and_the_custom_tool_as_its_own_step(de
 
 HISTORY: list[dict[str, Any]] = [
     {"type": "user", "text": "deploy it"},
-    {"type": "assistant", "content": "Deploying.", "tool_calls": [
-        {"id": "toolu_1", "name": "deploy", "arguments": {"service": "web"}},
-        {"id": "toolu_2", "name": "notify", "arguments": {}}]},
-    {"type": "tool_result", "call_id": "toolu_1", "name": "deploy", "status": "succeeded",
-     "output": {"content": [{"type": "text", "text": "deployed"}]}},
-    {"type": "tool_result", "call_id": "toolu_2", "name": "notify", "status": "outcome_unknown",
-     "error": "the Worker died while it ran"},
+    {
+        "type": "assistant",
+        "content": "Deploying.",
+        "tool_calls": [
+            {"id": "toolu_1", "name": "deploy", "arguments": {"service": "web"}},
+            {"id": "toolu_2", "name": "notify", "arguments": {}},
+        ],
+    },
+    {
+        "type": "tool_result",
+        "call_id": "toolu_1",
+        "name": "deploy",
+        "status": "succeeded",
+        "output": {"content": [{"type": "text", "text": "deployed"}]},
+    },
+    {
+        "type": "tool_result",
+        "call_id": "toolu_2",
+        "name": "notify",
+        "status": "outcome_unknown",
+        "error": "the Worker died while it ran",
+    },
     {"type": "note", "text": "an operator reconciled toolu_2"},
 ]
 
@@ -126,16 +144,24 @@ def test_the_history_replays_as_alternating_messages_with_each_result_after_its_
     messages = conversation(HISTORY, "earlier: the user asked for a plan", mcp)
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     assert [b["text"] for b in messages[0]["content"]] == [
-        "Summary of the conversation so far:\nearlier: the user asked for a plan", "deploy it"]
+        "Summary of the conversation so far:\nearlier: the user asked for a plan",
+        "deploy it",
+    ]
     assert messages[1]["content"] == [
         {"type": "text", "text": "Deploying."},
         {"type": "tool_use", "id": "toolu_1", "name": "mcp__dex__deploy", "input": {"service": "web"}},
-        {"type": "tool_use", "id": "toolu_2", "name": "mcp__dex__notify", "input": {}}]
+        {"type": "tool_use", "id": "toolu_2", "name": "mcp__dex__notify", "input": {}},
+    ]
     assert messages[2]["content"] == [
         {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "deployed"}]},
-        {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
-         "content": "outcome_unknown: the Worker died while it ran"},
-        {"type": "text", "text": "Note: an operator reconciled toolu_2"}]
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_2",
+            "is_error": True,
+            "content": "outcome_unknown: the Worker died while it ran",
+        },
+        {"type": "text", "text": "Note: an operator reconciled toolu_2"},
+    ]
 
 
 def test_a_segment_after_tool_results_continues_the_turn_and_after_a_user_message_prompts() -> None:
@@ -145,8 +171,17 @@ def test_a_segment_after_tool_results_continues_the_turn_and_after_a_user_messag
     assert [e["parentUuid"] for e in after_results.entries] == [None, *(e["uuid"] for e in after_results.entries[:2])]
     assert {e["sessionId"] for e in after_results.entries} == {after_results.session_id}
 
-    next_turn = Replay.of([*HISTORY[:4], {"type": "assistant", "content": "Done.", "tool_calls": []},
-                           {"type": "user", "text": "and now?"}], None, mcp, "/w", "m")
+    next_turn = Replay.of(
+        [
+            *HISTORY[:4],
+            {"type": "assistant", "content": "Done.", "tool_calls": []},
+            {"type": "user", "text": "and now?"},
+        ],
+        None,
+        mcp,
+        "/w",
+        "m",
+    )
     assert next_turn.prompt == "and now?" and not next_turn.continues_turn
     first_turn = Replay.of(HISTORY[:1], None, mcp, "/w", "m")
     assert (first_turn.prompt, first_turn.entries) == ("deploy it", [])
@@ -168,14 +203,25 @@ def test_the_agent_declares_each_sdk_tool_with_its_effect_and_no_cli_tool() -> N
     async def lookup(args: dict[str, Any]) -> dict[str, Any]:
         return {"content": []}
 
-    agent = durable_agent("ops", ClaudeAgentOptions(allowed_tools=["Bash"]), tools=[deploy, lookup],
-                          effects={"lookup": "read"}, approval=["deploy"])
+    agent = durable_agent(
+        "ops",
+        ClaudeAgentOptions(allowed_tools=["Bash"]),
+        tools=[deploy, lookup],
+        effects={"lookup": "read"},
+        approval=["deploy"],
+    )
     tools = {t["name"]: t for t in agent.definition()["tools"]}
     assert sorted(tools) == ["deploy", "lookup"]  # Bash stays inside the segment: no tool step
     assert (tools["deploy"]["effect"], tools["deploy"]["approval"]) == ("write", True)  # write by default
-    assert tools["deploy"]["input_schema"] == {"type": "object", "required": ["service", "replicas"], "properties": {
-        "service": {"type": "string"}, "replicas": {"type": "integer"}}}
-    assert (tools["lookup"]["effect"], tools["lookup"]["input_schema"]["properties"]) == ("read", {"q": {"type": "string"}})
+    assert tools["deploy"]["input_schema"] == {
+        "type": "object",
+        "required": ["service", "replicas"],
+        "properties": {"service": {"type": "string"}, "replicas": {"type": "integer"}},
+    }
+    assert (tools["lookup"]["effect"], tools["lookup"]["input_schema"]["properties"]) == (
+        "read",
+        {"q": {"type": "string"}},
+    )
 
     with pytest.raises(ValueError, match="effects/approval: 'missing'"):
         durable_agent("ops", tools=[deploy], effects={"missing": "read"})
@@ -195,8 +241,9 @@ async def test_an_sdk_tool_error_is_the_tools_own_failure() -> None:
         return {"content": [{"type": "text", "text": f"no such item {args['n']}"}], "is_error": True}
 
     agent = durable_agent("ops", tools=[flaky])
-    ctx = ToolContext(session_id="s", turn_id="t", step_id="st", call_id="c", attempt=1, idempotency_key="s:c",
-                      worker_id="w")
+    ctx = ToolContext(
+        session_id="s", turn_id="t", step_id="st", call_id="c", attempt=1, idempotency_key="s:c", worker_id="w"
+    )
     with pytest.raises(ToolError, match="no such item 7"):
         await agent.tools["flaky"].invoke(ctx, {"n": 7})
 
@@ -209,9 +256,11 @@ def test_the_launcher_kills_the_cli_and_its_commands_when_its_parent_dies(tmp_pa
     parent is SIGKILLed; the launcher, the CLI and the command all end."""
     pids = tmp_path / "pids"
     fake_cli = f"sleep 60 & echo $$ $! > {pids}; wait"
-    parent_code = (f"import os, subprocess, sys; subprocess.Popen([sys.executable, {claude_launcher.__file__!r}, "
-                   f"{str(tmp_path / 'launcher.pid')!r}, str(os.getpid()), 'sh', '-c', {fake_cli!r}]); "
-                   "import time; time.sleep(60)")
+    parent_code = (
+        f"import os, subprocess, sys; subprocess.Popen([sys.executable, {claude_launcher.__file__!r}, "
+        f"{str(tmp_path / 'launcher.pid')!r}, str(os.getpid()), 'sh', '-c', {fake_cli!r}]); "
+        "import time; time.sleep(60)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", parent_code])
     try:
         deadline = time.monotonic() + 20
@@ -247,6 +296,7 @@ async def test_a_segment_returns_its_text_and_the_deferred_call_it_ended_on(tmp_
     async with FakeAnthropic(responder=ScriptedCoder(work_dir)) as fake:
         agent = coder_agent("coder", api_url=fake.base_url, work_dir=work_dir, ledger_path=tmp_path / "ledger.db")
         from dex_ha.worker.model import ModelRequest
+
         tools = [t for t in agent.definition()["tools"]]
 
         class Sink:
@@ -260,8 +310,9 @@ async def test_a_segment_returns_its_text_and_the_deferred_call_it_ended_on(tmp_
                 pass
 
         sink = Sink()
-        response = await asyncio.wait_for(agent.model.respond(
-            ModelRequest([{"type": "user", "text": "go"}], None, tools), sink), DEADLINE_S)
+        response = await asyncio.wait_for(
+            agent.model.respond(ModelRequest([{"type": "user", "text": "go"}], None, tools), sink), DEADLINE_S
+        )
         assert [stage(body) for body in fake.bodies()] == [1, 2]
     assert [c.name for c in response.tool_calls] == [DEFERRED_TOOL]
     assert (response.content, sink.texts) == ("Writing the file.", ["Writing the file."])
@@ -276,11 +327,17 @@ async def test_ask_user_is_deferred_like_the_agents_tools_and_a_summary_uses_no_
 
     work_dir = tmp_path / "work"
     work_dir.mkdir()
-    replies = [Reply.of(tool_use("mcp__dex__ask_user", {"question": "Which service?"})), Reply.of("The user wants web.")]
+    replies = [
+        Reply.of(tool_use("mcp__dex__ask_user", {"question": "Which service?"})),
+        Reply.of("The user wants web."),
+    ]
     async with FakeAnthropic(replies) as fake:
         agent = coder_agent("coder", api_url=fake.base_url, work_dir=work_dir, ledger_path=tmp_path / "ledger.db")
-        builtin = {"name": "ask_user", "description": "Ask the user.",
-                   "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}}}
+        builtin = {
+            "name": "ask_user",
+            "description": "Ask the user.",
+            "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}},
+        }
         tools = [*agent.definition()["tools"], builtin]
 
         class Quiet:
@@ -290,13 +347,36 @@ async def test_ask_user_is_deferred_like_the_agents_tools_and_a_summary_uses_no_
             def send(self, delta: dict[str, Any]) -> None:
                 pass
 
-        asked = await asyncio.wait_for(agent.model.respond(
-            ModelRequest([{"type": "user", "text": "deploy"}], None, tools), Quiet()), DEADLINE_S)
-        summary = await asyncio.wait_for(agent.model.summarize(
-            [{"type": "user", "text": "deploy"}, {"type": "assistant", "content": "", "tool_calls": [
-                {"id": asked.tool_calls[0].id, "name": "ask_user", "arguments": {"question": "Which service?"}}]},
-             {"type": "tool_result", "call_id": asked.tool_calls[0].id, "name": "ask_user", "status": "succeeded",
-              "output": "web"}], None), DEADLINE_S)
+        asked = await asyncio.wait_for(
+            agent.model.respond(ModelRequest([{"type": "user", "text": "deploy"}], None, tools), Quiet()), DEADLINE_S
+        )
+        summary = await asyncio.wait_for(
+            agent.model.summarize(
+                [
+                    {"type": "user", "text": "deploy"},
+                    {
+                        "type": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": asked.tool_calls[0].id,
+                                "name": "ask_user",
+                                "arguments": {"question": "Which service?"},
+                            }
+                        ],
+                    },
+                    {
+                        "type": "tool_result",
+                        "call_id": asked.tool_calls[0].id,
+                        "name": "ask_user",
+                        "status": "succeeded",
+                        "output": "web",
+                    },
+                ],
+                None,
+            ),
+            DEADLINE_S,
+        )
         ask_body, summary_body = fake.bodies()
     assert [(c.name, c.arguments) for c in asked.tool_calls] == [("ask_user", {"question": "Which service?"})]
     assert {t["name"] for t in ask_body["tools"]} == {"Bash", "mcp__dex__put_record", "mcp__dex__ask_user"}

@@ -14,8 +14,15 @@ from dex_ha.worker import ToolContext
 
 
 def make_ctx(call_id: str = "c1") -> ToolContext:
-    return ToolContext(session_id="s1", turn_id="t1", step_id="st1", call_id=call_id, attempt=1,
-                       idempotency_key=f"s1:{call_id}", worker_id="w1")
+    return ToolContext(
+        session_id="s1",
+        turn_id="t1",
+        step_id="st1",
+        call_id=call_id,
+        attempt=1,
+        idempotency_key=f"s1:{call_id}",
+        worker_id="w1",
+    )
 
 
 def test_the_default_effect_is_write() -> None:
@@ -24,9 +31,9 @@ def test_the_default_effect_is_write() -> None:
 
 
 def test_the_mapping_and_the_decorator_each_declare_an_effect() -> None:
-    assert resolve_effects({"a": None, "b": "read", "c": "idempotent_write"},
-                           {"a": "idempotent_write", "b": "read"}) == {
-        "a": "idempotent_write", "b": "read", "c": "idempotent_write"}
+    assert resolve_effects(
+        {"a": None, "b": "read", "c": "idempotent_write"}, {"a": "idempotent_write", "b": "read"}
+    ) == {"a": "idempotent_write", "b": "read", "c": "idempotent_write"}
 
 
 def test_an_unknown_tool_in_the_mapping_is_refused_naming_it() -> None:
@@ -86,7 +93,10 @@ def test_a_tools_output_becomes_json() -> None:
             return "opaque!"
 
     assert json_output({"order": Order("A17", ("x",)), "n": 1, "other": Opaque()}) == {
-        "order": {"order_id": "A17", "tags": ["x"]}, "n": 1, "other": "opaque!"}
+        "order": {"order_id": "A17", "tags": ["x"]},
+        "n": 1,
+        "other": "opaque!",
+    }
     assert json_output("text") == "text"
 
 
@@ -94,7 +104,9 @@ def test_the_package_imports_no_framework() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, dex_ha.adapters, dex_ha.worker; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('agents', 'pydantic_ai', 'openai')))")
+    code = (
+        "import sys, dex_ha.adapters, dex_ha.worker; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('agents', 'pydantic_ai', 'openai')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"

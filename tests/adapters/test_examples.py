@@ -19,8 +19,11 @@ DEADLINE_S = 90.0  # the example's process imports the SDK and warms it up on it
 def tool_outputs(request: RecordedRequest) -> list[str]:
     """The tool results a model call saw (Responses API or Chat Completions)."""
     items = request.body.get("input") or request.body.get("messages") or []
-    return [str(item.get("output") or item.get("content")) for item in items
-            if item.get("type") == "function_call_output" or item.get("role") == "tool"]
+    return [
+        str(item.get("output") or item.get("content"))
+        for item in items
+        if item.get("type") == "function_call_output" or item.get("role") == "tool"
+    ]
 
 
 def support_model(request: RecordedRequest) -> Reply:
@@ -43,8 +46,14 @@ async def test_the_example_runs_a_turn_against_dev_and_the_fake_openai(tmp_path:
             env = env_with_repo({"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": fake.base_url})
             env.pop("OPENAI_MODEL", None)
             process = await asyncio.create_subprocess_exec(
-                sys.executable, str(REPO / "examples" / example), server.url, env=env, cwd=REPO,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                sys.executable,
+                str(REPO / "examples" / example),
+                server.url,
+                env=env,
+                cwd=REPO,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
             try:
                 stdout, stderr = await asyncio.wait_for(process.communicate(), DEADLINE_S)
             finally:

@@ -42,8 +42,12 @@ _agent_numbers = itertools.count(1)
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevProcess]:
     """One `dex-ha dev` for the module; each test uses agents of its own names."""
     directory = tmp_path_factory.mktemp("dev")
-    server = DevProcess(directory / "data", directory / "dev.log", relaxed=True,
-                        extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS)})
+    server = DevProcess(
+        directory / "data",
+        directory / "dev.log",
+        relaxed=True,
+        extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": str(HEARTBEAT_TIMEOUT_MS)},
+    )
     server.start()
     try:
         asyncio.run(server.wait_ready())
@@ -77,8 +81,9 @@ def has_tool_results(request: RecordedRequest) -> bool:
 
 def calls_then_answer(calls: list[Call], answer: str) -> Any:
     """The fake's script: the calls until the model has seen tool results, then `answer`."""
-    return lambda request: Reply(answer, delta_delay_s=0.01) if has_tool_results(request) else Reply(
-        "Let me check.", calls)
+    return lambda request: (
+        Reply(answer, delta_delay_s=0.01) if has_tool_results(request) else Reply("Let me check.", calls)
+    )
 
 
 def model_input(request: RecordedRequest) -> Any:
@@ -89,15 +94,24 @@ def model_input(request: RecordedRequest) -> Any:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-async def test_a_turn_with_two_tool_calls(dev: DevProcess, fake: FakeOpenAI, ledger: Ledger, tmp_path: Path,
-                                          framework: str) -> None:
-    fake.script = calls_then_answer([Call("lookup", {"order": "A17"}, call_id="call_look"),
-                                     Call("put_note", {"text": "asked about A17"}, call_id="call_note")],
-                                    "Order A17 has shipped.")
+async def test_a_turn_with_two_tool_calls(
+    dev: DevProcess, fake: FakeOpenAI, ledger: Ledger, tmp_path: Path, framework: str
+) -> None:
+    fake.script = calls_then_answer(
+        [
+            Call("lookup", {"order": "A17"}, call_id="call_look"),
+            Call("put_note", {"text": "asked about A17"}, call_id="call_note"),
+        ],
+        "Order A17 has shipped.",
+    )
     name = agent_name(framework)
     await warm_up(framework, tmp_path / "warm-up.sqlite")
-    worker = Worker(dev.url, agents=[build(framework, name, fake.base_url, ToolKit(ledger))],
-                    poll_wait_ms=1_000, drain_timeout_s=1.0)
+    worker = Worker(
+        dev.url,
+        agents=[build(framework, name, fake.base_url, ToolKit(ledger))],
+        poll_wait_ms=1_000,
+        drain_timeout_s=1.0,
+    )
     async with running(worker), DexClient(dev.url) as client:
         sid = (await client.create_session(name)).session_id
         deltas: list[str] = []
@@ -109,11 +123,15 @@ async def test_a_turn_with_two_tool_calls(dev: DevProcess, fake: FakeOpenAI, led
 
     # Each tool ran once, in its own step, with the model's arguments and the contract key.
     runs = [(r.name, r.data, r.key) for r in ledger.runs("tool", moment="finished")]
-    assert sorted(runs) == [("lookup", {"order": "A17"}, f"{sid}:call_look"),
-                            ("put_note", {"text": "asked about A17"}, f"{sid}:call_note")]
+    assert sorted(runs) == [
+        ("lookup", {"order": "A17"}, f"{sid}:call_look"),
+        ("put_note", {"text": "asked about A17"}, f"{sid}:call_note"),
+    ]
     assert [[step.kind for step in call.steps] for call in snapshot.tool_calls] == [["CallTool"]] * 2
     assert {c.call_id: (c.status, c.effect) for c in snapshot.tool_calls} == {
-        "call_look": ("succeeded", "read"), "call_note": ("succeeded", "idempotent_write")}
+        "call_look": ("succeeded", "read"),
+        "call_note": ("succeeded", "idempotent_write"),
+    }
     history = snapshot.history
     assert [h["type"] for h in history] == ["user", "assistant", "tool_result", "tool_result", "assistant"]
     assert history[-1]["content"] == "Order A17 has shipped."
@@ -139,18 +157,40 @@ async def collect_deltas(client: DexClient, session_id: str, sink: list[str]) ->
 class WorkerProcess:
     """`python -m tests.adapters.worker_proc` for one cell; SIGKILLed and stopped by pid."""
 
-    def __init__(self, framework: str, agent: str, dev: DevProcess, fake: FakeOpenAI, ledger: Ledger,
-                 log_path: Path, hang: str | None = None) -> None:
-        self.command = [sys.executable, "-m", "tests.adapters.worker_proc", "--framework", framework,
-                        "--url", dev.url, "--agent", agent, "--base-url", fake.base_url,
-                        "--ledger", str(ledger.path), *(["--hang", hang] if hang else [])]
+    def __init__(
+        self,
+        framework: str,
+        agent: str,
+        dev: DevProcess,
+        fake: FakeOpenAI,
+        ledger: Ledger,
+        log_path: Path,
+        hang: str | None = None,
+    ) -> None:
+        self.command = [
+            sys.executable,
+            "-m",
+            "tests.adapters.worker_proc",
+            "--framework",
+            framework,
+            "--url",
+            dev.url,
+            "--agent",
+            agent,
+            "--base-url",
+            fake.base_url,
+            "--ledger",
+            str(ledger.path),
+            *(["--hang", hang] if hang else []),
+        ]
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env_with_repo(),
-                                         cwd=REPO)
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=env_with_repo(), cwd=REPO
+            )
 
     def kill(self) -> None:
         assert self.proc is not None and self.proc.poll() is None, "the worker process died before the kill"
@@ -165,8 +205,15 @@ class WorkerProcess:
 class KillCell:
     """One cell: a session of a fresh agent, a Worker process to kill and one to recover."""
 
-    def __init__(self, framework: str, dev: DevProcess, fake: FakeOpenAI, ledger: Ledger, directory: Path,
-                 hang: str | None = None) -> None:
+    def __init__(
+        self,
+        framework: str,
+        dev: DevProcess,
+        fake: FakeOpenAI,
+        ledger: Ledger,
+        directory: Path,
+        hang: str | None = None,
+    ) -> None:
         self.name = agent_name(framework)
         self.dev, self.ledger = dev, ledger
         self.worker = WorkerProcess(framework, self.name, dev, fake, ledger, directory / "worker.log", hang)
@@ -195,10 +242,16 @@ class KillCell:
     def model_attempts(self) -> list[tuple[str, str | None]]:
         """(status, attempt_progress) of each RunModel attempt, from the committed events (the
         snapshot of an ended turn lists no steps). Call it once the session is idle."""
-        failed = {(e.data["step_id"], e.data["attempt"]): e.data["attempt_progress"]
-                  for e in self.events if e.type == "attempt_failed"}
-        started = [(e.data["step_id"], e.data["attempt"]) for e in self.events
-                   if e.type == "attempt_started" and e.data["kind"] == "RunModel"]
+        failed = {
+            (e.data["step_id"], e.data["attempt"]): e.data["attempt_progress"]
+            for e in self.events
+            if e.type == "attempt_failed"
+        }
+        started = [
+            (e.data["step_id"], e.data["attempt"])
+            for e in self.events
+            if e.type == "attempt_started" and e.data["kind"] == "RunModel"
+        ]
         return [("failed", failed[key]) if key in failed else ("completed", None) for key in started]
 
     async def kill_and_recover(self) -> None:
@@ -212,14 +265,18 @@ class KillCell:
     async def idle(self) -> dict[str, Any]:
         """The idle snapshot (its JSON), once the event stream has seen the end of the turn too."""
         snapshot = (await self.client.wait_until_idle(self.session_id, timeout_s=DEADLINE_S)).raw
-        await eventually(lambda: any(e.type in ("turn_completed", "turn_failed") for e in self.events),
-                         "the event stream to reach the end of the turn", DEADLINE_S)
+        await eventually(
+            lambda: any(e.type in ("turn_completed", "turn_failed") for e in self.events),
+            "the event stream to reach the end of the turn",
+            DEADLINE_S,
+        )
         return snapshot
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 async def test_run_model_killed_mid_stream_runs_again_and_the_turn_completes(
-        dev: DevProcess, fake: FakeOpenAI, ledger: Ledger, tmp_path: Path, framework: str) -> None:
+    dev: DevProcess, fake: FakeOpenAI, ledger: Ledger, tmp_path: Path, framework: str
+) -> None:
     fake.queue(Reply("Let me look at", stall_after=2))  # attempt 1: two deltas, then the stream hangs
     fake.script = lambda request: Reply("Hello, how can I help?")
     async with KillCell(framework, dev, fake, ledger, tmp_path) as cell:
@@ -238,7 +295,8 @@ async def test_run_model_killed_mid_stream_runs_again_and_the_turn_completes(
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("tool", ["put_note", "lookup"])
 async def test_a_repeatable_tool_killed_mid_run_runs_again_with_the_same_key(
-        dev: DevProcess, fake: FakeOpenAI, ledger: Ledger, tmp_path: Path, framework: str, tool: str) -> None:
+    dev: DevProcess, fake: FakeOpenAI, ledger: Ledger, tmp_path: Path, framework: str, tool: str
+) -> None:
     arguments = {"text": "call me"} if tool == "put_note" else {"order": "A17"}
     fake.script = calls_then_answer([Call(tool, arguments, call_id="call_1")], "Done.")
     async with KillCell(framework, dev, fake, ledger, tmp_path, hang=tool) as cell:
@@ -248,8 +306,7 @@ async def test_a_repeatable_tool_killed_mid_run_runs_again_with_the_same_key(
         snapshot = await cell.idle()
 
     started = ledger.runs("tool", tool, "started")
-    assert [(r.attempt, r.key) for r in started] == [(1, f"{cell.session_id}:call_1"),
-                                                     (2, f"{cell.session_id}:call_1")]
+    assert [(r.attempt, r.key) for r in started] == [(1, f"{cell.session_id}:call_1"), (2, f"{cell.session_id}:call_1")]
     assert len({r.pid for r in started}) == 2  # the second run was the new Worker's
     assert ledger.count("tool", tool, "finished") == 1
     call = call_of(snapshot, "call_1")
@@ -260,9 +317,11 @@ async def test_a_repeatable_tool_killed_mid_run_runs_again_with_the_same_key(
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 async def test_a_write_tool_killed_mid_run_is_outcome_unknown_and_never_runs_again(
-        dev: DevProcess, fake: FakeOpenAI, ledger: Ledger, tmp_path: Path, framework: str) -> None:
-    fake.script = calls_then_answer([Call("refund", {"order": "A17"}, call_id="call_1")],
-                                    "I could not confirm the refund.")
+    dev: DevProcess, fake: FakeOpenAI, ledger: Ledger, tmp_path: Path, framework: str
+) -> None:
+    fake.script = calls_then_answer(
+        [Call("refund", {"order": "A17"}, call_id="call_1")], "I could not confirm the refund."
+    )
     async with KillCell(framework, dev, fake, ledger, tmp_path, hang="refund") as cell:
         await cell.client.send_message(cell.session_id, "refund A17")
         await cell.until_ledger("refund", "beat")

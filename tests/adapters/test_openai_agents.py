@@ -30,8 +30,14 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message, function
 from dex_ha.adapters.openai_agents import durable_agent, effect, tool_context
 from dex_ha.worker import ModelRequest, NonRetryableError, ToolContext, ToolError
 
-BUILTINS = [{"name": "ask_user", "builtin": True, "description": "Ask the user.",
-             "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}}}]
+BUILTINS = [
+    {
+        "name": "ask_user",
+        "builtin": True,
+        "description": "Ask the user.",
+        "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}},
+    }
+]
 
 
 class Deltas:
@@ -46,8 +52,15 @@ class Deltas:
 
 
 def ctx_for(call_id: str, attempt: int = 1) -> ToolContext:
-    return ToolContext(session_id="s1", turn_id="t1", step_id=f"st-{call_id}", call_id=call_id, attempt=attempt,
-                       idempotency_key=f"s1:{call_id}", worker_id="w1")
+    return ToolContext(
+        session_id="s1",
+        turn_id="t1",
+        step_id=f"st-{call_id}",
+        call_id=call_id,
+        attempt=attempt,
+        idempotency_key=f"s1:{call_id}",
+        worker_id="w1",
+    )
 
 
 @function_tool
@@ -71,20 +84,35 @@ def refund(order: str) -> str:
 
 def make_agent(model: ScriptedModel, **options: Any) -> SDKAgent[dict]:
     options.setdefault("tools", [lookup, put_note, refund])
-    return SDKAgent(name="support", model=model,
-                    instructions=lambda wrapper, agent: f"Help {wrapper.context['customer']}.", **options)
+    return SDKAgent(
+        name="support",
+        model=model,
+        instructions=lambda wrapper, agent: f"Help {wrapper.context['customer']}.",
+        **options,
+    )
 
 
 async def test_a_model_call_gets_the_agents_instructions_tools_and_the_history() -> None:
-    model = ScriptedModel([ModelStep(output=[assistant_message("Checking "), function_call(
-        "lookup", {"order": "A17"}, call_id="call_2")])])
-    dex = durable_agent(make_agent(model, tools=[lookup, put_note, refund, WebSearchTool()]),
-                        context={"customer": "Ann"})
-    history = [{"type": "user", "text": "Where is A17?"},
-               {"type": "assistant", "content": "", "tool_calls": [
-                   {"id": "call_1", "name": "put_note", "arguments": {"text": "asked"}}]},
-               {"type": "note", "text": "An operator reconciled a call."},
-               {"type": "tool_result", "call_id": "call_1", "name": "put_note", "status": "failed", "error": "x"}]
+    model = ScriptedModel(
+        [
+            ModelStep(
+                output=[assistant_message("Checking "), function_call("lookup", {"order": "A17"}, call_id="call_2")]
+            )
+        ]
+    )
+    dex = durable_agent(
+        make_agent(model, tools=[lookup, put_note, refund, WebSearchTool()]), context={"customer": "Ann"}
+    )
+    history = [
+        {"type": "user", "text": "Where is A17?"},
+        {
+            "type": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "call_1", "name": "put_note", "arguments": {"text": "asked"}}],
+        },
+        {"type": "note", "text": "An operator reconciled a call."},
+        {"type": "tool_result", "call_id": "call_1", "name": "put_note", "status": "failed", "error": "x"},
+    ]
     deltas = Deltas()
     response = await dex.model.respond(ModelRequest(history, "Earlier: hello.", BUILTINS), deltas)
 
@@ -95,12 +123,16 @@ async def test_a_model_call_gets_the_agents_instructions_tools_and_the_history()
     assert [tool.name for tool in call.tools] == ["lookup", "put_note", "refund", "web_search", "ask_user"]
     # A call's result comes right after it, and the note after the pair.
     assert call.input == [
-        {"type": "message", "role": "developer",
-         "content": "Summary of the conversation before the messages below:\nEarlier: hello."},
+        {
+            "type": "message",
+            "role": "developer",
+            "content": "Summary of the conversation before the messages below:\nEarlier: hello.",
+        },
         {"type": "message", "role": "user", "content": "Where is A17?"},
         {"type": "function_call", "call_id": "call_1", "name": "put_note", "arguments": '{"text": "asked"}'},
         {"type": "function_call_output", "call_id": "call_1", "output": '{"status": "failed", "error": "x"}'},
-        {"type": "message", "role": "developer", "content": "An operator reconciled a call."}]
+        {"type": "message", "role": "developer", "content": "An operator reconciled a call."},
+    ]
 
 
 async def test_a_tool_step_runs_the_sdks_tool_with_the_context_and_the_key() -> None:
@@ -113,8 +145,7 @@ async def test_a_tool_step_runs_the_sdks_tool_with_the_context_and_the_key() -> 
 def test_effects_come_from_the_decorator_the_mapping_and_the_default() -> None:
     dex = durable_agent(make_agent(ScriptedModel()), effects={"lookup": "read"})
     policies = {tool["name"]: (tool["effect"], tool["approval"]) for tool in dex.definition()["tools"]}
-    assert policies == {"lookup": ("read", False), "put_note": ("idempotent_write", False),
-                        "refund": ("write", False)}
+    assert policies == {"lookup": ("read", False), "put_note": ("idempotent_write", False), "refund": ("write", False)}
     schema = dex.tools["lookup"].input_schema
     assert schema["properties"] == {"order": {"title": "Order", "type": "string"}} and schema["required"] == ["order"]
 
@@ -127,9 +158,14 @@ def test_effect_above_the_sdks_decorator_and_needs_approval() -> None:
         return order
 
     dex = durable_agent(SDKAgent(name="a", tools=[check], model=ScriptedModel()))
-    assert dex.definition()["tools"][0] | {} == {"name": "check", "effect": "read", "approval": True,
-                                                 "inline": False, "description": "Check.",
-                                                 "input_schema": check.params_json_schema}
+    assert dex.definition()["tools"][0] | {} == {
+        "name": "check",
+        "effect": "read",
+        "approval": True,
+        "inline": False,
+        "description": "Check.",
+        "input_schema": check.params_json_schema,
+    }
 
 
 def test_bad_effect_declarations_are_refused_naming_the_tool() -> None:
@@ -146,16 +182,23 @@ def nothing(*_: Any) -> Any:
     return None
 
 
-@pytest.mark.parametrize("options, reason", [
-    ({"handoffs": [SDKAgent(name="billing")]}, "handoffs are not supported"),
-    ({"input_guardrails": [InputGuardrail(guardrail_function=nothing)]},
-     "input and output guardrails are not supported"),
-    ({"hooks": AgentHooks()}, "agent hooks are not called"),
-    ({"tool_use_behavior": "stop_on_first_tool"}, "tool_use_behavior must be 'run_llm_again'"),
-    ({"tools": [LocalShellTool(executor=nothing)]},
-     "tool 'local_shell' \\(LocalShellTool\\) runs in the agent's process"),
-    ({"tools": [ComputerTool(computer=object())]}, "tool .* \\(ComputerTool\\) runs in the agent's process"),
-])
+@pytest.mark.parametrize(
+    "options, reason",
+    [
+        ({"handoffs": [SDKAgent(name="billing")]}, "handoffs are not supported"),
+        (
+            {"input_guardrails": [InputGuardrail(guardrail_function=nothing)]},
+            "input and output guardrails are not supported",
+        ),
+        ({"hooks": AgentHooks()}, "agent hooks are not called"),
+        ({"tool_use_behavior": "stop_on_first_tool"}, "tool_use_behavior must be 'run_llm_again'"),
+        (
+            {"tools": [LocalShellTool(executor=nothing)]},
+            "tool 'local_shell' \\(LocalShellTool\\) runs in the agent's process",
+        ),
+        ({"tools": [ComputerTool(computer=object())]}, "tool .* \\(ComputerTool\\) runs in the agent's process"),
+    ],
+)
 def test_what_cannot_run_durably_is_refused_with_the_reason(options: dict[str, Any], reason: str) -> None:
     with pytest.raises(ValueError, match=f"agent 'support': {reason}"):
         durable_agent(SDKAgent(name="support", **options))

@@ -15,8 +15,14 @@ from pydantic_ai.toolsets import FunctionToolset
 from dex_ha.adapters.pydantic_ai import durable_agent, effect, history_messages, tool_context
 from dex_ha.worker import ModelRequest, NonRetryableError, ToolContext, ToolError
 
-BUILTINS = [{"name": "ask_user", "builtin": True, "description": "Ask the user.",
-             "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}}}]
+BUILTINS = [
+    {
+        "name": "ask_user",
+        "builtin": True,
+        "description": "Ask the user.",
+        "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}},
+    }
+]
 
 
 class Deltas:
@@ -45,8 +51,15 @@ class Recorder:
 
 
 def ctx_for(call_id: str) -> ToolContext:
-    return ToolContext(session_id="s1", turn_id="t1", step_id=f"st-{call_id}", call_id=call_id, attempt=1,
-                       idempotency_key=f"s1:{call_id}", worker_id="w1")
+    return ToolContext(
+        session_id="s1",
+        turn_id="t1",
+        step_id=f"st-{call_id}",
+        call_id=call_id,
+        attempt=1,
+        idempotency_key=f"s1:{call_id}",
+        worker_id="w1",
+    )
 
 
 def make_agent(recorder: Recorder) -> Agent[str, str]:
@@ -80,11 +93,21 @@ def make_agent(recorder: Recorder) -> Agent[str, str]:
 async def test_a_model_call_runs_the_agent_up_to_its_answer() -> None:
     recorder = Recorder("Checking ", "now.", DeltaToolCall("lookup", '{"order": "A17"}', tool_call_id="call_2"))
     dex = durable_agent(make_agent(recorder), deps="Ann")
-    history = [{"type": "user", "text": "Where is A17?"},
-               {"type": "assistant", "content": "One moment.", "tool_calls": [
-                   {"id": "call_1", "name": "put_note", "arguments": {"text": "asked"}}]},
-               {"type": "tool_result", "call_id": "call_1", "name": "put_note", "status": "succeeded",
-                "output": "noted: asked"}]
+    history = [
+        {"type": "user", "text": "Where is A17?"},
+        {
+            "type": "assistant",
+            "content": "One moment.",
+            "tool_calls": [{"id": "call_1", "name": "put_note", "arguments": {"text": "asked"}}],
+        },
+        {
+            "type": "tool_result",
+            "call_id": "call_1",
+            "name": "put_note",
+            "status": "succeeded",
+            "output": "noted: asked",
+        },
+    ]
     deltas = Deltas()
     response = await dex.model.respond(ModelRequest(history, "Earlier: hello.", BUILTINS), deltas)
 
@@ -94,8 +117,11 @@ async def test_a_model_call_runs_the_agent_up_to_its_answer() -> None:
     assert [t.name for t in info.function_tools] == ["lookup", "put_note", "refund", "ask_user"]
     assert info.instructions == "Be brief."
     system = [p.content for p in messages[0].parts if isinstance(p, pm.SystemPromptPart)]
-    assert system == ["You sell.", "The customer is Ann.",
-                      "Summary of the conversation before the messages below:\nEarlier: hello."]
+    assert system == [
+        "You sell.",
+        "The customer is Ann.",
+        "Summary of the conversation before the messages below:\nEarlier: hello.",
+    ]
     assert [type(m).__name__ for m in messages] == ["ModelRequest", "ModelResponse", "ModelRequest"]
     call = messages[1].parts[1]
     assert (call.tool_name, call.args, call.tool_call_id) == ("put_note", {"text": "asked"}, "call_1")
@@ -104,21 +130,31 @@ async def test_a_model_call_runs_the_agent_up_to_its_answer() -> None:
 
 
 def test_the_history_maps_notes_and_failed_results() -> None:
-    messages = history_messages([
-        {"type": "user", "text": "hi"},
-        {"type": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "refund", "arguments": {}}]},
-        {"type": "note", "text": "reconciled"},
-        {"type": "tool_result", "call_id": "c1", "name": "refund", "status": "outcome_unknown", "error": "lost"}],
-        None)
+    messages = history_messages(
+        [
+            {"type": "user", "text": "hi"},
+            {"type": "assistant", "content": "", "tool_calls": [{"id": "c1", "name": "refund", "arguments": {}}]},
+            {"type": "note", "text": "reconciled"},
+            {"type": "tool_result", "call_id": "c1", "name": "refund", "status": "outcome_unknown", "error": "lost"},
+        ],
+        None,
+    )
     assert [[type(p).__name__ for p in m.parts] for m in messages] == [
-        ["UserPromptPart"], ["ToolCallPart"], ["ToolReturnPart"], ["SystemPromptPart"]]
+        ["UserPromptPart"],
+        ["ToolCallPart"],
+        ["ToolReturnPart"],
+        ["SystemPromptPart"],
+    ]
     assert messages[2].parts[0].content == '{"status": "outcome_unknown", "error": "lost"}'
 
 
 async def test_a_tool_step_runs_the_agents_tool_with_its_deps_and_the_key() -> None:
     dex = durable_agent(make_agent(Recorder("unused")), deps="Ann")
     assert await dex.tools["lookup"].invoke(ctx_for("call_7"), {"order": "A17"}) == {
-        "order": "A17", "customer": "Ann", "key": "s1:call_7"}
+        "order": "A17",
+        "customer": "Ann",
+        "key": "s1:call_7",
+    }
     # The server approved it before the step ran, so the agent runs it without asking.
     assert await dex.tools["refund"].invoke(ctx_for("call_8"), {"order": "A17"}) == "refunded A17"
 
@@ -134,8 +170,7 @@ async def test_a_retry_or_bad_arguments_reach_the_model_as_the_tools_error() -> 
 def test_effects_come_from_the_decorator_the_mapping_and_the_default() -> None:
     dex = durable_agent(make_agent(Recorder()), effects={"lookup": "read"})
     policies = {tool["name"]: (tool["effect"], tool["approval"]) for tool in dex.definition()["tools"]}
-    assert policies == {"lookup": ("read", False), "put_note": ("idempotent_write", False),
-                        "refund": ("write", True)}
+    assert policies == {"lookup": ("read", False), "put_note": ("idempotent_write", False), "refund": ("write", True)}
     assert dex.tools["lookup"].input_schema["required"] == ["order"]
 
 

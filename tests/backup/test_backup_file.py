@@ -60,12 +60,15 @@ def test_a_damaged_payload_fails_the_checksum(tmp_path: Path):
         read_backup(path)
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"format": 2}, "unknown backup format version 2"),
-    ({"format": None}, "unknown backup format version None"),
-    ({"index": "42"}, "header field 'index'"),
-    ({"term": 0}, "must be at least 1"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"format": 2}, "unknown backup format version 2"),
+        ({"format": None}, "unknown backup format version None"),
+        ({"index": "42"}, "header field 'index'"),
+        ({"term": 0}, "must be at least 1"),
+    ],
+)
 def test_a_header_this_version_cannot_read_is_refused(tmp_path: Path, changes: dict, message: str):
     with pytest.raises(BackupError, match=message):
         read_backup(backup_file(tmp_path, **changes))
@@ -83,12 +86,15 @@ def test_a_file_cut_short_or_not_a_backup_is_refused(tmp_path: Path):
         read_backup(tmp_path / "missing.dexbak")
 
 
-@pytest.mark.parametrize(("members", "node_id", "message"), [
-    ("n1,n2", "n3", "does not include this node"),
-    ("n1,n1,n2", "n1", "names a node twice"),
-    ("n1,,n2", "n1", "is not a node id"),
-    (None, "bad id!", "node_id"),
-])
+@pytest.mark.parametrize(
+    ("members", "node_id", "message"),
+    [
+        ("n1,n2", "n3", "does not include this node"),
+        ("n1,n1,n2", "n1", "names a node twice"),
+        ("n1,,n2", "n1", "is not a node id"),
+        (None, "bad id!", "node_id"),
+    ],
+)
 def test_members_are_checked(members: str | None, node_id: str, message: str):
     with pytest.raises(ValueError, match=message):
         parse_members(members, node_id)
@@ -109,20 +115,28 @@ def test_restore_refuses_a_data_dir_that_is_not_empty(tmp_path: Path, capsys: py
     data_dir = tmp_path / "node"
     data_dir.mkdir()
     (data_dir / "state.db").write_bytes(b"a node's state")
-    code, _, err = run_cli(capsys, "restore", str(backup_file(tmp_path)), "--data-dir", str(data_dir),
-                           "--node-id", "n1")
+    code, _, err = run_cli(
+        capsys, "restore", str(backup_file(tmp_path)), "--data-dir", str(data_dir), "--node-id", "n1"
+    )
     assert code == 2
-    assert err.strip() == (f"dex-ha restore: data dir {data_dir} is not empty (state.db): restore seeds a new "
-                           f"node only; give it an empty or new directory")
+    assert err.strip() == (
+        f"dex-ha restore: data dir {data_dir} is not empty (state.db): restore seeds a new "
+        f"node only; give it an empty or new directory"
+    )
     assert [p.name for p in data_dir.iterdir()] == ["state.db"]
     assert (data_dir / "state.db").read_bytes() == b"a node's state"
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    ("checksum", "checksum mismatch"), ("format", "unknown backup format version 9"),
-])
-def test_restore_refuses_a_bad_file_before_it_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                     damage: str, message: str):
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("checksum", "checksum mismatch"),
+        ("format", "unknown backup format version 9"),
+    ],
+)
+def test_restore_refuses_a_bad_file_before_it_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, message: str
+):
     path = backup_file(tmp_path, sha256="0" * 64) if damage == "checksum" else backup_file(tmp_path, format=9)
     data_dir = tmp_path / "new-node"
     code, _, err = run_cli(capsys, "restore", str(path), "--data-dir", str(data_dir), "--node-id", "n1")
@@ -144,8 +158,9 @@ def test_restore_refuses_a_payload_that_is_not_an_engine_state_and_leaves_nothin
 # ---------------------------------------------------------------- a node seeded from a backup
 
 
-async def test_a_node_restored_from_a_backup_serves_the_same_sessions(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]):
+async def test_a_node_restored_from_a_backup_serves_the_same_sessions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     source = await start_node(single_node_config(tmp_path / "source"))
     restored: NodeServer | None = None
     try:
@@ -161,8 +176,9 @@ async def test_a_node_restored_from_a_backup_serves_the_same_sessions(tmp_path: 
             path = tmp_path / "b.dexbak"
             path.write_bytes(body)
 
-            code, out, err = run_cli(capsys, "restore", str(path), "--data-dir", str(tmp_path / "copy"),
-                                     "--node-id", "dev", "--relaxed")
+            code, out, err = run_cli(
+                capsys, "restore", str(path), "--data-dir", str(tmp_path / "copy"), "--node-id", "dev", "--relaxed"
+            )
             assert code == 0, err
             assert f"at index {header.index} (backup term {header.term}" in out
 
@@ -184,8 +200,9 @@ async def test_a_node_restored_from_a_backup_serves_the_same_sessions(tmp_path: 
 # ---------------------------------------------------------------- dex-ha backup
 
 
-async def test_dex_ha_backup_writes_a_verified_file_and_refuses_a_non_admin(tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture[str]):
+async def test_dex_ha_backup_writes_a_verified_file_and_refuses_a_non_admin(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     from tests.server.node_fixture import ADMIN_TOKEN, CLIENT_TOKEN
 
     node = await start_node(single_node_config(tmp_path / "node"))
@@ -199,8 +216,9 @@ async def test_dex_ha_backup_writes_a_verified_file_and_refuses_a_non_admin(tmp_
         assert not out.exists() and list(tmp_path.glob("*.part")) == []
 
         missing_dir = tmp_path / "nowhere" / "b.dexbak"
-        code = await asyncio.to_thread(cli.main, ["backup", "--url", url, f"--token={ADMIN_TOKEN}",
-                                                  "--out", str(missing_dir)])
+        code = await asyncio.to_thread(
+            cli.main, ["backup", "--url", url, f"--token={ADMIN_TOKEN}", "--out", str(missing_dir)]
+        )
         _, err = capsys.readouterr()
         assert code == 2 and "--out: the directory" in err and "does not exist" in err
 

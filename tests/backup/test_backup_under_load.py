@@ -79,40 +79,68 @@ class Load:
 
 
 def history_texts(snapshot: dict[str, Any]) -> list[tuple[int, str, Any]]:
-    return [(item["seq"], item["type"], item.get("text") or item.get("content") or item.get("output"))
-            for item in snapshot["history"]]
+    return [
+        (item["seq"], item["type"], item.get("text") or item.get("content") or item.get("output"))
+        for item in snapshot["history"]
+    ]
 
 
 def restore_into(target: LocalCluster, backup: Path) -> None:
     """`dex-ha restore` on each node of the target cluster: same file, same member list."""
     for node_id in ("n1", "n2", "n3"):
-        done = target.run_cli("restore", str(backup), "--data-dir", str(target.dir / node_id), "--node-id", node_id,
-                              "--members", "n1,n2,n3", "--relaxed")
+        done = target.run_cli(
+            "restore",
+            str(backup),
+            "--data-dir",
+            str(target.dir / node_id),
+            "--node-id",
+            node_id,
+            "--members",
+            "n1,n2,n3",
+            "--relaxed",
+        )
         assert done.returncode == 0, f"restore {node_id} failed:\n{done.stdout}\n{done.stderr}"
 
 
-async def test_backup_under_load_restores_into_a_new_cluster(cluster: LocalCluster,  # noqa: F811
-                                                              tmp_path: Path) -> None:
+async def test_backup_under_load_restores_into_a_new_cluster(
+    cluster: LocalCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     source_urls = list(cluster.urls.values())
-    worker = Worker(source_urls, token=cluster.tokens["worker"], agents=[make_agent()], poll_wait_ms=2_000,
-                    heartbeat_interval_s=0.2, drain_timeout_s=1.0)
+    worker = Worker(
+        source_urls,
+        token=cluster.tokens["worker"],
+        agents=[make_agent()],
+        poll_wait_ms=2_000,
+        heartbeat_interval_s=0.2,
+        drain_timeout_s=1.0,
+    )
     backup = tmp_path / "cluster.dexbak"
     async with running(worker), DexClient(source_urls, token=cluster.tokens["client"]) as client:
         load = Load(client)
         clients = [asyncio.create_task(load.run_client(n)) for n in range(CLIENTS)]
-        await eventually(lambda: len(load.settled) >= SETTLED_BEFORE_BACKUP, "sessions to finish before the backup",
-                         DEADLINE_S)
+        await eventually(
+            lambda: len(load.settled) >= SETTLED_BEFORE_BACKUP, "sessions to finish before the backup", DEADLINE_S
+        )
         backup_started = time.monotonic()
         settled_before = {sid for sid, at in load.settled.items() if at < backup_started}
         created_before = {sid for sid, at in load.created.items() if at < backup_started}
-        done = await asyncio.to_thread(cluster.run_cli, "backup", "--url", source_urls[0],
-                                       f"--token={cluster.tokens['admin']}", "--out", str(backup))
+        done = await asyncio.to_thread(
+            cluster.run_cli,
+            "backup",
+            "--url",
+            source_urls[0],
+            f"--token={cluster.tokens['admin']}",
+            "--out",
+            str(backup),
+        )
         assert done.returncode == 0, f"backup failed:\n{done.stdout}\n{done.stderr}"
         assert "backup written to" in done.stdout
         # The load went on during the backup, and goes on a little after it.
         created_at_backup = len(load.created)
-        await eventually(lambda: len(load.created) > created_at_backup + 1, "more sessions after the backup",
-                         DEADLINE_S)
+        await eventually(
+            lambda: len(load.created) > created_at_backup + 1, "more sessions after the backup", DEADLINE_S
+        )
         load.stop.set()
         await asyncio.wait_for(asyncio.gather(*clients), DEADLINE_S)
         source = {sid: (await client.get_session(sid)).raw for sid in load.created}
@@ -144,8 +172,12 @@ async def list_all(client: DexClient) -> list[SessionSummary]:
             return sessions
 
 
-def check_restored_sessions(source: dict[str, dict[str, Any]], restored: dict[str, dict[str, Any]],
-                            settled_before: set[str], created_before: set[str]) -> None:
+def check_restored_sessions(
+    source: dict[str, dict[str, Any]],
+    restored: dict[str, dict[str, Any]],
+    settled_before: set[str],
+    created_before: set[str],
+) -> None:
     assert created_before <= set(restored), f"acknowledged before the backup, missing: {created_before - set(restored)}"
     assert set(restored) <= set(source), "the restore holds sessions the source never had"
     for sid in settled_before:
@@ -154,20 +186,27 @@ def check_restored_sessions(source: dict[str, dict[str, Any]], restored: dict[st
         assert len(restored[sid]["turns"]) == TURNS_PER_SESSION
     for sid, snapshot in restored.items():  # one point in the log: each session at some earlier state
         mine, theirs = history_texts(snapshot), history_texts(source[sid])
-        assert mine == theirs[:len(mine)], f"session {sid}: the restored history is not a prefix of the source's"
+        assert mine == theirs[: len(mine)], f"session {sid}: the restored history is not a prefix of the source's"
     assert len(restored) > len(settled_before), "the backup should have caught sessions mid-way, under load"
 
 
-async def run_a_new_turn(target: LocalCluster, client: DexClient, sid: str, restored: dict[str, dict[str, Any]]
-                         ) -> None:
+async def run_a_new_turn(
+    target: LocalCluster, client: DexClient, sid: str, restored: dict[str, dict[str, Any]]
+) -> None:
     before = restored[sid]
-    worker = Worker(list(target.urls.values()), token=target.tokens["worker"], agents=[make_agent()],
-                    poll_wait_ms=2_000, heartbeat_interval_s=0.2, drain_timeout_s=1.0)
+    worker = Worker(
+        list(target.urls.values()),
+        token=target.tokens["worker"],
+        agents=[make_agent()],
+        poll_wait_ms=2_000,
+        heartbeat_interval_s=0.2,
+        drain_timeout_s=1.0,
+    )
     async with running(worker):
         await client.send_message(sid, "after the restore", message_id=f"{sid}-restored")
         after = (await client.wait_until_idle(sid, timeout_s=DEADLINE_S)).raw
     assert len(after["turns"]) == TURNS_PER_SESSION + 1 and after["turns"][-1]["status"] == "completed"
-    assert history_texts(after)[:len(before["history"])] == history_texts(before)
+    assert history_texts(after)[: len(before["history"])] == history_texts(before)
     new_items = [item for item in after["history"] if item["seq"] > before["history"][-1]["seq"]]
     assert [i["type"] for i in new_items] == ["user", "assistant", "tool_result", "assistant"], new_items
     assert new_items[0]["text"] == "after the restore"

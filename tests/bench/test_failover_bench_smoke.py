@@ -23,8 +23,14 @@ def test_smoke_run_measures_each_fault_prints_the_table_and_stops_everything(tmp
     out = tmp_path / "failover.json"
     done = subprocess.run(
         [sys.executable, str(BENCH), "--runs", "1", "--sessions", "1", "--relaxed", "--json", str(out)],
-        cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=SMOKE_DEADLINE_S,
-        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        cwd=REPO_ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_DEADLINE_S,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
 
     assert "failed attempts" in done.stdout and "readiness gap" in done.stdout

@@ -99,17 +99,21 @@ async def resetting_node_url() -> AsyncIterator[str]:
 
 
 async def test_every_answer_is_counted_by_kind_status_and_error_code(node_url: str) -> None:
-    result = await run_load(LoadConfig(node_url, TOKEN, clients=8, duration_s=0.5, mix=MIX, seed_sessions=3,
-                                       rng_seed=1))
+    result = await run_load(
+        LoadConfig(node_url, TOKEN, clients=8, duration_s=0.5, mix=MIX, seed_sessions=3, rng_seed=1)
+    )
 
     kinds = result.by_kind
     assert set(kinds) == set(MIX)
     assert set(kinds["create_session"]) == {"2xx"} and set(kinds["metrics"]) == {"2xx"}
     assert set(kinds["get_session"]) == {"overloaded"}
     assert set(kinds["list_sessions"]) == {"not_active"}
-    assert result.by_answer == {"201": kinds["create_session"]["2xx"], "200": kinds["metrics"]["2xx"],
-                                "503 overloaded": kinds["get_session"]["overloaded"],
-                                "503 not_active": kinds["list_sessions"]["not_active"]}
+    assert result.by_answer == {
+        "201": kinds["create_session"]["2xx"],
+        "200": kinds["metrics"]["2xx"],
+        "503 overloaded": kinds["get_session"]["overloaded"],
+        "503 not_active": kinds["list_sessions"]["not_active"],
+    }
     assert result.answers == sum(result.by_answer.values())
     assert result.accepted == kinds["create_session"]["2xx"] + kinds["metrics"]["2xx"]
     assert result.other_non_2xx == 0
@@ -121,8 +125,9 @@ async def test_every_answer_is_counted_by_kind_status_and_error_code(node_url: s
 
 
 async def test_a_connection_reset_is_a_transport_error_not_an_answer(resetting_node_url: str) -> None:
-    result = await run_load(LoadConfig(resetting_node_url, TOKEN, clients=4, duration_s=0.5,
-                                       mix={"get_session": 1.0}, seed_sessions=1))
+    result = await run_load(
+        LoadConfig(resetting_node_url, TOKEN, clients=4, duration_s=0.5, mix={"get_session": 1.0}, seed_sessions=1)
+    )
 
     assert result.answers == 0 and result.by_kind == {}
     assert result.transport_error_count > 0
@@ -164,19 +169,30 @@ def test_percentiles_pick_the_nearest_rank() -> None:
 
 
 def test_the_contact_gap_gauge_is_read_when_present_and_none_when_absent() -> None:
-    text = ("# HELP dex_raft_leader_contact_gap_max_seconds gap\n"
-            "dex_raft_leader_contact_gap_max_seconds_other 9.0\n"
-            "dex_raft_leader_contact_gap_max_seconds 0.125\n")
+    text = (
+        "# HELP dex_raft_leader_contact_gap_max_seconds gap\n"
+        "dex_raft_leader_contact_gap_max_seconds_other 9.0\n"
+        "dex_raft_leader_contact_gap_max_seconds 0.125\n"
+    )
     assert parse_gauge(text, "dex_raft_leader_contact_gap_max_seconds") == 0.125
     assert parse_gauge("dex_raft_term 3\n", "dex_raft_leader_contact_gap_max_seconds") is None
 
 
 def test_terms_and_follower_gaps_from_snapshots() -> None:
-    before = ClusterSnapshot((NodeState("n1", "u1", 2, "active", "n1", 0.9),
-                              NodeState("n2", "u2", 2, "standby", "n1", 0.05),
-                              NodeState("n3", "u3", 2, "standby", "n1", None)))
-    after = ClusterSnapshot((NodeState("n1", "u1", 3, "standby", "n2"), NodeState("n2", "u2", 3, "active", "n2"),
-                             NodeState("n3", "u3", error="timeout")))
+    before = ClusterSnapshot(
+        (
+            NodeState("n1", "u1", 2, "active", "n1", 0.9),
+            NodeState("n2", "u2", 2, "standby", "n1", 0.05),
+            NodeState("n3", "u3", 2, "standby", "n1", None),
+        )
+    )
+    after = ClusterSnapshot(
+        (
+            NodeState("n1", "u1", 3, "standby", "n2"),
+            NodeState("n2", "u2", 3, "active", "n2"),
+            NodeState("n3", "u3", error="timeout"),
+        )
+    )
     assert before.settled and not after.settled
     assert term_changes(before, after) == 1
     assert before.largest_follower_gap_s() == 0.05  # the active node's own value does not count
@@ -189,8 +205,9 @@ async def test_the_sampler_keeps_the_largest_gap_even_after_the_gauge_restarts()
 
     async def metrics(request: web.Request) -> web.Response:
         value = next(values, None)
-        return web.Response(text="dex_raft_term 1\n" if value is None else
-                            f"dex_raft_leader_contact_gap_max_seconds {value}\n")
+        return web.Response(
+            text="dex_raft_term 1\n" if value is None else f"dex_raft_leader_contact_gap_max_seconds {value}\n"
+        )
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

@@ -21,10 +21,27 @@ SMOKE_DEADLINE_S = 90.0  # the run takes ~5 s; the rest is slack for a loaded ma
 def test_smoke_run_counts_answers_prints_the_table_and_stops_the_node(tmp_path: Path) -> None:
     out = tmp_path / "overload.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--only", "dev", "--relaxed", "--clients", "20", "--duration-s", "1",
-         "--json", str(out)],
-        cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=SMOKE_DEADLINE_S,
-        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        [
+            sys.executable,
+            str(BENCH),
+            "--only",
+            "dev",
+            "--relaxed",
+            "--clients",
+            "20",
+            "--duration-s",
+            "1",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_DEADLINE_S,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
 
     assert "ans/s" in done.stdout and "not_active" in done.stdout and "gap ms" in done.stdout

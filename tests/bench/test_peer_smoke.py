@@ -30,15 +30,40 @@ def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: P
     peer_dir = default_dir()
     manifest = load_manifest(peer_dir)
     if manifest is None:
-        pytest.skip(f"the peers are not installed in {peer_dir} (DEX_HA_PEER_DIR): run "
-                    f"`python bench/peer/install.py` to install Restate, its SDK and etcd there")
+        pytest.skip(
+            f"the peers are not installed in {peer_dir} (DEX_HA_PEER_DIR): run "
+            f"`python bench/peer/install.py` to install Restate, its SDK and etcd there"
+        )
     out = tmp_path / "peer.json"
     done = subprocess.run(
-        [sys.executable, str(RUN), "--dir", str(peer_dir), "--deployments", "one", "--concurrency", "4",
-         "--duration-s", "2", "--warmup-s", "0.5", "--turns-per-session", "3", "--failover-runs", "0",
-         "--json", str(out)],
-        cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=SMOKE_DEADLINE_S,
-        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        [
+            sys.executable,
+            str(RUN),
+            "--dir",
+            str(peer_dir),
+            "--deployments",
+            "one",
+            "--concurrency",
+            "4",
+            "--duration-s",
+            "2",
+            "--warmup-s",
+            "0.5",
+            "--turns-per-session",
+            "3",
+            "--failover-runs",
+            "0",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_DEADLINE_S,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
 
     result = json.loads(out.read_text())

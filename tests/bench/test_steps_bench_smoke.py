@@ -37,10 +37,29 @@ steps_worker = load_module(WORKER, "steps_worker_under_test")
 def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_path: Path) -> None:
     out = tmp_path / "steps.json"
     done = subprocess.run(
-        [sys.executable, str(BENCH), "--only", "dev", "--duration-s", "2", "--warmup-s", "0.5",
-         "--concurrency", "1,4", "--turns-per-session", "3", "--json", str(out)],
-        cwd=REPO_ROOT, check=False, capture_output=True, text=True, timeout=SMOKE_DEADLINE_S,
-        stdin=subprocess.DEVNULL)
+        [
+            sys.executable,
+            str(BENCH),
+            "--only",
+            "dev",
+            "--duration-s",
+            "2",
+            "--warmup-s",
+            "0.5",
+            "--concurrency",
+            "1,4",
+            "--turns-per-session",
+            "3",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO_ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_DEADLINE_S,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
 
     assert "steps/s" in done.stdout and "p50 ms" in done.stdout
@@ -50,8 +69,11 @@ def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_pat
     rows = result["dev"]["rows"]
     assert [r["concurrency"] for r in rows] == [1, 4]
     for row in rows:
-        table_line = [line for line in done.stdout.splitlines()
-                      if line.split()[:3] == ["dev", str(row["concurrency"]), str(row["steps"])]]
+        table_line = [
+            line
+            for line in done.stdout.splitlines()
+            if line.split()[:3] == ["dev", str(row["concurrency"]), str(row["steps"])]
+        ]
         assert table_line, f"no table line for concurrency {row['concurrency']}"
         assert row["steps"] > 0
         assert row["steps_per_second"] > 0
@@ -81,9 +103,12 @@ def completion(session: str, kind: str, at_ms: float) -> object:
 
 def test_gaps_are_between_completions_of_the_same_session_inside_the_window() -> None:
     completions = [
-        completion("a", "RunModel", 10), completion("b", "RunModel", 11),
-        completion("a", "CallTool", 13), completion("b", "CallTool", 17),
-        completion("a", "RunModel", 14), completion("b", "RunModel", 30),  # b's last is after the window
+        completion("a", "RunModel", 10),
+        completion("b", "RunModel", 11),
+        completion("a", "CallTool", 13),
+        completion("b", "CallTool", 17),
+        completion("a", "RunModel", 14),
+        completion("b", "RunModel", 30),  # b's last is after the window
     ]
     gaps = steps_bench.completion_gaps(completions, start_ns=12_000_000, end_ns=20_000_000)
     # a: 10 -> 13 (CallTool, 3 ms), 13 -> 14 (RunModel, 1 ms); b: 11 -> 17 (CallTool, 6 ms).
@@ -124,10 +149,17 @@ def test_the_scripted_model_calls_the_read_tool_then_answers() -> None:
     request = steps_worker.ModelRequest
     first = steps_worker.bench_script(request(history=[{"type": "user", "text": "hi"}], summary=None, tools=[]))
     assert [c["name"] for c in first["tool_calls"]] == ["read"]
-    after_tool = steps_worker.bench_script(request(
-        history=[{"type": "user", "text": "hi"}, {"type": "assistant", "content": "", "tool_calls": []},
-                 {"type": "tool_result", "call_id": "c0_0", "name": "read", "status": "succeeded"}],
-        summary=None, tools=[]))
+    after_tool = steps_worker.bench_script(
+        request(
+            history=[
+                {"type": "user", "text": "hi"},
+                {"type": "assistant", "content": "", "tool_calls": []},
+                {"type": "tool_result", "call_id": "c0_0", "name": "read", "status": "succeeded"},
+            ],
+            summary=None,
+            tools=[],
+        )
+    )
     assert after_tool["tool_calls"] == []
     agent = steps_worker.bench_agent("bench-x")
     tool = agent.definition()["tools"][0]

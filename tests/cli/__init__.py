@@ -30,15 +30,27 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """`python -m dex_ha.cli ARGS` to completion (deadline: `timeout`), output captured."""
-    return subprocess.run([sys.executable, "-m", "dex_ha.cli", *args], capture_output=True, text=True, check=False,
-                          env=env if env is not None else clean_env(), timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "dex_ha.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env if env is not None else clean_env(),
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def start_cli(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """`python -m dex_ha.cli ARGS` in the background, stdout and stderr to `log`."""
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "dex_ha.cli", *args], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env if env is not None else clean_env())
+        return subprocess.Popen(
+            [sys.executable, "-m", "dex_ha.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env if env is not None else clean_env(),
+        )
 
 
 def http_status(url: str, token: str | None = None, timeout: float = 2.0) -> int | None:

@@ -45,8 +45,11 @@ def test_dev_prints_its_url_becomes_ready_and_exits_0_on_sigterm(tmp_path: Path)
     log = tmp_path / "dev.log"
     proc = start_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--relaxed", log=log)
     try:
-        url_line = wait_until(lambda: next((line for line in log.read_text().splitlines()
-                                            if "serving http://" in line), None), 30, "the dev URL line")
+        url_line = wait_until(
+            lambda: next((line for line in log.read_text().splitlines() if "serving http://" in line), None),
+            30,
+            "the dev URL line",
+        )
         assert f"http://127.0.0.1:{port}" in url_line
         assert "NO authentication" in url_line  # dev mode without tokens says so
         wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
@@ -59,8 +62,9 @@ def test_dev_prints_its_url_becomes_ready_and_exits_0_on_sigterm(tmp_path: Path)
 def test_log_json_writes_one_json_object_per_log_line(tmp_path: Path) -> None:
     port = free_ports(1)[0]
     log = tmp_path / "dev.log"
-    proc = start_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--relaxed",
-                     "--log-json", log=log)
+    proc = start_cli(
+        "dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--relaxed", "--log-json", log=log
+    )
     try:
         wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
         proc.send_signal(signal.SIGTERM)
@@ -79,7 +83,7 @@ def test_log_json_writes_one_json_object_per_log_line(tmp_path: Path) -> None:
 def _single_node_toml(tmp_path: Path, http_port: int, raft_port: int, extra: str = "") -> Path:
     path = tmp_path / "node.toml"
     path.write_text(f'''node_id = "n1"
-data_dir = "{tmp_path / 'n1'}"
+data_dir = "{tmp_path / "n1"}"
 http_listen = "127.0.0.1:{http_port}"
 raft_listen = "127.0.0.1:{raft_port}"
 durability = "relaxed"
@@ -100,8 +104,10 @@ def test_node_without_tokens_or_secret_refuses_to_start_naming_what_is_missing(t
     assert "tokens" in result.stderr and "--insecure" in result.stderr
     assert "Traceback" not in result.stderr
 
-    tokens = '[tokens]\nclient = ["client-token-0123456789"]\nworker = ["worker-token-0123456789"]\n' \
-             'admin = ["admin-token-01234567890"]\n'
+    tokens = (
+        '[tokens]\nclient = ["client-token-0123456789"]\nworker = ["worker-token-0123456789"]\n'
+        'admin = ["admin-token-01234567890"]\n'
+    )
     config = _single_node_toml(tmp_path, http_port, raft_port, extra=tokens)
     result = run_cli("node", "--config", str(config), timeout=30)
     assert result.returncode == 2
@@ -132,11 +138,14 @@ def test_node_with_insecure_starts_and_says_so_in_its_log_and_cluster_view(tmp_p
 # ---------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("args", [
-    ["status"],
-    ["step-down"],
-    ["members", "promote", "n2"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status"],
+        ["step-down"],
+        ["members", "promote", "n2"],
+    ],
+)
 def test_no_node_reachable_exits_3_with_one_line(args: list[str]) -> None:
     dead = f"http://127.0.0.1:{free_ports(1)[0]}"
     result = run_cli(*args, "--url", dead, timeout=60)
@@ -146,13 +155,16 @@ def test_no_node_reachable_exits_3_with_one_line(args: list[str]) -> None:
     assert len([line for line in result.stderr.splitlines() if line.startswith("dex-ha")]) == 1
 
 
-@pytest.mark.parametrize("args", [
-    ["status", "--url", "not-a-url"],
-    ["cluster", "up", "--nodes", "0"],
-    ["step-down", "--drain-timeout-ms", "-5"],
-    ["members", "add", "--id", "n4"],  # --raft-addr and --node-url missing
-    ["cluster"],  # up or down missing
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "--url", "not-a-url"],
+        ["cluster", "up", "--nodes", "0"],
+        ["step-down", "--drain-timeout-ms", "-5"],
+        ["members", "add", "--id", "n4"],  # --raft-addr and --node-url missing
+        ["cluster"],  # up or down missing
+    ],
+)
 def test_bad_usage_exits_2(args: list[str]) -> None:
     result = run_cli(*args, timeout=30)
     assert result.returncode == 2, (result.stdout, result.stderr)
@@ -164,8 +176,19 @@ def test_cluster_up_names_the_port_that_is_taken(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", base + 4))  # the Raft port of n2
         busy.listen()
-        result = run_cli("cluster", "up", "--dir", str(tmp_path / "c"), "--base-port", str(base),
-                         "--raft-base-port", str(base + 3), "--probe-base-port", str(base + 6), timeout=30)
+        result = run_cli(
+            "cluster",
+            "up",
+            "--dir",
+            str(tmp_path / "c"),
+            "--base-port",
+            str(base),
+            "--raft-base-port",
+            str(base + 3),
+            "--probe-base-port",
+            str(base + 6),
+            timeout=30,
+        )
     assert result.returncode == 1
     assert f"port {base + 4} (Raft of n2) is taken" in result.stderr
     assert not (tmp_path / "c" / "pids").exists()  # nothing was started
@@ -184,8 +207,9 @@ def test_cluster_files_load_as_node_configs_and_keep_secrets_private(tmp_path: P
         assert config.http_listen == ("127.0.0.1", node.http_port)
         assert config.raft_listen == ("127.0.0.1", node.raft_port)
         assert config.probe_listen == ("127.0.0.1", node.probe_port)
-        assert [(p.id, p.raft_addr, p.url) for p in config.peers] == \
-               [(n.node_id, ("127.0.0.1", n.raft_port), n.url) for n in plan.nodes]
+        assert [(p.id, p.raft_addr, p.url) for p in config.peers] == [
+            (n.node_id, ("127.0.0.1", n.raft_port), n.url) for n in plan.nodes
+        ]
         assert config.cluster_secret == plan.cluster_secret and config.durability == "relaxed"
         assert config.tokens == {role: (token,) for role, token in plan.tokens.items()}
         assert stat.S_IMODE(node.config_path.stat().st_mode) == 0o600
@@ -219,8 +243,9 @@ def test_check_ports_free_accepts_free_ports_and_names_a_listening_one(tmp_path:
 def test_node_process_alive_knows_a_node_by_its_command_line_and_not_a_zombie(tmp_path: Path) -> None:
     config = tmp_path / "n1.toml"
     # A stand-in whose command line reads like a node's (`python -c … dex_ha.cli node --config n1.toml`).
-    lookalike = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                                  "dex_ha.cli", "node", "--config", str(config)])
+    lookalike = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "dex_ha.cli", "node", "--config", str(config)]
+    )
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         assert node_process_alive(lookalike.pid, config)
@@ -240,17 +265,29 @@ def test_node_process_alive_knows_a_node_by_its_command_line_and_not_a_zombie(tm
 
 
 def _view(node_id: str, role: str, leader: str | None, members: list[dict] | None = None) -> dict:
-    return {"node_id": node_id, "role": role, "term": 7, "leader_id": leader, "commit_index": 40,
-            "applied_index": 39, "lease_remaining_ms": 300 if role == "active" else 0, "insecure": False,
-            "members": members or []}
+    return {
+        "node_id": node_id,
+        "role": role,
+        "term": 7,
+        "leader_id": leader,
+        "commit_index": 40,
+        "applied_index": 39,
+        "lease_remaining_ms": 300 if role == "active" else 0,
+        "insecure": False,
+        "members": members or [],
+    }
 
 
 def test_status_table_marks_the_silent_node_and_names_the_active_one() -> None:
-    members = [{"id": n, "voter": True, "url": f"http://h{n[-1]}:8801", "match_index": 40 - i,
-                "last_contact_ms_ago": 10 * i} for i, n in enumerate(["n1", "n2", "n3"])]
-    answers = [NodeAnswer("http://h1:8801", view=_view("n1", "active", "n1", members)),
-               NodeAnswer("http://h2:8801", view=_view("n2", "standby", "n1", members)),
-               NodeAnswer("http://h3:8801", error="no answer")]
+    members = [
+        {"id": n, "voter": True, "url": f"http://h{n[-1]}:8801", "match_index": 40 - i, "last_contact_ms_ago": 10 * i}
+        for i, n in enumerate(["n1", "n2", "n3"])
+    ]
+    answers = [
+        NodeAnswer("http://h1:8801", view=_view("n1", "active", "n1", members)),
+        NodeAnswer("http://h2:8801", view=_view("n2", "standby", "n1", members)),
+        NodeAnswer("http://h3:8801", error="no answer"),
+    ]
     rows = status_rows(answers)
     assert [row[0] for row in rows] == ["n1", "n2", "n3"]  # the silent node is named from the member list
     assert rows[2][2] == "NO ANSWER"
@@ -261,8 +298,10 @@ def test_status_table_marks_the_silent_node_and_names_the_active_one() -> None:
 
 
 def test_status_table_warns_when_no_node_is_active() -> None:
-    answers = [NodeAnswer("http://h1:8801", view=_view("n1", "candidate", None)),
-               NodeAnswer("http://h2:8801", error="refused (401 unauthorized): unknown token", refused=True)]
+    answers = [
+        NodeAnswer("http://h1:8801", view=_view("n1", "candidate", None)),
+        NodeAnswer("http://h2:8801", error="refused (401 unauthorized): unknown token", refused=True),
+    ]
     text = format_status(answers)
     assert "NO active node" in text
     assert status_rows(answers)[1][2] == "REFUSED"
@@ -278,7 +317,9 @@ def test_demo_runs_through_a_failover_and_stops_everything(tmp_path: Path) -> No
     assert result.returncode == 0, result.stdout + result.stderr
     assert time.monotonic() - started < 120
     out = result.stdout
-    assert re.search(r"^\s*\d+\.\d\ds  \[demo\] node n\d \(the active node, pid \d+\) killed with SIGKILL", out, re.MULTILINE)
+    assert re.search(
+        r"^\s*\d+\.\d\ds  \[demo\] node n\d \(the active node, pid \d+\) killed with SIGKILL", out, re.MULTILINE
+    )
     assert re.search(r"^\s*\d+\.\d\ds  \[demo\] n\d is the active node \d+ ms after the kill", out, re.MULTILINE)
     assert re.search(r"tool reserve_stock re-run on n\d: attempt 2, same idempotency key", out)
     assert re.search(r"^\s*\d+\.\d\ds  turn completed$", out, re.MULTILINE)
@@ -290,8 +331,10 @@ def test_demo_runs_through_a_failover_and_stops_everything(tmp_path: Path) -> No
     assert len({e["idempotency_key"] for e in reserve}) == 1
     assert len([e for e in ledger if e["tool"] == "charge_card"]) == 1
     # Everything it started is stopped (by pid) when it exits.
-    pids = [int(p) for p in re.search(r"stopped every process the demo started \(pids ([\d, ]+)\)", out)
-            .group(1).split(", ")]
+    pids = [
+        int(p)
+        for p in re.search(r"stopped every process the demo started \(pids ([\d, ]+)\)", out).group(1).split(", ")
+    ]
     assert len(pids) == 4  # three nodes and the Worker
     wait_until(lambda: all(pid_gone(pid) for pid in pids), 30, "every demo process gone")
 
@@ -309,8 +352,13 @@ def test_demo_interrupted_by_ctrl_c_stops_every_process_it_started(tmp_path: Pat
     proc = start_cli("demo", "--dir", str(demo_dir), log=log)
     try:
         # Interrupt once the nodes run and the Worker is up: every kind of child exists.
-        wait_until(lambda: WORKER_READY in ((demo_dir / "worker.log").read_text()
-                                       if (demo_dir / "worker.log").exists() else ""), 60, "the demo Worker up")
+        wait_until(
+            lambda: (
+                WORKER_READY in ((demo_dir / "worker.log").read_text() if (demo_dir / "worker.log").exists() else "")
+            ),
+            60,
+            "the demo Worker up",
+        )
         node_pids = [int(line.split()[1]) for line in (demo_dir / "pids").read_text().splitlines()]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 1
@@ -328,9 +376,20 @@ def test_dev_with_tokens_from_the_environment_requires_them(tmp_path: Path) -> N
     port = free_ports(1)[0]
     log = tmp_path / "dev.log"
     token = "client-token-0123456789"
-    proc = start_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--relaxed", log=log,
-                     env=clean_env(DEX_HA_TOKENS_CLIENT=token, DEX_HA_TOKENS_WORKER="worker-token-0123456789",
-                                   DEX_HA_TOKENS_ADMIN="admin-token-0123456789"))
+    proc = start_cli(
+        "dev",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--port",
+        str(port),
+        "--relaxed",
+        log=log,
+        env=clean_env(
+            DEX_HA_TOKENS_CLIENT=token,
+            DEX_HA_TOKENS_WORKER="worker-token-0123456789",
+            DEX_HA_TOKENS_ADMIN="admin-token-0123456789",
+        ),
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: http_status(url + "/readyz") == 200, 30, "/readyz 200")
@@ -342,12 +401,14 @@ def test_dev_with_tokens_from_the_environment_requires_them(tmp_path: Path) -> N
 
 
 def test_dev_refuses_a_short_token_naming_its_role(tmp_path: Path) -> None:
-    done = run_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", "0",
-                   env=clean_env(DEX_HA_TOKENS_CLIENT="short"))
+    done = run_cli(
+        "dev", "--data-dir", str(tmp_path / "data"), "--port", "0", env=clean_env(DEX_HA_TOKENS_CLIENT="short")
+    )
     assert done.returncode == 2 and "client" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_dev_refuses_a_bound_of_zero_requests_naming_the_setting(tmp_path: Path) -> None:
-    done = run_cli("dev", "--data-dir", str(tmp_path / "data"), "--port", "0",
-                   env=clean_env(DEX_HA_MAX_INFLIGHT_REQUESTS="0"))
+    done = run_cli(
+        "dev", "--data-dir", str(tmp_path / "data"), "--port", "0", env=clean_env(DEX_HA_MAX_INFLIGHT_REQUESTS="0")
+    )
     assert done.returncode == 2 and "max_inflight_requests" in done.stderr and "Traceback" not in done.stderr

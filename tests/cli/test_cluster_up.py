@@ -56,14 +56,27 @@ class LocalCluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     cluster_dir = tmp_path_factory.mktemp("cluster")
     base = free_port_range(9)
-    result = run_cli("cluster", "up", "--nodes", "3", "--dir", str(cluster_dir), "--base-port", str(base),
-                     "--raft-base-port", str(base + 3), "--probe-base-port", str(base + 6), "--relaxed", timeout=90)
+    result = run_cli(
+        "cluster",
+        "up",
+        "--nodes",
+        "3",
+        "--dir",
+        str(cluster_dir),
+        "--base-port",
+        str(base),
+        "--raft-base-port",
+        str(base + 3),
+        "--probe-base-port",
+        str(base + 6),
+        "--relaxed",
+        timeout=90,
+    )
     recorded = cluster_dir / "pids"
     pids = [int(line.split()[1]) for line in recorded.read_text().splitlines()] if recorded.exists() else []
     try:
         assert result.returncode == 0, result.stdout + result.stderr
-        yield LocalCluster(cluster_dir, {f"n{i + 1}": f"http://127.0.0.1:{base + i}" for i in range(3)},
-                           result.stdout)
+        yield LocalCluster(cluster_dir, {f"n{i + 1}": f"http://127.0.0.1:{base + i}" for i in range(3)}, result.stdout)
     finally:
         for pid in pids:  # whatever a failed test left running: these nodes are ours
             if not pid_gone(pid):
@@ -81,8 +94,11 @@ def test_up_starts_three_nodes_with_exactly_one_active(cluster: LocalCluster) ->
     wait_until(lambda: len(cluster.ready_nodes()) == 1, 30, "exactly one /readyz 200")
     # The printed table: every node with its URL, raft address, pid and log; how to stop them.
     for node_id, url in cluster.urls.items():
-        assert re.search(rf"^{node_id}\s+{re.escape(url)}\s+127\.0\.0\.1:\d+\s+{pids[node_id]}\s+\S+{node_id}\.log",
-                         cluster.up_output, re.MULTILINE)
+        assert re.search(
+            rf"^{node_id}\s+{re.escape(url)}\s+127\.0\.0\.1:\d+\s+{pids[node_id]}\s+\S+{node_id}\.log",
+            cluster.up_output,
+            re.MULTILINE,
+        )
     assert f"dex-ha cluster down --dir {cluster.dir}" in cluster.up_output
     # The web console it names is served there (the newcomer's first stop).
     assert f"Web console: {cluster.urls['n1']}/ui" in cluster.up_output
@@ -94,9 +110,20 @@ def test_up_starts_three_nodes_with_exactly_one_active(cluster: LocalCluster) ->
 
 def test_a_second_up_on_a_running_dir_is_refused(cluster: LocalCluster) -> None:
     ports = [int(url.rsplit(":", 1)[1]) for url in cluster.urls.values()]
-    result = run_cli("cluster", "up", "--dir", str(cluster.dir), "--base-port", str(ports[0]),
-                     "--raft-base-port", str(ports[0] + 3), "--probe-base-port", str(ports[0] + 6), "--relaxed",
-                     timeout=30)
+    result = run_cli(
+        "cluster",
+        "up",
+        "--dir",
+        str(cluster.dir),
+        "--base-port",
+        str(ports[0]),
+        "--raft-base-port",
+        str(ports[0] + 3),
+        "--probe-base-port",
+        str(ports[0] + 6),
+        "--relaxed",
+        timeout=30,
+    )
     assert result.returncode == 1
     assert "already has running nodes" in result.stderr
     assert cluster.pids() and all(not pid_gone(pid) for pid in cluster.pids().values())
@@ -133,16 +160,19 @@ def test_without_a_token_the_server_refuses_with_exit_1(cluster: LocalCluster, c
 
 
 def test_step_down_moves_the_active_node(cluster: LocalCluster) -> None:
-    before = wait_until(lambda: cluster.ready_nodes() if len(cluster.ready_nodes()) == 1 else None, 30,
-                        "one active node")[0]
+    before = wait_until(
+        lambda: cluster.ready_nodes() if len(cluster.ready_nodes()) == 1 else None, 30, "one active node"
+    )[0]
     result = cluster.cli("step-down", "--url", cluster.urls["n1"], "--url", cluster.urls["n2"])
     assert result.returncode == 0, result.stderr
-    moved = re.search(r"^active node moved from (n\d) to (n\d) \(0 attempts were still running\)$",
-                      result.stdout, re.MULTILINE)
+    moved = re.search(
+        r"^active node moved from (n\d) to (n\d) \(0 attempts were still running\)$", result.stdout, re.MULTILINE
+    )
     assert moved, result.stdout
     assert moved.group(1) == before and moved.group(2) != before
-    after = wait_until(lambda: [n for n in cluster.ready_nodes() if n != before] or None, 30,
-                       "another node answering /readyz 200")
+    after = wait_until(
+        lambda: [n for n in cluster.ready_nodes() if n != before] or None, 30, "another node answering /readyz 200"
+    )
     assert after == [moved.group(2)]
     assert http_status(cluster.urls[before] + "/readyz") == 503
 

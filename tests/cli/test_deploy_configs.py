@@ -18,8 +18,10 @@ from dex_ha.server.config import ConfigError, ServerConfig, load_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NODE_TOMLS = sorted(DEPLOY.glob("*.toml"))
-SECRETS_ENV = {"DEX_HA_CLUSTER_SECRET": "a-cluster-secret-of-32-characters",
-               **{f"DEX_HA_TOKENS_{role.upper()}": f"{role}-token-0123456789abcdef" for role in ROLES}}
+SECRETS_ENV = {
+    "DEX_HA_CLUSTER_SECRET": "a-cluster-secret-of-32-characters",
+    **{f"DEX_HA_TOKENS_{role.upper()}": f"{role}-token-0123456789abcdef" for role in ROLES},
+}
 
 
 def _stop_budget_s(config: ServerConfig) -> float:
@@ -72,8 +74,10 @@ def test_the_three_configs_describe_one_cluster() -> None:
 def _haproxy_servers(text: str, backend: str) -> list[tuple[str, int]]:
     """(address, check port) of each server line of a backend."""
     section = re.search(rf"^backend {backend}\n(.*?)(?=^\S|\Z)", text, re.MULTILINE | re.DOTALL).group(1)
-    return [(address, int(port)) for address, port in
-            re.findall(r"^\s+server \S+ (\S+) check port (\d+)", section, re.MULTILINE)]
+    return [
+        (address, int(port))
+        for address, port in re.findall(r"^\s+server \S+ (\S+) check port (\d+)", section, re.MULTILINE)
+    ]
 
 
 def test_haproxy_routes_to_the_node_that_answers_readyz_200_on_its_probe_port() -> None:
@@ -102,8 +106,9 @@ def test_haproxy_accepts_the_config() -> None:
     haproxy = shutil.which("haproxy")
     if haproxy is None:
         pytest.skip("the haproxy binary is not installed; the syntax check `haproxy -c` needs it")
-    result = subprocess.run([haproxy, "-c", "-f", str(DEPLOY / "haproxy.cfg")], capture_output=True, text=True,
-                            timeout=30, check=False)
+    result = subprocess.run(
+        [haproxy, "-c", "-f", str(DEPLOY / "haproxy.cfg")], capture_output=True, text=True, timeout=30, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -182,8 +187,7 @@ def test_k8s_probes_and_grace_period_match_the_node(k8s: dict, tmp_path: Path) -
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert config.probe_listen is not None
     assert ports == {"http": config.http_listen[1], "raft": config.raft_listen[1], "probes": config.probe_listen[1]}
-    assert any(config.data_dir.is_relative_to(m["mountPath"]) for m in container["volumeMounts"]
-               if m["name"] == "data")
+    assert any(config.data_dir.is_relative_to(m["mountPath"]) for m in container["volumeMounts"] if m["name"] == "data")
 
 
 def test_k8s_services_route_clients_to_ready_pods_and_peers_to_every_pod(k8s: dict) -> None:

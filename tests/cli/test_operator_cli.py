@@ -85,9 +85,11 @@ def test_status_without_a_token_says_401_and_how_to_fix_it(cluster: LocalCluster
 
 def test_status_blames_the_token_when_nodes_refuse_it_even_with_one_node_down() -> None:
     refused = "401 unauthorized: set DEX_HA_TOKEN or pass --token (the server said: unknown token)"
-    answers = [NodeAnswer("http://h1:8801", error="no answer"),
-               NodeAnswer("http://h2:8801", error=refused, refused=True, status=401),
-               NodeAnswer("http://h3:8801", error=refused, refused=True, status=401)]
+    answers = [
+        NodeAnswer("http://h1:8801", error="no answer"),
+        NodeAnswer("http://h2:8801", error=refused, refused=True, status=401),
+        NodeAnswer("http://h3:8801", error=refused, refused=True, status=401),
+    ]
     text = format_status(answers)
     assert "\n401 unauthorized: set DEX_HA_TOKEN or pass --token\n" in text and "NO active node" not in text
     forbidden = [NodeAnswer("http://h1:8801", error="refused (403 forbidden): …", refused=True, status=403)]
@@ -142,8 +144,17 @@ def test_members_without_a_subcommand_lists_them_and_list_does_too(cluster: Loca
 def test_a_member_added_but_never_started_shows_never_until_it_starts_and_catches_up(cluster: LocalCluster) -> None:
     env = tokens_env_vars(cluster.dir)
     http_port, raft_port, probe_port = free_ports(3)
-    added = cli("members", "add", "--id", "n4", "--raft-addr", f"127.0.0.1:{raft_port}",
-                "--node-url", f"http://127.0.0.1:{http_port}", env=env)
+    added = cli(
+        "members",
+        "add",
+        "--id",
+        "n4",
+        "--raft-addr",
+        f"127.0.0.1:{raft_port}",
+        "--node-url",
+        f"http://127.0.0.1:{http_port}",
+        env=env,
+    )
     n4 = None
     try:
         assert added.returncode == 0, added.stderr
@@ -155,9 +166,19 @@ def test_a_member_added_but_never_started_shows_never_until_it_starts_and_catche
             assert " learner " in row and " never " in row and "ms ago" not in row, done.stdout
             assert row.endswith("not reached yet (is it running?)")
         with open(cluster.dir / "n4.log", "ab") as out:
-            n4 = subprocess.Popen([sys.executable, "-m", "dex_ha.cli", "node", "--config",
-                                   str(joiner_config(cluster, http_port, raft_port, probe_port))],
-                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            n4 = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dex_ha.cli",
+                    "node",
+                    "--config",
+                    str(joiner_config(cluster, http_port, raft_port, probe_port)),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
 
         def n4_caught_up() -> str | None:
             row = member_rows(cli("members", env=env).stdout).get("n4", "")
@@ -173,8 +194,16 @@ def test_a_member_added_but_never_started_shows_never_until_it_starts_and_catche
 
 
 def test_progress_shows_snapshot_bytes_then_the_match_index_against_the_commit_index() -> None:
-    learner = {"id": "n4", "voter": False, "url": "http://n4:8801", "match_index": 0, "last_contact_ms_ago": 3,
-               "contacted": True, "replication": "snapshot", "snapshot_bytes": [3 << 20, 12 << 20]}
+    learner = {
+        "id": "n4",
+        "voter": False,
+        "url": "http://n4:8801",
+        "match_index": 0,
+        "last_contact_ms_ago": 3,
+        "contacted": True,
+        "replication": "snapshot",
+        "snapshot_bytes": [3 << 20, 12 << 20],
+    }
     assert progress_text_of(learner, 5000) == "snapshot 3.0 MiB of 12.0 MiB (25%)"
     received = {**learner, "snapshot_bytes": None}  # all sent; the learner has not acknowledged it yet
     assert progress_text_of(received, 5000) == "snapshot sent, applying (match 0 of 5000)"
@@ -204,12 +233,20 @@ def script(request: ModelRequest) -> dict[str, Any]:
     if last["type"] != "user":
         return {"content": f"turn {turn} done", "tool_calls": []}
     if turn == 1:
-        return {"content": "", "tool_calls": [
-            {"id": "refund-1", "name": "refund", "arguments": {"order_id": "A17"}},
-            {"id": "ask-1", "name": "pick_color", "arguments": {}}]}
-    return {"content": "", "tool_calls": [
-        {"id": "charge-2", "name": "charge", "arguments": {"cents": 500}},
-        {"id": "refund-2", "name": "refund", "arguments": {"order_id": "B2"}}]}
+        return {
+            "content": "",
+            "tool_calls": [
+                {"id": "refund-1", "name": "refund", "arguments": {"order_id": "A17"}},
+                {"id": "ask-1", "name": "pick_color", "arguments": {}},
+            ],
+        }
+    return {
+        "content": "",
+        "tool_calls": [
+            {"id": "charge-2", "name": "charge", "arguments": {"cents": 500}},
+            {"id": "refund-2", "name": "refund", "arguments": {"order_id": "B2"}},
+        ],
+    }
 
 
 def make_agent() -> Agent:
@@ -249,15 +286,17 @@ def call_status(snapshot: Session, call_id: str) -> str:
 
 
 async def test_sessions_commands_drive_a_session_through_approval_question_deny_and_reconcile(
-        sourced: dict[str, str], worker: Worker) -> None:
+    sourced: dict[str, str], worker: Worker
+) -> None:
     env = sourced
     async with DexClient(give_up_after_s=30) as client:  # DEX_HA_URLS and DEX_HA_CLIENT_TOKEN
         sid = (await client.create_session("ops", session_id="s-ops-1")).session_id
         await client.create_session("ops", session_id="s-ops-0")
         sent = cli("sessions", "send", sid, "refund A17 please", env=env)
         assert sent.returncode == 0 and f"sent to {sid}" in sent.stdout, sent.stderr
-        await snapshot_when(client, sid, lambda s: s.pending_approvals and s.pending_questions,
-                            "the approval and the question")
+        await snapshot_when(
+            client, sid, lambda s: s.pending_approvals and s.pending_questions, "the approval and the question"
+        )
 
         shown = cli("sessions", "show", sid, env=env)
         assert shown.returncode == 0, shown.stderr
@@ -269,8 +308,9 @@ async def test_sessions_commands_drive_a_session_through_approval_question_deny_
         assert re.search(r"^\S+\s+RunModel\s+done\s+-\s+1/3\s+#1 completed", steps, re.MULTILINE)
         assert re.search(r"^\S+\s+AwaitToolApproval\s+waiting\s+refund-1", steps, re.MULTILINE)
 
-        question_id = json.loads(cli("sessions", "show", sid, "--json", env=env).stdout)[
-            "pending_questions"][0]["question_id"]
+        question_id = json.loads(cli("sessions", "show", sid, "--json", env=env).stdout)["pending_questions"][0][
+            "question_id"
+        ]
         assert cli("sessions", "approve", sid, "refund-1", env=env).returncode == 0
         answered = cli("sessions", "answer", sid, question_id, "blue", env=env)
         assert answered.returncode == 0 and "answered" in answered.stdout, answered.stderr
@@ -287,8 +327,18 @@ async def test_sessions_commands_drive_a_session_through_approval_question_deny_
         assert call_status(unknown, "charge-2") == "outcome_unknown"
         assert "outcome_unknown: check what the tool did" in cli("sessions", "show", sid, env=env).stdout
 
-        settled = cli("sessions", "reconcile", sid, "charge-2", "--outcome", "succeeded", "--result", '"charged"',
-                      "--json", env=env)
+        settled = cli(
+            "sessions",
+            "reconcile",
+            sid,
+            "charge-2",
+            "--outcome",
+            "succeeded",
+            "--result",
+            '"charged"',
+            "--json",
+            env=env,
+        )
         assert settled.returncode == 0, settled.stderr
         assert json.loads(settled.stdout)["noop"] is False  # the server's answer, as JSON
         after = await client.get_session(sid)
@@ -321,8 +371,14 @@ def test_sessions_errors_are_one_line_with_an_exit_code(cluster: LocalCluster) -
 
 def run_quickstart(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`python examples/quickstart.py` with no argument: the URLs and tokens come from `env`."""
-    return subprocess.run([sys.executable, str(QUICKSTART)], capture_output=True, text=True, timeout=60,
-                          env=clean_env(**env), stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, str(QUICKSTART)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(**env),
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def assert_quickstart_answered(done: subprocess.CompletedProcess[str]) -> None:

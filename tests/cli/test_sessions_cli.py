@@ -27,11 +27,15 @@ async def node() -> AsyncIterator[FakeNode]:
 async def test_list_sends_the_approval_and_outcome_filters_and_prints_the_page(node: FakeNode) -> None:
     async with DexClient(node.url) as client:
         await client.create_session("ops", session_id="s-1")
-        args = build_parser().parse_args(["sessions", "list", "--awaiting-approval", "--outcome-unknown",
-                                          "--limit", "5"])
+        args = build_parser().parse_args(
+            ["sessions", "list", "--awaiting-approval", "--outcome-unknown", "--limit", "5"]
+        )
         text = await run(args, client)
-        assert node.requests_to("/v1/sessions")[-1].query == {"limit": "5", "awaiting_approval": "true",
-                                                              "outcome_unknown": "true"}
+        assert node.requests_to("/v1/sessions")[-1].query == {
+            "limit": "5",
+            "awaiting_approval": "true",
+            "outcome_unknown": "true",
+        }
         assert text.splitlines()[1].split()[:3] == ["s-1", "ops", "idle"]
 
         plain = build_parser().parse_args(["sessions", "list", "--json"])
@@ -44,7 +48,8 @@ async def test_show_prints_the_snapshot_and_json_prints_it_as_received(node: Fak
     async with DexClient(node.url) as client:
         await client.create_session("ops", session_id="s-1")
         node.cluster.sessions["s-1"]["pending_approvals"] = [
-            {"call_id": "c-1", "name": "refund", "arguments": {"order": "A17"}, "requested_at": 0}]
+            {"call_id": "c-1", "name": "refund", "arguments": {"order": "A17"}, "requested_at": 0}
+        ]
         node.cluster.sessions["s-1"]["new_field"] = "kept"
         text = await run(build_parser().parse_args(["sessions", "show", "s-1"]), client)
         assert text.startswith("session s-1  agent ops  status idle")

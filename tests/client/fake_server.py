@@ -190,8 +190,14 @@ class FakeNode:
         return web.json_response({"ok": True, "path": recorded.path, "body": recorded.body})
 
     async def _cluster(self, request: web.Request) -> web.Response:
-        return web.json_response({"node_id": f"fake-{self.url.rsplit(':', 1)[-1]}", "role": self.role,
-                                  "leader_url": self.leader_url, "url": self.url})
+        return web.json_response(
+            {
+                "node_id": f"fake-{self.url.rsplit(':', 1)[-1]}",
+                "role": self.role,
+                "leader_url": self.leader_url,
+                "url": self.url,
+            }
+        )
 
     # ------------------------------------------------------------------ sessions
 
@@ -203,8 +209,13 @@ class FakeNode:
             if existing["agent"] != agent:
                 return web.json_response({"error": "conflict", "message": "another agent"}, status=409)
             return web.json_response(existing, status=200)
-        session = {"session_id": sid, "agent": agent, "status": "idle", "metadata": body.get("metadata"),
-                   "waiting_messages": []}
+        session = {
+            "session_id": sid,
+            "agent": agent,
+            "status": "idle",
+            "metadata": body.get("metadata"),
+            "waiting_messages": [],
+        }
         self.cluster.sessions[sid] = session
         return web.json_response(session, status=201)
 
@@ -218,8 +229,11 @@ class FakeNode:
         query = request.query
         limit = int(query.get("limit", "100"))
         matching = sorted(
-            (s for s in self.cluster.sessions.values()
-             if s["agent"] == query.get("agent", s["agent"]) and s["status"] == query.get("status", s["status"])),
+            (
+                s
+                for s in self.cluster.sessions.values()
+                if s["agent"] == query.get("agent", s["agent"]) and s["status"] == query.get("status", s["status"])
+            ),
             key=lambda s: s["session_id"],
         )
         if "after" in query:
@@ -259,9 +273,7 @@ class FakeNode:
         while not self._stopping.is_set():
             for event in self.cluster.events_after(sid, after):
                 payload = {"id": str(event.id), "type": event.type, "at": event.at, "data": event.data}
-                await resp.write(
-                    f"id: {event.id}\nevent: {event.type}\ndata: {json.dumps(payload)}\n\n".encode()
-                )
+                await resp.write(f"id: {event.id}\nevent: {event.type}\ndata: {json.dumps(payload)}\n\n".encode())
                 after = event.id
                 sent += 1
                 if self.drop_stream_after is not None and sent >= self.drop_stream_after:

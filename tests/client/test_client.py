@@ -161,7 +161,10 @@ async def test_send_message_keeps_a_given_id_and_steer_mode(client: DexClient, n
     await client.create_session("helper", session_id="s-1")
     await client.send_message("s-1", "faster", message_id="m-7", mode="steer")
     assert nodes[0].requests_to("/v1/sessions/s-1/messages")[0].body == {
-        "text": "faster", "message_id": "m-7", "mode": "steer"}
+        "text": "faster",
+        "message_id": "m-7",
+        "mode": "steer",
+    }
 
 
 async def test_decisions_go_to_their_routes_with_quoted_ids(client: DexClient, nodes: list[FakeNode]) -> None:
@@ -179,8 +182,10 @@ async def test_decisions_go_to_their_routes_with_quoted_ids(client: DexClient, n
         ("/v1/sessions/s%201/approvals/call%2F3", {"approved": False, "reason": "never"}),
         ("/v1/sessions/s%201/questions/q%3F1/answer", {"answer": {"choice": 2}}),
         ("/v1/sessions/s%201/cancel", {}),
-        ("/v1/sessions/s%201/tool-calls/c4/reconcile",
-         {"outcome": "succeeded", "result": {"status": "ok", "output": 1}}),
+        (
+            "/v1/sessions/s%201/tool-calls/c4/reconcile",
+            {"outcome": "succeeded", "result": {"status": "ok", "output": 1}},
+        ),
         ("/v1/sessions/s%201/tool-calls/c5/reconcile", {"outcome": "failed", "error": "it did not happen"}),
     ]
 
@@ -215,8 +220,9 @@ async def test_events_parses_committed_events_and_deltas(client: DexClient, clus
     try:
         first = await next_event(events)
         assert first == SessionEvent(id="100", type="turn_started", data={"turn_id": "t1"}, at=1_700_000_000_100)
-        await cluster.push_delta("s-1", {"type": "delta", "step_id": "st1", "attempt": 2, "session_id": "s-1",
-                                         "data": {"text": "Hel"}})
+        await cluster.push_delta(
+            "s-1", {"type": "delta", "step_id": "st1", "attempt": 2, "session_id": "s-1", "data": {"text": "Hel"}}
+        )
         delta = await next_event(events)
         assert delta == SessionEvent(id=None, type="delta", data={"text": "Hel"}, at=None, step_id="st1", attempt=2)
         await cluster.commit_event("s-1", "turn_completed", {"turn_id": "t1", "status": "completed"})
@@ -285,8 +291,9 @@ async def test_events_back_off_when_streams_keep_ending_empty(nodes: list[FakeNo
     active = nodes[0]
     active.empty_streams = True
     fake = FakeSleep()
-    async with DexClient(active.url, sleep=fake, rng=UpperBoundRng(), backoff_initial_s=0.05,
-                         backoff_max_s=0.4) as client:
+    async with DexClient(
+        active.url, sleep=fake, rng=UpperBoundRng(), backoff_initial_s=0.05, backoff_max_s=0.4
+    ) as client:
         events = client.events("s-1")
         consumer = asyncio.ensure_future(anext(events))
         try:
@@ -359,13 +366,18 @@ async def test_list_sessions_sends_the_approval_and_outcome_filters(client: DexC
     assert nodes[0].requests_to("/v1/sessions")[-1].query == {"awaiting_approval": "true", "outcome_unknown": "false"}
     async for _ in client.iter_sessions(status="running", awaiting_approval=False):
         pass
-    assert nodes[0].requests_to("/v1/sessions")[-1].query == {"status": "running", "limit": "100",
-                                                              "awaiting_approval": "false"}
+    assert nodes[0].requests_to("/v1/sessions")[-1].query == {
+        "status": "running",
+        "limit": "100",
+        "awaiting_approval": "false",
+    }
     with pytest.raises(TypeError, match="awaiting_approval"):
         await client.list_sessions(awaiting_approval="yes")  # type: ignore[arg-type]
 
 
-async def test_a_malformed_answer_raises_the_sdk_error_naming_the_field(client: DexClient, nodes: list[FakeNode]) -> None:
+async def test_a_malformed_answer_raises_the_sdk_error_naming_the_field(
+    client: DexClient, nodes: list[FakeNode]
+) -> None:
     nodes[0].add_faults(Fault("status", status=200, body={"session_id": "s-1", "agent": "a", "status": 3}))
     with pytest.raises(MalformedAnswer) as caught:
         await client.get_session("s-1")

@@ -48,8 +48,9 @@ def refused() -> Iterator[RefusedPort]:
 
 
 def standby_503(leader_url: str | None = None) -> Fault:
-    return Fault("status", 503, {"error": "not_active", "message": "standby", "leader_url": leader_url},
-                 {"Retry-After": "1"})
+    return Fault(
+        "status", 503, {"error": "not_active", "message": "standby", "leader_url": leader_url}, {"Retry-After": "1"}
+    )
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -109,8 +110,7 @@ async def test_503_without_leader_rotates_through_the_list(nodes: list[FakeNode]
     assert [len(n.requests_to("/v1/echo")) for n in (standby1, standby2, active)] == [1, 1, 1]
 
 
-async def test_overloaded_keeps_a_multi_url_connection_on_the_active_node_and_backs_off(
-        nodes: list[FakeNode]) -> None:
+async def test_overloaded_keeps_a_multi_url_connection_on_the_active_node_and_backs_off(nodes: list[FakeNode]) -> None:
     active, standby, _ = nodes
     fake = FakeSleep()
     overloaded = Fault("status", 503, {"error": "overloaded", "message": "at its bound"}, {"Retry-After": "1"})
@@ -154,8 +154,9 @@ async def test_a_refused_port_is_skipped_without_waiting(nodes: list[FakeNode], 
 async def test_dropped_connection_and_502_504_are_retried(nodes: list[FakeNode]) -> None:
     active = nodes[0]
     # Two drops in a row: aiohttp itself retries a GET once on a dropped connection.
-    active.add_faults(Fault("drop"), Fault("drop"), Fault("status", 502, {"error": "bad_gateway"}),
-                      Fault("status", 504, None))
+    active.add_faults(
+        Fault("drop"), Fault("drop"), Fault("status", 502, {"error": "bad_gateway"}), Fault("status", 504, None)
+    )
     fake = FakeSleep()
     async with Connection(active.url, sleep=fake) as conn:
         assert (await conn.request("GET", "/v1/echo"))["ok"] is True
@@ -246,8 +247,9 @@ async def test_backoff_doubles_to_its_cap_and_resets_after_success(nodes: list[F
 async def test_backoff_is_full_jitter_drawn_from_the_injected_rng(nodes: list[FakeNode]) -> None:
     active = nodes[0]
     fake = FakeSleep()
-    async with Connection(active.url, backoff_initial_s=0.1, backoff_max_s=0.8,
-                          rng=random.Random(7), sleep=fake) as conn:
+    async with Connection(
+        active.url, backoff_initial_s=0.1, backoff_max_s=0.8, rng=random.Random(7), sleep=fake
+    ) as conn:
         active.add_faults(*[Fault("status", 503, {"error": "not_active"})] * 8)
         await conn.request("GET", "/v1/echo")
     replay = random.Random(7)
@@ -260,8 +262,9 @@ async def test_backoff_is_full_jitter_drawn_from_the_injected_rng(nodes: list[Fa
 async def test_retry_after_is_honoured_only_up_to_the_backoff_cap(nodes: list[FakeNode]) -> None:
     active = nodes[0]
     fake = FakeSleep()
-    async with Connection(active.url, backoff_initial_s=0.05, backoff_max_s=0.2,
-                          rng=LowerBoundRng(), sleep=fake) as conn:
+    async with Connection(
+        active.url, backoff_initial_s=0.05, backoff_max_s=0.2, rng=LowerBoundRng(), sleep=fake
+    ) as conn:
         retry_later = Fault("status", 503, {"error": "not_active"}, {"Retry-After": "30"})
         active.add_faults(retry_later, retry_later, retry_later, retry_later)
         await conn.request("GET", "/v1/echo")
@@ -273,8 +276,15 @@ async def test_rotation_is_free_once_through_the_list_then_backs_off(refused: Re
     other = RefusedPort()
     try:
         fake = FakeSleep()
-        async with Connection([refused.url, other.url], give_up_after_s=3.0, sleep=fake, clock=fake.clock,
-                              rng=UpperBoundRng(), backoff_initial_s=0.5, backoff_max_s=1.0) as conn:
+        async with Connection(
+            [refused.url, other.url],
+            give_up_after_s=3.0,
+            sleep=fake,
+            clock=fake.clock,
+            rng=UpperBoundRng(),
+            backoff_initial_s=0.5,
+            backoff_max_s=1.0,
+        ) as conn:
             with pytest.raises(DexUnavailable):
                 await conn.request("GET", "/v1/echo")
         # 1st failure: free switch; then waits 0.5, 1.0, 1.0 and a last 0.5 up to the 3 s limit.

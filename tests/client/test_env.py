@@ -47,7 +47,8 @@ async def test_a_comma_separated_string_is_several_urls(nodes: list[FakeNode]) -
 
 
 async def test_no_arguments_read_dex_ha_urls_and_the_client_token(
-        nodes: list[FakeNode], monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes: list[FakeNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DEX_HA_URLS", ",".join(node.url for node in nodes))
     monkeypatch.setenv("DEX_HA_TOKEN", "admin-token")
     monkeypatch.setenv("DEX_HA_CLIENT_TOKEN", "client-token")
@@ -57,7 +58,8 @@ async def test_no_arguments_read_dex_ha_urls_and_the_client_token(
 
 
 async def test_dex_ha_token_is_used_when_there_is_no_client_token(
-        nodes: list[FakeNode], monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes: list[FakeNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DEX_HA_URLS", nodes[1].url)
     monkeypatch.setenv("DEX_HA_TOKEN", "admin-token")
     async with DexClient(give_up_after_s=AT_ONCE_S) as client:
@@ -78,13 +80,16 @@ def test_without_arguments_or_environment_the_dev_url_and_no_token() -> None:
     assert client.connection.urls == ["http://127.0.0.1:8801"]
 
 
-@pytest.mark.parametrize(("urls", "named", "bad"), [
-    ("http://127.0.0.1:8801,http://127.0.0.1:88o2", "urls[1]", "http://127.0.0.1:88o2"),
-    ("http://127.0.0.1:99999", "urls", "http://127.0.0.1:99999"),
-    (["http://127.0.0.1:8801", "127.0.0.1:8802"], "urls[1]", "127.0.0.1:8802"),
-    ("http://127.0.0.1:8801 http://127.0.0.1:8802", "urls", "http://127.0.0.1:8801 http://127.0.0.1:8802"),
-    ("http://:8801", "urls", "http://:8801"),
-])
+@pytest.mark.parametrize(
+    ("urls", "named", "bad"),
+    [
+        ("http://127.0.0.1:8801,http://127.0.0.1:88o2", "urls[1]", "http://127.0.0.1:88o2"),
+        ("http://127.0.0.1:99999", "urls", "http://127.0.0.1:99999"),
+        (["http://127.0.0.1:8801", "127.0.0.1:8802"], "urls[1]", "127.0.0.1:8802"),
+        ("http://127.0.0.1:8801 http://127.0.0.1:8802", "urls", "http://127.0.0.1:8801 http://127.0.0.1:8802"),
+        ("http://:8801", "urls", "http://:8801"),
+    ],
+)
 def test_a_malformed_url_fails_at_once_naming_it(urls: str | list[str], named: str, bad: str) -> None:
     with pytest.raises(ValueError) as raised:
         DexClient(urls, give_up_after_s=60)

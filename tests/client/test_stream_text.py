@@ -23,8 +23,15 @@ def committed(type_: str, **data: object) -> SessionEvent:
 
 
 def test_committed_attempt_events_name_their_step_and_attempt() -> None:
-    failed = committed("attempt_failed", step_id="st7", kind="RunModel", attempt=1, error="lost",
-                       attempt_progress="NOT_COMPLETED", call_id=None)
+    failed = committed(
+        "attempt_failed",
+        step_id="st7",
+        kind="RunModel",
+        attempt=1,
+        error="lost",
+        attempt_progress="NOT_COMPLETED",
+        call_id=None,
+    )
     assert (failed.step_id, failed.attempt) == ("st7", 1)
     started = committed("attempt_started", step_id="st7", kind="RunModel", attempt=2, term=1, worker_id="w")
     assert (started.step_id, started.attempt) == ("st7", 2)
@@ -34,10 +41,14 @@ def test_committed_attempt_events_name_their_step_and_attempt() -> None:
 
 def test_a_failed_attempts_text_is_dropped() -> None:
     stream = StreamText()
-    for event in [delta("st7", 1, "Hello "), delta("st7", 1, "wor"),
-                  committed("attempt_failed", step_id="st7", attempt=1, error="lost"),
-                  delta("st7", 1, "ld"),  # relayed late, after the failure was committed
-                  delta("st7", 2, "Hi "), delta("st7", 2, "there")]:
+    for event in [
+        delta("st7", 1, "Hello "),
+        delta("st7", 1, "wor"),
+        committed("attempt_failed", step_id="st7", attempt=1, error="lost"),
+        delta("st7", 1, "ld"),  # relayed late, after the failure was committed
+        delta("st7", 2, "Hi "),
+        delta("st7", 2, "there"),
+    ]:
         stream.feed(event)
     assert stream.text("st7") == "Hi there" and stream.attempt("st7") == 2
 
@@ -53,8 +64,12 @@ def test_text_so_far_is_empty_right_after_a_failure() -> None:
 def test_a_newer_attempt_starts_afresh_even_before_the_failure_event() -> None:
     """Deltas and committed events travel separately: attempt 2 may stream first."""
     stream = StreamText()
-    for event in [delta("st7", 1, "old"), delta("st7", 2, "new"), delta("st7", 1, "late old"),
-                  committed("attempt_failed", step_id="st7", attempt=1, error="lost")]:
+    for event in [
+        delta("st7", 1, "old"),
+        delta("st7", 2, "new"),
+        delta("st7", 1, "late old"),
+        committed("attempt_failed", step_id="st7", attempt=1, error="lost"),
+    ]:
         stream.feed(event)
     assert stream.text("st7") == "new"
 
@@ -63,7 +78,6 @@ def test_steps_are_kept_apart_and_non_text_deltas_ignored() -> None:
     stream = StreamText()
     stream.feed(delta("a", 1, "model a"))
     stream.feed(delta("b", 1, "model b"))
-    stream.feed(SessionEvent(id=None, type="delta", data={"progress": {"stage": 1}}, at=None,
-                             step_id="a", attempt=1))
+    stream.feed(SessionEvent(id=None, type="delta", data={"progress": {"stage": 1}}, at=None, step_id="a", attempt=1))
     stream.feed(committed("attempt_failed", step_id="b", attempt=1, error="lost"))
     assert (stream.text("a"), stream.text("b"), stream.text("unknown")) == ("model a", "", "")

@@ -28,11 +28,15 @@ WORD_DELAY_S = 0.02  # the words stream live, one by one
 def answer(request: ModelRequest) -> dict[str, Any]:
     last = request.history[-1]
     if last["type"] == "user" and last["text"].startswith("refund"):
-        return {"content": "I will refund order A17 once you approve.",
-                "tool_calls": [{"id": None, "name": "refund", "arguments": {"order_id": "A17", "cents": 500}}]}
+        return {
+            "content": "I will refund order A17 once you approve.",
+            "tool_calls": [{"id": None, "name": "refund", "arguments": {"order_id": "A17", "cents": 500}}],
+        }
     if last["type"] == "user" and last["text"].startswith("charge"):
-        return {"content": "Charging the card now.",
-                "tool_calls": [{"id": None, "name": "charge", "arguments": {"order_id": "B9", "cents": 900}}]}
+        return {
+            "content": "Charging the card now.",
+            "tool_calls": [{"id": None, "name": "charge", "arguments": {"order_id": "B9", "cents": 900}}],
+        }
     if last["type"] == "tool_result":
         return {"content": f"The {last['name']} call ended: {last['status']}."}
     return {"content": "Hello from the console agent."}
@@ -43,14 +47,28 @@ def console_agent(ledger: Ledger) -> Agent:
 
     @agent.tool(effect="write", approval=True)
     async def refund(ctx: ToolContext, order_id: str, cents: int) -> str:
-        ledger.record("tool", "refund", "finished", call_id=ctx.call_id, key=ctx.idempotency_key,
-                      attempt=ctx.attempt, data={"order_id": order_id, "cents": cents})
+        ledger.record(
+            "tool",
+            "refund",
+            "finished",
+            call_id=ctx.call_id,
+            key=ctx.idempotency_key,
+            attempt=ctx.attempt,
+            data={"order_id": order_id, "cents": cents},
+        )
         return f"refunded {cents} cents on {order_id}"
 
     @agent.tool(effect="write")
     async def charge(ctx: ToolContext, order_id: str, cents: int) -> str:
-        ledger.record("tool", "charge", "started", call_id=ctx.call_id, key=ctx.idempotency_key,
-                      attempt=ctx.attempt, data={"order_id": order_id, "cents": cents})
+        ledger.record(
+            "tool",
+            "charge",
+            "started",
+            call_id=ctx.call_id,
+            key=ctx.idempotency_key,
+            attempt=ctx.attempt,
+            data={"order_id": order_id, "cents": cents},
+        )
         await asyncio.Event().wait()  # never set: the test kills this process here
         raise AssertionError("unreachable")
 
@@ -58,8 +76,14 @@ def console_agent(ledger: Ledger) -> Agent:
 
 
 async def main(url: str, ledger_path: str, token: str | None = None) -> None:
-    worker = Worker(url, token, agents=[console_agent(Ledger(ledger_path))], poll_wait_ms=1_000,
-                    drain_timeout_s=0.1, backoff_max_s=0.2)
+    worker = Worker(
+        url,
+        token,
+        agents=[console_agent(Ledger(ledger_path))],
+        poll_wait_ms=1_000,
+        drain_timeout_s=0.1,
+        backoff_max_s=0.2,
+    )
     await worker.run()
 
 

@@ -33,8 +33,11 @@ UI_TIMEOUT_MS = 15_000  # every wait on the page has this deadline
 
 playwright_api = pytest.importorskip("playwright.async_api", reason="playwright is not installed (the dev extra)")
 if not CHROMIUM.exists():
-    pytest.skip(f"no chromium at {CHROMIUM}: install it with `apt-get install -y chromium` "
-                "(scripts/test does when it runs as root)", allow_module_level=True)
+    pytest.skip(
+        f"no chromium at {CHROMIUM}: install it with `apt-get install -y chromium` "
+        "(scripts/test does when it runs as root)",
+        allow_module_level=True,
+    )
 expect = playwright_api.expect
 expect.set_options(timeout=UI_TIMEOUT_MS)
 
@@ -42,8 +45,9 @@ expect.set_options(timeout=UI_TIMEOUT_MS)
 @pytest.fixture
 async def page(tmp_path: Path) -> AsyncIterator[object]:
     async with playwright_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=str(CHROMIUM),
-                                                   args=["--no-sandbox", "--disable-gpu"])
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"]
+        )
         try:
             page = await browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(UI_TIMEOUT_MS)
@@ -55,8 +59,9 @@ async def page(tmp_path: Path) -> AsyncIterator[object]:
 @pytest.fixture
 async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
     """A `dex-ha dev` node (no tokens) whose killed Worker's attempt fails in ~2 s."""
-    node = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True,
-                      extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": "2000"})
+    node = DevProcess(
+        tmp_path / "data", tmp_path / "dev.log", relaxed=True, extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": "2000"}
+    )
     node.start()
     try:
         await node.wait_ready()
@@ -68,8 +73,11 @@ async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
 @contextlib.contextmanager
 def worker_process(url: str, ledger: Path, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.console.console_worker", url, str(ledger)],
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.console.console_worker", url, str(ledger)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield proc
     finally:
@@ -129,8 +137,11 @@ async def test_approve_stream_and_reconcile_from_the_console(dev: DevProcess, pa
             await eventually(lambda: ledger.count("tool", "charge") == 1, "the charge tool to start")
             os.kill(worker.pid, signal.SIGKILL)
             worker.wait(timeout=10)
-            await eventually(lambda: _call_status(client, "charge-1", "charge", "outcome_unknown"),
-                             "the killed charge call to be outcome_unknown", deadline_s=20)
+            await eventually(
+                lambda: _call_status(client, "charge-1", "charge", "outcome_unknown"),
+                "the killed charge call to be outcome_unknown",
+                deadline_s=20,
+            )
 
             # ... and the operator finds it by the filter and reconciles it with a note.
             await page.goto(f"{dev.url}/ui#/sessions?outcome_unknown=true")
@@ -140,7 +151,8 @@ async def test_approve_stream_and_reconcile_from_the_console(dev: DevProcess, pa
             call_id = charge["call_id"]
             assert charge["attempt_progress"] == "NOT_COMPLETED"
             await expect(page.locator(f"[data-step='{charge['steps'][0]['step_id']}'] .attempt")).to_contain_text(
-                f"charge-1:{call_id}")
+                f"charge-1:{call_id}"
+            )
             await page.get_by_test_id(f"reconcile-note-{call_id}").fill("charged once: seen in the PSP dashboard")
             await page.get_by_test_id(f"reconcile-{call_id}").click()
             await confirm(page)
@@ -176,8 +188,11 @@ async def test_streamed_text_of_a_failed_attempt_is_marked_dropped(dev: DevProce
         const step = live.steps.get("st");
         return {attempt: step.attempt, text: step.pieces.join(""), dropped: step.dropped};
     }""")
-    assert result == {"attempt": 3, "text": "again",
-                      "dropped": [{"attempt": 1, "text": "Hel"}, {"attempt": 2, "text": "Hello world"}]}
+    assert result == {
+        "attempt": 3,
+        "text": "again",
+        "dropped": [{"attempt": 1, "text": "Hel"}, {"attempt": 2, "text": "Hello world"}],
+    }
 
 
 async def test_the_page_loads_without_a_token_and_ships_no_outside_resource(dev: DevProcess):

@@ -38,12 +38,22 @@ class Kit:
         while True:
             if beats and ctx is not None:
                 await ctx.heartbeat()  # AttemptCancelled once the server says the attempt is over
-                self.ledger.record(kind, name, "beat", call_id=ctx.call_id, key=ctx.idempotency_key,
-                                   attempt=ctx.attempt)
+                self.ledger.record(
+                    kind, name, "beat", call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt
+                )
             await asyncio.sleep(HANG_TICK_S)
 
-    def tool(self, agent: Agent, name: str, *, effect: str, hang_on: Callable[[int], bool] = lambda _: False,
-             beats: bool = False, output: Any = "done", **policy: Any) -> None:
+    def tool(
+        self,
+        agent: Agent,
+        name: str,
+        *,
+        effect: str,
+        hang_on: Callable[[int], bool] = lambda _: False,
+        beats: bool = False,
+        output: Any = "done",
+        **policy: Any,
+    ) -> None:
         """A tool `name(ctx, **arguments)` that records its runs and hangs on the attempts `hang_on` picks."""
 
         async def run(ctx: ToolContext, **arguments: Any) -> Any:
@@ -56,20 +66,33 @@ class Kit:
 
         agent.tool(effect=effect, name=name, input_schema={"type": "object"}, **policy)(run)
 
-    def long_running_tool(self, agent: Agent, name: str, poll: Callable[[ToolContext, Any, int], Awaitable[Any]],
-                          poll_after_ms: int = LONG_TASK_POLL_MS) -> None:
+    def long_running_tool(
+        self,
+        agent: Agent,
+        name: str,
+        poll: Callable[[ToolContext, Any, int], Awaitable[Any]],
+        poll_after_ms: int = LONG_TASK_POLL_MS,
+    ) -> None:
         """A tool that starts a task (recorded as a tool run) and is then polled by `poll(ctx,
         handle, n)`, n counting the polls that ran before this one (in any attempt)."""
 
         async def start(ctx: ToolContext, **arguments: Any) -> Any:
-            self.ledger.record("tool", name, "started", call_id=ctx.call_id, key=ctx.idempotency_key,
-                               attempt=ctx.attempt, data=arguments)
+            self.ledger.record(
+                "tool",
+                name,
+                "started",
+                call_id=ctx.call_id,
+                key=ctx.idempotency_key,
+                attempt=ctx.attempt,
+                data=arguments,
+            )
             return ctx.task_handle(f"task-of-{ctx.idempotency_key}", poll_after_ms=poll_after_ms)
 
         async def poll_task(ctx: ToolContext, handle: Any) -> Any:
             before = self.ledger.count("poll", name)
-            self.ledger.record("poll", name, "started", call_id=ctx.call_id, key=ctx.idempotency_key,
-                               attempt=ctx.attempt, data=handle)
+            self.ledger.record(
+                "poll", name, "started", call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt, data=handle
+            )
             value = await poll(ctx, handle, before)
             self.ledger.record("poll", name, "finished", call_id=ctx.call_id, attempt=ctx.attempt, data=handle)
             return value
@@ -116,7 +139,7 @@ class LedgerModel:
 def turn_items(request: ModelRequest) -> list[dict[str, Any]]:
     """The history items of the current turn (after the last user message)."""
     users = [i for i, item in enumerate(request.history) if item["type"] == "user"]
-    return request.history[users[-1]:] if users else list(request.history)
+    return request.history[users[-1] :] if users else list(request.history)
 
 
 def results_in_turn(request: ModelRequest) -> int:
@@ -185,8 +208,9 @@ def r02(kit: Kit, name: str) -> Agent:
     return Agent(name, LedgerModel(kit, name, script))
 
 
-def single_tool_row(tool: str, effect: str, *, hang_on: Callable[[int], bool], beats: bool,
-                    **policy: Any) -> Callable[[Kit, str], Agent]:
+def single_tool_row(
+    tool: str, effect: str, *, hang_on: Callable[[int], bool], beats: bool, **policy: Any
+) -> Callable[[Kit, str], Agent]:
     """R03–R05, R07, R08, R19: the model calls `tool` once; the tool hangs where the row says."""
 
     def build(kit: Kit, name: str) -> Agent:
@@ -226,8 +250,15 @@ def r10(kit: Kit, name: str) -> Agent:
         return answer("done")
 
     async def build_branch(ctx: ToolContext, **arguments: Any) -> Any:
-        kit.ledger.record("tool", "build_branch", "started", call_id=ctx.call_id, key=ctx.idempotency_key,
-                          attempt=ctx.attempt, data={"answer": ctx.answer, "has_answer": ctx.has_answer})
+        kit.ledger.record(
+            "tool",
+            "build_branch",
+            "started",
+            call_id=ctx.call_id,
+            key=ctx.idempotency_key,
+            attempt=ctx.attempt,
+            data={"answer": ctx.answer, "has_answer": ctx.has_answer},
+        )
         branch = await ctx.ask("which branch?")
         kit.ledger.record("tool", "build_branch", "finished", call_id=ctx.call_id, attempt=ctx.attempt)
         return f"built {branch}"
@@ -286,8 +317,11 @@ R14_MAX_ITEMS = 3  # the third user message finds 5 visible items: compaction
 
 
 def r14(kit: Kit, name: str) -> Agent:
-    return Agent(name, LedgerModel(kit, name, numbered_answer, hang_first_summary(kit, name)),
-                 compaction={"max_items": R14_MAX_ITEMS})
+    return Agent(
+        name,
+        LedgerModel(kit, name, numbered_answer, hang_first_summary(kit, name)),
+        compaction={"max_items": R14_MAX_ITEMS},
+    )
 
 
 def r15(kit: Kit, name: str) -> Agent:
@@ -312,8 +346,9 @@ def r17(kit: Kit, name: str) -> Agent:
             await kit.hang("poll", "build", ctx, beats=False)
         return "artifact"
 
-    agent = Agent(name, LedgerModel(kit, name, script, hang_first_summary(kit, name)),
-                  compaction={"max_items": R17_MAX_ITEMS})
+    agent = Agent(
+        name, LedgerModel(kit, name, script, hang_first_summary(kit, name)), compaction={"max_items": R17_MAX_ITEMS}
+    )
     kit.tool(agent, "lookup", effect="read", hang_on=first_attempt, beats=False)
     kit.long_running_tool(agent, "build", poll)
     return agent
@@ -327,8 +362,11 @@ def r18(kit: Kit, name: str) -> Agent:
     response; otherwise one per model round, so each can end on a node armed to die: the
     timer first (the node is armed before the turn starts), then the two the test ends."""
 
-    waits = [("z", "sleep", {"ms": R18_SLEEP_MS}), ("a", "wire_money", {"amount": 5}),
-             ("q", "ask_user", {"question": "sure?"})]
+    waits = [
+        ("z", "sleep", {"ms": R18_SLEEP_MS}),
+        ("a", "wire_money", {"amount": 5}),
+        ("q", "ask_user", {"question": "sure?"}),
+    ]
 
     async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
         done = results_in_turn(request)
@@ -351,8 +389,15 @@ def r20(kit: Kit, name: str) -> Agent:
 
     async def search(ctx: ToolContext, **arguments: Any) -> Any:
         runs_before = kit.ledger.count("tool", "search")
-        kit.ledger.record("tool", "search", "started", call_id=ctx.call_id, key=ctx.idempotency_key,
-                          attempt=ctx.attempt, data=arguments)
+        kit.ledger.record(
+            "tool",
+            "search",
+            "started",
+            call_id=ctx.call_id,
+            key=ctx.idempotency_key,
+            attempt=ctx.attempt,
+            data=arguments,
+        )
         if runs_before == 0:
             await kit.hang("tool", "search", ctx, beats=False)
         kit.ledger.record("tool", "search", "finished", call_id=ctx.call_id, attempt=ctx.attempt)

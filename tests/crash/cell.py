@@ -42,10 +42,17 @@ class Cell:
     # ---------------------------------------------------------------- processes
 
     def start_worker(self, failpoints: str = "", heartbeat_interval_s: float | None = None) -> WorkerProcess:
-        self.worker = WorkerProcess(self.column.urls, self.column.worker_token, ledger=self.ledger.path,
-                                    row=self.row, agent=self.agent, column=self.column.name,
-                                    log_path=self.dir / "worker.log", failpoints=failpoints,
-                                    heartbeat_interval_s=heartbeat_interval_s)
+        self.worker = WorkerProcess(
+            self.column.urls,
+            self.column.worker_token,
+            ledger=self.ledger.path,
+            row=self.row,
+            agent=self.agent,
+            column=self.column.name,
+            log_path=self.dir / "worker.log",
+            failpoints=failpoints,
+            heartbeat_interval_s=heartbeat_interval_s,
+        )
         self.worker.start()
         return self.worker
 
@@ -82,21 +89,31 @@ class Cell:
         """The idle snapshot, once the event stream has also seen the end of the last turn."""
         snap = (await self.client.wait_until_idle(self.sid, timeout_s=DEADLINE_S)).raw
         last_turn = snap["turns"][-1]["turn_id"]
-        await eventually(lambda: any(e.type.startswith("turn_") and e.data.get("turn_id") == last_turn
-                                     and e.type != "turn_started" for e in self.events),
-                         "the event stream to reach the end of the last turn", DEADLINE_S)
+        await eventually(
+            lambda: any(
+                e.type.startswith("turn_") and e.data.get("turn_id") == last_turn and e.type != "turn_started"
+                for e in self.events
+            ),
+            "the event stream to reach the end of the last turn",
+            DEADLINE_S,
+        )
         return snap
 
     async def until(self, check: Callable[[dict[str, Any]], Any], what: str) -> dict[str, Any]:
         """The first snapshot for which `check` is truthy."""
+
         async def probe() -> dict[str, Any] | None:
             snap = await self.snapshot()
             return snap if check(snap) else None
+
         return await eventually(probe, what, DEADLINE_S)
 
     async def until_ledger(self, kind: str, name: str, moment: str = "started", count: int = 1) -> list[Run]:
-        return await eventually(lambda: (runs := self.ledger.runs(kind, name, moment)) and len(runs) >= count
-                                and runs, f"{count} ledger {kind} {name} {moment}", DEADLINE_S)
+        return await eventually(
+            lambda: (runs := self.ledger.runs(kind, name, moment)) and len(runs) >= count and runs,
+            f"{count} ledger {kind} {name} {moment}",
+            DEADLINE_S,
+        )
 
     def committed(self, event_type: str) -> list[SessionEvent]:
         return [e for e in self.events if e.id is not None and e.type == event_type]
@@ -105,10 +122,12 @@ class Cell:
         """(status, attempt_progress) of every attempt of the session's steps of `kind`, from the
         committed events (the snapshot of an ended turn no longer lists its steps). Call it
         once the session is idle: an attempt that started and did not fail completed."""
-        failed = {(e.data["step_id"], e.data["attempt"]): e.data["attempt_progress"]
-                  for e in self.committed("attempt_failed")}
-        started = [(e.data["step_id"], e.data["attempt"]) for e in self.committed("attempt_started")
-                   if e.data["kind"] == kind]
+        failed = {
+            (e.data["step_id"], e.data["attempt"]): e.data["attempt_progress"] for e in self.committed("attempt_failed")
+        }
+        started = [
+            (e.data["step_id"], e.data["attempt"]) for e in self.committed("attempt_started") if e.data["kind"] == kind
+        ]
         return [("failed", failed[key]) if key in failed else COMPLETED for key in started]
 
     async def close(self) -> None:
@@ -132,8 +151,6 @@ def call_of(snap: dict[str, Any], call_id: str) -> dict[str, Any]:
 def attempts(steps: list[dict[str, Any]], kind: str) -> list[tuple[str, str | None]]:
     """(status, attempt_progress) of every attempt of the steps of `kind`, in order."""
     return [(a["status"], a["attempt_progress"]) for s in steps if s["kind"] == kind for a in s["attempts"]]
-
-
 
 
 def history_types(history: list[dict[str, Any]]) -> list[str]:

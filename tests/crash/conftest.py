@@ -40,8 +40,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if not path or "test_cell[" not in report.nodeid:
         return
     if report.when == "call" or (report.when == "setup" and not report.passed):
-        outcome = "xfailed" if hasattr(report, "wasxfail") and report.skipped else \
-            "xpassed" if hasattr(report, "wasxfail") else report.outcome
+        outcome = (
+            "xfailed"
+            if hasattr(report, "wasxfail") and report.skipped
+            else "xpassed"
+            if hasattr(report, "wasxfail")
+            else report.outcome
+        )
         cell = report.nodeid.split("[", 1)[1].rstrip("]")
         with Path(path).open("a") as results:
             results.write(json.dumps({"cell": cell, "outcome": outcome, "seconds": round(report.duration, 1)}) + "\n")

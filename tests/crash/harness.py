@@ -61,13 +61,36 @@ async def died_at_failpoint(proc: subprocess.Popen[bytes], what: str) -> None:
 class WorkerProcess:
     """`python -m tests.crash.worker_proc` for one cell's agent; killed by pid."""
 
-    def __init__(self, urls: list[str], token: str | None, *, ledger: Path, row: str, agent: str,
-                 column: str, log_path: Path, failpoints: str = "",
-                 heartbeat_interval_s: float | None = None) -> None:
-        self.command = [sys.executable, "-m", "tests.crash.worker_proc", "--urls", ",".join(urls),
-                        "--ledger", str(ledger), "--row", row, "--agent", agent, "--column", column,
-                        *(["--token", token] if token else []),
-                        *(["--heartbeat-interval", str(heartbeat_interval_s)] if heartbeat_interval_s else [])]
+    def __init__(
+        self,
+        urls: list[str],
+        token: str | None,
+        *,
+        ledger: Path,
+        row: str,
+        agent: str,
+        column: str,
+        log_path: Path,
+        failpoints: str = "",
+        heartbeat_interval_s: float | None = None,
+    ) -> None:
+        self.command = [
+            sys.executable,
+            "-m",
+            "tests.crash.worker_proc",
+            "--urls",
+            ",".join(urls),
+            "--ledger",
+            str(ledger),
+            "--row",
+            row,
+            "--agent",
+            agent,
+            "--column",
+            column,
+            *(["--token", token] if token else []),
+            *(["--heartbeat-interval", str(heartbeat_interval_s)] if heartbeat_interval_s else []),
+        ]
         self.failpoints = failpoints
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -134,8 +157,9 @@ class WorkerKillColumn(Column):
     name = "worker_kill"
 
     def __init__(self, directory: Path) -> None:
-        self.dev = DevProcess(directory / "data", directory / "dev.log", relaxed=True,
-                              extra_env=dev_env(WORKER_KILL_HEARTBEAT_TIMEOUT_MS))
+        self.dev = DevProcess(
+            directory / "data", directory / "dev.log", relaxed=True, extra_env=dev_env(WORKER_KILL_HEARTBEAT_TIMEOUT_MS)
+        )
         self.dev.start()
         self.urls = [self.dev.url]
 
@@ -250,8 +274,11 @@ class TakeoverColumn(Column):
         active = await self.cluster.active_node(deadline_s=DEADLINE_S)
         headers = {"Authorization": f"Bearer {self.admin_token}"}
         async with aiohttp.ClientSession() as http:
-            async with http.post(self.cluster.urls[active] + "/v1/cluster/step-down", headers=headers,
-                                 json={"to": node_id, "drain_timeout_ms": 0}) as resp:
+            async with http.post(
+                self.cluster.urls[active] + "/v1/cluster/step-down",
+                headers=headers,
+                json={"to": node_id, "drain_timeout_ms": 0},
+            ) as resp:
                 assert resp.status == 200, await resp.text()
         deadline = time.monotonic() + DEADLINE_S
         while await self.cluster.active_node(deadline_s=DEADLINE_S) != node_id:

@@ -56,11 +56,22 @@ class Ledger:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(SCHEMA)
 
-    def record(self, kind: str, name: str, moment: str, *, call_id: str | None = None, key: str | None = None,
-               attempt: int | None = None, data: Any = None) -> None:
-        self._db.execute("INSERT INTO runs (kind, name, moment, call_id, key, attempt, data, pid, at) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (kind, name, moment, call_id, key, attempt, json.dumps(data), os.getpid(), time.time()))
+    def record(
+        self,
+        kind: str,
+        name: str,
+        moment: str,
+        *,
+        call_id: str | None = None,
+        key: str | None = None,
+        attempt: int | None = None,
+        data: Any = None,
+    ) -> None:
+        self._db.execute(
+            "INSERT INTO runs (kind, name, moment, call_id, key, attempt, data, pid, at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (kind, name, moment, call_id, key, attempt, json.dumps(data), os.getpid(), time.time()),
+        )
 
     def runs(self, kind: str | None = None, name: str | None = None, moment: str | None = None) -> list[Run]:
         where, params = [], []

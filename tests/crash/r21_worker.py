@@ -35,8 +35,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> None:
     agent = coder_agent(args.agent, api_url=args.api_url, work_dir=Path(args.work_dir), ledger_path=Path(args.ledger))
-    worker = Worker(args.urls.split(","), args.token, agents=[agent], poll_wait_ms=POLL_WAIT_MS,
-                    drain_timeout_s=1.0, backoff_max_s=BACKOFF_MAX_S)
+    worker = Worker(
+        args.urls.split(","),
+        args.token,
+        agents=[agent],
+        poll_wait_ms=POLL_WAIT_MS,
+        drain_timeout_s=1.0,
+        backoff_max_s=BACKOFF_MAX_S,
+    )
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(worker.stop()))
     await worker.run()

@@ -36,17 +36,21 @@ class Row:
 
 
 def same(death_by_column: dict[str, str] | None = None, **checks: str) -> dict[str, Failure]:
-    deaths = {"worker_kill": SIGKILL_WORKER, "server_restart": SIGKILL_NODE, "takeover": SIGKILL_ACTIVE,
-              **(death_by_column or {})}
+    deaths = {
+        "worker_kill": SIGKILL_WORKER,
+        "server_restart": SIGKILL_NODE,
+        "takeover": SIGKILL_ACTIVE,
+        **(death_by_column or {}),
+    }
     return {column: Failure(deaths[column], checks.get(column, "")) for column in COLUMNS}
 
 
 BEFORE_FIRST_HEARTBEAT = {
     "worker_kill": "exit 99 at worker.<Kind>.before-first-heartbeat (only the Worker knows that moment)",
     "server_restart": "SIGKILL of the node as soon as the ledger shows the run started; the Worker's "
-                      "heartbeat interval is 10 s, and the cell checks the kill came sooner",
+    "heartbeat interval is 10 s, and the cell checks the kill came sooner",
     "takeover": "SIGKILL of the active node as soon as the ledger shows the run started; the Worker's "
-                "heartbeat interval is 10 s, and the cell checks the kill came sooner",
+    "heartbeat interval is 10 s, and the cell checks the kill came sooner",
 }
 WAIT_ENDED = {
     "worker_kill": "SIGKILL of the worker process while the waits are open; they end while no Worker runs",
@@ -59,137 +63,228 @@ RESULT_IN_FLIGHT = {
     "takeover": "exit 99 at server.complete.after-commit on the active node: committed, not yet answered",
 }
 
-ROWS: dict[str, Row] = {row.id: row for row in (
-    Row("R01", "RunModel", "before any output reaches the server",
-        "The model call runs again, up to 3 attempts. Then the turn fails; if tools already ran, a note "
-        "in the history tells the next turn's model not to repeat them.",
-        "every attempt of the model call is interrupted in turn: 3 attempts, each failed NOT_COMPLETED; "
-        "the turn fails with a note naming the tool that ran; the tool ran once (ledger); the next turn's "
-        "model saw the note",
-        same()),
-    Row("R02", "RunModel", "after output (stream deltas) reached the server",
-        "The same as R01. The deltas are tagged with step and attempt, so a client can drop those of "
-        "the failed attempt.",
-        "the client's event stream saw deltas of attempt 1 and an attempt_failed event naming that step "
-        "and attempt; attempt 2 answers; the model ran twice with the same input (ledger)",
-        same()),
-    Row("R03", "CallTool, idempotent write", "before the first heartbeat reaches the server",
-        "The call runs again with the same idempotency key.",
-        "attempts failed NOT_COMPLETED then completed; the ledger has 2 runs (attempts 1 and 2), both "
-        "with the key {session}:{call}; only attempt 2 finished; the call succeeded",
-        same(BEFORE_FIRST_HEARTBEAT)),
-    Row("R04", "CallTool, idempotent write", "while the tool runs",
-        "The same as R03.",
-        "as R03, interrupted after a heartbeat of attempt 1 got through",
-        same()),
-    Row("R05", "CallTool, read", "while the tool runs",
-        "The call runs again.",
-        "as R04, for a read",
-        same()),
-    Row("R06", "CallTool", "every attempt",
-        "After the last attempt, a read records failed and a write records outcome_unknown.",
-        "each of the 3 attempts of a read and an idempotent write is interrupted; the read records "
-        "failed, the write outcome_unknown, both NOT_COMPLETED and without the not-run prefix; 3 ledger "
-        "runs each, one key each; the next model call saw failed and outcome_unknown",
-        same()),
-    Row("R07", "CallSingleAttemptTool", "before the first heartbeat reaches the server",
-        "The call records outcome_unknown and does not run again. The model sees that the outcome is "
-        "unknown.",
-        "one attempt, failed NOT_COMPLETED; the call records outcome_unknown without the not-run prefix; "
-        "one ledger run that never finished; the next model call saw outcome_unknown",
-        same(BEFORE_FIRST_HEARTBEAT)),
-    Row("R08", "CallSingleAttemptTool", "while the tool runs",
-        "The same as R07.",
-        "as R07, interrupted after a heartbeat of the attempt got through",
-        same()),
-    Row("R09", "AwaitToolApproval", "while it waits",
-        "Nothing runs again; the wait lives in the server. A later approval runs the tool once.",
-        "the approval is still pending after the failure and the tool has not run (ledger 0); after "
-        "the approval it ran once with the call's key; approving again is a no-op",
-        same()),
-    Row("R10", "AwaitQuestionAnswer", "while it waits",
-        "Nothing runs again. A later answer resumes the turn.",
-        "both questions (the model's ask_user, and a tool's own question) are still pending after the "
-        "failure; the tool ran once before (ledger); after the answers ask_user records the answer and "
-        "the tool runs again with it, same key",
-        same()),
-    Row("R11", "AwaitTimer", "while it waits",
-        "Nothing runs again. The timer fires once; a timer that came due during an outage fires when "
-        "the server is back.",
-        "the sleep call succeeds; the event stream shows the timer fired once; the next model call saw "
-        "one result",
-        same(checks={"worker_kill": "the timer fires while no Worker runs",
-                     "server_restart": "the node stays down until the timer is overdue; it fires after "
-                                       "the restart",
-                     "takeover": "the new active node fires it (whether it came due during the election "
-                                 "depends on timing)"})),
-    Row("R12", "PollToolTask", "between two polls",
-        "Polling goes on with the same task. No second task starts.",
-        "the failure comes after the first poll (pending) was recorded; the task started once (ledger), "
-        "both polls used its handle, no poll attempt failed",
-        same()),
-    Row("R13", "PollToolTask", "during a poll",
-        "The poll runs again. No second task starts.",
-        "the poll step's attempts: failed NOT_COMPLETED, then completed; the task started once; both "
-        "polls (ledger) used the same handle",
-        same({"worker_kill": "exit 99 at worker.PollToolTask.during-poll (the poll ran; its answer was "
-                             "not delivered)"})),
-    Row("R14", "CompactContext", "during the summary call",
-        "Only the summary call runs again (up to 3 attempts; if all fail the turn fails and the next "
-        "message compacts again). The session stores one summary.",
-        "the summary call ran twice with the same input, the model calls once each (ledger); one "
-        "summary_updated event; the stored summary is the one the next model call saw. (Exhausting the "
-        "3 attempts is covered by R01 and R06 for the retry rule and by the engine tests for compaction.)",
-        same()),
-    Row("R15", "AwaitUserMessage", "while the session is idle",
-        "Nothing runs again. The next message starts a turn.",
-        "the session is idle with no step running after the failure; the next message's turn completes; "
-        "one model call per turn (ledger)",
-        same({"worker_kill": "SIGKILL of the worker process while the session is idle"})),
-    Row("R16", "any step", "queued, before the server hands it to a Worker",
-        "The step stays in the queue and uses no attempt. It runs as attempt 1 when a Worker takes it.",
-        "a model step queued while no Worker runs keeps 0 attempts across the failure and then runs as "
-        "attempt 1, once (ledger)",
-        same({"worker_kill": "SIGKILL of the worker process; the message is sent while none runs"})),
-    Row("R17", "CallTool read, PollToolTask, CompactContext", "before the first heartbeat reaches the server",
-        "The same as the rows of those steps (R05, R13, R14).",
-        "a read, a poll and a summary call are each interrupted before their first heartbeat: each runs "
-        "again once (same key for the read, same handle for the poll, one task, one summary)",
-        same(BEFORE_FIRST_HEARTBEAT)),
-    Row("R18", "AwaitToolApproval, AwaitQuestionAnswer, AwaitTimer",
-        "after the wait ended, while the turn moves on",
-        "The resolved approval, answer or timer stays recorded; what moves the turn on runs (again).",
-        "in dex-ha the entry that ends a wait also queues what moves the turn on (one committed entry), "
-        "so the moment between the two does not exist; the nearest real one is right after that entry "
-        "applied, before the leader services hear of it (no answer to the client, no hand-out of the "
-        "queued step). Each resolution stays recorded: the client's retried approval and answer are "
-        "no-ops, the timer fired once, the approved tool ran once (ledger), the turn completes",
-        same(WAIT_ENDED)),
-    Row("R19", "any task step", "after the Worker sent the result, before the server committed it",
-        "The server either commits the result or fails the attempt; a failed attempt follows its row.",
-        "",
-        {"worker_kill": Failure(RESULT_IN_FLIGHT["worker_kill"],
-                                "the result is committed: one ledger run, one completed attempt; a Worker "
-                                "kill cannot fall between the server's receipt and its commit, which does "
-                                "not depend on the Worker"),
-         "server_restart": Failure(RESULT_IN_FLIGHT["server_restart"],
-                                   "the attempt fails NOT_COMPLETED and the read runs again with the same "
-                                   "key (2 ledger runs)"),
-         "takeover": Failure(RESULT_IN_FLIGHT["takeover"],
-                             "the result stands; the Worker's retry to the new active node is accepted; "
-                             "one ledger run, one completed attempt")}),
-    Row("R20", "a tool the framework cannot defer (inline)", "while it runs",
-        "The tool runs inside RunModel and repeats when RunModel runs again: at-least-once.",
-        "the inline tool ran twice (ledger), the RunModel attempts failed NOT_COMPLETED then completed; "
-        "the call succeeded with step kind RunModel",
-        same()),
-    Row("R21", "a Claude Agent SDK turn segment (the Claude Code CLI inside RunModel)", "while it runs",
-        "Deferred custom tools run in their own tool steps, as above. The CLI's model calls and its tools "
-        "(Bash, Write, Edit, Task, ...) run inside RunModel and repeat when it runs again: at-least-once.",
-        "the segment ran Bash, then hung in its second model call; the RunModel attempt failed "
-        "NOT_COMPLETED and ran again, Bash with it (2 lines in the file it appends to; the fake model API "
-        "saw the segment's calls twice); the deferred write tool ran once, after the failure, as its own "
-        "CallSingleAttemptTool step with the call's key (ledger); no CLI process outlived its segment "
-        "(tests/crash/test_r21.py)",
-        same()),
-)}
+ROWS: dict[str, Row] = {
+    row.id: row
+    for row in (
+        Row(
+            "R01",
+            "RunModel",
+            "before any output reaches the server",
+            "The model call runs again, up to 3 attempts. Then the turn fails; if tools already ran, a note "
+            "in the history tells the next turn's model not to repeat them.",
+            "every attempt of the model call is interrupted in turn: 3 attempts, each failed NOT_COMPLETED; "
+            "the turn fails with a note naming the tool that ran; the tool ran once (ledger); the next turn's "
+            "model saw the note",
+            same(),
+        ),
+        Row(
+            "R02",
+            "RunModel",
+            "after output (stream deltas) reached the server",
+            "The same as R01. The deltas are tagged with step and attempt, so a client can drop those of "
+            "the failed attempt.",
+            "the client's event stream saw deltas of attempt 1 and an attempt_failed event naming that step "
+            "and attempt; attempt 2 answers; the model ran twice with the same input (ledger)",
+            same(),
+        ),
+        Row(
+            "R03",
+            "CallTool, idempotent write",
+            "before the first heartbeat reaches the server",
+            "The call runs again with the same idempotency key.",
+            "attempts failed NOT_COMPLETED then completed; the ledger has 2 runs (attempts 1 and 2), both "
+            "with the key {session}:{call}; only attempt 2 finished; the call succeeded",
+            same(BEFORE_FIRST_HEARTBEAT),
+        ),
+        Row(
+            "R04",
+            "CallTool, idempotent write",
+            "while the tool runs",
+            "The same as R03.",
+            "as R03, interrupted after a heartbeat of attempt 1 got through",
+            same(),
+        ),
+        Row("R05", "CallTool, read", "while the tool runs", "The call runs again.", "as R04, for a read", same()),
+        Row(
+            "R06",
+            "CallTool",
+            "every attempt",
+            "After the last attempt, a read records failed and a write records outcome_unknown.",
+            "each of the 3 attempts of a read and an idempotent write is interrupted; the read records "
+            "failed, the write outcome_unknown, both NOT_COMPLETED and without the not-run prefix; 3 ledger "
+            "runs each, one key each; the next model call saw failed and outcome_unknown",
+            same(),
+        ),
+        Row(
+            "R07",
+            "CallSingleAttemptTool",
+            "before the first heartbeat reaches the server",
+            "The call records outcome_unknown and does not run again. The model sees that the outcome is unknown.",
+            "one attempt, failed NOT_COMPLETED; the call records outcome_unknown without the not-run prefix; "
+            "one ledger run that never finished; the next model call saw outcome_unknown",
+            same(BEFORE_FIRST_HEARTBEAT),
+        ),
+        Row(
+            "R08",
+            "CallSingleAttemptTool",
+            "while the tool runs",
+            "The same as R07.",
+            "as R07, interrupted after a heartbeat of the attempt got through",
+            same(),
+        ),
+        Row(
+            "R09",
+            "AwaitToolApproval",
+            "while it waits",
+            "Nothing runs again; the wait lives in the server. A later approval runs the tool once.",
+            "the approval is still pending after the failure and the tool has not run (ledger 0); after "
+            "the approval it ran once with the call's key; approving again is a no-op",
+            same(),
+        ),
+        Row(
+            "R10",
+            "AwaitQuestionAnswer",
+            "while it waits",
+            "Nothing runs again. A later answer resumes the turn.",
+            "both questions (the model's ask_user, and a tool's own question) are still pending after the "
+            "failure; the tool ran once before (ledger); after the answers ask_user records the answer and "
+            "the tool runs again with it, same key",
+            same(),
+        ),
+        Row(
+            "R11",
+            "AwaitTimer",
+            "while it waits",
+            "Nothing runs again. The timer fires once; a timer that came due during an outage fires when "
+            "the server is back.",
+            "the sleep call succeeds; the event stream shows the timer fired once; the next model call saw one result",
+            same(
+                checks={
+                    "worker_kill": "the timer fires while no Worker runs",
+                    "server_restart": "the node stays down until the timer is overdue; it fires after the restart",
+                    "takeover": "the new active node fires it (whether it came due during the election "
+                    "depends on timing)",
+                }
+            ),
+        ),
+        Row(
+            "R12",
+            "PollToolTask",
+            "between two polls",
+            "Polling goes on with the same task. No second task starts.",
+            "the failure comes after the first poll (pending) was recorded; the task started once (ledger), "
+            "both polls used its handle, no poll attempt failed",
+            same(),
+        ),
+        Row(
+            "R13",
+            "PollToolTask",
+            "during a poll",
+            "The poll runs again. No second task starts.",
+            "the poll step's attempts: failed NOT_COMPLETED, then completed; the task started once; both "
+            "polls (ledger) used the same handle",
+            same(
+                {
+                    "worker_kill": "exit 99 at worker.PollToolTask.during-poll (the poll ran; its answer was "
+                    "not delivered)"
+                }
+            ),
+        ),
+        Row(
+            "R14",
+            "CompactContext",
+            "during the summary call",
+            "Only the summary call runs again (up to 3 attempts; if all fail the turn fails and the next "
+            "message compacts again). The session stores one summary.",
+            "the summary call ran twice with the same input, the model calls once each (ledger); one "
+            "summary_updated event; the stored summary is the one the next model call saw. (Exhausting the "
+            "3 attempts is covered by R01 and R06 for the retry rule and by the engine tests for compaction.)",
+            same(),
+        ),
+        Row(
+            "R15",
+            "AwaitUserMessage",
+            "while the session is idle",
+            "Nothing runs again. The next message starts a turn.",
+            "the session is idle with no step running after the failure; the next message's turn completes; "
+            "one model call per turn (ledger)",
+            same({"worker_kill": "SIGKILL of the worker process while the session is idle"}),
+        ),
+        Row(
+            "R16",
+            "any step",
+            "queued, before the server hands it to a Worker",
+            "The step stays in the queue and uses no attempt. It runs as attempt 1 when a Worker takes it.",
+            "a model step queued while no Worker runs keeps 0 attempts across the failure and then runs as "
+            "attempt 1, once (ledger)",
+            same({"worker_kill": "SIGKILL of the worker process; the message is sent while none runs"}),
+        ),
+        Row(
+            "R17",
+            "CallTool read, PollToolTask, CompactContext",
+            "before the first heartbeat reaches the server",
+            "The same as the rows of those steps (R05, R13, R14).",
+            "a read, a poll and a summary call are each interrupted before their first heartbeat: each runs "
+            "again once (same key for the read, same handle for the poll, one task, one summary)",
+            same(BEFORE_FIRST_HEARTBEAT),
+        ),
+        Row(
+            "R18",
+            "AwaitToolApproval, AwaitQuestionAnswer, AwaitTimer",
+            "after the wait ended, while the turn moves on",
+            "The resolved approval, answer or timer stays recorded; what moves the turn on runs (again).",
+            "in dex-ha the entry that ends a wait also queues what moves the turn on (one committed entry), "
+            "so the moment between the two does not exist; the nearest real one is right after that entry "
+            "applied, before the leader services hear of it (no answer to the client, no hand-out of the "
+            "queued step). Each resolution stays recorded: the client's retried approval and answer are "
+            "no-ops, the timer fired once, the approved tool ran once (ledger), the turn completes",
+            same(WAIT_ENDED),
+        ),
+        Row(
+            "R19",
+            "any task step",
+            "after the Worker sent the result, before the server committed it",
+            "The server either commits the result or fails the attempt; a failed attempt follows its row.",
+            "",
+            {
+                "worker_kill": Failure(
+                    RESULT_IN_FLIGHT["worker_kill"],
+                    "the result is committed: one ledger run, one completed attempt; a Worker "
+                    "kill cannot fall between the server's receipt and its commit, which does "
+                    "not depend on the Worker",
+                ),
+                "server_restart": Failure(
+                    RESULT_IN_FLIGHT["server_restart"],
+                    "the attempt fails NOT_COMPLETED and the read runs again with the same key (2 ledger runs)",
+                ),
+                "takeover": Failure(
+                    RESULT_IN_FLIGHT["takeover"],
+                    "the result stands; the Worker's retry to the new active node is accepted; "
+                    "one ledger run, one completed attempt",
+                ),
+            },
+        ),
+        Row(
+            "R20",
+            "a tool the framework cannot defer (inline)",
+            "while it runs",
+            "The tool runs inside RunModel and repeats when RunModel runs again: at-least-once.",
+            "the inline tool ran twice (ledger), the RunModel attempts failed NOT_COMPLETED then completed; "
+            "the call succeeded with step kind RunModel",
+            same(),
+        ),
+        Row(
+            "R21",
+            "a Claude Agent SDK turn segment (the Claude Code CLI inside RunModel)",
+            "while it runs",
+            "Deferred custom tools run in their own tool steps, as above. The CLI's model calls and its tools "
+            "(Bash, Write, Edit, Task, ...) run inside RunModel and repeat when it runs again: at-least-once.",
+            "the segment ran Bash, then hung in its second model call; the RunModel attempt failed "
+            "NOT_COMPLETED and ran again, Bash with it (2 lines in the file it appends to; the fake model API "
+            "saw the segment's calls twice); the deferred write tool ran once, after the failure, as its own "
+            "CallSingleAttemptTool step with the call's key (ledger); no CLI process outlived its segment "
+            "(tests/crash/test_r21.py)",
+            same(),
+        ),
+    )
+}

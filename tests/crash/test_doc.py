@@ -19,9 +19,10 @@ def load_script():  # type: ignore[no-untyped-def]
 
 def test_the_committed_document_matches_the_row_table() -> None:
     doc = load_script()
-    assert doc.table_part(doc.DOC.read_text()) == doc.render_table(), \
-        "docs/crash-matrix.md is stale: run the cells with DEX_HA_CRASH_RESULTS=FILE, then " \
+    assert doc.table_part(doc.DOC.read_text()) == doc.render_table(), (
+        "docs/crash-matrix.md is stale: run the cells with DEX_HA_CRASH_RESULTS=FILE, then "
         "scripts/crash_matrix_doc.py --results FILE"
+    )
 
 
 def test_a_changed_row_makes_the_document_stale(tmp_path: Path) -> None:

@@ -80,8 +80,9 @@ async def r01(cell: Cell) -> None:
     await cell.send("again")
     await cell.idle()
     assert cell.step_attempts("RunModel") == [COMPLETED, FAILED, FAILED, FAILED, COMPLETED]
-    assert any(item["type"] == "note" and "do not repeat" in item["text"]
-               for item in last_model_call(cell).data["history"])  # the next turn's model saw it
+    assert any(
+        item["type"] == "note" and "do not repeat" in item["text"] for item in last_model_call(cell).data["history"]
+    )  # the next turn's model saw it
     assert cell.ledger.count("tool", "lookup") == 1
 
 
@@ -99,8 +100,10 @@ async def r02(cell: Cell) -> None:
 
 
 async def _eventually_delta(cell: Cell, attempt: int) -> SessionEvent:
-    return await eventually(lambda: next((e for e in cell.events if e.id is None and e.attempt == attempt), None),
-                            f"a delta of attempt {attempt}")
+    return await eventually(
+        lambda: next((e for e in cell.events if e.id is None and e.attempt == attempt), None),
+        f"a delta of attempt {attempt}",
+    )
 
 
 # ---------------------------------------------------------------- CallTool
@@ -150,8 +153,10 @@ async def r06(cell: Cell) -> None:
 
 
 async def _until_beat(cell: Cell, tool: str, attempt: int) -> None:
-    await eventually(lambda: any(run.attempt == attempt for run in cell.ledger.runs("tool", tool, "beat")),
-                     f"a heartbeat of {tool} attempt {attempt}")
+    await eventually(
+        lambda: any(run.attempt == attempt for run in cell.ledger.runs("tool", tool, "beat")),
+        f"a heartbeat of {tool} attempt {attempt}",
+    )
 
 
 # ---------------------------------------------------------------- CallSingleAttemptTool
@@ -175,7 +180,9 @@ def single_attempt(before_first_heartbeat: bool) -> Scenario:
         assert (call["status"], call["attempt_progress"]) == ("outcome_unknown", "NOT_COMPLETED")
         assert not call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
         assert attempts(call["steps"], "CallSingleAttemptTool") == [FAILED]
-        assert [(r.key, r.attempt) for r in cell.ledger.runs("tool", "send_email", "started")] == [(f"{cell.sid}:c1", 1)]
+        assert [(r.key, r.attempt) for r in cell.ledger.runs("tool", "send_email", "started")] == [
+            (f"{cell.sid}:c1", 1)
+        ]
         assert cell.ledger.runs("tool", "send_email", "finished") == []
         assert results_seen(last_model_call(cell)) == {"c1": "outcome_unknown"}  # the model sees it
 
@@ -243,9 +250,13 @@ async def r12(cell: Cell) -> None:
     cell.start_worker()
     await cell.send("go")
     await cell.until_ledger("poll", "build", "finished")  # the first poll said pending
-    await cell.until(lambda s: any(t["purpose"] == "poll" for t in s["pending_timers"])
-                     and all(st["status"] == "done" for st in call_of(s, "t")["steps"] if st["kind"] == "PollToolTask"),
-                     "the first poll's result to be recorded")
+    await cell.until(
+        lambda s: (
+            any(t["purpose"] == "poll" for t in s["pending_timers"])
+            and all(st["status"] == "done" for st in call_of(s, "t")["steps"] if st["kind"] == "PollToolTask")
+        ),
+        "the first poll's result to be recorded",
+    )
     await cell.interrupt()
     snap = await cell.idle()
     assert_one_task_polled(cell, snap, polls=2)
@@ -346,8 +357,11 @@ async def r16(cell: Cell) -> None:
 
 def _model_step(snap: dict) -> dict | None:
     turn = snap["current_turn"]
-    return None if turn is None or turn["number"] != 2 else \
-        next((s for s in turn["steps"] if s["kind"] == "RunModel"), None)
+    return (
+        None
+        if turn is None or turn["number"] != 2
+        else next((s for s in turn["steps"] if s["kind"] == "RunModel"), None)
+    )
 
 
 # ---------------------------------------------------------------- the rows the seed left untested
@@ -422,8 +436,10 @@ async def r18_node_dies_after_each_wait_ended(cell: Cell) -> None:
 
 
 async def r19(cell: Cell) -> None:
-    failpoint = {"server_restart": "server.complete.before-propose@2",
-                 "takeover": "server.complete.after-commit@2"}  # the 2nd result is the tool's
+    failpoint = {
+        "server_restart": "server.complete.before-propose@2",
+        "takeover": "server.complete.after-commit@2",
+    }  # the 2nd result is the tool's
     if cell.worker_kill:
         cell.start_worker(failpoints="worker.complete.after-send@2")
     else:
@@ -461,15 +477,26 @@ async def r20(cell: Cell) -> None:
 
 
 SCENARIOS: dict[str, Scenario] = {
-    "R01": r01, "R02": r02,
+    "R01": r01,
+    "R02": r02,
     "R03": runs_again("put_item", before_first_heartbeat=True),
     "R04": runs_again("put_item", before_first_heartbeat=False),
     "R05": runs_again("lookup", before_first_heartbeat=False),
     "R06": r06,
     "R07": single_attempt(before_first_heartbeat=True),
     "R08": single_attempt(before_first_heartbeat=False),
-    "R09": r09, "R10": r10, "R11": r11, "R12": r12, "R13": r13, "R14": r14, "R15": r15, "R16": r16,
-    "R17": r17, "R18": r18, "R19": r19, "R20": r20,
+    "R09": r09,
+    "R10": r10,
+    "R11": r11,
+    "R12": r12,
+    "R13": r13,
+    "R14": r14,
+    "R15": r15,
+    "R16": r16,
+    "R17": r17,
+    "R18": r18,
+    "R19": r19,
+    "R20": r20,
 }
 
 

@@ -45,12 +45,34 @@ DEADLINE_S = 60.0  # a segment starts a CLI (a second or two on a loaded machine
 class R21WorkerProcess(WorkerProcess):
     """`python -m tests.crash.r21_worker` (the Claude agent) instead of the rows' worker."""
 
-    def __init__(self, urls: list[str], token: str | None, *, ledger: Path, agent: str, api_url: str,
-                 work_dir: Path, log_path: Path) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        token: str | None,
+        *,
+        ledger: Path,
+        agent: str,
+        api_url: str,
+        work_dir: Path,
+        log_path: Path,
+    ) -> None:
         super().__init__(urls, token, ledger=ledger, row=ROW, agent=agent, column="", log_path=log_path)
-        self.command = [sys.executable, "-m", "tests.crash.r21_worker", "--urls", ",".join(urls),
-                        "--ledger", str(ledger), "--agent", agent, "--api-url", api_url,
-                        "--work-dir", str(work_dir), *(["--token", token] if token else [])]
+        self.command = [
+            sys.executable,
+            "-m",
+            "tests.crash.r21_worker",
+            "--urls",
+            ",".join(urls),
+            "--ledger",
+            str(ledger),
+            "--agent",
+            agent,
+            "--api-url",
+            api_url,
+            "--work-dir",
+            str(work_dir),
+            *(["--token", token] if token else []),
+        ]
 
 
 class R21Cell(Cell):
@@ -62,9 +84,15 @@ class R21Cell(Cell):
 
     def start_worker(self, failpoints: str = "", heartbeat_interval_s: float | None = None) -> WorkerProcess:
         assert not failpoints and heartbeat_interval_s is None, "R21 cells die by SIGKILL only"
-        self.worker = R21WorkerProcess(self.column.urls, self.column.worker_token, ledger=self.ledger.path,
-                                       agent=self.agent, api_url=self.api_url, work_dir=self.work_dir,
-                                       log_path=self.dir / "worker.log")
+        self.worker = R21WorkerProcess(
+            self.column.urls,
+            self.column.worker_token,
+            ledger=self.ledger.path,
+            agent=self.agent,
+            api_url=self.api_url,
+            work_dir=self.work_dir,
+            log_path=self.dir / "worker.log",
+        )
         self.worker.start()
         return self.worker
 
@@ -72,8 +100,11 @@ class R21Cell(Cell):
 async def r21(cell: R21Cell, fake: FakeAnthropic) -> None:
     cell.start_worker()
     await cell.send("Write the file, then store the record.")
-    await eventually(lambda: fake.stalls == 1 and inline_runs(cell.work_dir) == 1,
-                     "segment 1 to run Bash, then hang in its second model call", DEADLINE_S)
+    await eventually(
+        lambda: fake.stalls == 1 and inline_runs(cell.work_dir) == 1,
+        "segment 1 to run Bash, then hang in its second model call",
+        DEADLINE_S,
+    )
     await cell.fail()
     if cell.worker_kill:  # the dead Worker's CLI did not run on (dex_ha.adapters.claude_launcher)
         await eventually(lambda: not processes_in(cell.work_dir), "the killed Worker's CLI to end", DEADLINE_S)

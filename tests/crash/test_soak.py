@@ -79,9 +79,18 @@ def soak_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lo
 
 
 def start_workers(cluster: LocalCluster, ledger: Path, logs: Path) -> list[WorkerProcess]:
-    workers = [WorkerProcess(list(cluster.urls.values()), cluster.tokens["worker"], ledger=ledger, row="SOAK",
-                             agent=AGENT, column="soak", log_path=logs / f"worker-{i}.log")
-               for i in range(WORKERS)]
+    workers = [
+        WorkerProcess(
+            list(cluster.urls.values()),
+            cluster.tokens["worker"],
+            ledger=ledger,
+            row="SOAK",
+            agent=AGENT,
+            column="soak",
+            log_path=logs / f"worker-{i}.log",
+        )
+        for i in range(WORKERS)
+    ]
     for worker in workers:
         worker.start()
     return workers
@@ -108,8 +117,9 @@ async def send_until_acked(send: Any, *args: Any, **kwargs: Any) -> Any:
             assert time.monotonic() < deadline, f"not acknowledged within {TURN_DEADLINE_S} s"
 
 
-async def wait_idle(client: DexClient, session_id: str, totals: Totals, deadline_s: float = FINAL_DEADLINE_S
-                    ) -> dict[str, Any]:
+async def wait_idle(
+    client: DexClient, session_id: str, totals: Totals, deadline_s: float = FINAL_DEADLINE_S
+) -> dict[str, Any]:
     deadline = time.monotonic() + deadline_s
     while True:
         try:
@@ -119,8 +129,9 @@ async def wait_idle(client: DexClient, session_id: str, totals: Totals, deadline
             assert time.monotonic() < deadline, f"{session_id} not idle within {deadline_s} s"
 
 
-async def kill_at_random(cluster: LocalCluster, workers: list[WorkerProcess], rng: random.Random,
-                         totals: Totals) -> None:
+async def kill_at_random(
+    cluster: LocalCluster, workers: list[WorkerProcess], rng: random.Random, totals: Totals
+) -> None:
     """KILLS SIGKILLs, each of the active node or of one Worker (then started again)."""
     admin = cluster.tokens["admin"]
     for n in range(KILLS):
@@ -154,10 +165,16 @@ def check(snapshots: dict[str, dict[str, Any]], ledger: Ledger, totals: Totals) 
             finished.add(run.call_id)
     for session_id, snapshot in snapshots.items():
         said = [item["text"] for item in snapshot["history"] if item["type"] == "user"]
-        violations += [f"{session_id}: acknowledged message {text!r} is not in the history"
-                       for text in totals.acked[session_id] if text not in said]
-        violations += [f"{session_id}: turn {t['number']} ended {t['status']}" for t in snapshot["turns"]
-                       if t["status"] not in ("completed", "failed")]
+        violations += [
+            f"{session_id}: acknowledged message {text!r} is not in the history"
+            for text in totals.acked[session_id]
+            if text not in said
+        ]
+        violations += [
+            f"{session_id}: turn {t['number']} ended {t['status']}"
+            for t in snapshot["turns"]
+            if t["status"] not in ("completed", "failed")
+        ]
         for call in snapshot["tool_calls"]:
             identity = f"{session_id}:{call['call_id']}"
             effect, status = call["effect"], call["status"]
@@ -184,15 +201,24 @@ def check_call(identity: str, effect: str, status: str, error: str, ran: list[An
     return problems
 
 
-def print_totals(seed: int, totals: Totals, outcomes: Counter[str], ledger: Ledger, snapshots: dict[str, Any],
-                 violations: list[str], seconds: float) -> None:
+def print_totals(
+    seed: int,
+    totals: Totals,
+    outcomes: Counter[str],
+    ledger: Ledger,
+    snapshots: dict[str, Any],
+    violations: list[str],
+    seconds: float,
+) -> None:
     turns = Counter(t["status"] for s in snapshots.values() for t in s["turns"])
     tool_runs = Counter(run.name for run in ledger.runs("tool", moment="started"))
     print(f"\nsoak: seed {seed}, {seconds:.0f} s, {SESSIONS} sessions, {WORKERS} Worker processes")
     print(f"  kills: {sum(totals.kills.values())} ({', '.join(f'{n} {k}' for k, n in sorted(totals.kills.items()))})")
-    print(f"  messages acknowledged: {sum(len(a) for a in totals.acked.values())}; "
-          f"turns: {', '.join(f'{n} {k}' for k, n in sorted(turns.items()))}; "
-          f"waits past {TURN_DEADLINE_S:.0f} s: {totals.slow_turns}")
+    print(
+        f"  messages acknowledged: {sum(len(a) for a in totals.acked.values())}; "
+        f"turns: {', '.join(f'{n} {k}' for k, n in sorted(turns.items()))}; "
+        f"waits past {TURN_DEADLINE_S:.0f} s: {totals.slow_turns}"
+    )
     for sid, snapshot in snapshots.items():
         for turn in snapshot["turns"]:
             if turn["status"] == "failed":
@@ -206,7 +232,8 @@ def print_totals(seed: int, totals: Totals, outcomes: Counter[str], ledger: Ledg
 
 @pytest.mark.timeout(3_600)
 async def test_soak_random_kills_lose_nothing_and_repeat_no_single_attempt_tool(
-        soak_cluster: LocalCluster, tmp_path: Path) -> None:
+    soak_cluster: LocalCluster, tmp_path: Path
+) -> None:
     # Not `random` for the default: the test run seeds it, and every soak would repeat one schedule.
     seed = int(os.environ.get("DEX_HA_SOAK_SEED") or int.from_bytes(os.urandom(4), "big"))
     print(f"\nsoak seed {seed} (DEX_HA_SOAK_SEED={seed} replays the kill schedule)")

@@ -38,9 +38,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> None:
     kit = Kit(Ledger(args.ledger), args.column)
-    worker = Worker(args.urls.split(","), args.token, agents=[AGENTS[args.row](kit, args.agent)],
-                    poll_wait_ms=POLL_WAIT_MS, heartbeat_interval_s=args.heartbeat_interval,
-                    drain_timeout_s=1.0, backoff_max_s=BACKOFF_MAX_S)
+    worker = Worker(
+        args.urls.split(","),
+        args.token,
+        agents=[AGENTS[args.row](kit, args.agent)],
+        poll_wait_ms=POLL_WAIT_MS,
+        heartbeat_interval_s=args.heartbeat_interval,
+        drain_timeout_s=1.0,
+        backoff_max_s=BACKOFF_MAX_S,
+    )
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(worker.stop()))
     await worker.run()

@@ -32,7 +32,7 @@ def alert_expressions() -> dict[str, str]:
 
 
 def dashboard_expressions() -> dict[str, str]:
-    """"<panel title> / <refId>" -> the PromQL of that target, Grafana variables filled in."""
+    """ "<panel title> / <refId>" -> the PromQL of that target, Grafana variables filled in."""
     dashboard = json.loads(DASHBOARD.read_text())
     exprs = {}
     for panel in dashboard["panels"]:

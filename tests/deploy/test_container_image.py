@@ -25,8 +25,9 @@ DEFAULT_BASE = "docker.io/library/python:3.12-slim-bookworm"  # deploy/Dockerfil
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("DEX_HA_LONG") != "1",
-                       reason="builds a container image (minutes): runs with DEX_HA_LONG=1"),
+    pytest.mark.skipif(
+        os.environ.get("DEX_HA_LONG") != "1", reason="builds a container image (minutes): runs with DEX_HA_LONG=1"
+    ),
 ]
 
 
@@ -43,8 +44,18 @@ def image() -> Iterator[str]:
     if pulled.returncode != 0:
         pytest.skip(f"podman cannot pull the base image {base}: {pulled.stderr.strip()}")
     tag = f"localhost/dex-ha-test:{uuid.uuid4().hex[:12]}"
-    built = podman("build", "--format", "docker", "--build-arg", f"PYTHON_IMAGE={base}",
-                   "-f", str(REPO / "deploy" / "Dockerfile"), "-t", tag, str(REPO))
+    built = podman(
+        "build",
+        "--format",
+        "docker",
+        "--build-arg",
+        f"PYTHON_IMAGE={base}",
+        "-f",
+        str(REPO / "deploy" / "Dockerfile"),
+        "-t",
+        tag,
+        str(REPO),
+    )
     assert built.returncode == 0, f"podman build failed:\n{built.stdout[-4000:]}\n{built.stderr[-4000:]}"
     try:
         yield tag

@@ -27,8 +27,9 @@ def instructions() -> dict[str, list[str]]:
 
 
 def statefulset() -> dict:
-    return next(d for d in yaml.safe_load_all((DEPLOY / "k8s" / "statefulset.yaml").read_text())
-                if d["kind"] == "StatefulSet")
+    return next(
+        d for d in yaml.safe_load_all((DEPLOY / "k8s" / "statefulset.yaml").read_text()) if d["kind"] == "StatefulSet"
+    )
 
 
 def test_the_image_user_is_the_pods_user_and_not_root():
@@ -43,8 +44,9 @@ def test_the_data_volume_is_where_the_pods_mount_theirs_and_keep_data_dir():
     (volume,) = json.loads(instructions()["VOLUME"][-1])
     container = statefulset()["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "data", "mountPath": volume} in container["volumeMounts"]
-    config = next(d for d in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
-                  if d["kind"] == "ConfigMap")
+    config = next(
+        d for d in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text()) if d["kind"] == "ConfigMap"
+    )
     data_dir = Path(tomllib.loads(config["data"]["node.toml"])["data_dir"])
     assert data_dir.is_relative_to(volume)
 
@@ -56,8 +58,9 @@ def test_the_health_check_asks_livez_on_the_api_port_the_node_listens_on():
     assert url.endswith("/livez")
     assert "DEX_HA_HEALTHCHECK_URL" in found["HEALTHCHECK"][-1]
     port = int(re.search(r":(\d+)/", url).group(1))
-    config = next(d for d in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text())
-                  if d["kind"] == "ConfigMap")
+    config = next(
+        d for d in yaml.safe_load_all((DEPLOY / "k8s" / "config.yaml").read_text()) if d["kind"] == "ConfigMap"
+    )
     assert tomllib.loads(config["data"]["node.toml"])["http_listen"].endswith(f":{port}")
     assert json.loads(found["CMD"][-1]) == ["node", "--config", "/etc/dex-ha/node.toml"]
     assert json.loads(found["ENTRYPOINT"][-1]) == ["dex-ha"]

@@ -16,8 +16,12 @@ from tests.support.waiting import eventually
 
 
 def member_gauges(node: NodeServer, name: str) -> dict[str, float]:
-    return {s.labels["member"]: s.value for metric in node.metrics.registry.collect()
-            for s in metric.samples if s.name == name}
+    return {
+        s.labels["member"]: s.value
+        for metric in node.metrics.registry.collect()
+        for s in metric.samples
+        if s.name == name
+    }
 
 
 @pytest.fixture

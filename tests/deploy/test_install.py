@@ -22,8 +22,7 @@ BUILD_TIMEOUT_S = 240
 def run(*args: str | Path, cwd: Path, timeout_s: float = BUILD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """Run a command with this checkout off the import path: what runs is what got installed."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    done = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout_s)
+    done = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, f"{' '.join(map(str, args))} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -63,7 +62,11 @@ def test_the_wheel_installs_into_a_fresh_venv_and_dex_ha_runs(wheel: Path, tmp_p
     run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", wheel, cwd=tmp_path)
     assert run(dex_ha_cli, "--version", cwd=tmp_path).stdout.strip() == dex_ha.__version__
     # The server, the Worker and the client import with the dependencies pip installed, from the venv.
-    imported = run(python, "-c", "import dex_ha, dex_ha.server.node, dex_ha.worker, dex_ha.client; "
-                   "print(dex_ha.__file__)", cwd=tmp_path).stdout.strip()
+    imported = run(
+        python,
+        "-c",
+        "import dex_ha, dex_ha.server.node, dex_ha.worker, dex_ha.client; print(dex_ha.__file__)",
+        cwd=tmp_path,
+    ).stdout.strip()
     assert Path(imported).is_relative_to(venv), imported
     assert "usage: dex-ha" in run(dex_ha_cli, "node", "--help", cwd=tmp_path).stdout

@@ -15,8 +15,12 @@ from tests.e2e.cluster_process import LocalCluster
 from tests.support.waiting import eventually
 
 # The sample names a family of each type writes (prometheus_client's text format).
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-            "gauge": ("",), "summary": ("", "_sum", "_count", "_created")}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gauge": ("",),
+    "summary": ("", "_sum", "_count", "_created"),
+}
 # `name{label="value", ...}` in PromQL: the labels a query selects on.
 SELECTOR = re.compile(r"\b(dex_[a-zA-Z0-9_]+)\{([^}]*)\}")
 
@@ -51,8 +55,10 @@ async def test_every_metric_in_the_alerts_and_the_dashboard_is_exported(cluster:
 
     await eventually(the_leader_tracks_both_followers, "the leader's per-member gauges", deadline_s=10)
     names, labels = exported(texts)
-    exprs = {**{f"alert {k}": v for k, v in alert_expressions().items()},
-             **{f"panel {k}": v for k, v in dashboard_expressions().items()}}
+    exprs = {
+        **{f"alert {k}": v for k, v in alert_expressions().items()},
+        **{f"panel {k}": v for k, v in dashboard_expressions().items()},
+    }
     used = metric_names(exprs)
     assert len(used) >= 15, sorted(used)  # the scan found the queries' metrics at all
     missing = {name: sorted(where) for name, where in used.items() if name not in names}

@@ -16,9 +16,17 @@ from tests.deploy.monitoring_files import (
     run_promtool,
 )
 
-EXPECTED_ALERTS = {"DexHaNoActiveNode", "DexHaSeveralActiveNodes", "DexHaLeaderFlapping", "DexHaDispatchQueueGrowing",
-                   "DexHaOutcomeUnknownCalls", "DexHaFsyncSlow", "DexHaFollowerLagging", "DexHaApplyLagging",
-                   "DexHaMemberUnreachable"}
+EXPECTED_ALERTS = {
+    "DexHaNoActiveNode",
+    "DexHaSeveralActiveNodes",
+    "DexHaLeaderFlapping",
+    "DexHaDispatchQueueGrowing",
+    "DexHaOutcomeUnknownCalls",
+    "DexHaFsyncSlow",
+    "DexHaFollowerLagging",
+    "DexHaApplyLagging",
+    "DexHaMemberUnreachable",
+}
 
 
 def test_the_rules_are_valid_and_cover_what_operators_need():
@@ -36,15 +44,20 @@ def test_prometheus_yml_is_valid_and_loads_the_rules():
 def test_the_rule_unit_tests_pass():
     tested = run_promtool("test", "rules", ALERTS_TEST)
     assert tested.returncode == 0, tested.stdout + tested.stderr
-    exercised = {case["alertname"] for test in yaml.safe_load(ALERTS_TEST.read_text())["tests"]
-                 for case in test["alert_rule_test"] if case["exp_alerts"]}
+    exercised = {
+        case["alertname"]
+        for test in yaml.safe_load(ALERTS_TEST.read_text())["tests"]
+        for case in test["alert_rule_test"]
+        if case["exp_alerts"]
+    }
     assert len(exercised) >= 3, f"alerts_test.yml makes only {sorted(exercised)} fire"
 
 
 def test_the_rule_unit_tests_catch_a_broken_rule(tmp_path: Path):
     """The same tests against a copy whose no-active-node rule waits a minute: they must fail."""
-    broken = ALERTS.read_text().replace("(sum(dex_active) or vector(0)) < 1\n        for: 10s",
-                                        "(sum(dex_active) or vector(0)) < 1\n        for: 1m")
+    broken = ALERTS.read_text().replace(
+        "(sum(dex_active) or vector(0)) < 1\n        for: 10s", "(sum(dex_active) or vector(0)) < 1\n        for: 1m"
+    )
     assert broken != ALERTS.read_text()
     (tmp_path / "alerts.yml").write_text(broken)
     (tmp_path / "alerts_test.yml").write_text(ALERTS_TEST.read_text())
@@ -55,8 +68,14 @@ def test_the_rule_unit_tests_catch_a_broken_rule(tmp_path: Path):
 def test_every_dashboard_query_is_valid_promql(tmp_path: Path):
     """promtool parses expressions only in rule files: check each panel query as a recording rule."""
     queries = dashboard_expressions()
-    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:query_{i}", "expr": expr}
-                                                         for i, expr in enumerate(queries.values())]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [{"record": f"dashboard:query_{i}", "expr": expr} for i, expr in enumerate(queries.values())],
+            }
+        ]
+    }
     (tmp_path / "dashboard_rules.yml").write_text(yaml.safe_dump(rules))
     checked = run_promtool("check", "rules", tmp_path / "dashboard_rules.yml")
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -60,8 +60,7 @@ async def test_the_generated_part_is_current(tmp_path: Path) -> None:
 def test_a_route_missing_from_the_page_is_caught() -> None:
     # The check above must be able to fail: drop one route's section and it is missing.
     page = api_doc.DOC.read_text()
-    without = re.sub(r"#### `DELETE /v1/cluster/members/\{member_id\}`.*?(?=\n#### |\n<!-- end)", "",
-                     page, flags=re.S)
+    without = re.sub(r"#### `DELETE /v1/cluster/members/\{member_id\}`.*?(?=\n#### |\n<!-- end)", "", page, flags=re.S)
     assert without != page, "the page has no section for DELETE /v1/cluster/members/{member_id}"
     assert ("DELETE", "/v1/cluster/members/{member_id}") not in routes_named(without)
 
@@ -72,8 +71,7 @@ def test_a_route_that_does_not_exist_is_caught() -> None:
 
 
 def test_every_tag_has_a_section() -> None:
-    document = {"paths": {"/x": {"get": {"tags": ["mystery"], "summary": "s", "description": "d",
-                                         "responses": {}}}}}
+    document = {"paths": {"/x": {"get": {"tags": ["mystery"], "summary": "s", "description": "d", "responses": {}}}}}
     try:
         api_doc.routes_markdown(document)
     except ValueError as exc:

@@ -62,8 +62,9 @@ def test_the_environment_column_is_what_the_loader_accepts(key: str) -> None:
     cell = ROWS[key]["env"]
     if cell == "—":
         # Documented as file-only: the loader must really ignore DEX_HA_<KEY>.
-        assert accepted_keys(f"DEX_HA_{key.upper()}", sample_value(key)) == set(), \
+        assert accepted_keys(f"DEX_HA_{key.upper()}", sample_value(key)) == set(), (
             f"{key}: the loader accepts DEX_HA_{key.upper()}, the page says it does not"
+        )
         return
     names = env_names(cell)
     assert names, f"{key}: the environment column names no DEX_HA_ variable: {cell!r}"
@@ -83,8 +84,9 @@ def test_the_default_column_is_server_configs_default(field_name: str) -> None:
     spec = next(f for f in fields(ServerConfig) if f.name == field_name)
     cell = ROWS[field_name]["default"]
     if spec.default is MISSING and spec.default_factory is MISSING:
-        assert cell == "(required)" or cell.startswith("derived:"), \
+        assert cell == "(required)" or cell.startswith("derived:"), (
             f"{field_name}: has no default in ServerConfig; the page says {cell!r}"
+        )
         return
     default: Any = spec.default if spec.default is not MISSING else spec.default_factory()
     if default is None or default == {}:

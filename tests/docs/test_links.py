@@ -80,13 +80,23 @@ def test_no_page_points_outside_the_repository(page: Path) -> None:
 def test_the_checker_catches_what_it_should() -> None:
     # The checks above must be able to fail: a missing file, a missing anchor, a link out.
     page = REPO / "docs" / "_probe.md"  # never written: its text is given
-    text = ("[a](architecture.md#no-such-heading) [b](missing.md) [c](../../etc/passwd) "
-            "[ok](architecture.md#the-cluster) `[not a link](nowhere.md)`\n")
-    assert [t for t in links(text)] == ["architecture.md#no-such-heading", "missing.md", "../../etc/passwd",
-                                        "architecture.md#the-cluster"]
+    text = (
+        "[a](architecture.md#no-such-heading) [b](missing.md) [c](../../etc/passwd) "
+        "[ok](architecture.md#the-cluster) `[not a link](nowhere.md)`\n"
+    )
+    assert [t for t in links(text)] == [
+        "architecture.md#no-such-heading",
+        "missing.md",
+        "../../etc/passwd",
+        "architecture.md#the-cluster",
+    ]
     problems = broken_links(page, text)
-    assert len(problems) == 3 and "no heading" in problems[0] and "no such file" in problems[1] \
-        and "outside" in problems[2], problems
+    assert (
+        len(problems) == 3
+        and "no heading" in problems[0]
+        and "no such file" in problems[1]
+        and "outside" in problems[2]
+    ), problems
 
 
 def test_github_anchors() -> None:

@@ -31,14 +31,26 @@ class LocalCluster:
         self.layout: dict = {}
 
     def run_cli(self, *args: str, timeout_s: float = 90.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "dex_ha.cli", *args], capture_output=True, text=True,
-                              timeout=timeout_s)
+        return subprocess.run(
+            [sys.executable, "-m", "dex_ha.cli", *args], capture_output=True, text=True, timeout=timeout_s
+        )
 
     def up(self) -> None:
-        done = self.run_cli("cluster", "up", "--nodes", str(self.nodes), "--dir", str(self.dir),
-                            "--base-port", str(self.http_base), "--raft-base-port", str(self.raft_base),
-                            "--probe-base-port", str(self.probe_base),
-                            *(["--relaxed"] if self.relaxed else []))
+        done = self.run_cli(
+            "cluster",
+            "up",
+            "--nodes",
+            str(self.nodes),
+            "--dir",
+            str(self.dir),
+            "--base-port",
+            str(self.http_base),
+            "--raft-base-port",
+            str(self.raft_base),
+            "--probe-base-port",
+            str(self.probe_base),
+            *(["--relaxed"] if self.relaxed else []),
+        )
         assert done.returncode == 0, f"cluster up failed:\n{done.stdout}\n{done.stderr}"
         self.layout = json.loads((self.dir / LAYOUT_FILE).read_text())
 
@@ -101,9 +113,14 @@ class LocalCluster:
 def joiner_config(cluster: LocalCluster, http_port: int, raft_port: int, probe_port: int) -> Path:
     """n4's TOML: n1's file (secret, tokens, the peers it can reach) with n4's own keys."""
     text = (cluster.dir / "n1.toml").read_text()
-    own = {"node_id": '"n4"', "data_dir": f'"{cluster.dir / "n4"}"',
-           "http_listen": f'"127.0.0.1:{http_port}"', "url": f'"http://127.0.0.1:{http_port}"',
-           "raft_listen": f'"127.0.0.1:{raft_port}"', "probe_listen": f'"127.0.0.1:{probe_port}"'}
+    own = {
+        "node_id": '"n4"',
+        "data_dir": f'"{cluster.dir / "n4"}"',
+        "http_listen": f'"127.0.0.1:{http_port}"',
+        "url": f'"http://127.0.0.1:{http_port}"',
+        "raft_listen": f'"127.0.0.1:{raft_port}"',
+        "probe_listen": f'"127.0.0.1:{probe_port}"',
+    }
     for key, value in own.items():
         text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)  # top-level key
         assert n == 1, key
@@ -117,8 +134,11 @@ async def cluster_view(url: str, token: str) -> dict | None:
     """A node's GET /v1/cluster (any node answers it), or None when it does not answer 200."""
     try:
         async with aiohttp.ClientSession() as http:
-            async with http.get(url + "/v1/cluster", headers={"Authorization": f"Bearer {token}"},
-                                timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            async with http.get(
+                url + "/v1/cluster",
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=aiohttp.ClientTimeout(total=2),
+            ) as resp:
                 return await resp.json() if resp.status == 200 else None
     except (aiohttp.ClientError, OSError, TimeoutError):
         return None

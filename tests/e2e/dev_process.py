@@ -19,8 +19,15 @@ from tests.support.processes import stop
 
 
 class DevProcess:
-    def __init__(self, data_dir: Path, log_path: Path, *, extra_env: dict[str, str] | None = None,
-                 relaxed: bool = False, preexec_fn: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        *,
+        extra_env: dict[str, str] | None = None,
+        relaxed: bool = False,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         """`preexec_fn` runs in the child before `dex-ha dev` starts (e.g. to set a resource limit)."""
         self.data_dir = data_dir
         self.relaxed = relaxed  # `dex-ha dev --relaxed`: no fsync
@@ -33,11 +40,21 @@ class DevProcess:
 
     def start(self) -> None:
         env = {**os.environ, **self.extra_env}
-        command = [sys.executable, "-m", "dex_ha.cli", "dev", "--data-dir", str(self.data_dir),
-                   "--port", str(self.port), *(["--relaxed"] if self.relaxed else [])]
+        command = [
+            sys.executable,
+            "-m",
+            "dex_ha.cli",
+            "dev",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+            *(["--relaxed"] if self.relaxed else []),
+        ]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         preexec_fn=self.preexec_fn)
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=self.preexec_fn
+            )
 
     async def wait_ready(self, deadline_s: float = 20.0) -> None:
         deadline = time.monotonic() + deadline_s

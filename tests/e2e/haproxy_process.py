@@ -34,8 +34,11 @@ class HAProxyProcess:
         """The shipped file with loopback addresses: what is tested is what we ship."""
         text = SHIPPED_CONFIG.read_text().replace("bind :8800", f"bind 127.0.0.1:{self.port}")
         for i, (node_id, port) in enumerate(sorted(node_ports.items()), start=1):
-            text, n = re.subn(rf"server {node_id} 10\.0\.0\.{i}:8801 check port 8802",
-                              f"server {node_id} 127.0.0.1:{port} check port {probe_ports[node_id]}", text)
+            text, n = re.subn(
+                rf"server {node_id} 10\.0\.0\.{i}:8801 check port 8802",
+                f"server {node_id} 127.0.0.1:{port} check port {probe_ports[node_id]}",
+                text,
+            )
             assert n == 2, f"deploy/haproxy.cfg has no server line for {node_id} (checks on port 8802) in both backends"
         return text
 
@@ -43,8 +46,9 @@ class HAProxyProcess:
         binary = haproxy_binary()
         assert binary is not None
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([binary, "-db", "-f", str(self.config_path)],
-                                         stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [binary, "-db", "-f", str(self.config_path)], stdout=log, stderr=subprocess.STDOUT
+            )
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -52,8 +56,9 @@ class HAProxyProcess:
 
 
 @contextlib.contextmanager
-def haproxy_in_front_of(urls: Mapping[str, str], probe_ports: Mapping[str, int],
-                        work_dir: Path) -> Iterator[HAProxyProcess]:
+def haproxy_in_front_of(
+    urls: Mapping[str, str], probe_ports: Mapping[str, int], work_dir: Path
+) -> Iterator[HAProxyProcess]:
     """HAProxy running in front of the nodes of `urls` (node id -> http://127.0.0.1:PORT)
     for the body of the block, stopped by pid afterwards."""
     ports = {node_id: int(url.rsplit(":", 1)[1]) for node_id, url in urls.items()}

@@ -32,8 +32,9 @@ class StreamThenWait:
 
 
 async def main(url: str, agent_name: str, text: str) -> None:
-    worker = Worker(url, agents=[Agent(agent_name, model=StreamThenWait(text))], poll_wait_ms=1_000,
-                    drain_timeout_s=0.1)
+    worker = Worker(
+        url, agents=[Agent(agent_name, model=StreamThenWait(text))], poll_wait_ms=1_000, drain_timeout_s=0.1
+    )
     await worker.run()
 
 

@@ -34,8 +34,7 @@ DEADLINE_S = 45.0
 
 
 @pytest.fixture(params=["node_urls", "haproxy"])
-async def addresses(request: pytest.FixtureRequest, cluster: LocalCluster,
-                    tmp_path: Path) -> AsyncIterator[list[str]]:
+async def addresses(request: pytest.FixtureRequest, cluster: LocalCluster, tmp_path: Path) -> AsyncIterator[list[str]]:
     if request.param == "node_urls":
         yield list(cluster.urls.values())
         return
@@ -49,8 +48,14 @@ async def addresses(request: pytest.FixtureRequest, cluster: LocalCluster,
 async def stack(addresses: list[str], cluster: LocalCluster) -> AsyncIterator[tuple[DexClient, Ledger]]:
     ledger = Ledger()
     urls = addresses
-    worker = Worker(urls, token=cluster.tokens["worker"], agents=[make_agent(ledger)], poll_wait_ms=2_000,
-                    heartbeat_interval_s=0.2, drain_timeout_s=1.0)
+    worker = Worker(
+        urls,
+        token=cluster.tokens["worker"],
+        agents=[make_agent(ledger)],
+        poll_wait_ms=2_000,
+        heartbeat_interval_s=0.2,
+        drain_timeout_s=1.0,
+    )
     async with running(worker), DexClient(urls, token=cluster.tokens["client"]) as client:
         yield client, ledger
 
@@ -77,7 +82,8 @@ def assert_completed_without_a_failed_attempt(snapshot: Session) -> None:
 
 
 async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
-        cluster: LocalCluster, stack: tuple[DexClient, Ledger]) -> None:
+    cluster: LocalCluster, stack: tuple[DexClient, Ledger]
+) -> None:
     client, ledger = stack
     sid, old = await start_a_turn(client, ledger, cluster, "failover")
     events: list[SessionEvent] = []
@@ -106,17 +112,26 @@ async def test_a_session_goes_on_through_a_sigkill_of_the_active_node(
     # The ledger (outside the server): the call ran twice, with the same idempotency key.
     assert ledger.runs == [("slow_put", f"{sid}:c-failover", 1), ("slow_put", f"{sid}:c-failover", 2)]
     # The Worker stops the stale attempt once a heartbeat reaches the new node (409).
-    await eventually(lambda: ledger.cancelled == [1], "the Worker to stop the attempt the new active node "
-                     "had failed", 10)
+    await eventually(
+        lambda: ledger.cancelled == [1], "the Worker to stop the attempt the new active node had failed", 10
+    )
     assert failover_s < 10, f"failover took {failover_s:.1f} s"
 
 
 async def test_step_down_moves_the_active_node_without_failing_a_running_attempt(
-        cluster: LocalCluster, stack: tuple[DexClient, Ledger]) -> None:
+    cluster: LocalCluster, stack: tuple[DexClient, Ledger]
+) -> None:
     client, ledger = stack
     sid, old = await start_a_turn(client, ledger, cluster, "deploy")
-    done = await asyncio.to_thread(cluster.run_cli, "step-down", "--url", cluster.urls[old],
-                                   f"--token={cluster.tokens['admin']}", "--drain-timeout-ms", "20000")
+    done = await asyncio.to_thread(
+        cluster.run_cli,
+        "step-down",
+        "--url",
+        cluster.urls[old],
+        f"--token={cluster.tokens['admin']}",
+        "--drain-timeout-ms",
+        "20000",
+    )
     assert done.returncode == 0, f"step-down failed:\n{done.stdout}\n{done.stderr}"
     new = await cluster.active_node(not_=old)
     assert new != old
@@ -128,7 +143,8 @@ async def test_step_down_moves_the_active_node_without_failing_a_running_attempt
 
 
 async def test_sigterm_on_the_active_node_drains_hands_over_and_exits(
-        cluster: LocalCluster, stack: tuple[DexClient, Ledger]) -> None:
+    cluster: LocalCluster, stack: tuple[DexClient, Ledger]
+) -> None:
     """A deploy's graceful stop: the running attempt finishes on the draining node, another
     node becomes active, the old process exits; no attempt failed, the tool ran once."""
     client, ledger = stack

@@ -133,8 +133,14 @@ async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
 @pytest.fixture
 async def stack(dev: DevProcess) -> AsyncIterator[tuple[DexClient, Ledger, Worker]]:
     ledger = Ledger()
-    worker = Worker(dev.url, agents=[make_agent(ledger)], max_concurrency=16, poll_wait_ms=2_000,
-                    heartbeat_interval_s=0.2, drain_timeout_s=1.0)
+    worker = Worker(
+        dev.url,
+        agents=[make_agent(ledger)],
+        max_concurrency=16,
+        poll_wait_ms=2_000,
+        heartbeat_interval_s=0.2,
+        drain_timeout_s=1.0,
+    )
     async with running(worker), DexClient(dev.url) as client:
         yield client, ledger, worker
 
@@ -171,18 +177,31 @@ async def test_a_turn_through_every_route_of_a_tool_call(stack: tuple[DexClient,
     await asyncio.wait_for(reader, DEADLINE_S)
 
     calls = calls_by_id(final)
-    expected = {"c-lookup": "succeeded", "c-put": "succeeded", "c-mail": "succeeded", "c-wire-yes": "succeeded",
-                "c-wire-no": "failed", "c-ask": "succeeded", "c-sleep": "succeeded", "c-build": "succeeded",
-                "c-bad": "failed"}
+    expected = {
+        "c-lookup": "succeeded",
+        "c-put": "succeeded",
+        "c-mail": "succeeded",
+        "c-wire-yes": "succeeded",
+        "c-wire-no": "failed",
+        "c-ask": "succeeded",
+        "c-sleep": "succeeded",
+        "c-build": "succeeded",
+        "c-bad": "failed",
+    }
     assert {cid: calls[cid].status for cid in expected} == expected
     assert calls["c-wire-no"].error and "too much" in calls["c-wire-no"].error
     assert calls["c-bad"].error == "the backend said no"
     assert calls["c-build"].output == {"artifact": "app.tar"}
     assert calls["c-ask"].output == "blue"
     # Each tool ran exactly once, with the contract idempotency key; the denied one never.
-    assert ledger.runs == {("lookup", f"{sid}:c-lookup"): 1, ("put_item", f"{sid}:c-put"): 1,
-                           ("send_email", f"{sid}:c-mail"): 1, ("wire_money", f"{sid}:c-wire-yes"): 1,
-                           ("build", f"{sid}:c-build"): 1, ("fragile", f"{sid}:c-bad"): 1}
+    assert ledger.runs == {
+        ("lookup", f"{sid}:c-lookup"): 1,
+        ("put_item", f"{sid}:c-put"): 1,
+        ("send_email", f"{sid}:c-mail"): 1,
+        ("wire_money", f"{sid}:c-wire-yes"): 1,
+        ("build", f"{sid}:c-build"): 1,
+        ("fragile", f"{sid}:c-bad"): 1,
+    }
     assert ledger.polls["app"] == 3  # two pending answers, then ok: one task, several polls
     kinds = {c.call_id: c.raw["step_kind"] for c in final.tool_calls}
     assert kinds["c-mail"] == "CallSingleAttemptTool" and kinds["c-lookup"] == "CallTool"
@@ -194,9 +213,18 @@ async def test_a_turn_through_every_route_of_a_tool_call(stack: tuple[DexClient,
     assert final.history[-1]["type"] == "assistant"
 
     types = [e.type for e in events]
-    for expected_type in ("turn_started", "approval_requested", "approval_decided", "question_asked",
-                          "question_answered", "timer_set", "timer_fired", "tool_task_started",
-                          "summary_updated", "turn_completed"):
+    for expected_type in (
+        "turn_started",
+        "approval_requested",
+        "approval_decided",
+        "question_asked",
+        "question_answered",
+        "timer_set",
+        "timer_fired",
+        "tool_task_started",
+        "summary_updated",
+        "turn_completed",
+    ):
         assert expected_type in types, f"no {expected_type} event in {types}"
     deltas = [e for e in events if e.type == "delta"]
     assert deltas and all(e.id is None and e.step_id for e in deltas)
@@ -215,8 +243,7 @@ async def test_a_turn_through_every_route_of_a_tool_call(stack: tuple[DexClient,
     assert [int(e.id) for e in resumed] == [i for i in ids if i > middle]
 
 
-async def test_cancel_stops_a_running_write_and_reconcile_settles_it(
-        stack: tuple[DexClient, Ledger, Worker]) -> None:
+async def test_cancel_stops_a_running_write_and_reconcile_settles_it(stack: tuple[DexClient, Ledger, Worker]) -> None:
     client, ledger, _ = stack
     sid = (await client.create_session(AGENT)).session_id
     await client.send_message(sid, "block")
@@ -270,4 +297,4 @@ async def test_a_restart_keeps_the_session_and_the_next_message_runs(tmp_path: P
     finally:
         server.stop()
     assert [t.status for t in second.turns] == ["completed", "completed"]
-    assert second.history[:len(first.history)] == first.history
+    assert second.history[: len(first.history)] == first.history

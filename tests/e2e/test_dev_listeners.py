@@ -25,7 +25,7 @@ def listening_tcp_ports(pid: int) -> set[int]:
         except FileNotFoundError:  # closed meanwhile
             continue
         if target.startswith("socket:["):
-            inodes.add(target[len("socket:["):-1])
+            inodes.add(target[len("socket:[") : -1])
     ports = set()
     for table in ("tcp", "tcp6"):
         with open(f"/proc/{pid}/net/{table}") as rows:

@@ -16,8 +16,12 @@ async def test_quickstart_runs_to_the_answer(tmp_path: Path) -> None:
     server.start()
     try:
         await server.wait_ready()
-        done = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart.py"), server.url],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "quickstart.py"), server.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr

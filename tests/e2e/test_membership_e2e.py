@@ -28,25 +28,49 @@ async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: L
     n4_url = f"http://127.0.0.1:{http_port}"
     log = cluster.dir / "n4.log"
     with open(log, "ab") as out:
-        n4 = subprocess.Popen([sys.executable, "-m", "dex_ha.cli", "node", "--config",
-                               str(joiner_config(cluster, http_port, raft_port, probe_port))],
-                              stdout=out, stderr=subprocess.STDOUT)
+        n4 = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dex_ha.cli",
+                "node",
+                "--config",
+                str(joiner_config(cluster, http_port, raft_port, probe_port)),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        added = await asyncio.to_thread(cluster.run_cli, "members", "add", "--id", "n4", "--raft-addr",
-                                        f"127.0.0.1:{raft_port}", "--node-url", n4_url, "--url", urls[0],
-                                        f"--token={admin}")
+        added = await asyncio.to_thread(
+            cluster.run_cli,
+            "members",
+            "add",
+            "--id",
+            "n4",
+            "--raft-addr",
+            f"127.0.0.1:{raft_port}",
+            "--node-url",
+            n4_url,
+            "--url",
+            urls[0],
+            f"--token={admin}",
+        )
         assert added.returncode == 0, added.stdout + added.stderr
 
         async def caught_up_learner() -> dict | None:
             view = await cluster_view(n4_url, client_token)
-            return view if view and view["role"] == "learner" and view["applied_index"] >= view["commit_index"] > 0 \
+            return (
+                view
+                if view and view["role"] == "learner" and view["applied_index"] >= view["commit_index"] > 0
                 else None
+            )
 
         await eventually(caught_up_learner, "n4 to catch up as a learner")
 
         async def promoted() -> bool:  # 409 until the leader has seen n4 caught up
-            done = await asyncio.to_thread(cluster.run_cli, "members", "promote", "n4", "--url", urls[0],
-                                           f"--token={admin}")
+            done = await asyncio.to_thread(
+                cluster.run_cli, "members", "promote", "n4", "--url", urls[0], f"--token={admin}"
+            )
             return done.returncode == 0
 
         await eventually(promoted, "the promotion of n4")
@@ -57,8 +81,9 @@ async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: L
         cluster.kill(old)
         all_urls = [*cluster.urls.values(), n4_url]
         # Listing needs an active node: one of the three survivors (n4 included) took over.
-        async with DexClient([u for u in all_urls if u != cluster.urls[old]], token=client_token,
-                             give_up_after_s=DEADLINE_S) as client:
+        async with DexClient(
+            [u for u in all_urls if u != cluster.urls[old]], token=client_token, give_up_after_s=DEADLINE_S
+        ) as client:
             listed = {s.session_id async for s in client.iter_sessions(agent="joined")}
         assert set(sessions) <= listed
     finally:

@@ -82,8 +82,14 @@ async def test_a_cluster_keeps_its_term_and_active_node_under_2000_clients(clust
     after = await observe_settled(cluster.urls, token, SETTLE_DEADLINE_S)
 
     problems = election_problems(before, after) + answer_problems(result)
-    assert not problems, report(f"the active node {active} of a three-node cluster", result, before, after, problems,
-                                logs=f"{cluster.dir}/n*.log")
+    assert not problems, report(
+        f"the active node {active} of a three-node cluster",
+        result,
+        before,
+        after,
+        problems,
+        logs=f"{cluster.dir}/n*.log",
+    )
 
 
 async def test_dev_stays_active_under_2000_clients(dev: tuple[DevProcess, str]) -> None:
@@ -111,12 +117,16 @@ def election_problems(before: ClusterSnapshot, after: ClusterSnapshot) -> list[s
     if any(n.error is not None for n in after.nodes):
         problems.append("a node did not answer /v1/cluster after the load")
     if after.active != before.active:
-        problems.append(f"the active node changed: {before.active} before the load, {after.active or 'none'} after "
-                        f"(waited up to {SETTLE_DEADLINE_S:.0f} s for one)")
+        problems.append(
+            f"the active node changed: {before.active} before the load, {after.active or 'none'} after "
+            f"(waited up to {SETTLE_DEADLINE_S:.0f} s for one)"
+        )
     terms_after = sorted({n.term for n in after.nodes if n.term is not None})
     if terms_after != [before.max_term]:
-        problems.append(f"the term moved from {before.max_term} to {terms_after}: an election happened under load "
-                        f"(the active node lost its lease or leadership)")
+        problems.append(
+            f"the term moved from {before.max_term} to {terms_after}: an election happened under load "
+            f"(the active node lost its lease or leadership)"
+        )
     return problems
 
 
@@ -124,8 +134,9 @@ def answer_problems(result: LoadResult) -> list[str]:
     """What says that the node did not shed load the way docs/api.md says (2xx, or 503
     `overloaded` with Retry-After), or did not really serve."""
     problems = []
-    unexpected = {answer: n for answer, n in result.by_answer.items()
-                  if not answer.startswith("2") and answer != "503 overloaded"}
+    unexpected = {
+        answer: n for answer, n in result.by_answer.items() if not answer.startswith("2") and answer != "503 overloaded"
+    }
     if unexpected:
         problems.append(f"answers other than 2xx or 503 overloaded: {unexpected}")
         problems += [f"{code}: {meaning}" for code, meaning in WHAT_IT_MEANS.items() if result.count(code)]
@@ -133,8 +144,7 @@ def answer_problems(result: LoadResult) -> list[str]:
     if missing:
         problems.append(f"{missing} overloaded answers came without Retry-After")
     if result.transport_errors:
-        problems.append(f"requests without an HTTP answer: {result.transport_errors} "
-                        f"(e.g. {result.error_examples})")
+        problems.append(f"requests without an HTTP answer: {result.transport_errors} (e.g. {result.error_examples})")
     starved = sorted(kind for kind in MIX if result.by_kind.get(kind, {}).get("2xx", 0) == 0)
     if starved:
         problems.append(f"no request of kind {starved} was accepted in {LOAD_S:.0f} s: the node did not serve them")
@@ -143,13 +153,16 @@ def answer_problems(result: LoadResult) -> list[str]:
     return problems
 
 
-def report(target: str, result: LoadResult, before: ClusterSnapshot, after: ClusterSnapshot,
-           problems: list[str], logs: str) -> str:
-    lines = [f"{CLIENTS} clients for {LOAD_S:.0f} s against {target}:",
-             *(f"  - {p}" for p in problems),
-             f"load: {result.summary()}",
-             f"answers by kind: {result.by_kind}",
-             f"cluster before: {before.describe()}",
-             f"cluster after:  {after.describe()}",
-             f"node logs: {logs}"]
+def report(
+    target: str, result: LoadResult, before: ClusterSnapshot, after: ClusterSnapshot, problems: list[str], logs: str
+) -> str:
+    lines = [
+        f"{CLIENTS} clients for {LOAD_S:.0f} s against {target}:",
+        *(f"  - {p}" for p in problems),
+        f"load: {result.summary()}",
+        f"answers by kind: {result.by_kind}",
+        f"cluster before: {before.describe()}",
+        f"cluster after:  {after.describe()}",
+        f"node logs: {logs}",
+    ]
     return "\n".join(lines)

@@ -34,14 +34,18 @@ def attempts(snapshot: Session, kind: str) -> list[str]:
     return [a.status for s in steps for a in s.attempts]
 
 
-@pytest.mark.parametrize("failpoint, tool_runs, call_attempts", [
-    # Died before proposing: the attempt fails at the restart's takeover; the read runs again.
-    ("server.complete.before-propose", 2, ["failed", "completed"]),
-    # Died after committing: the result stands; the Worker's retry is answered 200, no re-run.
-    ("server.complete.after-commit", 1, ["completed"]),
-])
+@pytest.mark.parametrize(
+    "failpoint, tool_runs, call_attempts",
+    [
+        # Died before proposing: the attempt fails at the restart's takeover; the read runs again.
+        ("server.complete.before-propose", 2, ["failed", "completed"]),
+        # Died after committing: the result stands; the Worker's retry is answered 200, no re-run.
+        ("server.complete.after-commit", 1, ["completed"]),
+    ],
+)
 async def test_a_result_in_flight_when_the_node_dies_is_committed_or_its_attempt_fails(
-        tmp_path: Path, failpoint: str, tool_runs: int, call_attempts: list[str]) -> None:
+    tmp_path: Path, failpoint: str, tool_runs: int, call_attempts: list[str]
+) -> None:
     runs: list[tuple[str, int]] = []
     agent = Agent("r19", model=ScriptedModel(script))
 
@@ -59,8 +63,12 @@ async def test_a_result_in_flight_when_the_node_dies_is_committed_or_its_attempt
             await server.wait_ready()
             sid = (await client.create_session("r19")).session_id
             await client.send_message(sid, "look it up")
-            await eventually(lambda: server.proc.poll() is not None, "the server to exit at the failpoint",
-                             DEADLINE_S, interval_s=0.02)
+            await eventually(
+                lambda: server.proc.poll() is not None,
+                "the server to exit at the failpoint",
+                DEADLINE_S,
+                interval_s=0.02,
+            )
             assert server.proc.poll() == FAILPOINT_EXIT_CODE, f"the failpoint was not reached\n{server.log_tail()}"
             server.extra_env = {}
             server.start()  # same port and data dir; the Worker and the client were never told

@@ -33,8 +33,12 @@ DEADLINE_S = 30.0
 def start_streaming_worker(url: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     script = Path(__file__).with_name("streaming_worker.py")
-    return subprocess.Popen([sys.executable, str(script), url, AGENT, LOST_TEXT], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, str(script), url, AGENT, LOST_TEXT],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def sigkill(proc: subprocess.Popen[bytes] | None) -> None:
@@ -57,8 +61,9 @@ def texts_of(raw: list[SessionEvent], attempt: int) -> str:
 
 
 async def test_a_killed_attempts_text_is_dropped(tmp_path: Path) -> None:
-    dev = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True,
-                     extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": "1000"})
+    dev = DevProcess(
+        tmp_path / "data", tmp_path / "dev.log", relaxed=True, extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": "1000"}
+    )
     child: subprocess.Popen[bytes] | None = None
     dev.start()
     try:
@@ -76,13 +81,15 @@ async def test_a_killed_attempts_text_is_dropped(tmp_path: Path) -> None:
             sigkill(child)
             [step_id] = {e.step_id for e in raw if e.type == "delta"}
             assert stream.text(step_id).strip() and LOST_TEXT.startswith(stream.text(step_id).strip())
-            await eventually(lambda: any(e.type == "attempt_failed" for e in raw), "attempt 1 failing",
-                             DEADLINE_S)
+            await eventually(lambda: any(e.type == "attempt_failed" for e in raw), "attempt 1 failing", DEADLINE_S)
             assert stream.text(step_id) == ""  # its text is gone as soon as the failure is known
 
-            worker = Worker(dev.url, agents=[Agent(AGENT, model=ScriptedModel([{"content": FINAL_TEXT}],
-                                                                              delta_delay_s=0.01))],
-                            poll_wait_ms=1_000, drain_timeout_s=1.0)
+            worker = Worker(
+                dev.url,
+                agents=[Agent(AGENT, model=ScriptedModel([{"content": FINAL_TEXT}], delta_delay_s=0.01))],
+                poll_wait_ms=1_000,
+                drain_timeout_s=1.0,
+            )
             async with running(worker):
                 await asyncio.wait_for(reader, DEADLINE_S)
 

@@ -35,21 +35,25 @@ class Http:
 
     async def call(self, method: str, path: str, role: str, body: Any = None) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {self.tokens[role]}"}
-        async with self.session.request(method, self.url + path, json=body, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=DEADLINE_S)) as response:
+        async with self.session.request(
+            method, self.url + path, json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=DEADLINE_S)
+        ) as response:
             return response.status, await response.json()
 
     async def report(self, token: str, action: str, worker_id: str, **body: Any) -> tuple[int, Any]:
-        return await self.call("POST", f"/v1/worker/tasks/{token}/{action}", "worker",
-                               {"worker_id": worker_id, **body})
+        return await self.call("POST", f"/v1/worker/tasks/{token}/{action}", "worker", {"worker_id": worker_id, **body})
 
     async def poll(self, worker_id: str, want: int) -> list[dict[str, Any]]:
         """Poll until `want` tasks were handed to `worker_id` (each poll waits up to 5 s)."""
         tasks: list[dict[str, Any]] = []
         deadline = time.monotonic() + DEADLINE_S
         while len(tasks) < want and time.monotonic() < deadline:
-            status, body = await self.call("POST", "/v1/worker/poll", "worker", {
-                "worker_id": worker_id, "agents": [AGENT], "max_tasks": want - len(tasks), "wait_ms": 5_000})
+            status, body = await self.call(
+                "POST",
+                "/v1/worker/poll",
+                "worker",
+                {"worker_id": worker_id, "agents": [AGENT], "max_tasks": want - len(tasks), "wait_ms": 5_000},
+            )
             assert status == 200, body
             tasks += body["tasks"]
         assert len(tasks) == want, f"expected {want} tasks within {DEADLINE_S} s, got {tasks}"
@@ -96,8 +100,11 @@ async def test_the_new_active_node_answers_the_old_ones_tokens_consistently(clus
         assert (status, body["error"]) == (409, "stale_attempt"), body
         status, body = await after.report(done, "complete", OWNER, result=answer("before the kill"))
         assert status == 200, body  # R19: the retry of a committed result is ok
-        for token, action, extra in ((running, "heartbeat", {}), (running, "fail", {"error": "x"}),
-                                     (done, "complete", {"result": answer("B's answer")})):
+        for token, action, extra in (
+            (running, "heartbeat", {}),
+            (running, "fail", {"error": "x"}),
+            (done, "complete", {"result": answer("B's answer")}),
+        ):
             status, body = await after.report(token, action, OTHER, **extra)
             assert (status, body["error"]) == (403, "forbidden") and "worker_id" in body["message"], body
             status, body = await after.report(forged(token), action, OWNER, **extra)

@@ -123,8 +123,11 @@ class Driver:
     def hand_out(self, kind: str | None = None, call_id: str | None = None, worker: str = "w1") -> str:
         step_id = self.next_step(kind, call_id)
         secret = self.secrets[step_id] = f"secret-{self.index + 1}"  # the leader's random draw, made up
-        self.ok(StartAttempts(at=self.at, handouts=[Handout(step_id=step_id, worker_id=worker, term=self.term,
-                                                            token_secret=secret)]))
+        self.ok(
+            StartAttempts(
+                at=self.at, handouts=[Handout(step_id=step_id, worker_id=worker, term=self.term, token_secret=secret)]
+            )
+        )
         return step_id
 
     def running(self, step_id: str) -> Any:
@@ -134,13 +137,13 @@ class Driver:
 
     def complete(self, step_id: str, result: dict[str, Any]) -> ApplyResult:
         a = self.running(step_id)
-        return self.apply(CompleteAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term,
-                                          result=result))
+        return self.apply(CompleteAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term, result=result))
 
     def fail(self, step_id: str, error: str = "boom", retryable: bool = True) -> ApplyResult:
         a = self.running(step_id)
-        return self.ok(FailAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term,
-                                   error=error, retryable=retryable))
+        return self.ok(
+            FailAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term, error=error, retryable=retryable)
+        )
 
     def time_out(self, step_id: str) -> ApplyResult:
         a = self.running(step_id)
@@ -153,8 +156,9 @@ class Driver:
             fired += 1
         return fired
 
-    def model(self, step_id: str, content: str = "", calls: list[tuple[str, str, dict]] | None = None,
-              **extra: Any) -> ApplyResult:
+    def model(
+        self, step_id: str, content: str = "", calls: list[tuple[str, str, dict]] | None = None, **extra: Any
+    ) -> ApplyResult:
         tool_calls = [{"id": cid, "name": name, "arguments": args} for cid, name, args in (calls or [])]
         result = self.complete(step_id, {"content": content, "tool_calls": tool_calls, **extra})
         assert result.ok, result
@@ -165,21 +169,21 @@ class Driver:
         self.model(step_id, content, calls)
         return step_id
 
-    def approve(self, call_id: str, approved: bool = True, reason: str | None = None,
-                session_id: str = "s1") -> ApplyResult:
-        return self.apply(DecideApproval(at=self.at, session_id=session_id, call_id=call_id,
-                                         approved=approved, reason=reason))
+    def approve(
+        self, call_id: str, approved: bool = True, reason: str | None = None, session_id: str = "s1"
+    ) -> ApplyResult:
+        return self.apply(
+            DecideApproval(at=self.at, session_id=session_id, call_id=call_id, approved=approved, reason=reason)
+        )
 
     def answer(self, question_id: str, answer: Any, session_id: str = "s1") -> ApplyResult:
-        return self.apply(AnswerQuestion(at=self.at, session_id=session_id, question_id=question_id,
-                                         answer=answer))
+        return self.apply(AnswerQuestion(at=self.at, session_id=session_id, question_id=question_id, answer=answer))
 
     def cancel(self, session_id: str = "s1") -> ApplyResult:
         return self.ok(CancelTurn(at=self.at, session_id=session_id))
 
     def reconcile(self, call_id: str, outcome: str, session_id: str = "s1", **kw: Any) -> ApplyResult:
-        return self.apply(ReconcileToolCall(at=self.at, session_id=session_id, call_id=call_id,
-                                            outcome=outcome, **kw))
+        return self.apply(ReconcileToolCall(at=self.at, session_id=session_id, call_id=call_id, outcome=outcome, **kw))
 
     # ------------------------------------------------------------- reads
 

@@ -103,8 +103,9 @@ def row_run_model_after_output(d: Driver, failure: str) -> None:
     d.hand_out("RunModel")
     assert d.running(model).attempt == 2
     before = d.engine.logical_dump(include_applied_index=False)
-    late = d.apply(CompleteAttempt(at=d.at, step_id=model, attempt=old.attempt, term=old.term,
-                                   result={"content": "stale"}))
+    late = d.apply(
+        CompleteAttempt(at=d.at, step_id=model, attempt=old.attempt, term=old.term, result={"content": "stale"})
+    )
     assert (late.code, late.http_status) == ("stale_attempt", 409)
     assert d.engine.logical_dump(include_applied_index=False) == before
     d.model(model, "done")
@@ -157,8 +158,7 @@ def row_call_tool_every_attempt(d: Driver, failure: str) -> None:
     assert (write["status"], write["attempt_progress"]) == ("outcome_unknown", "NOT_COMPLETED")
     assert not read["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
     model = d.next_step("RunModel")
-    seen = {h["call_id"]: h["status"] for h in d.engine.task_for(model).input["history"]
-            if h["type"] == "tool_result"}
+    seen = {h["call_id"]: h["status"] for h in d.engine.task_for(model).input["history"] if h["type"] == "tool_result"}
     assert seen == {"r": "failed", "w": "outcome_unknown"}
 
 
@@ -221,8 +221,7 @@ def row_question(d: Driver, failure: str) -> None:
     assert d.answer(questions["b"], "main").ok
     rerun = d.next_step("CallTool")
     assert rerun != build
-    assert d.engine.task_for(rerun).input == {"call_id": "b", "name": "build", "arguments": {"x": 1},
-                                              "answer": "main"}
+    assert d.engine.task_for(rerun).input == {"call_id": "b", "name": "build", "arguments": {"x": 1}, "answer": "main"}
     assert keys_of_attempts(d, rerun) == "s1:b"
     d.hand_out("CallTool")
     assert d.complete(rerun, {"status": "ok", "output": "built"}).ok
@@ -373,8 +372,7 @@ def row_before_first_heartbeat(d: Driver, failure: str) -> None:
 def row_wait_ended(d: Driver, failure: str) -> None:
     """R18: the handler runs again; the resolved approval, answer or timer stays recorded."""
     start_turn(d)
-    d.run_model("waits", [("a", "wire_money", {}), ("q", "ask_user", {"question": "?"}),
-                          ("z", "sleep", {"ms": 10})])
+    d.run_model("waits", [("a", "wire_money", {}), ("q", "ask_user", {"question": "?"}), ("z", "sleep", {"ms": 10})])
     question_id = d.snap()["pending_questions"][0]["question_id"]
     timer_id = d.engine.next_timer().timer_id
     d.tick(10)
@@ -399,8 +397,11 @@ def row_result_not_committed(d: Driver, failure: str) -> None:
     assert d.complete(step, {"status": "ok", "output": "done"}).ok
     outage(d, failure)
     assert d.call("a")["status"] == "succeeded" and d.queued_kinds() == ["RunModel"]
-    resend = d.apply(CompleteAttempt(at=d.at, step_id=step, attempt=attempt.attempt, term=attempt.term,
-                                     result={"status": "ok", "output": "done"}))
+    resend = d.apply(
+        CompleteAttempt(
+            at=d.at, step_id=step, attempt=attempt.attempt, term=attempt.term, result={"status": "ok", "output": "done"}
+        )
+    )
     assert resend.ok and resend.noop  # the Worker's retry of the same result
     # (b) the attempt fails first: it follows the row; the late result is refused (409).
     d.run_model("more", [("b", "put_item", {}), ("c", "send_email", {})])
@@ -409,8 +410,15 @@ def row_result_not_committed(d: Driver, failure: str) -> None:
         attempt = d.running(step)
         outage(d, failure, step)
         before = d.engine.logical_dump(include_applied_index=False)
-        late = d.apply(CompleteAttempt(at=d.at, step_id=step, attempt=attempt.attempt, term=attempt.term,
-                                       result={"status": "ok", "output": "late"}))
+        late = d.apply(
+            CompleteAttempt(
+                at=d.at,
+                step_id=step,
+                attempt=attempt.attempt,
+                term=attempt.term,
+                result={"status": "ok", "output": "late"},
+            )
+        )
         assert late.code == "stale_attempt" and late.http_status == 409
         assert d.engine.logical_dump(include_applied_index=False) == before
     assert d.call("c")["status"] == "outcome_unknown"  # single attempt: the write row
@@ -425,8 +433,12 @@ def row_inline(d: Driver, failure: str) -> None:
     outage(d, failure, model)  # the inline tool may have run inside this attempt
     retry_after_backoff(d, model)
     d.hand_out("RunModel")
-    inline = {"id": "i1", "name": "search_inline", "arguments": {"q": "x"},
-              "result": {"status": "ok", "output": ["hit"]}}
+    inline = {
+        "id": "i1",
+        "name": "search_inline",
+        "arguments": {"q": "x"},
+        "result": {"status": "ok", "output": ["hit"]},
+    }
     assert d.complete(model, {"content": "found", "tool_calls": [inline]}).ok
     call = d.call("i1")
     assert call["status"] == "succeeded" and call["step_kind"] == "RunModel" and call["steps"] == []
@@ -453,15 +465,16 @@ class Row:
 ROWS: dict[str, Row] = {
     "R01": Row("RunModel", "before any output", "RunModel", row_run_model_exhausts),
     "R02": Row("RunModel", "after output", "RunModel", row_run_model_after_output),
-    "R03": Row("CallTool idempotent write", "before first heartbeat", "CallTool",
-               row_call_tool_runs_again("put_item", 0)),
-    "R04": Row("CallTool idempotent write", "while the tool runs", "CallTool",
-               row_call_tool_runs_again("put_item", 20_000)),
+    "R03": Row(
+        "CallTool idempotent write", "before first heartbeat", "CallTool", row_call_tool_runs_again("put_item", 0)
+    ),
+    "R04": Row(
+        "CallTool idempotent write", "while the tool runs", "CallTool", row_call_tool_runs_again("put_item", 20_000)
+    ),
     "R05": Row("CallTool read", "while the tool runs", "CallTool", row_call_tool_runs_again("lookup", 20_000)),
     "R06": Row("CallTool", "every attempt", "CallTool", row_call_tool_every_attempt),
     "R07": Row("CallSingleAttemptTool", "before first heartbeat", "CallSingleAttemptTool", row_single_attempt(0)),
-    "R08": Row("CallSingleAttemptTool", "while the tool runs", "CallSingleAttemptTool",
-               row_single_attempt(20_000)),
+    "R08": Row("CallSingleAttemptTool", "while the tool runs", "CallSingleAttemptTool", row_single_attempt(20_000)),
     "R09": Row("AwaitToolApproval", "while it waits", "AwaitToolApproval", row_approval),
     "R10": Row("AwaitQuestionAnswer", "while it waits", "AwaitQuestionAnswer", row_question),
     "R11": Row("AwaitTimer", "while it waits / due during outage", "AwaitTimer", row_timer),
@@ -470,8 +483,12 @@ ROWS: dict[str, Row] = {
     "R14": Row("CompactContext", "during the summary call", "CompactContext", row_compaction),
     "R15": Row("AwaitUserMessage", "while idle", "AwaitUserMessage", row_idle),
     "R16": Row("any step", "queued, before hand-out", "CallTool", row_queued),
-    "R17": Row("CallTool read, PollToolTask, CompactContext", "before first heartbeat", "PollToolTask",
-               row_before_first_heartbeat),
+    "R17": Row(
+        "CallTool read, PollToolTask, CompactContext",
+        "before first heartbeat",
+        "PollToolTask",
+        row_before_first_heartbeat,
+    ),
     "R18": Row("any wait step", "after the wait ended", "AwaitToolApproval", row_wait_ended),
     "R19": Row("any task step", "result sent, not committed", "CallTool", row_result_not_committed),
     "R20": Row("inline tool", "while it runs", "RunModel", row_inline),

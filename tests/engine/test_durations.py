@@ -66,8 +66,11 @@ def test_a_poll_delay_longer_than_ten_years_is_an_invalid_result(d):
 def test_backoff_stays_a_storable_duration_however_many_attempts_a_tool_allows():
     at = 1_700_000_000_000
     for attempts_used in (1, 2, 40, 80, 10_000):
-        decision = retry_decision(CALL_TOOL, max_attempts=10**9, attempts_used=attempts_used, retryable=True,
-                                  first_handout_at=at, at=at)
+        decision = retry_decision(
+            CALL_TOOL, max_attempts=10**9, attempts_used=attempts_used, retryable=True, first_handout_at=at, at=at
+        )
         assert decision.retry and at + decision.delay_ms <= INT64_MAX
-    assert retry_decision(CALL_TOOL, max_attempts=3, attempts_used=2, retryable=True, first_handout_at=at,
-                          at=at).delay_ms == 2_000  # the usual backoff is unchanged
+    assert (
+        retry_decision(CALL_TOOL, max_attempts=3, attempts_used=2, retryable=True, first_handout_at=at, at=at).delay_ms
+        == 2_000
+    )  # the usual backoff is unchanged

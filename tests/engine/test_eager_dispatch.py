@@ -11,8 +11,17 @@ from tests.engine.driver import Driver
 
 def complete_eagerly(d: Driver, step_id: str, result: dict, worker: str = "w1", limit: int = 4):
     a = d.running(step_id)
-    return d.ok(CompleteAttempt(at=d.at, step_id=step_id, attempt=a.attempt, term=a.term, result=result,
-                                next_worker_id=worker, next_max=limit))
+    return d.ok(
+        CompleteAttempt(
+            at=d.at,
+            step_id=step_id,
+            attempt=a.attempt,
+            term=a.term,
+            result=result,
+            next_worker_id=worker,
+            next_max=limit,
+        )
+    )
 
 
 def running_model_step(path: Path) -> tuple[Driver, str]:
@@ -33,7 +42,9 @@ def test_the_next_steps_of_the_session_start_in_the_same_entry(tmp_path: Path) -
     result = complete_eagerly(d, step, model_result(("c1", "lookup"), ("c2", "put_item")), worker="w9")
     started = result.value["started"]
     assert [(s["kind"], s["worker_id"], s["attempt"], s["session_id"]) for s in started] == [
-        ("CallTool", "w9", 1, "s1"), ("CallTool", "w9", 1, "s1")]
+        ("CallTool", "w9", 1, "s1"),
+        ("CallTool", "w9", 1, "s1"),
+    ]
     assert d.queued() == []  # nothing left for a poll
     assert {a.step_id for a in d.engine.running_attempts()} == {s["step_id"] for s in started}
 
@@ -65,8 +76,17 @@ def test_a_bad_next_max_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
     d, step = running_model_step(tmp_path / "e.db")
     a = d.running(step)
     before = d.engine.logical_dump(include_applied_index=False)
-    result = d.apply(CompleteAttempt(at=d.at, step_id=step, attempt=a.attempt, term=a.term,
-                                     result=model_result(("c1", "lookup")), next_worker_id="w1", next_max=10_000))
+    result = d.apply(
+        CompleteAttempt(
+            at=d.at,
+            step_id=step,
+            attempt=a.attempt,
+            term=a.term,
+            result=model_result(("c1", "lookup")),
+            next_worker_id="w1",
+            next_max=10_000,
+        )
+    )
     assert not result.ok and result.code == "invalid" and result.http_status == 400
     assert d.engine.logical_dump(include_applied_index=False) == before
 

@@ -80,8 +80,7 @@ def test_a_crash_inside_a_batch_keeps_neither_change_nor_index(tmp_path, monkeyp
 
     monkeypatch.setitem(handlers.HANDLERS, CreateSession, disk_full)
     with pytest.raises(sqlite3.OperationalError):
-        d.engine.apply_batch([(d.index + 1, b""),
-                              (d.index + 2, encode_command(CreateSession(at=1, agent="helper")))])
+        d.engine.apply_batch([(d.index + 1, b""), (d.index + 2, encode_command(CreateSession(at=1, agent="helper")))])
     assert d.engine.logical_dump() == dump
 
 
@@ -96,8 +95,12 @@ def test_writes_kept_for_a_rolled_back_batch_never_reach_a_later_one(tmp_path, m
 
     monkeypatch.setitem(handlers.HANDLERS, CancelTurn, disk_full)
     with pytest.raises(sqlite3.OperationalError):
-        d.engine.apply_batch([(d.index + 1, encode_command(CreateSession(at=1, session_id="s8", agent="helper"))),
-                              (d.index + 2, encode_command(CancelTurn(at=1, session_id="a")))])
+        d.engine.apply_batch(
+            [
+                (d.index + 1, encode_command(CreateSession(at=1, session_id="s8", agent="helper"))),
+                (d.index + 2, encode_command(CancelTurn(at=1, session_id="a"))),
+            ]
+        )
     monkeypatch.undo()
     assert d.engine.apply(d.index + 1, b"").ok
     assert d.engine.logical_dump(include_applied_index=False) == dump
@@ -138,8 +141,16 @@ def test_every_command_round_trips_through_its_encoding():
         c.SendMessage(at=1, session_id="s", text="t", message_id="m", mode="steer"),
         c.CancelTurn(at=1, session_id="s", reason="r"),
         c.StartAttempts(at=1, handouts=[Handout(step_id="st", worker_id="w", term=3, token_secret="ab12")]),
-        c.CompleteAttempt(at=1, step_id="st", attempt=1, term=1, result={"status": "ok", "output": None},
-                          next_worker_id="w", next_max=1, next_token_secrets=["cd34"]),
+        c.CompleteAttempt(
+            at=1,
+            step_id="st",
+            attempt=1,
+            term=1,
+            result={"status": "ok", "output": None},
+            next_worker_id="w",
+            next_max=1,
+            next_token_secrets=["cd34"],
+        ),
         c.FailAttempt(at=1, step_id="st", attempt=1, term=1, error="e", retryable=False),
         c.HeartbeatLost(at=1, step_id="st", attempt=1, term=1),
         c.AttemptTimedOut(at=1, step_id="st", attempt=1, term=1),
@@ -155,12 +166,24 @@ def test_every_command_round_trips_through_its_encoding():
 
 
 def test_the_step_kind_table_holds_the_contract_kinds():
-    assert set(STEP_KINDS) == {"RunModel", "CallTool", "CallSingleAttemptTool", "AwaitToolApproval",
-                               "AwaitQuestionAnswer", "AwaitTimer", "PollToolTask", "CompactContext",
-                               "AwaitUserMessage"}
+    assert set(STEP_KINDS) == {
+        "RunModel",
+        "CallTool",
+        "CallSingleAttemptTool",
+        "AwaitToolApproval",
+        "AwaitQuestionAnswer",
+        "AwaitTimer",
+        "PollToolTask",
+        "CompactContext",
+        "AwaitUserMessage",
+    }
     model = STEP_KINDS["RunModel"]
     assert (model.max_attempts, model.retry_window_ms, model.backoff_initial_ms, model.backoff_factor) == (
-        3, 30 * 60_000, 1_000, 2)
+        3,
+        30 * 60_000,
+        1_000,
+        2,
+    )
     assert STEP_KINDS["CallSingleAttemptTool"].max_attempts == 1
 
 
@@ -185,9 +208,15 @@ def test_a_command_refused_after_it_wrote_keeps_nothing(tmp_path):
     d.complete(d.hand_out("CallTool"), {"status": "ok", "output": 1})
     model = d.hand_out("RunModel")
     attempt = d.running(model)
-    reuse = encode_command(CompleteAttempt(at=d.at, step_id=model, attempt=attempt.attempt, term=attempt.term,
-                                           result={"content": "", "tool_calls": [
-                                               {"id": "c1", "name": "lookup", "arguments": {}}]}))
+    reuse = encode_command(
+        CompleteAttempt(
+            at=d.at,
+            step_id=model,
+            attempt=attempt.attempt,
+            term=attempt.term,
+            result={"content": "", "tool_calls": [{"id": "c1", "name": "lookup", "arguments": {}}]},
+        )
+    )
     create = encode_command(CreateSession(at=d.at, session_id="s9", agent="helper"))
     before = d.engine.logical_dump(include_applied_index=False)
     results = d.engine.apply_batch([(d.index + 1, create), (d.index + 2, reuse), (d.index + 3, b"")])

@@ -33,12 +33,17 @@ def test_no_claim_names_a_row_the_matrix_lacks() -> None:
 
 
 def test_a_kind_claims_only_rows_that_name_it() -> None:
-    wrong = [f"{spec.kind} claims {row}" for spec in STEP_KINDS.values() for row in spec.rows
-             if spec.kind not in f"{ROWS[row].step} {ROWS[row].happens}"]
+    wrong = [
+        f"{spec.kind} claims {row}"
+        for spec in STEP_KINDS.values()
+        for row in spec.rows
+        if spec.kind not in f"{ROWS[row].step} {ROWS[row].happens}"
+    ]
     assert wrong == []
 
 
 def test_cross_kind_rows_are_about_any_step_and_no_kind_claims_them() -> None:
     assert all(ROWS[row].step.startswith("any ") for row in CROSS_KIND_ROWS)
-    assert {row: kinds for row, kinds in claimed_rows().items()
-            if row in CROSS_KIND_ROWS and kinds != ["cross-kind"]} == {}
+    assert {
+        row: kinds for row, kinds in claimed_rows().items() if row in CROSS_KIND_ROWS and kinds != ["cross-kind"]
+    } == {}

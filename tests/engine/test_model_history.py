@@ -134,8 +134,9 @@ def test_every_model_input_keeps_calls_next_to_their_results(data) -> None:
     d.create()
     d.send("start")
     for _ in range(data.draw(st.integers(min_value=1, max_value=40))):
-        action = data.draw(st.sampled_from(["model", "tool_ok", "tool_ok", "tool_lost", "reconcile", "send",
-                                            "compact"]))
+        action = data.draw(
+            st.sampled_from(["model", "tool_ok", "tool_ok", "tool_lost", "reconcile", "send", "compact"])
+        )
         random_action(d, data, action)
         for step in d.queued():
             if step.kind == "RunModel":

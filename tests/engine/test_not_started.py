@@ -32,8 +32,17 @@ def tool_turn(d: Driver, name: str, call_id: str = "c1") -> None:
 
 def not_started(d: Driver, step_id: str, retryable: bool = True) -> None:
     a = d.running(step_id)
-    d.ok(FailAttempt(at=d.at, step_id=step_id, attempt=a.attempt, term=a.term,
-                     error="agent 'helper' has no tool 'send_email'", retryable=retryable, not_started=True))
+    d.ok(
+        FailAttempt(
+            at=d.at,
+            step_id=step_id,
+            attempt=a.attempt,
+            term=a.term,
+            error="agent 'helper' has no tool 'send_email'",
+            retryable=retryable,
+            not_started=True,
+        )
+    )
 
 
 def retry(d: Driver, step_id: str) -> None:
@@ -81,7 +90,10 @@ def test_one_attempt_that_may_have_run_keeps_the_outcome_unknown(d: Driver) -> N
     call = d.call("c1")
     assert (call["status"], call["attempt_progress"]) == ("outcome_unknown", "NOT_COMPLETED")
     assert [a["attempt_progress"] for a in call["steps"][0]["attempts"]] == [
-        "NOT_COMPLETED", "NOT_STARTED", "NOT_STARTED"]
+        "NOT_COMPLETED",
+        "NOT_STARTED",
+        "NOT_STARTED",
+    ]
 
 
 def test_single_attempt_write_that_asked_a_question_ran_before(d: Driver) -> None:
@@ -120,8 +132,13 @@ def test_without_the_flag_a_failure_may_have_run(d: Driver) -> None:
 
 def test_fail_attempt_entries_without_the_field_still_decode() -> None:
     """Log entries written before `not_started` existed apply as before (not_started=False)."""
-    old = msgpack.packb([COMMAND_FORMAT_VERSION, "FailAttempt",
-                         {"at": 1, "step_id": "st1", "attempt": 1, "term": 1, "error": "boom",
-                          "retryable": True}], use_bin_type=True)
+    old = msgpack.packb(
+        [
+            COMMAND_FORMAT_VERSION,
+            "FailAttempt",
+            {"at": 1, "step_id": "st1", "attempt": 1, "term": 1, "error": "boom", "retryable": True},
+        ],
+        use_bin_type=True,
+    )
     cmd = decode_command(old)
     assert isinstance(cmd, FailAttempt) and cmd.not_started is False

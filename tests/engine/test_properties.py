@@ -42,8 +42,14 @@ TOOL_NAMES = [t["name"] for t in DEFAULT_TOOLS] + ["ask_user", "sleep", "telepor
 
 
 # Weighted: the work that moves turns forward is drawn more often than what ends them.
-ACTIONS = (["send"] * 3 + ["hand_out"] * 5 + ["complete"] * 6 + ["timers"] * 3 + ["decide", "answer"] * 2
-           + ["fail", "lost", "takeover", "cancel", "reconcile", "garbage"])
+ACTIONS = (
+    ["send"] * 3
+    + ["hand_out"] * 5
+    + ["complete"] * 6
+    + ["timers"] * 3
+    + ["decide", "answer"] * 2
+    + ["fail", "lost", "takeover", "cancel", "reconcile", "garbage"]
+)
 
 
 class RandomLeader:
@@ -73,8 +79,9 @@ class RandomLeader:
         mode = self.draw(st.sampled_from(["queue", "steer"]))
         message_id = self.draw(st.sampled_from([None, "m1", "m2"]))
         text = self.draw(st.sampled_from(["hi", "more", "x" * 300]))
-        self.d.apply(SendMessage(at=self.d.at, session_id=self.pick(SESSIONS), text=text,
-                                 message_id=message_id, mode=mode))
+        self.d.apply(
+            SendMessage(at=self.d.at, session_id=self.pick(SESSIONS), text=text, message_id=message_id, mode=mode)
+        )
 
     def do_hand_out(self) -> None:
         queued = self.d.queued()
@@ -82,21 +89,30 @@ class RandomLeader:
             return
         chosen = self.draw(st.lists(st.sampled_from(queued), min_size=1, max_size=4))
         term = self.d.term - self.draw(st.sampled_from([0, 0, 0, 1]))
-        self.d.apply(StartAttempts(at=self.d.at, handouts=[
-            Handout(step_id=s.step_id, worker_id="w", term=term) for s in chosen]))
+        self.d.apply(
+            StartAttempts(at=self.d.at, handouts=[Handout(step_id=s.step_id, worker_id="w", term=term) for s in chosen])
+        )
 
     def do_complete(self) -> None:
         attempt = self.pick(self.d.engine.running_attempts())
         if attempt is None:
             return self.do_late_result()
-        self.d.apply(CompleteAttempt(at=self.d.at, step_id=attempt.step_id, attempt=attempt.attempt,
-                                     term=attempt.term, result=self.result_for(attempt.kind)))
+        self.d.apply(
+            CompleteAttempt(
+                at=self.d.at,
+                step_id=attempt.step_id,
+                attempt=attempt.attempt,
+                term=attempt.term,
+                result=self.result_for(attempt.kind),
+            )
+        )
 
     def do_late_result(self) -> None:
         row = self.d.engine._store.row("SELECT step_id, number, term FROM attempts ORDER BY step_id LIMIT 1")
         if row is not None:
-            self.d.apply(CompleteAttempt(at=self.d.at, step_id=row[0], attempt=row[1], term=row[2],
-                                         result={"status": "ok"}))
+            self.d.apply(
+                CompleteAttempt(at=self.d.at, step_id=row[0], attempt=row[1], term=row[2], result={"status": "ok"})
+            )
 
     def result_for(self, kind: str) -> dict:
         if kind == "RunModel":
@@ -105,12 +121,27 @@ class RandomLeader:
         if kind == "CompactContext":
             return self.draw(st.sampled_from([{"summary": "S"}, {"summary": 5}]))
         if kind == "PollToolTask":
-            return self.draw(st.sampled_from([{"status": "pending"}, {"status": "ok", "output": 1},
-                                              {"status": "error", "error": "e"}, {"status": "??"}]))
-        return self.draw(st.sampled_from([
-            {"status": "ok", "output": 1}, {"status": "error", "error": "e"},
-            {"status": "question", "question": "?"}, {"status": "task", "handle": "h", "poll_after_ms": 100},
-            {"status": "bogus"}]))
+            return self.draw(
+                st.sampled_from(
+                    [
+                        {"status": "pending"},
+                        {"status": "ok", "output": 1},
+                        {"status": "error", "error": "e"},
+                        {"status": "??"},
+                    ]
+                )
+            )
+        return self.draw(
+            st.sampled_from(
+                [
+                    {"status": "ok", "output": 1},
+                    {"status": "error", "error": "e"},
+                    {"status": "question", "question": "?"},
+                    {"status": "task", "handle": "h", "poll_after_ms": 100},
+                    {"status": "bogus"},
+                ]
+            )
+        )
 
     def tool_call(self, name: str) -> dict:
         self.calls += 1
@@ -122,9 +153,17 @@ class RandomLeader:
     def do_fail(self) -> None:
         attempt = self.pick(self.d.engine.running_attempts())
         if attempt is not None:
-            self.d.apply(FailAttempt(at=self.d.at, step_id=attempt.step_id, attempt=attempt.attempt,
-                                     term=attempt.term, error="x", retryable=self.draw(st.booleans()),
-                                     not_started=self.draw(st.booleans())))
+            self.d.apply(
+                FailAttempt(
+                    at=self.d.at,
+                    step_id=attempt.step_id,
+                    attempt=attempt.attempt,
+                    term=attempt.term,
+                    error="x",
+                    retryable=self.draw(st.booleans()),
+                    not_started=self.draw(st.booleans()),
+                )
+            )
 
     def do_lost(self) -> None:
         attempt = self.pick(self.d.engine.running_attempts())
@@ -146,26 +185,37 @@ class RandomLeader:
         rows = self.d.engine._store.rows("SELECT session_id, call_id FROM approvals")
         if rows:
             sid, call_id = self.pick(rows)
-            self.d.apply(DecideApproval(at=self.d.at, session_id=sid, call_id=call_id,
-                                        approved=self.draw(st.booleans())))
+            self.d.apply(
+                DecideApproval(at=self.d.at, session_id=sid, call_id=call_id, approved=self.draw(st.booleans()))
+            )
 
     def do_answer(self) -> None:
         rows = self.d.engine._store.rows("SELECT session_id, question_id FROM questions")
         if rows:
             sid, qid = self.pick(rows)
-            self.d.apply(AnswerQuestion(at=self.d.at, session_id=sid, question_id=qid,
-                                        answer=self.draw(st.sampled_from(["yes", "no"]))))
+            self.d.apply(
+                AnswerQuestion(
+                    at=self.d.at, session_id=sid, question_id=qid, answer=self.draw(st.sampled_from(["yes", "no"]))
+                )
+            )
 
     def do_cancel(self) -> None:
         self.d.apply(CancelTurn(at=self.d.at, session_id=self.pick(SESSIONS)))
 
     def do_reconcile(self) -> None:
-        rows = self.d.engine._store.rows("SELECT session_id, call_id FROM tool_calls "
-                                         "WHERE status = 'outcome_unknown' OR reconciled_at IS NOT NULL")
+        rows = self.d.engine._store.rows(
+            "SELECT session_id, call_id FROM tool_calls WHERE status = 'outcome_unknown' OR reconciled_at IS NOT NULL"
+        )
         if rows:
             sid, call_id = self.pick(rows)
-            self.d.apply(ReconcileToolCall(at=self.d.at, session_id=sid, call_id=call_id,
-                                           outcome=self.draw(st.sampled_from(["succeeded", "failed"]))))
+            self.d.apply(
+                ReconcileToolCall(
+                    at=self.d.at,
+                    session_id=sid,
+                    call_id=call_id,
+                    outcome=self.draw(st.sampled_from(["succeeded", "failed"])),
+                )
+            )
 
     def do_garbage(self) -> None:
         self.d.apply_raw(self.draw(st.sampled_from([b"", b"\x00\x01", b"\x93\x01\xa4Nope\x80"])))
@@ -181,21 +231,35 @@ def check_invariants(engine: Engine) -> None:
     # A single-attempt call never gets a second attempt, and a write never runs again after
     # an attempt that may have run without completing (polls of its task are not runs).
     assert q("SELECT step_id FROM steps WHERE kind = 'CallSingleAttemptTool' AND attempts_used > 1") == []
-    assert q("SELECT a2.step_id FROM steps s1 JOIN attempts a1 ON a1.step_id = s1.step_id "
-             "JOIN steps s2 ON s2.session_id = s1.session_id AND s2.call_id = s1.call_id "
-             "JOIN attempts a2 ON a2.step_id = s2.step_id "
-             "JOIN tool_calls c ON c.session_id = s1.session_id AND c.call_id = s1.call_id "
-             "WHERE c.effect = 'write' AND a1.status = 'failed' AND a2.started_at >= a1.ended_at "
-             "AND s1.kind = 'CallSingleAttemptTool' AND s2.kind = 'CallSingleAttemptTool' "
-             "AND (a2.step_id, a2.number) != (a1.step_id, a1.number)") == []
+    assert (
+        q(
+            "SELECT a2.step_id FROM steps s1 JOIN attempts a1 ON a1.step_id = s1.step_id "
+            "JOIN steps s2 ON s2.session_id = s1.session_id AND s2.call_id = s1.call_id "
+            "JOIN attempts a2 ON a2.step_id = s2.step_id "
+            "JOIN tool_calls c ON c.session_id = s1.session_id AND c.call_id = s1.call_id "
+            "WHERE c.effect = 'write' AND a1.status = 'failed' AND a2.started_at >= a1.ended_at "
+            "AND s1.kind = 'CallSingleAttemptTool' AND s2.kind = 'CallSingleAttemptTool' "
+            "AND (a2.step_id, a2.number) != (a1.step_id, a1.number)"
+        )
+        == []
+    )
     # Every tool call of a finished turn has exactly one final outcome, seen once by the model.
-    assert q("SELECT c.call_id FROM tool_calls c JOIN turns t ON t.turn_id = c.turn_id "
-             "WHERE t.status != 'running' AND c.status = 'pending'") == []
-    for session_id, call_id in q("SELECT c.session_id, c.call_id FROM tool_calls c JOIN turns t "
-                                 "ON t.turn_id = c.turn_id WHERE t.status != 'running'"):
+    assert (
+        q(
+            "SELECT c.call_id FROM tool_calls c JOIN turns t ON t.turn_id = c.turn_id "
+            "WHERE t.status != 'running' AND c.status = 'pending'"
+        )
+        == []
+    )
+    for session_id, call_id in q(
+        "SELECT c.session_id, c.call_id FROM tool_calls c JOIN turns t "
+        "ON t.turn_id = c.turn_id WHERE t.status != 'running'"
+    ):
         seen = engine._store.scalar(
             "SELECT COUNT(*) FROM history WHERE session_id = ? AND json_extract(item, '$.type') = 'tool_result' "
-            "AND json_extract(item, '$.call_id') = ?", (session_id, call_id))
+            "AND json_extract(item, '$.call_id') = ?",
+            (session_id, call_id),
+        )
         assert seen == 1, (session_id, call_id, seen)
     # A session runs at most one turn, and says so.
     assert q("SELECT session_id FROM sessions WHERE (status = 'running') != (current_turn_id IS NOT NULL)") == []
@@ -222,7 +286,7 @@ def calls_split_from_results(history: list[dict]) -> str | None:
         if item["type"] == "tool_result":
             return f"item {i}: a tool result ({item['call_id']}) that does not follow its call"
         calls = [c["id"] for c in item.get("tool_calls") or []] if item["type"] == "assistant" else []
-        following = history[i + 1:i + 1 + len(calls)]
+        following = history[i + 1 : i + 1 + len(calls)]
         found = [r.get("call_id") if r["type"] == "tool_result" else r["type"] for r in following]
         if found != calls:
             return f"item {i}: the calls {calls} are followed by {found}"
@@ -239,8 +303,9 @@ def replay(log, twice: bool = False) -> Engine:
     return engine
 
 
-PROPERTY = settings(max_examples=EXAMPLES, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPERTY = settings(
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 @PROPERTY

@@ -97,14 +97,16 @@ def test_hand_out_past_the_window_fails_the_turn_instead(d: Driver) -> None:
     model = turn_after_a_tool(d)
     first = fail_once_and_requeue(d, model, "RunModel")
     d.tick(2 * HOUR_MS)
-    result = d.apply(StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term,
-                                                               token_secret="late")]))
+    result = d.apply(
+        StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term, token_secret="late")])
+    )
     assert result.ok and result.value["started"] == []
     assert [e["step_id"] for e in result.value["expired"]] == [model]
     assert_failed_with_note(d, model)
     assert d.at > window_end("RunModel", first)
-    again = d.apply(StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term,
-                                                              token_secret="late")]))
+    again = d.apply(
+        StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term, token_secret="late")])
+    )
     assert not again.ok and again.code == "conflict"  # not queued any more: refused, changes nothing
 
 
@@ -112,8 +114,9 @@ def test_hand_out_one_ms_past_the_window_is_refused(d: Driver) -> None:
     model = turn_after_a_tool(d)
     first = fail_once_and_requeue(d, model, "RunModel")
     d.tick(window_end("RunModel", first) + 1 - d.at)
-    result = d.apply(StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term,
-                                                               token_secret="x")]))
+    result = d.apply(
+        StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term, token_secret="x")])
+    )
     assert result.ok and result.value["started"] == []
     assert d.turn_status() == "failed"
 
@@ -153,8 +156,7 @@ def test_window_decisions_replay_to_the_same_state(d: Driver, tmp_path) -> None:
     model = turn_after_a_tool(d)
     fail_once_and_requeue(d, model, "RunModel")
     d.tick(2 * HOUR_MS)
-    d.apply(StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term,
-                                                      token_secret="late")]))
+    d.apply(StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term, token_secret="late")]))
     d.send("next turn")
     other = Engine(str(tmp_path / "replay.db"), durable=False)
     try:

@@ -48,8 +48,9 @@ def test_filters_pick_sessions_waiting_for_approval_or_with_outcome_unknown(d):
     assert _ids(d.engine.list_sessions(outcome_unknown=True)) == ["s2"]
     assert _ids(d.engine.list_sessions(awaiting_approval=False, outcome_unknown=False)) == ["s3"]
     assert _ids(d.engine.list_sessions(awaiting_approval=True, outcome_unknown=True)) == []
-    counts = {row["session_id"]: (row["pending_approvals"], row["outcome_unknown_calls"])
-              for row in d.engine.list_sessions()}
+    counts = {
+        row["session_id"]: (row["pending_approvals"], row["outcome_unknown_calls"]) for row in d.engine.list_sessions()
+    }
     assert counts == {"s1": (1, 0), "s2": (0, 1), "s3": (0, 0)}
 
 

@@ -21,5 +21,7 @@ def test_a_step_runs_at_most_the_allowed_sql_statements() -> None:
 
 
 def test_statements_group_by_their_text_without_values() -> None:
-    assert normalise_sql("SELECT a FROM t  WHERE id = 'x''y' AND n = -12 AND v IS NULL AND c2 = 3.5") == \
-        "SELECT a FROM t WHERE id = ? AND n = ? AND v IS ? AND c2 = ?"
+    assert (
+        normalise_sql("SELECT a FROM t  WHERE id = 'x''y' AND n = -12 AND v IS NULL AND c2 = 3.5")
+        == "SELECT a FROM t WHERE id = ? AND n = ? AND v IS ? AND c2 = ?"
+    )

@@ -29,8 +29,9 @@ def test_the_secret_in_the_hand_out_is_stored_and_checked(tmp_path: Path) -> Non
     d.create()
     d.send()
     step = d.next_step("RunModel")
-    result = d.ok(StartAttempts(at=d.at, handouts=[Handout(step_id=step, worker_id="w-a", term=d.term,
-                                                           token_secret="s3cret")]))
+    result = d.ok(
+        StartAttempts(at=d.at, handouts=[Handout(step_id=step, worker_id="w-a", term=d.term, token_secret="s3cret")])
+    )
     [started] = result.value["started"]
     assert started["token_secret"] == "s3cret"  # what the leader builds the token from
 
@@ -56,9 +57,18 @@ def test_eager_hand_outs_take_the_secrets_of_the_complete_command(tmp_path: Path
     d, step = running_model_step(tmp_path / "e.db")
     a = d.running(step)
     result = {"content": "", "tool_calls": [{"id": f"c{i}", "name": "lookup", "arguments": {}} for i in (1, 2)]}
-    started = d.ok(CompleteAttempt(at=d.at, step_id=step, attempt=a.attempt, term=a.term, result=result,
-                                   next_worker_id="w-b", next_max=2,
-                                   next_token_secrets=["first", "second"])).value["started"]
+    started = d.ok(
+        CompleteAttempt(
+            at=d.at,
+            step_id=step,
+            attempt=a.attempt,
+            term=a.term,
+            result=result,
+            next_worker_id="w-b",
+            next_max=2,
+            next_token_secrets=["first", "second"],
+        )
+    ).value["started"]
     assert [s["token_secret"] for s in started] == ["first", "second"]
     for s, secret in zip(started, ("first", "second")):
         state = d.engine.attempt_state(s["step_id"], 1, d.term, secret)
@@ -70,9 +80,18 @@ def test_a_complete_with_the_wrong_number_of_secrets_is_rejected_and_changes_not
     d, step = running_model_step(tmp_path / "e.db")
     a = d.running(step)
     before = d.engine.logical_dump(include_applied_index=False)
-    result = d.apply(CompleteAttempt(at=d.at, step_id=step, attempt=a.attempt, term=a.term,
-                                     result={"content": "", "tool_calls": []}, next_worker_id="w1", next_max=2,
-                                     next_token_secrets=["only-one"]))
+    result = d.apply(
+        CompleteAttempt(
+            at=d.at,
+            step_id=step,
+            attempt=a.attempt,
+            term=a.term,
+            result={"content": "", "tool_calls": []},
+            next_worker_id="w1",
+            next_max=2,
+            next_token_secrets=["only-one"],
+        )
+    )
     assert not result.ok and result.code == "invalid"
     assert d.engine.logical_dump(include_applied_index=False) == before
 
@@ -102,8 +121,7 @@ def test_replicas_replaying_the_log_store_the_same_secrets(tmp_path: Path) -> No
 def downgrade_to_schema_1(path: Path) -> None:
     """Make the database look as schema 1 wrote it: no token_secret column, no held_notes."""
     conn = sqlite3.connect(path)
-    conn.executescript("ALTER TABLE attempts DROP COLUMN token_secret; DROP TABLE held_notes; "
-                       "PRAGMA user_version=1;")
+    conn.executescript("ALTER TABLE attempts DROP COLUMN token_secret; DROP TABLE held_notes; PRAGMA user_version=1;")
     conn.close()
 
 

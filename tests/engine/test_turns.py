@@ -83,6 +83,7 @@ def test_a_repeated_message_id_is_a_noop(d):
 
 def d_send(d, text, message_id):
     from dex_ha.engine import SendMessage
+
     return SendMessage(at=d.at, session_id="s1", text=text, message_id=message_id)
 
 
@@ -134,8 +135,13 @@ def test_a_non_retryable_failure_uses_up_every_attempt(d):
 
 
 def test_tool_policy_overrides_attempts_and_timeouts_but_a_write_runs_once(d):
-    d.register([{"name": "flaky", "effect": "read", "max_attempts": 5, "start_to_close_ms": 1234},
-                {"name": "pay", "effect": "write", "max_attempts": 5}], model={"start_to_close_ms": 999})
+    d.register(
+        [
+            {"name": "flaky", "effect": "read", "max_attempts": 5, "start_to_close_ms": 1234},
+            {"name": "pay", "effect": "write", "max_attempts": 5},
+        ],
+        model={"start_to_close_ms": 999},
+    )
     d.send("go")
     model = d.next_step("RunModel")
     d.hand_out("RunModel")
@@ -247,8 +253,10 @@ def test_cancel_between_polls_stops_the_task_without_a_second_one(d):
 def test_inline_tools_are_recorded_with_the_model_step(d):
     d.send("go")
     model = d.hand_out("RunModel")
-    inline = [{"id": "i1", "name": "search_inline", "arguments": {}, "result": {"status": "ok", "output": 3}},
-              {"id": "i2", "name": "search_inline", "arguments": {}, "result": {"status": "error", "error": "x"}}]
+    inline = [
+        {"id": "i1", "name": "search_inline", "arguments": {}, "result": {"status": "ok", "output": 3}},
+        {"id": "i2", "name": "search_inline", "arguments": {}, "result": {"status": "error", "error": "x"}},
+    ]
     d.complete(model, {"content": "", "tool_calls": inline})
     assert [d.call(c)["status"] for c in ("i1", "i2")] == ["succeeded", "failed"]
     assert {d.call(c)["step_kind"] for c in ("i1", "i2")} == {"RunModel"}
@@ -260,8 +268,16 @@ def test_inline_tools_are_recorded_with_the_model_step(d):
 
 def test_cancel_flags_running_attempts_and_records_every_open_call(d):
     d.send("go")
-    d.run_model("", [("queued", "put_item", {}), ("single", "send_email", {}), ("read", "lookup", {}),
-                     ("appr", "wire_money", {}), ("ask", "ask_user", {"question": "?"})])
+    d.run_model(
+        "",
+        [
+            ("queued", "put_item", {}),
+            ("single", "send_email", {}),
+            ("read", "lookup", {}),
+            ("appr", "wire_money", {}),
+            ("ask", "ask_user", {"question": "?"}),
+        ],
+    )
     single = d.hand_out(call_id="single")
     read = d.hand_out(call_id="read")
     attempt = d.running(single)
@@ -416,8 +432,15 @@ def test_events_have_increasing_ids_and_resume_after_an_id(d):
     ids = [e.event_id for e in events]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     types = [e.type for e in events]
-    for expected in ("session_created", "message_received", "turn_started", "step_queued",
-                     "attempt_started", "assistant_message", "turn_completed"):
+    for expected in (
+        "session_created",
+        "message_received",
+        "turn_started",
+        "step_queued",
+        "attempt_started",
+        "assistant_message",
+        "turn_completed",
+    ):
         assert expected in types
     resumed = d.engine.events("s1", after=ids[3])
     assert [e.event_id for e in resumed] == ids[4:]
@@ -443,8 +466,10 @@ def test_a_repeated_identical_completion_is_ok_and_a_different_one_stale(d):
     model = d.hand_out("RunModel")
     a = d.running(model)
     d.model(model, "hi")
-    same = d.apply(CompleteAttempt(at=d.at, step_id=model, attempt=a.attempt, term=a.term,
-                                   result={"content": "hi", "tool_calls": []}))
-    other = d.apply(CompleteAttempt(at=d.at, step_id=model, attempt=a.attempt, term=a.term,
-                                    result={"content": "bye"}))
+    same = d.apply(
+        CompleteAttempt(
+            at=d.at, step_id=model, attempt=a.attempt, term=a.term, result={"content": "hi", "tool_calls": []}
+        )
+    )
+    other = d.apply(CompleteAttempt(at=d.at, step_id=model, attempt=a.attempt, term=a.term, result={"content": "bye"}))
     assert same.ok and same.noop and other.code == "stale_attempt"

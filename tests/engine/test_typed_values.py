@@ -37,9 +37,13 @@ def test_statuses_are_stored_and_sent_as_plain_strings(d) -> None:
     d.fail(d.hand_out("CallSingleAttemptTool"))
     store = d.engine._store
     assert tuple(store.row("SELECT status, typeof(status) FROM tool_calls WHERE call_id = 'c1'")) == (
-        "outcome_unknown", "text")
+        "outcome_unknown",
+        "text",
+    )
     assert tuple(store.row("SELECT status, typeof(status) FROM steps WHERE kind = 'CallSingleAttemptTool'")) == (
-        "failed", "text")
+        "failed",
+        "text",
+    )
     finished = [e.data for e in d.engine.events("s1") if e.type == "tool_call_finished"]
     assert [f["status"] for f in finished] == ["outcome_unknown"]
     assert type(finished[0]["status"]) is str
@@ -55,10 +59,19 @@ def test_running_attempt_is_built_by_column_name(d) -> None:
     assert d.fire_due() == 1
     d.tick(5)
     d.hand_out("RunModel", worker="w2")
-    assert d.engine.running_attempts() == [RunningAttempt(
-        step_id=step_id, attempt=2, term=1, worker_id="w2", session_id="s1", kind="RunModel",
-        started_at=d.at, deadline_at=d.at + STEP_KINDS["RunModel"].start_to_close_ms,
-        cancel_requested=False)]
+    assert d.engine.running_attempts() == [
+        RunningAttempt(
+            step_id=step_id,
+            attempt=2,
+            term=1,
+            worker_id="w2",
+            session_id="s1",
+            kind="RunModel",
+            started_at=d.at,
+            deadline_at=d.at + STEP_KINDS["RunModel"].start_to_close_ms,
+            cancel_requested=False,
+        )
+    ]
     d.cancel()
     assert d.engine.running_attempts()[0].cancel_requested is True
 
@@ -67,16 +80,24 @@ def test_queued_step_is_built_by_column_name(d) -> None:
     d.send()
     [queued] = d.queued()
     assert (queued.session_id, queued.agent, queued.kind, queued.call_id, queued.queued_at) == (
-        "s1", "helper", "RunModel", None, d.at)
+        "s1",
+        "helper",
+        "RunModel",
+        None,
+        d.at,
+    )
     assert queued.turn_id == d.snap()["turns"][-1]["turn_id"]
 
 
-@pytest.mark.parametrize("read, args", [
-    ("require_step", ("st-none",)),
-    ("require_session", ("s-none",)),
-    ("require_call", ("s1", "c-none")),
-    ("require_timer", ("tm-none",)),
-])
+@pytest.mark.parametrize(
+    "read, args",
+    [
+        ("require_step", ("st-none",)),
+        ("require_session", ("s-none",)),
+        ("require_call", ("s1", "c-none")),
+        ("require_timer", ("tm-none",)),
+    ],
+)
 def test_require_rejects_a_missing_row_as_not_found(d, read, args) -> None:
     with pytest.raises(Rejected) as raised:
         getattr(d.engine._store, read)(*args)

@@ -36,14 +36,22 @@ START_DEADLINE_S = 60.0
 
 
 class ProxiedCluster(LocalCluster):
-    def __init__(self, directory: Path, nodes: int = 3, settings: Mapping[str, int] | None = None,
-                 drain_timeout_ms: int | None = None, durability: str = "relaxed") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        nodes: int = 3,
+        settings: Mapping[str, int] | None = None,
+        drain_timeout_ms: int | None = None,
+        durability: str = "relaxed",
+    ) -> None:
         super().__init__(directory, nodes, relaxed=durability == "relaxed")
         # The port ranges LocalCluster chose, one port per node in each.
-        http, raft, probe = ([base + i for i in range(nodes)] for base in (self.http_base, self.raft_base,
-                                                                           self.probe_base))
-        self.plan: ClusterPlan = plan_cluster(directory, http, raft, probe, durability=durability,
-                                              drain_timeout_ms=drain_timeout_ms)
+        http, raft, probe = (
+            [base + i for i in range(nodes)] for base in (self.http_base, self.raft_base, self.probe_base)
+        )
+        self.plan: ClusterPlan = plan_cluster(
+            directory, http, raft, probe, durability=durability, drain_timeout_ms=drain_timeout_ms
+        )
         self.settings = dict(settings or {})  # extra top-level config keys, e.g. snapshot_every_entries
         self.mesh = ProxyMesh({n.node_id: n.raft_port for n in self.plan.nodes})
         self.layout = {"layout": self.plan.layout(), "tokens": dict(self.plan.tokens)}
@@ -63,8 +71,9 @@ class ProxiedCluster(LocalCluster):
         text = node_toml(self.plan, node)
         for peer in self.plan.nodes:
             if peer.node_id != node.node_id:
-                text = text.replace(f'raft_addr = "{peer.raft_addr}"',
-                                    f'raft_addr = "{self.mesh.address(node.node_id, peer.node_id)}"')
+                text = text.replace(
+                    f'raft_addr = "{peer.raft_addr}"', f'raft_addr = "{self.mesh.address(node.node_id, peer.node_id)}"'
+                )
         extra = "".join(f"{key} = {value}\n" for key, value in self.settings.items())
         return text.replace("\n[tokens]", f"{extra}\n[tokens]", 1)  # top-level keys come before the tables
 

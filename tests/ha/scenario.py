@@ -30,8 +30,9 @@ class AckedWriter:
         self.acked: list[str] = []
 
     async def run(self) -> None:
-        async with DexClient(self.urls, token=self.token, request_timeout_s=WRITE_TIMEOUT_S,
-                             give_up_after_s=WRITE_TIMEOUT_S) as client:
+        async with DexClient(
+            self.urls, token=self.token, request_timeout_s=WRITE_TIMEOUT_S, give_up_after_s=WRITE_TIMEOUT_S
+        ) as client:
             while True:
                 session_id = f"{self.prefix}-{len(self.acked)}"
                 try:
@@ -68,7 +69,8 @@ async def all_caught_up(cluster: LocalCluster, node_ids: list[str], deadline_s: 
     admin = cluster.tokens["admin"]
     active = await cluster.active_node(deadline_s)
     target = (await eventually(lambda: cluster_view(cluster.urls[active], admin), "the active node's view"))[
-        "commit_index"]
+        "commit_index"
+    ]
 
     async def caught_up() -> bool:
         views = await asyncio.gather(*(cluster_view(cluster.urls[n], admin) for n in node_ids))
@@ -91,9 +93,12 @@ class AttemptRow:
 
 def attempts_on_disk(data_dir: Path) -> list[AttemptRow]:
     """Every attempt of every step (RunModel included) in a node's state database."""
-    rows = query_state(data_dir, "SELECT s.session_id, s.kind, s.call_id, a.number, a.term, a.status, "
-                                 "a.attempt_progress FROM attempts a JOIN steps s ON s.step_id = a.step_id "
-                                 "ORDER BY s.session_id, s.created_at, a.number")
+    rows = query_state(
+        data_dir,
+        "SELECT s.session_id, s.kind, s.call_id, a.number, a.term, a.status, "
+        "a.attempt_progress FROM attempts a JOIN steps s ON s.step_id = a.step_id "
+        "ORDER BY s.session_id, s.created_at, a.number",
+    )
     return [AttemptRow(*row) for row in rows]
 
 
@@ -104,6 +109,7 @@ def failed_attempts(data_dir: Path) -> int:
 
 async def rejoined(cluster: LocalCluster, node_id: str, leader: str) -> None:
     """Wait until `node_id` follows `leader` again (a voter the next failover can count on)."""
+
     async def following() -> bool:
         view = await cluster_view(cluster.urls[node_id], cluster.tokens["admin"])
         return view is not None and view["role"] == "standby" and view["leader_id"] == leader

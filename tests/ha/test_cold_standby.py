@@ -52,7 +52,8 @@ def members_cli(cluster: ProxiedCluster, urls: list[str], *args: str) -> subproc
 
 
 async def test_a_cold_standby_replaces_a_dead_node_and_the_cluster_survives_another_kill(
-        snapshotting: ProxiedCluster) -> None:
+    snapshotting: ProxiedCluster,
+) -> None:
     cluster = snapshotting
     urls = dict(cluster.urls)
     async with DexClient(list(urls.values()), token=cluster.tokens["client"]) as client:
@@ -67,11 +68,22 @@ async def test_a_cold_standby_replaces_a_dead_node_and_the_cluster_survives_anot
     n4_url = f"http://127.0.0.1:{http_port}"
     config = joiner_config(cluster, http_port, raft_port, probe_port)
     with open(cluster.dir / "n4.log", "ab") as out:
-        n4 = subprocess.Popen([sys.executable, "-m", "dex_ha.cli", "node", "--config", str(config)],
-                              stdout=out, stderr=subprocess.STDOUT)
+        n4 = subprocess.Popen(
+            [sys.executable, "-m", "dex_ha.cli", "node", "--config", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
     try:
-        added = await asyncio.to_thread(members_cli, cluster, live, "add", "--id", "n4",
-                                        "--raft-addr", f"127.0.0.1:{raft_port}", "--node-url", n4_url)
+        added = await asyncio.to_thread(
+            members_cli,
+            cluster,
+            live,
+            "add",
+            "--id",
+            "n4",
+            "--raft-addr",
+            f"127.0.0.1:{raft_port}",
+            "--node-url",
+            n4_url,
+        )
         assert added.returncode == 0, added.stdout + added.stderr
         await eventually(lambda: caught_up_learner(n4_url, cluster.tokens["admin"]), "n4 to catch up", DEADLINE_S)
         installed = re.findall(r"n4: installed snapshot at index (\d+)", (cluster.dir / "n4.log").read_text())
@@ -86,11 +98,16 @@ async def test_a_cold_standby_replaces_a_dead_node_and_the_cluster_survives_anot
         assert removed.returncode == 0, removed.stdout + removed.stderr
         view = await eventually(lambda: cluster_view(live[0], cluster.tokens["admin"]), "the cluster view")
         assert sorted(m["id"] for m in view["members"] if m["voter"]) == sorted(
-            [n for n in cluster.node_ids if n != dead] + ["n4"])
+            [n for n in cluster.node_ids if n != dead] + ["n4"]
+        )
 
         survivors = [n for n in cluster.node_ids if n != dead]
-        await survives_another_kill(cluster, {**{n: cluster.pid(n) for n in survivors}, "n4": n4.pid},
-                                    {**{n: urls[n] for n in survivors}, "n4": n4_url}, written)
+        await survives_another_kill(
+            cluster,
+            {**{n: cluster.pid(n) for n in survivors}, "n4": n4.pid},
+            {**{n: urls[n] for n in survivors}, "n4": n4_url},
+            written,
+        )
     finally:
         stop(n4)
 
@@ -116,14 +133,19 @@ async def exactly_one(probes: dict[str, Connection]) -> list[str] | None:
     return ready or None
 
 
-async def survives_another_kill(cluster: ProxiedCluster, pids: dict[str, int], urls: dict[str, str],
-                                written: set[str]) -> None:
+async def survives_another_kill(
+    cluster: ProxiedCluster, pids: dict[str, int], urls: dict[str, str], written: set[str]
+) -> None:
     """SIGKILL the active node (n4 may be it); the two voters left elect, and a turn completes."""
     leader = await one_ready(urls)
     os.kill(pids[leader], signal.SIGKILL)
     left = [u for n, u in urls.items() if n != leader]
-    worker = Worker(left, token=cluster.tokens["worker"], agents=[Agent("standby", model=ScriptedModel(answer_at_once))],
-                    poll_wait_ms=2_000)
+    worker = Worker(
+        left,
+        token=cluster.tokens["worker"],
+        agents=[Agent("standby", model=ScriptedModel(answer_at_once))],
+        poll_wait_ms=2_000,
+    )
     async with running(worker), DexClient(left, token=cluster.tokens["client"]) as client:
         sid = (await client.create_session("standby")).session_id
         await client.send_message(sid, "after the second kill")

@@ -36,14 +36,24 @@ async def haproxy(proxied: ProxiedCluster, tmp_path: Path) -> AsyncIterator[HAPr
 
 
 async def test_a_turn_completes_through_haproxy_when_the_active_node_dies_mid_tool(
-        proxied: ProxiedCluster, haproxy: HAProxyProcess) -> None:
+    proxied: ProxiedCluster, haproxy: HAProxyProcess
+) -> None:
     ledger = Ledger()
     only_haproxy = [haproxy.url]
-    worker = Worker(only_haproxy, token=proxied.tokens["worker"], agents=[make_agent(ledger)], poll_wait_ms=2_000,
-                    heartbeat_interval_s=0.2, drain_timeout_s=1.0)
-    async with running(worker), DexClient(only_haproxy, token=proxied.tokens["client"]) as client, \
-            ReadinessRecorder(proxied.probe_urls) as record, \
-            running(AckedWriter(only_haproxy, proxied.tokens["client"])) as writer:
+    worker = Worker(
+        only_haproxy,
+        token=proxied.tokens["worker"],
+        agents=[make_agent(ledger)],
+        poll_wait_ms=2_000,
+        heartbeat_interval_s=0.2,
+        drain_timeout_s=1.0,
+    )
+    async with (
+        running(worker),
+        DexClient(only_haproxy, token=proxied.tokens["client"]) as client,
+        ReadinessRecorder(proxied.probe_urls) as record,
+        running(AckedWriter(only_haproxy, proxied.tokens["client"])) as writer,
+    ):
         sid = (await client.create_session(AGENT)).session_id
         await client.send_message(sid, "failover")
         await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
@@ -57,8 +67,10 @@ async def test_a_turn_completes_through_haproxy_when_the_active_node_dies_mid_to
 
     assert final.turns[-1].status == "completed"
     attempts = attempts_of(final.raw, "c-failover")
-    assert [(a["status"], a["attempt_progress"]) for a in attempts] == [("failed", "NOT_COMPLETED"),
-                                                                        ("completed", None)]
+    assert [(a["status"], a["attempt_progress"]) for a in attempts] == [
+        ("failed", "NOT_COMPLETED"),
+        ("completed", None),
+    ]
     assert ledger.runs == [("slow_put", f"{sid}:c-failover", 1), ("slow_put", f"{sid}:c-failover", 2)]
     assert turn_done_s < TURN_AFTER_KILL_S, f"the turn completed {turn_done_s:.1f} s after the kill"
     assert record.overlapping_rounds() == []

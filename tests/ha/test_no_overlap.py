@@ -37,8 +37,10 @@ async def isolate_and_heal(cluster: ProxiedCluster, old: str, close: bool) -> st
 async def test_twenty_failovers_never_show_two_ready_nodes(proxied: ProxiedCluster) -> None:
     active = await proxied.active_node()
     started = time.monotonic()
-    async with ReadinessRecorder(proxied.probe_urls) as record, \
-            running(AckedWriter(list(proxied.urls.values()), proxied.tokens["client"])) as writer:
+    async with (
+        ReadinessRecorder(proxied.probe_urls) as record,
+        running(AckedWriter(list(proxied.urls.values()), proxied.tokens["client"])) as writer,
+    ):
         for i in range(FAILOVERS):
             if i % 2 == 0:
                 new = await kill_and_restart(proxied, active)
@@ -50,7 +52,8 @@ async def test_twenty_failovers_never_show_two_ready_nodes(proxied: ProxiedClust
         await record.next_round()
 
     assert record.overlapping_rounds() == [], record.describe_around(
-        next(row.at for row in record.rows if row.round == record.overlapping_rounds()[0][0]))
+        next(row.at for row in record.rows if row.round == record.overlapping_rounds()[0][0])
+    )
     took = time.monotonic() - started
     assert took / record.rounds < MAX_MEAN_ROUND_S, f"only {record.rounds} probe rounds in {took:.0f} s"
     await all_caught_up(proxied, proxied.node_ids)

@@ -32,9 +32,12 @@ async def write_straight_to(url: str, token: str, session_id: str) -> int | None
     """POST a session to one node only (no SDK, no retry); its status, None if no answer in time."""
     try:
         async with aiohttp.ClientSession() as http:
-            async with http.post(url + "/v1/sessions", json={"agent": "ha-writes", "session_id": session_id},
-                                 headers={"Authorization": f"Bearer {token}"},
-                                 timeout=aiohttp.ClientTimeout(total=MINORITY_WRITE_WAIT_S)) as resp:
+            async with http.post(
+                url + "/v1/sessions",
+                json={"agent": "ha-writes", "session_id": session_id},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=aiohttp.ClientTimeout(total=MINORITY_WRITE_WAIT_S),
+            ) as resp:
                 return resp.status
     except (aiohttp.ClientError, OSError, TimeoutError):
         return None
@@ -47,17 +50,21 @@ def assert_handed_over_without_overlap(record: ReadinessRecorder, old: str, cut_
     last_old = record.last_ready(old)
     assert last_old is not None, f"{old} was never seen ready"
     context = record.describe_around(first_new.at, window_s=0.1)
-    assert last_old.round < first_new.round and last_old.at < first_new.at, \
+    assert last_old.round < first_new.round and last_old.at < first_new.at, (
         f"{old} was still ready when {first_new.node} became ready:\n{context}"
+    )
     assert record.overlapping_rounds() == []
 
 
 async def test_an_isolated_active_node_stops_being_ready_first_takes_no_write_and_loses_nothing(
-        proxied: ProxiedCluster) -> None:
+    proxied: ProxiedCluster,
+) -> None:
     old = await proxied.active_node()
     token = proxied.tokens["client"]
-    async with ReadinessRecorder(proxied.probe_urls) as record, \
-            running(AckedWriter(list(proxied.urls.values()), token)) as writer:
+    async with (
+        ReadinessRecorder(proxied.probe_urls) as record,
+        running(AckedWriter(list(proxied.urls.values()), token)) as writer,
+    ):
         await writer.acked_after(5)
         cut_at = time.monotonic()
         await proxied.mesh.isolate(old)
@@ -74,8 +81,9 @@ async def test_an_isolated_active_node_stops_being_ready_first_takes_no_write_an
     assert new != old
     assert_handed_over_without_overlap(record, old, cut_at)
     last_old = record.last_ready(old)
-    assert last_old is not None and last_old.at - cut_at < ELECTION_TIMEOUT_MIN_S + 1.0, \
+    assert last_old is not None and last_old.at - cut_at < ELECTION_TIMEOUT_MIN_S + 1.0, (
         "the isolated node stayed ready long past its lease"
+    )
     await all_caught_up(proxied, proxied.node_ids)
     for node in proxied.plan.nodes:
         on_disk = sessions_on_disk(node.data_dir)
@@ -88,8 +96,10 @@ async def one_way_partition(proxied: ProxiedCluster, direction: str) -> None:
     one ready node in every probe round, and after healing the cluster takes writes."""
     old = await proxied.active_node()
     links = proxied.mesh.inbound(old) if direction == "inbound" else proxied.mesh.outbound(old)
-    async with ReadinessRecorder(proxied.probe_urls) as record, \
-            running(AckedWriter(list(proxied.urls.values()), proxied.tokens["client"])) as writer:
+    async with (
+        ReadinessRecorder(proxied.probe_urls) as record,
+        running(AckedWriter(list(proxied.urls.values()), proxied.tokens["client"])) as writer,
+    ):
         await writer.acked_after(3)
         cut_at = time.monotonic()
         await proxied.mesh.cut(links)

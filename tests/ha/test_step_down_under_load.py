@@ -82,8 +82,14 @@ def make_agent(ledger: Ledger) -> Agent:
 async def test_step_down_under_load_keeps_finished_steps_and_moves_the_rest(proxied: ProxiedCluster) -> None:
     ledger = Ledger()
     urls = list(proxied.urls.values())
-    worker = Worker(urls, token=proxied.tokens["worker"], agents=[make_agent(ledger)], poll_wait_ms=2_000,
-                    heartbeat_interval_s=0.2, drain_timeout_s=1.0)
+    worker = Worker(
+        urls,
+        token=proxied.tokens["worker"],
+        agents=[make_agent(ledger)],
+        poll_wait_ms=2_000,
+        heartbeat_interval_s=0.2,
+        drain_timeout_s=1.0,
+    )
     async with running(worker), DexClient(urls, token=proxied.tokens["client"]) as client:
         texts = [f"quick-{i}" for i in range(QUICK_SESSIONS)] + [f"slow-{i}" for i in range(SLOW_SESSIONS)]
         sessions = {text: (await client.create_session(AGENT)).session_id for text in texts}
@@ -92,9 +98,17 @@ async def test_step_down_under_load_keeps_finished_steps_and_moves_the_rest(prox
         await asyncio.wait_for(ledger.all_running.wait(), DEADLINE_S)
         old = await proxied.active_node()
         async with ReadinessRecorder(proxied.probe_urls) as record:
-            step_down = asyncio.create_task(asyncio.to_thread(
-                proxied.run_cli, "step-down", "--url", proxied.urls[old], f"--token={proxied.tokens['admin']}",
-                "--drain-timeout-ms", str(DRAIN_TIMEOUT_MS)))
+            step_down = asyncio.create_task(
+                asyncio.to_thread(
+                    proxied.run_cli,
+                    "step-down",
+                    "--url",
+                    proxied.urls[old],
+                    f"--token={proxied.tokens['admin']}",
+                    "--drain-timeout-ms",
+                    str(DRAIN_TIMEOUT_MS),
+                )
+            )
             await eventually(lambda: role_of(proxied, old, "draining"), f"{old} to drain")
             ledger.draining.set()
             done = await step_down

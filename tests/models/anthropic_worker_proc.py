@@ -40,8 +40,9 @@ class LedgerAnthropicModel(AnthropicModel):
 
 async def run(args: argparse.Namespace) -> None:
     model = LedgerAnthropicModel(Ledger(args.ledger), args.agent)
-    worker = Worker(args.url, agents=[Agent(args.agent, model=model)], poll_wait_ms=1_000,
-                    drain_timeout_s=1.0, backoff_max_s=0.2)
+    worker = Worker(
+        args.url, agents=[Agent(args.agent, model=model)], poll_wait_ms=1_000, drain_timeout_s=1.0, backoff_max_s=0.2
+    )
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(worker.stop()))
     await worker.run()
 

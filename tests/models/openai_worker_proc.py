@@ -30,8 +30,9 @@ class LedgeredModel:
         self.model, self.ledger, self.agent = model, ledger, agent
 
     async def respond(self, request: ModelRequest, stream: DeltaSink) -> ModelResponse:
-        self.ledger.record("model", self.agent, "started", data={"history": request.history,
-                                                                 "summary": request.summary})
+        self.ledger.record(
+            "model", self.agent, "started", data={"history": request.history, "summary": request.summary}
+        )
         return await self.model.respond(request, stream)
 
     async def summarize(self, history: list, summary: str | None) -> str:

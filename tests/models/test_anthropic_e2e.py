@@ -41,8 +41,13 @@ class Stack:
 
 
 def orders_agent(fake: FakeAnthropic, lookups: list[str], **agent_kwargs: object) -> Agent:
-    agent = Agent(AGENT, model=AnthropicModel(MODEL_NAME, system="You track orders.", max_tokens=300,
-                                              api_key="sk-test", base_url=fake.base_url), **agent_kwargs)
+    agent = Agent(
+        AGENT,
+        model=AnthropicModel(
+            MODEL_NAME, system="You track orders.", max_tokens=300, api_key="sk-test", base_url=fake.base_url
+        ),
+        **agent_kwargs,
+    )
 
     @agent.tool(effect="read", description="Find an order by its id.")
     async def lookup(ctx: ToolContext, order: str) -> dict:
@@ -53,8 +58,9 @@ def orders_agent(fake: FakeAnthropic, lookups: list[str], **agent_kwargs: object
 
 
 @contextlib.asynccontextmanager
-async def stack(tmp_path: Path, *, extra_env: dict[str, str] | None = None,
-                **agent_kwargs: object) -> AsyncIterator[Stack]:
+async def stack(
+    tmp_path: Path, *, extra_env: dict[str, str] | None = None, **agent_kwargs: object
+) -> AsyncIterator[Stack]:
     """`dex-ha dev`, the fake API and a Worker running the orders agent, for the block."""
     dev = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True, extra_env=extra_env)
     dev.start()
@@ -62,8 +68,9 @@ async def stack(tmp_path: Path, *, extra_env: dict[str, str] | None = None,
         await dev.wait_ready()
         async with FakeAnthropic() as fake, DexClient(dev.url) as client:
             lookups: list[str] = []
-            worker = Worker(dev.url, agents=[orders_agent(fake, lookups, **agent_kwargs)], poll_wait_ms=1_000,
-                            drain_timeout_s=1.0)
+            worker = Worker(
+                dev.url, agents=[orders_agent(fake, lookups, **agent_kwargs)], poll_wait_ms=1_000, drain_timeout_s=1.0
+            )
             async with running(worker):
                 yield Stack(dev, fake, client, lookups)
     finally:
@@ -93,9 +100,14 @@ async def turn(stack: Stack, session_id: str, text: str) -> list[SessionEvent]:
 
 async def test_a_turn_with_two_tool_calls_streams_and_sends_valid_requests(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
-        s.fake.push(Reply.of("Let me check both orders.", tool_use("lookup", {"order": "A17"}, id="toolu_a"),
-                             tool_use("lookup", {"order": "B2"}, id="toolu_b")),
-                    Reply.of("Both orders have shipped."))
+        s.fake.push(
+            Reply.of(
+                "Let me check both orders.",
+                tool_use("lookup", {"order": "A17"}, id="toolu_a"),
+                tool_use("lookup", {"order": "B2"}, id="toolu_b"),
+            ),
+            Reply.of("Both orders have shipped."),
+        )
         sid = (await s.client.create_session(AGENT)).session_id
         events = await turn(s, sid, "Where are A17 and B2?")
         snapshot = await s.client.get_session(sid)
@@ -109,8 +121,10 @@ async def test_a_turn_with_two_tool_calls_streams_and_sends_valid_requests(tmp_p
     # The session recorded the calls with the provider's ids and the final answer.
     history = snapshot.history
     assert [h["type"] for h in history] == ["user", "assistant", "tool_result", "tool_result", "assistant"]
-    assert [(c["id"], c["arguments"]) for c in history[1]["tool_calls"]] == [("toolu_a", {"order": "A17"}),
-                                                                               ("toolu_b", {"order": "B2"})]
+    assert [(c["id"], c["arguments"]) for c in history[1]["tool_calls"]] == [
+        ("toolu_a", {"order": "A17"}),
+        ("toolu_b", {"order": "B2"}),
+    ]
     assert history[-1]["content"] == "Both orders have shipped."
     # The second request carried the calls and both results right after them (the fake
     # refuses anything else), plus the agent's tool and the built-ins.
@@ -143,8 +157,10 @@ async def test_a_429_fails_attempt_one_and_attempt_two_completes(tmp_path: Path)
 
 async def test_a_400_fails_the_turn_with_the_providers_message_and_no_retry(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
-        s.fake.push(ApiError(400, "invalid_request_error", "prompt is too long: 250000 tokens > 200000 maximum"),
-                    Reply.of("never used"))
+        s.fake.push(
+            ApiError(400, "invalid_request_error", "prompt is too long: 250000 tokens > 200000 maximum"),
+            Reply.of("never used"),
+        )
         sid = (await s.client.create_session(AGENT)).session_id
         events = await turn(s, sid, "hello")
 
@@ -157,8 +173,12 @@ async def test_a_400_fails_the_turn_with_the_providers_message_and_no_retry(tmp_
 async def test_compaction_asks_the_fake_for_the_summary_and_the_next_call_carries_it(tmp_path: Path) -> None:
     summary = "The user asked about order A17; lookup said it shipped."
     async with stack(tmp_path, compaction={"max_items": 3}) as s:
-        s.fake.push(Reply.of(tool_use("lookup", {"order": "A17"})), Reply.of("A17 has shipped."),
-                    Reply.of(summary), Reply.of("You are welcome."))
+        s.fake.push(
+            Reply.of(tool_use("lookup", {"order": "A17"})),
+            Reply.of("A17 has shipped."),
+            Reply.of(summary),
+            Reply.of("You are welcome."),
+        )
         sid = (await s.client.create_session(AGENT)).session_id
         assert (await turn(s, sid, "Where is A17?"))[-1].type == "turn_completed"
         events = await turn(s, sid, "Thanks!")
@@ -170,9 +190,15 @@ async def test_compaction_asks_the_fake_for_the_summary_and_the_next_call_carrie
     transcript = summary_call["messages"][0]["content"][0]["text"]
     assert "Where is A17?" in transcript and "A17 has shipped." in transcript and "tools" not in summary_call
     # The next call sees the summary and the new message only, as one user message.
-    assert after["messages"] == [{"role": "user", "content": [
-        {"type": "text", "text": f"Summary of the conversation so far:\n{summary}"},
-        {"type": "text", "text": "Thanks!"}]}]
+    assert after["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": f"Summary of the conversation so far:\n{summary}"},
+                {"type": "text", "text": "Thanks!"},
+            ],
+        }
+    ]
 
 
 LOST_TEXT = "attempt one starts to answer and is cut off here"
@@ -182,23 +208,39 @@ FINAL_TEXT = "attempt two gives the whole answer"
 def start_worker_process(url: str, fake: FakeAnthropic, ledger: Path, log_path: Path) -> subprocess.Popen[bytes]:
     env = env_with_repo({"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "sk-test"})
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "tests.models.anthropic_worker_proc", "--url", url,
-                                 "--agent", AGENT, "--ledger", str(ledger)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.models.anthropic_worker_proc",
+                "--url",
+                url,
+                "--agent",
+                AGENT,
+                "--ledger",
+                str(ledger),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
 
 async def test_r02_a_worker_killed_mid_stream_leaves_only_attempt_twos_text(tmp_path: Path) -> None:
     """Crash-matrix R02 (RunModel after output reached the server), Worker kill."""
-    dev = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True,
-                     extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": "2000"})
+    dev = DevProcess(
+        tmp_path / "data", tmp_path / "dev.log", relaxed=True, extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": "2000"}
+    )
     ledger_path = tmp_path / "ledger.sqlite"
     ledger = Ledger(ledger_path)
     first = second = None
     dev.start()
     try:
         await dev.wait_ready()
-        async with FakeAnthropic([Reply.of(LOST_TEXT, stall_after_deltas=4), Reply.of(FINAL_TEXT)]) as fake, \
-                DexClient(dev.url) as client:
+        async with (
+            FakeAnthropic([Reply.of(LOST_TEXT, stall_after_deltas=4), Reply.of(FINAL_TEXT)]) as fake,
+            DexClient(dev.url) as client,
+        ):
             sid = (await client.create_session(AGENT)).session_id
             raw: list[SessionEvent] = []
             text = StreamText()
@@ -207,8 +249,11 @@ async def test_r02_a_worker_killed_mid_stream_leaves_only_attempt_twos_text(tmp_
             first = start_worker_process(dev.url, fake, ledger_path, tmp_path / "worker1.log")
 
             # Attempt 1 streamed four words and its stream stalls: kill its Worker there.
-            await eventually(lambda: fake.stalls == 1 and len(texts_of(raw, 1).split()) == 4,
-                             "attempt 1's deltas and the stall", DEADLINE_S)
+            await eventually(
+                lambda: fake.stalls == 1 and len(texts_of(raw, 1).split()) == 4,
+                "attempt 1's deltas and the stall",
+                DEADLINE_S,
+            )
             sigkill(first)
             # The new Worker starts now: its imports take seconds, as the heartbeat timeout does.
             second = start_worker_process(dev.url, fake, ledger_path, tmp_path / "worker2.log")

@@ -34,8 +34,11 @@ async def test_a_streamed_reply_is_parsed_by_the_sdk_with_text_and_tool_input() 
     assert "".join(deltas) == "Let me look that up." and len(deltas) == 5
     assert len(json_pieces) == 2  # the tool input really arrives in pieces
     assert message.content[0].text == "Let me look that up."
-    assert (message.content[1].id, message.content[1].name, message.content[1].input) == \
-        ("toolu_1", "lookup", {"order": "A17", "deep": [1, 2]})
+    assert (message.content[1].id, message.content[1].name, message.content[1].input) == (
+        "toolu_1",
+        "lookup",
+        {"order": "A17", "deep": [1, 2]},
+    )
     assert message.stop_reason == "tool_use" and message.model == "claude-x"
     assert message.usage.input_tokens > 0 and message.usage.output_tokens > 0
     [recorded] = fake.requests
@@ -45,8 +48,9 @@ async def test_a_streamed_reply_is_parsed_by_the_sdk_with_text_and_tool_input() 
 
 
 async def test_a_plain_request_gets_the_whole_message_and_tool_ids_are_made_up() -> None:
-    async with FakeAnthropic([Reply.of(tool_use("a"), tool_use("b"), usage={"input_tokens": 3, "output_tokens": 4})]) \
-            as fake:
+    async with FakeAnthropic(
+        [Reply.of(tool_use("a"), tool_use("b"), usage={"input_tokens": 3, "output_tokens": 4})]
+    ) as fake:
         message = await sdk(fake).messages.create(model="m", max_tokens=10, messages=MESSAGES)
     ids = [block.id for block in message.content]
     assert len(set(ids)) == 2 and all(i.startswith("toolu_") for i in ids)
@@ -54,13 +58,16 @@ async def test_a_plain_request_gets_the_whole_message_and_tool_ids_are_made_up()
     assert not fake.requests[0].stream
 
 
-@pytest.mark.parametrize("error, sdk_error", [
-    (ApiError.rate_limited(retry_after=7), anthropic.RateLimitError),
-    (ApiError.overloaded(), anthropic.APIStatusError),
-    (ApiError.of_type("api_error"), anthropic.InternalServerError),
-    (ApiError.of_type("invalid_request_error", "max_tokens: too big"), anthropic.BadRequestError),
-    (ApiError.of_type("authentication_error", "invalid x-api-key"), anthropic.AuthenticationError),
-])
+@pytest.mark.parametrize(
+    "error, sdk_error",
+    [
+        (ApiError.rate_limited(retry_after=7), anthropic.RateLimitError),
+        (ApiError.overloaded(), anthropic.APIStatusError),
+        (ApiError.of_type("api_error"), anthropic.InternalServerError),
+        (ApiError.of_type("invalid_request_error", "max_tokens: too big"), anthropic.BadRequestError),
+        (ApiError.of_type("authentication_error", "invalid x-api-key"), anthropic.AuthenticationError),
+    ],
+)
 async def test_injected_errors_carry_status_type_and_message(error: ApiError, sdk_error: type) -> None:
     async with FakeAnthropic([error, Reply.of("after")]) as fake:
         client = sdk(fake)
@@ -85,8 +92,9 @@ async def test_a_stream_stalls_after_some_deltas_until_the_client_gives_up() -> 
                         received.append(event.delta.text)
 
         reader = asyncio.create_task(read())
-        await eventually(lambda: fake.stalls > 0, "the fake to stall the stream", deadline_s=DEADLINE_S,
-                         interval_s=0.01)
+        await eventually(
+            lambda: fake.stalls > 0, "the fake to stall the stream", deadline_s=DEADLINE_S, interval_s=0.01
+        )
         await asyncio.sleep(0.2)  # a stalled stream sends nothing more (checked below)
         assert received == ["one ", "two "] and not reader.done()
         reader.cancel()
@@ -135,17 +143,26 @@ CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name"
 RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
 
 
-@pytest.mark.parametrize("messages, tools, refusal", [
-    ([{"role": "assistant", "content": "hi"}], TOOLS, "roles must alternate"),
-    ([*MESSAGES, {"role": "user", "content": "again"}], TOOLS, "roles must alternate"),
-    ([*MESSAGES, CALL, {"role": "user", "content": [{"type": "text", "text": "note"}, RESULT]}], TOOLS,
-     "without `tool_result` blocks immediately after: t1"),
-    ([*MESSAGES, CALL, {"role": "user", "content": [{"type": "text", "text": "note"}]}], TOOLS,
-     "without `tool_result` blocks immediately after: t1"),
-    ([{"role": "user", "content": [RESULT]}], TOOLS, "unexpected `tool_use_id`"),
-    ([*MESSAGES, CALL, {"role": "user", "content": [RESULT]}], None, "must define tools"),
-    ([{"role": "user", "content": [{"type": "text", "text": " "}]}], TOOLS, "non-whitespace text"),
-])
+@pytest.mark.parametrize(
+    "messages, tools, refusal",
+    [
+        ([{"role": "assistant", "content": "hi"}], TOOLS, "roles must alternate"),
+        ([*MESSAGES, {"role": "user", "content": "again"}], TOOLS, "roles must alternate"),
+        (
+            [*MESSAGES, CALL, {"role": "user", "content": [{"type": "text", "text": "note"}, RESULT]}],
+            TOOLS,
+            "without `tool_result` blocks immediately after: t1",
+        ),
+        (
+            [*MESSAGES, CALL, {"role": "user", "content": [{"type": "text", "text": "note"}]}],
+            TOOLS,
+            "without `tool_result` blocks immediately after: t1",
+        ),
+        ([{"role": "user", "content": [RESULT]}], TOOLS, "unexpected `tool_use_id`"),
+        ([*MESSAGES, CALL, {"role": "user", "content": [RESULT]}], None, "must define tools"),
+        ([{"role": "user", "content": [{"type": "text", "text": " "}]}], TOOLS, "non-whitespace text"),
+    ],
+)
 async def test_the_fake_refuses_what_the_real_api_refuses(messages: list, tools: list | None, refusal: str) -> None:
     async with FakeAnthropic([Reply.of("unused")]) as fake:
         extra = {"tools": tools} if tools else {}
@@ -153,5 +170,6 @@ async def test_the_fake_refuses_what_the_real_api_refuses(messages: list, tools:
             await sdk(fake).messages.create(model="m", max_tokens=10, messages=messages, **extra)
         # A valid request (results first, text after them) gets the scripted answer.
         valid = [*MESSAGES, CALL, {"role": "user", "content": [RESULT, {"type": "text", "text": "note"}]}]
-        assert (await sdk(fake).messages.create(model="m", max_tokens=10, messages=valid, tools=TOOLS)) \
-            .content[0].text == "unused"
+        assert (await sdk(fake).messages.create(model="m", max_tokens=10, messages=valid, tools=TOOLS)).content[
+            0
+        ].text == "unused"

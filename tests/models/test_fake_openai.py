@@ -38,16 +38,25 @@ def client_of(clients: list[AsyncOpenAI]) -> Any:
         client = AsyncOpenAI(api_key="sk-test", base_url=fake.base_url, max_retries=0, **options)
         clients.append(client)
         return client
+
     return make
 
 
 async def test_a_streamed_response_gives_the_sdk_its_deltas_and_final_response(
-        client_of: Any, fake: FakeOpenAI) -> None:
-    fake.queue(Reply("Let me look that up.", [Call("lookup", {"order": "A17"}, call_id="call_1")],
-                     input_tokens=12, output_tokens=7))
+    client_of: Any, fake: FakeOpenAI
+) -> None:
+    fake.queue(
+        Reply(
+            "Let me look that up.",
+            [Call("lookup", {"order": "A17"}, call_id="call_1")],
+            input_tokens=12,
+            output_tokens=7,
+        )
+    )
     deltas, names = [], []
-    async with client_of(fake).responses.stream(model="gpt-test", input="where is A17?",
-                                                tools=TOOLS_RESPONSES) as stream:  # type: ignore[arg-type]
+    async with client_of(fake).responses.stream(
+        model="gpt-test", input="where is A17?", tools=TOOLS_RESPONSES
+    ) as stream:  # type: ignore[arg-type]
         async for event in stream:
             names.append(event.type)
             if event.type == "response.output_text.delta":
@@ -72,13 +81,17 @@ async def test_a_response_without_streaming(client_of: Any, fake: FakeOpenAI) ->
     assert not fake.requests[0].stream
 
 
-async def test_a_streamed_chat_completion_gives_content_tool_calls_and_usage(
-        client_of: Any, fake: FakeOpenAI) -> None:
-    fake.queue(Reply(["Chec", "king"], [Call("lookup", {"order": "A17"}, call_id="call_9")], input_tokens=5,
-                     output_tokens=3))
+async def test_a_streamed_chat_completion_gives_content_tool_calls_and_usage(client_of: Any, fake: FakeOpenAI) -> None:
+    fake.queue(
+        Reply(["Chec", "king"], [Call("lookup", {"order": "A17"}, call_id="call_9")], input_tokens=5, output_tokens=3)
+    )
     stream = await client_of(fake).chat.completions.create(
-        model="gpt-test", messages=[{"role": "user", "content": "hi"}], tools=TOOLS_CHAT,  # type: ignore[list-item]
-        stream=True, stream_options={"include_usage": True})
+        model="gpt-test",
+        messages=[{"role": "user", "content": "hi"}],
+        tools=TOOLS_CHAT,  # type: ignore[list-item]
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     content, arguments, ids, finish, usage = [], [], [], None, None
     async for chunk in stream:
         usage = chunk.usage or usage
@@ -96,21 +109,26 @@ async def test_a_streamed_chat_completion_gives_content_tool_calls_and_usage(
 async def test_a_chat_completion_without_streaming(client_of: Any, fake: FakeOpenAI) -> None:
     fake.queue(Reply(tool_calls=[Call("lookup", {"q": 1})]))
     completion = await client_of(fake).chat.completions.create(
-        model="gpt-test", messages=[{"role": "user", "content": "hi"}])
+        model="gpt-test", messages=[{"role": "user", "content": "hi"}]
+    )
     message = completion.choices[0].message
     assert message.content is None and completion.choices[0].finish_reason == "tool_calls"
     calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]  # type: ignore[union-attr]
     assert calls == [("lookup", '{"q": 1}')]
 
 
-@pytest.mark.parametrize("failure, error_class", [
-    (Failure(429, "Rate limit reached", retry_after=2), openai.RateLimitError),
-    (Failure(500, "The server had an error"), openai.InternalServerError),
-    (Failure(400, "Invalid value for 'input'", param="input"), openai.BadRequestError),
-    (Failure(401, "Incorrect API key provided"), openai.AuthenticationError),
-])
-async def test_failures_reach_the_sdk_as_its_own_errors(client_of: Any, fake: FakeOpenAI, failure: Failure,
-                                                        error_class: type[openai.APIStatusError]) -> None:
+@pytest.mark.parametrize(
+    "failure, error_class",
+    [
+        (Failure(429, "Rate limit reached", retry_after=2), openai.RateLimitError),
+        (Failure(500, "The server had an error"), openai.InternalServerError),
+        (Failure(400, "Invalid value for 'input'", param="input"), openai.BadRequestError),
+        (Failure(401, "Incorrect API key provided"), openai.AuthenticationError),
+    ],
+)
+async def test_failures_reach_the_sdk_as_its_own_errors(
+    client_of: Any, fake: FakeOpenAI, failure: Failure, error_class: type[openai.APIStatusError]
+) -> None:
     fake.queue(failure)
     with pytest.raises(error_class) as raised:
         await client_of(fake).responses.create(model="gpt-test", input="hi", stream=True)
@@ -133,14 +151,14 @@ async def test_a_stalled_stream_sends_some_deltas_then_nothing(client_of: Any, f
 
 
 async def test_the_script_function_answers_after_the_queue_and_nothing_scripted_is_a_400(
-        client_of: Any, fake: FakeOpenAI) -> None:
+    client_of: Any, fake: FakeOpenAI
+) -> None:
     client = client_of(fake)
     with pytest.raises(openai.BadRequestError, match="no reply scripted"):
         await client.responses.create(model="gpt-test", input="first")
     fake.queue(Reply("queued"))
     fake.script = lambda request: Reply(f"echo {request.body['input']}")
-    answers = [(await client.responses.create(model="gpt-test", input=text)).output_text
-               for text in ("a", "b")]
+    answers = [(await client.responses.create(model="gpt-test", input=text)).output_text for text in ("a", "b")]
     assert answers == ["queued", "echo b"]
     assert [body["input"] for body in fake.bodies(RESPONSES_PATH)] == ["first", "a", "b"]
 
@@ -162,14 +180,17 @@ async def _drain(stream: Any) -> None:
 
 async def test_an_error_in_the_middle_of_a_stream(client_of: Any, fake: FakeOpenAI) -> None:
     client = client_of(fake)
-    fake.queue(Reply("one two three", error_after=1, error_message="boom"),
-               Reply("one two three", error_after=2, error_message="bang"))
+    fake.queue(
+        Reply("one two three", error_after=1, error_message="boom"),
+        Reply("one two three", error_after=2, error_message="bang"),
+    )
     events = [event async for event in await client.responses.create(model="gpt-test", input="hi", stream=True)]
     assert [e.type for e in events][-2:] == ["response.output_text.delta", "error"]
     assert (events[-1].message, events[-1].code) == ("boom", "server_error")  # type: ignore[union-attr]
     texts: list[str] = []
     with pytest.raises(openai.APIError, match="bang"):
         async for chunk in await client.chat.completions.create(
-                model="gpt-test", messages=[{"role": "user", "content": "hi"}], stream=True):
+            model="gpt-test", messages=[{"role": "user", "content": "hi"}], stream=True
+        ):
             texts += [choice.delta.content or "" for choice in chunk.choices]
     assert "".join(texts) == "one two "

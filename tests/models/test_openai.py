@@ -35,13 +35,17 @@ APIS = ("responses", "chat")
 # the results in the other order, and the final answer.
 HISTORY: list[dict[str, Any]] = [
     {"type": "user", "text": "Where is order A17?"},
-    {"type": "assistant", "content": "Let me check.",
-     "tool_calls": [{"id": "c1", "name": "lookup", "arguments": {"order": "A17"}},
-                    {"id": "c2", "name": "put_note", "arguments": {"text": "asked about A17"}}]},
+    {
+        "type": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {"id": "c1", "name": "lookup", "arguments": {"order": "A17"}},
+            {"id": "c2", "name": "put_note", "arguments": {"text": "asked about A17"}},
+        ],
+    },
     {"type": "note", "text": "An operator reconciled call c0."},
     {"type": "tool_result", "call_id": "c2", "name": "put_note", "status": "failed", "error": "disk full"},
-    {"type": "tool_result", "call_id": "c1", "name": "lookup", "status": "succeeded",
-     "output": {"status": "shipped"}},
+    {"type": "tool_result", "call_id": "c1", "name": "lookup", "status": "succeeded", "output": {"status": "shipped"}},
     {"type": "assistant", "content": "It shipped.", "tool_calls": []},
     {"type": "user", "text": "Thanks!"},
 ]
@@ -106,13 +110,17 @@ def test_each_call_is_followed_by_its_result_and_a_note_that_came_between_goes_a
     assert [e["type"] for e in entries] == ["user", "assistant", "note", "assistant", "user"]
     calls = entries[1]["calls"]
     assert [(c["id"], c["output"]) for c in calls] == [
-        ("c1", '{"status": "shipped"}'), ("c2", '{"status": "failed", "error": "disk full"}')]
+        ("c1", '{"status": "shipped"}'),
+        ("c2", '{"status": "failed", "error": "disk full"}'),
+    ]
 
 
 def test_a_call_without_a_result_gets_one_and_a_result_without_its_call_becomes_a_note() -> None:
-    history = [{"type": "tool_result", "call_id": "old", "name": "lookup", "status": "succeeded", "output": "x"},
-               {"type": "user", "text": "hi"},
-               {"type": "assistant", "content": "", "tool_calls": [{"id": "c9", "name": "ping", "arguments": {}}]}]
+    history = [
+        {"type": "tool_result", "call_id": "old", "name": "lookup", "status": "succeeded", "output": "x"},
+        {"type": "user", "text": "hi"},
+        {"type": "assistant", "content": "", "tool_calls": [{"id": "c9", "name": "ping", "arguments": {}}]},
+    ]
     entries = model_order(history)
     assert entries[0] == {"type": "note", "text": "The result of an earlier call of lookup (call old): x"}
     assert entries[2]["calls"][0]["output"] == MISSING_RESULT
@@ -121,8 +129,11 @@ def test_a_call_without_a_result_gets_one_and_a_result_without_its_call_becomes_
 def test_the_responses_input_pairs_function_calls_with_their_outputs() -> None:
     items = responses_input(model_order(HISTORY), "They talked about shoes.", "developer")
     assert items == [
-        {"type": "message", "role": "developer",
-         "content": "Summary of the conversation before the messages below:\nThey talked about shoes."},
+        {
+            "type": "message",
+            "role": "developer",
+            "content": "Summary of the conversation before the messages below:\nThey talked about shoes.",
+        },
         {"type": "message", "role": "user", "content": "Where is order A17?"},
         {"type": "message", "role": "assistant", "content": "Let me check."},
         {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"order": "A17"}'},
@@ -140,10 +151,18 @@ def test_chat_messages_put_the_tool_messages_right_after_the_assistant_message()
     assert messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Where is order A17?"},
-        {"role": "assistant", "content": "Let me check.", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"order": "A17"}'}},
-            {"id": "c2", "type": "function", "function": {"name": "put_note",
-                                                          "arguments": '{"text": "asked about A17"}'}}]},
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"order": "A17"}'}},
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "put_note", "arguments": '{"text": "asked about A17"}'},
+                },
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": '{"status": "shipped"}'},
         {"role": "tool", "tool_call_id": "c2", "content": '{"status": "failed", "error": "disk full"}'},
         {"role": "system", "content": "An operator reconciled call c0."},
@@ -152,14 +171,17 @@ def test_chat_messages_put_the_tool_messages_right_after_the_assistant_message()
     ]
 
 
-@pytest.mark.parametrize("bad, error", [
-    ({"api": "assistants"}, "api must be one of"),
-    ({"note_role": "tool"}, "note_role must be one of"),
-    ({"max_output_tokens": 0}, "max_output_tokens must be"),
-    ({"timeout_s": -1}, "timeout_s must be"),
-    ({"request_options": {"temprature": 0.2}}, "'temprature' is not a parameter"),
-    ({"request_options": {"store": True}}, "'store' is set by OpenAIModel"),
-])
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ({"api": "assistants"}, "api must be one of"),
+        ({"note_role": "tool"}, "note_role must be one of"),
+        ({"max_output_tokens": 0}, "max_output_tokens must be"),
+        ({"timeout_s": -1}, "timeout_s must be"),
+        ({"request_options": {"temprature": 0.2}}, "'temprature' is not a parameter"),
+        ({"request_options": {"store": True}}, "'store' is set by OpenAIModel"),
+    ],
+)
 def test_bad_arguments_are_refused_by_name(bad: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         OpenAIModel("gpt-test", api_key="sk-test", **bad)
@@ -177,12 +199,16 @@ def test_without_a_key_it_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("api", APIS)
-async def test_respond_sends_the_whole_input_and_streams_the_answer(fake: FakeOpenAI, models: Any,
-                                                                    api: str) -> None:
-    fake.queue(Reply("Checking both.", [Call("lookup", {"order": "B2"}, call_id="call_a"),
-                                        Call("ping", {}, call_id="call_b")], input_tokens=40, output_tokens=9))
-    model = models(api, instructions="You help customers.", max_output_tokens=500,
-                   request_options={"temperature": 0.2})
+async def test_respond_sends_the_whole_input_and_streams_the_answer(fake: FakeOpenAI, models: Any, api: str) -> None:
+    fake.queue(
+        Reply(
+            "Checking both.",
+            [Call("lookup", {"order": "B2"}, call_id="call_a"), Call("ping", {}, call_id="call_b")],
+            input_tokens=40,
+            output_tokens=9,
+        )
+    )
+    model = models(api, instructions="You help customers.", max_output_tokens=500, request_options={"temperature": 0.2})
     sink = Deltas()
     response = await model.respond(ModelRequest(HISTORY, "They talked about shoes.", agent_tools()), sink)
 
@@ -200,20 +226,29 @@ async def test_respond_sends_the_whole_input_and_streams_the_answer(fake: FakeOp
         assert body["input"] == responses_input(entries, "They talked about shoes.", "developer")
         assert body["max_output_tokens"] == 500
         tools = {t["name"]: t for t in body["tools"]}
-        assert tools["lookup"] == {"type": "function", "name": "lookup", "description": "Find an order.",
-                                   "strict": False, "parameters": {
-                                       "type": "object", "required": ["order"], "additionalProperties": False,
-                                       "properties": {"order": {"type": "string"}, "verbose": {"type": "boolean"}}}}
+        assert tools["lookup"] == {
+            "type": "function",
+            "name": "lookup",
+            "description": "Find an order.",
+            "strict": False,
+            "parameters": {
+                "type": "object",
+                "required": ["order"],
+                "additionalProperties": False,
+                "properties": {"order": {"type": "string"}, "verbose": {"type": "boolean"}},
+            },
+        }
     else:
         assert request.path == CHAT_PATH
-        assert body["messages"] == chat_messages(entries, "They talked about shoes.", "You help customers.",
-                                                 "developer")
+        assert body["messages"] == chat_messages(
+            entries, "They talked about shoes.", "You help customers.", "developer"
+        )
         assert body["max_completion_tokens"] == 500 and body["stream_options"] == {"include_usage": True}
         tools = {t["function"]["name"]: t["function"] for t in body["tools"]}
         assert tools["lookup"]["parameters"]["required"] == ["order"]
     # The agent's tools, then the built-ins, each with a JSON schema for its arguments.
     assert list(tools) == ["lookup", "ping", "ask_user", "sleep"]
-    params = (lambda t: t["parameters"])
+    params = lambda t: t["parameters"]
     assert params(tools["ask_user"])["required"] == ["question"] and params(tools["sleep"])["required"] == ["ms"]
 
 
@@ -228,7 +263,8 @@ async def test_a_reply_without_streaming_support_needs_no_tools(fake: FakeOpenAI
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
 async def test_answers_that_would_repeat_raise_non_retryable_with_openais_message(
-        fake: FakeOpenAI, models: Any, api: str, status: int) -> None:
+    fake: FakeOpenAI, models: Any, api: str, status: int
+) -> None:
     fake.queue(Failure(status, f"the provider says no ({status})"))
     with pytest.raises(NonRetryableError) as raised:
         await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
@@ -237,13 +273,17 @@ async def test_answers_that_would_repeat_raise_non_retryable_with_openais_messag
 
 
 @pytest.mark.parametrize("api", APIS)
-@pytest.mark.parametrize("failure, error_class", [
-    (Failure(429, "Rate limit reached", retry_after=1), openai.RateLimitError),
-    (Failure(500, "The server had an error"), openai.InternalServerError),
-    (Failure(503, "Overloaded"), openai.InternalServerError),
-])
+@pytest.mark.parametrize(
+    "failure, error_class",
+    [
+        (Failure(429, "Rate limit reached", retry_after=1), openai.RateLimitError),
+        (Failure(500, "The server had an error"), openai.InternalServerError),
+        (Failure(503, "Overloaded"), openai.InternalServerError),
+    ],
+)
 async def test_rate_limits_and_server_errors_stay_retryable_and_are_not_retried_inside(
-        fake: FakeOpenAI, models: Any, api: str, failure: Failure, error_class: type[Exception]) -> None:
+    fake: FakeOpenAI, models: Any, api: str, failure: Failure, error_class: type[Exception]
+) -> None:
     fake.queue(failure)
     with pytest.raises(error_class) as raised:
         await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
@@ -291,8 +331,9 @@ async def test_arguments_that_are_not_a_json_object(fake: FakeOpenAI, models: An
 
 
 @pytest.mark.parametrize("api", APIS)
-async def test_summarize_asks_the_model_for_a_summary_of_the_transcript(fake: FakeOpenAI, models: Any,
-                                                                        api: str) -> None:
+async def test_summarize_asks_the_model_for_a_summary_of_the_transcript(
+    fake: FakeOpenAI, models: Any, api: str
+) -> None:
     fake.queue(Reply("A17 shipped; a note failed."))
     summary = await models(api).summarize(HISTORY, "Earlier: shoes.")
     assert summary == "A17 shipped; a note failed."
@@ -306,11 +347,16 @@ async def test_summarize_asks_the_model_for_a_summary_of_the_transcript(fake: Fa
         assert system == {"role": "system", "content": DEFAULT_SUMMARY_INSTRUCTIONS}
     assert not body.get("stream") and "tools" not in body
     text = message["content"]
-    assert message["role"] == "user" and text.startswith("Summary of the conversation before this part:\n"
-                                                         "Earlier: shoes.")
-    for line in ("User: Where is order A17?", 'Assistant called lookup (call c1) with {"order": "A17"}',
-                 'Result of call c1: {"status": "shipped"}', "Note: An operator reconciled call c0.",
-                 "Assistant: It shipped."):
+    assert message["role"] == "user" and text.startswith(
+        "Summary of the conversation before this part:\nEarlier: shoes."
+    )
+    for line in (
+        "User: Where is order A17?",
+        'Assistant called lookup (call c1) with {"order": "A17"}',
+        'Result of call c1: {"status": "shipped"}',
+        "Note: An operator reconciled call c0.",
+        "Assistant: It shipped.",
+    ):
         assert line in text
 
 
@@ -320,8 +366,7 @@ async def test_summarize_maps_errors_too(fake: FakeOpenAI, models: Any) -> None:
         await models().summarize(HISTORY, None)
 
 
-async def test_the_key_and_address_come_from_the_environment(fake: FakeOpenAI,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_key_and_address_come_from_the_environment(fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
     monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
     fake.queue(Reply("hi"))
@@ -329,14 +374,14 @@ async def test_the_key_and_address_come_from_the_environment(fake: FakeOpenAI,
     await model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
     await model.aclose()
     assert fake.requests[0].headers["Authorization"] == "Bearer sk-from-env"
-    assert json.loads(json.dumps(fake.requests[0].body))["input"] == [{"type": "message", "role": "user",
-                                                                        "content": "hi"}]
+    assert json.loads(json.dumps(fake.requests[0].body))["input"] == [
+        {"type": "message", "role": "user", "content": "hi"}
+    ]
 
 
 def test_the_worker_sdk_does_not_import_openai() -> None:
     """The extra stays optional: only dex_ha.models.openai imports the SDK."""
-    code = ("import sys, dex_ha.worker, dex_ha.client, dex_ha.models; "
-            "sys.exit(1 if 'openai' in sys.modules else 0)")
+    code = "import sys, dex_ha.worker, dex_ha.client, dex_ha.models; sys.exit(1 if 'openai' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], env=env_with_repo(), timeout=60).returncode == 0
 
 

@@ -66,8 +66,9 @@ def make_agent(model: OpenAIModel, tool_runs: ToolRuns, **options: Any) -> Agent
     return agent
 
 
-async def run_turn(dev: DevProcess, agent: Agent, text: str, until: str = "turn_completed",
-                   session_id: str | None = None) -> tuple[str, list[SessionEvent], dict[str, Any]]:
+async def run_turn(
+    dev: DevProcess, agent: Agent, text: str, until: str = "turn_completed", session_id: str | None = None
+) -> tuple[str, list[SessionEvent], dict[str, Any]]:
     """Send `text` to a session of `agent` (a new one unless given) with a Worker running;
     the session's events until `until`, and the snapshot after."""
     worker = Worker(dev.url, agents=[agent], poll_wait_ms=1_000, drain_timeout_s=1.0)
@@ -81,8 +82,7 @@ async def run_turn(dev: DevProcess, agent: Agent, text: str, until: str = "turn_
         return sid, events, await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
 
 
-async def follow_turn(client: DexClient, session_id: str, number: int, until: str,
-                      sink: list[SessionEvent]) -> None:
+async def follow_turn(client: DexClient, session_id: str, number: int, until: str, sink: list[SessionEvent]) -> None:
     """The session's events into `sink`, from the start of turn `number` to its `until` event."""
     turn_id = None
     async for event in client.events(session_id):
@@ -96,25 +96,38 @@ async def follow_turn(client: DexClient, session_id: str, number: int, until: st
 
 
 def streamed_text(events: list[SessionEvent], step_id: str, attempt: int | None = None) -> str:
-    return "".join(e.data.get("text", "") for e in events
-                   if e.type == "delta" and e.step_id == step_id and attempt in (None, e.attempt))
+    return "".join(
+        e.data.get("text", "")
+        for e in events
+        if e.type == "delta" and e.step_id == step_id and attempt in (None, e.attempt)
+    )
 
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
 async def test_a_turn_with_two_tool_calls(dev: DevProcess, fake: FakeOpenAI, api: str) -> None:
-    fake.queue(Reply("Let me check that order.", [Call("lookup", {"order": "A17"}, call_id="call_look"),
-                                                  Call("put_note", {"text": "asked about A17"}, call_id="call_note")],
-                     delta_delay_s=0.01),
-               Reply("Order A17 has shipped.", delta_delay_s=0.01))
-    model = OpenAIModel("gpt-test", api=api, instructions="You help customers.", api_key="sk-test",
-                        base_url=fake.base_url)
+    fake.queue(
+        Reply(
+            "Let me check that order.",
+            [
+                Call("lookup", {"order": "A17"}, call_id="call_look"),
+                Call("put_note", {"text": "asked about A17"}, call_id="call_note"),
+            ],
+            delta_delay_s=0.01,
+        ),
+        Reply("Order A17 has shipped.", delta_delay_s=0.01),
+    )
+    model = OpenAIModel(
+        "gpt-test", api=api, instructions="You help customers.", api_key="sk-test", base_url=fake.base_url
+    )
     tool_runs = ToolRuns()
     sid, events, snapshot = await run_turn(dev, make_agent(model, tool_runs), "Where is my order A17?")
     await model.aclose()
 
     # Each tool ran once, with the arguments the model gave and the contract idempotency key.
-    assert sorted(tool_runs.runs) == [("lookup", {"order": "A17"}, f"{sid}:call_look"),
-                                      ("put_note", {"text": "asked about A17"}, f"{sid}:call_note")]
+    assert sorted(tool_runs.runs) == [
+        ("lookup", {"order": "A17"}, f"{sid}:call_look"),
+        ("put_note", {"text": "asked about A17"}, f"{sid}:call_note"),
+    ]
     history = snapshot.history
     assert [h["type"] for h in history] == ["user", "assistant", "tool_result", "tool_result", "assistant"]
     assert [c["id"] for c in history[1]["tool_calls"]] == ["call_look", "call_note"]
@@ -126,13 +139,23 @@ async def test_a_turn_with_two_tool_calls(dev: DevProcess, fake: FakeOpenAI, api
         assert first.body["input"] == [{"type": "message", "role": "user", "content": "Where is my order A17?"}]
         items = second.body["input"]
         assert [(i["type"], i.get("call_id")) for i in items] == [
-            ("message", None), ("message", None), ("function_call", "call_look"), ("function_call", "call_note"),
-            ("function_call_output", "call_look"), ("function_call_output", "call_note")]
+            ("message", None),
+            ("message", None),
+            ("function_call", "call_look"),
+            ("function_call", "call_note"),
+            ("function_call_output", "call_look"),
+            ("function_call_output", "call_note"),
+        ]
         assert items[4]["output"] == '{"order": "A17", "status": "shipped"}' and items[5]["output"] == "noted"
     else:
         messages = second.body["messages"]
         assert [(m["role"], m.get("tool_call_id")) for m in messages] == [
-            ("system", None), ("user", None), ("assistant", None), ("tool", "call_look"), ("tool", "call_note")]
+            ("system", None),
+            ("user", None),
+            ("assistant", None),
+            ("tool", "call_look"),
+            ("tool", "call_note"),
+        ]
         assert messages[3]["content"] == '{"order": "A17", "status": "shipped"}'
     assert {t["name"] for t in tools_of(first.body)} == {"lookup", "put_note", "ask_user", "sleep"}
 
@@ -179,9 +202,11 @@ async def test_a_bad_request_fails_the_turn_with_the_providers_message(dev: DevP
 
 
 async def test_compaction_asks_the_model_api_for_the_summary(dev: DevProcess, fake: FakeOpenAI) -> None:
-    fake.queue(Reply("Hello! How can I help?"),
-               Reply("The user greeted the assistant."),  # the summary call of the second turn
-               Reply("I am fine, thanks."))
+    fake.queue(
+        Reply("Hello! How can I help?"),
+        Reply("The user greeted the assistant."),  # the summary call of the second turn
+        Reply("I am fine, thanks."),
+    )
     model = OpenAIModel("gpt-test", api_key="sk-test", base_url=fake.base_url)
     agent = make_agent(model, ToolRuns(), compaction={"max_items": 2})
     sid, _, _ = await run_turn(dev, agent, "hi")
@@ -196,7 +221,11 @@ async def test_compaction_asks_the_model_api_for_the_summary(dev: DevProcess, fa
     assert "User: hi" in transcript and "Assistant: Hello! How can I help?" in transcript
     # The next model call sees the summary instead of the summarised items.
     assert after.body["input"] == [
-        {"type": "message", "role": "developer",
-         "content": "Summary of the conversation before the messages below:\nThe user greeted the assistant."},
-        {"type": "message", "role": "user", "content": "how are you?"}]
+        {
+            "type": "message",
+            "role": "developer",
+            "content": "Summary of the conversation before the messages below:\nThe user greeted the assistant.",
+        },
+        {"type": "message", "role": "user", "content": "how are you?"},
+    ]
     assert snapshot.history[-1]["content"] == "I am fine, thanks."

@@ -31,15 +31,30 @@ DEADLINE_S = 30.0
 
 
 def start_worker(dev: DevProcess, fake: FakeOpenAI, ledger: Path, log: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "tests.models.openai_worker_proc", "--url", dev.url, "--agent", AGENT,
-               "--base-url", fake.base_url, "--ledger", str(ledger)]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.models.openai_worker_proc",
+        "--url",
+        dev.url,
+        "--agent",
+        AGENT,
+        "--base-url",
+        fake.base_url,
+        "--ledger",
+        str(ledger),
+    ]
     with open(log, "ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env_with_repo(), cwd=REPO)
 
 
 async def test_r02_a_worker_killed_mid_stream(tmp_path: Path) -> None:
-    dev = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True,
-                     extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": str(WORKER_KILL_HEARTBEAT_TIMEOUT_MS)})
+    dev = DevProcess(
+        tmp_path / "data",
+        tmp_path / "dev.log",
+        relaxed=True,
+        extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": str(WORKER_KILL_HEARTBEAT_TIMEOUT_MS)},
+    )
     ledger_path, log = tmp_path / "ledger.sqlite", tmp_path / "workers.log"
     workers: list[subprocess.Popen[bytes]] = []
     dev.start()

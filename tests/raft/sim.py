@@ -67,8 +67,7 @@ class Scenario:
     # "Quiet" runs: mostly idle clients (cut-off followers stay up to date and can win
     # elections) and partitions that cut the leader from one follower: lease races.
     client_idle_prob: float = 0.5
-    partition_kinds: tuple[str, ...] = (
-        "split", "isolate_leader", "cut_leader", "one_way", "random_edges")
+    partition_kinds: tuple[str, ...] = ("split", "isolate_leader", "cut_leader", "one_way", "random_edges")
     # Liveness bounds, measured from the heal.
     lease_bound_ms: int = 15_000
     commit_bound_ms: int = 3_000
@@ -99,15 +98,13 @@ class Scenario:
             sc.fsync_ms = (2.0, 40.0)
         if seed & 8:
             sc.client_idle_prob = 0.85
-            sc.partition_kinds = ("cut_leader", "cut_leader", "one_way", "split",
-                                  "isolate_leader")
+            sc.partition_kinds = ("cut_leader", "cut_leader", "one_way", "split", "isolate_leader")
         if seed & 16:
             sc.tick_ms = (20.0, 60.0)
         if seed & 32:
             sc.leader_sends_early = False
         if seed & 64:
-            sc.raft = {"election_timeout_min_ms": 500, "election_timeout_max_ms": 1000,
-                       "heartbeat_interval_ms": 50}
+            sc.raft = {"election_timeout_min_ms": 500, "election_timeout_max_ms": 1000, "heartbeat_interval_ms": 50}
         if seed & 128:
             sc.election_timeouts = (300, 500, 1000)
         return sc
@@ -115,16 +112,24 @@ class Scenario:
 
 # The timing every node runs with unless its scenario says otherwise. Slower than the
 # product's default; the seeds' recorded runs are made with it.
-BASE_TIMING = {"election_timeout_min_ms": 1000, "election_timeout_max_ms": 2000,
-               "heartbeat_interval_ms": 100, "lease_drift_margin_ms": 100}
+BASE_TIMING = {
+    "election_timeout_min_ms": 1000,
+    "election_timeout_max_ms": 2000,
+    "heartbeat_interval_ms": 100,
+    "lease_drift_margin_ms": 100,
+}
 
 
 def timing_for(election_timeout_min_ms: int) -> dict[str, int]:
     """RaftConfig timing for one node of the mixed-timeout family. Margin and heartbeat
     scale with the timeout, so every node's lease covers the same clock drift (5.26 %)."""
     t = election_timeout_min_ms
-    return {"election_timeout_min_ms": t, "election_timeout_max_ms": 2 * t,
-            "heartbeat_interval_ms": t // 10, "lease_drift_margin_ms": t // 10}
+    return {
+        "election_timeout_min_ms": t,
+        "election_timeout_max_ms": 2 * t,
+        "heartbeat_interval_ms": t // 10,
+        "lease_drift_margin_ms": t // 10,
+    }
 
 
 # ---------------------------------------------------------------------------------
@@ -197,8 +202,7 @@ def _chain(digest: bytes, e: Entry) -> bytes:
 
 
 class SimNode:
-    def __init__(self, node_id: str, clock: Clock, bootstrap: ConfState, compact_every: int,
-                 raft: dict[str, Any]):
+    def __init__(self, node_id: str, clock: Clock, bootstrap: ConfState, compact_every: int, raft: dict[str, Any]):
         self.id = node_id
         self.clock = clock
         self.raft = raft  # RaftConfig overrides; a rolling restart changes them
@@ -289,12 +293,10 @@ class Checker:
         core = node.core
         assert core is not None
         if core.term < node.max_sent_term:
-            self.fail(f"{node.id} restarted in term {core.term} "
-                      f"after sending in {node.max_sent_term}")
+            self.fail(f"{node.id} restarted in term {core.term} after sending in {node.max_sent_term}")
         voted = self.votes.get((node.id, core.term))
         if voted is not None and core.vote != voted:
-            self.fail(f"{node.id} restarted with vote {core.vote!r}, "
-                      f"but voted {voted} in {core.term}")
+            self.fail(f"{node.id} restarted with vote {core.vote!r}, but voted {voted} in {core.term}")
 
     def check_commit_durable(self, leader: SimNode, index: int, term: int) -> None:
         """A leader may only count entries that are durable (etcd ordering)."""
@@ -337,8 +339,9 @@ class Checker:
         term = node.core.term  # type: ignore[union-attr]
         need = max((i for t, i in self.max_index_by_term.items() if t < term), default=0)
         if node.sm_index < need:
-            self.fail(f"{node.id} holds a lease in term {term} but applied only "
-                      f"{node.sm_index} < {need} committed before")
+            self.fail(
+                f"{node.id} holds a lease in term {term} but applied only {node.sm_index} < {need} committed before"
+            )
 
     def check_node(self, node: SimNode) -> None:
         core = node.core
@@ -576,8 +579,22 @@ class Simulation:
         wire = encode_message(m)
         lost = (node.id, m.to) in self.blocked or self.rng.random() < self.loss
         self.stats[m.type.name] += 1
-        self.trace.append((self.now, "send", m.type.name, node.id, m.to, m.term, m.index,
-                           len(m.entries), m.commit, m.reject, m.context, "LOST" if lost else ""))
+        self.trace.append(
+            (
+                self.now,
+                "send",
+                m.type.name,
+                node.id,
+                m.to,
+                m.term,
+                m.index,
+                len(m.entries),
+                m.commit,
+                m.reject,
+                m.context,
+                "LOST" if lost else "",
+            )
+        )
         if lost:
             return m.type != MessageType.SNAP
         copies = 2 if self.rng.random() < self.dup else 1
@@ -602,8 +619,9 @@ class Simulation:
         if not delivered:
             return
         assert node is not None
-        self.trace.append((self.now, "recv", m.type.name, frm, m.to, m.term, m.index,
-                           len(m.entries), m.commit, m.reject, m.context))
+        self.trace.append(
+            (self.now, "recv", m.type.name, frm, m.to, m.term, m.index, len(m.entries), m.commit, m.reject, m.context)
+        )
         node.core.step(m)  # type: ignore[union-attr]
         self._pump(node)
 
@@ -656,8 +674,7 @@ class Simulation:
         self.trace.append((self.now, "crash", node.id))
         self.stats["crash"] += 1
         fast = self.rng.random() < 0.3
-        self._schedule(self.rng.uniform(5, 150) if fast else self.rng.uniform(150, 2500),
-                       "restart", node.id)
+        self._schedule(self.rng.uniform(5, 150) if fast else self.rng.uniform(150, 2500), "restart", node.id)
 
     def _on_restart(self, nid: str) -> None:
         node = self.nodes[nid]
@@ -839,8 +856,7 @@ class Simulation:
         if self.live_leader is None:
             # A leased leader that is removing itself refuses proposals by design: wait
             # for the leader the cluster settles on.
-            holders = [h for h in self._lease_holders()
-                       if h in self.nodes[h].core.conf_state.voters]  # type: ignore[union-attr]
+            holders = [h for h in self._lease_holders() if h in self.nodes[h].core.conf_state.voters]  # type: ignore[union-attr]
             if not holders:
                 return
             leader = self.nodes[holders[0]]
@@ -858,9 +874,7 @@ class Simulation:
             return
         if self.live_pending:
             committed = self.check.committed
-            self.live_pending = [
-                p for p in self.live_pending if committed.get(p[0]) != (p[1], 0, p[2])
-            ]
+            self.live_pending = [p for p in self.live_pending if committed.get(p[0]) != (p[1], 0, p[2])]
             if not self.live_pending:
                 self._schedule(self.sc.catchup_bound_ms, "deadline", "catchup")
             return
@@ -882,10 +896,9 @@ class Simulation:
         return bool(self._members_now())
 
     def _catchup_state(self) -> dict[str, Any]:
-        return {
-            nid: (self.nodes[nid].sm_index if nid in self.nodes else None)
-            for nid in self._members_now()
-        } | {"target": self.live_target}
+        return {nid: (self.nodes[nid].sm_index if nid in self.nodes else None) for nid in self._members_now()} | {
+            "target": self.live_target
+        }
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -930,21 +943,24 @@ class Simulation:
             if node.core is None or self._real(node, node.core.refuses_votes_until_ms) >= lease_end:
                 refusing.append(v)
         if len(refusing) < len(voters) // 2 + 1:
-            self._fail(f"{leader.id}'s lease (ends {lease_end:.1f}) outlives the vote refusal "
-                       f"of all but {refusing} of {voters}")
+            self._fail(
+                f"{leader.id}'s lease (ends {lease_end:.1f}) outlives the vote refusal "
+                f"of all but {refusing} of {voters}"
+            )
         # Stronger, and what an acknowledgement means: each voter the lease counts keeps
         # its promise, even when others happen to refuse in its place (this is what
         # notices a restart that forgets a promise).
         broken = [v for v in core.lease_supporters() if v not in refusing and v in self.nodes]
         if broken:
-            self._fail(f"{leader.id}'s lease (ends {lease_end:.1f}) outlives the vote refusal "
-                       f"of {broken}, whose acknowledgements it counts")
+            self._fail(
+                f"{leader.id}'s lease (ends {lease_end:.1f}) outlives the vote refusal "
+                f"of {broken}, whose acknowledgements it counts"
+            )
 
     def _a_voter_has_a_shorter_timeout(self, leader: SimNode) -> bool:
         own = leader.raft.get("election_timeout_min_ms", 0)
         voters = leader.core.conf_state.voters  # type: ignore[union-attr]
-        return any(v in self.nodes and self.nodes[v].raft.get("election_timeout_min_ms", 0) < own
-                   for v in voters)
+        return any(v in self.nodes and self.nodes[v].raft.get("election_timeout_min_ms", 0) < own for v in voters)
 
     @staticmethod
     def _real(node: SimNode, local_ms: float) -> float:

@@ -61,7 +61,7 @@ class Model:
 
     def append(self, entries: tuple[Entry, ...] | list[Entry]) -> None:
         if entries:
-            del self.entries[entries[0].index - self.first():]
+            del self.entries[entries[0].index - self.first() :]
             self.entries.extend(entries)
 
     def apply(self, op: Op) -> None:
@@ -104,13 +104,16 @@ def generate(seed: int, n_ops: int) -> list[Op]:
         elif r < 0.17 and model.last() > commit:
             term += 1  # a new leader overwrites part of the uncommitted suffix
             start = rng.randint(commit + 1, model.last())
-            ents = tuple(Entry(term, i, data=entry_data(term, i, rng))
-                         for i in range(start, start + rng.randint(1, 30)))
+            ents = tuple(
+                Entry(term, i, data=entry_data(term, i, rng)) for i in range(start, start + rng.randint(1, 30))
+            )
             op = Save(HardState(term, "n2", commit), ents)
         else:
             start = model.last() + 1
-            ents = tuple(Entry(term, i, data=entry_data(term, i, rng))
-                         for i in range(start, start + rng.choice((1, 1, 5, 20, 100))))
+            ents = tuple(
+                Entry(term, i, data=entry_data(term, i, rng))
+                for i in range(start, start + rng.choice((1, 1, 5, 20, 100)))
+            )
             commit = max(commit, rng.randint(commit, start - 1)) if start > 1 else 0
             hs = HardState(term, "n1", commit) if rng.random() < 0.9 else None
             op = Save(hs, ents)
@@ -157,5 +160,7 @@ def explain_crash_state(ops: list[Op], acked: int, recovered: State) -> str | No
         if recovered == model.state():
             return None
     hs, snap, ents = recovered
-    return (f"recovered state (hard state {hs}, snapshot {snap}, "
-            f"{len(ents)} entries, last {rec_last}) is no state reachable after op {acked}")
+    return (
+        f"recovered state (hard state {hs}, snapshot {snap}, "
+        f"{len(ents)} entries, last {rec_last}) is no state reachable after op {acked}"
+    )

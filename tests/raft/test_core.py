@@ -40,8 +40,12 @@ ETMIN = 1000
 MARGIN = 100
 # The timing these tests are written for (slower than the product's default, so that
 # ten heartbeats fit in the lease): every RaftConfig here is made with it.
-TIMING = dict(election_timeout_min_ms=ETMIN, election_timeout_max_ms=2 * ETMIN, heartbeat_interval_ms=100,
-              lease_drift_margin_ms=MARGIN)
+TIMING = dict(
+    election_timeout_min_ms=ETMIN,
+    election_timeout_max_ms=2 * ETMIN,
+    heartbeat_interval_ms=100,
+    lease_drift_margin_ms=MARGIN,
+)
 
 
 # ---------------------------------------------------------------------------------
@@ -79,8 +83,14 @@ class Store:
 class Cluster:
     """Cores plus a perfect network that tests can cut, hold, or watch."""
 
-    def __init__(self, voters: list[str], learners: list[str] = (), seed: int = 0,
-                 node_cfg: dict[str, dict[str, object]] | None = None, **cfg: object) -> None:
+    def __init__(
+        self,
+        voters: list[str],
+        learners: list[str] = (),
+        seed: int = 0,
+        node_cfg: dict[str, dict[str, object]] | None = None,
+        **cfg: object,
+    ) -> None:
         self.conf = ConfState(tuple(voters), tuple(learners))
         self.cfg = cfg
         self.node_cfg = node_cfg or {}  # per-node RaftConfig overrides
@@ -233,8 +243,7 @@ def test_prevote_refused_while_leader_heard_recently() -> None:
     n2.step(vote)
     assert n2.term == term and n2.vote != "n3"
     # The leader itself ignores them too.
-    c.cores["n1"].step(Message(MT.PRE_VOTE, to="n1", frm="n3", term=term + 1, index=100,
-                               log_term=term))
+    c.cores["n1"].step(Message(MT.PRE_VOTE, to="n1", frm="n3", term=term + 1, index=100, log_term=term))
     assert c.cores["n1"].role == Role.LEADER
 
 
@@ -325,9 +334,16 @@ def test_learner_never_campaigns_and_its_vote_does_not_count() -> None:
     assert not any(m.frm == "n3" and m.type in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
     assert not any(m.to == "n3" and m.type in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
     # A candidate among voters {n1, n2} does not count a grant from the learner.
-    cand = RaftCore(RaftConfig(id="n1", pre_vote=False, **TIMING), hard_state=HardState(term=1),
-                    conf_state=c.conf, snapshot=None, entries=[], applied=0, now_ms=0,
-                    rng=random.Random(3))
+    cand = RaftCore(
+        RaftConfig(id="n1", pre_vote=False, **TIMING),
+        hard_state=HardState(term=1),
+        conf_state=c.conf,
+        snapshot=None,
+        entries=[],
+        applied=0,
+        now_ms=0,
+        rng=random.Random(3),
+    )
     t = ETMIN
     while cand.role != Role.CANDIDATE:
         t += 10
@@ -432,10 +448,12 @@ def test_single_node_lease() -> None:
 
 
 # Timeouts that differ between nodes (as during a rolling change of the setting).
-SLOW = dict(election_timeout_min_ms=1000, election_timeout_max_ms=2000, heartbeat_interval_ms=100,
-            lease_drift_margin_ms=100)
-FAST = dict(election_timeout_min_ms=500, election_timeout_max_ms=1000, heartbeat_interval_ms=50,
-            lease_drift_margin_ms=50)
+SLOW = dict(
+    election_timeout_min_ms=1000, election_timeout_max_ms=2000, heartbeat_interval_ms=100, lease_drift_margin_ms=100
+)
+FAST = dict(
+    election_timeout_min_ms=500, election_timeout_max_ms=1000, heartbeat_interval_ms=50, lease_drift_margin_ms=50
+)
 SLOW_LEADER = {"n1": SLOW, "n2": FAST, "n3": FAST}
 
 
@@ -510,9 +528,16 @@ def test_after_a_restart_the_same_leaders_appends_do_not_shrink_the_promise() ->
 
 
 def _follower(nid: str = "n2", term: int = 2, **cfg: object) -> RaftCore:
-    return RaftCore(RaftConfig(id=nid, **{**FAST, **cfg}), hard_state=HardState(term=term),
-                    conf_state=ConfState(("n1", "n2", "n3")), snapshot=None, entries=[], applied=0,
-                    now_ms=0, rng=random.Random(1))
+    return RaftCore(
+        RaftConfig(id=nid, **{**FAST, **cfg}),
+        hard_state=HardState(term=term),
+        conf_state=ConfState(("n1", "n2", "n3")),
+        snapshot=None,
+        entries=[],
+        applied=0,
+        now_ms=0,
+        rng=random.Random(1),
+    )
 
 
 def _heartbeat(frm: str, term: int, window: int) -> Message:
@@ -550,16 +575,21 @@ def test_a_heartbeat_asking_for_an_absurd_window_is_ignored() -> None:
     assert not n2.has_ready() and n2.leader_id == NO_NODE
 
 
-@pytest.mark.parametrize("settings,named", [
-    ({"election_timeout_min_ms": 100, "lease_drift_margin_ms": 100}, "lease_drift_margin_ms"),
-    ({"lease_drift_margin_ms": -1}, "lease_drift_margin_ms"),
-    ({"heartbeat_interval_ms": 900}, "heartbeat_interval_ms"),  # = 1000 - 100: the lease lapses
-    ({"heartbeat_interval_ms": 0}, "heartbeat_interval_ms"),
-    ({"election_timeout_max_ms": 900}, "election_timeout_max_ms"),
-    ({"election_timeout_min_ms": MAX_LEASE_WINDOW_MS + 1,
-      "election_timeout_max_ms": 2 * MAX_LEASE_WINDOW_MS}, "election_timeout_min_ms"),
-    ({"max_entry_bytes": 0}, "max_entry_bytes"),
-])
+@pytest.mark.parametrize(
+    "settings,named",
+    [
+        ({"election_timeout_min_ms": 100, "lease_drift_margin_ms": 100}, "lease_drift_margin_ms"),
+        ({"lease_drift_margin_ms": -1}, "lease_drift_margin_ms"),
+        ({"heartbeat_interval_ms": 900}, "heartbeat_interval_ms"),  # = 1000 - 100: the lease lapses
+        ({"heartbeat_interval_ms": 0}, "heartbeat_interval_ms"),
+        ({"election_timeout_max_ms": 900}, "election_timeout_max_ms"),
+        (
+            {"election_timeout_min_ms": MAX_LEASE_WINDOW_MS + 1, "election_timeout_max_ms": 2 * MAX_LEASE_WINDOW_MS},
+            "election_timeout_min_ms",
+        ),
+        ({"max_entry_bytes": 0}, "max_entry_bytes"),
+    ],
+)
 def test_config_refuses_settings_that_cannot_hold_a_lease(settings: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         RaftConfig(id="n1", **{**TIMING, **settings})
@@ -577,8 +607,7 @@ def test_a_proposal_above_max_entry_bytes_is_refused_and_nothing_appended() -> N
         c.cores["n2"].propose(b"x" * 1001)
     index = leader.propose(b"x" * 1000)
     c.flush()
-    assert all(st.applied[-1].index == index and st.applied[-1].data == b"x" * 1000
-               for st in c.stores.values())
+    assert all(st.applied[-1].index == index and st.applied[-1].data == b"x" * 1000 for st in c.stores.values())
 
 
 # ---------------------------------------------------------------------------------
@@ -762,8 +791,13 @@ def test_commit_only_by_counting_current_term_entries() -> None:
     conf = ConfState(("n1", "n2", "n3"), ())
     old = [Entry(1, 1), Entry(2, 2, data=b"old")]
     core = RaftCore(
-        RaftConfig(id="n1", pre_vote=False, **TIMING), hard_state=HardState(term=2, vote="n1", commit=1),
-        conf_state=conf, snapshot=None, entries=old, applied=1, now_ms=0,
+        RaftConfig(id="n1", pre_vote=False, **TIMING),
+        hard_state=HardState(term=2, vote="n1", commit=1),
+        conf_state=conf,
+        snapshot=None,
+        entries=old,
+        applied=1,
+        now_ms=0,
         rng=random.Random(1),
     )
     now = ETMIN
@@ -818,7 +852,7 @@ def compact_node(c: Cluster, nid: str) -> int:
     idx = core.applied_index
     meta = core.snapshot_meta(idx)
     st = c.stores[nid]
-    st.entries = st.entries[idx - (st.snap.index if st.snap else 0):]
+    st.entries = st.entries[idx - (st.snap.index if st.snap else 0) :]
     st.snap = meta
     core.compact(idx, meta)
     return idx
@@ -951,8 +985,7 @@ def test_configuration_takes_effect_when_appended_and_reverts_if_truncated() -> 
     n2 = c.cores["n2"]
     assert "n9" in n2.conf_state.learners and n2.commit_index < idx  # in effect, uncommitted
     # A leader of a later term overwrites the uncommitted entry: the change is undone.
-    n2.step(Message(MT.APP, to="n2", frm="n3", term=5, index=idx - 1, log_term=1,
-                    entries=[Entry(5, idx)]))
+    n2.step(Message(MT.APP, to="n2", frm="n3", term=5, index=idx - 1, log_term=1, entries=[Entry(5, idx)]))
     assert n2.entry(idx) == Entry(5, idx)
     assert n2.conf_state == c.conf
 
@@ -1034,8 +1067,17 @@ def test_stale_messages_are_ignored() -> None:
     assert n2.role == Role.LEADER and n2.term == 2
     before = (n2.term, n2.last_index, n2.commit_index)
     # An APP from the old term: answered with our term, log untouched.
-    n2.step(Message(MT.APP, to="n2", frm="n1", term=1, index=n2.last_index, log_term=1,
-                    entries=[Entry(1, n2.last_index + 1, data=b"evil")]))
+    n2.step(
+        Message(
+            MT.APP,
+            to="n2",
+            frm="n1",
+            term=1,
+            index=n2.last_index,
+            log_term=1,
+            entries=[Entry(1, n2.last_index + 1, data=b"evil")],
+        )
+    )
     (resp,) = c.process("n2")
     assert resp.type == MT.APP_RESP and resp.term == 2 and resp.to == "n1"
     # Old-term answers and votes change nothing.
@@ -1048,8 +1090,7 @@ def test_stale_messages_are_ignored() -> None:
         n2.step(m)
     assert (n2.term, n2.last_index, n2.commit_index) == before and n2.role == Role.LEADER
     # A stale APP_RESP in the current term (rejecting an index we already matched).
-    n2.step(Message(MT.APP_RESP, to="n2", frm="n3", term=2, index=1, reject=True,
-                    reject_hint=0))
+    n2.step(Message(MT.APP_RESP, to="n2", frm="n3", term=2, index=1, reject=True, reject_hint=0))
     c.flush()
     assert c.cores["n3"].last_index == n2.last_index
 
@@ -1077,16 +1118,22 @@ def test_hostile_messages_never_raise() -> None:
         if rng.random() < 0.3:
             start = rng.choice([0, 5, 7, 100])
             kw["entries"] = [
-                Entry(rng.choice([1, 2, 5]), start + 1 + i, rng.choice([0, 1, 7]),
-                      rng.choice([b"", b"\xff\xfe", b"garbage"]))
+                Entry(
+                    rng.choice([1, 2, 5]),
+                    start + 1 + i,
+                    rng.choice([0, 1, 7]),
+                    rng.choice([b"", b"\xff\xfe", b"garbage"]),
+                )
                 for i in range(rng.randint(1, 3))
             ]
         if rng.random() < 0.2:
-            kw["snapshot"] = rng.choice([
-                SnapshotMeta(rng.choice([0, 3, 50]), rng.choice([0, 1, 9]), c.conf),
-                SnapshotMeta(5, 1, ConfState(("n1",), ())),
-                "not a snapshot",
-            ])
+            kw["snapshot"] = rng.choice(
+                [
+                    SnapshotMeta(rng.choice([0, 3, 50]), rng.choice([0, 1, 9]), c.conf),
+                    SnapshotMeta(5, 1, ConfState(("n1",), ())),
+                    "not a snapshot",
+                ]
+            )
         c.cores[target].step(Message(**kw))  # type: ignore[arg-type]
         c.flush()
         if rng.random() < 0.05:

@@ -27,12 +27,28 @@ async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None
         await asyncio.sleep(0.01)
 
 
-def _node(nid: str, root: Path, members: dict[str, Member], engine: Engine,
-          listen: tuple[str, int] | None = None, join: bool = False) -> RaftNode:
-    cfg = NodeConfig(id=nid, data_dir=root / nid, raft_listen=listen or members[nid].raft_addr,
-                     members=members, join=join, durability="relaxed", election_timeout_min_ms=300,
-                     election_timeout_max_ms=600, heartbeat_interval_ms=50, lease_drift_margin_ms=30,
-                     snapshot_every_entries=40, secret=SECRET)
+def _node(
+    nid: str,
+    root: Path,
+    members: dict[str, Member],
+    engine: Engine,
+    listen: tuple[str, int] | None = None,
+    join: bool = False,
+) -> RaftNode:
+    cfg = NodeConfig(
+        id=nid,
+        data_dir=root / nid,
+        raft_listen=listen or members[nid].raft_addr,
+        members=members,
+        join=join,
+        durability="relaxed",
+        election_timeout_min_ms=300,
+        election_timeout_max_ms=600,
+        heartbeat_interval_ms=50,
+        lease_drift_margin_ms=30,
+        snapshot_every_entries=40,
+        secret=SECRET,
+    )
     return RaftNode(cfg, engine)
 
 
@@ -69,8 +85,9 @@ async def test_engines_on_raft_reach_identical_state_including_a_snapshot_joiner
         await joiner.start()
         nodes["n4"] = joiner
         leader = next(n for n in nodes.values() if n.is_leader)
-        await leader.change_membership(ConfChange(ConfChangeType.ADD_LEARNER, "n4",
-                                                  member_context("127.0.0.1", ports[3])))
+        await leader.change_membership(
+            ConfChange(ConfChangeType.ADD_LEARNER, "n4", member_context("127.0.0.1", ports[3]))
+        )
         await _propose(nodes, encode_command(CreateSession(at=at + 100, agent="a", session_id="last")))
         target = leader.sm.applied_index()
         await _until(lambda: all(e.applied_index() >= target for e in engines.values()), 10, "all engines")

@@ -35,12 +35,21 @@ from tests.support.ports import free_ports
 SECRET = b"test-cluster-secret-0123456789"
 
 
-def _config(nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int] | None = None,
-            **kw) -> NodeConfig:
-    timing = dict(election_timeout_min_ms=300, election_timeout_max_ms=600, heartbeat_interval_ms=50,
-                  lease_drift_margin_ms=30)
-    return NodeConfig(id=nid, data_dir=root / nid, raft_listen=listen or members[nid].raft_addr,
-                      members=members, durability="relaxed", secret=SECRET, **{**timing, **kw})
+def _config(
+    nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int] | None = None, **kw
+) -> NodeConfig:
+    timing = dict(
+        election_timeout_min_ms=300, election_timeout_max_ms=600, heartbeat_interval_ms=50, lease_drift_margin_ms=30
+    )
+    return NodeConfig(
+        id=nid,
+        data_dir=root / nid,
+        raft_listen=listen or members[nid].raft_addr,
+        members=members,
+        durability="relaxed",
+        secret=SECRET,
+        **{**timing, **kw},
+    )
 
 
 async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None:
@@ -83,10 +92,13 @@ async def cluster(tmp_path: Path):
         await n.stop()
 
 
-@pytest.mark.parametrize("settings,named", [
-    ({"election_timeout_min_ms": 300, "lease_drift_margin_ms": 300}, "lease_drift_margin_ms"),
-    ({"heartbeat_interval_ms": 270}, "heartbeat_interval_ms"),  # = 300 - 30: the lease lapses
-])
+@pytest.mark.parametrize(
+    "settings,named",
+    [
+        ({"election_timeout_min_ms": 300, "lease_drift_margin_ms": 300}, "lease_drift_margin_ms"),
+        ({"heartbeat_interval_ms": 270}, "heartbeat_interval_ms"),  # = 300 - 30: the lease lapses
+    ],
+)
 def test_node_config_refuses_timing_that_cannot_hold_a_lease(tmp_path: Path, settings: dict, named: str) -> None:
     members = {"n1": Member(("127.0.0.1", 1))}
     with pytest.raises(ValueError, match=named):
@@ -145,8 +157,11 @@ async def test_a_too_large_entry_is_refused_and_the_largest_allowed_one_replicat
     largest = _kv_entry("big", limit)
     assert len(largest) == limit
     await asyncio.wait_for(leader.propose(largest), timeout=10)
-    await _until(lambda: all(len(sm.kv.get("big", "")) > limit - 16 for sm in sms.values()), 10,
-                 "the largest entry on every node")
+    await _until(
+        lambda: all(len(sm.kv.get("big", "")) > limit - 16 for sm in sms.values()),
+        10,
+        "the largest entry on every node",
+    )
     await _put(nodes, "after", "1")
     await _until(lambda: all(sm.kv.get("after") == "1" for sm in sms.values()), 5, "replication after it")
 
@@ -154,12 +169,19 @@ async def test_a_too_large_entry_is_refused_and_the_largest_allowed_one_replicat
 def test_an_append_with_the_largest_entry_fits_in_one_frame() -> None:
     longest_id = "n" * 255  # the transport's MAX_NODE_ID_CHARS
     big = 2**63 - 1
-    msg = Message(MessageType.APP, to=longest_id, frm=longest_id, term=big, log_term=big, index=big,
-                  entries=[Entry(big, big, data=b"x" * MAX_ENTRY_BYTES_LIMIT)], commit=big)
+    msg = Message(
+        MessageType.APP,
+        to=longest_id,
+        frm=longest_id,
+        term=big,
+        log_term=big,
+        index=big,
+        entries=[Entry(big, big, data=b"x" * MAX_ENTRY_BYTES_LIMIT)],
+        commit=big,
+    )
     assert len(pack_frame(KIND_MESSAGE, encode_message(msg))) - 4 <= DEFAULT_MAX_FRAME_BYTES
     with pytest.raises(ValueError, match="max_entry_bytes"):
-        _config("n1", Path("/nonexistent"), {"n1": Member(("127.0.0.1", 1))},
-                max_entry_bytes=MAX_ENTRY_BYTES_LIMIT + 1)
+        _config("n1", Path("/nonexistent"), {"n1": Member(("127.0.0.1", 1))}, max_entry_bytes=MAX_ENTRY_BYTES_LIMIT + 1)
 
 
 async def test_transfer_moves_leadership_and_lease(cluster) -> None:
@@ -190,8 +212,7 @@ async def test_learner_joins_from_snapshot_then_promoted_and_removed(cluster) ->
     joiner = RaftNode(_config("n4", root, dict(members), listen=("127.0.0.1", port), join=True), joiner_sm)
     await joiner.start()
     nodes["n4"] = joiner  # the fixture stops it
-    await leader.change_membership(ConfChange(ConfChangeType.ADD_LEARNER, "n4",
-                                              member_context("127.0.0.1", port)))
+    await leader.change_membership(ConfChange(ConfChangeType.ADD_LEARNER, "n4", member_context("127.0.0.1", port)))
     await _until(lambda: joiner_sm.kv.get("k199") == "199", 10, "the learner to catch up")
     assert joiner.metrics.snapshots_installed >= 1, "the learner should have needed a snapshot"
     assert joiner.core.role == Role.LEARNER
@@ -263,8 +284,7 @@ async def test_a_slow_snapshot_copy_does_not_cost_leadership(tmp_path: Path) -> 
     ports = free_ports(3)
     members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
     sms = {nid: SlowCopyKV() for nid in members}
-    nodes = {nid: RaftNode(_config(nid, tmp_path, members, snapshot_every_entries=20), sms[nid])
-             for nid in members}
+    nodes = {nid: RaftNode(_config(nid, tmp_path, members, snapshot_every_entries=20), sms[nid]) for nid in members}
     for n in nodes.values():
         await n.start()
     try:

@@ -99,8 +99,10 @@ def describe(messages: list[Message]) -> list[tuple[str, int, int]]:
 
 async def assert_refused_for_its_mac(b: Node, relay: Relay, conn_number: int, caplog) -> None:
     """b, not the relay or a, closed that connection, counted it and said why."""
-    await eventually(lambda: len(relay.connections) > conn_number
-                     and relay.connections[conn_number].closed_by_acceptor, deadline_s=DEADLINE)
+    await eventually(
+        lambda: len(relay.connections) > conn_number and relay.connections[conn_number].closed_by_acceptor,
+        deadline_s=DEADLINE,
+    )
     assert b.transport.stats.frames_unauthenticated == 1
     assert b.transport.stats.connections_dropped == 1
     assert "fails its MAC" in caplog.text
@@ -227,9 +229,18 @@ async def test_a_flood_of_forged_frames_is_counted_but_not_all_logged(caplog) ->
 
 
 def _node_config(nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int]) -> NodeConfig:
-    return NodeConfig(id=nid, data_dir=root / nid, raft_listen=listen, members=members, durability="relaxed",
-                      election_timeout_min_ms=300, election_timeout_max_ms=600, heartbeat_interval_ms=50,
-                      lease_drift_margin_ms=30, secret=SECRET)
+    return NodeConfig(
+        id=nid,
+        data_dir=root / nid,
+        raft_listen=listen,
+        members=members,
+        durability="relaxed",
+        election_timeout_min_ms=300,
+        election_timeout_max_ms=600,
+        heartbeat_interval_ms=50,
+        lease_drift_margin_ms=30,
+        secret=SECRET,
+    )
 
 
 async def test_a_forged_heartbeat_does_not_change_the_term_of_a_raft_node(tmp_path: Path, caplog) -> None:
@@ -247,19 +258,27 @@ async def test_a_forged_heartbeat_does_not_change_the_term_of_a_raft_node(tmp_pa
     relay = Relay(p2, inject_once)
     relay_port = await relay.start()
     members = {"n1": Member((LOOPBACK, p1)), "n2": Member((LOOPBACK, relay_port)), "n3": Member((LOOPBACK, p3))}
-    nodes = {nid: RaftNode(_node_config(nid, tmp_path, members, (LOOPBACK, port)), KVStateMachine())
-             for nid, port in (("n1", p1), ("n2", p2), ("n3", p3))}
+    nodes = {
+        nid: RaftNode(_node_config(nid, tmp_path, members, (LOOPBACK, port)), KVStateMachine())
+        for nid, port in (("n1", p1), ("n2", p2), ("n3", p3))
+    }
     n2 = nodes["n2"]
     try:
         for node in nodes.values():
             await node.start()
-        await eventually(lambda: any(n.is_leader and n.lease_valid() for n in nodes.values()) and n2.leader_id,
-                     "a leader with a lease that n2 knows", deadline_s=DEADLINE)
+        await eventually(
+            lambda: any(n.is_leader and n.lease_valid() for n in nodes.values()) and n2.leader_id,
+            "a leader with a lease that n2 knows",
+            deadline_s=DEADLINE,
+        )
         term = n2.core.term
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             armed = True
-            await eventually(lambda: injected and (n2.transport.stats.connections_dropped or n2.core.term != term),
-                         "the forged heartbeat to arrive", deadline_s=DEADLINE)
+            await eventually(
+                lambda: injected and (n2.transport.stats.connections_dropped or n2.core.term != term),
+                "the forged heartbeat to arrive",
+                deadline_s=DEADLINE,
+            )
             assert n2.core.term == term, f"n2 moved to term {n2.core.term} on a forged heartbeat"
         assert n2.transport.stats.frames_unauthenticated == 1
         assert f"raft connection from {injected[0]}" in caplog.text and "fails its MAC" in caplog.text
@@ -293,8 +312,11 @@ async def test_a_short_or_empty_handshake_mac_is_refused(pair: tuple[Node, Node]
         hello_kind, hello = await raw.read_frame()
         assert hello_kind == KIND_HELLO
         challenge = msgpack.unpackb(hello)[2]
-        given = {"empty": b"", "short-zeros": b"\0" * 16,
-                 "the-first-half-of-the-right-one": mac(SECRET, "dialer", challenge, "a")[:16]}[answer]
+        given = {
+            "empty": b"",
+            "short-zeros": b"\0" * 16,
+            "the-first-half-of-the-right-one": mac(SECRET, "dialer", challenge, "a")[:16],
+        }[answer]
         raw.send_raw(frame(17, msgpack.packb(["a", os.urandom(32), given], use_bin_type=True)))
         assert await raw.closed_by_peer()
         await eventually(lambda: raw.local_addr in caplog.text, deadline_s=DEADLINE)
@@ -387,21 +409,36 @@ async def test_a_transport_without_a_listener_opens_no_port(caplog) -> None:
 def test_hkdf_matches_rfc_5869_test_case_1() -> None:
     from dex_ha.raft.transport import hkdf_sha256
 
-    okm = hkdf_sha256(ikm=bytes.fromhex("0b" * 22), salt=bytes.fromhex("000102030405060708090a0b0c"),
-                      info=bytes.fromhex("f0f1f2f3f4f5f6f7f8f9"), length=42)
-    assert okm.hex() == ("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf"
-                         "34007208d5b887185865")
+    okm = hkdf_sha256(
+        ikm=bytes.fromhex("0b" * 22),
+        salt=bytes.fromhex("000102030405060708090a0b0c"),
+        info=bytes.fromhex("f0f1f2f3f4f5f6f7f8f9"),
+        length=42,
+    )
+    assert okm.hex() == ("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865")
 
 
 def test_link_keys_differ_by_direction_and_by_every_input() -> None:
     from dex_ha.raft.transport import ACCEPTOR_TO_DIALER, DIALER_TO_ACCEPTOR, link_key
 
-    base = dict(secret=SECRET, dialer_challenge=b"d" * 32, acceptor_challenge=b"a" * 32,
-                dialer_id="n1", acceptor_id="n2", direction=DIALER_TO_ACCEPTOR)
-    variants = [{}, {"direction": ACCEPTOR_TO_DIALER}, {"secret": SECRET + b"x"},
-                {"dialer_challenge": b"D" * 32}, {"acceptor_challenge": b"A" * 32},
-                {"dialer_id": "n3"}, {"acceptor_id": "n3"},
-                {"dialer_id": "n1n", "acceptor_id": "2"}]  # the ids are length-prefixed
+    base = dict(
+        secret=SECRET,
+        dialer_challenge=b"d" * 32,
+        acceptor_challenge=b"a" * 32,
+        dialer_id="n1",
+        acceptor_id="n2",
+        direction=DIALER_TO_ACCEPTOR,
+    )
+    variants = [
+        {},
+        {"direction": ACCEPTOR_TO_DIALER},
+        {"secret": SECRET + b"x"},
+        {"dialer_challenge": b"D" * 32},
+        {"acceptor_challenge": b"A" * 32},
+        {"dialer_id": "n3"},
+        {"acceptor_id": "n3"},
+        {"dialer_id": "n1n", "acceptor_id": "2"},
+    ]  # the ids are length-prefixed
     keys = [link_key(**{**base, **v}) for v in variants]
     assert len(set(keys)) == len(keys) and all(len(k) == 32 for k in keys)
 

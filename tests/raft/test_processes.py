@@ -20,16 +20,24 @@ KILLS = 10
 WRITERS = 8
 
 
-async def _writer(cluster: KVCluster, session: aiohttp.ClientSession, acked: dict[str, str],
-                  counter: itertools.count, stop: asyncio.Event) -> None:
+async def _writer(
+    cluster: KVCluster,
+    session: aiohttp.ClientSession,
+    acked: dict[str, str],
+    counter: itertools.count,
+    stop: asyncio.Event,
+) -> None:
     """Write unique keys to whichever node is leader; remember what was acknowledged."""
     while not stop.is_set():
         n = next(counter)
         key, value = f"k{n}", f"v{n}"
         for nid in cluster.alive():
             try:
-                async with session.post(cluster.nodes[nid].url + "/put", json={"key": key, "value": value},
-                                        timeout=aiohttp.ClientTimeout(total=3)) as resp:
+                async with session.post(
+                    cluster.nodes[nid].url + "/put",
+                    json={"key": key, "value": value},
+                    timeout=aiohttp.ClientTimeout(total=3),
+                ) as resp:
                     if resp.status == 200:
                         acked[key] = value
                         break
@@ -46,8 +54,9 @@ class _Writers:
         self.acked: dict[str, str] = {}
         self.stop = asyncio.Event()
         counter = itertools.count()
-        self.tasks = [asyncio.create_task(_writer(cluster, session, self.acked, counter, self.stop))
-                      for _ in range(WRITERS)]
+        self.tasks = [
+            asyncio.create_task(_writer(cluster, session, self.acked, counter, self.stop)) for _ in range(WRITERS)
+        ]
 
     async def wait_for_more(self, n: int, deadline_s: float = 20) -> None:
         target = len(self.acked) + n
@@ -150,8 +159,14 @@ async def _raw_connect_and_send(port: int, payload: bytes) -> bytes:
 
 @pytest.mark.timeout(120)
 async def test_bad_peers_are_dropped_and_the_cluster_keeps_serving(tmp_path: Path) -> None:
-    cluster = KVCluster(tmp_path, size=3, durability="relaxed", election_min_ms=500, election_max_ms=1000,
-                        extra_args=["--secret", "s3cret-for-the-bad-peer-test"])
+    cluster = KVCluster(
+        tmp_path,
+        size=3,
+        durability="relaxed",
+        election_min_ms=500,
+        election_max_ms=1000,
+        extra_args=["--secret", "s3cret-for-the-bad-peer-test"],
+    )
     cluster.start_all()
     try:
         async with aiohttp.ClientSession() as session:
@@ -163,13 +178,19 @@ async def test_bad_peers_are_dropped_and_the_cluster_keeps_serving(tmp_path: Pat
             await _raw_connect_and_send(target.raft_port, b"\x00\x00\x00\x03\x93\x01\x02")
             # The leader still leads and commits writes.
             for i in range(20):
-                async with session.post(target.url + "/put", json={"key": f"after{i}", "value": "ok"},
-                                        timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                async with session.post(
+                    target.url + "/put",
+                    json={"key": f"after{i}", "value": "ok"},
+                    timeout=aiohttp.ClientTimeout(total=5),
+                ) as resp:
                     assert resp.status == 200, await resp.text()
             still, _ = await wait_for_leased_leader(cluster, session, deadline_s=5)
             assert still == leader
     finally:
         cluster.stop_all()
-    rejected = [line for line in target.log_path.read_text(errors="replace").splitlines()
-                if "connection from 127.0.0.1" in line and "rejected" in line]
+    rejected = [
+        line
+        for line in target.log_path.read_text(errors="replace").splitlines()
+        if "connection from 127.0.0.1" in line and "rejected" in line
+    ]
     assert len(rejected) >= 3, "the node should log each bad connection it dropped"

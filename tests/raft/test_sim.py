@@ -68,10 +68,23 @@ def test_simulation_exercises_every_fault_and_feature() -> None:
         total.update(sim.stats)
         leader_terms += len(sim.check.leaders)
     for key in (
-        "crash", "compact", "snapshot_install", "SNAP", "TIMEOUT_NOW", "TRANSFER_LEADER",
-        "PRE_VOTE", "VOTE", "conf_ADD_LEARNER", "conf_PROMOTE", "conf_REMOVE",
-        "partition_split", "partition_isolate_leader", "partition_cut_leader",
-        "partition_one_way", "partition_random_edges", "events_with_lease",
+        "crash",
+        "compact",
+        "snapshot_install",
+        "SNAP",
+        "TIMEOUT_NOW",
+        "TRANSFER_LEADER",
+        "PRE_VOTE",
+        "VOTE",
+        "conf_ADD_LEARNER",
+        "conf_PROMOTE",
+        "conf_REMOVE",
+        "partition_split",
+        "partition_isolate_leader",
+        "partition_cut_leader",
+        "partition_one_way",
+        "partition_random_edges",
+        "events_with_lease",
     ):
         assert total[key] > 0, f"the simulation never did {key}: {dict(total)}"
     assert leader_terms > 100
@@ -228,8 +241,7 @@ def _break_heartbeat_commit(mp: pytest.MonkeyPatch) -> None:
         self._round += 1
         self._round_sent_ms[self._round] = self._now
         for peer in self._prs:
-            self._send(raft_core.MessageType.HEARTBEAT, peer, commit=self._log.commit,
-                       context=self._round)
+            self._send(raft_core.MessageType.HEARTBEAT, peer, commit=self._log.commit, context=self._round)
 
     mp.setattr(RaftCore, "_bcast_heartbeat", bcast)
 

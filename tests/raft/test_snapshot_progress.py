@@ -15,8 +15,9 @@ DEADLINE_S = 20.0
 
 
 async def test_a_snapshot_being_sent_reports_its_bytes_until_it_is_done() -> None:
-    a, b = await started(make_node("a", secret=SECRET, max_frame_bytes=2 << 20),
-                         make_node("b", secret=SECRET, max_frame_bytes=2 << 20))
+    a, b = await started(
+        make_node("a", secret=SECRET, max_frame_bytes=2 << 20), make_node("b", secret=SECRET, max_frame_bytes=2 << 20)
+    )
     try:
         total = 16 << 20
         assert a.transport.snapshots_in_flight() == {}

@@ -9,8 +9,20 @@ import pytest
 
 from tests.raft.test_core import Cluster
 
-STATUS_KEYS = {"id", "role", "term", "vote", "leader", "commit", "applied", "first_index", "last_index",
-               "lease_remaining_ms", "transferring_to", "members"}
+STATUS_KEYS = {
+    "id",
+    "role",
+    "term",
+    "vote",
+    "leader",
+    "commit",
+    "applied",
+    "first_index",
+    "last_index",
+    "lease_remaining_ms",
+    "transferring_to",
+    "members",
+}
 MEMBER_KEYS = {"voter", "match", "next", "state", "last_contact_ms_ago", "contacted"}
 
 

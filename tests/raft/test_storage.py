@@ -172,8 +172,9 @@ def test_strict_is_one_fsync_per_save_and_relaxed_none(tmp_path: Path) -> None:
     st.close()  # flushes the unsynced save
     assert st.fsync_count == base + 2
 
-    rl = RaftStorage.open(tmp_path / "r", durability="relaxed", segment_bytes=4096,
-                          on_fsync=lambda s: pytest.fail("relaxed mode fsynced"))
+    rl = RaftStorage.open(
+        tmp_path / "r", durability="relaxed", segment_bytes=4096, on_fsync=lambda s: pytest.fail("relaxed mode fsynced")
+    )
     for i in range(1, 200, 10):
         rl.save(HardState(1, "n1", i), ents(1, i, 10))
     rl.save_snapshot(SnapshotMeta(150, 1, CONF))
@@ -326,7 +327,7 @@ def test_a_record_copied_into_entry_data_does_not_make_a_torn_tail_look_corrupt(
     st.close()
     (seg,) = segments(tmp_path)
     off, length = records(seg)[-2]
-    a_record = seg.read_bytes()[off:off + length]
+    a_record = seg.read_bytes()[off : off + length]
     st, before = reopen(tmp_path)
     st.save(None, [Entry(1, 4, data=b"x" * 7 + a_record + b"y" * 200)])
     st.close()
@@ -388,8 +389,9 @@ def test_zeroes_from_a_sector_inside_a_record_end_the_log_before_it(tmp_path: Pa
     a later page of the same unsynced write did reach the disk."""
     before, start, later = _log_with_unsynced_tail(tmp_path)
     (seg,) = segments(tmp_path)
-    k, (off, length) = next((k, r) for k, r in enumerate(later[1:], 1)
-                            if r[0] // 512 != (r[0] + r[1] - 1) // 512)  # spans a boundary
+    k, (off, length) = next(
+        (k, r) for k, r in enumerate(later[1:], 1) if r[0] // 512 != (r[0] + r[1] - 1) // 512
+    )  # spans a boundary
     boundary = (off // 512 + 1) * 512
     zero_to = later[k + 2][0] + 50  # into a later record; well-formed records follow
     _overwrite(seg, boundary, bytes(zero_to - boundary))
@@ -433,7 +435,7 @@ def _entry_record(seg: Path, index: int) -> tuple[int, int]:
     """Offset and length of the record holding entry `index` (found by its payload text)."""
     buf = seg.read_bytes()
     for off, length in records(seg):
-        if f"t1i{index}-".encode() in buf[off:off + length]:
+        if f"t1i{index}-".encode() in buf[off : off + length]:
             return off, length
     raise AssertionError(f"entry {index} not found")
 
@@ -529,7 +531,6 @@ def test_power_loss_keeps_every_synced_save(tmp_path: Path, monkeypatch, seed: i
     assert explain_crash_state(ops, acked, state) is None, explain_crash_state(ops, acked, state)
 
 
-
 class _Child:
     """The crash child process, with deadline-bounded line reads of its stdout."""
 
@@ -539,8 +540,19 @@ class _Child:
         if failpoints:
             env[FAILPOINT_ENV] = failpoints
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.raft.storage_crash_child", str(dir), str(seed), str(n_ops),
-             str(segment_bytes)], stdout=subprocess.PIPE, cwd=REPO, env=env)
+            [
+                sys.executable,
+                "-m",
+                "tests.raft.storage_crash_child",
+                str(dir),
+                str(seed),
+                str(n_ops),
+                str(segment_bytes),
+            ],
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+            env=env,
+        )
         self._poll = select.poll()
         self._poll.register(self.proc.stdout.fileno(), select.POLLIN)
         self._buf = b""
@@ -603,12 +615,19 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path: Path, trial: int) -> None:
 
 
 FAILPOINT_CASES = [
-    ("storage.save.after-write", 1), ("storage.save.after-write", 37), ("storage.save.after-write", 150),
-    ("storage.save.after-fsync", 1), ("storage.save.after-fsync", 90),
-    ("storage.rotate.after-tmp", 1), ("storage.rotate.after-tmp", 6),
-    ("storage.rotate.after-rename", 1), ("storage.rotate.after-rename", 6),
-    ("storage.snapshot.after-write", 1), ("storage.snapshot.after-write", 3),
-    ("storage.compact.mid-delete", 1), ("storage.compact.mid-delete", 2),
+    ("storage.save.after-write", 1),
+    ("storage.save.after-write", 37),
+    ("storage.save.after-write", 150),
+    ("storage.save.after-fsync", 1),
+    ("storage.save.after-fsync", 90),
+    ("storage.rotate.after-tmp", 1),
+    ("storage.rotate.after-tmp", 6),
+    ("storage.rotate.after-rename", 1),
+    ("storage.rotate.after-rename", 6),
+    ("storage.snapshot.after-write", 1),
+    ("storage.snapshot.after-write", 3),
+    ("storage.compact.mid-delete", 1),
+    ("storage.compact.mid-delete", 2),
 ]
 
 

@@ -81,8 +81,10 @@ async def test_reconnect_after_the_peer_restarts(pair: tuple[Node, Node]) -> Non
     assert (await b.recv()).index == 1
     port = b.transport.port
     await b.transport.stop()
-    await eventually(lambda: "b" in a.unreachable or a.transport.stats.connect_failures > 0
-                     or _send_and_count_drop(a), deadline_s=DEADLINE)
+    await eventually(
+        lambda: "b" in a.unreachable or a.transport.stats.connect_failures > 0 or _send_and_count_drop(a),
+        deadline_s=DEADLINE,
+    )
     b2 = make_node("b", port=port, secret=SECRET)
     await b2.transport.start()
     b2.transport.set_peers({"a": a.addr})
@@ -175,8 +177,7 @@ async def test_a_peer_that_keeps_dropping_us_is_not_redialed_in_a_hot_loop() -> 
         writer.write(frame(KIND_HELLO, msgpack.packb(["dex-ha-raft", 1, challenge], use_bin_type=True)))
         kind, body = await peer.read_frame()
         _, theirs, _ = msgpack.unpackb(body)
-        writer.write(frame(KIND_AUTH_OK, msgpack.packb(["b", mac(SECRET, "acceptor", theirs, "b")],
-                                                         use_bin_type=True)))
+        writer.write(frame(KIND_AUTH_OK, msgpack.packb(["b", mac(SECRET, "acceptor", theirs, "b")], use_bin_type=True)))
         await writer.drain()
         writer.close()  # authenticated, then gone
 
@@ -233,8 +234,9 @@ SNAP_META = SnapshotMeta(index=1234, term=7, conf_state=ConfState(voters=("a", "
 
 
 async def test_a_10_mib_snapshot_arrives_whole_in_chunks() -> None:
-    a, b = await started(make_node("a", secret=SECRET, max_frame_bytes=2 << 20),
-                         make_node("b", secret=SECRET, max_frame_bytes=2 << 20))
+    a, b = await started(
+        make_node("a", secret=SECRET, max_frame_bytes=2 << 20), make_node("b", secret=SECRET, max_frame_bytes=2 << 20)
+    )
     try:
         data = os.urandom(10 << 20)  # 10 MiB: five times the frame limit
         snap = Message(MessageType.SNAP, "b", "a", term=7, snapshot=SNAP_META, data=data)
@@ -253,8 +255,7 @@ async def test_a_10_mib_snapshot_arrives_whole_in_chunks() -> None:
 
 
 async def test_a_snapshot_above_the_receivers_limit_drops_the_connection(caplog) -> None:
-    a, b = await started(make_node("a", secret=SECRET),
-                         make_node("b", secret=SECRET, max_snapshot_bytes=1 << 20))
+    a, b = await started(make_node("a", secret=SECRET), make_node("b", secret=SECRET, max_snapshot_bytes=1 << 20))
     try:
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             a.transport.send(Message(MessageType.SNAP, "b", "a", snapshot=SNAP_META, data=b"x" * (2 << 20)))
@@ -270,7 +271,8 @@ async def test_a_snapshot_above_the_receivers_limit_drops_the_connection(caplog)
 
 @pytest.mark.parametrize("second_offset", [7, 3, 0])
 async def test_a_snapshot_chunk_that_does_not_continue_drops_the_connection(
-        pair: tuple[Node, Node], caplog, second_offset: int) -> None:
+    pair: tuple[Node, Node], caplog, second_offset: int
+) -> None:
     a, b = pair
     raw = await RawPeer.connect(b.transport.port)
     await raw.handshake("a", SECRET)
@@ -344,11 +346,16 @@ async def test_the_dialer_refuses_an_impostor_acceptor(caplog) -> None:
     got_messages: list[bytes] = []
 
     async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(frame(KIND_HELLO, msgpack.packb(["dex-ha-raft", PROTOCOL_VERSION, os.urandom(32)],
-                                                     use_bin_type=True)))
+        writer.write(
+            frame(KIND_HELLO, msgpack.packb(["dex-ha-raft", PROTOCOL_VERSION, os.urandom(32)], use_bin_type=True))
+        )
         await reader.readexactly(struct.unpack(">I", await reader.readexactly(4))[0])  # AUTH, unchecked
-        writer.write(frame(KIND_AUTH_OK, msgpack.packb(["b", mac(b"guessed-secret-123", "acceptor", b"?" * 32, "b")],
-                                                         use_bin_type=True)))
+        writer.write(
+            frame(
+                KIND_AUTH_OK,
+                msgpack.packb(["b", mac(b"guessed-secret-123", "acceptor", b"?" * 32, "b")], use_bin_type=True),
+            )
+        )
         got_messages.append(await reader.read(65536))  # anything the dialer sends next
         writer.close()
 
@@ -501,8 +508,13 @@ def certs(tmp_path_factory):
 @pytest.mark.parametrize("secret", [None, SECRET], ids=["tls-only", "tls-and-secret"])
 async def test_mutual_tls_carries_messages(certs, secret: bytes | None) -> None:
     def node(nid: str) -> Node:
-        return make_node(nid, secret=secret, ssl_server=certs.server_ctx(),
-                         ssl_client=certs.client_ctx(certs.node_cert, certs.node_key))
+        return make_node(
+            nid,
+            secret=secret,
+            ssl_server=certs.server_ctx(),
+            ssl_client=certs.client_ctx(certs.node_cert, certs.node_key),
+        )
+
     a, b = await started(node("a"), node("b"))
     try:
         await still_talking(a, b)
@@ -518,12 +530,11 @@ async def test_mutual_tls_refuses_a_client_without_a_valid_certificate(certs, ca
     b = make_node("b", ssl_server=certs.server_ctx(), ssl_client=certs.client_ctx(certs.node_cert, certs.node_key))
     await b.transport.start()
     try:
-        ctx = (certs.client_ctx() if client_cert == "none"
-               else certs.client_ctx(certs.rogue_cert, certs.rogue_key))
+        ctx = certs.client_ctx() if client_cert == "none" else certs.client_ctx(certs.rogue_cert, certs.rogue_key)
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             try:
                 raw = await RawPeer.connect(b.transport.port, ssl_ctx=ctx)
-            except (ssl_errors()) :
+            except ssl_errors():
                 raw = None  # refused during the TLS handshake itself
             if raw is not None:
                 with pytest.raises((asyncio.IncompleteReadError, *ssl_errors())):
@@ -536,6 +547,7 @@ async def test_mutual_tls_refuses_a_client_without_a_valid_certificate(certs, ca
 
 def ssl_errors() -> tuple[type[BaseException], ...]:
     import ssl
+
     return (ssl.SSLError, ConnectionError)
 
 

@@ -34,7 +34,6 @@ entries = st.builds(Entry, u64, u64, st.sampled_from(list(EntryType)), st.binary
 metas = st.builds(SnapshotMeta, u64, u64, st.builds(ConfState, st.tuples(ids, ids), st.tuples(ids)))
 
 
-
 def _wire_shape(m: Message) -> Message:
     """A heartbeat's lease window travels in the index slot, which heartbeats leave unused;
     other messages carry no window."""
@@ -46,8 +45,21 @@ def _wire_shape(m: Message) -> Message:
 
 
 messages = st.builds(
-    Message, st.sampled_from(list(MessageType)), ids, ids, u64, u64, u64, st.lists(entries, max_size=4),
-    u64, st.booleans(), u64, u64, st.none() | metas, st.binary(max_size=64), u64,
+    Message,
+    st.sampled_from(list(MessageType)),
+    ids,
+    ids,
+    u64,
+    u64,
+    u64,
+    st.lists(entries, max_size=4),
+    u64,
+    st.booleans(),
+    u64,
+    u64,
+    st.none() | metas,
+    st.binary(max_size=64),
+    u64,
 ).map(_wire_shape)
 
 
@@ -96,14 +108,17 @@ def test_garbage_never_escapes_as_anything_but_malformed(buf: bytes) -> None:
         pass
 
 
-@pytest.mark.parametrize("raw", [
-    [1, 0, "n1", "n2"],                                   # wrong arity
-    [2, 0, "n1", "n2", 0, 0, 0, [], 0, False, 0, 0, None, b""],   # unknown version
-    [1, 99, "n1", "n2", 0, 0, 0, [], 0, False, 0, 0, None, b""],  # unknown type
-    [1, 0, 5, "n2", 0, 0, 0, [], 0, False, 0, 0, None, b""],      # id not a string
-    [1, 0, "n1", "n2", -1, 0, 0, [], 0, False, 0, 0, None, b""],  # negative term
-    [1, 0, "n1", "n2", 0, 0, 0, [[1]], 0, False, 0, 0, None, b""],  # broken entry
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [1, 0, "n1", "n2"],  # wrong arity
+        [2, 0, "n1", "n2", 0, 0, 0, [], 0, False, 0, 0, None, b""],  # unknown version
+        [1, 99, "n1", "n2", 0, 0, 0, [], 0, False, 0, 0, None, b""],  # unknown type
+        [1, 0, 5, "n2", 0, 0, 0, [], 0, False, 0, 0, None, b""],  # id not a string
+        [1, 0, "n1", "n2", -1, 0, 0, [], 0, False, 0, 0, None, b""],  # negative term
+        [1, 0, "n1", "n2", 0, 0, 0, [[1]], 0, False, 0, 0, None, b""],  # broken entry
+    ],
+)
 def test_malformed_shapes_are_rejected(raw: list) -> None:
     with pytest.raises(MalformedMessage):
         decode_message(msgpack.packb(raw, use_bin_type=True))

@@ -57,6 +57,7 @@ class Node:
     async def recv_n(self, n: int, timeout: float = DEADLINE) -> list[Message]:
         async def take() -> list[Message]:
             return [await self.inbox.get() for _ in range(n)]
+
         return await asyncio.wait_for(take(), timeout)
 
 
@@ -64,9 +65,14 @@ def make_node(node_id: str, port: int | None = 0, **kw) -> Node:
     """port None: no listener."""
     holder: list[Node] = []
     transport = RaftTransport(
-        node_id, None if port is None else (LOOPBACK, port), {}, lambda m: holder[0].inbox.put_nowait(m),
+        node_id,
+        None if port is None else (LOOPBACK, port),
+        {},
+        lambda m: holder[0].inbox.put_nowait(m),
         on_unreachable=lambda p: holder[0].unreachable.append(p),
-        on_snapshot_sent=lambda p, ok: holder[0].snapshots_sent.append((p, ok)), **kw)
+        on_snapshot_sent=lambda p, ok: holder[0].snapshots_sent.append((p, ok)),
+        **kw,
+    )
     holder.append(Node(transport))
     return holder[0]
 
@@ -78,8 +84,17 @@ async def connect_all(*nodes: Node) -> None:
 
 def app(frm: str, to: str, i: int, size: int = 256) -> Message:
     from dex_ha.raft.types import Entry
-    return Message(MessageType.APP, to=to, frm=frm, term=3, log_term=3, index=i, commit=i,
-                   entries=[Entry(3, i + 1, data=bytes([i % 256]) * size)])
+
+    return Message(
+        MessageType.APP,
+        to=to,
+        frm=frm,
+        term=3,
+        log_term=3,
+        index=i,
+        commit=i,
+        entries=[Entry(3, i + 1, data=bytes([i % 256]) * size)],
+    )
 
 
 # ---------------------------------------------------------------------------- raw peer
@@ -90,12 +105,12 @@ def frame(kind: int, body: bytes) -> bytes:
 
 
 def mac(secret: bytes, role: str, challenge: bytes, node_id: str) -> bytes:
-    return hmac.new(secret, f"dex-ha-raft {role}\0".encode() + challenge + node_id.encode(),
-                    hashlib.sha256).digest()
+    return hmac.new(secret, f"dex-ha-raft {role}\0".encode() + challenge + node_id.encode(), hashlib.sha256).digest()
 
 
-def dialer_frame_key(secret: bytes, dialer_challenge: bytes, acceptor_challenge: bytes,
-                     dialer_id: str, acceptor_id: str) -> bytes:
+def dialer_frame_key(
+    secret: bytes, dialer_challenge: bytes, acceptor_challenge: bytes, dialer_id: str, acceptor_id: str
+) -> bytes:
     """HKDF-SHA256 (RFC 5869), one block: extract with the two challenges as salt, expand
     with the label, the length-prefixed ids and the direction."""
     prk = hmac.new(dialer_challenge + acceptor_challenge, secret, hashlib.sha256).digest()
@@ -118,8 +133,10 @@ class RawPeer:
 
     @classmethod
     async def connect(cls, port: int, ssl_ctx: ssl.SSLContext | None = None) -> RawPeer:
-        r, w = await asyncio.wait_for(asyncio.open_connection(
-            LOOPBACK, port, ssl=ssl_ctx, server_hostname=LOOPBACK if ssl_ctx else None), DEADLINE)
+        r, w = await asyncio.wait_for(
+            asyncio.open_connection(LOOPBACK, port, ssl=ssl_ctx, server_hostname=LOOPBACK if ssl_ctx else None),
+            DEADLINE,
+        )
         return cls(r, w)
 
     async def read_frame(self) -> tuple[int, bytes]:
@@ -127,10 +144,12 @@ class RawPeer:
             (n,) = struct.unpack(">I", await self.reader.readexactly(4))
             body = await self.reader.readexactly(n)
             return body[0], body[1:]
+
         return await asyncio.wait_for(read(), DEADLINE)
 
-    async def handshake(self, node_id: str, secret: bytes | None, *, acceptor: str = "b",
-                        mac_override: bytes | None = None) -> None:
+    async def handshake(
+        self, node_id: str, secret: bytes | None, *, acceptor: str = "b", mac_override: bytes | None = None
+    ) -> None:
         """Answer the HELLO of `acceptor` as dialer `node_id`. With a secret, send_frame()
         then tags frames as the transport expects (without TLS, which RawPeer does not use
         after a handshake)."""
@@ -139,8 +158,9 @@ class RawPeer:
         proto, version, challenge = msgpack.unpackb(body)
         assert (proto, version, len(challenge)) == ("dex-ha-raft", PROTOCOL_VERSION, 32)
         mine = self.my_challenge = os.urandom(32)
-        answer = mac_override if mac_override is not None else (
-            mac(secret, "dialer", challenge, node_id) if secret else b"")
+        answer = (
+            mac_override if mac_override is not None else (mac(secret, "dialer", challenge, node_id) if secret else b"")
+        )
         self.send_raw(frame(KIND_AUTH, msgpack.packb([node_id, mine, answer], use_bin_type=True)))
         if secret is not None:
             self.frame_key = dialer_frame_key(secret, mine, challenge, node_id, acceptor)
@@ -171,9 +191,11 @@ class RawPeer:
 
     async def closed_by_peer(self) -> bool:
         """True once the other side closed the connection (EOF or reset) within the deadline."""
+
         async def drain() -> None:
             while await self.reader.read(65536):
                 pass
+
         try:
             await asyncio.wait_for(drain(), DEADLINE)
         except (ConnectionError, ssl.SSLError):
@@ -223,8 +245,11 @@ def make_certs(dir: Path) -> Certs:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
     def write_key(key, path: Path) -> Path:
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         return path
 
     def write_cert(cert, path: Path) -> Path:
@@ -233,25 +258,38 @@ def make_certs(dir: Path) -> Certs:
 
     def ca(cn: str):
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(name(cn))
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5))
-                .not_valid_after(now + datetime.timedelta(days=1))
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                .sign(key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(name(cn))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256())
+        )
         return key, cert
 
     def leaf(ca_key, ca_cert, cn: str):
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca_cert.subject)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - datetime.timedelta(minutes=5))
-                .not_valid_after(now + datetime.timedelta(days=1))
-                .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(LOOPBACK))]),
-                               critical=False)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                      ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-                .sign(ca_key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(LOOPBACK))]), critical=False
+            )
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
         return key, cert
 
     ca_key, ca_cert = ca("dex-ha test CA")
@@ -260,9 +298,11 @@ def make_certs(dir: Path) -> Certs:
     rogue_key, rogue_cert = leaf(other_ca_key, other_ca_cert, "rogue")
     return Certs(
         ca=write_cert(ca_cert, dir / "ca.pem"),
-        node_cert=write_cert(node_cert, dir / "node.pem"), node_key=write_key(node_key, dir / "node.key"),
+        node_cert=write_cert(node_cert, dir / "node.pem"),
+        node_key=write_key(node_key, dir / "node.key"),
         rogue_cert=write_cert(rogue_cert, dir / "rogue.pem"),
-        rogue_key=write_key(rogue_key, dir / "rogue.key"))
+        rogue_key=write_key(rogue_key, dir / "rogue.key"),
+    )
 
 
 # ---------------------------------------------------------------------------- relay

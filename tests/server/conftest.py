@@ -65,6 +65,7 @@ async def http(request: pytest.FixtureRequest) -> AsyncIterator[HttpFactory]:
     """`http(node)` or `http(url)`: an HttpApi on one aiohttp session, closed afterwards."""
     clients: list[HttpApi] = []
     async with aiohttp.ClientSession() as session:
+
         def make(target: NodeServer | str, *, auth: bool = True) -> HttpApi:
             url = target if isinstance(target, str) else base_url(target)
             client = HttpApi(url, session, auth=auth)

@@ -34,8 +34,7 @@ from tests.support.waiting import eventually
 CLIENT_TOKEN = "client-token-routes-0123456789"
 WORKER_TOKEN = "worker-token-routes-0123456789"
 ADMIN_TOKEN = "admin-token-routes-0123456789"
-TOKENS: dict[str, tuple[str, ...]] = {"client": (CLIENT_TOKEN,), "worker": (WORKER_TOKEN,),
-                                      "admin": (ADMIN_TOKEN,)}
+TOKENS: dict[str, tuple[str, ...]] = {"client": (CLIENT_TOKEN,), "worker": (WORKER_TOKEN,), "admin": (ADMIN_TOKEN,)}
 TOKEN_OF_ROLE = {"client": CLIENT_TOKEN, "worker": WORKER_TOKEN, "admin": ADMIN_TOKEN}
 CLUSTER_SECRET = "cluster-secret-routes-0123456789"
 
@@ -87,8 +86,11 @@ class ClusterPlan:
     @classmethod
     def on_free_ports(cls, root: Path, node_ids: list[str]) -> ClusterPlan:
         ports = free_ports(2 * len(node_ids))
-        return cls(root, {nid: ports[2 * i] for i, nid in enumerate(node_ids)},
-                   {nid: ports[2 * i + 1] for i, nid in enumerate(node_ids)})
+        return cls(
+            root,
+            {nid: ports[2 * i] for i, nid in enumerate(node_ids)},
+            {nid: ports[2 * i + 1] for i, nid in enumerate(node_ids)},
+        )
 
     def url(self, node_id: str) -> str:
         return f"http://127.0.0.1:{self.http_ports[node_id]}"
@@ -96,10 +98,18 @@ class ClusterPlan:
     def config(self, node_id: str, **overrides: Any) -> ServerConfig:
         peers = tuple(Peer(nid, ("127.0.0.1", port), self.url(nid)) for nid, port in self.raft_ports.items())
         config = ServerConfig(
-            node_id=node_id, data_dir=self.root / node_id, http_listen=("127.0.0.1", self.http_ports[node_id]),
-            url=self.url(node_id), raft_listen=("127.0.0.1", self.raft_ports[node_id]), peers=peers,
-            durability="relaxed", cluster_secret=CLUSTER_SECRET, tokens=TOKENS,
-            election_timeout_min_ms=300, election_timeout_max_ms=600)
+            node_id=node_id,
+            data_dir=self.root / node_id,
+            http_listen=("127.0.0.1", self.http_ports[node_id]),
+            url=self.url(node_id),
+            raft_listen=("127.0.0.1", self.raft_ports[node_id]),
+            peers=peers,
+            durability="relaxed",
+            cluster_secret=CLUSTER_SECRET,
+            tokens=TOKENS,
+            election_timeout_min_ms=300,
+            election_timeout_max_ms=600,
+        )
         return replace(config, **overrides)
 
 
@@ -160,17 +170,32 @@ class HttpApi:
             return {}
         return {"Authorization": f"Bearer {TOKEN_OF_ROLE[role]}"}
 
-    async def call(self, method: str, path: str, *, role: str | None = None, json_body: Any = None,
-                   data: Any = None, params: dict[str, str] | None = None,
-                   headers: dict[str, str] | None = None, timeout_s: float = 30.0) -> Reply:
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        role: str | None = None,
+        json_body: Any = None,
+        data: Any = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+    ) -> Reply:
         """One request; `json_body` is sent as JSON, `data` as given (bytes, generator)."""
         all_headers = {**self.auth_header(role), **(headers or {})}
         if json_body is not None:
             data = json.dumps(json_body).encode()
             all_headers.setdefault("Content-Type", "application/json")
         started = time.monotonic()
-        async with self.session.request(method, self.url + path, data=data, params=params, headers=all_headers,
-                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        async with self.session.request(
+            method,
+            self.url + path,
+            data=data,
+            params=params,
+            headers=all_headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as response:
             text = await response.text()
             elapsed = time.monotonic() - started
             body: Any = text
@@ -182,10 +207,13 @@ class HttpApi:
             self.hits.append((name, reply.status))
         return reply
 
-    async def get_bytes(self, path: str, role: str | None, timeout_s: float = 30.0) -> tuple[int, bytes, dict[str, str]]:
+    async def get_bytes(
+        self, path: str, role: str | None, timeout_s: float = 30.0
+    ) -> tuple[int, bytes, dict[str, str]]:
         """A GET whose answer is not text (a backup file): (status, body bytes, headers)."""
-        async with self.session.get(self.url + path, headers=self.auth_header(role),
-                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        async with self.session.get(
+            self.url + path, headers=self.auth_header(role), timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
             status, body, headers = response.status, await response.read(), dict(response.headers)
         name = route_of("GET", path)
         if name is not None:
@@ -226,19 +254,32 @@ class HttpApi:
 
     async def poll_one(self, agent: str, worker_id: str = "worker-1", wait_ms: int = 5_000) -> dict[str, Any]:
         """Poll until one task of `agent` is handed out (the node's wait_ms is the deadline)."""
-        reply = expect(await self.post("/v1/worker/poll", {"worker_id": worker_id, "agents": [agent],
-                                                           "max_tasks": 1, "wait_ms": wait_ms}, role="worker"), 200)
+        reply = expect(
+            await self.post(
+                "/v1/worker/poll",
+                {"worker_id": worker_id, "agents": [agent], "max_tasks": 1, "wait_ms": wait_ms},
+                role="worker",
+            ),
+            200,
+        )
         tasks = reply["tasks"]
         assert len(tasks) == 1, f"expected one task of agent {agent!r} within {wait_ms} ms, got {tasks}"
         return tasks[0]
 
     async def complete(self, task: dict[str, Any], result: Any, worker_id: str = "worker-1") -> dict[str, Any]:
         """Complete `task` as the Worker that polled it (poll_one's default Worker unless told)."""
-        return expect(await self.post(f"/v1/worker/tasks/{task['task_token']}/complete",
-                                      {"worker_id": worker_id, "result": result}, role="worker"), 200)
+        return expect(
+            await self.post(
+                f"/v1/worker/tasks/{task['task_token']}/complete",
+                {"worker_id": worker_id, "result": result},
+                role="worker",
+            ),
+            200,
+        )
 
-    async def start_turn_with_tool_calls(self, agent: str, session_id: str, tools: list[dict[str, Any]],
-                                         calls: list[dict[str, Any]]) -> dict[str, Any]:
+    async def start_turn_with_tool_calls(
+        self, agent: str, session_id: str, tools: list[dict[str, Any]], calls: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         """Register `agent`, create the session, send a message, and complete its RunModel
         step with `calls`; returns the session snapshot after that."""
         await self.register_agent(agent, tools)
@@ -333,8 +374,11 @@ class SseStream:
                 self.seen.append(event)
                 return event
 
-    async def until(self, predicate: Callable[[SseEvent], bool], timeout_s: float = SSE_DEADLINE_S,
-                    ) -> list[SseEvent]:
+    async def until(
+        self,
+        predicate: Callable[[SseEvent], bool],
+        timeout_s: float = SSE_DEADLINE_S,
+    ) -> list[SseEvent]:
         """Events read up to and including the first that matches `predicate`."""
         deadline = time.monotonic() + timeout_s
         read: list[SseEvent] = []
@@ -345,22 +389,45 @@ class SseStream:
                 return read
 
 
-async def open_sse(api: HttpApi, session_id: str, *, last_event_id: str | None = None,
-                   after: str | None = None) -> tuple[aiohttp.ClientResponse, SseStream]:
+async def open_sse(
+    api: HttpApi, session_id: str, *, last_event_id: str | None = None, after: str | None = None
+) -> tuple[aiohttp.ClientResponse, SseStream]:
     """Open the session's event stream; the caller closes the response."""
     headers = api.auth_header("client")
     if last_event_id is not None:
         headers["Last-Event-ID"] = last_event_id
     params = {"after": after} if after is not None else None
     path = f"/v1/sessions/{session_id}/events"
-    response = await api.session.get(api.url + path, headers=headers, params=params,
-                                     timeout=aiohttp.ClientTimeout(total=None, sock_read=None))
+    response = await api.session.get(
+        api.url + path, headers=headers, params=params, timeout=aiohttp.ClientTimeout(total=None, sock_read=None)
+    )
     api.hits.append(("session_events", response.status))
     return response, SseStream(response)
 
 
 __all__ = [
-    "ADMIN_TOKEN", "CLIENT_TOKEN", "ClusterPlan", "HttpApi", "Reply", "SseEvent", "SseStream",
-    "TOKENS", "WORKER_TOKEN", "assert_error", "base_url", "call_view", "concrete_path", "expect", "free_ports",
-    "is_ready", "model_result", "open_sse", "role_for", "route_of", "single_node_config", "start_node", "tool", "tool_call",
+    "ADMIN_TOKEN",
+    "CLIENT_TOKEN",
+    "ClusterPlan",
+    "HttpApi",
+    "Reply",
+    "SseEvent",
+    "SseStream",
+    "TOKENS",
+    "WORKER_TOKEN",
+    "assert_error",
+    "base_url",
+    "call_view",
+    "concrete_path",
+    "expect",
+    "free_ports",
+    "is_ready",
+    "model_result",
+    "open_sse",
+    "role_for",
+    "route_of",
+    "single_node_config",
+    "start_node",
+    "tool",
+    "tool_call",
 ]

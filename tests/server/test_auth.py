@@ -27,13 +27,24 @@ BEARER = {
 
 # route -> caller -> expected: a role (allowed, the role returned), None (allowed, no role), 401 or 403.
 EXPECTED = {
-    "create_session": {"client": "client", "worker": 403, "admin": "admin", "none": 401, "unknown": 401,
-                       "malformed": 401},
-    "worker_poll": {"client": 403, "worker": "worker", "admin": "admin", "none": 401, "unknown": 401,
-                    "malformed": 401},
+    "create_session": {
+        "client": "client",
+        "worker": 403,
+        "admin": "admin",
+        "none": 401,
+        "unknown": 401,
+        "malformed": 401,
+    },
+    "worker_poll": {"client": 403, "worker": "worker", "admin": "admin", "none": 401, "unknown": 401, "malformed": 401},
     "step_down": {"client": 403, "worker": 403, "admin": "admin", "none": 401, "unknown": 401, "malformed": 401},
-    "cluster": {"client": "client", "worker": "worker", "admin": "admin", "none": 401, "unknown": 401,
-                "malformed": 401},
+    "cluster": {
+        "client": "client",
+        "worker": "worker",
+        "admin": "admin",
+        "none": 401,
+        "unknown": 401,
+        "malformed": 401,
+    },
     "metrics": {"client": None, "worker": None, "admin": None, "none": None, "unknown": None, "malformed": None},
 }
 
@@ -90,22 +101,25 @@ def test_every_token_of_a_role_works(auth):
     assert auth.check(f"Bearer {SECOND_CLIENT_TOKEN}", ROUTES_BY_NAME["send_message"]) == "client"
 
 
-@pytest.mark.parametrize(("header", "role"), [
-    (f"Bearer {CLIENT_TOKEN}", "client"),
-    (f"bearer {WORKER_TOKEN}", "worker"),  # the scheme is case-insensitive
-    (f"  BEARER   {ADMIN_TOKEN}  ", "admin"),
-    (f"Bearer {CLIENT_TOKEN[:-1]}", None),  # a prefix is not the token
-    (f"Bearer {CLIENT_TOKEN}x", None),
-    (f"Bearer {CLIENT_TOKEN.upper()}", None),
-    (f"Bearer {CLIENT_TOKEN} {WORKER_TOKEN}", None),
-    (f"Basic {CLIENT_TOKEN}", None),
-    (CLIENT_TOKEN, None),
-    ("Bearer", None),
-    ("Bearer ", None),
-    ("", None),
-    (None, None),
-    ("Bearer tökén-with-non-ascii-chars", None),
-])
+@pytest.mark.parametrize(
+    ("header", "role"),
+    [
+        (f"Bearer {CLIENT_TOKEN}", "client"),
+        (f"bearer {WORKER_TOKEN}", "worker"),  # the scheme is case-insensitive
+        (f"  BEARER   {ADMIN_TOKEN}  ", "admin"),
+        (f"Bearer {CLIENT_TOKEN[:-1]}", None),  # a prefix is not the token
+        (f"Bearer {CLIENT_TOKEN}x", None),
+        (f"Bearer {CLIENT_TOKEN.upper()}", None),
+        (f"Bearer {CLIENT_TOKEN} {WORKER_TOKEN}", None),
+        (f"Basic {CLIENT_TOKEN}", None),
+        (CLIENT_TOKEN, None),
+        ("Bearer", None),
+        ("Bearer ", None),
+        ("", None),
+        (None, None),
+        ("Bearer tökén-with-non-ascii-chars", None),
+    ],
+)
 def test_role_of(auth, header, role):
     assert auth.role_of(header) == role
 
@@ -157,23 +171,30 @@ def test_every_configured_token_is_compared_with_compare_digest(monkeypatch, aut
 # ---------------------------------------------------------------- configuration errors
 
 
-@pytest.mark.parametrize(("tokens", "error", "words"), [
-    ({"operator": ["x" * 20]}, ValueError, ["'operator'"]),
-    ({"client": [""]}, ValueError, ["'client'", "empty"]),
-    ({"worker": ["fifteen-chars-x"]}, ValueError, ["'worker'", "shorter than 16"]),
-    ({"client": ["same-token-0123456789"], "admin": ["same-token-0123456789"]}, ValueError, ["'client'", "'admin'"]),
-    ({"client": "a-single-string-token"}, TypeError, ["'client'"]),
-    ({"client": [12345678901234567890]}, TypeError, ["'client'"]),
-    ({"client": ["has a space in it 0123"]}, ValueError, ["'client'"]),
-    ({"client": ["non-ascii-tökén-0123456"]}, ValueError, ["'client'"]),
-])
+@pytest.mark.parametrize(
+    ("tokens", "error", "words"),
+    [
+        ({"operator": ["x" * 20]}, ValueError, ["'operator'"]),
+        ({"client": [""]}, ValueError, ["'client'", "empty"]),
+        ({"worker": ["fifteen-chars-x"]}, ValueError, ["'worker'", "shorter than 16"]),
+        (
+            {"client": ["same-token-0123456789"], "admin": ["same-token-0123456789"]},
+            ValueError,
+            ["'client'", "'admin'"],
+        ),
+        ({"client": "a-single-string-token"}, TypeError, ["'client'"]),
+        ({"client": [12345678901234567890]}, TypeError, ["'client'"]),
+        ({"client": ["has a space in it 0123"]}, ValueError, ["'client'"]),
+        ({"client": ["non-ascii-tökén-0123456"]}, ValueError, ["'client'"]),
+    ],
+)
 def test_bad_configuration_is_refused(tokens, error, words):
     with pytest.raises(error) as caught:
         TokenAuth(tokens)
     for word in words:
         assert word in str(caught.value)
     for role_tokens in tokens.values():  # secrets stay out of error messages (they end up in logs)
-        for token in ([role_tokens] if isinstance(role_tokens, str) else role_tokens):
+        for token in [role_tokens] if isinstance(role_tokens, str) else role_tokens:
             if isinstance(token, str) and token:
                 assert token not in str(caught.value)
 

@@ -45,19 +45,30 @@ def test_lease_drift_margin_from_toml_and_environment(tmp_path: Path) -> None:
 
 
 def _base() -> ServerConfig:
-    return load_config(None, env={"DEX_HA_NODE_ID": "n1", "DEX_HA_DATA_DIR": "/tmp/x",
-                                  "DEX_HA_HTTP_LISTEN": "127.0.0.1:1", "DEX_HA_RAFT_LISTEN": "127.0.0.1:2",
-                                  "DEX_HA_JOIN": "true"}, insecure=True)
+    return load_config(
+        None,
+        env={
+            "DEX_HA_NODE_ID": "n1",
+            "DEX_HA_DATA_DIR": "/tmp/x",
+            "DEX_HA_HTTP_LISTEN": "127.0.0.1:1",
+            "DEX_HA_RAFT_LISTEN": "127.0.0.1:2",
+            "DEX_HA_JOIN": "true",
+        },
+        insecure=True,
+    )
 
 
-@pytest.mark.parametrize("changes,key", [
-    ({"lease_drift_margin_ms": 500}, "lease_drift_margin_ms"),  # = election_timeout_min_ms
-    ({"lease_drift_margin_ms": 501}, "lease_drift_margin_ms"),
-    ({"lease_drift_margin_ms": -1}, "lease_drift_margin_ms"),
-    ({"raft_heartbeat_interval_ms": 450}, "raft_heartbeat_interval_ms"),  # = 500 - 50
-    ({"raft_heartbeat_interval_ms": 0}, "raft_heartbeat_interval_ms"),
-    ({"election_timeout_min_ms": 200, "raft_heartbeat_interval_ms": 150}, "raft_heartbeat_interval_ms"),
-])
+@pytest.mark.parametrize(
+    "changes,key",
+    [
+        ({"lease_drift_margin_ms": 500}, "lease_drift_margin_ms"),  # = election_timeout_min_ms
+        ({"lease_drift_margin_ms": 501}, "lease_drift_margin_ms"),
+        ({"lease_drift_margin_ms": -1}, "lease_drift_margin_ms"),
+        ({"raft_heartbeat_interval_ms": 450}, "raft_heartbeat_interval_ms"),  # = 500 - 50
+        ({"raft_heartbeat_interval_ms": 0}, "raft_heartbeat_interval_ms"),
+        ({"election_timeout_min_ms": 200, "raft_heartbeat_interval_ms": 150}, "raft_heartbeat_interval_ms"),
+    ],
+)
 def test_check_refuses_lease_timing_that_cannot_work(changes: dict, key: str) -> None:
     config = replace(_base(), **changes)
     with pytest.raises(ConfigError, match=f"^{key}: "):
@@ -81,13 +92,24 @@ def test_the_node_hands_the_margin_to_raft(tmp_path: Path) -> None:
 def test_dev_takes_its_tunable_settings_from_the_environment_and_nothing_else():
     from dex_ha.server.config import dev_overrides_from_env
 
-    overrides = dev_overrides_from_env({"DEX_HA_MAX_INFLIGHT_REQUESTS": "64", "DEX_HA_PROBE_LISTEN": "127.0.0.1:9999",
-                                        "DEX_HA_NODE_ID": "not-for-dev", "DEX_HA_ELECTION_TIMEOUT_MIN_MS": "5"})
+    overrides = dev_overrides_from_env(
+        {
+            "DEX_HA_MAX_INFLIGHT_REQUESTS": "64",
+            "DEX_HA_PROBE_LISTEN": "127.0.0.1:9999",
+            "DEX_HA_NODE_ID": "not-for-dev",
+            "DEX_HA_ELECTION_TIMEOUT_MIN_MS": "5",
+        }
+    )
     assert overrides == {"max_inflight_requests": 64, "probe_listen": ("127.0.0.1", 9999)}
 
 
-@pytest.mark.parametrize("env, named", [({"DEX_HA_MAX_INFLIGHT_REQUESTS": "many"}, "DEX_HA_MAX_INFLIGHT_REQUESTS"),
-                                        ({"DEX_HA_PROBE_LISTEN": "nowhere"}, "DEX_HA_PROBE_LISTEN")])
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"DEX_HA_MAX_INFLIGHT_REQUESTS": "many"}, "DEX_HA_MAX_INFLIGHT_REQUESTS"),
+        ({"DEX_HA_PROBE_LISTEN": "nowhere"}, "DEX_HA_PROBE_LISTEN"),
+    ],
+)
 def test_dev_refuses_a_bad_setting_from_the_environment_naming_it(env, named):
     from dex_ha.server.config import dev_overrides_from_env
 

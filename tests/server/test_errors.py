@@ -27,21 +27,23 @@ from dex_ha.server.http_limits import BodyTimeout
 from dex_ha.server.validation import BodyTooLarge, InvalidRequest
 
 
-@pytest.mark.parametrize("error,status,code", [
-    (ApiError(404, "not_found", "no session 's1'"), 404, "not_found"),
-    (InvalidRequest("limit", "must be at least 1"), 400, "invalid"),
-    (AuthError(401, "a bearer token is required"), 401, "unauthorized"),
-    (AuthError(403, "needs the admin role"), 403, "forbidden"),
-    (UnknownMember("'n9' is not another voting member"), 404, "not_found"),
-    (BodyTimeout("body: did not arrive within 5 s"), 408, "request_timeout"),
-    (StepDownFailed("no other voter to hand the leadership to"), 409, "step_down_failed"),
-    (MemberNotCaughtUp("learner 'n4' is not caught up"), 409, "conflict"),
-    (BodyTooLarge(100, 101), 413, "too_large"),
-    (Overloaded("node n1 is at its bound"), 503, "overloaded"),
-    (NotServing("this node is draining: it hands out no new work"), 503, "not_active"),
-])
-def test_every_api_error_is_an_http_error_with_its_status_and_code(error: Exception, status: int,
-                                                                    code: str) -> None:
+@pytest.mark.parametrize(
+    "error,status,code",
+    [
+        (ApiError(404, "not_found", "no session 's1'"), 404, "not_found"),
+        (InvalidRequest("limit", "must be at least 1"), 400, "invalid"),
+        (AuthError(401, "a bearer token is required"), 401, "unauthorized"),
+        (AuthError(403, "needs the admin role"), 403, "forbidden"),
+        (UnknownMember("'n9' is not another voting member"), 404, "not_found"),
+        (BodyTimeout("body: did not arrive within 5 s"), 408, "request_timeout"),
+        (StepDownFailed("no other voter to hand the leadership to"), 409, "step_down_failed"),
+        (MemberNotCaughtUp("learner 'n4' is not caught up"), 409, "conflict"),
+        (BodyTooLarge(100, 101), 413, "too_large"),
+        (Overloaded("node n1 is at its bound"), 503, "overloaded"),
+        (NotServing("this node is draining: it hands out no new work"), 503, "not_active"),
+    ],
+)
+def test_every_api_error_is_an_http_error_with_its_status_and_code(error: Exception, status: int, code: str) -> None:
     assert isinstance(error, HttpError)
     assert (error.status, error.code) == (status, code)
     assert error.body() == {"error": code, "message": str(error)}
@@ -66,10 +68,14 @@ def test_extra_fields_go_into_the_body() -> None:
 
 
 def test_a_not_active_message_is_a_sentence_about_this_node() -> None:
-    assert str(NotServing("this node is draining: it hands out no new work")) == \
-        "this node is draining: it hands out no new work"
-    assert str(NotServing("the hand-out was not committed; poll again")) == \
-        "this node is not the active node (the hand-out was not committed; poll again)"
+    assert (
+        str(NotServing("this node is draining: it hands out no new work"))
+        == "this node is draining: it hands out no new work"
+    )
+    assert (
+        str(NotServing("the hand-out was not committed; poll again"))
+        == "this node is not the active node (the hand-out was not committed; poll again)"
+    )
 
 
 def test_raft_errors_become_not_active_or_too_large() -> None:
@@ -80,7 +86,10 @@ def test_raft_errors_become_not_active_or_too_large() -> None:
     assert isinstance(dropped, NotActive) and "ProposalDropped" in str(dropped)
     too_large = from_raft(EntryTooLarge(9_000_000, 8 << 20))
     assert (too_large.status, too_large.code) == (413, "too_large")
-    assert str(too_large) == "body: the command it makes is too large (entry of 9000000 bytes is above the limit of 8388608 bytes)"
+    assert (
+        str(too_large)
+        == "body: the command it makes is too large (entry of 9000000 bytes is above the limit of 8388608 bytes)"
+    )
 
 
 def test_the_admission_bound_says_which_node_sheds() -> None:
@@ -93,9 +102,10 @@ def test_the_admission_bound_says_which_node_sheds() -> None:
 
 def test_the_http_app_does_not_import_the_node_module() -> None:
     """node.py builds the app; the app names NodeServer only for the type checker."""
-    probe = ("import sys, dex_ha.server.app; "
-             "assert 'dex_ha.server.node' not in sys.modules, 'app imports node'; "
-             "import dex_ha.server.node")
-    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True,
-                          timeout=60)
+    probe = (
+        "import sys, dex_ha.server.app; "
+        "assert 'dex_ha.server.node' not in sys.modules, 'app imports node'; "
+        "import dex_ha.server.node"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -46,14 +46,23 @@ LONE_SURROGATE = '"\\ud800"'
 # (method, path, role, body with {v} where the value goes, the field the message must name)
 FREE_FORM_PLACES = [
     ("POST", "/v1/sessions", "client", '{"agent": "a", "metadata": {"k": {v}}}', "metadata.k"),
-    ("POST", f"{TOKEN_PATH}/complete", "worker", '{"result": {"status": "ok", "output": [1, {v}]}}',
-     "result.output[1]"),
+    (
+        "POST",
+        f"{TOKEN_PATH}/complete",
+        "worker",
+        '{"result": {"status": "ok", "output": [1, {v}]}}',
+        "result.output[1]",
+    ),
     ("POST", "/v1/sessions/s1/questions/q1/answer", "client", '{"answer": {"choice": {v}}}', "answer.choice"),
-    ("POST", "/v1/sessions/s1/tool-calls/c1/reconcile", "client", '{"outcome": "succeeded", "result": {v}}',
-     "result"),
+    ("POST", "/v1/sessions/s1/tool-calls/c1/reconcile", "client", '{"outcome": "succeeded", "result": {v}}', "result"),
     ("PUT", "/v1/agents/a", "worker", '{"tools": [], "metadata": {"k": {v}}}', "metadata.k"),
-    ("PUT", "/v1/agents/a", "worker", '{"tools": [{"name": "t", "effect": "read", "max_attempts": {v}}]}',
-     "tools[0].max_attempts"),
+    (
+        "PUT",
+        "/v1/agents/a",
+        "worker",
+        '{"tools": [{"name": "t", "effect": "read", "max_attempts": {v}}]}',
+        "tools[0].max_attempts",
+    ),
 ]
 INTEGERS = {"above_uint64": ABOVE_UINT64, "below_int64": BELOW_INT64, "5000_digits": FIVE_THOUSAND_DIGITS}
 
@@ -67,10 +76,12 @@ def place_id(place: tuple[str, ...]) -> str:
 
 
 @pytest.mark.parametrize("value", INTEGERS.values(), ids=INTEGERS.keys())
-@pytest.mark.parametrize(("method", "path", "role", "template", "field"), FREE_FORM_PLACES,
-                         ids=[place_id(p) for p in FREE_FORM_PLACES])
-async def test_an_integer_out_of_the_64_bit_range_is_400_naming_the_field(api: HttpApi, method, path, role,
-                                                                          template, field, value):
+@pytest.mark.parametrize(
+    ("method", "path", "role", "template", "field"), FREE_FORM_PLACES, ids=[place_id(p) for p in FREE_FORM_PLACES]
+)
+async def test_an_integer_out_of_the_64_bit_range_is_400_naming_the_field(
+    api: HttpApi, method, path, role, template, field, value
+):
     reply = await send_raw(api, method, path, role, template.replace("{v}", value))
     assert_error(reply, 400, "invalid", names=f"{field}: integer out of range")
 
@@ -83,8 +94,9 @@ SURROGATES = {"alone": LONE_SURROGATE, "inside text": '"abc\\udfffdef"', "high t
 
 
 @pytest.mark.parametrize("value", SURROGATES.values(), ids=SURROGATES.keys())
-@pytest.mark.parametrize(("method", "path", "role", "template", "field"), STRING_PLACES,
-                         ids=[place_id(p) for p in STRING_PLACES])
+@pytest.mark.parametrize(
+    ("method", "path", "role", "template", "field"), STRING_PLACES, ids=[place_id(p) for p in STRING_PLACES]
+)
 async def test_a_lone_surrogate_is_400_naming_the_field(api: HttpApi, method, path, role, template, field, value):
     reply = await send_raw(api, method, path, role, template.replace("{v}", value))
     assert_error(reply, 400, "invalid", names=f"{field}: must be valid Unicode text")
@@ -125,8 +137,10 @@ MALFORMED_HTTP = {
     "over-long request line": b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     "bad method": b"G(T /livez HTTP/1.1\r\nHost: x\r\n\r\n",
     "too many headers": b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-H%d: 1\r\n" % i for i in range(200)) + b"\r\n",
-    "bad chunk size": (b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-                       b"Content-Type: application/json\r\n\r\nzz\r\n"),
+    "bad chunk size": (
+        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/json\r\n\r\nzz\r\n"
+    ),
     "raw byte in path": b"GET /v1/sessions/\xff HTTP/1.1\r\nHost: x\r\n\r\n",
     "TLS on the HTTP port": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
 }
@@ -161,12 +175,19 @@ async def test_malformed_http_gets_a_json_error(node: NodeServer, api: HttpApi, 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 async def test_a_body_that_does_not_inflate_is_400(node: NodeServer, api: HttpApi, encoding: str):
-    status, headers, body = await raw_exchange(node, (
-        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-        b"Authorization: Bearer " + CLIENT_TOKEN.encode() + b"\r\n"
-        b"Content-Encoding: " + encoding.encode() + b"\r\nContent-Length: 10\r\n\r\n0123456789"))
+    status, headers, body = await raw_exchange(
+        node,
+        (
+            b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + CLIENT_TOKEN.encode() + b"\r\n"
+            b"Content-Encoding: " + encoding.encode() + b"\r\nContent-Length: 10\r\n\r\n0123456789"
+        ),
+    )
     assert status == 400 and headers["content-type"].startswith("application/json"), (status, body)
-    assert json.loads(body) == {"error": "invalid", "message": "body: cannot be read: its Content-Encoding does not decode"}
+    assert json.loads(body) == {
+        "error": "invalid",
+        "message": "body: cannot be read: its Content-Encoding does not decode",
+    }
 
 
 # A client that hangs up mid-body: 499, never a 500 (tests/server/test_http_limits.py).
@@ -197,8 +218,9 @@ BAD_POLL = '{"worker_id": "evil", "agents": ["\\ud800"], "wait_ms": 20000}'
 @pytest.mark.parametrize("agents", [["\ud800"], [""], ["line\nbreak"], ["x" * 201]], ids=repr)
 async def test_a_poll_for_an_agent_name_that_is_not_an_id_is_400(api: HttpApi, agents):
     started = time.monotonic()
-    reply = await api.post("/v1/worker/poll", {"worker_id": "w", "agents": ["ok", *agents], "wait_ms": 20_000},
-                           role="worker")
+    reply = await api.post(
+        "/v1/worker/poll", {"worker_id": "w", "agents": ["ok", *agents], "wait_ms": 20_000}, role="worker"
+    )
     assert_error(reply, 400, "invalid", names="agents[1]")
     assert time.monotonic() - started < DEADLINE_S
 
@@ -220,8 +242,9 @@ async def good_poll_gets_its_step(api: HttpApi, poll: asyncio.Task[Any]) -> None
 async def test_a_bad_poll_over_http_is_refused_and_a_good_worker_gets_its_step(api: HttpApi, caplog):
     caplog.set_level(logging.WARNING, logger="dex_ha.server.leader")
     bad = asyncio.create_task(send_raw(api, "POST", "/v1/worker/poll", "worker", BAD_POLL))
-    good = asyncio.create_task(api.post("/v1/worker/poll", {"worker_id": "good", "agents": ["helper"],
-                                                            "wait_ms": 5_000}, role="worker"))
+    good = asyncio.create_task(
+        api.post("/v1/worker/poll", {"worker_id": "good", "agents": ["helper"], "wait_ms": 5_000}, role="worker")
+    )
     await queue_a_model_step(api, "helper")
     await good_poll_gets_its_step(api, good)
     async with asyncio.timeout(DEADLINE_S):
@@ -229,15 +252,15 @@ async def test_a_bad_poll_over_http_is_refused_and_a_good_worker_gets_its_step(a
     assert not [r for r in caplog.records if "restarting it" in r.getMessage()], "a leader service crashed"
 
 
-async def test_a_poll_the_store_cannot_match_fails_alone_and_dispatch_goes_on(node: NodeServer, api: HttpApi,
-                                                                            caplog):
+async def test_a_poll_the_store_cannot_match_fails_alone_and_dispatch_goes_on(node: NodeServer, api: HttpApi, caplog):
     """The leader's own guard, below the route's validation: a poll whose agent names make
     the queue lookup raise gets that error; the dispatch service does not crash-loop."""
     caplog.set_level(logging.WARNING, logger="dex_ha.server.leader")
     leader = node.serving()
     bad = asyncio.create_task(leader.poll("evil", ["\ud800"], 1, 20_000))
-    good = asyncio.create_task(api.post("/v1/worker/poll", {"worker_id": "good", "agents": ["helper"],
-                                                            "wait_ms": 5_000}, role="worker"))
+    good = asyncio.create_task(
+        api.post("/v1/worker/poll", {"worker_id": "good", "agents": ["helper"], "wait_ms": 5_000}, role="worker")
+    )
     await queue_a_model_step(api, "helper")
     await good_poll_gets_its_step(api, good)
     with pytest.raises(InvalidRequest) as refused:
@@ -253,14 +276,16 @@ INT64_MAX = 2**63 - 1
 
 
 async def test_a_tool_timeout_too_long_for_a_deadline_is_refused_and_the_longest_allowed_is_handed_out(
-        api: HttpApi, caplog):
+    api: HttpApi, caplog
+):
     """With start_to_close_ms 2^63-1 accepted, every hand-out of the tool's step failed to
     apply (its deadline overflowed SQLite) and dispatch proposed it again at once, forever."""
     caplog.set_level(logging.WARNING, logger="dex_ha.server.leader")
     reply = await api.put("/v1/agents/slow", {"tools": [tool("crawl", "read", start_to_close_ms=INT64_MAX)]})
     assert_error(reply, 400, "invalid", names="definition.tools[0].start_to_close_ms")
-    await api.start_turn_with_tool_calls("slow", "s1", [tool("crawl", "read", start_to_close_ms=MAX_DURATION_MS)],
-                                         [tool_call("c1", "crawl")])
+    await api.start_turn_with_tool_calls(
+        "slow", "s1", [tool("crawl", "read", start_to_close_ms=MAX_DURATION_MS)], [tool_call("c1", "crawl")]
+    )
     task = await api.poll_one("slow")
     assert task["kind"] == "CallTool" and task["deadline_ms"] > time.time() * 1000 + MAX_DURATION_MS - 60_000
 

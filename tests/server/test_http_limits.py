@@ -100,8 +100,14 @@ def get(path: str) -> bytes:
 
 
 def post_head(path: str, content_length: int, more_headers: bytes = b"") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: dex\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {content_length}\r\n").encode() + more_headers + b"\r\n"
+    return (
+        (
+            f"POST {path} HTTP/1.1\r\nHost: dex\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {content_length}\r\n"
+        ).encode()
+        + more_headers
+        + b"\r\n"
+    )
 
 
 def sample(node: NodeServer, name: str, **labels: str) -> float:
@@ -111,9 +117,13 @@ def sample(node: NodeServer, name: str, **labels: str) -> float:
 
 def request_counts(node: NodeServer, route: str) -> dict[str, float]:
     """dex_http_requests_total of one route, by status code."""
-    return {s.labels["code"]: s.value for metric in node.metrics.registry.collect()
-            if metric.name == "dex_http_requests"
-            for s in metric.samples if s.name == "dex_http_requests_total" and s.labels["route"] == route}
+    return {
+        s.labels["code"]: s.value
+        for metric in node.metrics.registry.collect()
+        if metric.name == "dex_http_requests"
+        for s in metric.samples
+        if s.name == "dex_http_requests_total" and s.labels["route"] == route
+    }
 
 
 async def holds(what: Callable[[], bool]) -> bool:
@@ -124,7 +134,8 @@ async def holds(what: Callable[[], bool]) -> bool:
 
 
 async def test_half_sent_and_silent_connections_are_closed_within_the_header_timeout(
-        nodes: NodeFactory, tmp_path: Path) -> None:
+    nodes: NodeFactory, tmp_path: Path
+) -> None:
     timeout_s = 0.5
     node = await nodes(single_node_config(tmp_path / "n", http_header_timeout_ms=int(timeout_s * 1000)))
     baseline = open_fds()
@@ -141,12 +152,16 @@ async def test_half_sent_and_silent_connections_are_closed_within_the_header_tim
     for c in clients:
         c.close()
     assert sample(node, "dex_http_connections_rejected_total", reason="header_timeout") == len(clients)
-    await eventually(lambda: holds(lambda: sample(node, "dex_http_connections_open") == 0), deadline_s=5,
-                     what="dex_http_connections_open to return to 0")
+    await eventually(
+        lambda: holds(lambda: sample(node, "dex_http_connections_open") == 0),
+        deadline_s=5,
+        what="dex_http_connections_open to return to 0",
+    )
 
 
 async def test_an_idle_keep_alive_connection_outlives_the_header_timeout_but_not_a_stalled_request(
-        nodes: NodeFactory, tmp_path: Path) -> None:
+    nodes: NodeFactory, tmp_path: Path
+) -> None:
     timeout_s = 0.3
     node = await nodes(single_node_config(tmp_path / "n", http_header_timeout_ms=int(timeout_s * 1000)))
     conn = await connect(node.http_port, get("/livez"))
@@ -164,13 +179,21 @@ async def test_an_idle_keep_alive_connection_outlives_the_header_timeout_but_not
 
 
 async def test_long_polls_and_event_streams_outlast_the_read_timeouts(
-        nodes: NodeFactory, http: HttpFactory, tmp_path: Path) -> None:
+    nodes: NodeFactory, http: HttpFactory, tmp_path: Path
+) -> None:
     timeout_ms = 300
-    node = await nodes(single_node_config(tmp_path / "n", http_header_timeout_ms=timeout_ms,
-                                          http_body_timeout_ms=timeout_ms))
+    node = await nodes(
+        single_node_config(tmp_path / "n", http_header_timeout_ms=timeout_ms, http_body_timeout_ms=timeout_ms)
+    )
     api = http(node)
-    poll = expect(await api.post("/v1/worker/poll", {"worker_id": "w1", "agents": ["a"], "max_tasks": 1,
-                                                     "wait_ms": 5 * timeout_ms}, role="worker"), 200)
+    poll = expect(
+        await api.post(
+            "/v1/worker/poll",
+            {"worker_id": "w1", "agents": ["a"], "max_tasks": 1, "wait_ms": 5 * timeout_ms},
+            role="worker",
+        ),
+        200,
+    )
     assert poll == {"tasks": []}
 
     await api.register_agent("a", [tool("lookup")])
@@ -204,8 +227,8 @@ async def test_a_body_that_does_not_arrive_in_time_is_answered_408(nodes: NodeFa
 
 @pytest.mark.parametrize("path,route", [("/v1/sessions", "create_session"), ("/v1/worker/poll", "worker_poll")])
 async def test_a_client_that_goes_away_mid_body_is_a_499_logged_at_debug_not_a_server_error(
-        nodes: NodeFactory, http: HttpFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture,
-        path: str, route: str) -> None:
+    nodes: NodeFactory, http: HttpFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture, path: str, route: str
+) -> None:
     caplog.set_level(logging.DEBUG, logger="dex_ha.server.http")
     node = await nodes(single_node_config(tmp_path / "n", auth=False))
     # With Expect: 100-continue the node says when its handler reads the body (as curl waits for).
@@ -214,8 +237,11 @@ async def test_a_client_that_goes_away_mid_body_is_a_499_logged_at_debug_not_a_s
         assert await conn.reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
     await conn.send(b"{")
     conn.close()  # 999 bytes short
-    await eventually(lambda: holds(lambda: request_counts(node, route)), deadline_s=5,
-                     what=f"the request to be counted in dex_http_requests_total{{route={route!r}}}")
+    await eventually(
+        lambda: holds(lambda: request_counts(node, route)),
+        deadline_s=5,
+        what=f"the request to be counted in dex_http_requests_total{{route={route!r}}}",
+    )
     assert request_counts(node, route) == {"499": 1}
 
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -229,16 +255,19 @@ async def test_a_client_that_goes_away_mid_body_is_a_499_logged_at_debug_not_a_s
 
 
 async def test_over_the_cap_probes_are_answered_and_other_requests_get_503_overloaded(
-        nodes: NodeFactory, tmp_path: Path) -> None:
+    nodes: NodeFactory, tmp_path: Path
+) -> None:
     cap = 8
     node = await nodes(single_node_config(tmp_path / "n", auth=False, http_max_connections=cap))
     assert sample(node, "dex_http_connections_max") == cap
     # The cap, the whole reserve, and more: the newest push the oldest out of the reserve.
     evicted = 24
     slow = await open_slow(node.http_port, cap + PROBE_RESERVE + evicted)
-    await eventually(lambda: holds(lambda: sample(node, "dex_http_connections_rejected_total",
-                                                  reason="over_capacity") == evicted), deadline_s=10,
-                     what="the oldest slow reserve connections to be closed")
+    await eventually(
+        lambda: holds(lambda: sample(node, "dex_http_connections_rejected_total", reason="over_capacity") == evicted),
+        deadline_s=10,
+        what="the oldest slow reserve connections to be closed",
+    )
     assert sample(node, "dex_http_connections_open") == cap + PROBE_RESERVE
 
     for _ in range(10):
@@ -257,15 +286,19 @@ async def test_over_the_cap_probes_are_answered_and_other_requests_get_503_overl
 
     for conn in slow:
         conn.close()
-    await eventually(lambda: holds(lambda: sample(node, "dex_http_connections_open") == 0), deadline_s=5,
-                     what="every slow connection to be gone")
+    await eventually(
+        lambda: holds(lambda: sample(node, "dex_http_connections_open") == 0),
+        deadline_s=5,
+        what="every slow connection to be gone",
+    )
     below_cap = await connect(node.http_port, get("/v1/sessions"))
     assert (await below_cap.response())[0] == 200
     below_cap.close()
 
 
 async def test_the_probe_listener_holds_few_connections_and_closes_silent_ones(
-        nodes: NodeFactory, tmp_path: Path) -> None:
+    nodes: NodeFactory, tmp_path: Path
+) -> None:
     node = await nodes(single_node_config(tmp_path / "n", auth=False, probe_listen=("127.0.0.1", 0)))
     assert node.probes is not None
     cap = PROBE_LISTENER_LIMITS.max_connections
@@ -284,6 +317,7 @@ async def test_the_probe_listener_holds_few_connections_and_closes_silent_ones(
 def _open_files_limit(soft: int, hard: int) -> Callable[[], None]:
     def set_limit() -> None:  # in the child, before exec: like `ulimit -n`
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
     return set_limit
 
 
@@ -293,7 +327,8 @@ async def _probe(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
 
 
 async def test_dev_under_a_low_open_files_limit_answers_every_probe_and_keeps_descriptors_for_itself(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     soft, hard = 200, 300
     dev = DevProcess(tmp_path / "data", tmp_path / "dev.log", preexec_fn=_open_files_limit(soft, hard))
     dev.start()
@@ -325,8 +360,11 @@ async def test_dev_under_a_low_open_files_limit_answers_every_probe_and_keeps_de
             for conn in slow:
                 conn.close()
             slow = []
-            await eventually(lambda: holds(lambda: open_fds(dev.proc.pid) <= baseline + 2), deadline_s=10,
-                             what="the node's descriptors to return to their baseline")
+            await eventually(
+                lambda: holds(lambda: open_fds(dev.proc.pid) <= baseline + 2),
+                deadline_s=10,
+                what="the node's descriptors to return to their baseline",
+            )
             status, _ = await _probe(session, dev.url + "/livez")
             assert status == 200
     finally:
@@ -354,12 +392,18 @@ def test_the_default_cap_leaves_headroom_below_the_open_files_limit_and_an_expli
 
 def test_http_settings_load_from_toml_and_environment_and_are_checked(tmp_path: Path) -> None:
     toml = tmp_path / "node.toml"
-    toml.write_text('node_id = "n1"\ndata_dir = "/tmp/n1"\nhttp_listen = "127.0.0.1:8801"\n'
-                    'raft_listen = "127.0.0.1:9801"\nhttp_header_timeout_ms = 5000\nhttp_max_connections = 300\n'
-                    '[[peers]]\nid = "n1"\nraft_addr = "127.0.0.1:9801"\nurl = "http://127.0.0.1:8801"\n')
+    toml.write_text(
+        'node_id = "n1"\ndata_dir = "/tmp/n1"\nhttp_listen = "127.0.0.1:8801"\n'
+        'raft_listen = "127.0.0.1:9801"\nhttp_header_timeout_ms = 5000\nhttp_max_connections = 300\n'
+        '[[peers]]\nid = "n1"\nraft_addr = "127.0.0.1:9801"\nurl = "http://127.0.0.1:8801"\n'
+    )
     config = load_config(toml, env={"DEX_HA_HTTP_BODY_TIMEOUT_MS": "7000"}, insecure=True)
-    assert (config.http_header_timeout_ms, config.http_body_timeout_ms, config.http_keepalive_timeout_ms,
-            config.http_max_connections) == (5000, 7000, 75_000, 300)
+    assert (
+        config.http_header_timeout_ms,
+        config.http_body_timeout_ms,
+        config.http_keepalive_timeout_ms,
+        config.http_max_connections,
+    ) == (5000, 7000, 75_000, 300)
 
     with pytest.raises(ConfigError, match="http_header_timeout_ms: must be positive"):
         load_config(toml, env={"DEX_HA_HTTP_HEADER_TIMEOUT_MS": "0"}, insecure=True)

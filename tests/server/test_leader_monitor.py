@@ -28,8 +28,17 @@ def leader_with(attempt: RunningAttempt, proposed: list[Any]) -> LeaderTerm:
 
 
 def running(started_at: int) -> RunningAttempt:
-    return RunningAttempt(step_id="st1", attempt=2, term=TERM, worker_id="w", session_id="s1", kind="CallTool",
-                          started_at=started_at, deadline_at=None, cancel_requested=False)
+    return RunningAttempt(
+        step_id="st1",
+        attempt=2,
+        term=TERM,
+        worker_id="w",
+        session_id="s1",
+        kind="CallTool",
+        started_at=started_at,
+        deadline_at=None,
+        cancel_requested=False,
+    )
 
 
 async def test_an_attempt_handed_out_just_now_and_not_yet_registered_is_not_failed() -> None:

@@ -22,20 +22,21 @@ from tests.support.waiting import eventually
 async def test_an_attempt_past_its_start_to_close_fails_even_with_heartbeats(nodes, http, tmp_path: Path) -> None:
     node = await nodes(single_node_config(tmp_path / "node"))
     api = http(node)
-    await api.start_turn_with_tool_calls("slow", "s1", [tool("crawl", "read", start_to_close_ms=300)],
-                                         [tool_call("c1", "crawl")])
+    await api.start_turn_with_tool_calls(
+        "slow", "s1", [tool("crawl", "read", start_to_close_ms=300)], [tool_call("c1", "crawl")]
+    )
     task = await api.poll_one("slow")
     assert task["deadline_ms"] is not None
     beating = True
 
     async def heartbeat_forever() -> None:  # the Worker is alive; only the deadline can end it
         while beating:
-            await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {"worker_id": "worker-1"},
-                           role="worker")
+            await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {"worker_id": "worker-1"}, role="worker")
             await asyncio.sleep(0.05)
 
     beater = asyncio.create_task(heartbeat_forever())
     try:
+
         async def first_attempt_failed() -> dict[str, Any] | None:
             attempts = [a for s in call_view(await api.snapshot("s1"), "c1")["steps"] for a in s["attempts"]]
             return attempts[0] if attempts and attempts[0]["status"] == "failed" else None

@@ -68,8 +68,12 @@ async def _send_a_partial_body(url: str, path: str) -> tuple[asyncio.StreamReade
     """A POST whose body never finishes arriving."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write((f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {CLIENT_TOKEN}\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{").encode())
+    writer.write(
+        (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {CLIENT_TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+        ).encode()
+    )
     await writer.drain()
     return reader, writer
 
@@ -98,8 +102,10 @@ async def test_past_the_bound_requests_get_overloaded_at_once_and_probes_still_p
     headers = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
     release = hold_proposals(node)
     async with aiohttp.ClientSession() as session:
-        held = [asyncio.ensure_future(session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers))
-                for _ in range(2)]
+        held = [
+            asyncio.ensure_future(session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers))
+            for _ in range(2)
+        ]
         await eventually(lambda: _in_flight(node, 2), deadline_s=5, what="both creates in flight")
         started = time.monotonic()
         async with session.post(url + "/v1/sessions", json={"agent": "a"}, headers=headers) as r:
@@ -131,8 +137,9 @@ async def test_a_client_that_trickles_its_body_holds_no_slot(tmp_path: Path, nod
     _, slow = await _send_a_partial_body(url, "/v1/sessions")  # never finishes its body
     try:
         async with aiohttp.ClientSession() as session:
-            async with session.post(url + "/v1/sessions", json={"agent": "a"},
-                                    headers={"Authorization": f"Bearer {CLIENT_TOKEN}"}) as r:
+            async with session.post(
+                url + "/v1/sessions", json={"agent": "a"}, headers={"Authorization": f"Bearer {CLIENT_TOKEN}"}
+            ) as r:
                 assert r.status == 201, await r.text()
         assert node.admission.in_flight == 0
     finally:
@@ -144,11 +151,15 @@ async def test_a_long_poll_does_not_take_a_slot(tmp_path: Path, nodes):
     url = base_url(node)
     headers = {"Authorization": "Bearer worker-token-routes-0123456789"}
     async with aiohttp.ClientSession() as session:
-        poll = asyncio.ensure_future(session.post(url + "/v1/worker/poll", headers=headers,
-                                                  json={"worker_id": "w1", "agents": ["a"], "wait_ms": 3000}))
+        poll = asyncio.ensure_future(
+            session.post(
+                url + "/v1/worker/poll", headers=headers, json={"worker_id": "w1", "agents": ["a"], "wait_ms": 3000}
+            )
+        )
         await eventually(lambda: _waiting_polls(node), deadline_s=5, what="the long poll to wait")
-        async with session.post(url + "/v1/sessions", json={"agent": "a"},
-                                headers={"Authorization": f"Bearer {CLIENT_TOKEN}"}) as r:
+        async with session.post(
+            url + "/v1/sessions", json={"agent": "a"}, headers={"Authorization": f"Bearer {CLIENT_TOKEN}"}
+        ) as r:
             assert r.status == 201, await r.text()
         response = await poll
         response.release()
@@ -218,8 +229,9 @@ async def test_probes_on_the_probe_port_answer_while_the_api_loop_is_busy(tmp_pa
 
 async def test_the_probe_port_says_not_ready_with_the_role_on_a_standby(tmp_path: Path, nodes):
     plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
-    cluster = [await nodes(plan.config(nid, probe_listen=("127.0.0.1", 0)), wait_ready=False)
-               for nid in plan.http_ports]
+    cluster = [
+        await nodes(plan.config(nid, probe_listen=("127.0.0.1", 0)), wait_ready=False) for nid in plan.http_ports
+    ]
 
     async def one_active():
         ready = [n for n in cluster if n.is_ready()]
@@ -240,8 +252,11 @@ async def test_a_command_too_large_for_the_log_is_413_not_500(tmp_path: Path, no
     # this node's core so that an ordinary request meets it.
     node.raft.node.core._cfg.max_entry_bytes = 256
     async with aiohttp.ClientSession() as session:
-        async with session.post(base_url(node) + "/v1/sessions", headers={"Authorization": f"Bearer {CLIENT_TOKEN}"},
-                                json={"agent": "a", "metadata": {"note": "x" * 1000}}) as r:
+        async with session.post(
+            base_url(node) + "/v1/sessions",
+            headers={"Authorization": f"Bearer {CLIENT_TOKEN}"},
+            json={"agent": "a", "metadata": {"note": "x" * 1000}},
+        ) as r:
             body = await r.json()
     assert (r.status, body["error"]) == (413, "too_large"), body
     assert node.is_ready()

@@ -87,8 +87,7 @@ async def wait_for_leader_url(api: HttpApi, url: str) -> None:
 
 
 @covers("step_down", "create_session")
-async def test_two_of_three_nodes_elect_one_active_node_and_the_other_points_to_it(nodes, http,
-                                                                                   plan: ClusterPlan):
+async def test_two_of_three_nodes_elect_one_active_node_and_the_other_points_to_it(nodes, http, plan: ClusterPlan):
     apis = {nid: http(await nodes(plan.config(nid), wait_ready=False)) for nid in ("n1", "n2")}
     active = await wait_for_one_active(apis)
     standby = "n2" if active == "n1" else "n1"

@@ -98,8 +98,14 @@ def test_every_route_documents_the_statuses_it_can_answer(route):
 def test_success_statuses_from_the_contract():
     assert set(ROUTES_BY_NAME["create_session"].responses) >= {200, 201, 409}
     assert 202 in ROUTES_BY_NAME["send_message"].responses
-    for name in ("decide_approval", "answer_question", "reconcile_tool_call", "task_heartbeat",
-                 "task_complete", "task_fail"):
+    for name in (
+        "decide_approval",
+        "answer_question",
+        "reconcile_tool_call",
+        "task_heartbeat",
+        "task_complete",
+        "task_fail",
+    ):
         assert 409 in ROUTES_BY_NAME[name].responses, name
 
 
@@ -116,16 +122,22 @@ def test_the_document_is_openapi_3_1_and_json(document):
 
 
 def test_every_route_appears_once_with_its_method(document):
-    found = [(path, method.upper(), op["operationId"])
-             for path, item in document["paths"].items() for method, op in item.items()]
+    found = [
+        (path, method.upper(), op["operationId"])
+        for path, item in document["paths"].items()
+        for method, op in item.items()
+    ]
     assert sorted(found) == sorted((path, method, name) for name, method, path, *_ in CONTRACT)
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=lambda r: r.name)
 def test_parameters(document, route):
     params = {(p["in"], p["name"]): p for p in operation(document, route).get("parameters", [])}
-    expected = ({("path", s.name) for s in route.path_params} | {("query", s.name) for s in route.query}
-                | {("header", s.name) for s in route.headers})
+    expected = (
+        {("path", s.name) for s in route.path_params}
+        | {("query", s.name) for s in route.query}
+        | {("header", s.name) for s in route.headers}
+    )
     assert set(params) == expected
     for (location, _), param in params.items():
         assert param["schema"]["type"] in ("string", "integer", "boolean")
@@ -136,8 +148,13 @@ def test_parameters(document, route):
 
 def test_query_and_header_parameter_schemas(document):
     params = {p["name"]: p for p in operation(document, ROUTES_BY_NAME["list_sessions"])["parameters"]}
-    assert params["limit"]["schema"] == {"type": "integer", "description": "Page size.", "minimum": 1,
-                                         "maximum": 1000, "default": 100}
+    assert params["limit"]["schema"] == {
+        "type": "integer",
+        "description": "Page size.",
+        "minimum": 1,
+        "maximum": 1000,
+        "default": 100,
+    }
     assert params["status"]["schema"]["enum"] == ["idle", "running"]
     assert params["limit"]["required"] is False
     events = {p["name"]: p for p in operation(document, ROUTES_BY_NAME["session_events"])["parameters"]}
@@ -161,10 +178,18 @@ def test_field_schemas_carry_types_enums_bounds_and_nullability(document):
     poll = operation(document, ROUTES_BY_NAME["worker_poll"])["requestBody"]["content"]["application/json"]["schema"]
     max_tasks = poll["properties"]["max_tasks"]
     assert {k: max_tasks[k] for k in ("type", "minimum", "maximum", "default")} == {
-        "type": "integer", "minimum": 1, "maximum": 1000, "default": 1}
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 1000,
+        "default": 1,
+    }
     agent = poll["properties"]["agents"]["items"]  # an agent name is an id
     assert {k: agent[k] for k in ("type", "minLength", "maxLength", "format")} == {
-        "type": "string", "minLength": 1, "maxLength": 200, "format": "id"}
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 200,
+        "format": "id",
+    }
     assert (poll["properties"]["agents"]["minItems"], poll["properties"]["agents"]["maxItems"]) == (1, 100)
     message = operation(document, ROUTES_BY_NAME["send_message"])["requestBody"]["content"]["application/json"]
     props = message["schema"]["properties"]
@@ -217,7 +242,10 @@ def test_error_schemas(document):
 def test_security_and_roles(document, route):
     op = operation(document, route)
     assert document["components"]["securitySchemes"]["bearer"] == {
-        "type": "http", "scheme": "bearer", "description": "A token of role client, worker or admin."}
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A token of role client, worker or admin.",
+    }
     if route.roles is None:
         assert op["security"] == []
     else:

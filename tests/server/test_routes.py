@@ -133,12 +133,23 @@ async def test_cluster_nodes_lists_each_member_with_its_own_view(api: HttpApi):
 
 # The contract metrics, with the label names each metric must carry. Counters show as *_total.
 CONTRACT_METRICS: dict[str, tuple[str, ...]] = {
-    "dex_raft_term": (), "dex_raft_is_leader": (), "dex_active": (), "dex_raft_leader_changes_total": (),
-    "dex_raft_commit_index": (), "dex_raft_applied_index": (), "dex_raft_proposal_seconds": (),
-    "dex_raft_fsync_seconds": (), "dex_lease_remaining_seconds": (), "dex_steps_queued": ("agent", "kind"),
-    "dex_attempts_started_total": ("kind",), "dex_attempts_failed_total": ("kind", "reason"),
-    "dex_step_schedule_to_start_seconds": ("kind",), "dex_tool_calls_total": ("outcome",),
-    "dex_timers_pending": (), "dex_sessions": ("status",), "dex_workers_connected": (),
+    "dex_raft_term": (),
+    "dex_raft_is_leader": (),
+    "dex_active": (),
+    "dex_raft_leader_changes_total": (),
+    "dex_raft_commit_index": (),
+    "dex_raft_applied_index": (),
+    "dex_raft_proposal_seconds": (),
+    "dex_raft_fsync_seconds": (),
+    "dex_lease_remaining_seconds": (),
+    "dex_steps_queued": ("agent", "kind"),
+    "dex_attempts_started_total": ("kind",),
+    "dex_attempts_failed_total": ("kind", "reason"),
+    "dex_step_schedule_to_start_seconds": ("kind",),
+    "dex_tool_calls_total": ("outcome",),
+    "dex_timers_pending": (),
+    "dex_sessions": ("status",),
+    "dex_workers_connected": (),
     "dex_http_requests_total": ("route", "code"),
 }
 HISTOGRAMS = {"dex_raft_proposal_seconds", "dex_raft_fsync_seconds", "dex_step_schedule_to_start_seconds"}
@@ -146,8 +157,11 @@ HISTOGRAMS = {"dex_raft_proposal_seconds", "dex_raft_fsync_seconds", "dex_step_s
 
 def metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """{(sample name, sorted labels): value} of a Prometheus text exposition."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def sample(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
@@ -169,8 +183,14 @@ async def test_metrics_has_every_design_metric(api: HttpApi):
     task = await api.poll_one("metrics-a")
     await api.complete(task, model_result("", [tool_call("c1", "undefined_tool")]))
     task = await api.poll_one("metrics-a")
-    expect(await api.post(f"/v1/worker/tasks/{task['task_token']}/fail",
-                          {"worker_id": "worker-1", "error": "model API 500", "retryable": False}, role="worker"), 200)
+    expect(
+        await api.post(
+            f"/v1/worker/tasks/{task['task_token']}/fail",
+            {"worker_id": "worker-1", "error": "model API 500", "retryable": False},
+            role="worker",
+        ),
+        200,
+    )
 
     reply = await api.get("/metrics", role=None)
     assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/plain")
@@ -198,8 +218,9 @@ async def test_metrics_has_every_design_metric(api: HttpApi):
 
 @covers("create_session")
 async def test_create_session_is_idempotent_by_id_and_agent(api: HttpApi):
-    created = expect(await api.post("/v1/sessions", {"agent": "helper", "session_id": "s1",
-                                                      "metadata": {"user": "ann"}}), 201)
+    created = expect(
+        await api.post("/v1/sessions", {"agent": "helper", "session_id": "s1", "metadata": {"user": "ann"}}), 201
+    )
     assert created["session_id"] == "s1"
     assert created["agent"] == "helper" and created["status"] == "idle"
     assert created["metadata"] == {"user": "ann"}
@@ -290,8 +311,7 @@ async def test_send_message_with_a_repeated_message_id_is_a_noop(api: HttpApi):
 
 @covers("register_agent")
 async def test_register_agent_again_is_a_noop_and_a_change_is_a_new_version(api: HttpApi):
-    definition = {"tools": [tool("lookup", "read", description="Look a thing up")],
-                  "compaction": {"max_items": 50}}
+    definition = {"tools": [tool("lookup", "read", description="Look a thing up")], "compaction": {"max_items": 50}}
     first = expect(await api.put("/v1/agents/helper", definition), 200)
     assert first == {"name": "helper", "version": 1, "changed": True}
     again = expect(await api.put("/v1/agents/helper", definition), 200)
@@ -334,19 +354,28 @@ async def test_poll_hands_out_up_to_max_tasks_first_queued_first(api: HttpApi):
     for sid in ("s1", "s2", "s3"):
         await api.create_session("helper", sid)
         await api.send_message(sid, "hi")
-    body = expect(await api.post("/v1/worker/poll", {"worker_id": "w", "agents": ["helper"], "max_tasks": 2,
-                                                     "wait_ms": 2000}, role="worker"), 200)
+    body = expect(
+        await api.post(
+            "/v1/worker/poll", {"worker_id": "w", "agents": ["helper"], "max_tasks": 2, "wait_ms": 2000}, role="worker"
+        ),
+        200,
+    )
     assert [t["session_id"] for t in body["tasks"]] == ["s1", "s2"]
-    rest = expect(await api.post("/v1/worker/poll", {"worker_id": "w", "agents": ["helper"], "max_tasks": 5,
-                                                     "wait_ms": 2000}, role="worker"), 200)
+    rest = expect(
+        await api.post(
+            "/v1/worker/poll", {"worker_id": "w", "agents": ["helper"], "max_tasks": 5, "wait_ms": 2000}, role="worker"
+        ),
+        200,
+    )
     assert [t["session_id"] for t in rest["tasks"]] == ["s3"]
 
 
 @covers("worker_poll")
 async def test_poll_with_nothing_queued_answers_no_tasks_after_wait_ms(api: HttpApi):
     wait_ms = 600
-    reply = await api.post("/v1/worker/poll", {"worker_id": "w", "agents": ["idle-agent"], "wait_ms": wait_ms},
-                           role="worker")
+    reply = await api.post(
+        "/v1/worker/poll", {"worker_id": "w", "agents": ["idle-agent"], "wait_ms": wait_ms}, role="worker"
+    )
     assert expect(reply, 200) == {"tasks": []}
     assert wait_ms / 1000 * 0.8 <= reply.elapsed_s < wait_ms / 1000 + 2.0, reply.elapsed_s
 
@@ -357,8 +386,14 @@ async def test_a_poll_whose_worker_hung_up_is_handed_nothing(api: HttpApi, node:
     that the Worker is gone, or the step would wait for its heartbeat timeout there."""
     await api.register_agent("helper", [])
     await api.create_session("helper", "s1")
-    abandoned = asyncio.create_task(api.post("/v1/worker/poll", {
-        "worker_id": "gone", "agents": ["helper"], "max_tasks": 1, "wait_ms": 20_000}, role="worker"))
+    abandoned = asyncio.create_task(
+        api.post(
+            "/v1/worker/poll",
+            {"worker_id": "gone", "agents": ["helper"], "max_tasks": 1, "wait_ms": 20_000},
+            role="worker",
+        )
+    )
+
     async def one_poll_waits() -> bool:
         return node.leader is not None and node.leader.waiting_polls() == 1
 
@@ -386,12 +421,18 @@ async def test_heartbeat_of_a_running_attempt_answers_no_cancel(api: HttpApi):
     # Fencing: the same step and attempt under another term is not the current attempt.
     parsed = TaskToken.parse(token)
     assert parsed is not None
-    stale = await api.post(f"/v1/worker/tasks/{replace(parsed, term=parsed.term + 5)}/heartbeat",
-                           {"worker_id": "worker-1"}, role="worker")
+    stale = await api.post(
+        f"/v1/worker/tasks/{replace(parsed, term=parsed.term + 5)}/heartbeat", {"worker_id": "worker-1"}, role="worker"
+    )
     assert_error(stale, 409, "stale_attempt")
     # An attempt that was never handed out is unknown (test_task_tokens.py has more).
-    assert_error(await api.post(f"/v1/worker/tasks/{replace(parsed, attempt=9)}/heartbeat",
-                                {"worker_id": "worker-1"}, role="worker"), 404, "not_found")
+    assert_error(
+        await api.post(
+            f"/v1/worker/tasks/{replace(parsed, attempt=9)}/heartbeat", {"worker_id": "worker-1"}, role="worker"
+        ),
+        404,
+        "not_found",
+    )
 
 
 @covers("task_complete")
@@ -401,14 +442,19 @@ async def test_complete_with_next_tasks_hands_out_the_sessions_next_steps_in_the
     await api.send_message("s1", "pay the bill")
     task = await api.poll_one("helper", worker_id="w-eager")
     result = model_result("on it", [tool_call("c1", "lookup", q="bill"), tool_call("c2", "pay", amount=5)])
-    reply = await api.post(f"/v1/worker/tasks/{task['task_token']}/complete",
-                           {"worker_id": "w-eager", "result": result, "next_tasks": 1}, role="worker")
+    reply = await api.post(
+        f"/v1/worker/tasks/{task['task_token']}/complete",
+        {"worker_id": "w-eager", "result": result, "next_tasks": 1},
+        role="worker",
+    )
     tasks = expect(reply, 200)["tasks"]
     assert [(t["kind"], t["input"]["call_id"], t["idempotency_key"]) for t in tasks] == [
-        ("CallTool", "c1", "s1:c1")]  # one asked for; the other waits in the queue
+        ("CallTool", "c1", "s1:c1")
+    ]  # one asked for; the other waits in the queue
     # The eager task is a real hand-out: it heartbeats, and the snapshot shows its attempt.
-    heartbeat = await api.post(f"/v1/worker/tasks/{tasks[0]['task_token']}/heartbeat", {"worker_id": "w-eager"},
-                               role="worker")
+    heartbeat = await api.post(
+        f"/v1/worker/tasks/{tasks[0]['task_token']}/heartbeat", {"worker_id": "w-eager"}, role="worker"
+    )
     assert expect(heartbeat, 200) == {"cancel": False}
     calls = {c["call_id"]: c for c in (await api.snapshot("s1"))["tool_calls"]}
     assert [a["worker_id"] for s in calls["c1"]["steps"] for a in s["attempts"]] == ["w-eager"]
@@ -440,11 +486,20 @@ async def test_complete_with_tool_calls_puts_their_steps_in_the_snapshot(api: Ht
     assert snap["current_turn"]["steps"][0]["attempts"][0]["status"] == "completed"
 
     # A Worker retrying the same result is told ok and nothing changes; another result is stale.
-    expect(await api.post(f"/v1/worker/tasks/{task['task_token']}/complete", {"worker_id": "worker-1", "result": result},
-                          role="worker"), 200)
+    expect(
+        await api.post(
+            f"/v1/worker/tasks/{task['task_token']}/complete",
+            {"worker_id": "worker-1", "result": result},
+            role="worker",
+        ),
+        200,
+    )
     assert len((await api.snapshot("s1"))["history"]) == len(snap["history"])
-    other = await api.post(f"/v1/worker/tasks/{task['task_token']}/complete",
-                           {"worker_id": "worker-1", "result": model_result("something else")}, role="worker")
+    other = await api.post(
+        f"/v1/worker/tasks/{task['task_token']}/complete",
+        {"worker_id": "worker-1", "result": model_result("something else")},
+        role="worker",
+    )
     assert_error(other, 409, "stale_attempt")
 
     # The tool steps go to Workers with the input docs/api.md gives.
@@ -460,12 +515,21 @@ async def test_fail_then_a_second_report_for_the_same_token_is_409(api: HttpApi)
     await api.send_message("s1", "hi")
     task = await api.poll_one("helper")
     path = f"/v1/worker/tasks/{task['task_token']}"
-    failed = expect(await api.post(path + "/fail", {"worker_id": "worker-1", "error": "model API 429", "retryable": True},
-                                   role="worker"), 200)
+    failed = expect(
+        await api.post(
+            path + "/fail", {"worker_id": "worker-1", "error": "model API 429", "retryable": True}, role="worker"
+        ),
+        200,
+    )
     assert failed["status"] == "failed"
-    assert_error(await api.post(path + "/fail", {"worker_id": "worker-1", "error": "again"}, role="worker"), 409, "stale_attempt")
-    assert_error(await api.post(path + "/complete", {"worker_id": "worker-1", "result": model_result("late")}, role="worker"),
-                 409, "stale_attempt")
+    assert_error(
+        await api.post(path + "/fail", {"worker_id": "worker-1", "error": "again"}, role="worker"), 409, "stale_attempt"
+    )
+    assert_error(
+        await api.post(path + "/complete", {"worker_id": "worker-1", "result": model_result("late")}, role="worker"),
+        409,
+        "stale_attempt",
+    )
     assert_error(await api.post(path + "/heartbeat", {"worker_id": "worker-1"}, role="worker"), 409, "stale_attempt")
     [step] = (await api.snapshot("s1"))["current_turn"]["steps"]
     assert step["status"] == "backoff"  # a RunModel has attempts left: it runs again after a backoff
@@ -485,8 +549,12 @@ async def test_fail_with_not_started_records_the_call_as_not_run(api: HttpApi):
     await api.complete(model, model_result("paying", [tool_call("c1", "pay", amount=5)]))
     task = await api.poll_one("helper")
     assert task["kind"] == "CallSingleAttemptTool"
-    body = {"worker_id": "worker-1", "error": "agent 'helper' has no tool 'pay'", "retryable": False,
-            "not_started": True}
+    body = {
+        "worker_id": "worker-1",
+        "error": "agent 'helper' has no tool 'pay'",
+        "retryable": False,
+        "not_started": True,
+    }
     expect(await api.post(f"/v1/worker/tasks/{task['task_token']}/fail", body, role="worker"), 200)
     call = call_view(await api.snapshot("s1"), "c1")
     assert (call["status"], call["attempt_progress"]) == ("failed", "NOT_STARTED")
@@ -500,8 +568,11 @@ async def test_fail_with_not_started_records_the_call_as_not_run(api: HttpApi):
 @covers("decide_approval")
 async def test_approval_decisions(api: HttpApi):
     snap = await api.start_turn_with_tool_calls(
-        "approver", "s1", [tool("delete_file", "write", approval=True)],
-        [tool_call("c1", "delete_file", path="/a"), tool_call("c2", "delete_file", path="/b")])
+        "approver",
+        "s1",
+        [tool("delete_file", "write", approval=True)],
+        [tool_call("c1", "delete_file", path="/a"), tool_call("c2", "delete_file", path="/b")],
+    )
     assert [a["call_id"] for a in snap["pending_approvals"]] == ["c1", "c2"]
     assert call_view(snap, "c1")["step_kind"] == "AwaitToolApproval"
 
@@ -528,8 +599,9 @@ async def test_approval_decisions(api: HttpApi):
 
 @covers("answer_question")
 async def test_answer_question(api: HttpApi):
-    snap = await api.start_turn_with_tool_calls("asker", "s1", [],
-                                                [tool_call("c1", "ask_user", question="Which colour?")])
+    snap = await api.start_turn_with_tool_calls(
+        "asker", "s1", [], [tool_call("c1", "ask_user", question="Which colour?")]
+    )
     [question] = snap["pending_questions"]
     assert question["question"] == "Which colour?" and question["source"] == "ask_user"
     path = f"/v1/sessions/s1/questions/{question['question_id']}/answer"
@@ -545,8 +617,13 @@ async def test_answer_question(api: HttpApi):
     # The turn goes back to the model, which sees the answer as the tool's result.
     task = await api.poll_one("asker")
     assert task["kind"] == "RunModel"
-    assert task["input"]["history"][-1] == {"type": "tool_result", "call_id": "c1", "name": "ask_user",
-                                            "status": "succeeded", "output": "blue"}
+    assert task["input"]["history"][-1] == {
+        "type": "tool_result",
+        "call_id": "c1",
+        "name": "ask_user",
+        "status": "succeeded",
+        "output": "blue",
+    }
 
 
 # ---------------------------------------------------------------- cancel and reconcile
@@ -586,8 +663,11 @@ async def test_lost_write_attempt_is_outcome_unknown_and_can_be_reconciled(nodes
 
     call = await eventually(call_settled, deadline_s=10, what="the lost write call to get an outcome")
     assert call["status"] == "outcome_unknown" and call["attempt_progress"] == "NOT_COMPLETED"
-    assert_error(await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {"worker_id": "worker-1"},
-                                role="worker"), 409, "stale_attempt")
+    assert_error(
+        await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {"worker_id": "worker-1"}, role="worker"),
+        409,
+        "stale_attempt",
+    )
 
     path = "/v1/sessions/s1/tool-calls/c1/reconcile"
     first = expect(await api.post(path, {"outcome": "succeeded", "result": {"receipt": "r-1"}}), 200)
@@ -602,8 +682,12 @@ async def test_lost_write_attempt_is_outcome_unknown_and_can_be_reconciled(nodes
 
 @covers("reconcile_tool_call")
 async def test_reconcile_of_a_call_whose_outcome_is_known_is_409(api: HttpApi):
-    await api.start_turn_with_tool_calls("approver", "s1", [tool("lookup", "read", approval=True)],
-                                         [tool_call("c1", "lookup"), tool_call("c2", "undefined_tool")])
+    await api.start_turn_with_tool_calls(
+        "approver",
+        "s1",
+        [tool("lookup", "read", approval=True)],
+        [tool_call("c1", "lookup"), tool_call("c2", "undefined_tool")],
+    )
     # c1 is pending (it waits for approval); c2 failed at once (no agent defines it).
     for call_id in ("c1", "c2"):
         reply = await api.post(f"/v1/sessions/s1/tool-calls/{call_id}/reconcile", {"outcome": "succeeded"})
@@ -642,8 +726,12 @@ async def test_session_events_resume_without_duplicates_and_relay_deltas(api: Ht
 
         # A live delta: relayed from a heartbeat, tagged with step and attempt, with no id.
         heartbeat = f"/v1/worker/tasks/{task['task_token']}/heartbeat"
-        expect(await api.post(heartbeat, {"worker_id": "worker-1", "deltas": [{"text": "Hel"}, {"text": "lo"}]}, role="worker"),
-               200)
+        expect(
+            await api.post(
+                heartbeat, {"worker_id": "worker-1", "deltas": [{"text": "Hel"}, {"text": "lo"}]}, role="worker"
+            ),
+            200,
+        )
         deltas = [await stream.next_event(), await stream.next_event()]
         assert [d.event for d in deltas] == ["delta", "delta"]
         assert all(d.id is None for d in deltas)
@@ -691,8 +779,14 @@ async def test_step_down_to_an_unknown_member_is_404(api: HttpApi):
 @covers("add_member", "remove_member", "promote_member")
 async def test_members_add_a_learner_remove_it_and_unknown_members_are_404(api: HttpApi):
     raft_port, http_port = free_ports(2)
-    added = expect(await api.post("/v1/cluster/members", {"id": "n9", "raft_addr": f"127.0.0.1:{raft_port}",
-                                                          "url": f"http://127.0.0.1:{http_port}"}, role="admin"), 200)
+    added = expect(
+        await api.post(
+            "/v1/cluster/members",
+            {"id": "n9", "raft_addr": f"127.0.0.1:{raft_port}", "url": f"http://127.0.0.1:{http_port}"},
+            role="admin",
+        ),
+        200,
+    )
     assert added["id"] == "n9" and added["voter"] is False
     members = {m["id"]: m for m in expect(await api.get("/v1/cluster"), 200)["members"]}
     assert members["n9"]["voter"] is False and members["n9"]["url"] == f"http://127.0.0.1:{http_port}"
@@ -704,22 +798,25 @@ async def test_members_add_a_learner_remove_it_and_unknown_members_are_404(api: 
 
     assert_error(await api.post("/v1/cluster/members/n9/promote", None, role="admin"), 404, "not_found")
     assert_error(await api.delete("/v1/cluster/members/n9"), 404, "not_found")
-    bad_addr = await api.post("/v1/cluster/members", {"id": "n8", "raft_addr": "no-port-here",
-                                                      "url": "http://127.0.0.1:1"}, role="admin")
+    bad_addr = await api.post(
+        "/v1/cluster/members", {"id": "n8", "raft_addr": "no-port-here", "url": "http://127.0.0.1:1"}, role="admin"
+    )
     assert_error(bad_addr, 400, "invalid")  # that the message names raft_addr: see the bad-input tests
     expect(await api.get("/readyz", role=None), 200)
 
 
 async def test_adding_an_existing_member_is_409(api: HttpApi):
-    reply = await api.post("/v1/cluster/members", {"id": "dev", "raft_addr": "127.0.0.1:9",
-                                                   "url": "http://127.0.0.1:9"}, role="admin")
+    reply = await api.post(
+        "/v1/cluster/members", {"id": "dev", "raft_addr": "127.0.0.1:9", "url": "http://127.0.0.1:9"}, role="admin"
+    )
     assert_error(reply, 409, "conflict")
 
 
 async def test_a_refused_add_member_leaves_the_member_alone(api: HttpApi):
     before = {m["id"]: m["url"] for m in expect(await api.get("/v1/cluster"), 200)["members"]}
-    await api.post("/v1/cluster/members", {"id": "dev", "raft_addr": "127.0.0.1:9", "url": "http://127.0.0.1:9"},
-                   role="admin")
+    await api.post(
+        "/v1/cluster/members", {"id": "dev", "raft_addr": "127.0.0.1:9", "url": "http://127.0.0.1:9"}, role="admin"
+    )
     after = {m["id"]: m["url"] for m in expect(await api.get("/v1/cluster"), 200)["members"]}
     assert after == before
 
@@ -730,8 +827,14 @@ async def test_promoting_a_voter_is_409(api: HttpApi):
 
 async def test_promoting_a_learner_that_is_not_caught_up_is_409(api: HttpApi):
     raft_port, http_port = free_ports(2)
-    expect(await api.post("/v1/cluster/members", {"id": "n9", "raft_addr": f"127.0.0.1:{raft_port}",
-                                                  "url": f"http://127.0.0.1:{http_port}"}, role="admin"), 200)
+    expect(
+        await api.post(
+            "/v1/cluster/members",
+            {"id": "n9", "raft_addr": f"127.0.0.1:{raft_port}", "url": f"http://127.0.0.1:{http_port}"},
+            role="admin",
+        ),
+        200,
+    )
     reply = await api.post("/v1/cluster/members/n9/promote", None, role="admin")
     assert reply.status == 409, reply.body
     expect(await api.get("/readyz", role=None), 200)
@@ -798,8 +901,13 @@ INVALID: list[Bad] = [
     Bad("cancel_turn", "/v1/sessions/s1/cancel", 400, "reason", body={"reason": "x" * 4097}),
     Bad("reconcile_tool_call", "/v1/sessions/s1/tool-calls/c1/reconcile", 400, "outcome", body={}),
     Bad("reconcile_tool_call", "/v1/sessions/s1/tool-calls/c1/reconcile", 400, "outcome", body={"outcome": "maybe"}),
-    Bad("reconcile_tool_call", "/v1/sessions/s1/tool-calls/c1/reconcile", 400, "error",
-        body={"outcome": "failed", "error": 5}),
+    Bad(
+        "reconcile_tool_call",
+        "/v1/sessions/s1/tool-calls/c1/reconcile",
+        400,
+        "error",
+        body={"outcome": "failed", "error": 5},
+    ),
     Bad("session_events", "/v1/sessions/s1/events", 400, "after", params={"after": "yesterday"}),
     Bad("session_events", "/v1/sessions/s1/events", 400, "Last-Event-ID", headers={"Last-Event-ID": "abc"}),
     Bad("register_agent", "/v1/agents/helper", 400, "tools", body={}),
@@ -814,17 +922,23 @@ INVALID: list[Bad] = [
     Bad("worker_poll", "/v1/worker/poll", 400, "agents[1]", body={"worker_id": "w", "agents": ["a", 1]}),
     Bad("worker_poll", "/v1/worker/poll", 400, "wait_ms", body={"worker_id": "w", "agents": ["a"], "wait_ms": -1}),
     Bad("worker_poll", "/v1/worker/poll", 400, "wait_ms", body={"worker_id": "w", "agents": ["a"], "wait_ms": 1.5}),
-    Bad("worker_poll", "/v1/worker/poll", 400, "max_tasks",
-        body={"worker_id": "w", "agents": ["a"], "max_tasks": "2"}),
+    Bad("worker_poll", "/v1/worker/poll", 400, "max_tasks", body={"worker_id": "w", "agents": ["a"], "max_tasks": "2"}),
     Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "worker_id", body={}),
     Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "worker_id", body={"worker_id": ""}),
     Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "deltas", body={"worker_id": "w", "deltas": "Hel"}),
     Bad("task_heartbeat", f"{TOKEN}/heartbeat", 400, "deltas[0]", body={"worker_id": "w", "deltas": [1]}),
     Bad("task_complete", f"{TOKEN}/complete", 400, "worker_id", body={"result": 1}),
     Bad("task_complete", f"{TOKEN}/complete", 400, "result", body={"worker_id": "w"}),
-    Bad("task_complete", f"{TOKEN}/complete", 400, "next_tasks", body={"worker_id": "w", "result": 1, "next_tasks": 17}),
-    Bad("task_complete", f"{TOKEN}/complete", 400, "next_tasks",
-        body={"worker_id": "w", "result": 1, "next_tasks": True}),
+    Bad(
+        "task_complete", f"{TOKEN}/complete", 400, "next_tasks", body={"worker_id": "w", "result": 1, "next_tasks": 17}
+    ),
+    Bad(
+        "task_complete",
+        f"{TOKEN}/complete",
+        400,
+        "next_tasks",
+        body={"worker_id": "w", "result": 1, "next_tasks": True},
+    ),
     Bad("task_fail", f"{TOKEN}/fail", 400, "worker_id", body={"error": "x", "worker_id": 5}),
     Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={"worker_id": "w"}),
     Bad("task_fail", f"{TOKEN}/fail", 400, "error", body={"worker_id": "w", "error": 5}),
@@ -833,12 +947,27 @@ INVALID: list[Bad] = [
     Bad("step_down", "/v1/cluster/step-down", 400, "drain_timeout_ms", body={"drain_timeout_ms": -1}),
     Bad("step_down", "/v1/cluster/step-down", 400, "to", body={"to": 5}),
     Bad("add_member", "/v1/cluster/members", 400, "id", body={"raft_addr": "127.0.0.1:9", "url": "http://h:1"}),
-    Bad("add_member", "/v1/cluster/members", 400, "raft_addr",
-        body={"id": "n9", "raft_addr": "no-port-here", "url": "http://h:1"}),
-    Bad("add_member", "/v1/cluster/members", 400, "raft_addr",
-        body={"id": "n9", "raft_addr": "127.0.0.1:70000", "url": "http://h:1"}),
-    Bad("add_member", "/v1/cluster/members", 400, "url",
-        body={"id": "n9", "raft_addr": "127.0.0.1:9", "url": "ftp://h:1"}),
+    Bad(
+        "add_member",
+        "/v1/cluster/members",
+        400,
+        "raft_addr",
+        body={"id": "n9", "raft_addr": "no-port-here", "url": "http://h:1"},
+    ),
+    Bad(
+        "add_member",
+        "/v1/cluster/members",
+        400,
+        "raft_addr",
+        body={"id": "n9", "raft_addr": "127.0.0.1:70000", "url": "http://h:1"},
+    ),
+    Bad(
+        "add_member",
+        "/v1/cluster/members",
+        400,
+        "url",
+        body={"id": "n9", "raft_addr": "127.0.0.1:9", "url": "ftp://h:1"},
+    ),
     Bad("promote_member", f"/v1/cluster/members/{LONG_MEMBER_ID}/promote", 400, "member_id"),
     Bad("remove_member", f"/v1/cluster/members/{LONG_MEMBER_ID}", 400, "member_id"),
 ]
@@ -859,8 +988,9 @@ UNKNOWN: list[Bad] = [
     Bad("session_events", "/v1/sessions/nobody/events", 404),
     Bad("task_heartbeat", f"{TOKEN}/heartbeat", 404, body={"worker_id": "w"}),
     Bad("task_heartbeat", "/v1/worker/tasks/not-a-token/heartbeat", 404, body={"worker_id": "w"}),
-    Bad("task_complete", f"{TOKEN}/complete", 404,
-        body={"worker_id": "w", "result": {"content": "x", "tool_calls": []}}),
+    Bad(
+        "task_complete", f"{TOKEN}/complete", 404, body={"worker_id": "w", "result": {"content": "x", "tool_calls": []}}
+    ),
     Bad("task_complete", "/v1/worker/tasks/not-a-token/complete", 404, body={"worker_id": "w", "result": {}}),
     Bad("task_fail", f"{TOKEN}/fail", 404, body={"worker_id": "w", "error": "boom"}),
     Bad("promote_member", "/v1/cluster/members/nobody/promote", 404),
@@ -888,15 +1018,17 @@ async def send(api: HttpApi, bad: Bad) -> Reply:
     headers = dict(bad.headers or {})
     if bad.raw is not None:
         headers["Content-Type"] = "application/json"
-    return await api.call(route.method, bad.path, role=bad.role, json_body=json_body, data=bad.raw,
-                          params=bad.params, headers=headers)
+    return await api.call(
+        route.method, bad.path, role=bad.role, json_body=json_body, data=bad.raw, params=bad.params, headers=headers
+    )
 
 
 async def prepare_known_ids(api: HttpApi) -> None:
     """Session s1 with call c1 waiting for approval: an existing session for the 404 cases
     of unknown calls and questions."""
-    await api.start_turn_with_tool_calls("approver", "s1", [tool("lookup", "read", approval=True)],
-                                         [tool_call("c1", "lookup")])
+    await api.start_turn_with_tool_calls(
+        "approver", "s1", [tool("lookup", "read", approval=True)], [tool_call("c1", "lookup")]
+    )
 
 
 async def assert_still_serves(api: HttpApi) -> None:
@@ -942,8 +1074,15 @@ async def test_invalid_input_messages_name_the_field(api: HttpApi):
     await prepare_known_ids(api)
     cases = INVALID + MALFORMED_JSON
     replies = [await send(api, bad) for bad in cases]
-    problems = mismatches(cases, replies, lambda bad, reply: None if reply.status == 400 and bad.names
-                          in reply.error_message() else f"the message does not name {bad.names!r}")
+    problems = mismatches(
+        cases,
+        replies,
+        lambda bad, reply: (
+            None
+            if reply.status == 400 and bad.names in reply.error_message()
+            else f"the message does not name {bad.names!r}"
+        ),
+    )
     assert not problems, "\n".join(problems)
 
 
@@ -952,8 +1091,11 @@ async def test_engine_checked_results_are_400_naming_the_field(api: HttpApi):
     await api.create_session("helper", "s1")
     await api.send_message("s1", "hi")
     task = await api.poll_one("helper")
-    reply = await api.post(f"/v1/worker/tasks/{task['task_token']}/complete",
-                           {"worker_id": "worker-1", "result": {"tool_calls": "lookup"}}, role="worker")
+    reply = await api.post(
+        f"/v1/worker/tasks/{task['task_token']}/complete",
+        {"worker_id": "worker-1", "result": {"tool_calls": "lookup"}},
+        role="worker",
+    )
     assert_error(reply, 400, "invalid", names="result.tool_calls")
     # The refused result changed nothing: the attempt is still running and can complete.
     await api.complete(task, model_result("done"))
@@ -969,8 +1111,15 @@ async def test_unknown_ids_are_404(api: HttpApi):
 
 
 def sample_path(route: RouteSpec) -> str:
-    return concrete_path(route, session_id="s1", call_id="c1", question_id="q1", task_token="st999-1-1",
-                         name="helper", member_id="nobody")
+    return concrete_path(
+        route,
+        session_id="s1",
+        call_id="c1",
+        question_id="q1",
+        task_token="st999-1-1",
+        name="helper",
+        member_id="nobody",
+    )
 
 
 def json_of_size(size: int) -> bytes:
@@ -980,18 +1129,31 @@ def json_of_size(size: int) -> bytes:
 
 
 BODY_ROUTES = [route for route in ROUTES if route.body is not None]
-MALFORMED_JSON = [Bad(route.name, sample_path(route), 400, "body", raw=raw)
-                  for route in BODY_ROUTES for raw in (b'{"text": ', b"\xff\xfe{}", b'{"agent": NaN}')]
+MALFORMED_JSON = [
+    Bad(route.name, sample_path(route), 400, "body", raw=raw)
+    for route in BODY_ROUTES
+    for raw in (b'{"text": ', b"\xff\xfe{}", b'{"agent": NaN}')
+]
 
 
 async def test_a_body_over_the_route_limit_is_413(api: HttpApi):
     problems = []
     for route in BODY_ROUTES:
         headers = {"Content-Type": "application/json"}
-        at_limit = await api.call(route.method, sample_path(route), role=role_for(route),
-                                  data=json_of_size(route.max_body_bytes), headers=headers)
-        over = await api.call(route.method, sample_path(route), role=role_for(route),
-                              data=json_of_size(route.max_body_bytes + 1), headers=headers)
+        at_limit = await api.call(
+            route.method,
+            sample_path(route),
+            role=role_for(route),
+            data=json_of_size(route.max_body_bytes),
+            headers=headers,
+        )
+        over = await api.call(
+            route.method,
+            sample_path(route),
+            role=role_for(route),
+            data=json_of_size(route.max_body_bytes + 1),
+            headers=headers,
+        )
         if at_limit.status == 413:
             problems.append(f"{route.name}: a body of exactly {route.max_body_bytes} bytes got 413")
         if over.status != 413 or over.error_code() != "too_large":
@@ -1006,10 +1168,11 @@ async def test_a_chunked_body_over_the_limit_is_413(api: HttpApi):
     async def chunks() -> AsyncIterator[bytes]:
         body = json_of_size(route.max_body_bytes + 1000)
         for i in range(0, len(body), 64 * 1024):
-            yield body[i:i + 64 * 1024]
+            yield body[i : i + 64 * 1024]
 
-    reply = await api.call("POST", sample_path(route), role="worker", data=chunks(),
-                           headers={"Content-Type": "application/json"})
+    reply = await api.call(
+        "POST", sample_path(route), role="worker", data=chunks(), headers={"Content-Type": "application/json"}
+    )
     assert_error(reply, 413, "too_large")
     await assert_still_serves(api)
 
@@ -1029,10 +1192,18 @@ async def test_a_missing_unknown_or_malformed_token_is_401(api: HttpApi):
     for route in TOKEN_ROUTES:
         for authorization in (None, "Bearer not-a-configured-token-at-all", "Token " + "x" * 20, "Bearer"):
             headers = {} if authorization is None else {"Authorization": authorization}
-            reply = await api.call(route.method, sample_path(route), role=None, headers=headers,
-                                   json_body={} if route.body is not None else None)
-            if (reply.status != 401 or reply.error_code() != "unauthorized"
-                    or "Bearer" not in reply.headers.get("WWW-Authenticate", "")):
+            reply = await api.call(
+                route.method,
+                sample_path(route),
+                role=None,
+                headers=headers,
+                json_body={} if route.body is not None else None,
+            )
+            if (
+                reply.status != 401
+                or reply.error_code() != "unauthorized"
+                or "Bearer" not in reply.headers.get("WWW-Authenticate", "")
+            ):
                 problems.append(f"{route.name} with {authorization!r}: {reply.status} {reply.body}")
     assert not problems, "\n".join(problems)
     await assert_still_serves(api)
@@ -1048,14 +1219,19 @@ async def test_a_token_of_the_wrong_role_is_403(api: HttpApi):
     for route in TOKEN_ROUTES:
         for role in wrong_roles(route):
             checked.add((route.name, role))
-            reply = await api.call(route.method, sample_path(route), role=role,
-                                   json_body={} if route.body is not None else None)
+            reply = await api.call(
+                route.method, sample_path(route), role=role, json_body={} if route.body is not None else None
+            )
             if reply.status != 403 or reply.error_code() != "forbidden":
                 problems.append(f"{route.name} as {role}: {reply.status} {reply.body}")
     assert not problems, "\n".join(problems)
     # The cases that matter most are among them: worker on client routes, client on worker and admin routes.
-    assert {("create_session", "worker"), ("worker_poll", "client"), ("step_down", "client"),
-            ("add_member", "worker")} <= checked
+    assert {
+        ("create_session", "worker"),
+        ("worker_poll", "client"),
+        ("step_down", "client"),
+        ("add_member", "worker"),
+    } <= checked
     await assert_still_serves(api)
 
 

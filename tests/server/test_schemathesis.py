@@ -85,8 +85,13 @@ def _check_event_stream(case: Any, url: str) -> None:
 
 def _run_operation(operation: Any, url: str, mode: GenerationMode, closed_port: int, findings: Findings) -> None:
     @hypothesis.seed(SEED)
-    @settings(max_examples=EXAMPLES_PER_OPERATION_AND_MODE, database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES_PER_OPERATION_AND_MODE,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
     def run(case: Any) -> None:
         findings.requests += 1

@@ -23,7 +23,7 @@ from tests.server.node_fixture import HttpApi, assert_error, expect, model_resul
 
 OWNER, OTHER = "worker-a", "worker-b"
 MADE_UP_SECRET = "0123456789abcdef" * 2
-TOO_LARGE = 2 ** 63  # one past SQLite's largest integer
+TOO_LARGE = 2**63  # one past SQLite's largest integer
 
 covers = pytest.mark.covers
 
@@ -63,8 +63,12 @@ async def test_another_worker_cannot_report_on_a_task_it_did_not_take(api: HttpA
     assert after["history"][-1]["content"] == "the owner's answer"
     assert after["turns"][-1]["status"] == "completed"
     # Still another Worker's task after it completed: 403, not the owner's 200 or 409.
-    assert_error(await report(api, task["task_token"], "complete", OTHER, **REPORTS["complete"]),
-                 403, "forbidden", names="worker_id")
+    assert_error(
+        await report(api, task["task_token"], "complete", OTHER, **REPORTS["complete"]),
+        403,
+        "forbidden",
+        names="worker_id",
+    )
 
 
 async def test_a_task_handed_out_eagerly_belongs_to_the_worker_that_completed_the_step(api: HttpApi) -> None:
@@ -73,8 +77,9 @@ async def test_a_task_handed_out_eagerly_belongs_to_the_worker_that_completed_th
     await api.send_message("s1", "look it up")
     task = await api.poll_one("helper", worker_id=OWNER)
     result = model_result("on it", [{"id": "c1", "name": "lookup", "arguments": {}}])
-    [eager] = expect(await report(api, task["task_token"], "complete", OWNER, result=result, next_tasks=1),
-                     200)["tasks"]
+    [eager] = expect(await report(api, task["task_token"], "complete", OWNER, result=result, next_tasks=1), 200)[
+        "tasks"
+    ]
     assert_error(await report(api, eager["task_token"], "heartbeat", OTHER), 403, "forbidden", names="worker_id")
     assert expect(await report(api, eager["task_token"], "heartbeat", OWNER), 200) == {"cancel": False}
 
@@ -87,7 +92,7 @@ def forged_tokens(task: dict[str, Any], term: int) -> dict[str, str]:
         "the right numbers with a made-up secret": f"{step_id}-{attempt}-{term}-{MADE_UP_SECRET}",
         "the real secret on another attempt": f"{step_id}-{attempt + 1}-{term}-{secret}",
         "an attempt number too large for SQLite": f"{step_id}-{TOO_LARGE}-{term}-{MADE_UP_SECRET}",
-        "a term too large for SQLite": f"{step_id}-{attempt}-{10 ** 30}-{MADE_UP_SECRET}",
+        "a term too large for SQLite": f"{step_id}-{attempt}-{10**30}-{MADE_UP_SECRET}",
         "an old-format token with a huge attempt": f"st1-{TOO_LARGE}-1",
         "non-ASCII digits": f"{step_id}-\u0661-{term}-{MADE_UP_SECRET}",
     }
@@ -113,8 +118,15 @@ def test_a_token_parses_back_and_malformed_ones_do_not_parse() -> None:
     token = TaskToken("st12.3", 2, 7, new_token_secret())
     assert TaskToken.parse(str(token)) == token
     assert TaskToken.parse(str(TaskToken("st-with-dashes", 1, 1, MADE_UP_SECRET))).step_id == "st-with-dashes"
-    for text in ("st12.3-2-7", f"-2-7-{MADE_UP_SECRET}", f"st1-2-7-{MADE_UP_SECRET.upper()}",
-                 f"st1-2-7-{MADE_UP_SECRET}0", f"st1-{'9' * 19}-7-{MADE_UP_SECRET}", f"st1-+2-7-{MADE_UP_SECRET}",
-                 f"st1-2-7-{MADE_UP_SECRET}\n", ""):
+    for text in (
+        "st12.3-2-7",
+        f"-2-7-{MADE_UP_SECRET}",
+        f"st1-2-7-{MADE_UP_SECRET.upper()}",
+        f"st1-2-7-{MADE_UP_SECRET}0",
+        f"st1-{'9' * 19}-7-{MADE_UP_SECRET}",
+        f"st1-+2-7-{MADE_UP_SECRET}",
+        f"st1-2-7-{MADE_UP_SECRET}\n",
+        "",
+    ):
         assert TaskToken.parse(text) is None, text
     assert new_token_secret() != new_token_secret()

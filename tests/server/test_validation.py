@@ -34,17 +34,25 @@ MINIMAL = {
     "answer_question": ({"answer": {"choice": 2}}, {"answer": {"choice": 2}}),
     "cancel_turn": ({}, {"reason": None}),
     "reconcile_tool_call": ({"outcome": "failed"}, {"outcome": "failed", "result": None, "error": None}),
-    "register_agent": ({"tools": []}, {"tools": [], "compaction": None, "model": None, "description": None,
-                                       "metadata": None}),
-    "worker_poll": ({"worker_id": "w1", "agents": ["support"]},
-                    {"worker_id": "w1", "agents": ["support"], "max_tasks": 1, "wait_ms": 20_000}),
+    "register_agent": (
+        {"tools": []},
+        {"tools": [], "compaction": None, "model": None, "description": None, "metadata": None},
+    ),
+    "worker_poll": (
+        {"worker_id": "w1", "agents": ["support"]},
+        {"worker_id": "w1", "agents": ["support"], "max_tasks": 1, "wait_ms": 20_000},
+    ),
     "task_heartbeat": ({"worker_id": "w1"}, {"worker_id": "w1", "deltas": None}),
     "task_complete": ({"worker_id": "w1", "result": None}, {"worker_id": "w1", "result": None, "next_tasks": 0}),
-    "task_fail": ({"worker_id": "w1", "error": "boom"}, {"worker_id": "w1", "error": "boom", "retryable": True,
-                                                      "not_started": False}),
+    "task_fail": (
+        {"worker_id": "w1", "error": "boom"},
+        {"worker_id": "w1", "error": "boom", "retryable": True, "not_started": False},
+    ),
     "step_down": ({}, {"to": None, "drain_timeout_ms": None}),
-    "add_member": ({"id": "n4", "raft_addr": "127.0.0.1:7004", "url": "http://127.0.0.1:8804"},
-                   {"id": "n4", "raft_addr": "127.0.0.1:7004", "url": "http://127.0.0.1:8804"}),
+    "add_member": (
+        {"id": "n4", "raft_addr": "127.0.0.1:7004", "url": "http://127.0.0.1:8804"},
+        {"id": "n4", "raft_addr": "127.0.0.1:7004", "url": "http://127.0.0.1:8804"},
+    ),
 }
 
 # route -> a body with every field set (none to its default); it must come back unchanged.
@@ -55,8 +63,13 @@ FULL = {
     "answer_question": {"answer": ["a", 1, None]},
     "cancel_turn": {"reason": "user left"},
     "reconcile_tool_call": {"outcome": "succeeded", "result": {"id": 9}, "error": "none"},
-    "register_agent": {"tools": [{"name": "lookup", "effect": "read"}], "compaction": {"max_items": 50},
-                       "model": {"start_to_close_ms": 60_000}, "description": "helps", "metadata": {"v": 2}},
+    "register_agent": {
+        "tools": [{"name": "lookup", "effect": "read"}],
+        "compaction": {"max_items": 50},
+        "model": {"start_to_close_ms": 60_000},
+        "description": "helps",
+        "metadata": {"v": 2},
+    },
     "worker_poll": {"worker_id": "w1", "agents": ["a", "b"], "max_tasks": 10, "wait_ms": 0},
     "task_heartbeat": {"worker_id": "w1", "deltas": [{"text": "Hel"}, {"text": "lo"}]},
     "task_complete": {"worker_id": "w1", "result": {"status": "ok", "output": 3.5}, "next_tasks": 2},
@@ -66,10 +79,17 @@ FULL = {
 }
 
 REQUIRED = {  # from the brief's route table
-    "create_session": {"agent"}, "send_message": {"text"}, "decide_approval": {"approved"},
-    "answer_question": {"answer"}, "cancel_turn": set(), "reconcile_tool_call": {"outcome"},
-    "register_agent": {"tools"}, "worker_poll": {"worker_id", "agents"},
-    "task_heartbeat": {"worker_id"}, "task_complete": {"worker_id", "result"}, "task_fail": {"worker_id", "error"},
+    "create_session": {"agent"},
+    "send_message": {"text"},
+    "decide_approval": {"approved"},
+    "answer_question": {"answer"},
+    "cancel_turn": set(),
+    "reconcile_tool_call": {"outcome"},
+    "register_agent": {"tools"},
+    "worker_poll": {"worker_id", "agents"},
+    "task_heartbeat": {"worker_id"},
+    "task_complete": {"worker_id", "result"},
+    "task_fail": {"worker_id", "error"},
     "step_down": set(),
     "add_member": {"id", "raft_addr", "url"},
 }
@@ -79,10 +99,22 @@ NO_BODY_ROUTES = sorted(r.name for r in ROUTES if r.body is None)
 
 # A value of the wrong JSON type for each declared type, and what the error must say.
 WRONG_VALUE = {"string": 7, "integer": "7", "number": "7", "boolean": "yes", "object": ["x"], "array": {"x": 1}}
-EXPECTED_PHRASE = {"string": "must be a string", "integer": "must be an integer", "number": "must be a finite number",
-                   "boolean": "must be a boolean", "object": "must be a JSON object", "array": "must be an array"}
-GOT = {"string": "(got integer)", "integer": "(got string)", "number": "(got string)", "boolean": "(got string)",
-       "object": "(got array)", "array": "(got object)"}
+EXPECTED_PHRASE = {
+    "string": "must be a string",
+    "integer": "must be an integer",
+    "number": "must be a finite number",
+    "boolean": "must be a boolean",
+    "object": "must be a JSON object",
+    "array": "must be an array",
+}
+GOT = {
+    "string": "(got integer)",
+    "integer": "(got string)",
+    "number": "(got string)",
+    "boolean": "(got string)",
+    "object": "(got array)",
+    "array": "(got object)",
+}
 
 
 def invalid(route_name: str, body: object) -> InvalidRequest:
@@ -177,8 +209,9 @@ def test_the_message_reads_like_the_contract_example():
     assert str(invalid("send_message", {"text": 5})) == "text: must be a string (got integer)"
 
 
-@pytest.mark.parametrize(("route_name", "field"),
-                         [(r.name, f.name) for r in ROUTES if r.body for f in r.body if f.type == "integer"])
+@pytest.mark.parametrize(
+    ("route_name", "field"), [(r.name, f.name) for r in ROUTES if r.body for f in r.body if f.type == "integer"]
+)
 def test_a_boolean_is_not_an_integer(route_name, field):
     error = invalid(route_name, with_field(route_name, field, True))
     assert error.field == field and error.message.endswith("(got boolean)")
@@ -213,11 +246,14 @@ def test_array_items_are_checked_and_named_by_index():
 # ---------------------------------------------------------------- bounds and enums
 
 
-@pytest.mark.parametrize(("route_name", "field", "low", "high"), [
-    ("worker_poll", "max_tasks", 1, 1000),
-    ("worker_poll", "wait_ms", 0, 60_000),
-    ("step_down", "drain_timeout_ms", 0, 3_600_000),
-])
+@pytest.mark.parametrize(
+    ("route_name", "field", "low", "high"),
+    [
+        ("worker_poll", "max_tasks", 1, 1000),
+        ("worker_poll", "wait_ms", 0, 60_000),
+        ("step_down", "drain_timeout_ms", 0, 3_600_000),
+    ],
+)
 def test_integer_bounds_are_inclusive(route_name, field, low, high):
     for ok in (low, high):
         assert validate_body(ROUTES_BY_NAME[route_name], with_field(route_name, field, ok))[field] == ok
@@ -226,13 +262,23 @@ def test_integer_bounds_are_inclusive(route_name, field, low, high):
         assert str(error) == f"{field}: must be between {low} and {high} (got {bad})"
 
 
-@pytest.mark.parametrize(("route_name", "field", "limit"), [
-    ("create_session", "agent", 200), ("create_session", "session_id", 200),
-    ("send_message", "text", 262_144), ("send_message", "message_id", 200),
-    ("decide_approval", "reason", 4096), ("cancel_turn", "reason", 4096),
-    ("worker_poll", "worker_id", 200), ("task_fail", "error", 65_536), ("add_member", "id", 64),
-    ("task_heartbeat", "worker_id", 200), ("task_complete", "worker_id", 200), ("task_fail", "worker_id", 200),
-])
+@pytest.mark.parametrize(
+    ("route_name", "field", "limit"),
+    [
+        ("create_session", "agent", 200),
+        ("create_session", "session_id", 200),
+        ("send_message", "text", 262_144),
+        ("send_message", "message_id", 200),
+        ("decide_approval", "reason", 4096),
+        ("cancel_turn", "reason", 4096),
+        ("worker_poll", "worker_id", 200),
+        ("task_fail", "error", 65_536),
+        ("add_member", "id", 64),
+        ("task_heartbeat", "worker_id", 200),
+        ("task_complete", "worker_id", 200),
+        ("task_fail", "worker_id", 200),
+    ],
+)
 def test_string_length_limits(route_name, field, limit):
     route = ROUTES_BY_NAME[route_name]
     assert validate_body(route, with_field(route_name, field, "x" * limit))[field] == "x" * limit
@@ -240,19 +286,30 @@ def test_string_length_limits(route_name, field, limit):
     assert error.field == field and f"at most {limit} characters" in error.message
 
 
-@pytest.mark.parametrize(("route_name", "field"), [
-    ("create_session", "agent"), ("send_message", "text"), ("worker_poll", "worker_id"), ("add_member", "id"),
-    ("task_heartbeat", "worker_id"), ("task_complete", "worker_id"), ("task_fail", "worker_id"),
-])
+@pytest.mark.parametrize(
+    ("route_name", "field"),
+    [
+        ("create_session", "agent"),
+        ("send_message", "text"),
+        ("worker_poll", "worker_id"),
+        ("add_member", "id"),
+        ("task_heartbeat", "worker_id"),
+        ("task_complete", "worker_id"),
+        ("task_fail", "worker_id"),
+    ],
+)
 def test_empty_strings_are_refused_where_a_name_or_text_is_needed(route_name, field):
     assert str(invalid(route_name, with_field(route_name, field, ""))) == f"{field}: must not be empty"
 
 
-@pytest.mark.parametrize(("route_name", "field", "low", "high", "item"), [
-    ("worker_poll", "agents", 1, 100, "a"),
-    ("register_agent", "tools", 0, 1000, {"name": "t", "effect": "read"}),
-    ("task_heartbeat", "deltas", 0, 1000, {"text": "."}),
-])
+@pytest.mark.parametrize(
+    ("route_name", "field", "low", "high", "item"),
+    [
+        ("worker_poll", "agents", 1, 100, "a"),
+        ("register_agent", "tools", 0, 1000, {"name": "t", "effect": "read"}),
+        ("task_heartbeat", "deltas", 0, 1000, {"text": "."}),
+    ],
+)
 def test_array_length_limits(route_name, field, low, high, item):
     route = ROUTES_BY_NAME[route_name]
     for ok in (low, high):
@@ -263,10 +320,13 @@ def test_array_length_limits(route_name, field, low, high, item):
         assert "at least 1 item " in invalid(route_name, with_field(route_name, field, [])).message
 
 
-@pytest.mark.parametrize(("route_name", "field", "allowed"), [
-    ("send_message", "mode", ("queue", "steer")),
-    ("reconcile_tool_call", "outcome", ("succeeded", "failed")),
-])
+@pytest.mark.parametrize(
+    ("route_name", "field", "allowed"),
+    [
+        ("send_message", "mode", ("queue", "steer")),
+        ("reconcile_tool_call", "outcome", ("succeeded", "failed")),
+    ],
+)
 def test_enums(route_name, field, allowed):
     route = ROUTES_BY_NAME[route_name]
     for value in allowed:
@@ -284,11 +344,22 @@ def test_ids_in_a_body_must_be_printable(bad):
     assert error.field == "session_id" and "printable" in error.message
 
 
-@pytest.mark.parametrize(("value", "ok"), [
-    ("127.0.0.1:7001", True), ("node-2.internal:1", True), ("[::1]:65535", True),
-    ("127.0.0.1", False), (":7001", False), ("host:0", False), ("host:65536", False), ("host:port", False),
-    ("::1:7001", False), ("host name:7001", False), ("host:７００１", False),
-])
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("127.0.0.1:7001", True),
+        ("node-2.internal:1", True),
+        ("[::1]:65535", True),
+        ("127.0.0.1", False),
+        (":7001", False),
+        ("host:0", False),
+        ("host:65536", False),
+        ("host:port", False),
+        ("::1:7001", False),
+        ("host name:7001", False),
+        ("host:７００１", False),
+    ],
+)
 def test_raft_addr_must_be_host_and_port(value, ok):
     route = ROUTES_BY_NAME["add_member"]
     body = with_field("add_member", "raft_addr", value)
@@ -298,10 +369,18 @@ def test_raft_addr_must_be_host_and_port(value, ok):
         assert invalid("add_member", body).field == "raft_addr"
 
 
-@pytest.mark.parametrize(("value", "ok"), [
-    ("http://10.0.0.4:8801", True), ("https://n4.example", True), ("http://[::1]:8801/base", True),
-    ("ftp://n4.example", False), ("n4.example:8801", False), ("http://", False), ("http://h:99999", False),
-])
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("http://10.0.0.4:8801", True),
+        ("https://n4.example", True),
+        ("http://[::1]:8801/base", True),
+        ("ftp://n4.example", False),
+        ("n4.example:8801", False),
+        ("http://", False),
+        ("http://h:99999", False),
+    ],
+)
 def test_member_url_must_be_http_or_https(value, ok):
     route = ROUTES_BY_NAME["add_member"]
     body = with_field("add_member", "url", value)
@@ -351,30 +430,47 @@ def invalid_raw(route_name: str, raw: str) -> InvalidRequest:
 
 def test_integers_at_the_ends_of_the_64_bit_range_pass():
     assert (MIN_INTEGER, MAX_INTEGER) == (-(2**63), 2**63 - 1)
-    metadata = body_of("create_session", '{"agent": "a", "metadata": {"max": 9223372036854775807, '
-                                         '"min": -9223372036854775808, "zero": 0, "flag": true}}')["metadata"]
+    metadata = body_of(
+        "create_session",
+        '{"agent": "a", "metadata": {"max": 9223372036854775807, '
+        '"min": -9223372036854775808, "zero": 0, "flag": true}}',
+    )["metadata"]
     assert metadata == {"max": MAX_INTEGER, "min": MIN_INTEGER, "zero": 0, "flag": True}
 
 
-@pytest.mark.parametrize("text", ["9223372036854775808", "-9223372036854775809", "18446744073709551616",
-                                  "123456789012345678901", "-" + "9" * 30, "9" * 5000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "9223372036854775808",
+        "-9223372036854775809",
+        "18446744073709551616",
+        "123456789012345678901",
+        "-" + "9" * 30,
+        "9" * 5000,
+    ],
+)
 def test_integers_outside_the_64_bit_range_are_named_at_any_depth(text):
-    error = invalid_raw("task_complete", '{"result": {"rows": [1, {"n": ' + text + '}]}}')
+    error = invalid_raw("task_complete", '{"result": {"rows": [1, {"n": ' + text + "}]}}")
     assert error.field == "result.rows[1].n"
     assert error.message.startswith("integer out of range: must be from -9223372036854775808 to 9223372036854775807")
     assert len(str(error)) < 200  # a 5000-digit value is not echoed whole
 
 
 def test_an_integer_field_out_of_range_is_named_before_its_bounds_are_checked():
-    assert invalid_raw("worker_poll", '{"worker_id": "w", "agents": ["a"], "max_tasks": %s}' % ("1" * 5000)).field \
+    assert (
+        invalid_raw("worker_poll", '{"worker_id": "w", "agents": ["a"], "max_tasks": %s}' % ("1" * 5000)).field
         == "max_tasks"
+    )
 
 
-@pytest.mark.parametrize(("raw", "field"), [
-    ('{"text": "\\ud800"}', "text"),
-    ('{"text": "ok \\udc00 then more"}', "text"),
-    ('{"text": "hi", "message_id": "\\udbff"}', "message_id"),
-])
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ('{"text": "\\ud800"}', "text"),
+        ('{"text": "ok \\udc00 then more"}', "text"),
+        ('{"text": "hi", "message_id": "\\udbff"}', "message_id"),
+    ],
+)
 def test_a_lone_surrogate_in_a_string_is_named(raw, field):
     error = invalid_raw("send_message", raw)
     assert error.field == field and "must be valid Unicode text" in error.message
@@ -393,13 +489,18 @@ def test_a_lone_surrogate_in_a_key_or_an_array_is_named_and_escaped():
 
 
 def test_a_surrogate_pair_is_just_a_character():
-    assert body_of("send_message", '{"text": "\\ud83d\\ude00"}')["text"] == "\U0001F600"
+    assert body_of("send_message", '{"text": "\\ud83d\\ude00"}')["text"] == "\U0001f600"
 
 
-@pytest.mark.parametrize(("agent", "problem"), [
-    ("", "must not be empty"), ("a\tb", "printable"), ("x" * 201, "at most 200 characters"),
-    ("\ud800", "valid Unicode text"),
-])
+@pytest.mark.parametrize(
+    ("agent", "problem"),
+    [
+        ("", "must not be empty"),
+        ("a\tb", "printable"),
+        ("x" * 201, "at most 200 characters"),
+        ("\ud800", "valid Unicode text"),
+    ],
+)
 def test_poll_agents_are_ids(agent, problem):
     error = invalid("worker_poll", {"worker_id": "w", "agents": ["fine", agent]})
     assert error.field == "agents[1]" and problem in error.message
@@ -413,16 +514,25 @@ def test_decode_json_body():
     assert decode_json_body(route, b"") is None
     assert decode_json_body(route, b" \n") is None
     assert decode_json_body(route, '{"text": "héllo"}'.encode()) == {"text": "héllo"}
-    for raw, hint in [(b"{", "not valid JSON"), (b"\xff\xfe", "UTF-8"), (b'{"a": NaN}', "finite"),
-                      (b"[" * 100_000, "")]:
+    for raw, hint in [
+        (b"{", "not valid JSON"),
+        (b"\xff\xfe", "UTF-8"),
+        (b'{"a": NaN}', "finite"),
+        (b"[" * 100_000, ""),
+    ]:
         with pytest.raises(InvalidRequest) as caught:
             decode_json_body(route, raw)
         assert caught.value.field == "body" and hint in caught.value.message
 
 
-@pytest.mark.parametrize(("route_name", "limit"), [
-    ("task_heartbeat", 256 * 1024), ("task_complete", 4 * 1024 * 1024), ("create_session", 1024 * 1024),
-])
+@pytest.mark.parametrize(
+    ("route_name", "limit"),
+    [
+        ("task_heartbeat", 256 * 1024),
+        ("task_complete", 4 * 1024 * 1024),
+        ("create_session", 1024 * 1024),
+    ],
+)
 def test_a_body_over_the_route_limit_is_too_large(route_name, limit):
     route = ROUTES_BY_NAME[route_name]
     assert route.max_body_bytes == limit
@@ -438,8 +548,8 @@ def test_a_body_over_the_route_limit_is_too_large(route_name, limit):
 def test_any_valid_text_fits_in_a_message_body():
     # The worst case for JSON: every character escaped as a surrogate pair (12 bytes).
     route = ROUTES_BY_NAME["send_message"]
-    raw = json.dumps({"text": "\U0001F600" * 262_144}).encode()
-    assert validate_body(route, decode_json_body(route, raw))["text"] == "\U0001F600" * 262_144
+    raw = json.dumps({"text": "\U0001f600" * 262_144}).encode()
+    assert validate_body(route, decode_json_body(route, raw))["text"] == "\U0001f600" * 262_144
 
 
 # ---------------------------------------------------------------- query parameters
@@ -447,24 +557,42 @@ def test_any_valid_text_fits_in_a_message_body():
 
 def test_list_sessions_query_defaults_and_conversion():
     route = ROUTES_BY_NAME["list_sessions"]
-    assert validate_query(route, {}) == {"agent": None, "status": None, "limit": 100, "after": None,
-                                         "awaiting_approval": None, "outcome_unknown": None}
+    assert validate_query(route, {}) == {
+        "agent": None,
+        "status": None,
+        "limit": 100,
+        "after": None,
+        "awaiting_approval": None,
+        "outcome_unknown": None,
+    }
     assert validate_query(route, {"agent": "support", "status": "running", "limit": "50", "after": "s-9"}) == {
-        "agent": "support", "status": "running", "limit": 50, "after": "s-9", "awaiting_approval": None,
-        "outcome_unknown": None}
+        "agent": "support",
+        "status": "running",
+        "limit": 50,
+        "after": "s-9",
+        "awaiting_approval": None,
+        "outcome_unknown": None,
+    }
 
 
-@pytest.mark.parametrize(("query", "field", "message"), [
-    ({"limit": "0"}, "limit", "must be between 1 and 1000 (got 0)"),
-    ({"limit": "1001"}, "limit", "must be between 1 and 1000 (got 1001)"),
-    ({"limit": "ten"}, "limit", "must be an integer (got 'ten')"),
-    ({"limit": "1.5"}, "limit", "must be an integer (got '1.5')"),
-    ({"limit": ""}, "limit", "must be an integer (got '')"),
-    ({"status": "done"}, "status", "must be one of: idle, running (got 'done')"),
-    ({"agent": "a" * 201}, "agent", "must have at most 200 characters (got 201)"),
-    ({"page": "2"}, "page", "unknown query parameter; this route accepts: after, agent, "
-                           "awaiting_approval, limit, outcome_unknown, status"),
-])
+@pytest.mark.parametrize(
+    ("query", "field", "message"),
+    [
+        ({"limit": "0"}, "limit", "must be between 1 and 1000 (got 0)"),
+        ({"limit": "1001"}, "limit", "must be between 1 and 1000 (got 1001)"),
+        ({"limit": "ten"}, "limit", "must be an integer (got 'ten')"),
+        ({"limit": "1.5"}, "limit", "must be an integer (got '1.5')"),
+        ({"limit": ""}, "limit", "must be an integer (got '')"),
+        ({"status": "done"}, "status", "must be one of: idle, running (got 'done')"),
+        ({"agent": "a" * 201}, "agent", "must have at most 200 characters (got 201)"),
+        (
+            {"page": "2"},
+            "page",
+            "unknown query parameter; this route accepts: after, agent, "
+            "awaiting_approval, limit, outcome_unknown, status",
+        ),
+    ],
+)
 def test_bad_list_sessions_queries(query, field, message):
     with pytest.raises(InvalidRequest) as caught:
         validate_query(ROUTES_BY_NAME["list_sessions"], query)
@@ -529,5 +657,11 @@ def test_path_ids(route_name):
 
 def test_path_ids_allow_200_characters_except_member_ids():
     limits = {spec.name: spec.max_length for route in ROUTES for spec in route.path_params}
-    assert limits == {"session_id": 200, "call_id": 200, "question_id": 200, "task_token": 200, "name": 200,
-                      "member_id": 64}
+    assert limits == {
+        "session_id": 200,
+        "call_id": 200,
+        "question_id": 200,
+        "task_token": 200,
+        "name": 200,
+        "member_id": 64,
+    }

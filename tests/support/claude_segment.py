@@ -37,17 +37,24 @@ def cli_missing_reason() -> str | None:
     from claude_agent_sdk import ClaudeAgentOptions
 
     from dex_ha.adapters.claude_agent import cli_path_of
+
     cli = cli_path_of(ClaudeAgentOptions())
     if cli is None or not os.access(cli, os.X_OK):
-        return "no Claude Code CLI: the claude-agent-sdk wheel bundles none for this platform and `claude` is not on PATH"
+        return (
+            "no Claude Code CLI: the claude-agent-sdk wheel bundles none for this platform and `claude` is not on PATH"
+        )
     return None
 
 
 def tools_used(body: dict[str, Any]) -> set[str]:
     """The names of the tool_use blocks in a Messages request's assistant messages."""
-    return {block.get("name") for message in body.get("messages", []) if message.get("role") == "assistant"
-            and isinstance(message.get("content"), list) for block in message["content"]
-            if isinstance(block, dict) and block.get("type") == "tool_use"}
+    return {
+        block.get("name")
+        for message in body.get("messages", [])
+        if message.get("role") == "assistant" and isinstance(message.get("content"), list)
+        for block in message["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_use"
+    }
 
 
 def stage(body: dict[str, Any]) -> int:
@@ -66,12 +73,15 @@ class ScriptedCoder:
     def __call__(self, body: dict[str, Any]) -> Reply:
         step = stage(body)
         if step == 1:
-            return Reply.of("Writing the file.", tool_use("Bash", {"command": f"echo inline >> {self.inline_log}",
-                                                                   "description": "Append a line"}))
+            return Reply.of(
+                "Writing the file.",
+                tool_use("Bash", {"command": f"echo inline >> {self.inline_log}", "description": "Append a line"}),
+            )
         if step == 2:
             stall, self.stall_once = self.stall_once, False
-            return Reply.of(tool_use(DEFERRED_TOOL_CLI_NAME, {"key": "k1", "value": "v1"}),
-                            stall_after_deltas=0 if stall else None)
+            return Reply.of(
+                tool_use(DEFERRED_TOOL_CLI_NAME, {"key": "k1", "value": "v1"}), stall_after_deltas=0 if stall else None
+            )
         return Reply.of(FINAL_TEXT)
 
 
@@ -93,15 +103,31 @@ def coder_agent(name: str, *, api_url: str, work_dir: Path, ledger_path: Path) -
 
     @tool(DEFERRED_TOOL, "Store a record", {"key": str, "value": str})
     async def put_record(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-        ledger.record("tool", DEFERRED_TOOL, "started", call_id=ctx.call_id, key=ctx.idempotency_key,
-                      attempt=ctx.attempt, data=args)
-        ledger.record("tool", DEFERRED_TOOL, "finished", call_id=ctx.call_id, key=ctx.idempotency_key,
-                      attempt=ctx.attempt)
+        ledger.record(
+            "tool",
+            DEFERRED_TOOL,
+            "started",
+            call_id=ctx.call_id,
+            key=ctx.idempotency_key,
+            attempt=ctx.attempt,
+            data=args,
+        )
+        ledger.record(
+            "tool", DEFERRED_TOOL, "finished", call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt
+        )
         return {"content": [{"type": "text", "text": f"stored {args['key']}"}]}
 
     options = ClaudeAgentOptions(
-        model=MODEL, cwd=str(work_dir), tools=["Bash"], allowed_tools=["Bash"],
-        env={"ANTHROPIC_BASE_URL": api_url, "ANTHROPIC_API_KEY": "sk-test-fake",
-             "CLAUDE_CONFIG_DIR": str(work_dir / ".claude-config"),
-             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"})
+        model=MODEL,
+        cwd=str(work_dir),
+        tools=["Bash"],
+        allowed_tools=["Bash"],
+        env={
+            "ANTHROPIC_BASE_URL": api_url,
+            "ANTHROPIC_API_KEY": "sk-test-fake",
+            "CLAUDE_CONFIG_DIR": str(work_dir / ".claude-config"),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+        },
+    )
     return durable_agent(name, options, tools=[put_record])

@@ -56,8 +56,11 @@ class ClusterSnapshot:
     @property
     def settled(self) -> bool:
         """Every node answered, exactly one is active, and all agree on the term."""
-        return (all(n.error is None for n in self.nodes) and len(self.active) == 1
-                and len({n.term for n in self.nodes}) == 1)
+        return (
+            all(n.error is None for n in self.nodes)
+            and len(self.active) == 1
+            and len({n.term for n in self.nodes}) == 1
+        )
 
     def largest_follower_gap_s(self) -> float | None:
         """The largest leader-contact gap seen by a node that is not active; None when no
@@ -79,7 +82,7 @@ def term_changes(before: ClusterSnapshot, after: ClusterSnapshot) -> int | None:
 def parse_gauge(metrics_text: str, name: str) -> float | None:
     """The value of an unlabelled gauge in Prometheus text, or None if it is absent."""
     for line in metrics_text.splitlines():
-        if line.startswith(name) and (line[len(name):len(name) + 1] in (" ", "{")):
+        if line.startswith(name) and (line[len(name) : len(name) + 1] in (" ", "{")):
             try:
                 return float(line.rsplit(" ", 1)[1])
             except (IndexError, ValueError):
@@ -99,8 +102,14 @@ async def read_node(http: aiohttp.ClientSession, node_id: str, url: str, token: 
             gap = parse_gauge(await resp.text(), CONTACT_GAP_GAUGE) if resp.status == 200 else None
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         return NodeState(node_id, url, error=f"{type(exc).__name__}: {exc}")
-    return NodeState(node_id, url, term=view.get("term"), role=view.get("role"),
-                     leader_id=view.get("leader_id"), contact_gap_max_s=gap)
+    return NodeState(
+        node_id,
+        url,
+        term=view.get("term"),
+        role=view.get("role"),
+        leader_id=view.get("leader_id"),
+        contact_gap_max_s=gap,
+    )
 
 
 async def observe(urls: Mapping[str, str], token: str | None) -> ClusterSnapshot:

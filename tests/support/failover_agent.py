@@ -25,8 +25,10 @@ def script(request: ModelRequest) -> dict[str, Any]:
     last = request.history[-1]
     if last["type"] == "user":
         tool = "slow_put" if last["text"] == "failover" else "steady_put"
-        return {"content": "on it", "tool_calls": [{"id": f"c-{last['text']}", "name": tool,
-                                                     "arguments": {"item": last["text"]}}]}
+        return {
+            "content": "on it",
+            "tool_calls": [{"id": f"c-{last['text']}", "name": tool, "arguments": {"item": last["text"]}}],
+        }
     return {"content": "all done", "tool_calls": []}
 
 

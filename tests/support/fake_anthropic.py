@@ -46,9 +46,16 @@ from aiohttp import web
 # first, so this only bounds a handler of a subclass that never returns.
 SHUTDOWN_TIMEOUT_S = 2.0
 # The HTTP status of each Anthropic error type, for ApiError.of_type.
-ERROR_STATUS = {"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
-                "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429,
-                "api_error": 500, "overloaded_error": 529}
+ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
 
 
 def text(value: str) -> dict[str, Any]:
@@ -84,8 +91,12 @@ class ApiError:
 
     @classmethod
     def rate_limited(cls, retry_after: float = 1.0) -> ApiError:
-        return cls(429, "rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit",
-                   retry_after=retry_after)
+        return cls(
+            429,
+            "rate_limit_error",
+            "Number of request tokens has exceeded your per-minute rate limit",
+            retry_after=retry_after,
+        )
 
     @classmethod
     def overloaded(cls) -> ApiError:
@@ -146,8 +157,14 @@ Responder = Callable[[dict[str, Any]], Item | Awaitable[Item]]
 class FakeAnthropic:
     """The fake server (see the module doc). Use it as `async with`, or `start()`/`stop()`."""
 
-    def __init__(self, replies: Iterable[Item] = (), *, responder: Responder | None = None,
-                 model: str | None = None, validate: bool = True) -> None:
+    def __init__(
+        self,
+        replies: Iterable[Item] = (),
+        *,
+        responder: Responder | None = None,
+        model: str | None = None,
+        validate: bool = True,
+    ) -> None:
         self.validate = validate  # answer 400 to messages the real API refuses (see request_problem)
         self.queue: deque[Item] = deque()
         self.push(*replies)
@@ -215,8 +232,9 @@ class FakeAnthropic:
             body: Any = json.loads(raw) if raw else None
         except ValueError:
             body = raw
-        recorded = RecordedRequest(request.method, request.path, dict(request.query),
-                                   {k.lower(): v for k, v in request.headers.items()}, body)
+        recorded = RecordedRequest(
+            request.method, request.path, dict(request.query), {k.lower(): v for k, v in request.headers.items()}, body
+        )
         self.requests.append(recorded)
         return recorded
 
@@ -234,8 +252,9 @@ class FakeAnthropic:
         recorded = await self.record(request)
         request_id = f"req_fake{next(self._ids)}"
         if not isinstance(recorded.body, dict):
-            return self.error_response(ApiError(400, "invalid_request_error", "the body must be a JSON object"),
-                                       request_id)
+            return self.error_response(
+                ApiError(400, "invalid_request_error", "the body must be a JSON object"), request_id
+            )
         problem = request_problem(recorded.body) if self.validate else None
         if problem is not None:  # what the real API refuses, before any scripted answer is used
             return self.error_response(ApiError(400, "invalid_request_error", problem), request_id)
@@ -252,28 +271,37 @@ class FakeAnthropic:
         return web.json_response({"input_tokens": rough_tokens(recorded.body)})
 
     def error_response(self, error: ApiError, request_id: str) -> web.Response:
-        return web.json_response(error.body(request_id), status=error.status,
-                                 headers=error.response_headers(request_id))
+        return web.json_response(
+            error.body(request_id), status=error.status, headers=error.response_headers(request_id)
+        )
 
     def message_json(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
         """The complete message, as a non-streamed answer gives it."""
         content = [self._with_id(block) for block in reply.content]
         has_tool_use = any(block["type"] == "tool_use" for block in content)
         usage = reply.usage or {"input_tokens": rough_tokens(body), "output_tokens": rough_tokens(content)}
-        return {"id": f"msg_fake{next(self._ids)}", "type": "message", "role": "assistant",
-                "model": self.model or body.get("model", "fake-model"), "content": content,
-                "stop_reason": reply.stop_reason or ("tool_use" if has_tool_use else "end_turn"),
-                "stop_sequence": None, "usage": usage}
+        return {
+            "id": f"msg_fake{next(self._ids)}",
+            "type": "message",
+            "role": "assistant",
+            "model": self.model or body.get("model", "fake-model"),
+            "content": content,
+            "stop_reason": reply.stop_reason or ("tool_use" if has_tool_use else "end_turn"),
+            "stop_sequence": None,
+            "usage": usage,
+        }
 
     def _with_id(self, block: dict[str, Any]) -> dict[str, Any]:
         if block.get("type") == "tool_use" and "id" not in block:
             return {**block, "id": f"toolu_fake{next(self._ids)}"}
         return dict(block)
 
-    async def stream_message(self, request: web.Request, reply: Reply, message: dict[str, Any],
-                             request_id: str) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache",
-                                               "request-id": request_id})
+    async def stream_message(
+        self, request: web.Request, reply: Reply, message: dict[str, Any], request_id: str
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"content-type": "text/event-stream", "cache-control": "no-cache", "request-id": request_id}
+        )
         await response.prepare(request)
         deltas_sent = 0
         for event, data in stream_events(message):
@@ -283,8 +311,15 @@ class FakeAnthropic:
                     await self._release.wait()  # hang until the fake stops (or the client leaves)
                     return response
                 if reply.error is not None and deltas_sent >= reply.error_after_deltas:
-                    await send_event(response, "error", {"type": "error", "error": {
-                        "type": reply.error.type, "message": reply.error.message}, "request_id": request_id})
+                    await send_event(
+                        response,
+                        "error",
+                        {
+                            "type": "error",
+                            "error": {"type": reply.error.type, "message": reply.error.message},
+                            "request_id": request_id,
+                        },
+                    )
                     return response
                 deltas_sent += 1
             await send_event(response, event, data)
@@ -318,14 +353,18 @@ def request_problem(body: dict[str, Any]) -> str | None:
         if any(b.get("type") == "text" and not str(b.get("text", "")).strip() for b in blocks):
             return f"messages.{i}: text content blocks must contain non-whitespace text"
         results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
-        leading = [b.get("tool_use_id") for b in blocks[:len(open_ids)] if b.get("type") == "tool_result"]
+        leading = [b.get("tool_use_id") for b in blocks[: len(open_ids)] if b.get("type") == "tool_result"]
         if open_ids and sorted(leading) != sorted(open_ids):
-            return (f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
-                    f"{', '.join(sorted(set(open_ids) - set(leading)))}. Each `tool_use` block must have a "
-                    "corresponding `tool_result` block in the next message.")
+            return (
+                f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+                f"{', '.join(sorted(set(open_ids) - set(leading)))}. Each `tool_use` block must have a "
+                "corresponding `tool_result` block in the next message."
+            )
         if results != leading or any(r not in open_ids for r in results):
-            return (f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks. Each `tool_result` "
-                    "block must have a corresponding `tool_use` block in the previous message.")
+            return (
+                f"messages.{i}: unexpected `tool_use_id` found in `tool_result` blocks. Each `tool_result` "
+                "block must have a corresponding `tool_use` block in the previous message."
+            )
         open_ids = [b.get("id") for b in blocks if b.get("type") == "tool_use"]
         if (open_ids or results) and not body.get("tools"):
             return "Requests which include `tool_use` or `tool_result` blocks must define tools."
@@ -335,20 +374,35 @@ def request_problem(body: dict[str, Any]) -> str | None:
 def stream_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The SSE events (name, data) of `message`, in the API's order."""
     usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None,
-             "usage": {"input_tokens": usage.get("input_tokens", 0), "output_tokens": 1}}
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": usage.get("input_tokens", 0), "output_tokens": 1},
+    }
     events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
     for index, block in enumerate(message["content"]):
-        events.append(("content_block_start", {"type": "content_block_start", "index": index,
-                                               "content_block": _empty_block(block)}))
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": _empty_block(block)},
+            )
+        )
         if index == 0:
             events.append(("ping", {"type": "ping"}))
         for delta in _block_deltas(block):
             events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
         events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
-    events.append(("message_delta", {"type": "message_delta",
-                                     "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                                     "usage": {"output_tokens": usage.get("output_tokens", 0)}}))
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": usage.get("output_tokens", 0)},
+            },
+        )
+    )
     events.append(("message_stop", {"type": "message_stop"}))
     return events
 

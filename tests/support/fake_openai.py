@@ -95,11 +95,16 @@ class Reply:
 
 
 # Default error `type` and `code` of OpenAI's error JSON, by HTTP status.
-_ERROR_KINDS = {400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
-                403: ("invalid_request_error", "unsupported_country_region_territory"),
-                404: ("invalid_request_error", "model_not_found"), 422: ("invalid_request_error", None),
-                429: ("requests", "rate_limit_exceeded"), 500: ("server_error", None),
-                503: ("server_error", None)}
+_ERROR_KINDS = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "unsupported_country_region_territory"),
+    404: ("invalid_request_error", "model_not_found"),
+    422: ("invalid_request_error", None),
+    429: ("requests", "rate_limit_exceeded"),
+    500: ("server_error", None),
+    503: ("server_error", None),
+}
 
 
 @dataclass(frozen=True)
@@ -116,8 +121,14 @@ class Failure:
 
     def body(self) -> dict[str, Any]:
         kind, code = _ERROR_KINDS.get(self.status, ("api_error", None))
-        return {"error": {"message": self.message, "type": self.type or kind, "param": self.param,
-                          "code": self.code if self.code is not None else code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type or kind,
+                "param": self.param,
+                "code": self.code if self.code is not None else code,
+            }
+        }
 
 
 @dataclass(frozen=True)
@@ -201,8 +212,9 @@ class FakeOpenAI:
             return self._queue.popleft()
         if self.script is not None:
             return self.script(request)
-        return Failure(400, f"the fake OpenAI server has no reply scripted for request #{len(self.requests)} "
-                            f"({request.path})")
+        return Failure(
+            400, f"the fake OpenAI server has no reply scripted for request #{len(self.requests)} ({request.path})"
+        )
 
     # ------------------------------------------------------------ HTTP
 
@@ -218,24 +230,35 @@ class FakeOpenAI:
             return _error_response(answer)
         responses_api = request.path == RESPONSES_PATH
         if not request.stream:
-            document = (self._response_object(body, answer, "completed") if responses_api
-                        else self._chat_completion(body, answer))
+            document = (
+                self._response_object(body, answer, "completed")
+                if responses_api
+                else self._chat_completion(body, answer)
+            )
             return web.json_response(document)
         events = self._response_events(body, answer) if responses_api else self._chat_chunks(body, answer)
         error = Failure(500, answer.error_message, code="server_error").body()
         # The Responses API's `error` event has the fields of the error object, its own type.
-        error_event = ("error", {**error["error"], "type": "error", "sequence_number": len(events)}) \
-            if responses_api else (None, error)
+        error_event = (
+            ("error", {**error["error"], "type": "error", "sequence_number": len(events)})
+            if responses_api
+            else (None, error)
+        )
         return await self._stream(http_request, answer, events, error_event)
 
-    async def _stream(self, http_request: web.Request, reply: Reply,
-                      events: list[tuple[str | None, dict[str, Any] | str, bool]],
-                      error_event: tuple[str | None, dict[str, Any]]) -> web.StreamResponse:
+    async def _stream(
+        self,
+        http_request: web.Request,
+        reply: Reply,
+        events: list[tuple[str | None, dict[str, Any] | str, bool]],
+        error_event: tuple[str | None, dict[str, Any]],
+    ) -> web.StreamResponse:
         """Send the events as SSE. With `error_after`, send `error_event` after that many
         text deltas and end; with `stall_after`, stop after that many text deltas and hold
         the connection open until the fake stops (or the client goes away)."""
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                               "Cache-Control": "no-cache"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        )
         await response.prepare(http_request)
         sent_deltas = 0
         try:
@@ -262,24 +285,37 @@ class FakeOpenAI:
 
     # ------------------------------------------------------------ the Responses API
 
-    def _response_object(self, body: dict[str, Any], reply: Reply, status: str,
-                         output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def _response_object(
+        self, body: dict[str, Any], reply: Reply, status: str, output: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         """A Response object; `output` defaults to the reply's whole output."""
         done = status != "in_progress"
         if done:
             status = "incomplete" if reply.incomplete else status
         return {
-            "id": self._id("resp"), "object": "response", "created_at": int(time.time()), "status": status,
+            "id": self._id("resp"),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": status,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if done and reply.incomplete else None,
-            "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
             "model": body.get("model", ""),
             "output": self._output_items(reply) if output is None else output,
-            "parallel_tool_calls": True, "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
-            "store": body.get("store", True), "temperature": 1.0, "text": {"format": {"type": "text"}},
-            "tool_choice": "auto", "tools": body.get("tools", []), "top_p": 1.0, "truncation": "disabled",
+            "parallel_tool_calls": True,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": body.get("store", True),
+            "temperature": 1.0,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "auto",
+            "tools": body.get("tools", []),
+            "top_p": 1.0,
+            "truncation": "disabled",
             "usage": self._usage(body, reply, responses_api=True) if done else None,
-            "user": None, "metadata": {},
+            "user": None,
+            "metadata": {},
         }
 
     def _output_items(self, reply: Reply) -> list[dict[str, Any]]:
@@ -287,71 +323,101 @@ class FakeOpenAI:
         if reply.full_text() or not reply.tool_calls:
             items.append(_message_item(self._id("msg"), reply.full_text(), "completed"))
         for call in reply.tool_calls:
-            items.append(_function_call_item(self._id("fc"), self._call_id(call), call.name,
-                                             call.arguments_json(), "completed"))
+            items.append(
+                _function_call_item(self._id("fc"), self._call_id(call), call.name, call.arguments_json(), "completed")
+            )
         return items
 
-    def _response_events(self, body: dict[str, Any],
-                         reply: Reply) -> list[tuple[str | None, dict[str, Any] | str, bool]]:
+    def _response_events(
+        self, body: dict[str, Any], reply: Reply
+    ) -> list[tuple[str | None, dict[str, Any] | str, bool]]:
         """The event sequence of a streamed response: created, in_progress, each output
         item (added, its parts and deltas, done), completed."""
         final = self._response_object(body, reply, "completed")
         started = {**final, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
         events: list[tuple[str, dict[str, Any], bool]] = [
             ("response.created", {"response": started}, False),
-            ("response.in_progress", {"response": started}, False)]
+            ("response.in_progress", {"response": started}, False),
+        ]
         for index, item in enumerate(final["output"]):
             if item["type"] == "message":
                 events += _message_events(item, index, reply.deltas())
             else:
                 events += _function_call_events(item, index)
-        events.append(("response.completed" if final["status"] == "completed" else "response.incomplete",
-                       {"response": final}, False))
-        return [(name, {"type": name, "sequence_number": n, **data}, is_delta)
-                for n, (name, data, is_delta) in enumerate(events)]
+        events.append(
+            (
+                "response.completed" if final["status"] == "completed" else "response.incomplete",
+                {"response": final},
+                False,
+            )
+        )
+        return [
+            (name, {"type": name, "sequence_number": n, **data}, is_delta)
+            for n, (name, data, is_delta) in enumerate(events)
+        ]
 
     # ------------------------------------------------------------ Chat Completions
 
     def _chat_completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": reply.full_text() or None, "refusal": None}
         if reply.tool_calls:
-            message["tool_calls"] = [{"id": self._call_id(c), "type": "function",
-                                      "function": {"name": c.name, "arguments": c.arguments_json()}}
-                                     for c in reply.tool_calls]
-        return {"id": self._id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model", ""), "system_fingerprint": None,
-                "choices": [{"index": 0, "message": message, "logprobs": None,
-                             "finish_reason": _finish_reason(reply)}],
-                "usage": self._usage(body, reply, responses_api=False)}
+            message["tool_calls"] = [
+                {
+                    "id": self._call_id(c),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments_json()},
+                }
+                for c in reply.tool_calls
+            ]
+        return {
+            "id": self._id("chatcmpl"),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", ""),
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(reply)}],
+            "usage": self._usage(body, reply, responses_api=False),
+        }
 
-    def _chat_chunks(self, body: dict[str, Any],
-                     reply: Reply) -> list[tuple[str | None, dict[str, Any] | str, bool]]:
+    def _chat_chunks(self, body: dict[str, Any], reply: Reply) -> list[tuple[str | None, dict[str, Any] | str, bool]]:
         """The chunks of a streamed chat completion: the role, content deltas, each tool
         call (id and name first, then its arguments), the finish reason, the usage chunk
         (when stream_options.include_usage), then `[DONE]`."""
         with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        base = {"id": self._id("chatcmpl"), "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": body.get("model", ""), "system_fingerprint": None}
+        base = {
+            "id": self._id("chatcmpl"),
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model", ""),
+            "system_fingerprint": None,
+        }
         if with_usage:
             base["usage"] = None
 
         def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-            return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish_reason}]}
+            return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
 
         chunks: list[tuple[str | None, dict[str, Any] | str, bool]] = [
-            (None, chunk({"role": "assistant", "content": "", "refusal": None}), False)]
+            (None, chunk({"role": "assistant", "content": "", "refusal": None}), False)
+        ]
         chunks += [(None, chunk({"content": piece}), True) for piece in reply.deltas()]
         for index, call in enumerate(reply.tool_calls):
-            opening = {"index": index, "id": self._call_id(call), "type": "function",
-                       "function": {"name": call.name, "arguments": ""}}
+            opening = {
+                "index": index,
+                "id": self._call_id(call),
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
             chunks.append((None, chunk({"tool_calls": [opening]}), False))
-            chunks += [(None, chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}), False)
-                       for piece in _halves(call.arguments_json())]
+            chunks += [
+                (None, chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}), False)
+                for piece in _halves(call.arguments_json())
+            ]
         chunks.append((None, chunk({}, _finish_reason(reply)), False))
         if with_usage:
-            chunks.append((None, {**base, "choices": [], "usage": self._usage(body, reply, responses_api=False)},
-                           False))
+            chunks.append(
+                (None, {**base, "choices": [], "usage": self._usage(body, reply, responses_api=False)}, False)
+            )
         chunks.append((None, "[DONE]", False))
         return chunks
 
@@ -360,14 +426,22 @@ class FakeOpenAI:
     def _usage(self, body: dict[str, Any], reply: Reply, *, responses_api: bool) -> dict[str, Any]:
         # Made-up but plausible counts: about 4 bytes of request per token, a token per delta.
         input_tokens = reply.input_tokens if reply.input_tokens is not None else len(json.dumps(body)) // 4
-        output_tokens = (reply.output_tokens if reply.output_tokens is not None
-                         else len(reply.deltas()) + 10 * len(reply.tool_calls))
+        output_tokens = (
+            reply.output_tokens if reply.output_tokens is not None else len(reply.deltas()) + 10 * len(reply.tool_calls)
+        )
         if responses_api:
-            return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
-                    "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                    "total_tokens": input_tokens + output_tokens}
-        return {"prompt_tokens": input_tokens, "completion_tokens": output_tokens,
-                "total_tokens": input_tokens + output_tokens}
+            return {
+                "input_tokens": input_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": output_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": input_tokens + output_tokens,
+            }
+        return {
+            "prompt_tokens": input_tokens,
+            "completion_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        }
 
     def _id(self, prefix: str) -> str:
         return f"{prefix}_fake{next(self._ids):06d}"
@@ -383,8 +457,14 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 
 
 def _function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
-            "arguments": arguments}
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
 
 
 def _message_events(item: dict[str, Any], index: int, deltas: list[str]) -> list[tuple[str, dict[str, Any], bool]]:
@@ -392,8 +472,11 @@ def _message_events(item: dict[str, Any], index: int, deltas: list[str]) -> list
     text = item["content"][0]["text"]
     empty_part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
     return [
-        ("response.output_item.added",
-         {"output_index": index, "item": _message_item(item["id"], "", "in_progress")}, False),
+        (
+            "response.output_item.added",
+            {"output_index": index, "item": _message_item(item["id"], "", "in_progress")},
+            False,
+        ),
         ("response.content_part.added", {**where, "part": empty_part}, False),
         *[("response.output_text.delta", {**where, "delta": piece, "logprobs": []}, True) for piece in deltas],
         ("response.output_text.done", {**where, "text": text, "logprobs": []}, False),
@@ -407,10 +490,15 @@ def _function_call_events(item: dict[str, Any], index: int) -> list[tuple[str, d
     opening = _function_call_item(item["id"], item["call_id"], item["name"], "", "in_progress")
     return [
         ("response.output_item.added", {"output_index": index, "item": opening}, False),
-        *[("response.function_call_arguments.delta", {**where, "delta": piece}, False)
-          for piece in _halves(item["arguments"])],
-        ("response.function_call_arguments.done", {**where, "name": item["name"], "arguments": item["arguments"]},
-         False),
+        *[
+            ("response.function_call_arguments.delta", {**where, "delta": piece}, False)
+            for piece in _halves(item["arguments"])
+        ],
+        (
+            "response.function_call_arguments.done",
+            {**where, "name": item["name"], "arguments": item["arguments"]},
+            False,
+        ),
         ("response.output_item.done", {"output_index": index, "item": item}, False),
     ]
 

@@ -100,8 +100,10 @@ class LinkProxy:
                     up_reader, conn.upstream = await asyncio.open_connection(*self.target)
             except (OSError, TimeoutError):
                 return  # the target is down: the dialer sees its connection close, as with a refused port
-            conn.tasks = [asyncio.create_task(self._pipe(reader, conn.upstream, conn)),
-                          asyncio.create_task(self._pipe(up_reader, writer, conn))]
+            conn.tasks = [
+                asyncio.create_task(self._pipe(reader, conn.upstream, conn)),
+                asyncio.create_task(self._pipe(up_reader, writer, conn)),
+            ]
             await asyncio.gather(*conn.tasks, return_exceptions=True)
         finally:
             conn.close()
@@ -134,8 +136,12 @@ class ProxyMesh:
 
     def __init__(self, raft_ports: Mapping[str, int]) -> None:
         self.nodes = list(raft_ports)
-        self.links = {(src, dst): LinkProxy(f"{src}->{dst}", (HOST, raft_ports[dst]))
-                      for src in self.nodes for dst in self.nodes if src != dst}
+        self.links = {
+            (src, dst): LinkProxy(f"{src}->{dst}", (HOST, raft_ports[dst]))
+            for src in self.nodes
+            for dst in self.nodes
+            if src != dst
+        }
         self._thread = LoopThread("fault-proxy")
 
     def address(self, src: str, dst: str) -> str:

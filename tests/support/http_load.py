@@ -97,17 +97,22 @@ def raise_fd_limit(needed: int) -> tuple[int, int]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
         return soft, hard
-    how = (f"raise it (`ulimit -Hn {needed}` as root, LimitNOFILE= in a systemd unit, --ulimit nofile= "
-           f"for docker) or run fewer clients")
+    how = (
+        f"raise it (`ulimit -Hn {needed}` as root, LimitNOFILE= in a systemd unit, --ulimit nofile= "
+        f"for docker) or run fewer clients"
+    )
     if hard != resource.RLIM_INFINITY and hard < needed:
-        raise LoadSetupError(f"{needed} file descriptors needed (one socket per client plus {FD_HEADROOM}), "
-                             f"but the hard limit RLIMIT_NOFILE is {hard}: {how}")
+        raise LoadSetupError(
+            f"{needed} file descriptors needed (one socket per client plus {FD_HEADROOM}), "
+            f"but the hard limit RLIMIT_NOFILE is {hard}: {how}"
+        )
     wanted = hard if hard != resource.RLIM_INFINITY else needed
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     except (ValueError, OSError) as exc:
-        raise LoadSetupError(f"cannot raise the soft RLIMIT_NOFILE from {soft} to {wanted} ({exc}); "
-                             f"{needed} are needed: {how}") from None
+        raise LoadSetupError(
+            f"cannot raise the soft RLIMIT_NOFILE from {soft} to {wanted} ({exc}); {needed} are needed: {how}"
+        ) from None
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
@@ -184,14 +189,16 @@ class LoadResult:
         errors = ", ".join(f"{cls} {n}" for cls, n in sorted(self.transport_errors.items())) or "none"
         p50 = "-" if self.p50_ms is None else f"{self.p50_ms:.1f}"
         p99 = "-" if self.p99_ms is None else f"{self.p99_ms:.1f}"
-        return (f"{self.clients} clients for {self.duration_s:.1f} s against {self.base_url}: "
-                f"{self.answers} answers ({self.answers_per_s:.0f}/s; {codes}); accepted p50 {p50} ms, "
-                f"p99 {p99} ms; transport errors: {errors}; {self.clients_answered} clients answered, "
-                f"{self.connections_opened} connections opened")
+        return (
+            f"{self.clients} clients for {self.duration_s:.1f} s against {self.base_url}: "
+            f"{self.answers} answers ({self.answers_per_s:.0f}/s; {codes}); accepted p50 {p50} ms, "
+            f"p99 {p99} ms; transport errors: {errors}; {self.clients_answered} clients answered, "
+            f"{self.connections_opened} connections opened"
+        )
 
 
 def error_code(status: int, body: bytes) -> str:
-    """"2xx" for accepted answers; else the `error` of a JSON error body, or http_<status>."""
+    """ "2xx" for accepted answers; else the `error` of a JSON error body, or http_<status>."""
     if 200 <= status < 300:
         return "2xx"
     try:
@@ -250,15 +257,24 @@ def summarize(config: LoadConfig, tally: Tally, elapsed_s: float) -> LoadResult:
     latencies = sorted(tally.accepted_latencies_s)
     answers = sum(by_code.values())
     return LoadResult(
-        base_url=config.base_url, clients=config.clients, duration_s=round(elapsed_s, 3), answers=answers,
-        answers_per_s=round(answers / elapsed_s, 1) if elapsed_s > 0 else 0.0, accepted=by_code["2xx"],
-        p50_ms=percentile_ms(latencies, 50), p99_ms=percentile_ms(latencies, 99), by_code=dict(by_code),
+        base_url=config.base_url,
+        clients=config.clients,
+        duration_s=round(elapsed_s, 3),
+        answers=answers,
+        answers_per_s=round(answers / elapsed_s, 1) if elapsed_s > 0 else 0.0,
+        accepted=by_code["2xx"],
+        p50_ms=percentile_ms(latencies, 50),
+        p99_ms=percentile_ms(latencies, 99),
+        by_code=dict(by_code),
         by_answer=dict(by_answer),
-        by_kind={k: dict(v) for k, v in by_kind.items()}, transport_errors=dict(errors),
+        by_kind={k: dict(v) for k, v in by_kind.items()},
+        transport_errors=dict(errors),
         transport_errors_by_kind={k: dict(v) for k, v in errors_by_kind.items()},
         error_examples=dict(tally.error_examples),
         unavailable_without_retry_after=dict(tally.unavailable_without_retry_after),
-        clients_answered=len(tally.clients_answered), connections_opened=tally.connections_opened)
+        clients_answered=len(tally.clients_answered),
+        connections_opened=tally.connections_opened,
+    )
 
 
 # ---------------------------------------------------------------- the requests
@@ -279,8 +295,9 @@ class Target:
         return cls(config.base_url, auth, {**auth, "Content-Type": "application/json"}, tuple(session_ids))
 
 
-async def send(http: aiohttp.ClientSession, target: Target, kind: str, rng: random.Random,
-               client: int, tally: Tally) -> None:
+async def send(
+    http: aiohttp.ClientSession, target: Target, kind: str, rng: random.Random, client: int, tally: Tally
+) -> None:
     """One request of `kind`; its answer or its transport error goes to `tally`."""
     base = target.base_url
     if kind == "create_session":
@@ -303,16 +320,29 @@ async def send(http: aiohttp.ClientSession, target: Target, kind: str, rng: rand
                 body_bytes = b""
             else:
                 body_bytes = await resp.read()
-            tally.answer(client, kind, resp.status, error_code(resp.status, body_bytes),
-                         "Retry-After" in resp.headers, time.perf_counter() - started)
+            tally.answer(
+                client,
+                kind,
+                resp.status,
+                error_code(resp.status, body_bytes),
+                "Retry-After" in resp.headers,
+                time.perf_counter() - started,
+            )
     except asyncio.CancelledError:
         raise
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         tally.transport_error(kind, classify_transport_error(exc), exc)
 
 
-async def run_client(http: aiohttp.ClientSession, target: Target, mix: Mapping[str, float], rng: random.Random,
-                     client: int, end_at: float, tally: Tally) -> None:
+async def run_client(
+    http: aiohttp.ClientSession,
+    target: Target,
+    mix: Mapping[str, float],
+    rng: random.Random,
+    client: int,
+    end_at: float,
+    tally: Tally,
+) -> None:
     """A closed loop of requests until `end_at` (the request in flight then is finished)."""
     kinds = [k for k, w in mix.items() if w > 0]
     weights = [mix[k] for k in kinds]
@@ -331,9 +361,12 @@ async def seed_sessions(http: aiohttp.ClientSession, config: LoadConfig) -> list
     for session_id in ids:
         while True:
             try:
-                async with http.post(config.base_url + "/v1/sessions", headers=headers,
-                                     data=json.dumps({"agent": LOAD_AGENT, "session_id": session_id}),
-                                     timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                async with http.post(
+                    config.base_url + "/v1/sessions",
+                    headers=headers,
+                    data=json.dumps({"agent": LOAD_AGENT, "session_id": session_id}),
+                    timeout=aiohttp.ClientTimeout(total=5),
+                ) as resp:
                     text = await resp.text()
                     if resp.status in (200, 201):
                         break
@@ -341,8 +374,10 @@ async def seed_sessions(http: aiohttp.ClientSession, config: LoadConfig) -> list
             except (TimeoutError, aiohttp.ClientError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             if time.monotonic() > deadline:
-                raise LoadSetupError(f"could not create the seed session {session_id} at {config.base_url} "
-                                     f"within {SEED_DEADLINE_S:.0f} s: {problem}")
+                raise LoadSetupError(
+                    f"could not create the seed session {session_id} at {config.base_url} "
+                    f"within {SEED_DEADLINE_S:.0f} s: {problem}"
+                )
             await asyncio.sleep(0.1)
     return ids
 
@@ -368,14 +403,22 @@ async def run_load(config: LoadConfig) -> LoadResult:
     timeout = aiohttp.ClientTimeout(total=config.request_timeout_s, sock_connect=config.connect_timeout_s)
     # limit=0: no connection limit, so every client in flight holds its own connection.
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(),
-                                     trace_configs=[counting_connections(tally)]) as http:
+    async with aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trace_configs=[counting_connections(tally)],
+    ) as http:
         target = Target.of(config, await seed_sessions(http, config))
         tally.connections_opened = 0  # count the load's connections only
         started = time.monotonic()
         end_at = started + config.duration_s
-        clients = [asyncio.create_task(run_client(http, target, config.mix, random.Random(rng.getrandbits(64)),
-                                                  i, end_at, tally)) for i in range(config.clients)]
+        clients = [
+            asyncio.create_task(
+                run_client(http, target, config.mix, random.Random(rng.getrandbits(64)), i, end_at, tally)
+            )
+            for i in range(config.clients)
+        ]
         try:
             # Each client ends within one request timeout of end_at; the margin is for a
             # starved event loop. Past it, the run is broken, not slow.
@@ -388,6 +431,8 @@ async def run_load(config: LoadConfig) -> LoadResult:
         for task in done:
             task.result()  # a client that raised: a bug here, not an answer of the node
         if late:
-            raise LoadSetupError(f"{len(late)} clients did not finish within the request timeout "
-                                 f"after the load window; the load generator is starved")
+            raise LoadSetupError(
+                f"{len(late)} clients did not finish within the request timeout "
+                f"after the load window; the load generator is starved"
+            )
     return summarize(config, tally, elapsed)

@@ -51,19 +51,36 @@ class KVCluster:
         ports = free_ports(2 * self.size)
         for i in range(self.size):
             nid = f"n{i + 1}"
-            self.nodes[nid] = KVProc(nid, ports[2 * i], ports[2 * i + 1],
-                                     self.root / nid, self.root / f"{nid}.log")
+            self.nodes[nid] = KVProc(nid, ports[2 * i], ports[2 * i + 1], self.root / nid, self.root / f"{nid}.log")
 
     def start(self, nid: str) -> None:
         node = self.nodes[nid]
         members = [f"--member={m.id}=127.0.0.1:{m.raft_port}" for m in self.nodes.values()]
-        cmd = [sys.executable, "-m", "tests.support.kv_node", "--id", nid, "--dir", str(node.data_dir),
-               "--raft", f"127.0.0.1:{node.raft_port}", "--http", f"127.0.0.1:{node.http_port}",
-               "--durability", self.durability, "--election-min-ms", str(self.election_min_ms),
-               "--election-max-ms", str(self.election_max_ms), *members, *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.support.kv_node",
+            "--id",
+            nid,
+            "--dir",
+            str(node.data_dir),
+            "--raft",
+            f"127.0.0.1:{node.raft_port}",
+            "--http",
+            f"127.0.0.1:{node.http_port}",
+            "--durability",
+            self.durability,
+            "--election-min-ms",
+            str(self.election_min_ms),
+            "--election-max-ms",
+            str(self.election_max_ms),
+            *members,
+            *self.extra_args,
+        ]
         log = open(node.log_path, "ab")
-        node.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+        node.proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        )
         log.close()
 
     def start_all(self) -> None:
@@ -107,8 +124,9 @@ async def statuses(cluster: KVCluster, session: aiohttp.ClientSession) -> dict[s
     return out
 
 
-async def wait_for_leased_leader(cluster: KVCluster, session: aiohttp.ClientSession,
-                                 deadline_s: float, exclude: str | None = None) -> tuple[str, float]:
+async def wait_for_leased_leader(
+    cluster: KVCluster, session: aiohttp.ClientSession, deadline_s: float, exclude: str | None = None
+) -> tuple[str, float]:
     """Poll until exactly one live node reports leader + valid lease; returns (id, seconds)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < deadline_s:
@@ -117,5 +135,6 @@ async def wait_for_leased_leader(cluster: KVCluster, session: aiohttp.ClientSess
         if len(leased) == 1:
             return leased[0], time.monotonic() - t0
         await asyncio.sleep(0.01)
-    raise AssertionError(f"no leader with a valid lease within {deadline_s}s; statuses: "
-                         f"{await statuses(cluster, session)}")
+    raise AssertionError(
+        f"no leader with a valid lease within {deadline_s}s; statuses: {await statuses(cluster, session)}"
+    )

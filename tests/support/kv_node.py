@@ -114,9 +114,15 @@ class KVServer:
 
     async def bench(self, request: web.Request) -> web.Response:
         body = await request.json()
-        return web.json_response(await run_load(self.node, int(body["concurrency"]),
-                                                int(body["count"]), int(body.get("size", 256)),
-                                                body.get("duration_s")))
+        return web.json_response(
+            await run_load(
+                self.node,
+                int(body["concurrency"]),
+                int(body["count"]),
+                int(body.get("size", 256)),
+                body.get("duration_s"),
+            )
+        )
 
 
 def _dumps(obj: Any) -> str:
@@ -125,8 +131,9 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, default=str)
 
 
-async def run_load(node: RaftNode, concurrency: int, count: int, size: int,
-                   duration_s: float | None = None) -> dict[str, Any]:
+async def run_load(
+    node: RaftNode, concurrency: int, count: int, size: int, duration_s: float | None = None
+) -> dict[str, Any]:
     """Propose `count` entries of `size` bytes from `concurrency` tasks (or until
     `duration_s` passes); latency per commit."""
     latencies: list[float] = []
@@ -154,12 +161,18 @@ async def run_load(node: RaftNode, concurrency: int, count: int, size: int,
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - t0
     latencies.sort()
+
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else 0.0
+
     return {
-        "concurrency": concurrency, "committed": len(latencies), "errors": errors,
-        "seconds": elapsed, "per_second": len(latencies) / elapsed if elapsed else 0.0,
-        "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+        "concurrency": concurrency,
+        "committed": len(latencies),
+        "errors": errors,
+        "seconds": elapsed,
+        "per_second": len(latencies) / elapsed if elapsed else 0.0,
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
         "mean_ms": statistics.fmean(latencies) * 1000 if latencies else 0.0,
         "fsyncs_per_second": (node.metrics.fsyncs - fsyncs0) / elapsed if elapsed else 0.0,
     }
@@ -171,20 +184,31 @@ async def serve(args: argparse.Namespace) -> None:
         nid, addr = spec.split("=", 1)
         members[nid] = Member(_addr(addr))
     config = NodeConfig(
-        id=args.id, data_dir=Path(args.dir), raft_listen=_addr(args.raft), members=members,
-        durability=args.durability, secret=args.secret.encode() if args.secret else None,
-        election_timeout_min_ms=args.election_min_ms, election_timeout_max_ms=args.election_max_ms,
-        heartbeat_interval_ms=args.heartbeat_ms, snapshot_every_entries=args.snapshot_every,
+        id=args.id,
+        data_dir=Path(args.dir),
+        raft_listen=_addr(args.raft),
+        members=members,
+        durability=args.durability,
+        secret=args.secret.encode() if args.secret else None,
+        election_timeout_min_ms=args.election_min_ms,
+        election_timeout_max_ms=args.election_max_ms,
+        heartbeat_interval_ms=args.heartbeat_ms,
+        snapshot_every_entries=args.snapshot_every,
     )
     sm = KVStateMachine()
     node = RaftNode(config, sm)
     await node.start()
     server = KVServer(node, sm)
     app = web.Application()
-    app.add_routes([
-        web.post("/put", server.put), web.get("/status", server.status), web.get("/dump", server.dump),
-        web.post("/transfer", server.transfer), web.post("/bench", server.bench),
-    ])
+    app.add_routes(
+        [
+            web.post("/put", server.put),
+            web.get("/status", server.status),
+            web.get("/dump", server.dump),
+            web.post("/transfer", server.transfer),
+            web.post("/bench", server.bench),
+        ]
+    )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     host, port = _addr(args.http)

@@ -38,8 +38,9 @@ class ReadinessRecorder:
     body of `async with`; a task of its own, stopped at the end of the block or after
     `max_duration_s`."""
 
-    def __init__(self, probe_urls: Mapping[str, str], interval_s: float = INTERVAL_S,
-                 max_duration_s: float = MAX_DURATION_S) -> None:
+    def __init__(
+        self, probe_urls: Mapping[str, str], interval_s: float = INTERVAL_S, max_duration_s: float = MAX_DURATION_S
+    ) -> None:
         self.urls = dict(probe_urls)
         self.interval_s = interval_s
         self.max_duration_s = max_duration_s
@@ -95,8 +96,7 @@ class ReadinessRecorder:
         deadline = time.monotonic() + deadline_s
         while (row := self.first_ready(since, nodes)) is None:
             if time.monotonic() > deadline:
-                raise AssertionError(f"none of {sorted(nodes or self.urls)} answered /readyz 200 "
-                                     f"within {deadline_s} s")
+                raise AssertionError(f"none of {sorted(nodes or self.urls)} answered /readyz 200 within {deadline_s} s")
             await self.next_round()
         return row
 
@@ -118,13 +118,22 @@ class ReadinessRecorder:
 
     def first_ready(self, since: float, nodes: set[str] | None = None) -> ProbeRow | None:
         """The first 200 after `since`, of one of `nodes` (any node when None)."""
-        return next((row for row in self.rows if row.at >= since and row.status == 200
-                     and (nodes is None or row.node in nodes)), None)
+        return next(
+            (
+                row
+                for row in self.rows
+                if row.at >= since and row.status == 200 and (nodes is None or row.node in nodes)
+            ),
+            None,
+        )
 
     def last_ready(self, node: str, before_round: int | None = None) -> ProbeRow | None:
         """`node`'s last 200 in the record (before round `before_round`, if given)."""
-        rows = [row for row in self.rows if row.node == node and row.status == 200
-                and (before_round is None or row.round < before_round)]
+        rows = [
+            row
+            for row in self.rows
+            if row.node == node and row.status == 200 and (before_round is None or row.round < before_round)
+        ]
         return rows[-1] if rows else None
 
     def describe_around(self, at: float, window_s: float = 0.3) -> str:

@@ -42,10 +42,13 @@ async def test_without_a_description_the_message_names_the_check_and_its_line() 
         await eventually(lambda: 0, deadline_s=0.05, interval_s=0.01)
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    ({"deadline_s": 0}, "deadline_s"),
-    ({"interval_s": -1}, "interval_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"deadline_s": 0}, "deadline_s"),
+        ({"interval_s": -1}, "interval_s"),
+    ],
+)
 async def test_refuses_a_deadline_or_interval_that_is_not_positive(kwargs: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         await eventually(lambda: True, "anything", **kwargs)

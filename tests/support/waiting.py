@@ -12,8 +12,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 
-async def eventually(check: Callable[[], Any | Awaitable[Any]], what: str | None = None,
-                     deadline_s: float = 30.0, interval_s: float = 0.05) -> Any:
+async def eventually(
+    check: Callable[[], Any | Awaitable[Any]],
+    what: str | None = None,
+    deadline_s: float = 30.0,
+    interval_s: float = 0.05,
+) -> Any:
     """Poll `check()` (a plain or an async function) until it returns something truthy, and
     return that; AssertionError naming `what` after `deadline_s` seconds (without `what`,
     the message names the check and where it is defined, enough for a lambda whose

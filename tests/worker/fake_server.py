@@ -96,25 +96,56 @@ class FakeServer:
 
     # ------------------------------------------------------------ test controls
 
-    def add_task(self, kind: str, input: dict[str, Any], *, agent: str = "support", session_id: str = "s1",
-                 attempt: int = 1, idempotency_key: str | None = None,
-                 heartbeat_timeout_ms: int | None = None, named_agent: str | None = None) -> str:
+    def add_task(
+        self,
+        kind: str,
+        input: dict[str, Any],
+        *,
+        agent: str = "support",
+        session_id: str = "s1",
+        attempt: int = 1,
+        idempotency_key: str | None = None,
+        heartbeat_timeout_ms: int | None = None,
+        named_agent: str | None = None,
+    ) -> str:
         """Queue a task for the next poll of `agent`; returns its task token. The task
         names `named_agent` when given (a server/Worker mismatch), else `agent`."""
         token = f"tok-{next(self._tokens)}"
-        self._queue.append({"queue": agent,
-            "task_token": token, "session_id": session_id, "turn_id": "t1", "step_id": f"st-{token}",
-            "kind": kind, "attempt": attempt, "idempotency_key": idempotency_key, "input": input,
-            "heartbeat_timeout_ms": heartbeat_timeout_ms or self.heartbeat_timeout_ms,
-            "deadline_ms": None, "agent": named_agent or agent,
-        })
+        self._queue.append(
+            {
+                "queue": agent,
+                "task_token": token,
+                "session_id": session_id,
+                "turn_id": "t1",
+                "step_id": f"st-{token}",
+                "kind": kind,
+                "attempt": attempt,
+                "idempotency_key": idempotency_key,
+                "input": input,
+                "heartbeat_timeout_ms": heartbeat_timeout_ms or self.heartbeat_timeout_ms,
+                "deadline_ms": None,
+                "agent": named_agent or agent,
+            }
+        )
         self._queued.set()
         return token
 
-    def add_tool_task(self, name: str, arguments: dict[str, Any], *, call_id: str = "c1",
-                      kind: str = "CallTool", session_id: str = "s1", **extra_input: Any) -> str:
-        return self.add_task(kind, {"call_id": call_id, "name": name, "arguments": arguments, **extra_input},
-                             session_id=session_id, idempotency_key=f"{session_id}:{call_id}")
+    def add_tool_task(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        call_id: str = "c1",
+        kind: str = "CallTool",
+        session_id: str = "s1",
+        **extra_input: Any,
+    ) -> str:
+        return self.add_task(
+            kind,
+            {"call_id": call_id, "name": name, "arguments": arguments, **extra_input},
+            session_id=session_id,
+            idempotency_key=f"{session_id}:{call_id}",
+        )
 
     def results_of(self, token: str) -> list[Any]:
         return self.completes[token]
@@ -134,12 +165,16 @@ class FakeServer:
 
     def _unavailable(self, route: str) -> web.Response | None:
         if route in self.refused:
-            return web.json_response({"error": "refused", "message": f"{route} refused by the test"},
-                                     status=self.refused[route])
+            return web.json_response(
+                {"error": "refused", "message": f"{route} refused by the test"}, status=self.refused[route]
+            )
         if self.unavailable[route] > 0:
             self.unavailable[route] -= 1
-            return web.json_response({"error": "not_active", "message": "no active node", "leader_url": None},
-                                     status=503, headers={"Retry-After": "0"})
+            return web.json_response(
+                {"error": "not_active", "message": "no active node", "leader_url": None},
+                status=503,
+                headers={"Retry-After": "0"},
+            )
         return None
 
     async def _register(self, request: web.Request) -> web.Response:
@@ -164,7 +199,7 @@ class FakeServer:
                 await asyncio.wait_for(self._queued.wait(), remaining)
             except TimeoutError:
                 pass
-        tasks = self._matching(body["agents"])[:body["max_tasks"]]
+        tasks = self._matching(body["agents"])[: body["max_tasks"]]
         for task in tasks:
             self._queue.remove(task)
             self.handed_out[task["task_token"]] = task
@@ -176,8 +211,14 @@ class FakeServer:
         """403 unless the report carries the worker_id that took the task."""
         if body.get("worker_id") == self.taken_by.get(token):
             return None
-        return web.json_response({"error": "forbidden", "message": f"worker_id: task {token} was handed to "
-                                  f"{self.taken_by.get(token)!r}, not {body.get('worker_id')!r}"}, status=403)
+        return web.json_response(
+            {
+                "error": "forbidden",
+                "message": f"worker_id: task {token} was handed to "
+                f"{self.taken_by.get(token)!r}, not {body.get('worker_id')!r}",
+            },
+            status=403,
+        )
 
     def _matching(self, agents: list[str]) -> list[dict[str, Any]]:
         return [task for task in self._queue if task["queue"] in agents]
@@ -208,8 +249,9 @@ class FakeServer:
         if token in self.stale_result_tokens:
             return _stale()
         if token in self.refused_result_tokens:
-            return web.json_response({"error": "invalid", "message": "result.status must be ok, error, "
-                                      "question or task"}, status=400)
+            return web.json_response(
+                {"error": "invalid", "message": "result.status must be ok, error, question or task"}, status=400
+            )
         self.counters.end(token)
         self.next_tasks_asked[token] = body.get("next_tasks")
         eager = self.eager_after.get(token)
@@ -238,5 +280,4 @@ class FakeServer:
 
 
 def _stale() -> web.Response:
-    return web.json_response({"error": "stale_attempt", "message": "the attempt is no longer current"},
-                             status=409)
+    return web.json_response({"error": "stale_attempt", "message": "the attempt is no longer current"}, status=409)

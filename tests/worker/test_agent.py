@@ -14,8 +14,9 @@ from dex_ha.worker.context import QuestionAsked
 
 
 def make_ctx(**overrides: Any) -> ToolContext:
-    fields: dict[str, Any] = dict(session_id="s1", turn_id="t1", step_id="st1", call_id="c1", attempt=1,
-                                  idempotency_key="s1:c1", worker_id="w1")
+    fields: dict[str, Any] = dict(
+        session_id="s1", turn_id="t1", step_id="st1", call_id="c1", attempt=1, idempotency_key="s1:c1", worker_id="w1"
+    )
     fields.update(overrides)
     return ToolContext(**fields)
 
@@ -30,8 +31,14 @@ def support_agent() -> Agent:
         Longer text that is not part of the description."""
         return {"order_id": order_id}
 
-    @agent.tool(effect="write", approval=True, start_to_close_ms=60_000, max_attempts=1,
-                description="Refund money", input_schema={"type": "object"})
+    @agent.tool(
+        effect="write",
+        approval=True,
+        start_to_close_ms=60_000,
+        max_attempts=1,
+        description="Refund money",
+        input_schema={"type": "object"},
+    )
     def refund(ctx: ToolContext, amount: int) -> str:
         return "ok"
 
@@ -54,24 +61,49 @@ def test_definition_carries_each_policy_and_inferred_schemas() -> None:
     assert list(tools) == ["lookup", "refund", "build_target", "search"]
 
     assert tools["lookup"] == {
-        "name": "lookup", "effect": "read", "approval": False, "inline": False, "description": "Find an order.",
-        "input_schema": {"type": "object", "additionalProperties": False, "required": ["order_id"],
-                         "properties": {"order_id": {"type": "string"}, "verbose": {"type": "boolean"}}}}
+        "name": "lookup",
+        "effect": "read",
+        "approval": False,
+        "inline": False,
+        "description": "Find an order.",
+        "input_schema": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["order_id"],
+            "properties": {"order_id": {"type": "string"}, "verbose": {"type": "boolean"}},
+        },
+    }
     # Explicit values win over inference; timeouts and attempts are passed through.
-    assert tools["refund"] == {"name": "refund", "effect": "write", "approval": True, "inline": False,
-                               "description": "Refund money", "input_schema": {"type": "object"},
-                               "start_to_close_ms": 60_000, "max_attempts": 1}
+    assert tools["refund"] == {
+        "name": "refund",
+        "effect": "write",
+        "approval": True,
+        "inline": False,
+        "description": "Refund money",
+        "input_schema": {"type": "object"},
+        "start_to_close_ms": 60_000,
+        "max_attempts": 1,
+    }
     assert tools["build_target"]["effect"] == "idempotent_write"
     assert tools["build_target"]["input_schema"] == {
-        "type": "object", "additionalProperties": False, "required": ["target", "tags"],
-        "properties": {"target": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
-                       "options": {"type": "object"}}}
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["target", "tags"],
+        "properties": {
+            "target": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "options": {"type": "object"},
+        },
+    }
     assert "start_to_close_ms" not in tools["build_target"] and "description" not in tools["build_target"]
     search = tools["search"]
     assert search["inline"] is True and search["approval"] is False
     # **filters allows extra properties; Optional[int] becomes its base type.
-    assert search["input_schema"] == {"type": "object", "required": ["query"],
-                                      "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}}
+    assert search["input_schema"] == {
+        "type": "object",
+        "required": ["query"],
+        "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+    }
 
 
 def test_definition_is_accepted_unchanged_by_the_server_validator() -> None:
@@ -92,26 +124,32 @@ def test_schema_of_unannotated_and_untyped_parameters_accepts_anything() -> None
     def tool(ctx, a, b: SomethingUnknown = None, *rest):  # noqa: F821 - deliberately unresolvable
         return None
 
-    assert infer_input_schema(tool) == {"type": "object", "additionalProperties": False, "required": ["a"],
-                                        "properties": {"a": {}, "b": {}}}
+    assert infer_input_schema(tool) == {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["a"],
+        "properties": {"a": {}, "b": {}},
+    }
 
 
-@pytest.mark.parametrize("kwargs, argument, error", [
-    ({"effect": "delete"}, "effect", ValueError),
-    ({"effect": None}, "effect", ValueError),
-    ({"effect": "write", "approval": True, "inline": True}, "approval", ValueError),
-    ({"effect": "read", "start_to_close_ms": 0}, "start_to_close_ms", ValueError),
-    ({"effect": "read", "max_attempts": -1}, "max_attempts", ValueError),
-    ({"effect": "read", "max_attempts": 1.5}, "max_attempts", ValueError),
-    ({"effect": "read", "approval": "yes"}, "approval", TypeError),
-    ({"effect": "read", "inline": 1}, "inline", TypeError),
-    ({"effect": "read", "input_schema": "object"}, "input_schema", TypeError),
-    ({"effect": "read", "name": "ask_user"}, "name", ValueError),
-    ({"effect": "read", "name": "sleep"}, "name", ValueError),
-    ({"effect": "read", "name": ""}, "name", ValueError),
-])
-def test_bad_tool_declarations_name_the_argument(kwargs: dict[str, Any], argument: str,
-                                                 error: type[Exception]) -> None:
+@pytest.mark.parametrize(
+    "kwargs, argument, error",
+    [
+        ({"effect": "delete"}, "effect", ValueError),
+        ({"effect": None}, "effect", ValueError),
+        ({"effect": "write", "approval": True, "inline": True}, "approval", ValueError),
+        ({"effect": "read", "start_to_close_ms": 0}, "start_to_close_ms", ValueError),
+        ({"effect": "read", "max_attempts": -1}, "max_attempts", ValueError),
+        ({"effect": "read", "max_attempts": 1.5}, "max_attempts", ValueError),
+        ({"effect": "read", "approval": "yes"}, "approval", TypeError),
+        ({"effect": "read", "inline": 1}, "inline", TypeError),
+        ({"effect": "read", "input_schema": "object"}, "input_schema", TypeError),
+        ({"effect": "read", "name": "ask_user"}, "name", ValueError),
+        ({"effect": "read", "name": "sleep"}, "name", ValueError),
+        ({"effect": "read", "name": ""}, "name", ValueError),
+    ],
+)
+def test_bad_tool_declarations_name_the_argument(kwargs: dict[str, Any], argument: str, error: type[Exception]) -> None:
     agent = Agent("a")
 
     async def tool(ctx: ToolContext) -> None:
@@ -134,6 +172,7 @@ def test_duplicate_tool_names_are_refused() -> None:
     async def lookup(ctx: ToolContext) -> None: ...
 
     with pytest.raises(ValueError, match="name: .*already has a tool named 'lookup'"):
+
         @agent.tool(effect="write", name="lookup")
         async def other(ctx: ToolContext) -> None: ...
 
@@ -142,6 +181,7 @@ def test_duplicate_tool_names_are_refused() -> None:
 
 def test_a_tool_function_must_take_the_context() -> None:
     with pytest.raises(ValueError, match="fn: .*ToolContext"):
+
         @Agent("a").tool(effect="read")
         def no_params() -> None: ...
 
@@ -179,16 +219,21 @@ def test_an_inline_tool_cannot_have_a_poll_function() -> None:
     async def search(ctx: ToolContext) -> Any: ...
 
     with pytest.raises(ValueError, match="fn: .*inline"):
+
         @search.poll
         async def poll_search(ctx: ToolContext, handle: Any) -> Any: ...
 
 
-@pytest.mark.parametrize("kwargs, argument", [
-    ({"name": ""}, "name"), ({"name": "a/b"}, "name"),
-    ({"name": "a", "compaction": {"max_lines": 3}}, "compaction"),
-    ({"name": "a", "compaction": {"max_items": 0}}, "compaction"),
-    ({"name": "a", "model_start_to_close_ms": -5}, "model_start_to_close_ms"),
-])
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        ({"name": ""}, "name"),
+        ({"name": "a/b"}, "name"),
+        ({"name": "a", "compaction": {"max_lines": 3}}, "compaction"),
+        ({"name": "a", "compaction": {"max_items": 0}}, "compaction"),
+        ({"name": "a", "model_start_to_close_ms": -5}, "model_start_to_close_ms"),
+    ],
+)
 def test_bad_agent_arguments(kwargs: dict[str, Any], argument: str) -> None:
     with pytest.raises(ValueError, match=argument):
         Agent(**kwargs)

@@ -69,14 +69,24 @@ async def tokens_seen(server: RecordingServer, worker: Worker) -> set[str | None
     return set(server.authorizations)
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({"DEX_HA_WORKER_TOKEN": "worker-token", "DEX_HA_TOKEN": "admin-token", "DEX_HA_CLIENT_TOKEN": "client-token"},
-     "Bearer worker-token"),
-    ({"DEX_HA_TOKEN": "admin-token"}, "Bearer admin-token"),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {
+                "DEX_HA_WORKER_TOKEN": "worker-token",
+                "DEX_HA_TOKEN": "admin-token",
+                "DEX_HA_CLIENT_TOKEN": "client-token",
+            },
+            "Bearer worker-token",
+        ),
+        ({"DEX_HA_TOKEN": "admin-token"}, "Bearer admin-token"),
+        ({}, None),
+    ],
+)
 async def test_no_arguments_read_dex_ha_urls_and_the_worker_token(
-        server: RecordingServer, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str | None) -> None:
+    server: RecordingServer, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str | None
+) -> None:
     monkeypatch.setenv("DEX_HA_URLS", f"http://127.0.0.1:1,{server.url}")  # the first has nothing behind it
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -36,8 +36,10 @@ def request(*history: dict[str, Any], summary: str | None = None) -> ModelReques
 
 
 SCRIPT = [
-    {"content": "Let me look.", "tool_calls": [{"name": "lookup", "arguments": {"id": "7"}},
-                                               {"id": "mine", "name": "lookup", "arguments": {}}]},
+    {
+        "content": "Let me look.",
+        "tool_calls": [{"name": "lookup", "arguments": {"id": "7"}}, {"id": "mine", "name": "lookup", "arguments": {}}],
+    },
     ModelResponse("Order 7 shipped.", usage={"input_tokens": 12}),
     {"content": "Anything else?"},
 ]
@@ -128,22 +130,29 @@ async def test_a_custom_summarizer_is_used_and_must_return_text() -> None:
         await ScriptedModel(SCRIPT, summarizer=lambda h, s: 3).summarize([], None)
 
 
-@pytest.mark.parametrize("responses, match", [
-    ([{"content": 5}], r"responses\[0\]\.content"),
-    ([{"content": "x"}, {"tool_calls": [{"arguments": {}}]}], r"responses\[1\]\.tool_calls\[0\]\.name"),
-    ([{"tool_calls": [{"name": "t", "arguments": []}]}], r"arguments"),
-    ([{"tool_calls": [{"name": "t", "id": 3}]}], r"\.id"),
-    ([{"text": "x"}], "unknown field 'text'"),
-    (["x"], r"responses\[0\]"),
-    ("not a list", "responses"),
-])
+@pytest.mark.parametrize(
+    "responses, match",
+    [
+        ([{"content": 5}], r"responses\[0\]\.content"),
+        ([{"content": "x"}, {"tool_calls": [{"arguments": {}}]}], r"responses\[1\]\.tool_calls\[0\]\.name"),
+        ([{"tool_calls": [{"name": "t", "arguments": []}]}], r"arguments"),
+        ([{"tool_calls": [{"name": "t", "id": 3}]}], r"\.id"),
+        ([{"text": "x"}], "unknown field 'text'"),
+        (["x"], r"responses\[0\]"),
+        ("not a list", "responses"),
+    ],
+)
 def test_bad_scripts_are_refused_when_built(responses: Any, match: str) -> None:
     with pytest.raises(TypeError, match=match):
         ScriptedModel(responses)
 
 
 def test_model_response_as_result_is_the_run_model_result_shape() -> None:
-    response = ModelResponse.coerce({"content": "hi", "tool_calls": [ToolCall("a", "t", {"x": 1})],
-                                     "usage": {"output_tokens": 1}})
-    assert response.as_result() == {"content": "hi", "usage": {"output_tokens": 1},
-                                    "tool_calls": [{"id": "a", "name": "t", "arguments": {"x": 1}}]}
+    response = ModelResponse.coerce(
+        {"content": "hi", "tool_calls": [ToolCall("a", "t", {"x": 1})], "usage": {"output_tokens": 1}}
+    )
+    assert response.as_result() == {
+        "content": "hi",
+        "usage": {"output_tokens": 1},
+        "tool_calls": [{"id": "a", "name": "t", "arguments": {"x": 1}}],
+    }

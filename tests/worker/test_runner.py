@@ -16,10 +16,16 @@ from dex_ha.client import DexError
 from dex_ha.worker import Agent, AttemptCancelled, NonRetryableError, ScriptedModel, ToolContext, ToolError, Worker
 from tests.worker.fake_server import FakeServer
 
-SCRIPT = [{"content": "Searching now", "tool_calls": [
-    {"name": "search", "arguments": {"query": "shoes"}},
-    {"name": "search", "arguments": {"query": "fail"}},
-    {"name": "lookup", "arguments": {"order_id": "7"}}]}]
+SCRIPT = [
+    {
+        "content": "Searching now",
+        "tool_calls": [
+            {"name": "search", "arguments": {"query": "shoes"}},
+            {"name": "search", "arguments": {"query": "fail"}},
+            {"name": "lookup", "arguments": {"order_id": "7"}},
+        ],
+    }
+]
 
 
 class Toolbox:
@@ -36,9 +42,15 @@ class Toolbox:
 
         @agent.tool(effect="read")
         async def lookup(ctx: ToolContext, order_id: str) -> dict[str, Any]:
-            return {"order_id": order_id, "session_id": ctx.session_id, "step_id": ctx.step_id,
-                    "call_id": ctx.call_id, "attempt": ctx.attempt, "key": ctx.idempotency_key,
-                    "worker_id": ctx.worker_id}
+            return {
+                "order_id": order_id,
+                "session_id": ctx.session_id,
+                "step_id": ctx.step_id,
+                "call_id": ctx.call_id,
+                "attempt": ctx.attempt,
+                "key": ctx.idempotency_key,
+                "worker_id": ctx.worker_id,
+            }
 
         @agent.tool(effect="write")
         async def refund(ctx: ToolContext, amount: int) -> str:
@@ -116,9 +128,16 @@ async def fake() -> AsyncIterator[FakeServer]:
 
 def make_worker(fake: FakeServer, *agents: Agent, **overrides: Any) -> Worker:
     # One poll at a time unless a test says otherwise: the tests count polls and their sizes.
-    settings: dict[str, Any] = dict(worker_id="w-test", max_concurrency=4, poll_wait_ms=1000,
-                                    heartbeat_interval_s=0.05, drain_timeout_s=5.0, poll_concurrency=1,
-                                    backoff_initial_s=0.01, backoff_max_s=0.05)
+    settings: dict[str, Any] = dict(
+        worker_id="w-test",
+        max_concurrency=4,
+        poll_wait_ms=1000,
+        heartbeat_interval_s=0.05,
+        drain_timeout_s=5.0,
+        poll_concurrency=1,
+        backoff_initial_s=0.01,
+        backoff_max_s=0.05,
+    )
     settings.update(overrides)
     return Worker(fake.url, agents=list(agents), **settings)
 
@@ -152,7 +171,11 @@ async def test_registers_every_agent_then_long_polls_for_all_of_them(fake: FakeS
         await fake.wait_for(lambda: fake.polls, "a poll")
     assert fake.registrations == {"support": [support.definition()], "billing": [billing.definition()]}
     assert {k: v for k, v in fake.polls[0].items() if k != "outstanding"} == {
-        "worker_id": "w-test", "agents": ["support", "billing"], "max_tasks": 4, "wait_ms": 1000}
+        "worker_id": "w-test",
+        "agents": ["support", "billing"],
+        "max_tasks": 4,
+        "wait_ms": 1000,
+    }
 
 
 async def test_registration_and_polls_are_retried_across_503(fake: FakeServer) -> None:
@@ -182,19 +205,23 @@ async def test_a_server_that_does_not_hold_polls_is_not_polled_in_a_tight_loop(f
 
 async def test_worker_id_defaults_to_host_pid_and_random_suffix(fake: FakeServer) -> None:
     import os
+
     first, second = (Worker(fake.url, agents=[Toolbox().agent]) for _ in range(2))
     assert f"-{os.getpid()}-" in first.worker_id and first.worker_id != second.worker_id
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"agents": []}, "agents"),
-    ({"agents": ["support"]}, r"agents\[0\]"),
-    ({"max_concurrency": 0}, "max_concurrency"),
-    ({"poll_wait_ms": -1}, "poll_wait_ms"),
-    ({"heartbeat_interval_s": 0}, "heartbeat_interval_s"),
-    ({"drain_timeout_s": -1}, "drain_timeout_s"),
-    ({"worker_id": ""}, "worker_id"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"agents": []}, "agents"),
+        ({"agents": ["support"]}, r"agents\[0\]"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"poll_wait_ms": -1}, "poll_wait_ms"),
+        ({"heartbeat_interval_s": 0}, "heartbeat_interval_s"),
+        ({"drain_timeout_s": -1}, "drain_timeout_s"),
+        ({"worker_id": ""}, "worker_id"),
+    ],
+)
 def test_bad_worker_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> None:
     settings: dict[str, Any] = {"agents": [Agent("support")], **kwargs}
     with pytest.raises((ValueError, TypeError), match=match):
@@ -210,11 +237,23 @@ def test_two_agents_with_one_name_are_refused() -> None:
 
 
 async def test_call_tool_ok_result_and_the_context_it_ran_with(fake: FakeServer) -> None:
-    token = await run_one(fake, Toolbox(), lambda f: f.add_tool_task("lookup", {"order_id": "7"}, call_id="c9",
-                                                                      session_id="s5"))
-    assert fake.completes[token] == [{"status": "ok", "output": {
-        "order_id": "7", "session_id": "s5", "step_id": f"st-{token}", "call_id": "c9", "attempt": 1,
-        "key": "s5:c9", "worker_id": "w-test"}}]
+    token = await run_one(
+        fake, Toolbox(), lambda f: f.add_tool_task("lookup", {"order_id": "7"}, call_id="c9", session_id="s5")
+    )
+    assert fake.completes[token] == [
+        {
+            "status": "ok",
+            "output": {
+                "order_id": "7",
+                "session_id": "s5",
+                "step_id": f"st-{token}",
+                "call_id": "c9",
+                "attempt": 1,
+                "key": "s5:c9",
+                "worker_id": "w-test",
+            },
+        }
+    ]
     assert fake.fails[token] == []
 
 
@@ -245,36 +284,55 @@ async def test_a_long_running_tool_returns_a_handle_then_polls_pending_then_ok(f
     box = Toolbox()
     started = fake.add_tool_task("build", {"target": "app"}, call_id="c3")
     handle = {"job": "app", "key": "s1:c3"}
-    polls = [fake.add_task("PollToolTask", {"call_id": "c3", "name": "build", "handle": handle},
-                           idempotency_key="s1:c3") for _ in range(3)]
+    polls = [
+        fake.add_task("PollToolTask", {"call_id": "c3", "name": "build", "handle": handle}, idempotency_key="s1:c3")
+        for _ in range(3)
+    ]
     async with running(make_worker(fake, box.agent, max_concurrency=1)):  # one at a time: polls in order
         await fake.wait_for(lambda: all(fake.completes[t] for t in polls), "3 poll results")
     assert fake.completes[started] == [{"status": "task", "handle": handle, "poll_after_ms": 500}]
     assert [fake.completes[t] for t in polls] == [
         [{"status": "pending"}],  # no poll_after_ms: the server keeps the previous interval
         [{"status": "pending", "poll_after_ms": 250}],
-        [{"status": "ok", "output": {"built": "app"}}]]
+        [{"status": "ok", "output": {"built": "app"}}],
+    ]
 
 
 async def test_run_model_result_carries_inline_tool_results(fake: FakeServer) -> None:
     box = Toolbox()
     history = [{"type": "user", "text": "find shoes and order 7"}]
-    token = await run_one(fake, box, lambda f: f.add_task("RunModel", {"history": history, "tools": []},
-                                                          session_id="s2"))
-    assert fake.completes[token] == [{
-        "content": "Searching now",
-        "tool_calls": [
-            {"id": "c0_0", "name": "search", "arguments": {"query": "shoes"},
-             "result": {"status": "ok", "output": ["SHOES", "s2:c0_0"]}},
-            {"id": "c0_1", "name": "search", "arguments": {"query": "fail"},
-             "result": {"status": "error", "error": "search index offline"}},
-            {"id": "c0_2", "name": "lookup", "arguments": {"order_id": "7"}}],  # not inline: no result
-        "usage": {"input_items": 1, "output_words": 2}}]
+    token = await run_one(
+        fake, box, lambda f: f.add_task("RunModel", {"history": history, "tools": []}, session_id="s2")
+    )
+    assert fake.completes[token] == [
+        {
+            "content": "Searching now",
+            "tool_calls": [
+                {
+                    "id": "c0_0",
+                    "name": "search",
+                    "arguments": {"query": "shoes"},
+                    "result": {"status": "ok", "output": ["SHOES", "s2:c0_0"]},
+                },
+                {
+                    "id": "c0_1",
+                    "name": "search",
+                    "arguments": {"query": "fail"},
+                    "result": {"status": "error", "error": "search index offline"},
+                },
+                {"id": "c0_2", "name": "lookup", "arguments": {"order_id": "7"}},
+            ],  # not inline: no result
+            "usage": {"input_items": 1, "output_words": 2},
+        }
+    ]
 
 
 async def test_compact_context_result_is_the_summary(fake: FakeServer) -> None:
-    history = [{"type": "user", "text": "a"}, {"type": "assistant", "content": "b", "tool_calls": []},
-               {"type": "note", "text": "c"}]
+    history = [
+        {"type": "user", "text": "a"},
+        {"type": "assistant", "content": "b", "tool_calls": []},
+        {"type": "note", "text": "c"},
+    ]
     token = await run_one(fake, Toolbox(), lambda f: f.add_task("CompactContext", {"history": history}))
     assert fake.completes[token] == [{"summary": "summary of 3 items (model responses so far: 1)"}]
 
@@ -284,22 +342,41 @@ async def test_compact_context_result_is_the_summary(fake: FakeServer) -> None:
 NOT_STARTED = {"not_started": True}
 
 
-@pytest.mark.parametrize("add, message, extra", [
-    (lambda f: f.add_tool_task("no_such_tool", {}), "agent 'support' has no tool 'no_such_tool'", NOT_STARTED),
-    (lambda f: f.add_tool_task("lookup", {"order": "7"}),
-     "tool 'lookup': bad arguments: missing a required argument: 'order_id'", NOT_STARTED),
-    (lambda f: f.add_task("CallTool", {"call_id": "c1", "name": "lookup", "arguments": {}}, named_agent="ghost"),
-     "this Worker has no agent 'ghost'", NOT_STARTED),
-    (lambda f: f.add_task("Dance", {}), "this Worker does not know the task kind 'Dance'", NOT_STARTED),
-    (lambda f: f.add_tool_task("start_job", {}), "tool 'start_job' returned a task handle but has no poll function",
-     {}),  # the tool function ran
-    (lambda f: f.add_task("PollToolTask", {"call_id": "c1", "name": "lookup", "handle": 1}),
-     "tool 'lookup' has no poll function", NOT_STARTED),
-    (lambda f: f.add_task("RunModel", {"history": [], "tools": []}, agent="modelless"),
-     "agent 'modelless' has no model", NOT_STARTED),
-])
-async def test_tasks_the_worker_cannot_run_fail_without_retry(fake: FakeServer, add: Any, message: str,
-                                                              extra: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "add, message, extra",
+    [
+        (lambda f: f.add_tool_task("no_such_tool", {}), "agent 'support' has no tool 'no_such_tool'", NOT_STARTED),
+        (
+            lambda f: f.add_tool_task("lookup", {"order": "7"}),
+            "tool 'lookup': bad arguments: missing a required argument: 'order_id'",
+            NOT_STARTED,
+        ),
+        (
+            lambda f: f.add_task("CallTool", {"call_id": "c1", "name": "lookup", "arguments": {}}, named_agent="ghost"),
+            "this Worker has no agent 'ghost'",
+            NOT_STARTED,
+        ),
+        (lambda f: f.add_task("Dance", {}), "this Worker does not know the task kind 'Dance'", NOT_STARTED),
+        (
+            lambda f: f.add_tool_task("start_job", {}),
+            "tool 'start_job' returned a task handle but has no poll function",
+            {},
+        ),  # the tool function ran
+        (
+            lambda f: f.add_task("PollToolTask", {"call_id": "c1", "name": "lookup", "handle": 1}),
+            "tool 'lookup' has no poll function",
+            NOT_STARTED,
+        ),
+        (
+            lambda f: f.add_task("RunModel", {"history": [], "tools": []}, agent="modelless"),
+            "agent 'modelless' has no model",
+            NOT_STARTED,
+        ),
+    ],
+)
+async def test_tasks_the_worker_cannot_run_fail_without_retry(
+    fake: FakeServer, add: Any, message: str, extra: dict[str, Any]
+) -> None:
     token = add(fake)
     async with running(make_worker(fake, Toolbox().agent, Agent("modelless"))):
         await fake.wait_for(lambda: fake.fails[token], "the failure report")
@@ -317,8 +394,9 @@ async def test_a_raised_exception_fails_the_attempt_as_retryable(fake: FakeServe
     async with running(make_worker(fake, box.agent)):
         await fake.wait_for(lambda: fake.fails[tool] and fake.fails[model], "two failures")
     assert fake.fails[tool] == [{"worker_id": "w-test", "error": "RuntimeError: database down", "retryable": True}]
-    assert fake.fails[model] == [{"worker_id": "w-test", "error": "RuntimeError: 429 too many requests",
-                                  "retryable": True}]
+    assert fake.fails[model] == [
+        {"worker_id": "w-test", "error": "RuntimeError: 429 too many requests", "retryable": True}
+    ]
     assert fake.completes[tool] == fake.completes[model] == []
 
 
@@ -330,8 +408,13 @@ async def test_a_non_retryable_error_fails_the_attempt_with_no_retry(fake: FakeS
     model = fake.add_task("RunModel", {"history": [], "tools": []})
     async with running(make_worker(fake, box.agent)):
         await fake.wait_for(lambda: fake.fails[model], "the failure report")
-    assert fake.fails[model] == [{"worker_id": "w-test", "retryable": False, "error": "NonRetryableError: 400 "
-                                  "invalid_request_error: messages: tool_use ids must be unique"}]
+    assert fake.fails[model] == [
+        {
+            "worker_id": "w-test",
+            "retryable": False,
+            "error": "NonRetryableError: 400 invalid_request_error: messages: tool_use ids must be unique",
+        }
+    ]
     assert fake.completes[model] == []
 
 
@@ -381,8 +464,13 @@ async def test_a_task_handed_out_with_a_result_runs_without_a_poll(fake: FakeSer
     box = Toolbox()
     first = fake.add_tool_task("refund", {"amount": 5}, call_id="c1")
     # Queued for an agent no poll asks for: only the eager answer can deliver it.
-    second = fake.add_task("CallTool", {"call_id": "c2", "name": "refund", "arguments": {"amount": 7}},
-                           agent="eager-only", named_agent="support", idempotency_key="s1:c2")
+    second = fake.add_task(
+        "CallTool",
+        {"call_id": "c2", "name": "refund", "arguments": {"amount": 7}},
+        agent="eager-only",
+        named_agent="support",
+        idempotency_key="s1:c2",
+    )
     fake.eager_after[first] = second
     worker = make_worker(fake, box.agent, max_concurrency=1)
     async with running(worker):
@@ -455,16 +543,18 @@ async def test_heartbeats_arrive_while_a_slow_tool_runs(fake: FakeServer) -> Non
 
 async def test_default_heartbeat_interval_is_a_third_of_the_tasks_timeout(fake: FakeServer) -> None:
     box = Toolbox()
-    token = fake.add_task("CallTool", {"call_id": "c1", "name": "wait_gate", "arguments": {"name": "slow"}},
-                          heartbeat_timeout_ms=90)  # → one heartbeat every 30 ms
+    token = fake.add_task(
+        "CallTool", {"call_id": "c1", "name": "wait_gate", "arguments": {"name": "slow"}}, heartbeat_timeout_ms=90
+    )  # → one heartbeat every 30 ms
     async with running(make_worker(fake, box.agent, heartbeat_interval_s=None)):
         await fake.wait_for(lambda: len(fake.heartbeats[token]) >= 3, "3 heartbeats", timeout_s=2.0)
         box.gates["slow"].set()
 
 
 async def test_a_blocking_sync_tool_does_not_stop_the_heartbeats(fake: FakeServer) -> None:
-    token = await run_one(fake, Toolbox(), lambda f: f.add_tool_task("crunch", {"seconds": 0.3}),
-                          heartbeat_interval_s=0.03)
+    token = await run_one(
+        fake, Toolbox(), lambda f: f.add_tool_task("crunch", {"seconds": 0.3}), heartbeat_interval_s=0.03
+    )
     assert fake.completes[token] == [{"status": "ok", "output": "crunched"}]
     assert heartbeats_before_result(fake, token) >= 3
 
@@ -473,8 +563,9 @@ async def test_model_deltas_reach_the_server_live_in_heartbeats(fake: FakeServer
     content = "one two three four five six"
     box = Toolbox(model=ScriptedModel([{"content": content}], delta_delay_s=0.04))
     # A long interval: only the deltas themselves can trigger these heartbeats.
-    token = await run_one(fake, box, lambda f: f.add_task("RunModel", {"history": [], "tools": []}),
-                          heartbeat_interval_s=30.0)
+    token = await run_one(
+        fake, box, lambda f: f.add_task("RunModel", {"history": [], "tools": []}), heartbeat_interval_s=30.0
+    )
     assert fake.completes[token][0]["content"] == content
     texts = [delta["text"] for delta in fake.deltas_of(token)]
     assert "".join(texts) == content and len(texts) == 6
@@ -485,8 +576,9 @@ async def test_model_deltas_reach_the_server_live_in_heartbeats(fake: FakeServer
 
 async def test_a_burst_of_deltas_travels_in_one_heartbeat(fake: FakeServer) -> None:
     box = Toolbox(model=ScriptedModel([{"content": "one two three four five six"}]))
-    token = await run_one(fake, box, lambda f: f.add_task("RunModel", {"history": [], "tools": []}),
-                          heartbeat_interval_s=30.0)
+    token = await run_one(
+        fake, box, lambda f: f.add_task("RunModel", {"history": [], "tools": []}), heartbeat_interval_s=30.0
+    )
     with_deltas = [body["deltas"] for body in fake.heartbeats[token] if body.get("deltas")]
     assert sum(len(d) for d in with_deltas) == 6 and 1 <= len(with_deltas) <= 2
     assert len(with_deltas[0]) >= 3  # the heartbeat waited a moment for the burst instead of sending one delta
@@ -510,13 +602,15 @@ async def test_progress_from_ctx_heartbeat_is_sent_at_once_as_a_delta(fake: Fake
 # ---------------------------------------------------------------- cancellation
 
 
-CANCELLED_FAIL = {"worker_id": "w-test", "error": "cancelled: the Worker stopped the attempt at the server's request",
-                  "retryable": False}
+CANCELLED_FAIL = {
+    "worker_id": "w-test",
+    "error": "cancelled: the Worker stopped the attempt at the server's request",
+    "retryable": False,
+}
 
 
 @pytest.mark.parametrize("answer", ["cancel", "409"])
-async def test_a_stop_answer_to_a_heartbeat_cancels_the_tool_and_sends_no_result(
-        fake: FakeServer, answer: str) -> None:
+async def test_a_stop_answer_to_a_heartbeat_cancels_the_tool_and_sends_no_result(fake: FakeServer, answer: str) -> None:
     """Neither answer delivers the tool's result. After a cancel the Worker says the
     attempt stopped (one non-retryable fail, so the attempt ends now, not at its heartbeat
     timeout); after a 409 the attempt is no longer ours, so it sends nothing at all."""
@@ -565,8 +659,9 @@ async def test_heartbeat_503s_do_not_stop_the_task(fake: FakeServer) -> None:
     fake.unavailable["heartbeat"] = 3
     token = fake.add_tool_task("wait_gate", {"name": "g"})
     async with running(make_worker(fake, box.agent, heartbeat_interval_s=0.02)):
-        await fake.wait_for(lambda: fake.unavailable["heartbeat"] == 0 and fake.heartbeats[token],
-                            "heartbeats through the 503s")
+        await fake.wait_for(
+            lambda: fake.unavailable["heartbeat"] == 0 and fake.heartbeats[token], "heartbeats through the 503s"
+        )
         box.gates["g"].set()
         await fake.wait_for(lambda: fake.completes[token], "the result")
     assert fake.completes[token] == [{"status": "ok", "output": "g"}] and box.cancelled == []
@@ -591,8 +686,13 @@ async def test_a_result_the_server_refuses_is_reported_as_a_permanent_failure(fa
     async with running(make_worker(fake, box.agent)):
         await fake.wait_for(lambda: fake.fails[token], "the failure report")
     assert fake.complete_tries[token] == 1
-    assert fake.fails[token] == [{"worker_id": "w-test", "error": "the server refused the result: result.status "
-                                  "must be ok, error, question or task", "retryable": False}]
+    assert fake.fails[token] == [
+        {
+            "worker_id": "w-test",
+            "error": "the server refused the result: result.status must be ok, error, question or task",
+            "retryable": False,
+        }
+    ]
 
 
 # ---------------------------------------------------------------- stop

@@ -18,7 +18,7 @@ CONSOLE_PATH = "/ui"
 # The console talks only to the node that served it, and runs only its own files.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; connect-src 'self'; img-src 'self' data:; "
-                               "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
@@ -47,5 +47,6 @@ async def _static_file(request: web.Request) -> web.Response:
 
 
 def _file_response(path: Path) -> web.Response:
-    return web.Response(body=path.read_bytes(), headers=SECURITY_HEADERS,
-                        content_type=CONTENT_TYPES[path.suffix], charset="utf-8")
+    return web.Response(
+        body=path.read_bytes(), headers=SECURITY_HEADERS, content_type=CONTENT_TYPES[path.suffix], charset="utf-8"
+    )
