@@ -9,7 +9,7 @@
 - A cancelled turn stops its steps and records an outcome for each open call (`cancel_turn`).
 
 The engine's modules import one way only: handlers → outcomes → calls → turns → steps →
-kinds / store (tests/engine/test_import_layers.py checks it).
+kinds / store (an import-linter contract in pyproject.toml checks it).
 """
 
 from __future__ import annotations
