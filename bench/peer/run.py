@@ -483,12 +483,23 @@ async def main_async(
             phase = await steps_phase(key, manifest, args, root, registry)
             phase["summary"] = summarize(phase)
             result["steps"].append(phase)
+            write_json(result, args.json, complete=False)
         if manifest.get("etcd") and not args.no_etcd:
             result["etcd"] = await etcd_phase(manifest, args, root, registry.pids)
+            write_json(result, args.json, complete=False)
         if args.failover_runs:
             result["failover"] = await failover_phase(manifest, args, root, registry)
     result["machine"] = machine_summary(result, load_start)
     return result
+
+
+def write_json(result: dict[str, Any], path: str, complete: bool) -> Path:
+    """Write what has been measured so far: after each phase with complete=False, so that a
+    later phase that fails (a run takes many minutes) does not lose the rows before it."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**result, "complete": complete}, indent=2) + "\n")
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -531,7 +542,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = asyncio.run(main_async(args, manifest, registry))
     except (KeyboardInterrupt, asyncio.CancelledError):
-        print("\ninterrupted: stopped every process this bench started", file=sys.stderr)
+        print(
+            f"\ninterrupted: stopped every process this bench started; the phases done are in {args.json}",
+            file=sys.stderr,
+        )
         return 130
     finally:
         killed = registry.kill_leftovers()
@@ -539,9 +553,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"killed leftover processes: {killed}", file=sys.stderr)
     result["pids"] = registry.pids
     print_table(result)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_json(result, args.json, complete=True)
     print(f"\nwrote {out}")
     return 0
 
