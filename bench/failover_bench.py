@@ -1,13 +1,13 @@
 """Failover benchmark: how long the cluster is without an active node, under steady load.
 
 Three real nodes (`dex-ha node`, strict durability unless `--relaxed`) whose Raft links run
-through the fault proxy of tests/support/fault_proxy.py, HAProxy with the shipped
+through the fault proxy of harness/fault_proxy.py, HAProxy with the shipped
 deploy/haproxy.cfg in front of them (when `haproxy` is installed), and a steady step load
 all along: two lanes, each a Worker and `--sessions` clients that run turns back to back
 (RunModel, CallTool, RunModel per turn: bench/steps_worker.py's agent), one lane given the
 three node URLs (the SDK follows the active node), one given only HAProxy's address.
 
-A recorder asks every node's /readyz (probe port) every 10 ms (tests/support/readiness_record.py).
+A recorder asks every node's /readyz (probe port) every 10 ms (harness/readiness_record.py).
 For each fault, `--runs` times:
 - kill:      SIGKILL the active node (then restart it and let it rejoin before the next run);
 - partition: cut the active node off from both peers (then heal).
@@ -56,10 +56,10 @@ from bench.steps_worker import bench_agent  # noqa: E402
 from dex_ha.client import DexClient, DexError  # noqa: E402
 from dex_ha.server.config import ServerConfig  # noqa: E402
 from dex_ha.worker import Worker, WorkerTask  # noqa: E402
-from tests.e2e.haproxy_process import haproxy_binary, haproxy_in_front_of  # noqa: E402
-from tests.ha.proxied_cluster import ProxiedCluster  # noqa: E402
-from tests.ha.scenario import failed_attempts, rejoined  # noqa: E402
-from tests.support.readiness_record import ReadinessRecorder  # noqa: E402
+from harness.haproxy_process import haproxy_binary, haproxy_in_front_of  # noqa: E402
+from harness.proxied_cluster import ProxiedCluster  # noqa: E402
+from harness.readiness_record import ReadinessRecorder  # noqa: E402
+from harness.scenario import failed_attempts, rejoined  # noqa: E402
 
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "failover_bench.json"
 ELECTION_TIMEOUT_MAX_S = ServerConfig.election_timeout_max_ms / 1000

@@ -1,7 +1,7 @@
 """Overload benchmark: does load cost the active node its lease?
 
 For each level of concurrent clients (default 500, 2000, 5000) and each deployment, a
-fresh server is started and takes the load of tests/support/http_load.py for
+fresh server is started and takes the load of harness/http_load.py for
 `--duration-s` seconds: every client a closed loop on its own keep-alive connection, a
 mix of session GETs, session lists, session creates and unauthenticated /metrics scrapes
 (optionally SSE opens), all against one URL:
@@ -55,10 +55,10 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from bench.common import cpu_pressure_us, cpu_seconds, fmt, fmt_pct, positive_ints  # noqa: E402
 from dex_ha.server.config import ServerConfig  # noqa: E402  (the default election timeout)
-from tests.e2e.cluster_process import LocalCluster  # noqa: E402
-from tests.e2e.dev_process import DevProcess  # noqa: E402
-from tests.support.cluster_state import FollowerGapSampler, observe_settled, term_changes  # noqa: E402
-from tests.support.http_load import (  # noqa: E402
+from harness.cluster_process import LocalCluster  # noqa: E402
+from harness.cluster_state import FollowerGapSampler, observe_settled, term_changes  # noqa: E402
+from harness.dev_process import DevProcess  # noqa: E402
+from harness.http_load import (  # noqa: E402
     DEFAULT_MIX,
     KINDS,
     LoadConfig,

@@ -27,7 +27,7 @@ import aiohttp
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.support.kv_cluster import KVCluster, statuses, wait_for_leased_leader  # noqa: E402
+from harness.kv_cluster import KVCluster, statuses, wait_for_leased_leader  # noqa: E402
 
 TARGETS = {
     "proposals_per_second_c128": ">= 10000",

@@ -22,9 +22,9 @@ import pytest
 
 from dex_ha.client import DexClient
 from dex_ha.worker import Worker
+from harness.dev_process import DevProcess
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
-from tests.e2e.dev_process import DevProcess
 from tests.support.claude_segment import (
     DEFERRED_TOOL,
     DEFERRED_TOOL_CLI_NAME,

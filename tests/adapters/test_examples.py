@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.dev_process import DevProcess
 from tests.crash.harness import REPO, env_with_repo
-from tests.e2e.dev_process import DevProcess
 from tests.support.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
 
 DEADLINE_S = 90.0  # the example's process imports the SDK and warms it up on its first call

@@ -23,9 +23,9 @@ from typing import Any
 from dex_ha.client import DexClient, SessionSummary
 from dex_ha.server.backup import read_backup
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
-from tests.e2e.cluster_process import LocalCluster
+from harness.cluster_process import LocalCluster
+from harness.waiting import eventually
 from tests.e2e.conftest import cluster, running  # noqa: F401  (cluster: the source's fixture)
-from tests.support.waiting import eventually
 
 AGENT = "bk"
 TURNS_PER_SESSION = 2
@@ -214,7 +214,7 @@ async def run_a_new_turn(
 
 
 async def target_term(target: LocalCluster) -> int:
-    from tests.e2e.cluster_process import cluster_view
+    from harness.cluster_process import cluster_view
 
     views = [await cluster_view(url, target.tokens["admin"]) for url in target.urls.values()]
     return max(v["term"] for v in views if v is not None)

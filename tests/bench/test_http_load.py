@@ -1,4 +1,4 @@
-"""tests/support/http_load.py and cluster_state.py, the overload harness: against a small
+"""harness/http_load.py and cluster_state.py, the overload harness: against a small
 in-process HTTP server whose answers are known, the generator must count each answer under
 its kind, status and error code, tell 503s without Retry-After apart, count a connection
 the server resets as a transport error (not an answer), and refuse to run when the file
@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from tests.support import http_load
-from tests.support.cluster_state import ClusterSnapshot, FollowerGapSampler, NodeState, parse_gauge, term_changes
-from tests.support.http_load import LoadConfig, LoadSetupError, error_code, percentile_ms, run_load
-from tests.support.waiting import eventually
+from harness import http_load
+from harness.cluster_state import ClusterSnapshot, FollowerGapSampler, NodeState, parse_gauge, term_changes
+from harness.http_load import LoadConfig, LoadSetupError, error_code, percentile_ms, run_load
+from harness.waiting import eventually
 
 TOKEN = "t" * 24
 MIX = {"get_session": 1.0, "list_sessions": 1.0, "create_session": 1.0, "metrics": 1.0}

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dex_ha.cli.cluster import free_port_range, free_ports  # noqa: F401  (the tests import them from here)
-from tests.support.processes import stop  # noqa: F401
+from harness.processes import stop  # noqa: F401
 
 T = TypeVar("T")
 

@@ -25,11 +25,11 @@ from dex_ha.cli.members import contact_text_of, format_members, progress_text_of
 from dex_ha.cli.status import NodeAnswer, format_status
 from dex_ha.client import DexClient, Session
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from harness.cluster_process import LocalCluster, joiner_config
+from harness.dev_process import DevProcess
+from harness.waiting import eventually
 from tests.cli import clean_env, free_ports, run_cli, stop, wait_until
-from tests.e2e.cluster_process import LocalCluster, joiner_config
 from tests.e2e.conftest import running
-from tests.e2e.dev_process import DevProcess
-from tests.support.waiting import eventually
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
 

@@ -21,12 +21,12 @@ import aiohttp
 import pytest
 
 from dex_ha.client import DexClient
+from harness.cluster_process import LocalCluster
+from harness.dev_process import DevProcess
+from harness.processes import stop
+from harness.waiting import eventually
 from tests.console.console_worker import AGENT
 from tests.crash.ledger import Ledger
-from tests.e2e.cluster_process import LocalCluster
-from tests.e2e.dev_process import DevProcess
-from tests.support.processes import stop
-from tests.support.waiting import eventually
 
 CHROMIUM = Path("/usr/bin/chromium")
 UI_TIMEOUT_MS = 15_000  # every wait on the page has this deadline

@@ -13,9 +13,9 @@ from typing import Any
 
 from dex_ha.client import DexClient
 from dex_ha.client.client import SessionEvent
+from harness.waiting import eventually
 from tests.crash.harness import DEADLINE_S, Column, WorkerProcess
 from tests.crash.ledger import Ledger, Run
-from tests.support.waiting import eventually
 
 # The Worker's heartbeat interval in server-failure cells "before the first heartbeat":
 # the failure comes well within it after the tool started, so no heartbeat reached Dex.

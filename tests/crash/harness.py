@@ -25,11 +25,11 @@ import aiohttp
 
 from dex_ha.cli.cluster import node_process_alive, read_pids
 from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
-from tests.e2e.cluster_process import LocalCluster
-from tests.e2e.dev_process import DevProcess
-from tests.support.cluster_state import observe_settled
-from tests.support.processes import stop
-from tests.support.waiting import eventually
+from harness.cluster_process import LocalCluster
+from harness.cluster_state import observe_settled
+from harness.dev_process import DevProcess
+from harness.processes import stop
+from harness.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 45.0

@@ -20,12 +20,12 @@ import pytest
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex_ha.client.client import SessionEvent
 from dex_ha.worker.runner import first_heartbeat_failpoint
+from harness.waiting import eventually
 from tests.crash.agents import R14_MAX_ITEMS, SLEEP_MS
 from tests.crash.cell import COMPLETED, FAILED, SLOW_HEARTBEAT_S, Cell, attempts, call_of, results_seen
 from tests.crash.harness import Column
 from tests.crash.ledger import Run
 from tests.crash.rows import COLUMNS, ROWS
-from tests.support.waiting import eventually
 
 WAIT_POINT = "server.wait.after-commit"
 

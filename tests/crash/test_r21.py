@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.waiting import eventually
 from tests.crash.cell import COMPLETED, FAILED, Cell, call_of
 from tests.crash.harness import Column, WorkerProcess
 from tests.crash.rows import COLUMNS
@@ -34,7 +35,6 @@ from tests.support.claude_segment import (
     stage,
 )
 from tests.support.fake_anthropic import FakeAnthropic
-from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.skipif(cli_missing_reason() is not None, reason=str(cli_missing_reason()))
 

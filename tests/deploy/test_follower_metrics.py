@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from dex_ha.server.node import NodeServer
+from harness.waiting import eventually
 from tests.server.node_fixture import ClusterPlan, HttpApi, base_url, start_node, tool
-from tests.support.waiting import eventually
 
 
 def member_gauges(node: NodeServer, name: str) -> dict[str, float]:

@@ -10,9 +10,9 @@ import re
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.cluster_process import LocalCluster
+from harness.waiting import eventually
 from tests.deploy.monitoring_files import alert_expressions, dashboard_expressions, metric_names
-from tests.e2e.cluster_process import LocalCluster
-from tests.support.waiting import eventually
 
 # The sample names a family of each type writes (prometheus_client's text format).
 SUFFIXES = {

@@ -10,8 +10,8 @@ from typing import Protocol, TypeVar
 
 import pytest
 
-from tests.e2e.cluster_process import LocalCluster
-from tests.support.waiting import eventually  # noqa: F401  (the one polling helper; tests written against this name keep working)
+from harness.cluster_process import LocalCluster
+from harness.waiting import eventually  # noqa: F401  (the one polling helper; tests written against this name keep working)
 
 
 @pytest.fixture

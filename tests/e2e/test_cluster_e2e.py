@@ -24,11 +24,11 @@ import pytest
 from dex_ha.cli.cluster import node_process_alive
 from dex_ha.client import DexClient, Session, SessionEvent
 from dex_ha.worker import Worker
-from tests.e2e.cluster_process import LocalCluster
+from harness.cluster_process import LocalCluster
+from harness.haproxy_process import haproxy_binary, haproxy_in_front_of
+from harness.waiting import eventually
 from tests.e2e.conftest import running
-from tests.e2e.haproxy_process import haproxy_binary, haproxy_in_front_of
 from tests.support.failover_agent import AGENT, Ledger, attempts_of, make_agent
-from tests.support.waiting import eventually
 
 DEADLINE_S = 45.0
 

@@ -18,9 +18,9 @@ import pytest
 
 from dex_ha.client import DexClient, Session, SessionEvent, ToolCallRecord
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, ToolError, Worker
+from harness.dev_process import DevProcess
+from harness.waiting import eventually
 from tests.e2e.conftest import running
-from tests.e2e.dev_process import DevProcess
-from tests.support.waiting import eventually
 
 AGENT = "e2e"
 DEADLINE_S = 30.0

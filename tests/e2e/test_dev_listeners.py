@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.e2e.dev_process import DevProcess
+from harness.dev_process import DevProcess
 
 
 def listening_tcp_ports(pid: int) -> set[int]:

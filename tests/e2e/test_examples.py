@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.dev_process import DevProcess
+from harness.dev_process import DevProcess
 
 REPO = Path(__file__).resolve().parents[2]
 

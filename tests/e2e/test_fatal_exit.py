@@ -19,7 +19,7 @@ import aiohttp
 
 from dex_ha.failpoints import FAILPOINT_ENV
 from dex_ha.server.process import FATAL_EXIT_CODE
-from tests.e2e.dev_process import DevProcess
+from harness.dev_process import DevProcess
 
 EXIT_DEADLINE_S = 10.0
 

@@ -10,10 +10,10 @@ import subprocess
 import sys
 
 from dex_ha.client import DexClient
-from tests.e2e.cluster_process import LocalCluster, cluster_view, joiner_config
-from tests.support.ports import free_ports
-from tests.support.processes import stop
-from tests.support.waiting import eventually
+from harness.cluster_process import LocalCluster, cluster_view, joiner_config
+from harness.ports import free_ports
+from harness.processes import stop
+from harness.waiting import eventually
 
 DEADLINE_S = 30.0
 

@@ -1,6 +1,6 @@
 """Overload: a burst of clients costs the active node neither its lease nor its place.
 
-2000 concurrent clients (tests/support/http_load.py: closed loops that do not wait out
+2000 concurrent clients (harness/http_load.py: closed loops that do not wait out
 Retry-After, one keep-alive connection each, session GETs, session lists, creates and
 unauthenticated /metrics) load one node for 10 s:
 - a three-node cluster (`dex-ha cluster up`, relaxed durability as in every e2e test),
@@ -35,10 +35,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster_process import LocalCluster
-from tests.e2e.dev_process import DevProcess
-from tests.support.cluster_state import ClusterSnapshot, observe_settled
-from tests.support.http_load import LoadConfig, LoadResult, fds_needed, raise_fd_limit, run_load
+from harness.cluster_process import LocalCluster
+from harness.cluster_state import ClusterSnapshot, observe_settled
+from harness.dev_process import DevProcess
+from harness.http_load import LoadConfig, LoadResult, fds_needed, raise_fd_limit, run_load
 
 CLIENTS = 2000
 LOAD_S = 10.0

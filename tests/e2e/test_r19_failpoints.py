@@ -16,9 +16,9 @@ import pytest
 from dex_ha.client import DexClient, Session
 from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from harness.dev_process import DevProcess
+from harness.waiting import eventually
 from tests.e2e.conftest import running
-from tests.e2e.dev_process import DevProcess
-from tests.support.waiting import eventually
 
 DEADLINE_S = 30.0
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from dex_ha.client import DexClient, SessionEvent, StreamText
 from dex_ha.worker import Agent, ScriptedModel, Worker
+from harness.dev_process import DevProcess
+from harness.waiting import eventually
 from tests.e2e.conftest import running
-from tests.e2e.dev_process import DevProcess
-from tests.support.waiting import eventually
 
 AGENT = "streamer"
 LOST_TEXT = "attempt one says hello and is cut off"

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.e2e.cluster_process import LocalCluster
+from harness.cluster_process import LocalCluster
 
 AGENT = "tokens"
 OWNER, OTHER = "worker-a", "worker-b"

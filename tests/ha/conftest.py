@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha.proxied_cluster import ProxiedCluster
+from harness.proxied_cluster import ProxiedCluster
 
 
 @pytest.fixture

@@ -21,12 +21,12 @@ import pytest
 from dex_ha.cli.cluster import close_all, free_ports, ready_nodes
 from dex_ha.client import Connection, DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, Worker
-from tests.e2e.cluster_process import cluster_view, joiner_config
+from harness.cluster_process import cluster_view, joiner_config
+from harness.processes import stop
+from harness.proxied_cluster import ProxiedCluster
+from harness.scenario import sessions_on_disk
+from harness.waiting import eventually
 from tests.e2e.conftest import running
-from tests.ha.proxied_cluster import ProxiedCluster
-from tests.ha.scenario import sessions_on_disk
-from tests.support.processes import stop
-from tests.support.waiting import eventually
 
 SNAPSHOT_EVERY = 50
 SESSIONS_BEFORE = 120  # > 2 snapshots' worth of entries

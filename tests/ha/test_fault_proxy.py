@@ -1,4 +1,4 @@
-"""The fault proxy itself (tests/support/fault_proxy.py), against a local echo server: an
+"""The fault proxy itself (harness/fault_proxy.py), against a local echo server: an
 open link forwards both ways; a cut link forwards nothing on open connections and answers
 no new one; healing closes what the cut held and forwards new connections; a cut with
 close resets open connections at once; links are independent."""
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.support.fault_proxy import ProxyMesh
+from harness.fault_proxy import ProxyMesh
 
 SHORT_S = 0.3  # long enough to see that nothing arrives
 

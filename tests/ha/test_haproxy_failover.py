@@ -16,12 +16,12 @@ import pytest
 
 from dex_ha.client import DexClient
 from dex_ha.worker import Worker
+from harness.haproxy_process import HAProxyProcess, haproxy_binary, haproxy_in_front_of
+from harness.proxied_cluster import ProxiedCluster
+from harness.readiness_record import ReadinessRecorder
+from harness.scenario import AckedWriter, all_caught_up, sessions_on_disk
 from tests.e2e.conftest import running
-from tests.e2e.haproxy_process import HAProxyProcess, haproxy_binary, haproxy_in_front_of
-from tests.ha.proxied_cluster import ProxiedCluster
-from tests.ha.scenario import AckedWriter, all_caught_up, sessions_on_disk
 from tests.support.failover_agent import AGENT, Ledger, attempts_of, make_agent
-from tests.support.readiness_record import ReadinessRecorder
 
 DEADLINE_S = 45.0
 TURN_AFTER_KILL_S = 15.0  # generous: ~1 s election + HAProxy's checks + retries, on a busy machine

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 
+from harness.proxied_cluster import ProxiedCluster
+from harness.readiness_record import ReadinessRecorder
+from harness.scenario import AckedWriter, all_caught_up, rejoined, sessions_on_disk
 from tests.e2e.conftest import running
-from tests.ha.proxied_cluster import ProxiedCluster
-from tests.ha.scenario import AckedWriter, all_caught_up, rejoined, sessions_on_disk
-from tests.support.readiness_record import ReadinessRecorder
 
 FAILOVERS = 20
 FAILOVER_DEADLINE_S = 20.0

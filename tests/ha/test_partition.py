@@ -18,10 +18,10 @@ import time
 import aiohttp
 
 from dex_ha.server.config import ServerConfig
+from harness.proxied_cluster import ProxiedCluster
+from harness.readiness_record import ReadinessRecorder
+from harness.scenario import AckedWriter, all_caught_up, sessions_on_disk
 from tests.e2e.conftest import running
-from tests.ha.proxied_cluster import ProxiedCluster
-from tests.ha.scenario import AckedWriter, all_caught_up, sessions_on_disk
-from tests.support.readiness_record import ReadinessRecorder
 
 ELECTION_TIMEOUT_MIN_S = ServerConfig.election_timeout_min_ms / 1000
 MINORITY_WRITE_WAIT_S = 5.0

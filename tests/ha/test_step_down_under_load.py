@@ -20,12 +20,12 @@ from typing import Any
 
 from dex_ha.client import DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
-from tests.e2e.cluster_process import cluster_view
+from harness.cluster_process import cluster_view
+from harness.proxied_cluster import ProxiedCluster
+from harness.readiness_record import ReadinessRecorder
+from harness.scenario import all_caught_up, attempts_on_disk
+from harness.waiting import eventually
 from tests.e2e.conftest import running
-from tests.ha.proxied_cluster import ProxiedCluster
-from tests.ha.scenario import all_caught_up, attempts_on_disk
-from tests.support.readiness_record import ReadinessRecorder
-from tests.support.waiting import eventually
 
 AGENT = "drain"
 QUICK_SESSIONS = 4

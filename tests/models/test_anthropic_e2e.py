@@ -18,15 +18,15 @@ from pathlib import Path
 from dex_ha.client import DexClient, SessionEvent, StreamText
 from dex_ha.models.anthropic import AnthropicModel
 from dex_ha.worker import Agent, ToolContext, Worker
+from harness.dev_process import DevProcess
+from harness.processes import stop
+from harness.waiting import eventually
 from tests.crash.harness import env_with_repo
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
-from tests.e2e.dev_process import DevProcess
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of
 from tests.models.anthropic_worker_proc import MODEL_NAME
 from tests.support.fake_anthropic import ApiError, FakeAnthropic, Reply, tool_use
-from tests.support.processes import stop
-from tests.support.waiting import eventually
 
 AGENT = "orders"
 DEADLINE_S = 30.0

@@ -8,8 +8,8 @@ import asyncio
 import anthropic
 import pytest
 
+from harness.waiting import eventually
 from tests.support.fake_anthropic import ApiError, FakeAnthropic, Reply, tool_use
-from tests.support.waiting import eventually
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 DEADLINE_S = 10.0

@@ -17,8 +17,8 @@ import pytest
 from dex_ha.client import DexClient, SessionEvent
 from dex_ha.models.openai import DEFAULT_SUMMARY_INSTRUCTIONS, OpenAIModel
 from dex_ha.worker import Agent, ToolContext, Worker
+from harness.dev_process import DevProcess
 from tests.e2e.conftest import running
-from tests.e2e.dev_process import DevProcess
 from tests.support.fake_openai import Call, Failure, FakeOpenAI, Reply
 
 AGENT = "support"

@@ -15,7 +15,7 @@ from dex_ha.engine import CreateSession, Engine, SendMessage, encode_command
 from dex_ha.raft.core import NotLeader
 from dex_ha.raft.node import Member, NodeConfig, RaftNode, member_context
 from dex_ha.raft.types import ConfChange, ConfChangeType
-from tests.support.ports import free_ports
+from harness.ports import free_ports
 
 SECRET = b"engine-on-raft-secret-0123456789"
 

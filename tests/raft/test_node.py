@@ -29,8 +29,8 @@ from dex_ha.raft.types import (
     Role,
     encode_message,
 )
-from tests.support.kv_node import KVStateMachine
-from tests.support.ports import free_ports
+from harness.kv_node import KVStateMachine
+from harness.ports import free_ports
 
 SECRET = b"test-cluster-secret-0123456789"
 

@@ -25,6 +25,9 @@ import pytest
 
 from dex_ha.raft.node import Member, NodeConfig, RaftNode
 from dex_ha.raft.types import Message, MessageType, encode_message
+from harness.kv_node import KVStateMachine
+from harness.ports import free_ports
+from harness.waiting import eventually
 from tests.raft.transport_helpers import (
     DEADLINE,
     KIND_HELLO,
@@ -42,9 +45,6 @@ from tests.raft.transport_helpers import (
     make_node,
     read_whole_frame,
 )
-from tests.support.kv_node import KVStateMachine
-from tests.support.ports import free_ports
-from tests.support.waiting import eventually
 
 LOGGER = "dex_ha.raft.transport"
 TAG_BYTES = 16

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.kv_cluster import KVCluster, statuses, wait_for_leased_leader
+from harness.kv_cluster import KVCluster, statuses, wait_for_leased_leader
 
 KILLS = 10
 WRITERS = 8

@@ -7,9 +7,9 @@ import os
 import time
 
 from dex_ha.raft.types import Message, MessageType
+from harness.waiting import eventually
 from tests.raft.test_transport import SNAP_META, started
 from tests.raft.transport_helpers import DEADLINE, SECRET, make_node
-from tests.support.waiting import eventually
 
 DEADLINE_S = 20.0
 

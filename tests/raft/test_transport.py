@@ -13,6 +13,7 @@ import pytest
 
 from dex_ha.raft.transport import FrameDecoder, FrameTooLarge, RaftTransport, pack_frame
 from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta, encode_message
+from harness.waiting import eventually
 from tests.raft.transport_helpers import (
     DEADLINE,
     KIND_AUTH_OK,
@@ -30,7 +31,6 @@ from tests.raft.transport_helpers import (
     make_certs,
     make_node,
 )
-from tests.support.waiting import eventually
 
 LOGGER = "dex_ha.raft.transport"
 

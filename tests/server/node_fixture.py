@@ -28,8 +28,8 @@ import pytest
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.config import Peer, ServerConfig, dev_config
 from dex_ha.server.node import NodeServer
-from tests.support.ports import free_ports
-from tests.support.waiting import eventually
+from harness.ports import free_ports
+from harness.waiting import eventually
 
 CLIENT_TOKEN = "client-token-routes-0123456789"
 WORKER_TOKEN = "worker-token-routes-0123456789"

@@ -18,6 +18,7 @@ import pytest
 from dex_ha.engine.kinds import MAX_DURATION_MS
 from dex_ha.server.node import NodeServer
 from dex_ha.server.validation import InvalidRequest
+from harness.waiting import eventually
 from tests.server.node_fixture import (
     CLIENT_TOKEN,
     ClusterPlan,
@@ -29,7 +30,6 @@ from tests.server.node_fixture import (
     tool,
     tool_call,
 )
-from tests.support.waiting import eventually
 
 TOKEN_PATH = "/v1/worker/tasks/st999-1-1"
 DEADLINE_S = 5.0

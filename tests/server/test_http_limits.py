@@ -31,10 +31,10 @@ from dex_ha.server.http_limits import (
     HttpLimits,
 )
 from dex_ha.server.node import NodeServer
-from tests.e2e.dev_process import DevProcess
+from harness.dev_process import DevProcess
+from harness.waiting import eventually
 from tests.server.conftest import HttpFactory, NodeFactory
 from tests.server.node_fixture import expect, open_sse, single_node_config, tool
-from tests.support.waiting import eventually
 
 HALF_SENT = b"GET /livez HTTP/1.1\r\nHost: dex\r\nUser-Agent: slow\r\n"  # the blank line never comes
 MARGIN_S = 3.0  # on top of a timeout: a busy 2-core machine is slow to run the timer

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dex_ha.server.node import NodeServer
+from harness.waiting import eventually
 from tests.server.node_fixture import (
     call_view,
     single_node_config,
@@ -16,7 +17,6 @@ from tests.server.node_fixture import (
     tool,
     tool_call,
 )
-from tests.support.waiting import eventually
 
 
 async def test_an_attempt_past_its_start_to_close_fails_even_with_heartbeats(nodes, http, tmp_path: Path) -> None:

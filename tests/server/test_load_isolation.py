@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 
 from dex_ha.server.metrics import RENDER_INTERVAL_S, ServerMetrics
+from harness.waiting import eventually
 from tests.server.node_fixture import CLIENT_TOKEN, ClusterPlan, base_url, single_node_config
-from tests.support.waiting import eventually
 
 BLOCK_S = 1.5  # the HTTP loop is blocked this long: far past every election timeout below
 

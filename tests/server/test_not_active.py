@@ -12,6 +12,7 @@ import pytest
 
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.node import NodeServer
+from harness.waiting import eventually
 from tests.server.node_fixture import (
     ClusterPlan,
     HttpApi,
@@ -20,7 +21,6 @@ from tests.server.node_fixture import (
     expect,
     role_for,
 )
-from tests.support.waiting import eventually
 
 covers = pytest.mark.covers
 

@@ -24,6 +24,7 @@ from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, RouteSpec
 from dex_ha.server.node import NodeServer
 from dex_ha.server.task_tokens import TaskToken
+from harness.waiting import eventually
 from tests.server import test_not_active
 from tests.server.node_fixture import (
     HttpApi,
@@ -40,7 +41,6 @@ from tests.server.node_fixture import (
     tool,
     tool_call,
 )
-from tests.support.waiting import eventually
 
 covers = pytest.mark.covers
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from tests.support.ports import free_port_range, free_ports
+from harness.ports import free_port_range, free_ports
 
 
 def _bind_all(ports: list[int]) -> None:

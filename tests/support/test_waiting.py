@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.support.waiting import eventually
+from harness.waiting import eventually
 
 
 async def test_returns_the_first_truthy_value_of_a_plain_check() -> None:

@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 
 from dex_ha.worker import Agent, ScriptedModel, Worker
+from harness.waiting import eventually
 from tests.e2e.conftest import running
-from tests.support.waiting import eventually
 
 
 class RecordingServer:

@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 
 from dex_ha.raft.node import NodeConfig
-from tests.support.ports import free_ports
+from harness.ports import free_ports
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -59,7 +59,7 @@ class KVCluster:
         cmd = [
             sys.executable,
             "-m",
-            "tests.support.kv_node",
+            "harness.kv_node",
             "--id",
             nid,
             "--dir",

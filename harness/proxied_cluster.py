@@ -1,10 +1,10 @@
-"""A local cluster whose Raft links run through a fault proxy (tests/support/fault_proxy.py):
+"""A local cluster whose Raft links run through a fault proxy (harness/fault_proxy.py):
 real `dex-ha node` processes, configured by `dex-ha cluster up`'s own plan and TOML writer
 (dex_ha/cli/cluster.py), except that in each node's config every peer's Raft address is
 the proxy of the directed link from this node to that peer. A test can then cut any link
 one way, isolate a node, kill it by pid and start it again on its data directory.
 
-It is a LocalCluster (tests/e2e/cluster_process.py), so `urls`, `tokens`, `probe_ports`,
+It is a LocalCluster (harness/cluster_process.py), so `urls`, `tokens`, `probe_ports`,
 `pid`, `kill`, `active_node` and `run_cli` work the same.
 """
 
@@ -29,8 +29,8 @@ from dex_ha.cli.cluster import (
     write_cluster_files,
     write_pids,
 )
-from tests.e2e.cluster_process import LocalCluster
-from tests.support.fault_proxy import ProxyMesh
+from harness.cluster_process import LocalCluster
+from harness.fault_proxy import ProxyMesh
 
 START_DEADLINE_S = 60.0
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from dex_ha.client import DexClient, DexError
 from dex_ha.server.node import STATE_DB
-from tests.e2e.cluster_process import LocalCluster, cluster_view
-from tests.support.waiting import eventually
+from harness.cluster_process import LocalCluster, cluster_view
+from harness.waiting import eventually
 
 WRITE_TIMEOUT_S = 2.0  # one try; a try that times out is retried with the same id
 

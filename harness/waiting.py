@@ -1,6 +1,6 @@
-"""Waiting in tests: poll a condition until it holds, with a deadline, never a bare sleep.
+"""Waiting in tests and benches: poll a condition until it holds, with a deadline, never a bare sleep.
 
-The one helper for it; every test package imports it from here.
+The one helper for it; every test package and harness module imports it from here.
 """
 
 from __future__ import annotations

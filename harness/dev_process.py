@@ -14,8 +14,8 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.ports import free_ports
-from tests.support.processes import stop
+from harness.ports import free_ports
+from harness.processes import stop
 
 
 class DevProcess:

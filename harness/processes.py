@@ -1,4 +1,4 @@
-"""Stopping the processes a test started: by pid, with deadlines."""
+"""Stopping the processes a test or bench started: by pid, with deadlines."""
 
 from __future__ import annotations
 

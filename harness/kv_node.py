@@ -1,6 +1,6 @@
 """A Raft node process with a small key-value state machine, used only by tests and bench.
 
-    python -m tests.support.kv_node --id n1 --dir D --raft 127.0.0.1:7001 --http 127.0.0.1:8001 \
+    python -m harness.kv_node --id n1 --dir D --raft 127.0.0.1:7001 --http 127.0.0.1:8001 \
         --member n1=127.0.0.1:7001 --member n2=... [--durability strict] [--secret S]
 
 HTTP (loopback only): POST /put {"key","value"} → {"index"} once committed and applied

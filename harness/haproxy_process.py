@@ -10,10 +10,10 @@ import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from tests.support.ports import free_ports
-from tests.support.processes import stop
+from harness.ports import free_ports
+from harness.processes import stop
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SHIPPED_CONFIG = REPO / "deploy" / "haproxy.cfg"
 
 
