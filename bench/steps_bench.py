@@ -57,10 +57,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.common import CLK_TCK, cpu_pressure_us, cpu_seconds, fmt, fmt_pct, positive_ints  # noqa: E402
-from dex_ha.cli.cluster import free_port_range  # noqa: E402  (the one free-port helper)
 from dex_ha.cli.cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.client import DexClient  # noqa: E402
 from dex_ha.server.metrics import RENDER_INTERVAL_S  # noqa: E402
+from harness.ports import free_port_range  # noqa: E402  (the one free-port helper)
 
 WORKER_SCRIPT = REPO_ROOT / "bench" / "steps_worker.py"
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "steps_bench.json"

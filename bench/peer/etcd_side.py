@@ -25,7 +25,7 @@ from pathlib import Path
 
 import aiohttp
 
-from dex_ha.cli.cluster import free_ports
+from harness.ports import free_ports
 
 START_DEADLINE_S = 30.0
 STOP_DEADLINE_S = 10.0

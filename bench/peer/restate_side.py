@@ -28,7 +28,7 @@ import aiohttp
 
 from bench.common import cpu_pressure_us, cpu_seconds, process_tree
 from bench.steps_bench import machine_busy_seconds
-from dex_ha.cli.cluster import free_ports
+from harness.ports import free_ports
 
 SERVICE_DIR = Path(__file__).resolve().parent  # hypercorn imports restate_service from here
 START_DEADLINE_S = 90.0
