@@ -9,6 +9,7 @@ message:
   - "charge ..." calls `charge`, a write that records its start in the ledger and then
     never returns, so the test can kill this process while the call runs (the call then
     ends as outcome_unknown);
+  - "story ...": a long text answer (about half a second of streamed words);
   - anything else, or a tool result: a short text answer.
 """
 
@@ -23,6 +24,7 @@ from tests.crash.ledger import Ledger
 
 AGENT = "console"
 WORD_DELAY_S = 0.02  # the words stream live, one by one
+STORY = " ".join(["Once upon a time an agent ran a long turn while its page read the session."] * 2)
 
 
 def answer(request: ModelRequest) -> dict[str, Any]:
@@ -37,6 +39,8 @@ def answer(request: ModelRequest) -> dict[str, Any]:
             "content": "Charging the card now.",
             "tool_calls": [{"id": None, "name": "charge", "arguments": {"order_id": "B9", "cents": 900}}],
         }
+    if last["type"] == "user" and last["text"].startswith("story"):
+        return {"content": STORY}
     if last["type"] == "tool_result":
         return {"content": f"The {last['name']} call ended: {last['status']}."}
     return {"content": "Hello from the console agent."}

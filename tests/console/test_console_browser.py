@@ -25,7 +25,7 @@ from harness.cluster_process import LocalCluster
 from harness.dev_process import DevProcess
 from harness.processes import stop
 from harness.waiting import eventually
-from tests.console.console_worker import AGENT
+from tests.console.console_worker import AGENT, STORY
 from tests.crash.ledger import Ledger
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -171,6 +171,39 @@ async def _pending_approval(client: DexClient, session_id: str) -> bool:
 async def _call_status(client: DexClient, session_id: str, name: str, status: str) -> bool:
     call = await call_of(client, session_id, name)
     return call is not None and call["status"] == status
+
+
+async def test_the_session_page_catches_up_with_events_that_arrive_during_a_read(dev: DevProcess, page, tmp_path: Path):
+    """An event that arrives while the page reads the session must lead to another read.
+
+    Every read of the session is held until the turn has ended, so the first answer the page
+    gets says "running" while the turn's later events reach it during that read. A page that
+    drops those events stays at "running" for good.
+    """
+    with worker_process(dev.url, tmp_path / "ledger.db", tmp_path / "worker.log"):
+        async with DexClient(dev.url) as client:
+            await client.create_session(AGENT, "story-1")
+            await open_console(page, dev.url, "#/session/story-1")
+            await expect(page.get_by_test_id("session-status")).to_contain_text("idle")
+            stale_answers: list[str] = []
+
+            async def hold_until_the_turn_ends(route) -> None:
+                answer = await route.fetch()
+                status = (await answer.json())["status"]
+                if status != "idle":
+                    stale_answers.append(status)
+                    await eventually(lambda: _status_is(client, "story-1", "idle"), "the turn to end")
+                await route.fulfill(response=answer)
+
+            await page.route("**/v1/sessions/story-1", hold_until_the_turn_ends)
+            await client.send_message("story-1", "story please")
+            await expect(page.get_by_test_id("live-text").last).to_have_text(STORY)
+            await expect(page.get_by_test_id("session-status")).to_contain_text("idle")
+            assert stale_answers, "no read saw the turn running: the test did not exercise the race"
+
+
+async def _status_is(client: DexClient, session_id: str, status: str) -> bool:
+    return (await client.get_session(session_id)).status == status
 
 
 async def test_streamed_text_of_a_failed_attempt_is_marked_dropped(dev: DevProcess, page):

@@ -444,8 +444,15 @@ function sessionView(main, sessionId, signal) {
     }
   };
   // A committed event changes the snapshot: read it again (one read at a time, coalesced).
+  // An event that arrives while a read is under way may be newer than what that read
+  // returns, so it asks for one more read after it; dropping it left the page stale.
+  let readAgain = false;
   const refreshSoon = () => {
-    if (!loading) loading = new Promise((resolve) => setTimeout(resolve, 100)).then(refresh).finally(() => { loading = null; });
+    if (loading) { readAgain = true; return; }
+    loading = new Promise((resolve) => setTimeout(resolve, 100)).then(refresh).finally(() => {
+      loading = null;
+      if (readAgain) { readAgain = false; refreshSoon(); }
+    });
   };
   refresh();
   followEvents(sessionId, signal, (type, event) => {
