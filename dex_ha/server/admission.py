@@ -16,10 +16,9 @@ A Worker's heartbeats and results (`/v1/worker/tasks/{token}/...`) are not count
 The node already chose how much Worker work to take on when it handed the attempts out, and
 each attempt has at most one result and one heartbeat in flight, so the hand-outs bound them.
 Shedding them would not lighten the load: the work is done, the Worker retries the same
-report after its backoff, and meanwhile its slot runs nothing. That is what made throughput
-fall past ~128 concurrent steps: once the Worker's results alone filled the bound, most of
-them waited out a 1 s Retry-After while the node sat half idle. A report with a token the
-node did not hand out is answered 404 after one read, without waiting on anything.
+report after its backoff, and meanwhile its slot runs nothing: with as many tasks running
+as the bound, the results alone would fill it. A report with a token the node did not hand
+out is answered 404 after one read, without waiting on anything.
 """
 
 from __future__ import annotations
