@@ -25,10 +25,7 @@ import pytest
 
 from dex_ha.engine import CompleteAttempt
 from dex_ha.server.metrics import RENDER_INTERVAL_S, ServerMetrics
-<<<<<<< HEAD
 from harness.waiting import eventually
-from tests.server.node_fixture import CLIENT_TOKEN, ClusterPlan, base_url, single_node_config
-=======
 from tests.server.node_fixture import (
     CLIENT_TOKEN,
     ClusterPlan,
@@ -38,8 +35,6 @@ from tests.server.node_fixture import (
     single_node_config,
     tool,
 )
-from tests.support.waiting import eventually
->>>>>>> perf-knee
 
 BLOCK_S = 1.5  # the HTTP loop is blocked this long: far past every election timeout below
 
