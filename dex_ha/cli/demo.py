@@ -576,7 +576,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo()
     import logging
 
+    from dex_ha.server.process import use_uvloop  # the server's choice of loop: uvloop when installed
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_uvloop()
     asyncio.run(run_worker(args.url, os.environ.get("DEX_HA_TOKEN") or None, Path(args.ledger)))
     return 0
 

@@ -665,6 +665,9 @@ class RaftCore:
         self._pending_conf_index = 0
         self._next_heartbeat_ms = 0
         self._append_pending = False
+        # A commit advance the followers have not been told of yet: announced at the next
+        # has_ready()/ready() with whatever entries go out then (see _flush_appends).
+        self._commit_pending = False
 
     def _become_follower(self, term: int, leader: str) -> None:
         if term > self._term:
@@ -1010,7 +1013,7 @@ class RaftCore:
         if self._maybe_commit():
             if self._role != Role.LEADER:
                 return  # we committed our own removal and stepped down
-            self._bcast_append()
+            self._commit_pending = True
         else:
             # A peer we had paused may lack the latest commit index: tell it, even with
             # no entries. Otherwise only send entries (no empty APP per ack).
@@ -1039,11 +1042,19 @@ class RaftCore:
             self._replicate_to(peer)
 
     def _flush_appends(self) -> None:
-        """Send the entries proposed since the last Ready, batched per peer."""
-        if self._append_pending and self._role == Role.LEADER:
+        """Send the entries proposed since the last Ready, and the commit index if it
+        moved, batched per peer: one APP per peer carries both.
+
+        Under load many acks (each may move the commit index) and many proposals arrive
+        between two Readies; telling each follower the new commit with the next entries,
+        rather than with an empty APP per commit advance, saves a message (and its
+        answer) per advance and per follower. A peer with no entries to receive still
+        gets an empty APP with the commit index, in the same Ready as before."""
+        if (self._append_pending or self._commit_pending) and self._role == Role.LEADER:
             for peer in self._prs:
-                self._replicate_to(peer, announce_commit=False)
+                self._replicate_to(peer, announce_commit=self._commit_pending)
         self._append_pending = False
+        self._commit_pending = False
 
     def _send_append(self, peer: str, send_if_empty: bool = True) -> bool:
         pr = self._prs[peer]
@@ -1405,7 +1416,7 @@ class RaftCore:
         if rd.snapshot is not None:
             self._applied = max(self._applied, rd.snapshot.index)
         if self._role == Role.LEADER and self._maybe_commit() and self._role == Role.LEADER:
-            self._bcast_append()
+            self._commit_pending = True
 
     # -- status --------------------------------------------------------------------------
 

@@ -740,7 +740,9 @@ class RaftNode:
     def _maybe_snapshot(self) -> None:
         if self._snapshot_task is not None:
             return  # one at a time
-        if self.sm.applied_index() - self._taken.index < self.config.snapshot_every_entries:
+        # The core's applied index, not the machine's: after advance() they are the same,
+        # and the machine's may cost a query (the engine reads it from SQLite) every turn.
+        if self.core.applied_index - self._taken.index < self.config.snapshot_every_entries:
             return
         copy = self.sm.snapshot_copier()
         self._snapshot_task = asyncio.create_task(self._take_snapshot(copy), name=f"raft-snapshot-{self.config.id}")

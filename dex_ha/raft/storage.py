@@ -71,9 +71,9 @@ from .types import (
     Entry,
     HardState,
     SnapshotMeta,
+    encode_entry,
     encode_hard_state,
     entry_from_wire,
-    entry_to_wire,
     hard_state_from_wire,
     snapshot_meta_from_wire,
     snapshot_meta_to_wire,
@@ -346,7 +346,6 @@ class RaftStorage:
         self._segment_bytes = segment_bytes
         self._on_fsync = on_fsync
         self._failpoints = Failpoints()
-        self._packer = msgpack.Packer(use_bin_type=True)
         self._hard_state = HardState()
         self._snapshot: SnapshotMeta | None = None
         self._terms = _Terms(1, 0)
@@ -579,10 +578,9 @@ class RaftStorage:
         if self._seg_size >= self._segment_bytes:
             self._rotate()
         buf = bytearray()
-        pack = self._packer.pack
         seq, base = self._segments[-1].seq, self._seg_size
         for e in entries:  # entries before the hard state: see the module docstring
-            _add_record(buf, seq, base, KIND_ENTRY, pack(entry_to_wire(e)))
+            _add_record(buf, seq, base, KIND_ENTRY, encode_entry(e))  # bytes shared with the sends
         if hard_state is not None:
             _add_record(buf, seq, base, KIND_HARD_STATE, encode_hard_state(hard_state))
         self._write(buf)

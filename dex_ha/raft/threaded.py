@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .core import NotLeader
 from .loop_thread import LoopThread
@@ -35,18 +35,57 @@ from .node import Member, NodeConfig, RaftNode, RaftView, StateMachine
 from .status import Status
 from .types import ConfChange
 
+T = TypeVar("T")
+
+
+class _Handoff(Generic[T]):
+    """Items put on one thread, handed to `deliver` on `loop` in batches.
+
+    One `call_soon_threadsafe` (one wake-up of the target loop: a write to its self-pipe)
+    per batch, not per item: under load hundreds of items cross between two wake-ups.
+    The first put of a batch schedules the delivery; later puts join it until it runs.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[T]], None]) -> None:
+        self._loop = loop
+        self._deliver_batch = deliver
+        self._items: list[T] = []
+        self._lock = threading.Lock()
+
+    def put(self, item: T) -> None:
+        with self._lock:
+            self._items.append(item)
+            first = len(self._items) == 1
+        if first:
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        self._deliver_batch(items)
+
+
+_Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+def _settle_outcomes(outcomes: list[_Outcome]) -> None:
+    """On the caller's loop: set each proposal's outcome on its future."""
+    for future, result, exc in outcomes:
+        if future.done():  # the caller gave up (its request was cancelled)
+            continue
+        if exc is None:
+            future.set_result(result)
+        else:
+            future.set_exception(exc)
+
 
 class _ReplyToLoop:
-    """Carries a proposal's outcome from the Raft thread to a future on the caller's loop.
-
-    Outcomes are buffered and handed over in one `call_soon_threadsafe` per batch: under
-    load one Ready settles hundreds of proposals, and one wake-up of the caller's loop per
-    batch costs far less than one per proposal.
-    """
+    """Carries a proposal's outcome from the Raft thread to a future on the caller's loop,
+    through the batched hand-off (one Ready settles many proposals at once)."""
 
     __slots__ = ("future", "_outbox")
 
-    def __init__(self, future: asyncio.Future[Any], outbox: _Outbox) -> None:
+    def __init__(self, future: asyncio.Future[Any], outbox: _Handoff[_Outcome]) -> None:
         self.future = future
         self._outbox = outbox
 
@@ -54,37 +93,10 @@ class _ReplyToLoop:
         return self.future.done()  # a read of the caller's future: at worst stale, never wrong
 
     def set_result(self, result: Any) -> None:
-        self._outbox.put(self.future, result, None)
+        self._outbox.put((self.future, result, None))
 
     def set_exception(self, exc: BaseException) -> None:
-        self._outbox.put(self.future, None, exc)
-
-
-class _Outbox:
-    """Outcomes waiting to be set on the caller's loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._items: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        self._lock = threading.Lock()
-
-    def put(self, future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-        with self._lock:
-            self._items.append((future, result, exc))
-            first = len(self._items) == 1
-        if first:  # one wake-up per batch: later puts join the batch until it is delivered
-            self._loop.call_soon_threadsafe(self._deliver)
-
-    def _deliver(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-        for future, result, exc in items:
-            if future.done():  # the caller gave up (its request was cancelled)
-                continue
-            if exc is None:
-                future.set_result(result)
-            else:
-                future.set_exception(exc)
+        self._outbox.put((self.future, None, exc))
 
 
 class RaftThread:
@@ -106,15 +118,18 @@ class RaftThread:
         )
         self._thread = LoopThread(f"raft-{config.id}")
         self._caller_loop: asyncio.AbstractEventLoop | None = None
-        self._outbox: _Outbox | None = None
+        self._outbox: _Handoff[_Outcome] | None = None  # proposal outcomes, to the caller's loop
+        self._inbox: _Handoff[tuple[bytes, _ReplyToLoop]] | None = None  # proposals, to the Raft loop
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         """Start the thread and the node on it; returns once the node listens."""
         self._caller_loop = asyncio.get_running_loop()
-        self._outbox = _Outbox(self._caller_loop)
+        self._outbox = _Handoff(self._caller_loop, _settle_outcomes)
         await self._thread.start(self.node.start)
+        assert self._thread.loop is not None
+        self._inbox = _Handoff(self._thread.loop, self._enqueue_proposals)
 
     async def stop(self) -> None:
         """Stop the node, then its loop and thread."""
@@ -148,11 +163,15 @@ class RaftThread:
         view = self.view
         if not view.is_leader:
             raise NotLeader(view.leader_id)
-        loop = self._thread.loop
-        assert loop is not None and self._outbox is not None and self._caller_loop is not None
+        assert self._inbox is not None and self._outbox is not None and self._caller_loop is not None
         future: asyncio.Future[Any] = self._caller_loop.create_future()
-        loop.call_soon_threadsafe(self.node.enqueue, data, _ReplyToLoop(future, self._outbox))
+        self._inbox.put((data, _ReplyToLoop(future, self._outbox)))
         return await future
+
+    def _enqueue_proposals(self, proposals: list[tuple[bytes, _ReplyToLoop]]) -> None:
+        """On the Raft loop: queue a batch of proposals for the node's next turn."""
+        for data, reply in proposals:
+            self.node.enqueue(data, reply)
 
     async def change_membership(self, cc: ConfChange) -> None:
         await self._thread.run(self.node.change_membership(cc))

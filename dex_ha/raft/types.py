@@ -55,6 +55,10 @@ class Entry:
     index: int
     type: EntryType = EntryType.NORMAL
     data: bytes = b""
+    # The entry's msgpack (encode_entry), made on first use and kept: the leader writes
+    # an entry to its log and sends it to every follower, and all of them use these same
+    # bytes rather than encoding it again. Not part of the entry's value (no compare).
+    _encoded: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def size(self) -> int:
         """Approximate encoded size, used for flow control and batching."""
@@ -187,7 +191,12 @@ def pack(obj: object) -> bytes:
 
 
 def encode_entry(e: Entry) -> bytes:
-    return pack(entry_to_wire(e))
+    """The entry's msgpack; encoded once per Entry object (see Entry._encoded)."""
+    encoded = e._encoded
+    if encoded is None:
+        encoded = pack(entry_to_wire(e))
+        object.__setattr__(e, "_encoded", encoded)  # a cache of immutable fields: frozen in meaning
+    return encoded
 
 
 def decode_entry(buf: bytes) -> Entry:
@@ -241,7 +250,42 @@ def _index_slot(m: Message) -> int:
     return m.lease_window_ms if m.type == MessageType.HEARTBEAT else m.index
 
 
+def _array_header(n: int) -> bytes:
+    """The msgpack header of an array of n items."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+_FIXARRAY_14 = b"\x9e"  # the header of a message's 14-slot array
+
+
 def encode_message(m: Message) -> bytes:
+    """A message's msgpack. With entries, the message is put together around each entry's
+    encode_entry() bytes (the same bytes as packing the whole message at once), so an
+    entry sent to several followers, and written to the leader's log, is encoded once."""
+    if not m.entries:
+        return _encode_whole_message(m)
+    # Two packed arrays (7 and 6 slots, one-byte headers) with their headers cut off,
+    # the entries in between: msgpack arrays are their header followed by their items.
+    head = pack([WIRE_VERSION, int(m.type), m.to, m.frm, m.term, m.log_term, _index_slot(m)])[1:]
+    tail = pack(
+        [
+            m.commit,
+            m.reject,
+            m.reject_hint,
+            m.context,
+            snapshot_meta_to_wire(m.snapshot) if m.snapshot is not None else None,
+            m.data,
+        ]
+    )[1:]
+    entries = b"".join([encode_entry(e) for e in m.entries])
+    return b"".join((_FIXARRAY_14, head, _array_header(len(m.entries)), entries, tail))
+
+
+def _encode_whole_message(m: Message) -> bytes:
     return pack(
         [
             WIRE_VERSION,

@@ -11,6 +11,14 @@ Probes (`/livez`, `/readyz`) are never shed: a load balancer that saw them fail 
 the active node out of service, the worst answer to load. Long-lived requests (Worker long
 polls, SSE streams) are not counted either: they wait far more than they work, and the cap
 on open connections bounds them (see RouteSpec.bounded).
+
+A Worker's heartbeats and results (`/v1/worker/tasks/{token}/...`) are not counted either.
+The node already chose how much Worker work to take on when it handed the attempts out, and
+each attempt has at most one result and one heartbeat in flight, so the hand-outs bound them.
+Shedding them would not lighten the load: the work is done, the Worker retries the same
+report after its backoff, and meanwhile its slot runs nothing: with as many tasks running
+as the bound, the results alone would fill it. A report with a token the node did not hand
+out is answered 404 after one read, without waiting on anything.
 """
 
 from __future__ import annotations

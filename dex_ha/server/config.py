@@ -93,9 +93,9 @@ class ServerConfig:
     join: bool = False
     heartbeat_timeout_ms: int = 30_000
     drain_timeout_ms: int = 30_000
-    # Admission control (admission.py): requests worked on at once, probes and long-lived
-    # requests not counted. Enough for every Worker's heartbeats and results plus a burst of
-    # clients; past it the node answers 503 `overloaded` at once instead of queueing.
+    # Admission control (admission.py): requests worked on at once; probes, long-lived
+    # requests and a Worker's heartbeats and results are not counted. Past it the node
+    # answers 503 `overloaded` at once instead of queueing.
     max_inflight_requests: int = 512
     # The Raft timing defaults come from the raft layer (dex_ha.raft.core), their one source.
     election_timeout_min_ms: int = DEFAULT_ELECTION_TIMEOUT_MIN_MS

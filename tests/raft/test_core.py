@@ -1211,3 +1211,62 @@ def test_follower_with_the_better_log_campaigns_when_a_stale_rival_asks() -> Non
     assert c.cores["n2"].role == Role.PRE_CANDIDATE and c.cores["n3"].role == Role.FOLLOWER
     c.flush()
     assert c.cores["n3"].role == Role.LEADER
+
+
+def _one_entry_acked_by_both_followers(c: Cluster, n1: RaftCore) -> tuple[int, list[Message]]:
+    """n1 proposes and persists one entry, both followers store it; returns the entry's
+    index and the followers' acks, not yet delivered to n1."""
+    index = n1.propose(b"a")
+    for m in c.process("n1"):
+        c.deliver(m)
+    acks = [m for nid in ("n2", "n3") for m in c.process(nid) if m.type == MT.APP_RESP]
+    assert len(acks) == 2 and n1.commit_index < index
+    return index, acks
+
+
+def test_one_append_per_follower_carries_the_new_entries_and_the_commit() -> None:
+    """Acks that move the commit index and proposals that arrive before the next Ready
+    go to each follower as one APP (no empty APP per commit advance)."""
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.flush()
+    index, acks = _one_entry_acked_by_both_followers(c, n1)
+    for ack in acks:
+        n1.step(ack)
+    n1.propose(b"b")
+    rd = n1.ready()
+    apps = sorted((m for m in rd.messages if m.type == MT.APP), key=lambda m: m.to)
+    assert [m.to for m in apps] == ["n2", "n3"]
+    assert all([e.data for e in m.entries] == [b"b"] and m.commit == index for m in apps)
+    n1.advance(rd)
+
+
+def test_a_commit_advance_with_nothing_to_send_still_reaches_the_followers() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.flush()
+    index, acks = _one_entry_acked_by_both_followers(c, n1)
+    for ack in acks:
+        n1.step(ack)
+    rd = n1.ready()
+    apps = sorted((m for m in rd.messages if m.type == MT.APP), key=lambda m: m.to)
+    assert [(m.to, m.entries, m.commit) for m in apps] == [("n2", [], index), ("n3", [], index)]
+    n1.advance(rd)
+
+
+def test_proposals_made_together_reach_storage_in_one_ready_split_per_message_size() -> None:
+    """N proposals before one Ready: one write (and one fsync) of all N; each follower
+    gets them in messages no bigger than max_msg_bytes."""
+    c = Cluster(["n1", "n2", "n3"], max_msg_bytes=100)
+    n1 = c.elect("n1")
+    c.flush()
+    first = n1.propose(b"%032d" % 0)
+    for i in range(1, 10):
+        n1.propose(b"%032d" % i)  # 48 bytes each counted: two per message
+    rd = n1.ready()
+    assert [e.index for e in rd.entries] == list(range(first, first + 10)) and rd.must_sync
+    for peer in ("n2", "n3"):
+        apps = [m for m in rd.messages if m.type == MT.APP and m.to == peer]
+        assert [len(m.entries) for m in apps] == [2] * 5
+    n1.advance(rd)
+    assert not n1.has_ready() or not n1.ready().entries

@@ -122,3 +122,63 @@ def test_garbage_never_escapes_as_anything_but_malformed(buf: bytes) -> None:
 def test_malformed_shapes_are_rejected(raw: list) -> None:
     with pytest.raises(MalformedMessage):
         decode_message(msgpack.packb(raw, use_bin_type=True))
+
+
+def _packed_whole(m: Message) -> bytes:
+    """A message packed in one piece, as the wire format defines it."""
+    meta = (
+        None
+        if m.snapshot is None
+        else [
+            m.snapshot.index,
+            m.snapshot.term,
+            [list(m.snapshot.conf_state.voters), list(m.snapshot.conf_state.learners)],
+        ]
+    )
+    index = m.lease_window_ms if m.type == MessageType.HEARTBEAT else m.index
+    wire_entries = [[e.term, e.index, int(e.type), e.data] for e in m.entries]
+    fields = [1, int(m.type), m.to, m.frm, m.term, m.log_term, index, wire_entries]
+    fields += [m.commit, m.reject, m.reject_hint, m.context, meta, m.data]
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+@given(messages, st.lists(entries, max_size=40))
+def test_a_message_put_together_from_encoded_entries_is_byte_for_byte_the_packed_message(
+    msg: Message, more: list[Entry]
+) -> None:
+    msg.entries = msg.entries + more  # past 15 entries the array header takes 3 bytes
+    assert encode_message(msg) == _packed_whole(msg)
+
+
+def test_a_message_with_65536_entries_has_the_long_array_header() -> None:
+    msg = Message(MessageType.APP, "n2", "n1", term=1, entries=[Entry(1, i) for i in range(1, 65537)])
+    encoded = encode_message(msg)
+    assert encoded == _packed_whole(msg)
+    assert len(decode_message(encoded).entries) == 65536
+
+
+def test_an_entry_is_encoded_once_for_the_log_and_every_follower(tmp_path, monkeypatch) -> None:
+    """The leader writes an entry to its log and sends it to each follower: one msgpack
+    encoding of it, whose bytes every follower's message and the log record carry."""
+    from dex_ha.raft import types
+    from dex_ha.raft.storage import RaftStorage
+
+    encoded: list[int] = []
+    real = types.entry_to_wire
+
+    def counting(e: Entry) -> list[object]:
+        encoded.append(e.index)
+        return real(e)
+
+    monkeypatch.setattr(types, "entry_to_wire", counting)
+    batch = [Entry(1, i, EntryType.NORMAL, b"step %d" % i) for i in (1, 2, 3)]
+    frames = [encode_message(Message(MessageType.APP, to, "n1", term=1, entries=batch)) for to in ("n2", "n3")]
+    storage = RaftStorage.open(tmp_path / "raft", durability="relaxed")
+    try:
+        storage.append(HardState(term=1), batch)
+    finally:
+        storage.close()
+    assert encoded == [1, 2, 3]
+    entry_bytes = b"".join(encode_entry(e) for e in batch)
+    assert all(entry_bytes in frame for frame in frames)
+    assert [decode_message(f).entries for f in frames] == [batch, batch]

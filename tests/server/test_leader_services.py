@@ -74,3 +74,35 @@ async def test_a_timer_that_came_due_while_the_node_was_down_fires_at_once(http,
         assert (await api.snapshot("s1"))["pending_timers"] == []
     finally:
         await restarted.stop()
+
+
+async def test_two_hundred_waiting_polls_get_exactly_one_task_each(nodes, http, tmp_path: Path) -> None:
+    """Every queued step is handed out once, and every waiting poll gets its one task:
+    no poll is skipped and none gets a step twice, however many wait at once."""
+    node = await nodes(single_node_config(tmp_path / "node"))
+    api = http(node)
+    await api.register_agent("many", [tool("lookup")])
+    count = 200
+    polls = [
+        asyncio.create_task(node.leader.poll(f"worker-{i}", ["many"], max_tasks=1, wait_ms=30_000))
+        for i in range(count)
+    ]
+    await eventually(lambda: _polls_waiting(node, count), deadline_s=10, what=f"{count} polls to wait", interval_s=0.01)
+
+    async def queue_one_step(i: int) -> None:
+        await api.create_session("many", f"s{i}")
+        await api.send_message(f"s{i}", "hello")
+
+    await asyncio.gather(*(queue_one_step(i) for i in range(count)))
+    async with asyncio.timeout(30):
+        answers = await asyncio.gather(*polls)
+
+    assert [len(tasks) for tasks in answers] == [1] * count
+    handed_out = [tasks[0] for tasks in answers]
+    assert len({t["step_id"] for t in handed_out}) == count, "a step was handed out twice"
+    assert {t["session_id"] for t in handed_out} == {f"s{i}" for i in range(count)}
+    assert node.leader.waiting_polls() == 0
+
+
+async def _polls_waiting(node: NodeServer, n: int) -> bool:
+    return node.leader is not None and node.leader.waiting_polls() == n

@@ -18,13 +18,23 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from dex_ha.engine import CompleteAttempt
 from dex_ha.server.metrics import RENDER_INTERVAL_S, ServerMetrics
 from harness.waiting import eventually
-from tests.server.node_fixture import CLIENT_TOKEN, ClusterPlan, base_url, single_node_config
+from tests.server.node_fixture import (
+    CLIENT_TOKEN,
+    ClusterPlan,
+    assert_error,
+    base_url,
+    model_result,
+    single_node_config,
+    tool,
+)
 
 BLOCK_S = 1.5  # the HTTP loop is blocked this long: far past every election timeout below
 
@@ -167,6 +177,52 @@ async def test_a_long_poll_does_not_take_a_slot(tmp_path: Path, nodes):
 
 async def _waiting_polls(node) -> bool:
     return node.leader is not None and node.leader.waiting_polls() == 1
+
+
+async def test_a_workers_heartbeat_and_result_are_not_shed_when_the_bound_is_full(tmp_path: Path, nodes, http):
+    """The hand-outs bound a Worker's reports: shedding a result of work already done
+    would only make the Worker wait and send it again (the throughput knee of the steps bench)."""
+    node = await nodes(single_node_config(tmp_path, max_inflight_requests=1))
+    api = http(node)
+    await api.register_agent("a", [tool("lookup")])
+    await api.create_session("a", "s1")
+    await api.send_message("s1", "hello")
+    task = await api.poll_one("a")
+    release = hold_proposals(node)
+    proposed = count_proposals(node)
+    client = asyncio.ensure_future(api.post("/v1/sessions", {"agent": "a", "session_id": "s2"}))
+    await eventually(lambda: _in_flight(node, 1), deadline_s=5, what="the client's create to hold the one slot")
+    assert_error(await api.post("/v1/sessions", {"agent": "a", "session_id": "s3"}), 503, "overloaded")
+
+    beat = await api.post(f"/v1/worker/tasks/{task['task_token']}/heartbeat", {"worker_id": "worker-1"}, role="worker")
+    assert beat.status == 200, beat.body
+    result = asyncio.ensure_future(api.complete(task, model_result("done")))
+    await eventually(
+        lambda: _proposed_a(proposed, CompleteAttempt),
+        deadline_s=5,
+        what="the result to wait for its commit, not a 503",
+    )
+    release.set()
+    assert (await result)["status"] == "completed"
+    assert (await client).status == 201
+    assert node.admission.shed_total == 1, "only the client's request over the bound was shed"
+
+
+def count_proposals(node) -> list[Any]:
+    """The commands the node proposes from now on, in order."""
+    proposed: list[Any] = []
+    propose = node.propose
+
+    async def counted(cmd):
+        proposed.append(cmd)
+        return await propose(cmd)
+
+    node.propose = counted
+    return proposed
+
+
+async def _proposed_a(proposed: list[Any], kind: type) -> bool:
+    return any(isinstance(cmd, kind) for cmd in proposed)
 
 
 def test_metrics_are_rendered_at_most_once_per_interval():
