@@ -1,5 +1,10 @@
 """Seeded deterministic simulations of the Raft core (harness: sim.py).
 
+The seeds, and the mutations, are independent and pure CPU: they run in a pool of
+processes as wide as the machine, each test reporting the outcome of its own seed or
+mutation (see `SimPool`). The rest of the suite runs one test at a time, so the
+pool has the cores to itself.
+
 Default: 256 seeds (3 and 5 voters, with and without membership changes, fast and slow
 disks, fine and coarse ticks, busy and quiet clients: every family of the seed's low 7 bits,
 each also with bit 7, the family whose nodes run different election timeouts changed by
@@ -14,9 +19,12 @@ notices: a checker that cannot fail proves nothing.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -40,9 +48,82 @@ def _family_seeds(first: int, n: int) -> list[int]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class SeedOutcome:
+    """What a pool process reports of one seed's run."""
+
+    failure: str | None  # the SimFailure message; None: the seed passed
+    stats: Counter[str]
+    leader_terms: int
+
+
+def seed_outcome(seed: int) -> SeedOutcome:
+    """In a pool process: run one seed."""
+    try:
+        sim = run_seed(seed)
+    except SimFailure as failure:
+        return SeedOutcome(str(failure), Counter(), 0)
+    return SeedOutcome(None, Counter(sim.stats), len(sim.check.leaders))
+
+
+class SimPool:
+    """Seeds and mutations run in a pool of `spawn`ed processes (not forked: the suite's
+    process may hold threads). The selected ones are submitted at once, in test order;
+    each outcome is computed once and shared by the tests that read it."""
+
+    def __init__(self) -> None:
+        self._pool = ProcessPoolExecutor(
+            max_workers=os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")
+        )
+        self._seeds: dict[int, Future[SeedOutcome]] = {}
+        self._mutations: dict[str, Future[str | None]] = {}
+
+    def submit_seed(self, seed: int) -> Future[SeedOutcome]:
+        if seed not in self._seeds:
+            self._seeds[seed] = self._pool.submit(seed_outcome, seed)
+        return self._seeds[seed]
+
+    def submit_mutation(self, name: str) -> Future[str | None]:
+        if name not in self._mutations:
+            self._mutations[name] = self._pool.submit(mutation_outcome, name)
+        return self._mutations[name]
+
+    def seed(self, seed: int) -> SeedOutcome:
+        """The seed's outcome; a failed seed raises its SimFailure here."""
+        outcome = self.submit_seed(seed).result()
+        if outcome.failure is not None:
+            raise SimFailure(outcome.failure)
+        return outcome
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(cancel_futures=True)
+
+
+def _selected(request: pytest.FixtureRequest, test_name: str, param: str) -> list[Any]:
+    """The values of `param` of the selected tests called `test_name` in this module."""
+    return [
+        item.callspec.params[param]
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.module is request.module and item.originalname == test_name
+    ]
+
+
+@pytest.fixture(scope="module")
+def sim_pool(request: pytest.FixtureRequest) -> Iterator[SimPool]:
+    pool = SimPool()
+    try:
+        for seed in _selected(request, "test_seed", "seed"):
+            pool.submit_seed(seed)
+        for name in _selected(request, "test_simulation_catches_mutation", "name"):
+            pool.submit_mutation(name)
+        yield pool
+    finally:
+        pool.shutdown()
+
+
 @pytest.mark.parametrize("seed", range(N_SEEDS))
-def test_seed(seed: int) -> None:
-    run_seed(seed)
+def test_seed(seed: int, sim_pool: SimPool) -> None:
+    sim_pool.seed(seed)
 
 
 def test_replay() -> None:
@@ -59,14 +140,14 @@ def test_same_seed_same_run(seed: int) -> None:
     assert a.stats == b.stats and a.events == b.events
 
 
-def test_simulation_exercises_every_fault_and_feature() -> None:
+def test_simulation_exercises_every_fault_and_feature(sim_pool: SimPool) -> None:
     """Guard against a harness that quietly stopped doing something."""
     total: Counter[str] = Counter()
     leader_terms = 0
     for seed in range(32):
-        sim = run_seed(seed)
-        total.update(sim.stats)
-        leader_terms += len(sim.check.leaders)
+        outcome = sim_pool.seed(seed)
+        total.update(outcome.stats)
+        leader_terms += outcome.leader_terms
     for key in (
         "crash",
         "compact",
@@ -90,11 +171,11 @@ def test_simulation_exercises_every_fault_and_feature() -> None:
     assert leader_terms > 100
 
 
-def test_mixed_timeout_family_exercises_leases_over_shorter_timeouts() -> None:
+def test_mixed_timeout_family_exercises_leases_over_shorter_timeouts(sim_pool: SimPool) -> None:
     """The family must really run leaders whose timeout is longer than a voter's own."""
     total: Counter[str] = Counter()
     for seed in _family_seeds(MIXED_TIMEOUT_FAMILY, 8):
-        total.update(run_seed(seed).stats)
+        total.update(sim_pool.seed(seed).stats)
     assert total["rolling_restart"] > 0, dict(total)
     assert total["events_with_lease_over_a_shorter_timeout"] > 100, dict(total)
 
@@ -347,16 +428,27 @@ MUTATIONS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
 MIXED_TIMEOUT_MUTATIONS = {"follower_ignores_leader_window", "restart_forgets_promised_window"}
 
 
-@pytest.mark.parametrize("name", sorted(MUTATIONS))
-def test_simulation_catches_mutation(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    breaker, expected = MUTATIONS[name]
-    breaker(monkeypatch)
+def mutation_outcome(name: str) -> str | None:
+    """In a pool process: break the core as mutation `name` says and run seeds until the
+    simulation fails; that failure's message, or None if the mutation survived 80 seeds."""
+    breaker, _ = MUTATIONS[name]
     first = MIXED_TIMEOUT_FAMILY if name in MIXED_TIMEOUT_MUTATIONS else 0
-    for seed in _family_seeds(first, 80):
-        try:
-            run_seed(seed)
-        except SimFailure as failure:
-            first_line = str(failure).splitlines()[0]
-            assert any(e in first_line for e in expected.split("|")), str(failure)[:2000]
-            return
-    pytest.fail(f"mutation {name} survived 80 seeds from {first}")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        breaker(monkeypatch)
+        for seed in _family_seeds(first, 80):
+            try:
+                run_seed(seed)
+            except SimFailure as failure:
+                return str(failure)
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_simulation_catches_mutation(name: str, sim_pool: SimPool) -> None:
+    _, expected = MUTATIONS[name]
+    failure = sim_pool.submit_mutation(name).result()
+    if failure is None:
+        first = MIXED_TIMEOUT_FAMILY if name in MIXED_TIMEOUT_MUTATIONS else 0
+        pytest.fail(f"mutation {name} survived 80 seeds from {first}")
+    first_line = failure.splitlines()[0]
+    assert any(e in first_line for e in expected.split("|")), failure[:2000]
