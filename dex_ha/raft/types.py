@@ -262,48 +262,29 @@ def _array_header(n: int) -> bytes:
 _FIXARRAY_14 = b"\x9e"  # the header of a message's 14-slot array
 
 
+def _head_slots(m: Message) -> list[Any]:
+    """A message's 7 slots before its entries."""
+    return [WIRE_VERSION, int(m.type), m.to, m.frm, m.term, m.log_term, _index_slot(m)]
+
+
+def _tail_slots(m: Message) -> list[Any]:
+    """A message's 6 slots after its entries."""
+    snapshot = snapshot_meta_to_wire(m.snapshot) if m.snapshot is not None else None
+    return [m.commit, m.reject, m.reject_hint, m.context, snapshot, m.data]
+
+
 def encode_message(m: Message) -> bytes:
     """A message's msgpack. With entries, the message is put together around each entry's
     encode_entry() bytes (the same bytes as packing the whole message at once), so an
     entry sent to several followers, and written to the leader's log, is encoded once."""
     if not m.entries:
-        return _encode_whole_message(m)
+        return pack([*_head_slots(m), [], *_tail_slots(m)])
     # Two packed arrays (7 and 6 slots, one-byte headers) with their headers cut off,
     # the entries in between: msgpack arrays are their header followed by their items.
-    head = pack([WIRE_VERSION, int(m.type), m.to, m.frm, m.term, m.log_term, _index_slot(m)])[1:]
-    tail = pack(
-        [
-            m.commit,
-            m.reject,
-            m.reject_hint,
-            m.context,
-            snapshot_meta_to_wire(m.snapshot) if m.snapshot is not None else None,
-            m.data,
-        ]
-    )[1:]
+    head = pack(_head_slots(m))[1:]
+    tail = pack(_tail_slots(m))[1:]
     entries = b"".join([encode_entry(e) for e in m.entries])
     return b"".join((_FIXARRAY_14, head, _array_header(len(m.entries)), entries, tail))
-
-
-def _encode_whole_message(m: Message) -> bytes:
-    return pack(
-        [
-            WIRE_VERSION,
-            int(m.type),
-            m.to,
-            m.frm,
-            m.term,
-            m.log_term,
-            _index_slot(m),
-            [entry_to_wire(e) for e in m.entries],
-            m.commit,
-            m.reject,
-            m.reject_hint,
-            m.context,
-            snapshot_meta_to_wire(m.snapshot) if m.snapshot is not None else None,
-            m.data,
-        ],
-    )
 
 
 class MalformedMessage(ValueError):

@@ -1213,26 +1213,26 @@ def test_follower_with_the_better_log_campaigns_when_a_stale_rival_asks() -> Non
     assert c.cores["n3"].role == Role.LEADER
 
 
-def _one_entry_acked_by_both_followers(c: Cluster, n1: RaftCore) -> tuple[int, list[Message]]:
-    """n1 proposes and persists one entry, both followers store it; returns the entry's
-    index and the followers' acks, not yet delivered to n1."""
+def _leader_with_an_acked_entry() -> tuple[Cluster, RaftCore, int]:
+    """A three-node cluster whose leader n1 has just heard both followers acknowledge one
+    new entry (the acks move its commit index); its next Ready is not taken yet."""
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.flush()
     index = n1.propose(b"a")
     for m in c.process("n1"):
         c.deliver(m)
     acks = [m for nid in ("n2", "n3") for m in c.process(nid) if m.type == MT.APP_RESP]
     assert len(acks) == 2 and n1.commit_index < index
-    return index, acks
+    for ack in acks:
+        n1.step(ack)
+    return c, n1, index
 
 
 def test_one_append_per_follower_carries_the_new_entries_and_the_commit() -> None:
     """Acks that move the commit index and proposals that arrive before the next Ready
     go to each follower as one APP (no empty APP per commit advance)."""
-    c = Cluster(["n1", "n2", "n3"])
-    n1 = c.elect("n1")
-    c.flush()
-    index, acks = _one_entry_acked_by_both_followers(c, n1)
-    for ack in acks:
-        n1.step(ack)
+    _, n1, index = _leader_with_an_acked_entry()
     n1.propose(b"b")
     rd = n1.ready()
     apps = sorted((m for m in rd.messages if m.type == MT.APP), key=lambda m: m.to)
@@ -1242,12 +1242,7 @@ def test_one_append_per_follower_carries_the_new_entries_and_the_commit() -> Non
 
 
 def test_a_commit_advance_with_nothing_to_send_still_reaches_the_followers() -> None:
-    c = Cluster(["n1", "n2", "n3"])
-    n1 = c.elect("n1")
-    c.flush()
-    index, acks = _one_entry_acked_by_both_followers(c, n1)
-    for ack in acks:
-        n1.step(ack)
+    _, n1, index = _leader_with_an_acked_entry()
     rd = n1.ready()
     apps = sorted((m for m in rd.messages if m.type == MT.APP), key=lambda m: m.to)
     assert [(m.to, m.entries, m.commit) for m in apps] == [("n2", [], index), ("n3", [], index)]
