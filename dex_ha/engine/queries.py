@@ -22,6 +22,7 @@ from dex_ha.engine.kinds import (
     TASK_KINDS,
     idempotency_key,
 )
+from dex_ha.engine.statuses import StepStatus
 from dex_ha.engine.store import APPLIED_INDEX, EVENT_ID_SHIFT, Store, from_json
 
 
@@ -184,7 +185,7 @@ class Queries:
         if step is None or step["kind"] not in TASK_KINDS:
             return None
         number, deadline = step["attempts_used"] + 1, None
-        if step["status"] == "running":
+        if step["status"] == StepStatus.RUNNING:
             number = step["attempts_used"]
             deadline = self._store.scalar(
                 "SELECT deadline_at FROM attempts WHERE step_id = ? AND number = ?", (step_id, number)
