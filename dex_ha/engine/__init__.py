@@ -61,10 +61,19 @@ from dex_ha.engine.kinds import (
     StepKindSpec,
     idempotency_key,
 )
-from dex_ha.engine.queries import AttemptState, QueuedStep, RunningAttempt, SessionEvent, Task, Timer
+from dex_ha.engine.queries import (
+    AttemptState,
+    QueuedStep,
+    RunningAttempt,
+    SessionEvent,
+    Task,
+    Timer,
+    same_token_secret,
+)
 from dex_ha.engine.results import ApplyResult
 
 __all__ = [
+    "same_token_secret",
     "AWAIT_QUESTION_ANSWER",
     "AWAIT_TIMER",
     "AWAIT_TOOL_APPROVAL",

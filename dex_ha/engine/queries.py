@@ -115,7 +115,7 @@ def _by_name(cls: Any, row: sqlite3.Row, **converted: Any) -> Any:
     return cls(**{f.name: converted[f.name] if f.name in converted else row[f.name] for f in fields(cls)})
 
 
-def _same_secret(stored: str | None, given: str) -> bool:
+def same_token_secret(stored: str | None, given: str) -> bool:
     """Constant-time comparison, so response times do not reveal how much of a guess was
     right. An attempt stored without a secret (handed out before schema 2) matches nothing."""
     return stored is not None and hmac.compare_digest(stored.encode(), given.encode())
@@ -161,7 +161,7 @@ class Queries:
         """The attempt a task token names, or None unless it was handed out with `token_secret`
         (so a made-up token learns nothing, not even whether the attempt exists)."""
         row = self._store.attempt(step_id, attempt)
-        if row is None or not _same_secret(row["token_secret"], token_secret):
+        if row is None or not same_token_secret(row["token_secret"], token_secret):
             return None
         current = row["status"] == "running" and row["term"] == term
         return AttemptState(row["status"], current, bool(row["cancel_requested"]), row["worker_id"])

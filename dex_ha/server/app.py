@@ -44,7 +44,7 @@ from dex_ha.server.config import ConfigError, parse_address
 from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
 from dex_ha.server.http_limits import client_gone, read_body
-from dex_ha.server.leader import wall_ms
+from dex_ha.server.leader import LeaderTerm, wall_ms
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
@@ -548,13 +548,34 @@ def _attempt_of(api: Api, args: dict[str, Any]) -> tuple[TaskToken, AttemptState
     if token is None or state is None:
         raise ApiError(404, "not_found", "no task was handed out with this task token")
     if state.worker_id != args["worker_id"]:
-        raise ApiError(
-            403,
-            "forbidden",
-            f"worker_id: attempt {token.attempt} of step {token.step_id!r} was "
-            f"handed to another Worker; only that Worker may report on it",
-        )
+        raise _handed_to_another_worker(token)
     return token, state
+
+
+def _handed_to_another_worker(token: TaskToken) -> ApiError:
+    return ApiError(
+        403,
+        "forbidden",
+        f"worker_id: attempt {token.attempt} of step {token.step_id!r} was "
+        f"handed to another Worker; only that Worker may report on it",
+    )
+
+
+def _reported_attempt(api: Api, leader: LeaderTerm, args: dict[str, Any]) -> TaskToken:
+    """The attempt a result or a failure reports on, checked as `_attempt_of` does.
+
+    An attempt this leader handed out is checked against what it keeps in memory (the
+    secret and Worker it committed with the hand-out), which spares the hot path a read of
+    SQLite; any other token (another term's, after a restart) is read from the state.
+    Whether the attempt is still current is fenced when the command applies.
+    """
+    token = TaskToken.parse(args["task_token"])
+    handed_out = None if token is None else leader.running.get((token.step_id, token.attempt))
+    if token is None or handed_out is None or not handed_out.issued(token):
+        return _attempt_of(api, args)[0]
+    if handed_out.worker_id != args["worker_id"]:
+        raise _handed_to_another_worker(token)
+    return token
 
 
 async def task_heartbeat(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -575,7 +596,7 @@ async def task_heartbeat(api: Api, args: dict[str, Any], request: web.Request) -
 
 async def task_complete(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     leader = api.node.serving()
-    token, _ = _attempt_of(api, args)
+    token = _reported_attempt(api, leader, args)
     step_id, attempt, term = token.step_id, token.attempt, token.term
     running = leader.running.get((step_id, attempt))
     worker_id = running.worker_id if running is not None else None
@@ -603,7 +624,7 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
 
 async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     leader = api.node.serving()
-    token, _ = _attempt_of(api, args)
+    token = _reported_attempt(api, leader, args)
     step_id, attempt, term = token.step_id, token.attempt, token.term
     await api.propose(
         FailAttempt(

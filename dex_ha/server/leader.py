@@ -37,6 +37,7 @@ from dex_ha.engine import (
     HeartbeatLost,
     QueuedStep,
     StartAttempts,
+    same_token_secret,
 )
 from dex_ha.raft.core import NotLeader, ProposalDropped
 from dex_ha.server.errors import NotServing
@@ -64,6 +65,12 @@ class HandedOutAttempt:
     kind: str
     worker_id: str
     last_seen: float  # monotonic seconds of the hand-out or the latest heartbeat
+    term: int  # the term of the hand-out (this leader's)
+    token_secret: str | None  # the secret of its task token, as committed (None before schema 2)
+
+    def issued(self, token: TaskToken) -> bool:
+        """Whether `token` is the one this hand-out issued (the secret compared in constant time)."""
+        return token.term == self.term and same_token_secret(self.token_secret, token.secret)
 
 
 @dataclass
@@ -300,7 +307,14 @@ class LeaderTerm:
         reports it); from now on the attempt's heartbeats are watched."""
         step_id, attempt, kind = started["step_id"], started["attempt"], started["kind"]
         self.running[(step_id, attempt)] = HandedOutAttempt(
-            step_id, attempt, started["session_id"], kind, worker_id, time.monotonic()
+            step_id,
+            attempt,
+            started["session_id"],
+            kind,
+            worker_id,
+            time.monotonic(),
+            started["term"],
+            started["token_secret"],
         )
         self.metrics.attempts_started.labels(kind=kind).inc()
         now_ms = wall_ms()

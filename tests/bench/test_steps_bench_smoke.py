@@ -7,12 +7,14 @@ whose every row counted committed steps, and leaves no process behind.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH = REPO_ROOT / "bench" / "steps_bench.py"
@@ -86,6 +88,7 @@ def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_pat
         assert row["p50_ms"] is not None and 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["server_cpu_ms_per_step"] > 0
         assert row["worker_stopped_cleanly"] is True
+        assert row["warmup_s"] >= 0.49  # --warmup-s 0.5 (asyncio timers may fire a ms early)
     assert result["summary"]["dev_steps_per_second"] == max(r["steps_per_second"] for r in rows)
     assert result["summary"]["dev_p50_ms_c1"] == rows[0]["p50_ms"]
 
@@ -164,3 +167,34 @@ def test_the_scripted_model_calls_the_read_tool_then_answers() -> None:
     agent = steps_worker.bench_agent("bench-x")
     tool = agent.definition()["tools"][0]
     assert tool["name"] == "read" and tool["effect"] == "read" and tool["inline"] is False
+
+
+def test_the_warm_up_lasts_until_every_lane_has_queued_its_first_session() -> None:
+    """The window must not open on the start-up burst: with one lane slow to get under way
+    (its messages shed and retried, say), the warm-up waits for it past its minimum."""
+    late_lane_s = 0.6
+
+    async def scenario() -> float:
+        stats = steps_bench.LaneStats()
+
+        async def lane(delay_s: float) -> None:
+            await asyncio.sleep(delay_s)
+            stats.lanes_under_way += 1
+            await asyncio.Event().wait()  # a lane never ends on its own
+
+        reader = asyncio.create_task(asyncio.Event().wait())
+        worker = SimpleNamespace(reader=reader, proc=SimpleNamespace(returncode=None), log_path="worker.log")
+        lanes = [asyncio.create_task(lane(0.0)), asyncio.create_task(lane(late_lane_s))]
+        started = time.monotonic()
+        try:
+            reported = await steps_bench.warm_up(worker, lanes, stats, min_s=0.1)
+            waited = time.monotonic() - started
+            assert stats.lanes_under_way == 2
+            assert abs(reported - waited) < 0.05
+            return waited
+        finally:
+            for task in [reader, *lanes]:
+                task.cancel()
+            await asyncio.gather(reader, *lanes, return_exceptions=True)
+
+    assert asyncio.run(scenario()) >= late_lane_s
