@@ -238,8 +238,10 @@ class RaftConfig:
     max_inflight_bytes: int = 32 << 20  # flow control by bytes in flight
     pre_vote: bool = True
     check_quorum: bool = True
-    # Added: cap on committed-entry bytes handed out in one Ready (bounds apply batches).
+    # Caps on the committed entries handed out in one Ready (they bound apply batches,
+    # and so how long the node's loop applies before it ticks again); 0: no count cap.
     max_committed_bytes_per_ready: int = 8 << 20
+    max_committed_entries_per_ready: int = 0
 
     def __post_init__(self) -> None:
         check_timing(
@@ -1392,6 +1394,8 @@ class RaftCore:
             self._pending_snapshot = None
         hi = self._committed_hi()
         if hi > self._applying:
+            if self._cfg.max_committed_entries_per_ready:
+                hi = min(hi, self._applying + self._cfg.max_committed_entries_per_ready)
             rd.committed_entries = self._log.slice(self._applying + 1, hi + 1, self._cfg.max_committed_bytes_per_ready)
             self._applying = rd.committed_entries[-1].index
         rd.messages, self._msgs = self._msgs, []

@@ -18,6 +18,7 @@ import pytest
 from dex_ha.raft.core import EntryTooLarge, NotLeader
 from dex_ha.raft.node import MAX_ENTRY_BYTES_LIMIT, Member, NodeConfig, RaftNode, member_context
 from dex_ha.raft.storage import RaftStorage
+from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.transport import DEFAULT_MAX_FRAME_BYTES, KIND_MESSAGE, pack_frame
 from dex_ha.raft.types import (
     ConfChange,
@@ -299,6 +300,48 @@ async def test_a_slow_snapshot_copy_does_not_cost_leadership(tmp_path: Path) -> 
             await _put(nodes, f"during{time.monotonic()}", "x")
             assert leader.is_leader and leader.lease_valid() and leader.core.term == term
         await _until(lambda: all(n.metrics.snapshots_taken >= 1 for n in nodes.values()), 5, "snapshots")
+    finally:
+        for n in nodes.values():
+            await n.stop()
+
+
+
+class SlowKVStateMachine(KVStateMachine):
+    """Takes `per_entry_s` of wall time per entry, as a busy engine does."""
+
+    def __init__(self, per_entry_s: float) -> None:
+        super().__init__()
+        self.per_entry_s = per_entry_s
+
+    def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[object]:
+        time.sleep(self.per_entry_s * len(entries))  # releases the GIL: the other nodes go on
+        return super().apply_batch(entries)
+
+
+async def test_a_burst_of_slow_applies_does_not_cost_the_leader_its_term(tmp_path: Path) -> None:
+    """Each node on its own thread, as in the server. 400 entries at 5 ms each take 2 s to
+    apply, longer than the election timeout. All in one Ready, the leader's loop sent no
+    heartbeat meanwhile, the followers elected another leader, and a busy cluster failed
+    over. Applied a few dozen per Ready, with ticks and the network in between, the leader
+    keeps its term."""
+    ports = free_ports(3)
+    members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
+    timing = dict(election_timeout_min_ms=800, election_timeout_max_ms=1200)
+    sms = {nid: SlowKVStateMachine(per_entry_s=0.005) for nid in members}
+    nodes = {
+        nid: RaftThread(_config(nid, tmp_path, members, max_apply_entries_per_ready=16, **timing), sms[nid])
+        for nid in members
+    }
+    for n in nodes.values():
+        await n.start()
+    try:
+        await _until(lambda: [n.view.is_leader for n in nodes.values()].count(True) == 1, 10, "a leader")
+        [leader] = [n for n in nodes.values() if n.view.is_leader]
+        term = leader.view.term
+        burst = [leader.propose(msgpack.packb([f"k{i}", "v"], use_bin_type=True)) for i in range(400)]
+        await asyncio.wait_for(asyncio.gather(*burst), timeout=30)
+        await _until(lambda: all(len(sm.kv) == 400 for sm in sms.values()), 30, "every node to apply the burst")
+        assert [(n.view.term, n.view.leader_id) for n in nodes.values()] == [(term, leader.id)] * 3
     finally:
         for n in nodes.values():
             await n.stop()
