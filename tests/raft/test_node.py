@@ -305,7 +305,6 @@ async def test_a_slow_snapshot_copy_does_not_cost_leadership(tmp_path: Path) -> 
             await n.stop()
 
 
-
 class SlowKVStateMachine(KVStateMachine):
     """Takes `per_entry_s` of wall time per entry, as a busy engine does."""
 
