@@ -73,7 +73,6 @@ from dex_ha.engine.queries import (
 from dex_ha.engine.results import ApplyResult
 
 __all__ = [
-    "same_token_secret",
     "AWAIT_QUESTION_ANSWER",
     "AWAIT_TIMER",
     "AWAIT_TOOL_APPROVAL",
@@ -116,4 +115,5 @@ __all__ = [
     "decode_command",
     "encode_command",
     "idempotency_key",
+    "same_token_secret",
 ]

@@ -570,8 +570,8 @@ def _reported_attempt(api: Api, leader: LeaderTerm, args: dict[str, Any]) -> Tas
     Whether the attempt is still current is fenced when the command applies.
     """
     token = TaskToken.parse(args["task_token"])
-    handed_out = None if token is None else leader.running.get((token.step_id, token.attempt))
-    if token is None or handed_out is None or not handed_out.issued(token):
+    handed_out = None if token is None else leader.issued(token)
+    if token is None or handed_out is None:
         return _attempt_of(api, args)[0]
     if handed_out.worker_id != args["worker_id"]:
         raise _handed_to_another_worker(token)

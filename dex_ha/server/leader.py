@@ -65,12 +65,7 @@ class HandedOutAttempt:
     kind: str
     worker_id: str
     last_seen: float  # monotonic seconds of the hand-out or the latest heartbeat
-    term: int  # the term of the hand-out (this leader's)
     token_secret: str | None  # the secret of its task token, as committed (None before schema 2)
-
-    def issued(self, token: TaskToken) -> bool:
-        """Whether `token` is the one this hand-out issued (the secret compared in constant time)."""
-        return token.term == self.term and same_token_secret(self.token_secret, token.secret)
 
 
 @dataclass
@@ -313,7 +308,6 @@ class LeaderTerm:
             kind,
             worker_id,
             time.monotonic(),
-            started["term"],
             started["token_secret"],
         )
         self.metrics.attempts_started.labels(kind=kind).inc()
@@ -354,6 +348,18 @@ class LeaderTerm:
             running.last_seen = time.monotonic()
             self.workers_seen[running.worker_id] = running.last_seen
         return running
+
+    def issued(self, token: TaskToken) -> HandedOutAttempt | None:
+        """The hand-out of this term that issued `token` (its secret compared in constant
+        time), or None."""
+        handed_out = self.running.get((token.step_id, token.attempt))
+        if (
+            handed_out is None
+            or token.term != self.term
+            or not same_token_secret(handed_out.token_secret, token.secret)
+        ):
+            return None
+        return handed_out
 
     def forget(self, step_id: str, attempt: int) -> None:
         self.running.pop((step_id, attempt), None)
