@@ -23,7 +23,7 @@ from dex_ha.engine.handlers import HANDLERS
 from dex_ha.engine.queries import Queries
 from dex_ha.engine.results import ApplyResult, Rejected, accepted
 from dex_ha.engine.schema import SCHEMA_VERSION
-from dex_ha.engine.store import APPLIED_INDEX, Store, can_migrate, connect, init_schema
+from dex_ha.engine.store import APPLIED_INDEX, Store, WalCheckpointer, can_migrate, connect, init_schema
 
 log = logging.getLogger("dex_ha.engine")
 
@@ -34,20 +34,28 @@ class Engine(Queries):
     Not thread-safe: the caller serialises apply, queries, snapshot and restore.
     """
 
-    def __init__(self, path: str, durable: bool = True) -> None:
+    def __init__(self, path: str, durable: bool = True, checkpoint_every_s: float | None = None) -> None:
         """Open or create the state at `path` (":memory:" for tests).
 
         durable=True runs SQLite with synchronous=NORMAL, False with OFF; neither fsyncs
         per command, because the Raft log is the durable record and the applied index
         commits with each change (see store.py). Feed committed entries to `apply_batch`
         in groups where possible: one transaction for many entries is much faster.
+        `checkpoint_every_s`: checkpoint the WAL on a thread of its own at this interval
+        instead of inside an apply (WalCheckpointer); a server sets it, close() stops it.
         """
         self.path = path
         self._conn = connect(path, durable)
         init_schema(self._conn)
         self._store = Store(self._conn)
+        self._checkpointer: WalCheckpointer | None = None
+        if checkpoint_every_s is not None and path != ":memory:":
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._checkpointer = WalCheckpointer(path, durable, checkpoint_every_s)
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         self._conn.close()
 
     def trace_statements(self, callback: Callable[[str], object] | None) -> None:

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import json
 import json.encoder
+import logging
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
+
+log = logging.getLogger("dex_ha.engine")
 
 APPLIED_INDEX = "applied_index"
 FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-outs are stale
@@ -69,10 +73,44 @@ def connect(path: str, durable: bool) -> sqlite3.Connection:
     conn.execute("PRAGMA temp_store=MEMORY")
     conn.execute("PRAGMA cache_size=-16384")
     # Checkpoint every 8192 pages (32 MB of WAL) rather than 1000: fewer checkpoint
-    # fsyncs, and a page changed many times in between is copied back once.
+    # fsyncs, and a page changed many times in between is copied back once. (A server's
+    # engine turns this off and checkpoints on a thread of its own: WalCheckpointer.)
     conn.execute("PRAGMA wal_autocheckpoint=8192")
     conn.execute("PRAGMA foreign_keys=OFF")
     return conn
+
+
+class WalCheckpointer:
+    """Copies the write-ahead log back into the database file on a thread of its own.
+
+    SQLite's automatic checkpoint runs inside the COMMIT that fills the WAL past its limit,
+    on the connection that commits: for the engine, an apply on the Raft thread, which then
+    sends no heartbeat and no ack for as long as it takes (40 ms for 32 MB on an idle disk,
+    hundreds under load). Here a connection of its own runs a PASSIVE checkpoint every
+    `every_s`: it copies what no reader still needs and never blocks the writer or readers,
+    and the WAL stays small, so each one is short.
+    """
+
+    def __init__(self, path: str, durable: bool, every_s: float) -> None:
+        self._conn = connect(path, durable)
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self.checkpoints = 0  # completed, for tests and diagnosis
+        self._thread = threading.Thread(target=self._run, name="engine-wal-checkpoint", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self.checkpoints += 1
+            except sqlite3.Error as exc:  # e.g. the file went away under a test; try again later
+                log.warning("engine WAL checkpoint failed: %s", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._conn.close()
 
 
 def init_schema(conn: sqlite3.Connection) -> None:

@@ -238,10 +238,9 @@ class RaftConfig:
     max_inflight_bytes: int = 32 << 20  # flow control by bytes in flight
     pre_vote: bool = True
     check_quorum: bool = True
-    # Caps on the committed entries handed out in one Ready (they bound apply batches,
-    # and so how long the node's loop applies before it ticks again); 0: no count cap.
+    # Cap on the bytes of committed entries handed out in one Ready (it bounds apply
+    # batches; `ready()` takes a cap on their number).
     max_committed_bytes_per_ready: int = 8 << 20
-    max_committed_entries_per_ready: int = 0
 
     def __post_init__(self) -> None:
         check_timing(
@@ -584,10 +583,19 @@ class RaftCore:
 
     # -- time ----------------------------------------------------------------------------
 
-    def tick(self, now_ms: int) -> None:
-        """Advance the clock. Time never goes backwards here."""
+    def set_time(self, now_ms: int) -> None:
+        """Advance the clock without firing timers. Time never goes backwards here.
+
+        A node loop calls this before it steps the messages that arrived while it could not
+        run, then `tick()`: their contact is stamped with a time no earlier than their
+        arrival, so a leader whose own thread stalled does not count the acks that came
+        meanwhile as old and step down by check-quorum."""
         if now_ms > self._now:
             self._now = now_ms
+
+    def tick(self, now_ms: int) -> None:
+        """Advance the clock and fire what is due (elections, heartbeats, check-quorum)."""
+        self.set_time(now_ms)
         if self._heard_window_ms:
             # Take "heard from a leader" at a tick after the message arrived: never
             # earlier than the real receipt, which the lease argument needs.
@@ -1379,7 +1387,9 @@ class RaftCore:
             or self._committed_hi() > self._applying
         )
 
-    def ready(self) -> Ready:
+    def ready(self, max_committed_entries: int = 0) -> Ready:
+        """What to persist, send and apply now. `max_committed_entries` (0: no cap) bounds
+        the committed entries in it, and so how long the node applies before it ticks again."""
         if self._outstanding is not None:
             raise RuntimeError("advance() the previous Ready before asking for another")
         self._flush_appends()
@@ -1394,8 +1404,8 @@ class RaftCore:
             self._pending_snapshot = None
         hi = self._committed_hi()
         if hi > self._applying:
-            if self._cfg.max_committed_entries_per_ready:
-                hi = min(hi, self._applying + self._cfg.max_committed_entries_per_ready)
+            if max_committed_entries:
+                hi = min(hi, self._applying + max_committed_entries)
             rd.committed_entries = self._log.slice(self._applying + 1, hi + 1, self._cfg.max_committed_bytes_per_ready)
             self._applying = rd.committed_entries[-1].index
         rd.messages, self._msgs = self._msgs, []

@@ -8,7 +8,9 @@ Each turn of the loop follows the etcd ordering for a `Ready`:
     → send messages → apply snapshot and committed entries → core.advance()
 
 Proposals that arrive while an fsync runs queue up and go into the next Ready together,
-which is what batches many entries into one fsync under load.
+which is what batches many entries into one fsync under load. A turn steps the messages
+that arrived before it fires timers, and applies committed entries in pieces that fit
+`apply_budget_ms`, so the loop's own work does not silence its heartbeats and acks.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import random
 import ssl
 import tempfile
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -44,6 +47,7 @@ from .core import (
 from .status import Status
 from .storage import RaftStorage, fsync_dir
 from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
+from .turn_watch import TurnWatch
 from .types import (
     ConfChange,
     ConfChangeType,
@@ -118,11 +122,15 @@ class NodeConfig:
     # command's msgpack can be larger than its JSON (floats).
     max_entry_bytes: int = 8 << 20
     tick_interval_ms: int = 10
-    # Committed entries applied per Ready; the loop ticks, sends heartbeats and reads the
-    # network between two Readies. Applying is the slow part (about 1 ms an entry for the
-    # engine on a busy small machine): unbounded, a burst of thousands of entries kept the
-    # loop from sending heartbeats past the election timeout, and a busy cluster failed over.
+    # How much the loop applies in one Ready; it ticks, sends heartbeats and reads the
+    # network between two Readies. Applying is the slow part (0.2 ms an entry for the
+    # engine on an idle machine, 2–6 ms on three busy nodes sharing two cores): unbounded,
+    # a burst of entries kept the loop from sending heartbeats and acks past the election
+    # timeout, and a busy cluster failed over. A Ready carries as many entries as fit in
+    # `apply_budget_ms` at the recent cost per entry (at least one), and at most
+    # `max_apply_entries_per_ready`.
     max_apply_entries_per_ready: int = 64
+    apply_budget_ms: float = 20.0
     snapshot_every_entries: int = 20_000
     secret: bytes | None = None
     ssl_server: ssl.SSLContext | None = None
@@ -141,6 +149,27 @@ class NodeConfig:
                 f"max_entry_bytes must be in 1..{MAX_ENTRY_BYTES_LIMIT} (one entry must fit "
                 f"in one transport frame), not {self.max_entry_bytes}"
             )
+
+
+@dataclass
+class ApplyPace:
+    """How many committed entries the next Ready may carry: as many as fit in `budget_s`
+    at the recent cost per entry (a moving average), at least one, at most `max_entries`."""
+
+    budget_s: float
+    max_entries: int
+    # Until the first apply is timed: the engine's cost on a busy machine, so that a burst
+    # committed at once after a start or an election is not applied in one go.
+    per_entry_s: float = 0.001
+
+    def limit(self) -> int:
+        return max(1, min(self.max_entries, int(self.budget_s / self.per_entry_s)))
+
+    def record(self, entries: int, seconds: float) -> None:
+        # Weighted toward the recent: load comes and goes within seconds. (A floor keeps
+        # the division in limit() finite when a clock's resolution reads 0.)
+        sample = max(seconds / entries, 1e-6)
+        self.per_entry_s = 0.7 * self.per_entry_s + 0.3 * sample
 
 
 @dataclass
@@ -238,6 +267,9 @@ class RaftNode:
         self.config = config
         self.sm = state_machine
         self.metrics = NodeMetrics()
+        # Slow turns and late turns are logged when they reach a quarter of the election timeout.
+        self.turn_watch = TurnWatch(config.id, slow_ms=config.election_timeout_min_ms / 4)
+        self.apply_pace = ApplyPace(config.apply_budget_ms / 1000, config.max_apply_entries_per_ready)
         self._on_leader_change = on_leader_change
         self._on_fsync = on_fsync
         self._on_fatal = on_fatal
@@ -314,7 +346,6 @@ class RaftNode:
             heartbeat_interval_ms=self.config.heartbeat_interval_ms,
             lease_drift_margin_ms=self.config.lease_drift_margin_ms,
             max_entry_bytes=self.config.max_entry_bytes,
-            max_committed_entries_per_ready=self.config.max_apply_entries_per_ready,
         )
         seed = self.config.seed if self.config.seed is not None else int.from_bytes(os.urandom(8), "big")
         return RaftCore(
@@ -520,24 +551,28 @@ class RaftNode:
             raise
 
     def _turn(self) -> None:
-        """One pass: deferred changes, time, inbound messages, proposals, then every Ready
-        up to the first that applied entries (see `max_apply_entries_per_ready`); what is
+        """One pass: deferred changes, inbound messages, timers, proposals, then every Ready
+        up to the first that applied entries (see `apply_budget_ms`); what is
         left waits for the next turn, which comes at once."""
+        self.turn_watch.turn_starts()
         while self._deferred:
             try:
                 self._deferred.popleft()()
             except Exception as exc:  # e.g. a transfer to a node that left meanwhile
                 log.warning("node %s: deferred change failed: %r", self.config.id, exc)
-        self.core.tick(now_ms())
+        now = now_ms()
+        self.core.set_time(now)  # messages first (see set_time), then the timers
         while self._unreachable:
             self.core.report_unreachable(self._unreachable.pop())
+        self.turn_watch.cost.stepped += len(self._inbox)
         while self._inbox:
             self.core.step(self._inbox.popleft())
+        self.core.tick(now)
         self._take_proposals()
         while self.core.has_ready():
             self._in_ready = True
             try:
-                rd = self.core.ready()
+                rd = self.core.ready(max_committed_entries=self.apply_pace.limit())
                 self.view = self._current_view()  # before any message of this Ready leaves
                 self._handle_ready(rd)
             finally:
@@ -548,6 +583,7 @@ class RaftNode:
         self.view = self._current_view()
         self.peer_progress = self._current_peer_progress()
         self._note_leader()
+        self.turn_watch.turn_ends()
 
     def _current_view(self) -> RaftView:
         core = self.core
@@ -605,7 +641,9 @@ class RaftNode:
                 # system call where a hop to a worker thread and back costs two thread
                 # wake-ups (0.3–0.6 ms on a small VM, more than the fsync itself). The
                 # leader's messages of this Ready are already on their way (`early`).
+                started = time.perf_counter()
                 self.storage.sync()
+                self.turn_watch.cost.sync_s += time.perf_counter() - started
             if rd.hard_state is not None:
                 self._persisted_term_vote = (rd.hard_state.term, rd.hard_state.vote)
         for msg in late:
@@ -668,7 +706,13 @@ class RaftNode:
             return
         # Empty data is a new leader's no-op: the machine only records the index, so a
         # restart does not replay what came before it.
+        started = time.perf_counter()
         results = self.sm.apply_batch([(e.index, e.data) for e in run])
+        took_s = time.perf_counter() - started
+        self.apply_pace.record(len(run), took_s)
+        cost = self.turn_watch.cost
+        cost.apply_s += took_s
+        cost.applied += len(run)
         for entry, result in zip(run, results):
             self._settle(entry, result)
         self.metrics.applied_entries += len(run)

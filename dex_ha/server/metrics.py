@@ -132,6 +132,15 @@ class _StateCollector:
         leader_changes = CounterMetricFamily("dex_raft_leader_changes", "Leader changes seen by this node.")
         leader_changes.add_metric([], s["dex_raft_leader_changes_total"])
         yield leader_changes
+        slow_turns = CounterMetricFamily(
+            "dex_raft_slow_turns",
+            "Turns of the Raft loop longer than a quarter of the election timeout (kind=long), "
+            "and gaps as long between two turns (kind=late); each is logged as a warning.",
+            labels=["kind"],
+        )
+        for kind, n in sorted(s["dex_raft_slow_turns_total"].items()):
+            slow_turns.add_metric([kind], n)
+        yield slow_turns
         queued = GaugeMetricFamily("dex_steps_queued", "Task steps waiting for a Worker.", labels=["agent", "kind"])
         for (agent, kind), n in sorted(s["steps_queued"].items()):
             queued.add_metric([agent, kind], n)

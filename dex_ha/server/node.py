@@ -40,6 +40,9 @@ from dex_ha.server.streams import DeltaRelay
 log = logging.getLogger("dex_ha.server")
 
 STATE_DB = "state.db"
+# The engine's WAL goes back into its database file this often, on a thread of its own
+# (not inside an apply on the Raft thread): a second's writes make a short checkpoint.
+ENGINE_CHECKPOINT_EVERY_S = 1.0
 # Crash points of the server (armed with DEX_HA_FAILPOINTS, see dex_ha.failpoints):
 # the moments of crash-matrix rows R18 and R19 that timing alone cannot hit.
 SERVER_FAILPOINTS = (
@@ -74,7 +77,8 @@ class NodeServer:
         self.config = config = _with_bound_port(config, self.http_port)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.failpoints = Failpoints()
-        self.replica = Replica(Engine(str(config.data_dir / STATE_DB), durable=True), self.failpoints)
+        engine = Engine(str(config.data_dir / STATE_DB), durable=True, checkpoint_every_s=ENGINE_CHECKPOINT_EVERY_S)
+        self.replica = Replica(engine, self.failpoints)
         self.metrics = ServerMetrics()
         self.admission = Admission(config.max_inflight_requests, f"node {config.node_id}")
         self.relay = DeltaRelay()
@@ -431,6 +435,10 @@ class NodeServer:
             "dex_timers_pending": stats["timers_pending"],
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
             "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
+            "dex_raft_slow_turns_total": {
+                "long": self.raft.node.turn_watch.slow_turns,
+                "late": self.raft.node.turn_watch.late_turns,
+            },
             "dex_http_requests_in_flight": self.admission.in_flight,
             "dex_http_requests_shed_total": self.admission.shed_total,
             "steps_queued": stats["steps_queued"],

@@ -290,3 +290,39 @@ def test_tool_call_outcome_counts_only_grow_and_count_a_settlement(tmp_path) -> 
     assert d.engine.stats()["tool_calls"] == {"succeeded": 2, "outcome_unknown": 1}
     d.reconcile("c1", "succeeded", result={"sent": True})  # a repeat changes nothing
     assert d.engine.stats()["tool_calls"] == {"succeeded": 2, "outcome_unknown": 1}
+
+
+def test_the_wal_goes_back_into_the_database_file_on_the_checkpoint_thread(tmp_path) -> None:
+    """With `checkpoint_every_s` the applying connection never checkpoints (SQLite would do
+    it inside a COMMIT, on the Raft thread); the checkpoint thread copies the WAL into the
+    database file. Evidence from outside the engine: the database file alone, copied
+    without its -wal, holds the applied index."""
+    import shutil
+    import time
+
+    path = tmp_path / "e.db"
+    engine = Engine(str(path), durable=True, checkpoint_every_s=0.02)
+    try:
+        assert engine._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        checkpoints_before = engine._checkpointer.checkpoints
+        for i in range(1, 201):
+            engine.apply(i, encode_command(CreateSession(at=1, agent="helper", session_id=f"s{i}")))
+        deadline = time.monotonic() + 10
+        while True:
+            main_file_only = tmp_path / "copy.db"
+            shutil.copyfile(path, main_file_only)  # no -wal beside it: only what was checkpointed
+            copy = sqlite3.connect(main_file_only)
+            try:
+                row = copy.execute("SELECT value FROM meta WHERE key = 'applied_index'").fetchone()
+            except sqlite3.OperationalError:  # not even the schema is in the file yet
+                row = None
+            finally:
+                copy.close()
+            if row is not None and row[0] == 200:
+                break
+            assert time.monotonic() < deadline, f"the database file holds applied index {row}, not 200"
+            time.sleep(0.02)
+        assert engine._checkpointer.checkpoints > checkpoints_before
+    finally:
+        engine.close()
+    assert not engine._checkpointer._thread.is_alive()  # close() stopped it

@@ -295,6 +295,31 @@ def test_check_quorum_leader_steps_down() -> None:
     assert leader.role == Role.FOLLOWER and leader.leader_id == NO_NODE
 
 
+@pytest.mark.parametrize("acks_first", [True, False])
+def test_acks_that_came_while_the_leader_stalled_count_when_stepped_after_set_time(acks_first: bool) -> None:
+    """A leader's thread stalls longer than the election timeout while its followers' acks
+    wait in its inbox. Stepped after set_time() and before tick() (the node loop's order),
+    they count as recent contact and the leader stays; ticked first, check-quorum sees only
+    contact from before the stall and the leader steps down."""
+    c = Cluster(["n1", "n2", "n3"])
+    leader = c.elect("n1")
+    leader.tick(c.now + 100)  # a heartbeat round
+    for m in c.process("n1"):
+        c.deliver(m)
+    acks = [m for nid in ("n2", "n3") for m in c.process(nid)]
+    assert {m.type for m in acks} == {MT.HEARTBEAT_RESP}
+    after_stall = c.now + ETMIN + 300
+    if acks_first:
+        leader.set_time(after_stall)
+        for m in acks:
+            leader.step(m)
+        leader.tick(after_stall)
+        assert leader.role == Role.LEADER
+    else:
+        leader.tick(after_stall)
+        assert leader.role == Role.FOLLOWER
+
+
 def test_restarted_node_grants_no_vote_for_election_timeout_min() -> None:
     c = Cluster(["n1", "n2", "n3"])
     c.elect("n1")

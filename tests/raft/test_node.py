@@ -8,6 +8,8 @@ snapshot after the log was compacted, is promoted and removed, and a restart res
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,7 @@ import msgpack
 import pytest
 
 from dex_ha.raft.core import EntryTooLarge, NotLeader
-from dex_ha.raft.node import MAX_ENTRY_BYTES_LIMIT, Member, NodeConfig, RaftNode, member_context
+from dex_ha.raft.node import MAX_ENTRY_BYTES_LIMIT, ApplyPace, Member, NodeConfig, RaftNode, member_context
 from dex_ha.raft.storage import RaftStorage
 from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.transport import DEFAULT_MAX_FRAME_BYTES, KIND_MESSAGE, pack_frame
@@ -317,26 +319,23 @@ class SlowKVStateMachine(KVStateMachine):
         return super().apply_batch(entries)
 
 
-async def test_a_burst_of_slow_applies_does_not_cost_the_leader_its_term(tmp_path: Path) -> None:
-    """Each node on its own thread, as in the server. 400 entries at 5 ms each take 2 s to
-    apply, longer than the election timeout. All in one Ready, the leader's loop sent no
-    heartbeat meanwhile, the followers elected another leader, and a busy cluster failed
-    over. Applied a few dozen per Ready, with ticks and the network in between, the leader
-    keeps its term."""
+async def _burst_of_400(tmp_path: Path, leader_s: float, follower_s: float, **config: object) -> None:
+    """Three RaftThreads (each node on its own thread, as in the server); once a leader is
+    up, its state machine takes `leader_s` an entry and the others `follower_s`; 400
+    proposals at once. Fails unless every node applied them all under the first leader."""
     ports = free_ports(3)
     members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
     timing = dict(election_timeout_min_ms=800, election_timeout_max_ms=1200)
-    sms = {nid: SlowKVStateMachine(per_entry_s=0.005) for nid in members}
-    nodes = {
-        nid: RaftThread(_config(nid, tmp_path, members, max_apply_entries_per_ready=16, **timing), sms[nid])
-        for nid in members
-    }
+    sms = {nid: SlowKVStateMachine(per_entry_s=0.0) for nid in members}
+    nodes = {nid: RaftThread(_config(nid, tmp_path, members, **{**timing, **config}), sms[nid]) for nid in members}
     for n in nodes.values():
         await n.start()
     try:
         await _until(lambda: [n.view.is_leader for n in nodes.values()].count(True) == 1, 10, "a leader")
         [leader] = [n for n in nodes.values() if n.view.is_leader]
         term = leader.view.term
+        for nid, sm in sms.items():
+            sm.per_entry_s = leader_s if nid == leader.id else follower_s
         burst = [leader.propose(msgpack.packb([f"k{i}", "v"], use_bin_type=True)) for i in range(400)]
         await asyncio.wait_for(asyncio.gather(*burst), timeout=30)
         await _until(lambda: all(len(sm.kv) == 400 for sm in sms.values()), 30, "every node to apply the burst")
@@ -344,3 +343,65 @@ async def test_a_burst_of_slow_applies_does_not_cost_the_leader_its_term(tmp_pat
     finally:
         for n in nodes.values():
             await n.stop()
+
+
+async def test_a_burst_of_slow_applies_does_not_cost_the_leader_its_term(tmp_path: Path) -> None:
+    """On the leader (the busy node: it also serves the HTTP side) the 400 entries take
+    5 ms each, 2 s in all, longer than the election timeout; the followers apply at once.
+    All in one Ready, the leader's loop sent no heartbeat meanwhile, the followers elected
+    another leader, and a busy cluster failed over. The count cap is set above the burst
+    here: the apply budget (20 ms, a few entries at this cost) is what keeps each Ready
+    short, with ticks and the network in between. (With `apply_budget_ms=10_000` it fails.)"""
+    await _burst_of_400(tmp_path, leader_s=0.005, follower_s=0.0, max_apply_entries_per_ready=400)
+
+
+async def test_messages_that_came_during_a_stall_count_as_contact(tmp_path: Path) -> None:
+    """Every node applies the 400 entries at 5 ms each in one Ready (pacing off): each loop
+    stalls 2 s, longer than the election timeout. The heartbeats and acks that arrived
+    meanwhile are stepped before the timers fire (`RaftCore.set_time`), so no follower
+    campaigns and the leader does not step down when its loop runs again. (Ticked before
+    the inbox, as the loop once did, a follower lost its leader.)"""
+    await _burst_of_400(
+        tmp_path, leader_s=0.005, follower_s=0.005, max_apply_entries_per_ready=400, apply_budget_ms=10_000
+    )
+
+
+def test_the_apply_pace_fits_the_entries_of_a_ready_in_the_budget_at_the_recent_cost() -> None:
+    pace = ApplyPace(budget_s=0.020, max_entries=64)
+    assert pace.limit() == 20  # before any apply is timed: 1 ms an entry
+    for _ in range(30):
+        pace.record(entries=10, seconds=0.001)  # 0.1 ms an entry: the count cap holds
+    assert pace.limit() == 64
+    for _ in range(30):
+        pace.record(entries=5, seconds=0.025)  # 5 ms an entry
+    assert pace.limit() == 4
+    pace.record(entries=1, seconds=0.5)  # one entry slower than the budget: still one
+    assert pace.limit() == 1
+    for _ in range(30):
+        pace.record(entries=1, seconds=0.0)  # a clock that read 0: finite, the count cap
+    assert pace.limit() == 64
+
+
+async def test_a_slow_turn_is_logged_with_the_part_that_took_the_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One entry that takes 200 ms to apply makes one turn longer than a quarter of the
+    election timeout (75 ms here): the warning names the apply and its length."""
+    members = {"n1": Member(("127.0.0.1", free_ports(1)[0]))}
+    sm = SlowKVStateMachine(per_entry_s=0.0)
+    node = RaftNode(_config("n1", tmp_path, members), sm)
+    await node.start()
+    try:
+        await _until(lambda: node.is_leader, 5, "the lone node to lead")
+        await node.propose(msgpack.packb(["fast", "v"], use_bin_type=True))
+        assert node.turn_watch.slow_turns == 0
+        sm.per_entry_s = 0.2
+        with caplog.at_level(logging.WARNING, logger="dex_ha.raft.turn_watch"):
+            await node.propose(msgpack.packb(["slow", "v"], use_bin_type=True))
+            await _until(lambda: node.turn_watch.slow_turns == 1, 5, "the slow turn to end")
+        [warning] = [r.getMessage() for r in caplog.records if "Raft loop turn took" in r.getMessage()]
+        took_ms, apply_ms = (int(x) for x in re.findall(r"took (\d+) ms.*apply (\d+) ms", warning)[0])
+        assert 200 <= apply_ms <= took_ms, warning
+        assert "for 1 entries" in warning
+    finally:
+        await node.stop()

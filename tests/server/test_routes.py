@@ -211,6 +211,8 @@ async def test_metrics_has_every_design_metric(api: HttpApi):
     assert sample(samples, "dex_workers_connected") == 1
     assert sample(samples, "dex_http_requests_total", route="create_session", code="201") == 2
     assert sample(samples, "dex_step_schedule_to_start_seconds_count", kind="RunModel") == 2
+    # The Raft loop's slow turns, by kind (not a design metric; docs/operations.md lists it).
+    assert {dict(key[1])["kind"] for key in samples if key[0] == "dex_raft_slow_turns_total"} == {"long", "late"}
 
 
 # ---------------------------------------------------------------- sessions
