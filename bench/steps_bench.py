@@ -82,7 +82,9 @@ START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 15.0  # a node drains running attempts on SIGTERM (none are left: see stop_lanes)
 WORKER_READY_DEADLINE_S = 30.0
 WORKER_STOP_DEADLINE_S = 15.0
-SESSION_DEADLINE_S = 60.0  # a session whose steps stop coming is abandoned (and counted)
+SESSION_STALL_S = 60.0  # a session none of whose steps came for this long is abandoned (and counted)
+WARM_UP_MAX_S = 60.0  # the longest warm-up (see warm_up)
+LANES_FINISH_DEADLINE_S = 60.0  # after a row's window, sessions still running then are cut (counted apart)
 WARM_UP_CHECK_S = 0.25  # how often the warm-up looks whether every lane is under way
 
 
@@ -198,6 +200,16 @@ async def start_dev(root: Path, registry: ProcessRegistry) -> Deployment:
     return Deployment("dev", [url], [proc.pid], None, None, stop, shlex.join(command))
 
 
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The end of a log, for an error message: the bench deletes its temp dir on exit, so a
+    path alone would point at nothing."""
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        return f" (its log {path} cannot be read: {exc})"
+    return "; the last lines of its log:\n" + "\n".join(f"  {line}" for line in tail)
+
+
 async def read_dev_url(log_path: Path, proc: subprocess.Popen[bytes], deadline_s: float) -> str:
     """The URL `dex-ha dev` prints when it serves ("dex-ha dev: serving http://...")."""
     pattern = re.compile(r"dex-ha dev: serving (http://\S+)")
@@ -207,9 +219,9 @@ async def read_dev_url(log_path: Path, proc: subprocess.Popen[bytes], deadline_s
         if match:
             return match.group(1)
         if proc.poll() is not None:
-            raise RuntimeError(f"dex-ha dev exited with {proc.returncode}; see {log_path}")
+            raise RuntimeError(f"dex-ha dev exited with {proc.returncode}{log_tail(log_path)}")
         await asyncio.sleep(0.05)
-    raise TimeoutError(f"dex-ha dev printed no URL within {deadline_s:.0f} s; see {log_path}")
+    raise TimeoutError(f"dex-ha dev printed no URL within {deadline_s:.0f} s{log_tail(log_path)}")
 
 
 def stop_child(proc: subprocess.Popen[bytes], deadline_s: float) -> list[int]:
@@ -356,6 +368,20 @@ class CompletionTracker:
         self._done[session_id] = event = asyncio.Event()
         return event
 
+    async def wait_until_done_or_stalled(self, session_id: str, done: asyncio.Event, stall_s: float) -> bool:
+        """True once every step of the session came; False when none came for `stall_s`.
+        (A whole session may take minutes at high concurrency: only a stall is a failure.)"""
+        while True:
+            left = self._remaining.get(session_id)
+            try:
+                await asyncio.wait_for(done.wait(), stall_s)
+                return True
+            except TimeoutError:
+                if done.is_set():
+                    return True
+                if self._remaining.get(session_id) == left:
+                    return False
+
     def forget(self, session_id: str) -> None:
         self._remaining.pop(session_id, None)
         self._done.pop(session_id, None)
@@ -456,7 +482,7 @@ class WorkerProcess:
         finally:
             ready.cancel()
         if not self.tracker.ready.is_set():
-            raise RuntimeError(f"the Worker process did not get ready; see {self.log_path}")
+            raise RuntimeError(f"the Worker process did not get ready{log_tail(self.log_path)}")
 
     async def stop(self) -> bool:
         """SIGTERM (the Worker drains and says `end`), then SIGKILL after the deadline.
@@ -511,6 +537,7 @@ class Row:
     failed_results: int
     sessions_started: int
     sessions_abandoned: int
+    sessions_cut_at_end: int
     server_cpu_ms_per_step: float | None
     server_cpu_ms_per_step_by_node: list[float]
     server_busiest_node_cores: float  # CPU seconds per second of the busiest node (1.0 = a full core)
@@ -566,7 +593,8 @@ async def take_sample(http: aiohttp.ClientSession, deployment: Deployment, worke
 class LaneStats:
     started: int = 0
     lanes_under_way: int = 0  # lanes that have queued the messages of their first session
-    abandoned: int = 0
+    abandoned: int = 0  # stalled: no step for SESSION_STALL_S
+    cut_at_end: int = 0  # still making progress when the row stopped waiting (LANES_FINISH_DEADLINE_S)
     stop: asyncio.Event = field(default_factory=asyncio.Event)  # set: start no new session
 
 
@@ -589,9 +617,7 @@ async def run_lane(client: DexClient, agent: str, tracker: CompletionTracker, tu
             stats.lanes_under_way += 1
             first_session = False
         stats.started += 1
-        try:
-            await asyncio.wait_for(done.wait(), SESSION_DEADLINE_S)
-        except TimeoutError:
+        if not await tracker.wait_until_done_or_stalled(session_id, done, SESSION_STALL_S):
             stats.abandoned += 1  # a step failed for good or stalled; the report shows it
             tracker.forget(session_id)
 
@@ -603,8 +629,8 @@ async def stop_lanes(lanes: list[asyncio.Task[None]], stats: LaneStats) -> None:
     holds, and then wait for its heartbeat timeout, as would a node's graceful stop.)"""
     stats.stop.set()
     if lanes:
-        _, late = await asyncio.wait(lanes, timeout=SESSION_DEADLINE_S)
-        stats.abandoned += len(late)
+        _, late = await asyncio.wait(lanes, timeout=LANES_FINISH_DEADLINE_S)
+        stats.cut_at_end += len(late)
     await cancel_all(lanes)
 
 
@@ -642,10 +668,10 @@ async def measure(
 
 async def warm_up(worker: WorkerProcess, lanes: list[asyncio.Task[None]], stats: LaneStats, min_s: float) -> float:
     """Wait `min_s`, then until every lane has queued its first session's messages (at most
-    SESSION_DEADLINE_S in all); return how long it took. See the module docstring for why."""
+    WARM_UP_MAX_S in all); return how long it took. See the module docstring for why."""
     started = time.monotonic()
     await watch(worker, lanes, min_s)
-    while stats.lanes_under_way < len(lanes) and time.monotonic() - started < SESSION_DEADLINE_S:
+    while stats.lanes_under_way < len(lanes) and time.monotonic() - started < WARM_UP_MAX_S:
         await watch(worker, lanes, WARM_UP_CHECK_S)
     return round(time.monotonic() - started, 3)
 
@@ -656,7 +682,9 @@ async def watch(worker: WorkerProcess, lanes: list[asyncio.Task[None]], seconds:
     done, _ = await asyncio.wait(watched, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     for task in done:
         if task is worker.reader:
-            raise RuntimeError(f"the Worker process ended early (exit {worker.proc.returncode}); see {worker.log_path}")
+            raise RuntimeError(
+                f"the Worker process ended early (exit {worker.proc.returncode}){log_tail(worker.log_path)}"
+            )
         task.result()  # a lane that raised: its error (a lane never ends on its own)
 
 
@@ -714,6 +742,7 @@ def summarize(
         failed_results=sum(1 for c in in_window if not c.ok),
         sessions_started=stats.started,
         sessions_abandoned=stats.abandoned,
+        sessions_cut_at_end=stats.cut_at_end,
         server_cpu_ms_per_step=per_step_ms(sum(node_cpu)),
         server_cpu_ms_per_step_by_node=[per_step_ms(c) or 0.0 for c in node_cpu],
         server_busiest_node_cores=cores(max(node_cpu)),
@@ -831,7 +860,10 @@ def print_table(result: dict[str, Any]) -> None:
             )
             notes = [
                 f"{r['failed_results']} failed results" if r["failed_results"] else "",
-                f"{r['sessions_abandoned']} sessions abandoned" if r["sessions_abandoned"] else "",
+                f"{r['sessions_abandoned']} sessions abandoned (stalled)" if r["sessions_abandoned"] else "",
+                f"{r['sessions_cut_at_end']} sessions still running when the row ended"
+                if r.get("sessions_cut_at_end")
+                else "",
                 "" if r["worker_stopped_cleanly"] else "the Worker had to be killed",
             ]
             if any(notes):

@@ -48,6 +48,11 @@ from dex_ha.server.validation import InvalidRequest
 
 log = logging.getLogger("dex_ha.server.leader")
 
+# Hand-outs per StartAttempts entry. A Raft node applies whole entries, so one entry of a
+# thousand hand-outs (a pass of many waiting polls) would keep its loop from heartbeats for
+# that long; entries of this size let it apply a few between two ticks (ApplyPace).
+HANDOUTS_PER_PROPOSAL = 32
+
 Propose = Callable[[Command], Awaitable[ApplyResult]]
 
 
@@ -266,19 +271,33 @@ class LeaderTerm:
         return steps
 
     async def _hand_out(self, matched: list[tuple[_WaitingPoll, list[QueuedStep]]]) -> None:
-        """One proposal for every hand-out of this pass; answer the polls once it applied."""
+        """Propose every hand-out of this pass, HANDOUTS_PER_PROPOSAL to an entry (all at
+        once: they share a Raft turn and its fsync); answer the polls once they applied."""
         handouts = [
             Handout(step_id=s.step_id, worker_id=poll.worker_id, term=self.term, token_secret=new_token_secret())
             for poll, steps in matched
             for s in steps
         ]
+        at = wall_ms()
+        chunks = [handouts[i : i + HANDOUTS_PER_PROPOSAL] for i in range(0, len(handouts), HANDOUTS_PER_PROPOSAL)]
         try:
-            result = await self._propose(StartAttempts(at=wall_ms(), handouts=handouts))
-            started = {s["step_id"]: s for s in (result.value or {}).get("started", [])}
-            for expired in (result.value or {}).get("expired", []):
-                # Its retry window ended while it waited for a Worker: the engine failed it
-                # instead of starting it, so it left the queue and is not offered again.
-                log.info("step %s not handed out: its retry window is over", expired["step_id"])
+            outcomes = await asyncio.gather(
+                *(self._propose(StartAttempts(at=at, handouts=chunk)) for chunk in chunks), return_exceptions=True
+            )
+            started: dict[str, dict[str, Any]] = {}
+            uncommitted = 0
+            for chunk, outcome in zip(chunks, outcomes):
+                if isinstance(outcome, (NotLeader, ProposalDropped)):  # those polls are answered 503 below
+                    log.info("hand-out of %d steps not committed: %r", len(chunk), outcome)
+                    uncommitted += len(chunk)
+                    continue
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                started.update((s["step_id"], s) for s in (outcome.value or {}).get("started", []))
+                for expired in (outcome.value or {}).get("expired", []):
+                    # Its retry window ended while it waited for a Worker: the engine failed it
+                    # instead of starting it, so it left the queue and is not offered again.
+                    log.info("step %s not handed out: its retry window is over", expired["step_id"])
             for poll, steps in matched:
                 tasks = [
                     self.task_for_handout(started[s.step_id], poll.worker_id) for s in steps if s.step_id in started
@@ -286,11 +305,9 @@ class LeaderTerm:
                 if tasks or self._stopped:
                     if not poll.future.done():
                         poll.future.set_result(tasks)
-                else:  # every step it was offered went away meanwhile (cancelled): wait on
+                elif uncommitted == 0:  # every step it was offered went away meanwhile (cancelled): wait on
                     poll.claimed = False
                     self._waiting.appendleft(poll)
-        except (NotLeader, ProposalDropped) as exc:  # the polls are answered 503 below
-            log.info("hand-out of %d steps not committed: %r", len(handouts), exc)
         finally:
             # A claimed poll must never wait forever: whatever went wrong, answer it.
             for poll, _ in matched:

@@ -198,3 +198,31 @@ def test_the_warm_up_lasts_until_every_lane_has_queued_its_first_session() -> No
             await asyncio.gather(reader, *lanes, return_exceptions=True)
 
     assert asyncio.run(scenario()) >= late_lane_s
+
+
+def test_an_error_about_a_process_carries_the_end_of_its_log(tmp_path: Path) -> None:
+    """The bench deletes its temp dir on exit, so its errors quote the log, not its path."""
+    log = tmp_path / "worker.log"
+    log.write_text("".join(f"line {i}\n" for i in range(30)))
+    tail = steps_bench.log_tail(log)
+    assert tail.splitlines()[1:] == [f"  line {i}" for i in range(10, 30)]
+    assert "cannot be read" in steps_bench.log_tail(tmp_path / "missing.log")
+
+
+async def test_a_session_is_abandoned_only_when_its_steps_stop_coming() -> None:
+    """A long session that keeps making progress is waited for; one with no step for the
+    stall time is given up."""
+    tracker = steps_bench.CompletionTracker()
+    slow = tracker.expect("slow", 3)
+    stalled = tracker.expect("stalled", 3)
+
+    async def one_step_every(seconds: float, n: int) -> None:
+        for at in range(n):
+            await asyncio.sleep(seconds)
+            tracker.on_line(f"c slow RunModel {at} 1\n")
+
+    feeder = asyncio.create_task(one_step_every(0.15, 3))  # 0.45 s in all, each gap under 0.25 s
+    assert await tracker.wait_until_done_or_stalled("slow", slow, stall_s=0.25)
+    await feeder
+    tracker.on_line("c stalled RunModel 1 1\n")
+    assert not await tracker.wait_until_done_or_stalled("stalled", stalled, stall_s=0.25)

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dex_ha.engine import StartAttempts
+from dex_ha.server.leader import HANDOUTS_PER_PROPOSAL
 from dex_ha.server.node import NodeServer
 from harness.waiting import eventually
 from tests.server.node_fixture import (
@@ -102,6 +104,34 @@ async def test_two_hundred_waiting_polls_get_exactly_one_task_each(nodes, http, 
     assert len({t["step_id"] for t in handed_out}) == count, "a step was handed out twice"
     assert {t["session_id"] for t in handed_out} == {f"s{i}" for i in range(count)}
     assert node.leader.waiting_polls() == 0
+
+
+async def test_a_poll_for_many_tasks_is_handed_out_in_entries_of_a_bounded_size(nodes, http, tmp_path: Path) -> None:
+    """One poll takes 100 queued steps: it gets all 100 (each once), committed as entries of
+    at most HANDOUTS_PER_PROPOSAL hand-outs, so that no one entry keeps the Raft loop
+    applying for long."""
+    node = await nodes(single_node_config(tmp_path / "node"))
+    api = http(node)
+    await api.register_agent("many", [tool("lookup")])
+    count = 100
+    for i in range(count):
+        await api.create_session("many", f"s{i}")
+        await api.send_message(f"s{i}", "hello")
+    leader = node.leader
+    assert leader is not None
+    proposed: list[Any] = []
+    propose = leader._propose
+
+    async def recording_propose(cmd: Any) -> Any:
+        proposed.append(cmd)
+        return await propose(cmd)
+
+    leader._propose = recording_propose  # type: ignore[method-assign]
+    async with asyncio.timeout(30):
+        tasks = await leader.poll("worker-1", ["many"], max_tasks=count, wait_ms=10_000)
+    assert len({t["step_id"] for t in tasks}) == count
+    sizes = [len(cmd.handouts) for cmd in proposed if isinstance(cmd, StartAttempts)]
+    assert sizes == [HANDOUTS_PER_PROPOSAL] * (count // HANDOUTS_PER_PROPOSAL) + [count % HANDOUTS_PER_PROPOSAL]
 
 
 async def _polls_waiting(node: NodeServer, n: int) -> bool:
