@@ -125,12 +125,21 @@ def is_running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def machine_busy_seconds() -> float:
-    """CPU seconds all cores spent not idle since boot (/proc/stat)."""
+def _proc_stat_cpu() -> list[int]:
     with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (values + [0] * 8)[:8]
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+        return ([int(v) for v in f.readline().split()[1:]] + [0] * 8)[:8]
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores ran a process of this machine since boot (/proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq, _steal = _proc_stat_cpu()
+    return (user + nice + system + irq + softirq) / CLK_TCK
+
+
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave to other guests while this machine wanted to run
+    (/proc/stat "steal"): on a shared VM, cores this run did not get."""
+    return _proc_stat_cpu()[7] / CLK_TCK
 
 
 def wait_gone(pids: list[int], deadline_s: float) -> list[int]:
@@ -515,6 +524,7 @@ class Sample:
     worker_cpu_s: float
     bench_cpu_s: float
     machine_busy_s: float
+    steal_s: float
     cpu_pressure_us: int | None
 
 
@@ -545,6 +555,7 @@ class Row:
     worker_cores: float
     bench_cpu_ms_per_step: float | None
     other_load_cores: float
+    steal_cores: float  # cores the hypervisor gave to other guests while this machine wanted them
     cpu_wait_fraction: float | None  # PSI: share of the window in which some task waited for a CPU
     load_average: list[float]  # 1, 5, 15 min at the end of the window
     worker_pid: int
@@ -584,6 +595,7 @@ async def take_sample(http: aiohttp.ClientSession, deployment: Deployment, worke
         worker_cpu_s=cpu_seconds(worker.pid),
         bench_cpu_s=times.user + times.system,
         machine_busy_s=machine_busy_seconds(),
+        steal_s=steal_seconds(),
         cpu_pressure_us=cpu_pressure_us(),
     )
     return sample
@@ -750,6 +762,7 @@ def summarize(
         worker_cores=cores(worker_cpu),
         bench_cpu_ms_per_step=per_step_ms(bench_cpu),
         other_load_cores=cores(other_cpu),
+        steal_cores=cores(last.steal_s - first.steal_s),
         cpu_wait_fraction=cpu_wait,
         load_average=load_average,
         worker_pid=worker.pid,
@@ -842,12 +855,13 @@ def print_table(result: dict[str, Any]) -> None:
     print(
         f"machine: {result['cores']} cores. CPU columns: ms of CPU per step, and cores busy (1.00 = one full "
         f"core) of the busiest server node, of the Worker, and of processes outside this bench (other); cpu wait = "
-        f"share of the time some runnable process waited for a CPU (PSI)"
+        f"share of the time some runnable process waited for a CPU (PSI); steal = cores the hypervisor gave to "
+        f"other guests"
     )
     print(
         f"{'deployment':<10} {'conc':>5} {'steps':>7} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'row done/started':>16} {'srv ms/step':>11} {'srv cores':>9} {'wrk ms/step':>11} {'wrk cores':>9} "
-        f"{'other':>6} {'cpu wait':>8}"
+        f"{'other':>6} {'steal':>6} {'cpu wait':>8}"
     )
     for name in ("dev", "cluster"):
         for r in result.get(name, {}).get("rows", []):
@@ -856,7 +870,7 @@ def print_table(result: dict[str, Any]) -> None:
                 f"{fmt(r['p50_ms'], '.2f'):>7} {fmt(r['p99_ms'], '.2f'):>7} {r['row_steps']:>7}/{fmt(r['row_attempts_started'], '.0f'):<8} "
                 f"{fmt(r['server_cpu_ms_per_step'], '.3f'):>11} {r['server_busiest_node_cores']:>9.2f} "
                 f"{fmt(r['worker_cpu_ms_per_step'], '.3f'):>11} {r['worker_cores']:>9.2f} "
-                f"{r['other_load_cores']:>6.2f} {fmt_pct(r['cpu_wait_fraction']):>8}"
+                f"{r['other_load_cores']:>6.2f} {r.get('steal_cores', 0.0):>6.2f} {fmt_pct(r['cpu_wait_fraction']):>8}"
             )
             notes = [
                 f"{r['failed_results']} failed results" if r["failed_results"] else "",

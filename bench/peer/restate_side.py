@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from bench.common import cpu_pressure_us, cpu_seconds, process_tree
-from bench.steps_bench import machine_busy_seconds
+from bench.steps_bench import machine_busy_seconds, steal_seconds
 from harness.ports import free_ports
 
 SERVICE_DIR = Path(__file__).resolve().parent  # hypercorn imports restate_service from here
@@ -271,6 +271,7 @@ class CpuSample:
     sdk_cpu_s: float
     bench_cpu_s: float
     machine_busy_s: float
+    steal_s: float
     cpu_pressure_us: int | None
 
 
@@ -282,6 +283,7 @@ def cpu_sample(deployment: RestateDeployment) -> CpuSample:
         sum(cpu_seconds(p) for p in deployment.sdk_pids()),
         times.user + times.system,
         machine_busy_seconds(),
+        steal_seconds(),
         cpu_pressure_us(),
     )
 

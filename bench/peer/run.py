@@ -134,6 +134,7 @@ async def dex_row(
         "p50_ms": row.p50_ms,
         "p99_ms": row.p99_ms,
         "other_load_cores": row.other_load_cores,
+        "steal_cores": row.steal_cores,
         "cpu_wait_fraction": row.cpu_wait_fraction,
         "server_cpu_ms_per_step": row.server_cpu_ms_per_step,
         "sdk_cpu_ms_per_step": row.worker_cpu_ms_per_step,
@@ -176,6 +177,7 @@ async def restate_row(
         "p50_ms": steps_bench.percentile_ms(gaps, 50),
         "p99_ms": steps_bench.percentile_ms(gaps, 99),
         "other_load_cores": round(other / window_s, 2),
+        "steal_cores": round((last.steal_s - first.steal_s) / window_s, 2),
         "cpu_wait_fraction": cpu_wait,
         "server_cpu_ms_per_step": round(server_cpu / steps * 1000, 3) if steps else None,
         "sdk_cpu_ms_per_step": round(sdk_cpu / steps * 1000, 3) if steps else None,
@@ -214,7 +216,8 @@ async def steps_phase(
                 rows.append(row)
                 print(
                     f"[{name}] c={concurrency} {system}: {row['steps_per_second']:.0f} steps/s, "
-                    f"p50 {fmt(row['p50_ms'], '.2f')} ms, other load {fmt(row['other_load_cores'], '.2f')} cores",
+                    f"p50 {fmt(row['p50_ms'], '.2f')} ms, other load {fmt(row['other_load_cores'], '.2f')} cores, "
+                    f"steal {fmt(row['steal_cores'], '.2f')} cores",
                     flush=True,
                 )
     finally:
@@ -365,8 +368,9 @@ def print_table(result: dict[str, Any]) -> None:
     print(
         f"machine: {m['cores']} cores, {m['cpu']}, {m['memory_gb']} GB; other processes used "
         f"{fmt(m['other_load_cores_mean'], '.2f')} cores on average during the rows (max "
-        f"{fmt(m['other_load_cores_max'], '.2f')}), load average {m['load_average_start']} -> "
-        f"{m['load_average_end']} (shared machine)"
+        f"{fmt(m['other_load_cores_max'], '.2f')}), the hypervisor gave {fmt(m.get('steal_cores_mean'), '.2f')} "
+        f"cores to other guests (steal; max {fmt(m.get('steal_cores_max'), '.2f')}), load average "
+        f"{m['load_average_start']} -> {m['load_average_end']} (shared machine)"
     )
     print(
         f"versions: dex-ha {v['dex_ha']}, restate-server {v['restate_server']}, restate-sdk {v['restate_sdk']} "
@@ -439,6 +443,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 def machine_summary(result: dict[str, Any], load_start: list[float]) -> dict[str, Any]:
     others = [r["other_load_cores"] for p in result["steps"] for r in p["rows"] if r["other_load_cores"] is not None]
+    steals = [r["steal_cores"] for p in result["steps"] for r in p["rows"] if r.get("steal_cores") is not None]
     return {
         "cores": os.cpu_count(),
         "cpu": cpu_model(),
@@ -447,6 +452,8 @@ def machine_summary(result: dict[str, Any], load_start: list[float]) -> dict[str
         "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "other_load_cores_mean": round(statistics.mean(others), 2) if others else None,
         "other_load_cores_max": max(others, default=None),
+        "steal_cores_mean": round(statistics.mean(steals), 2) if steals else None,
+        "steal_cores_max": max(steals, default=None),
     }
 
 
