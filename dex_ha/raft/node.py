@@ -151,6 +151,11 @@ class NodeConfig:
             )
 
 
+# What may leave before its Ready is on disk (see RaftNode._split_messages).
+_EARLY_FROM_LEADER = (MessageType.APP, MessageType.HEARTBEAT)
+_EARLY_FROM_FOLLOWER = (MessageType.HEARTBEAT_RESP,)
+
+
 @dataclass
 class ApplyPace:
     """How many committed entries the next Ready may carry: as many as fit in `budget_s`
@@ -307,7 +312,7 @@ class RaftNode:
         self.view = self._current_view()
         self.peer_progress: tuple[PeerProgress, ...] = ()  # only a leader knows it; see _current_peer_progress
         hs = self.storage.hard_state
-        self._persisted_term_vote = (hs.term, hs.vote)
+        self._persisted_promises = (hs.term, hs.vote, hs.vote_refusal_ms)
         self.transport = RaftTransport(
             config.id,
             config.raft_listen,
@@ -627,8 +632,9 @@ class RaftNode:
         early, late = self._split_messages(rd)
         if early:
             # Raft thesis §10.2.1: a leader may replicate entries while it writes them to
-            # its own disk; it counts itself toward commit only after advance(). So the
-            # bytes go to the sockets before the fsync.
+            # its own disk; it counts itself toward commit only after advance(). A
+            # follower's heartbeat acks depend on nothing in this Ready (_split_messages).
+            # So these bytes go to the sockets before the fsync.
             for msg in early:
                 self._send(msg)
             self.transport.flush()
@@ -644,7 +650,8 @@ class RaftNode:
                 # leader's messages of this Ready are already on their way (`early`).
                 self.storage.sync()  # timed in _record_fsync
             if rd.hard_state is not None:
-                self._persisted_term_vote = (rd.hard_state.term, rd.hard_state.vote)
+                hs = rd.hard_state
+                self._persisted_promises = (hs.term, hs.vote, hs.vote_refusal_ms)
         for msg in late:
             self._send(msg)
         if late:
@@ -659,20 +666,24 @@ class RaftNode:
     def _split_messages(self, rd: Ready) -> tuple[list[Message], list[Message]]:
         """Messages that may go out before this Ready is persisted, and the rest.
 
-        Only a leader's appends and heartbeats qualify, and only when this Ready does not
-        change term or vote: those messages then depend on nothing but the (already
-        durable) term. Every response (votes, append acks) waits for the fsync.
+        Only when this Ready changes none of the promises in the hard state (term, vote, the
+        vote-refusal window): these messages then depend on nothing that is not durable yet.
+        - A leader's appends and heartbeats (Raft thesis §10.2.1).
+        - A follower's heartbeat acks: an ack promises to refuse votes for the window, which
+          is already on disk, and vouches for no entry. A slow fsync of entries then does
+          not hold up the acks that keep the leader's lease.
+        Every other response (votes, append acks: they vouch for entries) waits for the fsync.
         """
-        if self.core.role != Role.LEADER or rd.snapshot is not None:
-            return [], rd.messages
         hs = rd.hard_state
-        if hs is not None and (hs.term, hs.vote) != self._persisted_term_vote:
+        if rd.snapshot is not None or (
+            hs is not None and (hs.term, hs.vote, hs.vote_refusal_ms) != self._persisted_promises
+        ):
             return [], rd.messages
-        early = [m for m in rd.messages if m.type in (MessageType.APP, MessageType.HEARTBEAT)]
+        kinds = _EARLY_FROM_LEADER if self.core.role == Role.LEADER else _EARLY_FROM_FOLLOWER
+        early = [m for m in rd.messages if m.type in kinds]
         if not early:
             return [], rd.messages
-        late = [m for m in rd.messages if m.type not in (MessageType.APP, MessageType.HEARTBEAT)]
-        return early, late
+        return early, [m for m in rd.messages if m.type not in kinds]
 
     def _send(self, msg: Message) -> None:
         if msg.type == MessageType.SNAP and not msg.data and msg.snapshot is not None:

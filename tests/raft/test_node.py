@@ -366,6 +366,47 @@ async def test_messages_that_came_during_a_stall_count_as_contact(tmp_path: Path
     )
 
 
+async def test_a_follower_acks_heartbeats_while_its_disk_is_slow(tmp_path: Path) -> None:
+    """Both followers take 500 ms to write each batch of entries; the leader proposes
+    without pause for 3 s. A heartbeat that arrives during a write is acked at the start of
+    the next turn, before that turn's own write (the ack needs nothing new on disk), so the
+    leader's lease (770 ms past each acked round) never runs out. Sent after the write, as
+    an append ack must be, the ack waited for two writes and the lease lapsed."""
+    ports = free_ports(3)
+    members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
+    timing = dict(election_timeout_min_ms=800, election_timeout_max_ms=1200)
+    nodes = {nid: RaftThread(_config(nid, tmp_path, members, **timing), KVStateMachine()) for nid in members}
+    for n in nodes.values():
+        await n.start()
+    try:
+        await _until(lambda: [n.view.is_leader for n in nodes.values()].count(True) == 1, 10, "a leader")
+        [leader] = [n for n in nodes.values() if n.view.is_leader]
+        await _until(lambda: leader.view.lease_valid(), 5, "the leader's lease")
+        for follower in (n for n in nodes.values() if n is not leader):
+            storage = follower.node.storage
+            append = storage.append
+
+            def slow_append(hard_state: object, entries: list[Entry], append: Callable = append) -> None:
+                if entries:
+                    time.sleep(0.5)  # a slow disk; releases the GIL like a real write
+                append(hard_state, entries)
+
+            storage.append = slow_append  # type: ignore[method-assign]
+        lapses = 0
+        t0 = time.monotonic()
+        proposals = []
+        while time.monotonic() - t0 < 3:
+            proposals.append(asyncio.ensure_future(leader.propose(msgpack.packb(["k", "v"], use_bin_type=True))))
+            lapses += not leader.view.lease_valid()
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(asyncio.gather(*proposals), timeout=30)
+        assert lapses == 0, f"the leader's lease lapsed in {lapses} of the samples"
+        assert all(n.view.term == leader.view.term for n in nodes.values())
+    finally:
+        for n in nodes.values():
+            await n.stop()
+
+
 def test_the_apply_pace_fits_the_entries_of_a_ready_in_the_budget_at_the_recent_cost() -> None:
     pace = ApplyPace(budget_s=0.020, max_entries=64)
     assert pace.limit() == 20  # before any apply is timed: 1 ms an entry
