@@ -14,6 +14,7 @@ import logging
 import os
 import sqlite3
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,6 +28,9 @@ from dex_ha.engine.store import APPLIED_INDEX, Store, WalCheckpointer, can_migra
 
 log = logging.getLogger("dex_ha.engine")
 
+# 16 MB of 4 KB pages: a few seconds of writes at full load.
+WAL_RESTART_AFTER_FRAMES = 4096
+
 
 class Engine(Queries):
     """The session state machine of one node (the Raft `StateMachine`).
@@ -34,7 +38,13 @@ class Engine(Queries):
     Not thread-safe: the caller serialises apply, queries, snapshot and restore.
     """
 
-    def __init__(self, path: str, durable: bool = True, checkpoint_every_s: float | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        durable: bool = True,
+        checkpoint_every_s: float | None = None,
+        wal_restart_after_frames: int = WAL_RESTART_AFTER_FRAMES,
+    ) -> None:
         """Open or create the state at `path` (":memory:" for tests).
 
         durable=True runs SQLite with synchronous=NORMAL, False with OFF; neither fsyncs
@@ -43,20 +53,34 @@ class Engine(Queries):
         in groups where possible: one transaction for many entries is much faster.
         `checkpoint_every_s`: checkpoint the WAL on a thread of its own at this interval
         instead of inside an apply (WalCheckpointer); a server sets it, close() stops it.
+        Past `wal_restart_after_frames` pages in the WAL, that thread briefly holds off
+        writes so that the WAL can start over.
         """
         self.path = path
         self._conn = connect(path, durable)
         init_schema(self._conn)
         self._store = Store(self._conn)
+        # Held by every write transaction; the checkpoint thread holds it to let the WAL start over.
+        self._write_lock = threading.Lock()
         self._checkpointer: WalCheckpointer | None = None
         if checkpoint_every_s is not None and path != ":memory:":
             self._conn.execute("PRAGMA wal_autocheckpoint=0")
-            self._checkpointer = WalCheckpointer(path, durable, checkpoint_every_s)
+            self._checkpointer = WalCheckpointer(
+                path, durable, checkpoint_every_s, self._write_lock, wal_restart_after_frames
+            )
 
     def close(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.close()
         self._conn.close()
+
+    def wal_bytes(self) -> int:
+        """The size of the write-ahead log file now (0 when there is none); any thread may ask.
+        It stays near WAL_SIZE_LIMIT_BYTES at most while the checkpoint thread keeps up."""
+        try:
+            return os.stat(self.path + "-wal").st_size
+        except (FileNotFoundError, ValueError):
+            return 0
 
     def trace_statements(self, callback: Callable[[str], object] | None) -> None:
         """For measurements (bench/engine_bench.py, tests): `callback(sql)` for every SQL
@@ -85,10 +109,11 @@ class Engine(Queries):
         a savepoint around each entry: the same results, and a refused entry keeps nothing.
         """
         entries = list(entries)
-        try:
-            return self._apply_in_transaction(entries, careful=False)
-        except _ReplayCarefully:
-            return self._apply_in_transaction(entries, careful=True)
+        with self._write_lock:
+            try:
+                return self._apply_in_transaction(entries, careful=False)
+            except _ReplayCarefully:
+                return self._apply_in_transaction(entries, careful=True)
 
     def _apply_in_transaction(self, entries: list[tuple[int, bytes]], careful: bool) -> list[ApplyResult]:
         applied = self.applied_index()
@@ -192,7 +217,7 @@ class Engine(Queries):
         during restore leaves either the old state or the new one. A snapshot of an older
         schema (from a node not yet upgraded, or an old backup) is migrated after the copy.
         """
-        with tempfile.TemporaryDirectory(prefix="dex-engine-restore-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="dex-engine-restore-") as tmp, self._write_lock:
             path = os.path.join(tmp, "restore.db")
             with open(path, "wb") as f:
                 f.write(data)
@@ -202,8 +227,8 @@ class Engine(Queries):
                 source.backup(self._conn)
             finally:
                 source.close()
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        init_schema(self._conn)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            init_schema(self._conn)
 
 
 class EngineReader(Queries):

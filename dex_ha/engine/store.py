@@ -28,6 +28,7 @@ from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 log = logging.getLogger("dex_ha.engine")
 
 APPLIED_INDEX = "applied_index"
+WAL_SIZE_LIMIT_BYTES = 64 << 20
 FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-outs are stale
 EVENT_ID_SHIFT = 16  # event id = (log index << 16) + its number within the entry and session
 
@@ -76,6 +77,8 @@ def connect(path: str, durable: bool) -> sqlite3.Connection:
     # fsyncs, and a page changed many times in between is copied back once. (A server's
     # engine turns this off and checkpoints on a thread of its own: WalCheckpointer.)
     conn.execute("PRAGMA wal_autocheckpoint=8192")
+    # When the WAL starts over, cut a file that grew past this back to it.
+    conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
     conn.execute("PRAGMA foreign_keys=OFF")
     return conn
 
@@ -87,25 +90,51 @@ class WalCheckpointer:
     on the connection that commits: for the engine, an apply on the Raft thread, which then
     sends no heartbeat and no ack for as long as it takes (40 ms for 32 MB on an idle disk,
     hundreds under load). Here a connection of its own runs a PASSIVE checkpoint every
-    `every_s`: it copies what no reader still needs and never blocks the writer or readers,
-    and the WAL stays small, so each one is short.
+    `every_s`: it copies what no reader still needs and never blocks the writer or readers.
+
+    A PASSIVE checkpoint alone never lets the WAL start over while entries keep applying:
+    SQLite rewinds the WAL only when a write transaction begins with every frame already
+    copied back, and under steady writes some frame is always newer than the last
+    checkpoint (a loaded node's WAL grew by 600 MB a minute, and a restart must read all of
+    it). So once the WAL holds more than `restart_after_frames`, the thread checkpoints once
+    more while it holds `write_lock`, the lock every write transaction of the engine takes:
+    no frame can come in meanwhile, the copy is short (the frames of the last moments), and
+    the next write starts the WAL from its beginning. A reader still on an older state can
+    keep that from happening; the next round tries again.
     """
 
-    def __init__(self, path: str, durable: bool, every_s: float) -> None:
+    def __init__(
+        self, path: str, durable: bool, every_s: float, write_lock: threading.Lock, restart_after_frames: int
+    ) -> None:
         self._conn = connect(path, durable)
         self._every_s = every_s
+        self._write_lock = write_lock
+        self._restart_after_frames = restart_after_frames
         self._stop = threading.Event()
         self.checkpoints = 0  # completed, for tests and diagnosis
+        self.wal_frames = 0  # frames in the WAL at the last checkpoint (0: it started over)
         self._thread = threading.Thread(target=self._run, name="engine-wal-checkpoint", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self._every_s):
             try:
-                self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                self.checkpoints += 1
-            except sqlite3.Error as exc:  # e.g. the file went away under a test; try again later
-                log.warning("engine WAL checkpoint failed: %s", exc)
+                self._checkpoint_round()
+            except Exception:  # the thread must live on: without it the WAL grows without bound
+                log.exception("engine WAL checkpoint failed; trying again in %.1f s", self._every_s)
+
+    def _checkpoint_round(self) -> None:
+        frames = self._checkpoint()
+        if frames > self._restart_after_frames:
+            with self._write_lock:
+                self._checkpoint()
+
+    def _checkpoint(self) -> int:
+        """One PASSIVE checkpoint; returns the frames in the WAL."""
+        _busy, frames, _copied = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        self.checkpoints += 1
+        self.wal_frames = frames
+        return int(frames)
 
     def close(self) -> None:
         self._stop.set()

@@ -119,6 +119,11 @@ class _StateCollector:
                 "they arrived here (0 on the leader); near the election timeout, a failover is close.",
             ),
             ("dex_timers_pending", "Timers waiting to fire."),
+            (
+                "dex_engine_wal_bytes",
+                "Size of the engine database's write-ahead log; it should stay at tens of MB. "
+                "Steady growth means checkpoints do not keep up (see the node's log).",
+            ),
             ("dex_http_requests_in_flight", "Requests being worked on, of those admission control bounds."),
             ("dex_workers_connected", "Workers seen polling or heartbeating recently."),
         ):

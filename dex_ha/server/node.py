@@ -433,6 +433,7 @@ class NodeServer:
             "dex_lease_remaining_seconds": view.lease_remaining_ms() / 1000,
             "dex_raft_leader_contact_gap_max_seconds": self.raft.node.metrics.leader_contact_gap_max_ms / 1000,
             "dex_timers_pending": stats["timers_pending"],
+            "dex_engine_wal_bytes": self.replica.engine.wal_bytes(),
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
             "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
             "dex_raft_slow_turns_total": {

@@ -26,6 +26,7 @@ EXPECTED_ALERTS = {
     "DexHaFollowerLagging",
     "DexHaApplyLagging",
     "DexHaMemberUnreachable",
+    "DexHaEngineWalGrowing",
 }
 
 

@@ -326,3 +326,36 @@ def test_the_wal_goes_back_into_the_database_file_on_the_checkpoint_thread(tmp_p
     finally:
         engine.close()
     assert not engine._checkpointer._thread.is_alive()  # close() stopped it
+
+
+def _wal_restarts(wal_path) -> int:
+    """The WAL header's checkpoint sequence number: SQLite adds one each time the WAL
+    starts over from its beginning."""
+    with open(wal_path, "rb") as f:
+        header = f.read(16)
+    return int.from_bytes(header[12:16], "big") if len(header) == 16 else 0
+
+
+def test_the_wal_starts_over_while_entries_keep_applying(tmp_path) -> None:
+    """SQLite rewinds the WAL only when a write begins with every frame copied back; under
+    writes that never pause, a checkpoint on another thread never sees that, and the WAL
+    grows without bound (600 MB a minute on a loaded node). Past its restart size the
+    checkpoint thread copies the last frames while it holds off writes, so the WAL starts
+    over. Evidence from the file itself: the WAL header's restart counter."""
+    import time
+
+    path = tmp_path / "e.db"
+    engine = Engine(str(path), durable=True, checkpoint_every_s=0.01, wal_restart_after_frames=64)
+    wal = tmp_path / "e.db-wal"
+    try:
+        engine.apply(1, encode_command(CreateSession(at=1, agent="helper", session_id="s1")))
+        restarts_before = _wal_restarts(wal)
+        index, deadline = 1, time.monotonic() + 30
+        while _wal_restarts(wal) < restarts_before + 3:  # writes never pause in this loop
+            index += 1
+            engine.apply(index, encode_command(CreateSession(at=1, agent="helper", session_id=f"s{index}")))
+            assert time.monotonic() < deadline, (
+                f"the WAL did not start over 3 times in {index} entries: it holds {wal.stat().st_size} bytes"
+            )
+    finally:
+        engine.close()

@@ -213,6 +213,8 @@ async def test_metrics_has_every_design_metric(api: HttpApi):
     assert sample(samples, "dex_step_schedule_to_start_seconds_count", kind="RunModel") == 2
     # The Raft loop's slow turns, by kind (not a design metric; docs/operations.md lists it).
     assert {dict(key[1])["kind"] for key in samples if key[0] == "dex_raft_slow_turns_total"} == {"long", "late"}
+    # The engine's WAL holds what those requests wrote (not a design metric either).
+    assert sample(samples, "dex_engine_wal_bytes") > 0
 
 
 # ---------------------------------------------------------------- sessions
