@@ -50,9 +50,14 @@ class KVStateMachine:
     def applied_index(self) -> int:
         return self._applied
 
-    def snapshot_copier(self) -> Callable[[], tuple[int, bytes]]:
+    def snapshot_copier(self) -> Callable[[Path], int]:
         applied, kv = self._applied, dict(self.kv)  # the copy the worker thread encodes
-        return lambda: (applied, msgpack.packb([applied, kv], use_bin_type=True))
+
+        def copy(path: Path) -> int:
+            path.write_bytes(msgpack.packb([applied, kv], use_bin_type=True))
+            return applied
+
+        return copy
 
     def restore(self, data: bytes, index: int) -> None:
         applied, kv = msgpack.unpackb(data, raw=False)

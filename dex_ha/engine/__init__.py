@@ -44,7 +44,7 @@ from dex_ha.engine.commands import (
     decode_command,
     encode_command,
 )
-from dex_ha.engine.engine import Engine, EngineReader
+from dex_ha.engine.engine import Engine, EngineReader, copy_to_bytes
 from dex_ha.engine.kinds import (
     AWAIT_QUESTION_ANSWER,
     AWAIT_TIMER,
@@ -112,6 +112,7 @@ __all__ = [
     "StepKindSpec",
     "Task",
     "Timer",
+    "copy_to_bytes",
     "decode_command",
     "encode_command",
     "idempotency_key",

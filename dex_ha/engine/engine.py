@@ -16,6 +16,7 @@ import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from dex_ha.engine.commands import Command, CommandDecodeError, decode_command
@@ -185,26 +186,28 @@ class Engine(Queries):
 
     def snapshot(self) -> bytes:
         """A consistent copy of the database at applied_index() (the Raft snapshot)."""
-        return self.snapshot_copier()()[1]
+        return copy_to_bytes(self.snapshot_copier())[1]
 
-    def snapshot_copier(self) -> Callable[[], tuple[int, bytes]]:
-        """A function that copies the state, safe to run in another thread while this
-        engine goes on applying; it returns (the applied index of the copy, its bytes).
+    def snapshot_copier(self) -> Callable[[Path], int]:
+        """A function that copies the state into the new, empty file at the path it is
+        given, safe to run in another thread while this engine goes on applying; it
+        returns the applied index of the copy.
 
         Copying a large database takes seconds, which the Raft node must not spend on its
         event loop (heartbeats would stop). The copy reads through its own connection in
         one read transaction: in WAL mode that sees one committed state and never blocks
-        the writer, and the applied index is read from the copy itself.
+        the writer, and the applied index is read from the copy itself. It goes to a file,
+        never through memory: a state of gigabytes costs no more memory than a small one.
         """
         if self.path == ":memory:":  # no second connection can see it: copy here, now
-            index, data = _backup_copy(self._conn)
-            return lambda: (index, data)
+            index, data = copy_to_bytes(lambda target: _backup_into(self._conn, target))
+            return lambda target: _write_file(target, data, index)
         path = self.path
 
-        def copy() -> tuple[int, bytes]:
+        def copy(target: Path) -> int:
             source = sqlite3.connect(path)
             try:
-                return _backup_copy(source)
+                return _backup_into(source, target)
             finally:
                 source.close()
 
@@ -275,23 +278,34 @@ for _name, _query in list(vars(Queries).items()):
         setattr(EngineReader, _name, _read_transaction(_query))
 
 
-def _backup_copy(source: sqlite3.Connection) -> tuple[int, bytes]:
-    """Copy the database `source` reads; returns the copy's applied index and bytes.
+def copy_to_bytes(copy: Callable[[Path], int]) -> tuple[int, bytes]:
+    """Run a snapshot copier (`Engine.snapshot_copier`) into a temp file; (its index, its bytes)."""
+    with tempfile.TemporaryDirectory(prefix="dex-engine-snap-") as tmp:
+        target = Path(tmp) / "snapshot.db"
+        index = copy(target)
+        return index, target.read_bytes()
+
+
+def _backup_into(source: sqlite3.Connection, target_path: Path) -> int:
+    """Copy the database `source` reads into the file `target_path`; returns the copy's
+    applied index.
 
     One backup step of all pages (pages=-1) holds one read transaction on the source, so
     the copy is one committed state even while another connection writes (WAL mode).
     """
-    with tempfile.TemporaryDirectory(prefix="dex-engine-snap-") as tmp:
-        path = os.path.join(tmp, "snapshot.db")
-        target = sqlite3.connect(path)
-        try:
-            source.backup(target, pages=-1)
-            row = target.execute("SELECT value FROM meta WHERE key = ?", (APPLIED_INDEX,)).fetchone()
-            target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file, no -wal beside it
-        finally:
-            target.close()
-        with open(path, "rb") as f:
-            return (0 if row is None else row[0]), f.read()
+    target = sqlite3.connect(target_path)
+    try:
+        source.backup(target, pages=-1)
+        row = target.execute("SELECT value FROM meta WHERE key = ?", (APPLIED_INDEX,)).fetchone()
+        target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file, no -wal beside it
+    finally:
+        target.close()
+    return 0 if row is None else int(row[0])
+
+
+def _write_file(path: Path, data: bytes, index: int) -> int:
+    path.write_bytes(data)
+    return index
 
 
 class _ReplayCarefully(Exception):

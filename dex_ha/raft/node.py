@@ -88,9 +88,12 @@ class StateMachine(Protocol):
     def applied_index(self) -> int:
         """The last index applied (durably, if the machine is durable)."""
 
-    def snapshot_copier(self) -> Callable[[], tuple[int, bytes]]:
+    def snapshot_copier(self) -> Callable[[Path], int]:
         """Called on the loop; returns a function that the node runs in a worker thread
-        while applies go on. It returns (the index the copy is at, the copy's bytes)."""
+        while applies go on. It writes a copy of the state into the file at the path it
+        is given (new and empty; the node makes it durable and names it) and returns the
+        index the copy is at. A file, not bytes: the state may be far larger than memory
+        should hold at once."""
 
     def restore(self, data: bytes, index: int) -> None:
         """Replace the whole state with a snapshot taken at `index`."""
@@ -303,8 +306,8 @@ class RaftNode:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self._snap_dir = config.data_dir / "snapshots"
         self._snap_dir.mkdir(exist_ok=True)
-        for leftover in self._snap_dir.glob("*.tmp"):  # a write cut short by a crash
-            leftover.unlink()
+        for leftover in [*self._snap_dir.glob("*.tmp"), *self._snap_dir.glob("*.tmp-*")]:
+            leftover.unlink()  # a write cut short by a crash (and files SQLite kept beside it)
         self.storage = RaftStorage.open(
             config.data_dir / "raft", durability=config.durability, on_fsync=self._record_fsync
         )
@@ -819,20 +822,23 @@ class RaftNode:
         copy = self.sm.snapshot_copier()
         self._snapshot_task = asyncio.create_task(self._take_snapshot(copy), name=f"raft-snapshot-{self.config.id}")
 
-    async def _take_snapshot(self, copy: Callable[[], tuple[int, bytes]]) -> None:
-        """Copy and write the snapshot off the event loop (a large state takes seconds,
-        and heartbeats must go on), then compact to the previous one on the loop."""
+    async def _take_snapshot(self, copy: Callable[[Path], int]) -> None:
+        """Copy the state into a snapshot file off the event loop (a large state takes
+        seconds, and heartbeats must go on), then compact to the previous one on the loop."""
+        tmp: Path | None = None
         try:
-            index, data = await asyncio.to_thread(copy)
+            tmp = self._new_temp_file("snapshot-copy")
+            index = await asyncio.to_thread(copy, tmp)
             if index <= self._taken.index:
                 return  # a snapshot from the leader overtook this one
             meta = self.core.snapshot_meta(index)  # in the log: compaction stops one snapshot behind
-            await asyncio.to_thread(self._write_snapshot_file, index, data)
+            size = tmp.stat().st_size
+            await asyncio.to_thread(self._keep_snapshot_file, tmp, index)
             if index <= self._taken.index:
                 return
             previous, self._taken = self._taken, meta
             self.metrics.snapshots_taken += 1
-            log.info("node %s: snapshot at index %d (%d bytes)", self.config.id, index, len(data))
+            log.info("node %s: snapshot at index %d (%d bytes)", self.config.id, index, size)
             if previous.index > self._snapshot_index:
                 self._defer(lambda: self._compact_to(previous))
         except asyncio.CancelledError:
@@ -840,6 +846,8 @@ class RaftNode:
         except Exception:
             log.exception("node %s: taking a snapshot failed; will try again", self.config.id)
         finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)  # gone already when it became the snapshot file
             self._snapshot_task = None
 
     def _compact_to(self, meta: SnapshotMeta) -> None:
@@ -856,17 +864,28 @@ class RaftNode:
             if int(path.stem.split("-")[1]) < index:
                 path.unlink(missing_ok=True)
 
+    def _new_temp_file(self, prefix: str) -> Path:
+        """A new empty file in the snapshot directory, this caller's own (the loop and the
+        snapshot thread may each be writing one)."""
+        fd, tmp = tempfile.mkstemp(dir=self._snap_dir, prefix=prefix, suffix=".tmp")
+        os.close(fd)
+        return Path(tmp)
+
     def _write_snapshot_file(self, index: int, data: bytes) -> None:
-        """Atomically (temp file, rename). Runs on the loop or in the snapshot thread, so
-        each writer has its own temp file."""
-        path = self._snapshot_file(index)
-        fd, tmp = tempfile.mkstemp(dir=self._snap_dir, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if self.config.durability == "strict":
+        """Atomically: a temp file, then `_keep_snapshot_file`."""
+        tmp = self._new_temp_file(self._snapshot_file(index).name)
+        try:
+            tmp.write_bytes(data)
+            self._keep_snapshot_file(tmp, index)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _keep_snapshot_file(self, tmp: Path, index: int) -> None:
+        """Make the written temp file `tmp` the snapshot file of `index`: durable, then renamed."""
+        if self.config.durability == "strict":
+            with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, self._snapshot_file(index))
         if self.config.durability == "strict":
             fsync_dir(self._snap_dir)
 

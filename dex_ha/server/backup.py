@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dex_ha.engine import Engine
+from dex_ha.engine import Engine, copy_to_bytes
 from dex_ha.engine.schema import SCHEMA_VERSION
 from dex_ha.raft.storage import RaftStorage, fsync_dir
 from dex_ha.raft.types import ConfState, HardState, SnapshotMeta
@@ -115,7 +115,7 @@ async def take_backup(node: NodeServer) -> tuple[BackupHeader, bytes]:
     transaction, so the HTTP loop and the Raft thread both go on meanwhile (see the module
     docstring). BackupNotPossible when the index has left the log in the meantime.
     """
-    index, payload = await asyncio.to_thread(node.replica.snapshot_copier())
+    index, payload = await asyncio.to_thread(copy_to_bytes, node.replica.snapshot_copier())
     try:
         term = await node.raft.entry_term(index)
     except ValueError as exc:  # compacted away while the copy ran: only under very heavy load

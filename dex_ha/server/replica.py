@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from dex_ha.engine import AnswerQuestion, ApplyResult, DecideApproval, Engine, EngineReader, FireTimer, decode_command
 from dex_ha.failpoints import Failpoints
@@ -104,7 +105,7 @@ class Replica:
     def applied_index(self) -> int:
         return self.engine.applied_index()
 
-    def snapshot_copier(self) -> Callable[[], tuple[int, bytes]]:
+    def snapshot_copier(self) -> Callable[[Path], int]:
         return self.engine.snapshot_copier()
 
     def restore(self, data: bytes, index: int) -> None:

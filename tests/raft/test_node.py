@@ -276,9 +276,9 @@ class SlowCopyKV(KVStateMachine):
         inner = super().snapshot_copier()
         self.copies_started += 1
 
-        def copy():
+        def copy(path):
             time.sleep(self.COPY_SECONDS)  # blocks its thread, never the event loop
-            return inner()
+            return inner(path)
 
         return copy
 
