@@ -25,12 +25,17 @@ from dex_ha.engine.handlers import HANDLERS
 from dex_ha.engine.queries import Queries
 from dex_ha.engine.results import ApplyResult, Rejected, accepted
 from dex_ha.engine.schema import SCHEMA_VERSION
-from dex_ha.engine.store import APPLIED_INDEX, Store, WalCheckpointer, can_migrate, connect, init_schema
+from dex_ha.engine.store import (
+    APPLIED_INDEX,
+    WAL_RESTART_AFTER_FRAMES,
+    Store,
+    WalCheckpointer,
+    can_migrate,
+    connect,
+    init_schema,
+)
 
 log = logging.getLogger("dex_ha.engine")
-
-# 16 MB of 4 KB pages: a few seconds of writes at full load.
-WAL_RESTART_AFTER_FRAMES = 4096
 
 
 class Engine(Queries):
@@ -80,7 +85,7 @@ class Engine(Queries):
         It stays near WAL_SIZE_LIMIT_BYTES at most while the checkpoint thread keeps up."""
         try:
             return os.stat(self.path + "-wal").st_size
-        except (FileNotFoundError, ValueError):
+        except FileNotFoundError:
             return 0
 
     def trace_statements(self, callback: Callable[[str], object] | None) -> None:

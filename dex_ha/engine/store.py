@@ -29,6 +29,7 @@ log = logging.getLogger("dex_ha.engine")
 
 APPLIED_INDEX = "applied_index"
 WAL_SIZE_LIMIT_BYTES = 64 << 20
+WAL_RESTART_AFTER_FRAMES = 4096  # 16 MB of 4 KB pages: a few seconds of writes at full load
 FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-outs are stale
 EVENT_ID_SHIFT = 16  # event id = (log index << 16) + its number within the entry and session
 
@@ -112,7 +113,6 @@ class WalCheckpointer:
         self._restart_after_frames = restart_after_frames
         self._stop = threading.Event()
         self.checkpoints = 0  # completed, for tests and diagnosis
-        self.wal_frames = 0  # frames in the WAL at the last checkpoint (0: it started over)
         self._thread = threading.Thread(target=self._run, name="engine-wal-checkpoint", daemon=True)
         self._thread.start()
 
@@ -133,7 +133,6 @@ class WalCheckpointer:
         """One PASSIVE checkpoint; returns the frames in the WAL."""
         _busy, frames, _copied = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         self.checkpoints += 1
-        self.wal_frames = frames
         return int(frames)
 
     def close(self) -> None:
