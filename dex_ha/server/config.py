@@ -15,7 +15,7 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     drain_timeout_ms = 30000              # SIGTERM / step down: how long running attempts may finish
     max_inflight_requests = 512           # requests worked on at once; past it: 503 overloaded
     election_timeout_min_ms = 500
-    election_timeout_max_ms = 1000
+    election_timeout_max_ms = 750
     raft_heartbeat_interval_ms = 50       # below election_timeout_min_ms - lease_drift_margin_ms
     lease_drift_margin_ms = 50            # the lease ends this much before the followers may vote
     http_header_timeout_ms = 10000        # request headers within this of the connect (or of their first byte)
