@@ -99,10 +99,10 @@ class StartAttempts:
 class CompleteAttempt:
     """A Worker's result for attempt (`step_id`, `attempt`, `term`).
 
-    Eager dispatch: with `next_max` > 0 the same entry also hands out up to `next_max`
-    steps of the same session to `next_worker_id` (in this term), but only steps at the
-    head of the agent's queue, so no other session's queued step is overtaken. It saves
-    the Worker a poll and the log an entry for each step of a turn. The n-th of those
+    Eager dispatch: with `next_max` > 0 the same entry also hands out to `next_worker_id`
+    (in this term) up to `next_max` steps from the head of the agent's queue, in queue
+    order, of whichever session (no queued step is overtaken). It saves the Worker a poll
+    and the log an entry for each step, also while a backlog waits. The n-th of those
     hand-outs gets `next_token_secrets[n]` (the leader draws `next_max` of them; the list
     is empty only in entries written before schema 2).
     """

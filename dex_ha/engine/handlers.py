@@ -184,18 +184,18 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
 def _hand_out_next_steps(
     ctx: ApplyContext, step: Any, worker_id: str, term: int, token_secrets: Sequence[str | None]
 ) -> list[dict[str, Any]]:
-    """Eager dispatch (see CompleteAttempt): the session's steps at the head of its agent's
-    queue go to the Worker that just completed one, one token secret each; FIFO for
-    everyone else holds."""
+    """Eager dispatch (see CompleteAttempt): the steps at the head of the agent's queue go
+    to the Worker that just completed one of its steps, one token secret each, in queue
+    order, whichever session they belong to: first in, first out holds for every session,
+    and while a backlog waits each result still brings the next step with it (only the
+    session's own next step, a backlog cost every step a poll and a second entry)."""
     fenced_term = ctx.store.meta(FENCED_TERM)
     started = []
     rows = ctx.store.rows(
-        "SELECT step_id, session_id FROM steps WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?",
+        "SELECT step_id FROM steps WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?",
         (step["agent"], len(token_secrets)),
     )
     for row, token_secret in zip(rows, token_secrets):
-        if row["session_id"] != step["session_id"]:
-            break
         try:
             attempt = outcomes.hand_out(ctx, row["step_id"], worker_id, term, fenced_term, token_secret)
         except Rejected:  # changed nothing; the step waits for a poll instead

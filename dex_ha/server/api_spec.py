@@ -531,8 +531,8 @@ _WORKER = (
         WORKER,
         "Report a task's result.",
         success={
-            200: "the result is committed; `tasks` holds the session's next steps handed to this "
-            "Worker in the same entry when `next_tasks` asked for them"
+            200: "the result is committed; `tasks` holds the steps handed to this Worker in the "
+            "same entry when `next_tasks` asked for them"
         },
         errors=TASK_REPORT_ERRORS,
         path_params=(TASK_TOKEN,),
@@ -545,9 +545,9 @@ _WORKER = (
                 min=0,
                 max=16,
                 default=0,
-                description="Eager dispatch: hand this Worker up to this many of the session's "
-                "next steps in the same commit (only steps no other session's queued "
-                "step is waiting ahead of); they come back in `tasks`, as a poll's.",
+                description="Eager dispatch: hand this Worker up to this many queued steps of "
+                "the agent in the same commit, from the head of the queue (first in, first "
+                "out, whichever session); they come back in `tasks`, as a poll's.",
             ),
         ),
         max_body_bytes=4 << 20,

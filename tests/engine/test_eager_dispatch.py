@@ -1,5 +1,5 @@
-"""Eager dispatch: a CompleteAttempt may hand the session's next steps to the same Worker
-in the same entry, but never ahead of another session's queued step."""
+"""Eager dispatch: a CompleteAttempt may hand the steps at the head of the agent's queue to
+the same Worker in the same entry, in queue order, whichever session they belong to."""
 
 from __future__ import annotations
 
@@ -49,7 +49,9 @@ def test_the_next_steps_of_the_session_start_in_the_same_entry(tmp_path: Path) -
     assert {a.step_id for a in d.engine.running_attempts()} == {s["step_id"] for s in started}
 
 
-def test_another_sessions_queued_step_is_never_overtaken(tmp_path: Path) -> None:
+def test_the_head_of_the_queue_goes_first_whichever_session_it_belongs_to(tmp_path: Path) -> None:
+    """While other sessions' steps wait, the result still brings the Worker a step (no poll,
+    no second entry), and it is the one that waited longest: no queued step is overtaken."""
     d = Driver(str(tmp_path / "e.db"))
     d.register()
     for sid in ("s1", "s2"):
@@ -57,9 +59,10 @@ def test_another_sessions_queued_step_is_never_overtaken(tmp_path: Path) -> None
     d.send(session_id="s1")
     step = d.hand_out("RunModel")
     d.send(session_id="s2")  # s2's RunModel now waits at the head of the agent's queue
-    result = complete_eagerly(d, step, model_result(("c1", "lookup")))
-    assert result.value["started"] == []
-    assert [(s.session_id, s.kind) for s in d.queued()] == [("s2", "RunModel"), ("s1", "CallTool")]
+    result = complete_eagerly(d, step, model_result(("c1", "lookup")), worker="w7", limit=1)
+    assert [(s["session_id"], s["kind"], s["worker_id"]) for s in result.value["started"]] == [("s2", "RunModel", "w7")]
+    assert [(s.session_id, s.kind) for s in d.queued()] == [("s1", "CallTool")]
+    assert {a.step_id for a in d.engine.running_attempts()} == {result.value["started"][0]["step_id"]}
 
 
 def test_without_next_max_nothing_is_handed_out_and_the_limit_holds(tmp_path: Path) -> None:
