@@ -90,16 +90,27 @@ def raise_open_files_limit() -> None:
 # HTTP loop is busy, a shorter switch interval gets heartbeats out sooner.
 SWITCH_INTERVAL_S = 0.001
 
+# Tracked objects allocated (net of those freed) before the collector's youngest generation
+# runs (Python's default is 700). Almost everything a request allocates is freed by reference
+# counting, so the default ran a young collection every few requests and, ten of those later,
+# an older one, each walking what survived: 7% of a busy node's time at 256 sessions in
+# flight, 11% at 1024 (measured with gc.callbacks). At 10,000 it is under 1% and 2%; cyclic
+# garbage waits a little longer for its collection.
+GC_YOUNG_THRESHOLD = 10_000
+
 
 def tune_interpreter_for_raft() -> None:
     """Keep the Raft thread's waits for the interpreter short while the HTTP side is busy.
 
     - A shorter switch interval (SWITCH_INTERVAL_S).
+    - Rarer collections (GC_YOUNG_THRESHOLD); the older generations keep Python's ratios.
     - `gc.freeze()` once the node has started: what it allocated at start lives as long as
       the process, and a full collection, which holds the interpreter (and so the Raft
       thread) for its whole length, no longer scans it each time.
     """
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
     gc.freeze()
 
 
