@@ -186,9 +186,8 @@ def _hand_out_next_steps(
 ) -> list[dict[str, Any]]:
     """Eager dispatch (see CompleteAttempt): the steps at the head of the agent's queue go
     to the Worker that just completed one of its steps, one token secret each, in queue
-    order, whichever session they belong to: first in, first out holds for every session,
-    and while a backlog waits each result still brings the next step with it (only the
-    session's own next step, a backlog cost every step a poll and a second entry)."""
+    order, whichever session they belong to. First in, first out holds for every session,
+    and while a backlog waits each result still brings a step (no poll, no second entry)."""
     fenced_term = ctx.store.meta(FENCED_TERM)
     started = []
     rows = ctx.store.rows(

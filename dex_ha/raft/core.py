@@ -189,8 +189,9 @@ MAX_LEASE_WINDOW_MS = 60_000
 # random part of the range: the lease forbids a faster election. A 500 ms minimum leaves 10
 # heartbeats of slack before a busy leader looks dead. The range only has to keep two
 # candidates apart (a vote round takes a few ms): with 250 ms of it, the earlier of two
-# followers times out 583 ms after the last heartbeat on average (667 ms with 500-1000). The drift margin lets clocks run 5.3 % apart
-# (margin / (2 * election_timeout_min - margin)) without two leases overlapping.
+# followers times out 583 ms after the last heartbeat on average (667 ms with 500-1000).
+# The drift margin lets clocks run 5.3 % apart (margin / (2 * election_timeout_min - margin))
+# without two leases overlapping.
 DEFAULT_ELECTION_TIMEOUT_MIN_MS = 500
 DEFAULT_ELECTION_TIMEOUT_MAX_MS = 750
 DEFAULT_HEARTBEAT_INTERVAL_MS = 50
