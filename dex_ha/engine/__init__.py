@@ -9,7 +9,8 @@ Public API (what a server and the Raft node call):
   - ``applied_index()``, ``snapshot() -> bytes``, ``restore(data, index)``, ``close()``.
   - ``reader() -> EngineReader``: the queries below through a connection of their own, for
     a thread other than the one that applies (the node's HTTP side).
-  - Leader queries: ``queued_steps(agent, limit)``, ``running_attempts(term_lt=None)``,
+  - Leader queries: ``queued_steps(agent, limit)``, ``count_queued(agent, limit)``,
+    ``running_attempts(term_lt=None)``,
     ``attempt_state(step_id, attempt, term, token_secret)`` (a Worker's report: whose
     attempt, current? cancel? None unless the token's secret matches),
     ``next_timer()``, ``due_timers(now_ms, limit)``, ``task_for(step_id)``.
@@ -41,6 +42,7 @@ from dex_ha.engine.commands import (
     RegisterAgent,
     SendMessage,
     StartAttempts,
+    StartQueuedAttempts,
     decode_command,
     encode_command,
 )
@@ -109,6 +111,7 @@ __all__ = [
     "SendMessage",
     "SessionEvent",
     "StartAttempts",
+    "StartQueuedAttempts",
     "StepKindSpec",
     "Task",
     "Timer",

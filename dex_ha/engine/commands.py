@@ -89,10 +89,31 @@ class Handout:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StartAttempts:
-    """Many hand-outs in one entry: the leader batches the answers to Worker polls."""
+    """Hand-outs of named steps, many in one entry. The leader answered Worker polls with
+    these until it proposed `StartQueuedAttempts` instead; the engine still applies them,
+    as a log or snapshot may hold them."""
 
     at: int
     handouts: list[Handout] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StartQueuedAttempts:
+    """A Worker poll answered: up to `len(token_secrets)` steps from the heads of the
+    `agents`' queues (agent by agent, each in queue order, whichever session) go to
+    `worker_id` in `term`, the n-th with `token_secrets[n]`.
+
+    Which steps is decided when the entry applies, as for eager dispatch (CompleteAttempt).
+    A hand-out that named its steps when proposed could lose every one of them to the
+    results applied before it, which take the head of the same queue: under a backlog that
+    kept polls waiting while steps queued.
+    """
+
+    at: int
+    worker_id: str
+    term: int
+    agents: list[str]
+    token_secrets: list[str]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -210,6 +231,7 @@ Command = (
     | SendMessage
     | CancelTurn
     | StartAttempts
+    | StartQueuedAttempts
     | CompleteAttempt
     | FailAttempt
     | HeartbeatLost

@@ -27,6 +27,7 @@ from dex_ha.engine.commands import (
     RegisterAgent,
     SendMessage,
     StartAttempts,
+    StartQueuedAttempts,
 )
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
@@ -41,6 +42,9 @@ from dex_ha.engine.store import FENCED_TERM, to_json
 
 MAX_ID_LENGTH = 200
 MAX_EAGER_HANDOUTS = 16
+# Hand-outs one StartQueuedAttempts may carry: an entry is applied whole, so it stays short
+# (the leader proposes fewer, see HANDOUTS_PER_PROPOSAL in dex_ha.server.leader).
+MAX_QUEUED_HANDOUTS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,20 @@ def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
     return Handled({"started": started, "refused": refused, "expired": expired})
 
 
+def start_queued_attempts(ctx: ApplyContext, cmd: StartQueuedAttempts) -> Handled:
+    """A poll's hand-outs, taken from the heads of its agents' queues now (see the command).
+    Fewer steps than asked may be queued by now (results took them): the rest is not handed
+    out, and `started` may be empty."""
+    if not 1 <= len(cmd.token_secrets) <= MAX_QUEUED_HANDOUTS:
+        raise Rejected("invalid", f"token_secrets must hold 1 to {MAX_QUEUED_HANDOUTS} secrets")
+    if not cmd.agents:
+        raise Rejected("invalid", "agents must not be empty")
+    for agent in cmd.agents:
+        _check_id(agent, "agents")
+    started = _hand_out_from_queue_heads(ctx, cmd.agents, cmd.worker_id, cmd.term, cmd.token_secrets)
+    return Handled({"started": started})
+
+
 def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
     digest = hashlib.sha256(to_json(cmd.result).encode()).hexdigest()
     if not 0 <= cmd.next_max <= MAX_EAGER_HANDOUTS:
@@ -177,31 +195,43 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
         if cmd.next_max and cmd.next_worker_id:
             # None: an entry written before schema 2, whose hand-outs have no secret.
             token_secrets: Sequence[str | None] = cmd.next_token_secrets or [None] * cmd.next_max
-            started = _hand_out_next_steps(ctx, step, cmd.next_worker_id, cmd.term, token_secrets)
+            # Eager dispatch: the head of the agent's queue goes to the Worker that just
+            # completed one of its steps. While a backlog waits, each result still brings
+            # a step (no poll, no second entry).
+            started = _hand_out_from_queue_heads(ctx, [step["agent"]], cmd.next_worker_id, cmd.term, token_secrets)
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt, "started": started})
 
 
-def _hand_out_next_steps(
-    ctx: ApplyContext, step: Any, worker_id: str, term: int, token_secrets: Sequence[str | None]
+def _hand_out_from_queue_heads(
+    ctx: ApplyContext, agents: Sequence[str], worker_id: str, term: int, token_secrets: Sequence[str | None]
 ) -> list[dict[str, Any]]:
-    """Eager dispatch (see CompleteAttempt): the steps at the head of the agent's queue go
-    to the Worker that just completed one of its steps, one token secret each, in queue
-    order, whichever session they belong to. First in, first out holds for every session,
-    and while a backlog waits each result still brings a step (no poll, no second entry)."""
+    """Hand the steps at the heads of the agents' queues (agent by agent, each in queue
+    order, whichever session they belong to) to `worker_id`, one token secret each; the
+    hand-outs that started. Eager dispatch and polls both take from the head, so first in,
+    first out holds for every session and neither can take a step the other took.
+
+    Stops at the first step that does not start: a refused one (a fenced term) changed
+    nothing and waits for a later hand-out; one whose retry window was over has failed
+    instead (and left the queue)."""
     fenced_term = ctx.store.meta(FENCED_TERM)
-    started = []
-    rows = ctx.store.rows(
-        "SELECT step_id FROM steps WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?",
-        (step["agent"], len(token_secrets)),
-    )
-    for row, token_secret in zip(rows, token_secrets):
-        try:
-            attempt = outcomes.hand_out(ctx, row["step_id"], worker_id, term, fenced_term, token_secret)
-        except Rejected:  # changed nothing; the step waits for a poll instead
+    started: list[dict[str, Any]] = []
+    for agent in agents:
+        rows = ctx.store.rows(
+            "SELECT step_id FROM steps WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?",
+            (agent, len(token_secrets) - len(started)),
+        )
+        for row in rows:
+            try:
+                attempt = outcomes.hand_out(
+                    ctx, row["step_id"], worker_id, term, fenced_term, token_secrets[len(started)]
+                )
+            except Rejected:
+                return started
+            if attempt is None:
+                return started
+            started.append(attempt)
+        if len(started) == len(token_secrets):
             break
-        if attempt is None:  # its retry window was over: the step failed instead
-            break
-        started.append(attempt)
     return started
 
 
@@ -286,6 +316,7 @@ HANDLERS: dict[type, Callable[[ApplyContext, Any], Handled]] = {
     SendMessage: send_message,
     CancelTurn: cancel_turn,
     StartAttempts: start_attempts,
+    StartQueuedAttempts: start_queued_attempts,
     CompleteAttempt: complete_attempt,
     FailAttempt: fail_attempt,
     HeartbeatLost: heartbeat_lost,

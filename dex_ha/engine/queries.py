@@ -141,6 +141,13 @@ class Queries:
         )
         return [_by_name(QueuedStep, r) for r in rows]
 
+    def count_queued(self, agent: str, limit: int) -> int:
+        """How many task steps of one agent are queued, counting up to `limit`."""
+        found: int = self._store.scalar(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM steps WHERE agent = ? AND status = 'queued' LIMIT ?)", (agent, limit)
+        )
+        return found
+
     def running_attempts(self, term_lt: int | None = None, term: int | None = None) -> list[RunningAttempt]:
         """Running attempts; with `term_lt`, only those handed out before that term; with
         `term`, only those handed out in it."""

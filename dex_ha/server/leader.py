@@ -33,10 +33,8 @@ from dex_ha.engine import (
     Command,
     FailHeldAttempts,
     FireTimer,
-    Handout,
     HeartbeatLost,
-    QueuedStep,
-    StartAttempts,
+    StartQueuedAttempts,
     same_token_secret,
 )
 from dex_ha.raft.core import NotLeader, ProposalDropped
@@ -48,7 +46,7 @@ from dex_ha.server.validation import InvalidRequest
 
 log = logging.getLogger("dex_ha.server.leader")
 
-# Hand-outs per StartAttempts entry. A Raft node applies whole entries, so one entry of a
+# Hand-outs per StartQueuedAttempts entry. A Raft node applies whole entries, so one entry of a
 # thousand hand-outs (a pass of many waiting polls) would keep its loop from heartbeats for
 # that long; entries of this size let it apply a few between two ticks (ApplyPace).
 HANDOUTS_PER_PROPOSAL = 32
@@ -224,8 +222,10 @@ class LeaderTerm:
                     continue
             await self._wake_dispatch.wait()
 
-    def _match_polls(self) -> list[tuple[_WaitingPoll, list[QueuedStep]]]:
-        """Queued steps for the waiting polls, first poll first, FIFO per agent queue.
+    def _match_polls(self) -> list[tuple[_WaitingPoll, int]]:
+        """How many queued steps each waiting poll gets, first poll first. Each agent's
+        queue is counted once per pass (up to what the polls want); which steps a poll gets
+        is decided when its hand-out applies (StartQueuedAttempts).
 
         A poll whose own data makes the lookup fail (an agent name the store cannot take)
         is answered with that error alone: one Worker's bad poll must not stop the
@@ -235,7 +235,7 @@ class LeaderTerm:
         for poll in self._waiting:
             for agent in poll.agents:
                 wanted[agent] = wanted.get(agent, 0) + poll.max_tasks
-        queues: dict[str, deque[QueuedStep]] = {}
+        queued: dict[str, int] = {}
         matched = []
         for poll in list(self._waiting):
             if poll.future.done() or poll.gone():  # answered with an error already, or hung up
@@ -244,68 +244,70 @@ class LeaderTerm:
                     poll.future.set_result([])
                 continue
             try:
-                steps = self._steps_for(poll, queues, wanted)
+                count = self._claim_queued(poll, queued, wanted)
             except Exception as exc:  # whatever it is, it comes from this poll alone
                 log.warning("poll of worker %r refused: its agents cannot be looked up (%r)", poll.worker_id, exc)
                 self._waiting.remove(poll)
                 poll.future.set_exception(InvalidRequest("agents", f"cannot be looked up ({exc})"))
                 continue
-            if steps:
+            if count:
                 poll.claimed = True
                 self._waiting.remove(poll)
-                matched.append((poll, steps))
+                matched.append((poll, count))
         return matched
 
-    def _steps_for(
-        self, poll: _WaitingPoll, queues: dict[str, deque[QueuedStep]], wanted: dict[str, int]
-    ) -> list[QueuedStep]:
-        """Up to poll.max_tasks steps of the poll's agents, taken from `queues` (each
-        agent's queue is read once per pass, for every poll that wants it)."""
-        steps: list[QueuedStep] = []
+    def _claim_queued(self, poll: _WaitingPoll, queued: dict[str, int], wanted: dict[str, int]) -> int:
+        """Up to poll.max_tasks of the steps queued for the poll's agents, taken off the
+        counts in `queued` (read once per pass per agent, for every poll that wants it)."""
+        count = 0
         for agent in poll.agents:
-            if agent not in queues:
-                queues[agent] = deque(self.engine.queued_steps(agent, wanted[agent]))
-            queue = queues[agent]
-            while queue and len(steps) < poll.max_tasks:
-                steps.append(queue.popleft())
-        return steps
+            if agent not in queued:
+                queued[agent] = self.engine.count_queued(agent, wanted[agent])
+            take = min(queued[agent], poll.max_tasks - count)
+            queued[agent] -= take
+            count += take
+        return count
 
-    async def _hand_out(self, matched: list[tuple[_WaitingPoll, list[QueuedStep]]]) -> None:
+    async def _hand_out(self, matched: list[tuple[_WaitingPoll, int]]) -> None:
         """Propose every hand-out of this pass, HANDOUTS_PER_PROPOSAL to an entry (all at
-        once: they share a Raft turn and its fsync); answer the polls once they applied."""
-        handouts = [
-            Handout(step_id=s.step_id, worker_id=poll.worker_id, term=self.term, token_secret=new_token_secret())
-            for poll, steps in matched
-            for s in steps
-        ]
+        once: they share a Raft turn and its fsync); answer the polls once they applied.
+
+        A poll gets the steps at the heads of its agents' queues when its entries apply, so
+        fewer than counted when results took some meanwhile (eager dispatch); one that got
+        none waits on."""
         at = wall_ms()
-        chunks = [handouts[i : i + HANDOUTS_PER_PROPOSAL] for i in range(0, len(handouts), HANDOUTS_PER_PROPOSAL)]
-        try:
-            outcomes = await asyncio.gather(
-                *(self._propose(StartAttempts(at=at, handouts=chunk)) for chunk in chunks), return_exceptions=True
+        proposals = [
+            (
+                poll,
+                StartQueuedAttempts(
+                    at=at,
+                    worker_id=poll.worker_id,
+                    term=self.term,
+                    agents=poll.agents,
+                    token_secrets=[new_token_secret() for _ in range(min(HANDOUTS_PER_PROPOSAL, count - first))],
+                ),
             )
-            started: dict[str, dict[str, Any]] = {}
-            uncommitted = 0
-            for chunk, outcome in zip(chunks, outcomes):
-                if isinstance(outcome, (NotLeader, ProposalDropped)):  # those polls are answered 503 below
-                    log.info("hand-out of %d steps not committed: %r", len(chunk), outcome)
-                    uncommitted += len(chunk)
+            for poll, count in matched
+            for first in range(0, count, HANDOUTS_PER_PROPOSAL)
+        ]
+        try:
+            outcomes = await asyncio.gather(*(self._propose(cmd) for _, cmd in proposals), return_exceptions=True)
+            started: dict[int, list[dict[str, Any]]] = {id(poll): [] for poll, _ in matched}
+            uncommitted: set[int] = set()
+            for (poll, cmd), outcome in zip(proposals, outcomes):
+                if isinstance(outcome, (NotLeader, ProposalDropped)):  # that poll is answered 503 below
+                    log.info("hand-out of up to %d steps not committed: %r", len(cmd.token_secrets), outcome)
+                    uncommitted.add(id(poll))
                     continue
                 if isinstance(outcome, BaseException):
                     raise outcome
-                started.update((s["step_id"], s) for s in (outcome.value or {}).get("started", []))
-                for expired in (outcome.value or {}).get("expired", []):
-                    # Its retry window ended while it waited for a Worker: the engine failed it
-                    # instead of starting it, so it left the queue and is not offered again.
-                    log.info("step %s not handed out: its retry window is over", expired["step_id"])
-            for poll, steps in matched:
-                tasks = [
-                    self.task_for_handout(started[s.step_id], poll.worker_id) for s in steps if s.step_id in started
-                ]
+                started[id(poll)] += (outcome.value or {}).get("started", [])
+            for poll, _ in matched:
+                tasks = [self.task_for_handout(s, poll.worker_id) for s in started[id(poll)]]
                 if tasks or self._stopped:
                     if not poll.future.done():
                         poll.future.set_result(tasks)
-                elif uncommitted == 0:  # every step it was offered went away meanwhile (cancelled): wait on
+                elif id(poll) not in uncommitted:  # results took every step it was counted: wait on
                     poll.claimed = False
                     self._waiting.appendleft(poll)
         finally:

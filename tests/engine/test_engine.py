@@ -142,6 +142,7 @@ def test_every_command_round_trips_through_its_encoding():
         c.SendMessage(at=1, session_id="s", text="t", message_id="m", mode="steer"),
         c.CancelTurn(at=1, session_id="s", reason="r"),
         c.StartAttempts(at=1, handouts=[Handout(step_id="st", worker_id="w", term=3, token_secret="ab12")]),
+        c.StartQueuedAttempts(at=1, worker_id="w", term=3, agents=["a", "b"], token_secrets=["ab12", "ef56"]),
         c.CompleteAttempt(
             at=1,
             step_id="st",

@@ -33,8 +33,9 @@ from dex_ha.engine import (
     ReconcileToolCall,
     SendMessage,
     StartAttempts,
+    StartQueuedAttempts,
 )
-from tests.engine.driver import DEFAULT_TOOLS, Driver
+from tests.engine.driver import AGENT, DEFAULT_TOOLS, Driver
 
 EXAMPLES = 1000 if os.environ.get("DEX_HA_LONG") else 100
 SESSIONS = ("s1", "s2", "s3")
@@ -44,7 +45,8 @@ TOOL_NAMES = [t["name"] for t in DEFAULT_TOOLS] + ["ask_user", "sleep", "telepor
 # Weighted: the work that moves turns forward is drawn more often than what ends them.
 ACTIONS = (
     ["send"] * 3
-    + ["hand_out"] * 5
+    + ["hand_out"] * 2
+    + ["poll_hand_out"] * 3
     + ["complete"] * 6
     + ["timers"] * 3
     + ["decide", "answer"] * 2
@@ -91,6 +93,16 @@ class RandomLeader:
         term = self.d.term - self.draw(st.sampled_from([0, 0, 0, 1]))
         self.d.apply(
             StartAttempts(at=self.d.at, handouts=[Handout(step_id=s.step_id, worker_id="w", term=term) for s in chosen])
+        )
+
+    def do_poll_hand_out(self) -> None:
+        """What the leader proposes for a poll: n steps from the head of the queue, whichever."""
+        n = self.draw(st.integers(min_value=1, max_value=4))
+        term = self.d.term - self.draw(st.sampled_from([0, 0, 0, 1]))
+        self.d.apply(
+            StartQueuedAttempts(
+                at=self.d.at, worker_id="w", term=term, agents=[AGENT], token_secrets=[f"t{i}" for i in range(n)]
+            )
         )
 
     def do_complete(self) -> None:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dex_ha.engine import StartAttempts
+from dex_ha.engine import StartQueuedAttempts
 from dex_ha.server.leader import HANDOUTS_PER_PROPOSAL
 from dex_ha.server.node import NodeServer
 from harness.waiting import eventually
@@ -130,8 +130,44 @@ async def test_a_poll_for_many_tasks_is_handed_out_in_entries_of_a_bounded_size(
     async with asyncio.timeout(30):
         tasks = await leader.poll("worker-1", ["many"], max_tasks=count, wait_ms=10_000)
     assert len({t["step_id"] for t in tasks}) == count
-    sizes = [len(cmd.handouts) for cmd in proposed if isinstance(cmd, StartAttempts)]
+    sizes = [len(cmd.token_secrets) for cmd in proposed if isinstance(cmd, StartQueuedAttempts)]
     assert sizes == [HANDOUTS_PER_PROPOSAL] * (count // HANDOUTS_PER_PROPOSAL) + [count % HANDOUTS_PER_PROPOSAL]
+
+
+async def test_a_poll_gets_a_step_when_a_result_took_the_one_it_was_counted(nodes, http, tmp_path: Path) -> None:
+    """Two steps queued; the leader matches a poll for one. Before the poll's hand-out
+    applies, another hand-out (as a result's eager dispatch does) takes the head of the
+    queue: the poll still gets the other step, from its one proposal. (A hand-out that named
+    the step it counted missed it; under a backlog every such hand-out missed, and polls
+    waited out their wait while hundreds of steps stayed queued.)"""
+    node = await nodes(single_node_config(tmp_path / "node"))
+    api = http(node)
+    await api.register_agent("race", [tool("lookup")])
+    for sid in ("s1", "s2"):
+        await api.create_session("race", sid)
+        await api.send_message(sid, "hello")
+    leader = node.leader
+    assert leader is not None
+    propose = leader._propose
+    poll_proposals: list[StartQueuedAttempts] = []
+    taken_first: list[str] = []
+
+    async def a_result_applies_first(cmd: Any) -> Any:
+        if isinstance(cmd, StartQueuedAttempts) and cmd.worker_id == "worker-1":
+            poll_proposals.append(cmd)
+            if not taken_first:
+                other = StartQueuedAttempts(
+                    at=cmd.at, worker_id="worker-2", term=cmd.term, agents=cmd.agents, token_secrets=["ab" * 16]
+                )
+                taken_first.extend(s["session_id"] for s in (await propose(other)).value["started"])
+        return await propose(cmd)
+
+    leader._propose = a_result_applies_first  # type: ignore[method-assign]
+    async with asyncio.timeout(10):
+        tasks = await leader.poll("worker-1", ["race"], max_tasks=1, wait_ms=5_000)
+    assert taken_first == ["s1"]
+    assert [t["session_id"] for t in tasks] == ["s2"]
+    assert len(poll_proposals) == 1
 
 
 async def _polls_waiting(node: NodeServer, n: int) -> bool:
