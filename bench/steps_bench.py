@@ -6,7 +6,9 @@ RunModel (the scripted model calls one no-op `read` tool, not inline), CallTool,
 (the model answers). Each lane creates a session, queues `--turns-per-session` user
 messages at once (they run one turn after the other without a client round trip) and,
 when the Worker has completed all of that session's steps, starts the next session (so
-histories stay short and every turn costs the same).
+histories stay short and every turn costs the same). The lanes' first sessions have 1 to
+`--turns-per-session` turns (see first_session_turns), so that the lanes do not all start
+their sessions at the same moments.
 
 Both deployments use `strict` durability (fsync), started with the command line:
 - dev:     `dex-ha dev` (one node);
@@ -17,8 +19,8 @@ The Worker is the Python Worker SDK in its own process (bench/steps_worker.py), 
 max_concurrency = the number of lanes, so server and Worker CPU are separate processes.
 For each concurrency the bench reports, over a window after a warm-up. The warm-up lasts
 `--warmup-s` and at least until every lane has queued its first session's messages: all lanes
-start at once, so the row begins with a burst of c × (1 + turns) session requests (at c=1024
-about 30 s of them on 2 cores), and a window inside that burst measures the burst, not the
+start at once, so the row begins with a burst of session requests (c × (1 + turns) before
+the first sessions were staggered: at c=1024 about 30 s of them on 2 cores), and a window inside that burst measures the burst, not the
 steady state (it made throughput look as if it fell past c=256).
 - durable steps per second, counted from the Worker's accepted results (and, as a
   cross-check over the whole row, warm-up included, the steps the Worker completed against
@@ -610,20 +612,35 @@ class LaneStats:
     stop: asyncio.Event = field(default_factory=asyncio.Event)  # set: start no new session
 
 
-async def run_lane(client: DexClient, agent: str, tracker: CompletionTracker, turns: int, stats: LaneStats) -> None:
-    """One concurrent session slot: a session with `turns` queued messages, then the next,
-    until `stats.stop`; the session it is in then runs to its end (see stop_lanes)."""
+def first_session_turns(lane: int, turns: int) -> int:
+    """Turns of lane `lane`'s first session: 1, 2, ..., `turns`, 1, 2, ... over the lanes.
+
+    Its later sessions have `turns` each. With equal first sessions every lane would start
+    its next session at the same moment, and keep doing so: the row would come in waves of
+    c × (1 + turns) requests, one session's length apart (at c=1024 about 35 s, as long as a
+    window), and whether one wave or two fell inside the window swung a row by 10–30%.
+    Staggered, the lanes' sessions end at different moments, at every concurrency."""
+    return 1 + lane % turns
+
+
+async def run_lane(
+    client: DexClient, agent: str, tracker: CompletionTracker, turns: int, stats: LaneStats, first_turns: int
+) -> None:
+    """One concurrent session slot: a session with `first_turns` queued messages, then ones
+    with `turns`, until `stats.stop`; the session it is in then runs to its end (see
+    stop_lanes)."""
     first_session = True
     while not stats.stop.is_set():
+        session_turns = first_turns if first_session else turns
         session_id = f"bench-{uuid.uuid4().hex[:16]}"
-        done = tracker.expect(session_id, turns * STEPS_PER_TURN)
+        done = tracker.expect(session_id, session_turns * STEPS_PER_TURN)
         await client.create_session(agent, session_id)
         # Queue every message now: the server starts each turn as the previous one ends.
         # One after another, not all at once: a lane is one client, so c lanes keep at most
         # c requests in flight. (Sent at once, c=512 meant 5120 requests against the node's
         # bound of 512: most were shed, and their 1 s Retry-After, not the server, set the
         # pace of the row.)
-        for i in range(turns):
+        for i in range(session_turns):
             await client.send_message(session_id, f"turn {i}", message_id=f"{session_id}-m{i}")
         if first_session:
             stats.lanes_under_way += 1
@@ -659,8 +676,17 @@ async def measure(
         async with DexClient(deployment.urls, deployment.client_token) as client, aiohttp.ClientSession() as http:
             started_before = await quiet_attempts_started(http, deployment.urls)
             lanes = [
-                asyncio.create_task(run_lane(client, agent, worker.tracker, args.turns_per_session, stats))
-                for _ in range(concurrency)
+                asyncio.create_task(
+                    run_lane(
+                        client,
+                        agent,
+                        worker.tracker,
+                        args.turns_per_session,
+                        stats,
+                        first_session_turns(lane, args.turns_per_session),
+                    )
+                )
+                for lane in range(concurrency)
             ]
             warmup_s = await warm_up(worker, lanes, stats, args.warmup_s)
             first = await take_sample(http, deployment, worker)

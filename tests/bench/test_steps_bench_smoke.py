@@ -169,6 +169,16 @@ def test_the_scripted_model_calls_the_read_tool_then_answers() -> None:
     assert tool["name"] == "read" and tool["effect"] == "read" and tool["inline"] is False
 
 
+def test_the_lanes_first_sessions_have_every_length_so_they_do_not_end_together() -> None:
+    """1024 lanes of 10-turn sessions: first sessions of 1..10 turns, about as many lanes of
+    each length, so the lanes start their next sessions at different moments."""
+    lengths = [steps_bench.first_session_turns(lane, 10) for lane in range(1024)]
+    counts = {n: lengths.count(n) for n in set(lengths)}
+    assert sorted(counts) == list(range(1, 11))
+    assert max(counts.values()) - min(counts.values()) <= 1
+    assert steps_bench.first_session_turns(0, 1) == 1  # one turn per session: nothing to stagger
+
+
 def test_the_warm_up_lasts_until_every_lane_has_queued_its_first_session() -> None:
     """The window must not open on the start-up burst: with one lane slow to get under way
     (its messages shed and retried, say), the warm-up waits for it past its minimum."""
