@@ -189,8 +189,7 @@ class Connection:
     call is idempotent by design (message ids, same decision, fenced task results).
 
     ``sleep`` and ``clock`` replace ``asyncio.sleep`` and ``time.monotonic``; tests use
-    them to check the backoff without waiting. ``max_connections`` bounds the HTTP
-    connections kept open (0: one for each request in flight, however many).
+    them to check the backoff without waiting.
     """
 
     def __init__(
@@ -205,7 +204,6 @@ class Connection:
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         clock: Callable[[], float] | None = None,
-        max_connections: int = 0,
     ) -> None:
         self._urls = _normalize_urls(urls)
         if token is not None and not isinstance(token, str):
@@ -220,9 +218,6 @@ class Connection:
             raise ValueError(f"backoff_initial_s must be > 0, got {backoff_initial_s}")
         if backoff_max_s < backoff_initial_s:
             raise ValueError(f"backoff_max_s must be >= backoff_initial_s, got {backoff_max_s} < {backoff_initial_s}")
-        if not isinstance(max_connections, int) or isinstance(max_connections, bool) or max_connections < 0:
-            raise ValueError(f"max_connections must be an integer >= 0 (0: no limit), got {max_connections!r}")
-        self._max_connections = max_connections
         self._token = token
         self._request_timeout_s = request_timeout_s
         self._give_up_after_s = give_up_after_s
@@ -448,9 +443,9 @@ class Connection:
     def _get_session(self) -> aiohttp.ClientSession:
         # Created lazily so that it belongs to the running event loop.
         if self._session is None or self._session.closed:
-            # max_connections 0: no pool limit, a connection for each request in flight.
-            # Past the limit a request waits for a free connection (see Worker).
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._max_connections))
+            # No pool limit: a Worker keeps a long poll, heartbeats and results in flight
+            # for every running task; a queue for a pooled connection would delay them all.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self._session
 
     def _headers(self, *, json_body: bool) -> dict[str, str]:

@@ -64,11 +64,6 @@ MIN_HEARTBEAT_INTERVAL_S = 0.01
 # How long stop() waits for cancelled tasks to unwind (a sync tool in a thread cannot be
 # interrupted; its thread keeps running, but the Worker no longer waits for it).
 CANCEL_GRACE_S = 1.0
-# HTTP connections a Worker's task reports (results, heartbeats, failures) share; a report
-# past them waits for a free one. With a connection per report in flight, 1024 running tasks
-# meant 1024 connections, and the node spent 20-25% more CPU per step than it did with
-# the same tasks reporting over 64 (steps bench, c=1024).
-REPORT_CONNECTIONS = 64
 # Pause after a poll the server refused (a 4xx other than auth), so the loop cannot spin.
 POLL_ERROR_PAUSE_S = 1.0
 # A long poll's request timeout is its wait plus this margin.
@@ -295,7 +290,6 @@ class Worker:
         poll_concurrency: int = 2,
         eager: bool = True,
         on_result: Callable[[WorkerTask, Outcome], None] | None = None,
-        report_connections: int = REPORT_CONNECTIONS,
         **connection_kwargs: Any,
     ) -> None:
         self._agents = _check_agents(agents)
@@ -311,8 +305,6 @@ class Worker:
             raise ValueError(f"drain_timeout_s must be >= 0, got {drain_timeout_s!r}")
         if not isinstance(poll_concurrency, int) or isinstance(poll_concurrency, bool) or poll_concurrency < 1:
             raise ValueError(f"poll_concurrency must be a positive integer, got {poll_concurrency!r}")
-        if not isinstance(report_connections, int) or isinstance(report_connections, bool) or report_connections < 1:
-            raise ValueError(f"report_connections must be a positive integer, got {report_connections!r}")
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         self.max_concurrency = max_concurrency
         self.poll_wait_ms = poll_wait_ms
@@ -329,11 +321,7 @@ class Worker:
             urls = urls_from_env()
         if token is None:
             token = token_from_env(WORKER_TOKEN_VAR, TOKEN_VAR)
-        # Each long poll holds a connection while it waits; the reports (results, heartbeats,
-        # failures) share `report_connections` more, so no number of polls can starve them.
-        self._conn = Connection(
-            urls, token, max_connections=report_connections + self.poll_concurrency, **connection_kwargs
-        )
+        self._conn = Connection(urls, token, **connection_kwargs)
         self._failpoints = Failpoints()  # inert unless DEX_HA_FAILPOINTS arms them (crash tests)
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_or_stop = asyncio.Event()  # set when a task ends or stop() begins

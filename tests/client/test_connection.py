@@ -9,11 +9,9 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from aiohttp import web
 
 from dex_ha.client import Connection, DexError, DexUnavailable
 from dex_ha.client.sse import read_events
-from harness.waiting import eventually
 from tests.client.fake_server import (
     FakeCluster,
     FakeNode,
@@ -399,72 +397,3 @@ async def test_a_stream_that_goes_silent_times_out_instead_of_hanging() -> None:
     finally:
         await conn.close()
         await runner.cleanup()
-
-
-# ---------------------------------------------------------------------------- connection pool
-
-
-class HeldRequests:
-    """A loopback server whose every request waits for `release`: it counts the requests
-    in flight (their most at once) and the client connections (peer ports) they came on."""
-
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self.most_in_flight = 0
-        self.peer_ports: set[int] = set()
-        self.release = asyncio.Event()
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def _held(self, request: web.Request) -> web.Response:
-        self.peer_ports.add(request.transport.get_extra_info("peername")[1])
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            async with asyncio.timeout(10):
-                await self.release.wait()
-        finally:
-            self.in_flight -= 1
-        return web.json_response({"ok": True})
-
-    async def __aenter__(self) -> HeldRequests:
-        app = web.Application()
-        app.router.add_post("/v1/echo", self._held)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.release.set()
-        assert self._runner is not None
-        await self._runner.cleanup()
-
-
-@pytest.mark.parametrize("max_connections, at_once", [(2, 2), (0, 6)])
-async def test_max_connections_bounds_the_connections_and_the_rest_wait_for_one(
-    max_connections: int, at_once: int
-) -> None:
-    """Six requests at once: with max_connections=2 two reach the server and the others
-    wait in the client for a free connection; with 0 (no limit) all six go at once."""
-    async with HeldRequests() as server:
-        conn = Connection(server.url, max_connections=max_connections)
-        try:
-            requests = [asyncio.ensure_future(conn.request("POST", "/v1/echo", {"n": i})) for i in range(6)]
-            await eventually(lambda: server.in_flight == at_once, deadline_s=10, what=f"{at_once} requests in flight")
-            server.release.set()
-            async with asyncio.timeout(10):
-                answers = await asyncio.gather(*requests)
-        finally:
-            await conn.close()
-    assert answers == [{"ok": True}] * 6
-    assert server.most_in_flight == at_once
-    assert len(server.peer_ports) == at_once
-
-
-@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
-def test_a_bad_max_connections_is_rejected(bad: object) -> None:
-    with pytest.raises(ValueError, match="max_connections"):
-        Connection("http://h:1", max_connections=bad)  # type: ignore[arg-type]

@@ -220,8 +220,6 @@ async def test_worker_id_defaults_to_host_pid_and_random_suffix(fake: FakeServer
         ({"heartbeat_interval_s": 0}, "heartbeat_interval_s"),
         ({"drain_timeout_s": -1}, "drain_timeout_s"),
         ({"worker_id": ""}, "worker_id"),
-        ({"report_connections": 0}, "report_connections"),
-        ({"report_connections": True}, "report_connections"),
     ],
 )
 def test_bad_worker_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> None:
