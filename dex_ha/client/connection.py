@@ -333,12 +333,14 @@ class Connection:
                 result = await send_once(self._get_session(), base_url)
             except _RetryableAnswer as answer:
                 last_error = f"{base_url} answered {answer}"
+                shedding = answer.code == "overloaded"
                 retry_after_s = answer.retry_after_s
                 self._move_after_answer(base_url, answer)
             except aiohttp.InvalidURL as exc:  # no retry can mend a URL (leader_url is checked, too)
                 raise ValueError(f"{what}: {base_url} is not a URL a request can be sent to ({exc})") from None
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 last_error = f"{base_url}: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+                shedding = False
                 self._rotate(base_url, f"cannot reach it ({type(exc).__name__})")
             else:
                 self._failures = 0
@@ -347,7 +349,7 @@ class Connection:
             switched = self._current_url != base_url
             waited = self._clock() - started
             self._give_up_if_too_long(what, waited, last_error)
-            self._warn_if_slow(what, waited, last_error)
+            self._warn_if_slow(what, waited, last_error, shedding)
             if switched and free_switches > 0:
                 free_switches -= 1
                 continue
@@ -392,8 +394,9 @@ class Connection:
                 f"last error: {last_error}"
             )
 
-    def _warn_if_slow(self, what: str, waited: float, last_error: str) -> None:
-        """Tell the operator, at most once per 5 s, that requests keep failing."""
+    def _warn_if_slow(self, what: str, waited: float, last_error: str, shedding: bool) -> None:
+        """Tell the operator, at most once per 5 s, that requests keep failing, and whether
+        because no node is active or because the active one sheds load (`overloaded`)."""
         if waited <= SLOW_RETRY_WARNING_S:
             return
         now = self._clock()
@@ -401,9 +404,10 @@ class Connection:
             return
         self._last_slow_warning_at = now
         log.warning(
-            "dex-ha client: %s still retrying after %.1f s, no active node yet; last error: %s",
+            "dex-ha client: %s still retrying after %.1f s, %s; last error: %s",
             what,
             waited,
+            "the active node is shedding load" if shedding else "no active node yet",
             last_error,
         )
 

@@ -293,19 +293,25 @@ async def test_rotation_is_free_once_through_the_list_then_backs_off(refused: Re
         other.close()
 
 
+@pytest.mark.parametrize(
+    "error, why",
+    [("not_active", "no active node yet"), ("overloaded", "the active node is shedding load")],
+)
 async def test_slow_retries_warn_at_most_once_per_five_seconds(
-    nodes: list[FakeNode], caplog: pytest.LogCaptureFixture
+    nodes: list[FakeNode], caplog: pytest.LogCaptureFixture, error: str, why: str
 ) -> None:
+    """The warning says why: no active node, or an active node that sheds load (then
+    looking for another node would not help)."""
     active = nodes[0]
     fake = FakeSleep(advance_by=1.0)  # each failed try costs one fake second
     async with Connection(active.url, sleep=fake, clock=fake.clock) as conn:
-        active.add_faults(*[Fault("status", 503, {"error": "not_active"})] * 17)
+        active.add_faults(*[Fault("status", 503, {"error": error})] * 17)
         with caplog.at_level(logging.INFO, logger="dex_ha.client"):
             await conn.request("GET", "/v1/echo")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "dex_ha.client"]
     # Failures at fake seconds 0..16: warnings once past 5 s, then every 5 s: at 6, 11, 16.
     assert len(warnings) == 3
-    assert "still retrying" in warnings[0].getMessage()
+    assert all(f"still retrying after {t:.1f} s, {why};" in w.getMessage() for t, w in zip((6, 11, 16), warnings))
 
 
 async def test_switching_node_is_logged_at_info(nodes: list[FakeNode], caplog: pytest.LogCaptureFixture) -> None:
