@@ -76,7 +76,8 @@ class DexError(Exception):
 
 
 class DexUnavailable(DexError):
-    """No active node answered within ``give_up_after_s``. Status 503, code ``unavailable``."""
+    """No active node answered, or the active one kept answering ``overloaded``, within
+    ``give_up_after_s``. Status 503, code ``unavailable``."""
 
     def __init__(self, message: str) -> None:
         super().__init__(503, "unavailable", message, None)
@@ -348,7 +349,7 @@ class Connection:
             # A concurrent request may have moved the connection too: any new node counts.
             switched = self._current_url != base_url
             waited = self._clock() - started
-            self._give_up_if_too_long(what, waited, last_error)
+            self._give_up_if_too_long(what, waited, last_error, shedding)
             self._warn_if_slow(what, waited, last_error, shedding)
             if switched and free_switches > 0:
                 free_switches -= 1
@@ -386,10 +387,11 @@ class Connection:
         if url in self._urls:
             self._list_index = self._urls.index(url)
 
-    def _give_up_if_too_long(self, what: str, waited: float, last_error: str) -> None:
+    def _give_up_if_too_long(self, what: str, waited: float, last_error: str, shedding: bool) -> None:
         if self._give_up_after_s is not None and waited >= self._give_up_after_s:
+            why = "the active dex-ha node kept shedding load" if shedding else "no active dex-ha node answered"
             raise DexUnavailable(
-                f"{what}: no active dex-ha node answered after trying for {waited:.1f} s "
+                f"{what}: {why} after trying for {waited:.1f} s "
                 f"(give_up_after_s={self._give_up_after_s}) on {', '.join(self._urls)}; "
                 f"last error: {last_error}"
             )

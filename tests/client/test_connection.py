@@ -218,8 +218,19 @@ async def test_give_up_after_raises_dex_unavailable_naming_time_and_last_error(n
     assert (error.status, error.code) == (503, "unavailable")
     assert "give_up_after_s=0.4" in error.message
     assert "not_active" in error.message  # the last error
+    assert "no active dex-ha node answered after trying for" in error.message
     assert standby.url in error.message
     assert len(standby.requests_to("/v1/echo")) >= 2
+
+
+async def test_giving_up_on_an_overloaded_active_node_says_it_sheds_load(nodes: list[FakeNode]) -> None:
+    active = nodes[0]
+    active.add_faults(*[Fault("status", 503, {"error": "overloaded"}, {"Retry-After": "0"})] * 1000)
+    async with Connection(active.url, give_up_after_s=0.3, backoff_initial_s=0.02, backoff_max_s=0.05) as conn:
+        with pytest.raises(DexUnavailable) as info:
+            await conn.request("GET", "/v1/echo")
+    assert "the active dex-ha node kept shedding load after trying for" in info.value.message
+    assert "overloaded" in info.value.message  # the last error
 
 
 async def test_give_up_after_also_covers_unreachable_nodes(refused: RefusedPort) -> None:
