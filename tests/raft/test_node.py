@@ -367,14 +367,17 @@ async def test_messages_that_came_during_a_stall_count_as_contact(tmp_path: Path
 
 
 async def test_a_follower_acks_heartbeats_while_its_disk_is_slow(tmp_path: Path) -> None:
-    """Both followers take 500 ms to write each batch of entries; the leader proposes
-    without pause for 3 s. A heartbeat that arrives during a write is acked at the start of
-    the next turn, before that turn's own write (the ack needs nothing new on disk), so the
-    leader's lease (770 ms past each acked round) never runs out. Sent after the write, as
-    an append ack must be, the ack waited for two writes and the lease lapsed."""
+    """Both followers take 1 s to write each batch of entries; the leader proposes without
+    pause for 4 s. A heartbeat that arrives during a write is acked at the start of the
+    next turn, before that turn's own write (the ack needs nothing new on disk), so an ack
+    comes at most one write and one heartbeat interval (1.05 s) after its round, and the
+    leader's lease (1.5 s past each acked round) never runs out. Sent after the write, as
+    an append ack must be, the ack waited for two writes (2 s) and the lease lapsed about
+    half of the time. The 450 ms between 1.05 s and 1.5 s leave room for the stalls of a
+    busy machine (with 500 ms writes and a 770 ms lease, 220 ms did not always)."""
     ports = free_ports(3)
     members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
-    timing = dict(election_timeout_min_ms=800, election_timeout_max_ms=1200)
+    timing = dict(election_timeout_min_ms=1530, election_timeout_max_ms=2000)  # lease 1500 ms (drift 30)
     nodes = {nid: RaftThread(_config(nid, tmp_path, members, **timing), KVStateMachine()) for nid in members}
     for n in nodes.values():
         await n.start()
@@ -388,14 +391,14 @@ async def test_a_follower_acks_heartbeats_while_its_disk_is_slow(tmp_path: Path)
 
             def slow_append(hard_state: object, entries: list[Entry], append: Callable = append) -> None:
                 if entries:
-                    time.sleep(0.5)  # a slow disk; releases the GIL like a real write
+                    time.sleep(1.0)  # a slow disk; releases the GIL like a real write
                 append(hard_state, entries)
 
             storage.append = slow_append  # type: ignore[method-assign]
         lapses = 0
         t0 = time.monotonic()
         proposals = []
-        while time.monotonic() - t0 < 3:
+        while time.monotonic() - t0 < 4:
             proposals.append(asyncio.ensure_future(leader.propose(msgpack.packb(["k", "v"], use_bin_type=True))))
             lapses += not leader.view.lease_valid()
             await asyncio.sleep(0.01)
