@@ -1,10 +1,12 @@
-"""What the benches share: CPU readings from /proc, a list-of-integers flag, and table cells."""
+"""What the benches share: CPU readings from /proc, a probe of the machine's speed, a
+list-of-integers flag, and table cells."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import time
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -28,6 +30,26 @@ def cpu_pressure_us() -> int | None:
     except OSError:
         return None
     return int(match.group(1)) if match else None
+
+
+CPU_PROBE_ITERATIONS = 300_000  # about 30 ms of pure Python on a small VM
+
+
+def cpu_probe_ms(runs: int = 3) -> float:
+    """Milliseconds that a fixed piece of pure-Python work takes now, the fastest of `runs`.
+
+    On a small shared VM the same code runs up to twice as fast at one moment as a few
+    minutes later (other guests share the caches and the host's clock speed, which "steal"
+    does not show). A row whose probe took longer ran on a slower machine: compare rows with
+    this in view, or interleave them (--rounds)."""
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        table: dict[int, int] = {}
+        for i in range(CPU_PROBE_ITERATIONS):
+            table[i & 1023] = table.get(i & 511, 0) + i
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
 
 
 def positive_ints(flag: str):  # type: ignore[no-untyped-def]

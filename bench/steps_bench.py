@@ -20,8 +20,9 @@ max_concurrency = the number of lanes, so server and Worker CPU are separate pro
 For each concurrency the bench reports, over a window after a warm-up. The warm-up lasts
 `--warmup-s` and at least until every lane has queued its first session's messages: all lanes
 start at once, so the row begins with a burst of session requests (c × (1 + turns) before
-the first sessions were staggered: at c=1024 about 30 s of them on 2 cores), and a window inside that burst measures the burst, not the
-steady state (it made throughput look as if it fell past c=256).
+the first sessions were staggered: at c=1024 about 30 s of them on 2 cores), and a window
+inside that burst measures the burst, not the steady state (it made throughput look as if it
+fell past c=256).
 - durable steps per second, counted from the Worker's accepted results (and, as a
   cross-check over the whole row, warm-up included, the steps the Worker completed against
   the delta of the server's `dex_attempts_started_total` summed over the nodes, both read
@@ -32,9 +33,17 @@ steady state (it made throughput look as if it fell past c=256).
 - CPU milliseconds per step of the server node processes (utime+stime from /proc), of the
   Worker process, and the load of everything else on the machine (other people's work).
 
+With `--rounds N` every concurrency is measured N times, the order reversed every other
+round, and the summary takes the median per concurrency: rows of the same code differ by
+±15% within minutes on a small shared machine, so one row per concurrency cannot tell a
+plateau from a fall. The summary's past-peak ratio is the lowest median above the peak's
+concurrency over the peak (the goal: throughput stays within 10% of its peak as concurrency
+rises).
+
 It prints a table and writes JSON (default bench/results/steps_bench.json).
 
     python bench/steps_bench.py [--duration-s 20] [--concurrency 1,16,64,128] [--only dev|cluster]
+    python bench/steps_bench.py --only dev --concurrency 256,1024 --rounds 3 --duration-s 30
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,7 +72,15 @@ import aiohttp
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from bench.common import CLK_TCK, cpu_pressure_us, cpu_seconds, fmt, fmt_pct, positive_ints  # noqa: E402
+from bench.common import (  # noqa: E402
+    CLK_TCK,
+    cpu_pressure_us,
+    cpu_probe_ms,
+    cpu_seconds,
+    fmt,
+    fmt_pct,
+    positive_ints,
+)
 from dex_ha.cli.cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.client import DexClient  # noqa: E402
 from dex_ha.server.metrics import RENDER_INTERVAL_S  # noqa: E402
@@ -75,8 +93,10 @@ STEPS_PER_TURN = 3  # RunModel, CallTool, RunModel
 TARGETS = {
     "dev_steps_per_second": ">= 1500",
     "dev_p50_ms_c1": "<= 2.0",
+    "dev_past_peak_ratio": ">= 0.90",
     "cluster_steps_per_second": ">= 800",
     "cluster_p50_ms_c1": "<= 3.0",
+    "cluster_past_peak_ratio": ">= 0.90",
 }
 
 # Deadlines (seconds) for the processes this bench starts and stops.
@@ -536,6 +556,7 @@ class Row:
 
     deployment: str
     concurrency: int
+    round: int  # 0, 1, ... (--rounds)
     duration_s: float
     steps: int
     steps_per_second: float
@@ -560,6 +581,7 @@ class Row:
     steal_cores: float  # cores the hypervisor gave to other guests while this machine wanted them
     cpu_wait_fraction: float | None  # PSI: share of the window in which some task waited for a CPU
     load_average: list[float]  # 1, 5, 15 min at the end of the window
+    cpu_probe_ms: list[float]  # bench.common.cpu_probe_ms before and after the row: the machine's speed
     worker_pid: int
     worker_stopped_cleanly: bool
     worker_completed_total: int | None
@@ -664,9 +686,15 @@ async def stop_lanes(lanes: list[asyncio.Task[None]], stats: LaneStats) -> None:
 
 
 async def measure(
-    deployment: Deployment, concurrency: int, args: argparse.Namespace, root: Path, registry: ProcessRegistry
+    deployment: Deployment,
+    concurrency: int,
+    args: argparse.Namespace,
+    root: Path,
+    registry: ProcessRegistry,
+    round_index: int = 0,
 ) -> Row:
     agent = f"bench-{deployment.name}-c{concurrency}-{uuid.uuid4().hex[:6]}"  # leftovers of other rows stay away
+    probes = [cpu_probe_ms()]
     worker = await WorkerProcess.start(
         deployment, agent, concurrency, args.turns_per_session, root / f"worker-{agent}.log", registry
     )
@@ -698,9 +726,21 @@ async def measure(
     finally:
         await cancel_all(lanes)
         stopped_cleanly = await worker.stop()
+    probes.append(cpu_probe_ms())
     started = None if started_before is None or started_after is None else started_after - started_before
     return summarize(
-        deployment, concurrency, worker, first, last, stats, stopped_cleanly, load_average, started, warmup_s
+        deployment,
+        concurrency,
+        worker,
+        first,
+        last,
+        stats,
+        stopped_cleanly,
+        load_average,
+        started,
+        warmup_s,
+        round_index,
+        probes,
     )
 
 
@@ -744,6 +784,8 @@ def summarize(
     load_average: list[float],
     row_attempts_started: float | None,
     warmup_s: float,
+    round_index: int,
+    cpu_probes_ms: list[float],
 ) -> Row:
     window_s = (last.at_ns - first.at_ns) / 1e9
     in_window = [c for c in worker.tracker.completions if first.at_ns <= c.at_ns < last.at_ns]
@@ -767,6 +809,7 @@ def summarize(
     return Row(
         deployment=deployment.name,
         concurrency=concurrency,
+        round=round_index,
         duration_s=round(window_s, 3),
         steps=steps,
         steps_per_second=round(steps / window_s, 1),
@@ -791,6 +834,7 @@ def summarize(
         steal_cores=cores(last.steal_s - first.steal_s),
         cpu_wait_fraction=cpu_wait,
         load_average=load_average,
+        cpu_probe_ms=cpu_probes_ms,
         worker_pid=worker.pid,
         worker_stopped_cleanly=stopped_cleanly,
         worker_completed_total=worker.tracker.ended,
@@ -831,18 +875,20 @@ async def bench_deployment(
     rows: list[Row] = []
     leftovers: list[int] = []
     try:
-        for concurrency in args.concurrency:
-            print(
-                f"[{name}] concurrency {concurrency}: warm-up of at least {args.warmup_s:g} s (until every lane is under way) + {args.duration_s:g} s ...",
-                flush=True,
-            )
-            row = await measure(deployment, concurrency, args, root, registry)
-            rows.append(row)
-            print(
-                f"[{name}] concurrency {concurrency}: {row.steps_per_second:.0f} steps/s, "
-                f"p50 {fmt(row.p50_ms, '.2f')} ms",
-                flush=True,
-            )
+        for round_index in range(args.rounds):
+            for concurrency in round_order(args.concurrency, round_index):
+                print(
+                    f"[{name}] round {round_index + 1}/{args.rounds}, concurrency {concurrency}: warm-up of at least "
+                    f"{args.warmup_s:g} s (until every lane is under way) + {args.duration_s:g} s ...",
+                    flush=True,
+                )
+                row = await measure(deployment, concurrency, args, root, registry, round_index)
+                rows.append(row)
+                print(
+                    f"[{name}] concurrency {concurrency}: {row.steps_per_second:.0f} steps/s, "
+                    f"p50 {fmt(row.p50_ms, '.2f')} ms",
+                    flush=True,
+                )
     finally:
         leftovers = await asyncio.to_thread(deployment.stop)
     return {
@@ -854,14 +900,43 @@ async def bench_deployment(
     }
 
 
+def round_order(concurrencies: list[int], round_index: int) -> list[int]:
+    """The concurrencies of one round: as given in even rounds, reversed in odd ones, so that
+    a machine that slows down (or speeds up) over the run does not favour the concurrencies
+    measured first."""
+    return list(concurrencies) if round_index % 2 == 0 else list(reversed(concurrencies))
+
+
+def median_steps_per_second(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Per concurrency, the median steps/s of its rows (one per round)."""
+    by_concurrency: dict[int, list[float]] = {}
+    for r in rows:
+        by_concurrency.setdefault(r["concurrency"], []).append(r["steps_per_second"])
+    return {c: statistics.median(values) for c, values in sorted(by_concurrency.items())}
+
+
+def past_peak_ratio(medians: dict[int, float]) -> float | None:
+    """The lowest steps/s at a concurrency above the peak's, as a share of the peak (1.0 when
+    the peak is at the highest concurrency). Throughput should plateau, not fall, as
+    concurrency rises; None with fewer than two concurrencies."""
+    if len(medians) < 2:
+        return None
+    peak_c = max(medians, key=lambda c: medians[c])
+    above = [v for c, v in medians.items() if c > peak_c]
+    if not above or medians[peak_c] <= 0:
+        return 1.0
+    return round(min(above) / medians[peak_c], 3)
+
+
 def summary_of(results: dict[str, Any]) -> dict[str, float | None]:
     summary: dict[str, float | None] = {}
     for name in ("dev", "cluster"):
         rows = results.get(name, {}).get("rows", [])
-        best = max((r["steps_per_second"] for r in rows), default=None)
-        c1 = [r["p50_ms"] for r in rows if r["concurrency"] == 1]
-        summary[f"{name}_steps_per_second"] = best
-        summary[f"{name}_p50_ms_c1"] = c1[0] if c1 else None
+        medians = median_steps_per_second(rows)
+        c1 = sorted(r["p50_ms"] for r in rows if r["concurrency"] == 1 and r["p50_ms"] is not None)
+        summary[f"{name}_steps_per_second"] = max(medians.values(), default=None)
+        summary[f"{name}_p50_ms_c1"] = statistics.median(c1) if c1 else None
+        summary[f"{name}_past_peak_ratio"] = past_peak_ratio(medians)
     return summary
 
 
@@ -882,12 +957,13 @@ def print_table(result: dict[str, Any]) -> None:
         f"machine: {result['cores']} cores. CPU columns: ms of CPU per step, and cores busy (1.00 = one full "
         f"core) of the busiest server node, of the Worker, and of processes outside this bench (other); cpu wait = "
         f"share of the time some runnable process waited for a CPU (PSI); steal = cores the hypervisor gave to "
-        f"other guests"
+        f"other guests; probe = ms of a fixed piece of Python work before and after the row (higher: a slower "
+        f"machine at that moment)"
     )
     print(
         f"{'deployment':<10} {'conc':>5} {'steps':>7} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'row done/started':>16} {'srv ms/step':>11} {'srv cores':>9} {'wrk ms/step':>11} {'wrk cores':>9} "
-        f"{'other':>6} {'steal':>6} {'cpu wait':>8}"
+        f"{'other':>6} {'steal':>6} {'cpu wait':>8} {'probe ms':>11}"
     )
     for name in ("dev", "cluster"):
         for r in result.get(name, {}).get("rows", []):
@@ -896,7 +972,8 @@ def print_table(result: dict[str, Any]) -> None:
                 f"{fmt(r['p50_ms'], '.2f'):>7} {fmt(r['p99_ms'], '.2f'):>7} {r['row_steps']:>7}/{fmt(r['row_attempts_started'], '.0f'):<8} "
                 f"{fmt(r['server_cpu_ms_per_step'], '.3f'):>11} {r['server_busiest_node_cores']:>9.2f} "
                 f"{fmt(r['worker_cpu_ms_per_step'], '.3f'):>11} {r['worker_cores']:>9.2f} "
-                f"{r['other_load_cores']:>6.2f} {r.get('steal_cores', 0.0):>6.2f} {fmt_pct(r['cpu_wait_fraction']):>8}"
+                f"{r['other_load_cores']:>6.2f} {r.get('steal_cores', 0.0):>6.2f} {fmt_pct(r['cpu_wait_fraction']):>8} "
+                f"{'/'.join(f'{p:.0f}' for p in r.get('cpu_probe_ms', [])):>11}"
             )
             notes = [
                 f"{r['failed_results']} failed results" if r["failed_results"] else "",
@@ -908,6 +985,12 @@ def print_table(result: dict[str, Any]) -> None:
             ]
             if any(notes):
                 print(f"{'':<10} warning: {', '.join(n for n in notes if n)}")
+    if result.get("rounds", 1) > 1:
+        for name in ("dev", "cluster"):
+            medians = median_steps_per_second(result.get(name, {}).get("rows", []))
+            if medians:
+                listed = ", ".join(f"c={c} {v:.0f}" for c, v in medians.items())
+                print(f"{name}: median steps/s of {result['rounds']} rounds: {listed}")
     print("\ntarget                        measured    goal")
     for name, goal in TARGETS.items():
         value = result["summary"].get(name)
@@ -926,6 +1009,7 @@ async def main_async(args: argparse.Namespace, registry: ProcessRegistry) -> dic
         "duration_s": args.duration_s,
         "warmup_s": args.warmup_s,
         "concurrency": args.concurrency,
+        "rounds": args.rounds,
         "turns_per_session": args.turns_per_session,
         "cores": os.cpu_count(),
         "load_average_at_start": list(os.getloadavg()),
@@ -948,6 +1032,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[1, 16, 64, 128],
         help="comma-separated session concurrencies (default 1,16,64,128)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every concurrency this many times, the order reversed every other round; "
+        "the summary takes the median per concurrency (default 1)",
+    )
     parser.add_argument("--only", choices=("dev", "cluster"), help="measure one deployment only")
     parser.add_argument(
         "--turns-per-session",
@@ -961,8 +1052,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.duration_s <= 0 or args.warmup_s < 0 or args.turns_per_session < 1:
-        build_parser().error("--duration-s must be > 0, --warmup-s >= 0, --turns-per-session >= 1")
+    if args.duration_s <= 0 or args.warmup_s < 0 or args.turns_per_session < 1 or args.rounds < 1:
+        build_parser().error("--duration-s must be > 0, --warmup-s >= 0, --turns-per-session >= 1, --rounds >= 1")
     try:
         import uvloop  # same event loop as the server and the Worker when installed
 

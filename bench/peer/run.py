@@ -14,7 +14,8 @@ hits both):
   before it returns); c invocations kept in flight.
 Per row: steps/s over the window, per-step p50 (gaps between consecutive steps of one
 session or invocation), peak RSS of the server processes and of the SDK process (dex-ha's
-Worker, Restate's hypercorn), and the CPU that other processes used meanwhile.
+Worker, Restate's hypercorn), the CPU that other processes used meanwhile, and the
+machine's speed just before and after the row (bench.common.cpu_probe_ms).
 
 etcd 3.4 (three members on loopback): commits/s through the HTTP gateway at the same
 concurrencies; and failover, `--failover-runs` times each on fresh clusters: SIGKILL etcd's
@@ -48,7 +49,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import steps_bench  # noqa: E402  (dex-ha's measurement, reused as it is)
-from bench.common import fmt, positive_ints, rss_bytes  # noqa: E402
+from bench.common import cpu_probe_ms, fmt, positive_ints, rss_bytes  # noqa: E402
 from bench.peer import etcd_side, restate_side  # noqa: E402
 from bench.peer.install import default_dir, load_manifest  # noqa: E402
 from bench.steps_worker import bench_agent, register  # noqa: E402
@@ -139,6 +140,7 @@ async def dex_row(
         "server_cpu_ms_per_step": row.server_cpu_ms_per_step,
         "sdk_cpu_ms_per_step": row.worker_cpu_ms_per_step,
         "failed": row.failed_results + row.sessions_abandoned,
+        "cpu_probe_ms": row.cpu_probe_ms,
         **rss.as_mb(),
         "steps_bench_row": result,
     }
@@ -149,10 +151,12 @@ async def restate_row(
 ) -> dict[str, Any]:
     """Restate at one concurrency: steps inside the window, per-step gaps (steps_bench's own
     arithmetic), CPU per step, the load of other processes, and peak RSS."""
+    probes = [cpu_probe_ms()]
     async with PeakRss(deployment.server_pids, deployment.sdk_pids) as rss:
         log, first, last = await restate_side.drive(
             deployment, concurrency, args.steps_per_session, args.warmup_s, args.duration_s
         )
+    probes.append(cpu_probe_ms())
     completions = [
         steps_bench.Completion(str(i), "ctx.run", at_ns, True)
         for i, steps in enumerate(log.steps_by_invocation)
@@ -183,6 +187,7 @@ async def restate_row(
         "sdk_cpu_ms_per_step": round(sdk_cpu / steps * 1000, 3) if steps else None,
         "failed": log.failed,
         "invocations": len(log.steps_by_invocation),
+        "cpu_probe_ms": probes,
         **rss.as_mb(),
     }
 
@@ -358,6 +363,12 @@ def summarize(phase: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def mean_probe_ms(row: dict[str, Any]) -> float | None:
+    """The mean of a row's machine-speed probes (before and after it; see bench.common)."""
+    probes = row.get("cpu_probe_ms") or []
+    return statistics.mean(probes) if probes else None
+
+
 def print_table(result: dict[str, Any]) -> None:
     m = result["machine"]
     v = result["versions"]
@@ -380,7 +391,7 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"\n{phase['deployment']} (Restate replication {phase['restate_replication']})")
         print(
             f"{'conc':>5} {'dex-ha st/s':>11} {'restate st/s':>12} {'ratio':>6} {'dex p50':>8} {'rst p50':>8} "
-            f"{'dex p99':>8} {'rst p99':>8} {'other (dex/rst)':>15}"
+            f"{'dex p99':>8} {'rst p99':>8} {'other (dex/rst)':>15} {'probe ms (dex/rst)':>18}"
         )
         by_c: dict[int, dict[str, dict[str, Any]]] = {}
         for row in phase["rows"]:
@@ -392,7 +403,8 @@ def print_table(result: dict[str, Any]) -> None:
                 f"{fmt(ratio(d.get('steps_per_second'), r.get('steps_per_second')), '.2f'):>6} "
                 f"{fmt(d.get('p50_ms'), '.2f'):>8} {fmt(r.get('p50_ms'), '.2f'):>8} "
                 f"{fmt(d.get('p99_ms'), '.2f'):>8} {fmt(r.get('p99_ms'), '.2f'):>8} "
-                f"{fmt(d.get('other_load_cores'), '.2f') + '/' + fmt(r.get('other_load_cores'), '.2f'):>15}"
+                f"{fmt(d.get('other_load_cores'), '.2f') + '/' + fmt(r.get('other_load_cores'), '.2f'):>15} "
+                f"{fmt(mean_probe_ms(d), '.0f') + '/' + fmt(mean_probe_ms(r), '.0f'):>18}"
             )
         s = phase["summary"]
         print(

@@ -9,13 +9,13 @@ Public API (what a server and the Raft node call):
   - ``applied_index()``, ``snapshot() -> bytes``, ``restore(data, index)``, ``close()``.
   - ``reader() -> EngineReader``: the queries below through a connection of their own, for
     a thread other than the one that applies (the node's HTTP side).
-  - Leader queries: ``queued_steps(agent, limit)``, ``count_queued(agent, limit)``,
-    ``running_attempts(term_lt=None)``,
+  - Leader queries: ``count_queued(agent, limit)``, ``running_attempts(term_lt=None)``,
     ``attempt_state(step_id, attempt, term, token_secret)`` (a Worker's report: whose
     attempt, current? cancel? None unless the token's secret matches),
     ``next_timer()``, ``due_timers(now_ms, limit)``, ``task_for(step_id)``.
   - API queries: ``get_agent_snapshot(session_id)``, ``list_sessions(agent, status, limit,
-    after)``, ``events(session_id, after, limit)``, ``stats()``; ``logical_dump()`` for tests.
+    after)``, ``events(session_id, after, limit)``, ``stats()``; ``logical_dump()`` and
+    ``queued_steps(agent, limit)`` (the queue in order) for tests and benches.
 - Commands (dataclasses, each with ``at`` in leader wall-clock ms) and their wire format:
   ``encode_command(cmd) -> bytes``, ``decode_command(data) -> Command``.
 - ``STEP_KINDS``: the step-kind table (kind → StepKindSpec); kind name constants.

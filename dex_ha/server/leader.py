@@ -276,9 +276,9 @@ class LeaderTerm:
         fewer than counted when results took some meanwhile (eager dispatch); one that got
         none waits on."""
         at = wall_ms()
-        proposals = [
+        proposals = [  # (index of the poll in `matched`, its entry)
             (
-                poll,
+                index,
                 StartQueuedAttempts(
                     at=at,
                     worker_id=poll.worker_id,
@@ -287,27 +287,27 @@ class LeaderTerm:
                     token_secrets=[new_token_secret() for _ in range(min(HANDOUTS_PER_PROPOSAL, count - first))],
                 ),
             )
-            for poll, count in matched
+            for index, (poll, count) in enumerate(matched)
             for first in range(0, count, HANDOUTS_PER_PROPOSAL)
         ]
         try:
             outcomes = await asyncio.gather(*(self._propose(cmd) for _, cmd in proposals), return_exceptions=True)
-            started: dict[int, list[dict[str, Any]]] = {id(poll): [] for poll, _ in matched}
+            started: list[list[dict[str, Any]]] = [[] for _ in matched]
             uncommitted: set[int] = set()
-            for (poll, cmd), outcome in zip(proposals, outcomes):
+            for (index, cmd), outcome in zip(proposals, outcomes):
                 if isinstance(outcome, (NotLeader, ProposalDropped)):  # that poll is answered 503 below
                     log.info("hand-out of up to %d steps not committed: %r", len(cmd.token_secrets), outcome)
-                    uncommitted.add(id(poll))
+                    uncommitted.add(index)
                     continue
                 if isinstance(outcome, BaseException):
                     raise outcome
-                started[id(poll)] += (outcome.value or {}).get("started", [])
-            for poll, _ in matched:
-                tasks = [self.task_for_handout(s, poll.worker_id) for s in started[id(poll)]]
+                started[index] += (outcome.value or {}).get("started", [])
+            for index, (poll, _) in enumerate(matched):
+                tasks = [self.task_for_handout(s, poll.worker_id) for s in started[index]]
                 if tasks or self._stopped:
                     if not poll.future.done():
                         poll.future.set_result(tasks)
-                elif id(poll) not in uncommitted:  # results took every step it was counted: wait on
+                elif index not in uncommitted:  # results took every step it was counted: wait on
                     poll.claimed = False
                     self._waiting.appendleft(poll)
         finally:

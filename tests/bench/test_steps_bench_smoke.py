@@ -89,6 +89,7 @@ def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_pat
         assert row["server_cpu_ms_per_step"] > 0
         assert row["worker_stopped_cleanly"] is True
         assert row["warmup_s"] >= 0.49  # --warmup-s 0.5 (asyncio timers may fire a ms early)
+        assert len(row["cpu_probe_ms"]) == 2 and all(p > 0 for p in row["cpu_probe_ms"])  # before, after
     assert result["summary"]["dev_steps_per_second"] == max(r["steps_per_second"] for r in rows)
     assert result["summary"]["dev_p50_ms_c1"] == rows[0]["p50_ms"]
 
@@ -236,3 +237,30 @@ async def test_a_session_is_abandoned_only_when_its_steps_stop_coming() -> None:
     await feeder
     tracker.on_line("c stalled RunModel 1 1\n")
     assert not await tracker.wait_until_done_or_stalled("stalled", stalled, stall_s=0.25)
+
+
+def test_rounds_alternate_the_order_of_the_concurrencies() -> None:
+    assert [steps_bench.round_order([1, 64, 1024], r) for r in range(3)] == [
+        [1, 64, 1024],
+        [1024, 64, 1],
+        [1, 64, 1024],
+    ]
+
+
+def test_the_summary_takes_the_median_of_the_rounds_per_concurrency() -> None:
+    rows = [{"concurrency": 256, "steps_per_second": v, "p50_ms": None} for v in (900.0, 1000.0, 700.0)] + [
+        {"concurrency": 1024, "steps_per_second": v, "p50_ms": None} for v in (950.0, 600.0, 850.0)
+    ]
+    assert steps_bench.median_steps_per_second(rows) == {256: 900.0, 1024: 850.0}
+    summary = steps_bench.summary_of({"dev": {"rows": rows}})
+    assert summary["dev_steps_per_second"] == 900.0  # not the best single row (1000)
+    assert summary["dev_past_peak_ratio"] == round(850 / 900, 3)
+    assert summary["cluster_past_peak_ratio"] is None  # not measured
+
+
+def test_the_past_peak_ratio_is_the_lowest_median_above_the_peak() -> None:
+    ratio = steps_bench.past_peak_ratio
+    assert ratio({1: 300.0, 64: 1000.0, 256: 950.0, 1024: 800.0}) == 0.8
+    assert ratio({1: 300.0, 64: 1000.0, 256: 950.0, 1024: 960.0}) == 0.95
+    assert ratio({1: 300.0, 64: 500.0, 1024: 1000.0}) == 1.0  # the peak at the top: nothing fell
+    assert ratio({64: 1000.0}) is None
