@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -692,7 +692,11 @@ async def measure(
     root: Path,
     registry: ProcessRegistry,
     round_index: int = 0,
+    window_start: asyncio.Barrier | None = None,
 ) -> Row:
+    """One row: a Worker and `concurrency` lanes, a warm-up, the window, every lane's session
+    run to its end. With `window_start`, the window begins once every party of the barrier
+    has warmed up (bench/plateau_bench.py measures two rows at the same time)."""
     agent = f"bench-{deployment.name}-c{concurrency}-{uuid.uuid4().hex[:6]}"  # leftovers of other rows stay away
     probes = [cpu_probe_ms()]
     worker = await WorkerProcess.start(
@@ -717,6 +721,8 @@ async def measure(
                 for lane in range(concurrency)
             ]
             warmup_s = await warm_up(worker, lanes, stats, args.warmup_s)
+            if window_start is not None:
+                await window_start.wait()
             first = await take_sample(http, deployment, worker)
             await watch(worker, lanes, args.duration_s)
             last = await take_sample(http, deployment, worker)
@@ -1054,29 +1060,45 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.duration_s <= 0 or args.warmup_s < 0 or args.turns_per_session < 1 or args.rounds < 1:
         build_parser().error("--duration-s must be > 0, --warmup-s >= 0, --turns-per-session >= 1, --rounds >= 1")
+    result = run_stopping_every_process(lambda registry: main_async(args, registry))
+    if result is None:
+        return 130
+    print_table(result)
+    print(f"\nwrote {write_json(result, args.json)}")
+    return 0
+
+
+def run_stopping_every_process(
+    bench: Callable[[ProcessRegistry], Coroutine[Any, Any, dict[str, Any]]],
+) -> dict[str, Any] | None:
+    """Run `bench` on uvloop when installed (the server and the Worker use it too); then, however
+    it ended, kill every process it started and left running. Its result with the pids it
+    started, or None when it was interrupted (Ctrl-C, SIGTERM)."""
     try:
-        import uvloop  # same event loop as the server and the Worker when installed
+        import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
     registry = ProcessRegistry()
     try:
-        result = asyncio.run(main_async(args, registry))
+        result = asyncio.run(bench(registry))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("\ninterrupted: stopped every process this bench started", file=sys.stderr)
-        return 130
+        return None
     finally:
         killed = registry.kill_leftovers()
         if killed:
             print(f"killed leftover processes: {killed}", file=sys.stderr)
     result["pids"] = registry.pids
-    print_table(result)
-    out = Path(args.json)
+    return result
+
+
+def write_json(result: dict[str, Any], path: str) -> Path:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {out}")
-    return 0
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return out
 
 
 if __name__ == "__main__":

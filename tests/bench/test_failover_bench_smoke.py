@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from harness.processes import pid_alive
+from tests.bench.run_bench import assert_exited_0, run_bench
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH = REPO_ROOT / "bench" / "failover_bench.py"
@@ -21,17 +20,13 @@ SMOKE_DEADLINE_S = 180.0  # the run takes ~15 s; the rest is slack for a loaded 
 
 def test_smoke_run_measures_each_fault_prints_the_table_and_stops_everything(tmp_path: Path) -> None:
     out = tmp_path / "failover.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH), "--runs", "1", "--sessions", "1", "--relaxed", "--json", str(out)],
-        cwd=REPO_ROOT,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_DEADLINE_S,
-        stdin=subprocess.DEVNULL,
+    done = run_bench(
+        BENCH,
+        ["--runs", "1", "--sessions", "1", "--relaxed", "--json", str(out)],
+        SMOKE_DEADLINE_S,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+    assert_exited_0(done)
 
     assert "failed attempts" in done.stdout and "readiness gap" in done.stdout
     assert "kill -> another node ready, median" in done.stdout and "probe rounds with two ready nodes" in done.stdout

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from harness.processes import pid_alive
+from tests.bench.run_bench import assert_exited_0, run_bench
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH = REPO_ROOT / "bench" / "overload_bench.py"
@@ -20,29 +19,13 @@ SMOKE_DEADLINE_S = 90.0  # the run takes ~5 s; the rest is slack for a loaded ma
 
 def test_smoke_run_counts_answers_prints_the_table_and_stops_the_node(tmp_path: Path) -> None:
     out = tmp_path / "overload.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCH),
-            "--only",
-            "dev",
-            "--relaxed",
-            "--clients",
-            "20",
-            "--duration-s",
-            "1",
-            "--json",
-            str(out),
-        ],
-        cwd=REPO_ROOT,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_DEADLINE_S,
-        stdin=subprocess.DEVNULL,
+    done = run_bench(
+        BENCH,
+        ["--only", "dev", "--relaxed", "--clients", "20", "--duration-s", "1", "--json", str(out)],
+        SMOKE_DEADLINE_S,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+    assert_exited_0(done)
 
     assert "ans/s" in done.stdout and "not_active" in done.stdout and "gap ms" in done.stdout
     assert "term_changes" in done.stdout and "follower_leader_contact_gap" in done.stdout

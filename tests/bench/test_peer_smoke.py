@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.bench.run_bench import assert_exited_0, run_bench
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
@@ -35,10 +36,9 @@ def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: P
             f"`python bench/peer/install.py` to install Restate, its SDK and etcd there"
         )
     out = tmp_path / "peer.json"
-    done = subprocess.run(
+    done = run_bench(
+        RUN,
         [
-            sys.executable,
-            str(RUN),
             "--dir",
             str(peer_dir),
             "--deployments",
@@ -56,15 +56,10 @@ def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: P
             "--json",
             str(out),
         ],
-        cwd=REPO_ROOT,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_DEADLINE_S,
-        stdin=subprocess.DEVNULL,
+        SMOKE_DEADLINE_S,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+    assert_exited_0(done)
 
     result = json.loads(out.read_text())
     [phase] = result["steps"]

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+
+from tests.bench.run_bench import assert_exited_0, run_bench
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCH = REPO_ROOT / "bench" / "steps_bench.py"
@@ -38,10 +39,9 @@ steps_worker = load_module(WORKER, "steps_worker_under_test")
 
 def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_path: Path) -> None:
     out = tmp_path / "steps.json"
-    done = subprocess.run(
+    done = run_bench(
+        BENCH,
         [
-            sys.executable,
-            str(BENCH),
             "--only",
             "dev",
             "--duration-s",
@@ -55,14 +55,9 @@ def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_pat
             "--json",
             str(out),
         ],
-        cwd=REPO_ROOT,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_DEADLINE_S,
-        stdin=subprocess.DEVNULL,
+        SMOKE_DEADLINE_S,
     )
-    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}"
+    assert_exited_0(done)
 
     assert "steps/s" in done.stdout and "p50 ms" in done.stdout
     assert "dev_steps_per_second" in done.stdout
