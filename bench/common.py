@@ -52,6 +52,11 @@ def cpu_probe_ms(runs: int = 3) -> float:
     return round(best * 1000, 1)
 
 
+def ratio(a: float | None, b: float | None, digits: int) -> float | None:
+    """a / b rounded to `digits`; None when either is missing or b is 0."""
+    return None if a is None or not b else round(a / b, digits)
+
+
 def positive_ints(flag: str):  # type: ignore[no-untyped-def]
     """An argparse type: a comma-separated list of positive integers, errors naming `flag`."""
 

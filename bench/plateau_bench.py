@@ -40,23 +40,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import steps_bench  # noqa: E402  (its deployments, Worker and row, reused as they are)
-from bench.common import fmt  # noqa: E402
+from bench.common import fmt, ratio  # noqa: E402
 
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "plateau_bench.json"
 RATIO_GOAL = 0.90  # high/low steps/s: within 10% of the peak
-
-
-def ratio(high: float | None, low: float | None) -> float | None:
-    return round(high / low, 3) if high is not None and low else None
 
 
 def compare(rows: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     """The ratios high/low of one round's two rows (`rows` by "low" and "high")."""
     low, high = rows["low"], rows["high"]
     return {
-        "steps_per_second": ratio(high["steps_per_second"], low["steps_per_second"]),
-        "server_cpu_ms_per_step": ratio(high["server_cpu_ms_per_step"], low["server_cpu_ms_per_step"]),
-        "worker_cpu_ms_per_step": ratio(high["worker_cpu_ms_per_step"], low["worker_cpu_ms_per_step"]),
+        key: ratio(high[key], low[key], 3)
+        for key in ("steps_per_second", "server_cpu_ms_per_step", "worker_cpu_ms_per_step")
     }
 
 
@@ -72,7 +67,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, float | None]:
 async def measure_round(
     nodes: list[steps_bench.Deployment],
     roots: list[Path],
-    concurrencies: tuple[int, int],
+    concurrencies: list[int],
     args: argparse.Namespace,
     registry: steps_bench.ProcessRegistry,
     round_index: int,
@@ -142,7 +137,7 @@ async def main_async(args: argparse.Namespace, registry: steps_bench.ProcessRegi
             for root in roots:
                 nodes.append(await start(root, registry))
             for round_index in range(args.rounds):
-                pair = (args.low, args.high) if round_index % 2 == 0 else (args.high, args.low)
+                pair = steps_bench.round_order([args.low, args.high], round_index)
                 print(
                     f"round {round_index + 1}/{args.rounds}: c={pair[0]} on deployment a, c={pair[1]} on b, "
                     f"both windows {args.duration_s:g} s after both warm-ups ...",

@@ -49,7 +49,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import steps_bench  # noqa: E402  (dex-ha's measurement, reused as it is)
-from bench.common import cpu_probe_ms, fmt, positive_ints, rss_bytes  # noqa: E402
+from bench.common import cpu_probe_ms, fmt, positive_ints, ratio, rss_bytes  # noqa: E402
 from bench.peer import etcd_side, restate_side  # noqa: E402
 from bench.peer.install import default_dir, load_manifest  # noqa: E402
 from bench.steps_worker import bench_agent, register  # noqa: E402
@@ -338,10 +338,6 @@ def median_max_ms(values: list[float | None]) -> dict[str, float | None]:
 # ---------------------------------------------------------------- summary and table
 
 
-def ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or not b else round(a / b, 2)
-
-
 def summarize(phase: dict[str, Any]) -> dict[str, Any]:
     """Per system: best steps/s and its c, p50 at c=1, peak RSS; and dex-ha / Restate."""
     out: dict[str, Any] = {}
@@ -358,7 +354,7 @@ def summarize(phase: dict[str, Any]) -> dict[str, Any]:
         }
     d, r = out["dex-ha"], out["restate"]
     out["ratio"] = {
-        key: ratio(d[key], r[key]) for key in ("best_steps_per_second", "p50_ms_c1", "server_rss_mb", "sdk_rss_mb")
+        key: ratio(d[key], r[key], 2) for key in ("best_steps_per_second", "p50_ms_c1", "server_rss_mb", "sdk_rss_mb")
     }
     return out
 
@@ -400,7 +396,7 @@ def print_table(result: dict[str, Any]) -> None:
             d, r = pair.get("dex-ha", {}), pair.get("restate", {})
             print(
                 f"{c:>5} {fmt(d.get('steps_per_second'), '.0f'):>11} {fmt(r.get('steps_per_second'), '.0f'):>12} "
-                f"{fmt(ratio(d.get('steps_per_second'), r.get('steps_per_second')), '.2f'):>6} "
+                f"{fmt(ratio(d.get('steps_per_second'), r.get('steps_per_second'), 2), '.2f'):>6} "
                 f"{fmt(d.get('p50_ms'), '.2f'):>8} {fmt(r.get('p50_ms'), '.2f'):>8} "
                 f"{fmt(d.get('p99_ms'), '.2f'):>8} {fmt(r.get('p99_ms'), '.2f'):>8} "
                 f"{fmt(d.get('other_load_cores'), '.2f') + '/' + fmt(r.get('other_load_cores'), '.2f'):>15} "
@@ -446,7 +442,7 @@ def print_table(result: dict[str, Any]) -> None:
                 )
         if "dex-ha" in fo and "etcd" in fo:
             print(
-                f"  ratio dex-ha / etcd (median): {fmt(ratio(fo['dex-ha']['median_ms'], fo['etcd']['median_ms']), '.2f')}"
+                f"  ratio dex-ha / etcd (median): {fmt(ratio(fo['dex-ha']['median_ms'], fo['etcd']['median_ms'], 2), '.2f')}"
             )
 
 
