@@ -25,7 +25,7 @@ from dex_ha.worker.runner import first_heartbeat_failpoint
 from harness.waiting import eventually
 from tests.crash.agents import R14_MAX_ITEMS, RELEASE, SLEEP_MS
 from tests.crash.cell import COMPLETED, FAILED, SLOW_HEARTBEAT_S, Cell, attempts, call_of, results_seen
-from tests.crash.harness import SERVER_RESTART_HEARTBEAT_TIMEOUT_MS, Column
+from tests.crash.harness import DEADLINE_S, SERVER_RESTART_HEARTBEAT_TIMEOUT_MS, Column
 from tests.crash.ledger import Run
 from tests.crash.rows import CASES, COLUMNS, HANDOUT_POINT, ROWS
 
@@ -379,7 +379,7 @@ async def r16_busy(cell: Cell) -> None:
     for n, sid in enumerate(others):
         await cell.client.send_message(sid, f"m{n}")
     for sid in others:
-        await eventually(lambda sid=sid: _queued_in(cell, sid), f"the model step of {sid} queued", 30)
+        await eventually(lambda sid=sid: _queued_in(cell, sid), f"the model step of {sid} queued", DEADLINE_S)
     await cell.fail()  # SIGKILL: a tool running, two steps queued
     for sid in others:
         assert_queued_unattempted((await cell.client.get_session(sid)).raw, turn_number=1)
