@@ -20,15 +20,58 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.crash.rows import COLUMNS, ROWS  # noqa: E402
+from tests.crash.rows import COLUMNS, KEEPS_RUNNING, NEVER_RAN, ROWS, Case, Failure  # noqa: E402
 
 DOC = REPO / "docs" / "crash-matrix.md"
 RUN_HEADING = "## Last run"
 TEST_FILE = "tests/crash/test_matrix.py"
 
 
-def cell_id(row_id: str, column: str) -> str:
-    return f"{row_id}-{column}"
+def cell_id(row_id: str, column: str, suffix: str = "") -> str:
+    return f"{row_id}-{column}" + (f"-{suffix}" if suffix else "")
+
+
+NEVER_RAN_TEXT = [
+    "## A call that never ran",
+    "",
+    "When a tool step can run no more, its call records an outcome by `attempt_progress`:",
+    "",
+    "- **NOT_STARTED**: no attempt of the call ever reached a Worker's tool function. The call",
+    "  records `failed`, and its error starts with `the tool did not run, so it is safe to call",
+    "  again` (`dex_ha.TOOL_CALL_NOT_RUN_ERROR_PREFIX`), followed by why. The model sees that",
+    "  error and may call the tool again. A denied approval is such a call: its error is the",
+    "  prefix, then the denial and the reason the user gave.",
+    "- **NOT_COMPLETED**: the tool may have run. A read records `failed`; any other call records",
+    "  `outcome_unknown` without the prefix, and its tool does not run again.",
+    "",
+    "NOT_COMPLETED is conservative: once a hand-out is committed, the server cannot know whether",
+    "the task reached the Worker, so a call whose tool never ran can still record",
+    "`outcome_unknown`. Reconcile such a call once you know what happened",
+    "(`POST /v1/sessions/{session_id}/tool-calls/{call_id}/reconcile`, or `dex-ha sessions reconcile`).",
+    "",
+]
+
+KEEPS_RUNNING_TEXT = [
+    "## At-most-once has one exception",
+    "",
+    "The server hands out a single-attempt call once, ever: no failure makes it run that call",
+    "again. But a cancel only asks the Worker to stop. A tool that cannot be interrupted (a sync",
+    "function, which the Worker runs in a thread) or that ignores the request keeps running, and",
+    "does its work after the server recorded the call as `outcome_unknown` and the turn as",
+    "cancelled. If the tool is then called again (a new call, by the model of a later turn or by",
+    "you), its effect can happen twice. Make such tools check for a cancel (`await",
+    "ctx.heartbeat()` raises `AttemptCancelled` once the server cancelled the attempt; any tool can",
+    "read `ctx.cancelled`), or reconcile the call once the tool is done.",
+    "",
+]
+
+
+def case_table(cases: tuple[Case, ...]) -> list[str]:
+    lines = ["| test id (the column whose server it uses) | what happens | attempt_progress | what is checked |"]
+    lines.append("|---|---|---|---|")
+    for case in cases:
+        lines.append(f"| `test_case[{case.id}]` ({case.column}) | {case.how} | {case.progress} | {case.records} |")
+    return lines
 
 
 SOAK = [
@@ -75,16 +118,32 @@ def render_table() -> str:
     ]
     for row in ROWS.values():
         lines.append(f"| {row.id} | {row.step} | {row.interrupted} | {row.happens} | {row.checks or '—'} |")
-    lines += ["", "## Cells", "", "| test id | how the process dies | also checked | expected |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "## Cells",
+        "",
+        "A row's variants run the same moment with another step or under other load; their test ids",
+        "end with the variant's name, so `-k R19-takeover` runs the cell and its variants.",
+        "",
+        "| test id | how the process dies | also checked | expected |",
+        "|---|---|---|---|",
+    ]
     for row in ROWS.values():
         for column in COLUMNS:
-            failure = row.failure(column)
-            expected = f"xfail: {failure.xfail}" if failure.xfail else "pass"
-            lines.append(
-                f"| `test_cell[{cell_id(row.id, column)}]` | {failure.death} | {failure.checks or '—'} | {expected} |"
-            )
+            lines.append(cell_line(cell_id(row.id, column), row.failure(column)))
+            for variant in row.variants:
+                if column in variant.cells:
+                    failure = variant.cells[column]
+                    checks = f"{variant.what}: {variant.checks}" + (f"; {failure.checks}" if failure.checks else "")
+                    lines.append(cell_line(cell_id(row.id, column, variant.suffix), failure, checks))
+    lines += ["", *NEVER_RAN_TEXT, *case_table(NEVER_RAN), "", *KEEPS_RUNNING_TEXT, *case_table(KEEPS_RUNNING)]
     lines += ["", *SOAK]
     return "\n".join(lines) + "\n"
+
+
+def cell_line(test_id: str, failure: Failure, checks: str | None = None) -> str:
+    expected = f"xfail: {failure.xfail}" if failure.xfail else "pass"
+    return f"| `test_cell[{test_id}]` | {failure.death} | {checks or failure.checks or '—'} | {expected} |"
 
 
 def render_run(results: list[dict]) -> str:
@@ -100,16 +159,26 @@ def render_run(results: list[dict]) -> str:
         "|---|---|---|---|",
     ]
     for column in COLUMNS:
-        cells = [by_cell[c] for c in (cell_id(r, column) for r in ROWS) if c in by_cell]
+        cells = [by_cell[c] for c in cell_ids_of(column) if c in by_cell]
         ok = sum(1 for c in cells if c["outcome"] in ("passed", "xfailed"))
         lines.append(f"| {column} | {len(cells)} | {ok} | {sum(c['seconds'] for c in cells):.0f} |")
     lines += ["", "| cell | outcome | seconds |", "|---|---|---|"]
-    for row_id in ROWS:
-        for column in COLUMNS:
-            result = by_cell.get(cell_id(row_id, column))
-            if result is not None:
-                lines.append(f"| {cell_id(row_id, column)} | {result['outcome']} | {result['seconds']} |")
+    for test_id in [c for column in COLUMNS for c in cell_ids_of(column)] + [
+        c.id for c in (*NEVER_RAN, *KEEPS_RUNNING)
+    ]:
+        result = by_cell.get(test_id)
+        if result is not None:
+            lines.append(f"| {test_id} | {result['outcome']} | {result['seconds']} |")
     return "\n".join(lines) + "\n"
+
+
+def cell_ids_of(column: str) -> list[str]:
+    """The ids of a column's cells, each row's variants after it."""
+    return [
+        cell_id(row.id, column, suffix)
+        for row in ROWS.values()
+        for suffix in ("", *(v.suffix for v in row.variants if column in v.cells))
+    ]
 
 
 def read_results(path: Path) -> list[dict]:

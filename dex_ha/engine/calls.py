@@ -446,7 +446,9 @@ def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: 
             call,
             CallStatus.FAILED,
             progress=NOT_STARTED,
-            error="the user denied the tool call" + (f": {reason}" if reason else ""),
+            # It never ran, so it carries the not-run prefix as every NOT_STARTED call does;
+            # the reason follows, so the model sees why the user refused it.
+            error=not_run_error("the user denied the tool call" + (f": {reason}" if reason else "")),
         )
     return True
 

@@ -528,6 +528,8 @@ async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> A
         args["wait_ms"],
         gone=lambda: request.transport is None or request.transport.is_closing(),
     )
+    if tasks:
+        api.node.failpoints.hit("server.handout.after-commit")
     return 200, {"tasks": tasks}
 
 
@@ -619,6 +621,8 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
     leader.forget(step_id, attempt)
     started = (result.value or {}).get("started", [])
     tasks = [leader.task_for_handout(s, worker_id) for s in started] if worker_id is not None else []
+    if tasks:
+        api.node.failpoints.hit("server.handout.after-commit")
     return 200, {"step_id": step_id, "attempt": attempt, "status": "completed", "tasks": tasks}
 
 

@@ -44,11 +44,12 @@ STATE_DB = "state.db"
 # (not inside an apply on the Raft thread): a second's writes make a short checkpoint.
 ENGINE_CHECKPOINT_EVERY_S = 1.0
 # Crash points of the server (armed with DEX_HA_FAILPOINTS, see dex_ha.failpoints):
-# the moments of crash-matrix rows R18 and R19 that timing alone cannot hit.
+# the moments of the crash matrix (R18, R19, a call that never ran) that timing alone cannot hit.
 SERVER_FAILPOINTS = (
     "server.complete.before-propose",  # a Worker's result arrived; not proposed yet
     "server.complete.after-commit",  # the result is committed; the Worker has no answer yet
     "server.wait.after-commit",  # a wait ended; committed and applied, the leader not told (replica.py)
+    "server.handout.after-commit",  # a hand-out is committed; the Worker has not got the task (app.py)
 )
 HTTP_BACKLOG = 4096
 

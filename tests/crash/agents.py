@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -407,6 +408,88 @@ def r20(kit: Kit, name: str) -> Agent:
     return agent
 
 
+def r16_busy(kit: Kit, name: str) -> Agent:
+    """The session whose message is "go" calls an idempotent write that hangs (with
+    heartbeats) on attempt 1; the model answers any other session's message at once."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        if user_text(request) != "go":
+            return answer(f"answer to {user_text(request)}")
+        return calls(("c1", "put_item", {"id": 7})) if results_in_turn(request) == 0 else answer("done")
+
+    agent = Agent(name, LedgerModel(kit, name, script))
+    kit.tool(agent, "put_item", effect="idempotent_write", hang_on=first_attempt, beats=True)
+    return agent
+
+
+# ---------------------------------------------------------------- calls that never ran, and the exception
+
+# The call the model makes for each first message of a NEVER_RAN session.
+NEVER_RAN_CALLS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "refused": ("c1", "send_to", {"address": "a@example.com", "unexpected": True}),  # not in its signature
+    "handout": ("c1", "send_email", {"id": 7}),
+    "denied": ("c1", "wire_money", {"amount": 5}),
+}
+
+
+def never_ran(kit: Kit, name: str) -> Agent:
+    """Single-attempt writes that do not run: one whose arguments the Worker refuses, one
+    whose hand-out never reaches the Worker, one the user denies."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        call = NEVER_RAN_CALLS.get(user_text(request))
+        return calls(call) if call is not None and results_in_turn(request) == 0 else answer("done")
+
+    def send_to(ctx: ToolContext, address: str) -> str:  # the Worker binds the arguments first
+        kit.ledger.record("tool", "send_to", "started", call_id=ctx.call_id, key=ctx.idempotency_key)
+        return "sent"
+
+    agent = Agent(name, LedgerModel(kit, name, script))
+    kit.tool(agent, "send_email", effect="write")
+    kit.tool(agent, "wire_money", effect="write", approval=True, output="wired")
+    agent.tool(effect="write", name="send_to", input_schema={"type": "object"})(send_to)
+    return agent
+
+
+RELEASE = "release"  # the ledger signal that lets a KEEPS_RUNNING tool finish
+RELEASE_DEADLINE_S = 60.0
+
+
+def keeps_running(kit: Kit, name: str) -> Agent:
+    """ "go": the model calls a single-attempt write, a sync function (so it runs in a thread
+    that a cancel cannot interrupt) that finishes only once the test writes the release
+    signal to the ledger. Any other message is answered at once."""
+
+    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
+        if user_text(request) != "go":
+            return answer(f"answer to {user_text(request)}")
+        return calls(("c1", "send_slowly", {"id": 7})) if results_in_turn(request) == 0 else answer("done")
+
+    def send_slowly(ctx: ToolContext, **arguments: Any) -> str:
+        ledger = Ledger(kit.ledger.path)  # this thread's own connection
+        try:
+            record = dict(call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt)
+            ledger.record("tool", "send_slowly", "started", data=arguments, **record)
+            wait_for_signal(ledger, RELEASE)
+            ledger.record("tool", "send_slowly", "finished", data=arguments, **record)
+        finally:
+            ledger.close()
+        return "sent"
+
+    agent = Agent(name, LedgerModel(kit, name, script))
+    agent.tool(effect="write", name="send_slowly", input_schema={"type": "object"})(send_slowly)
+    return agent
+
+
+def wait_for_signal(ledger: Ledger, name: str) -> None:
+    """Block until the test wrote the signal `name` to the ledger (a thread has no event loop)."""
+    deadline = time.monotonic() + RELEASE_DEADLINE_S
+    while not ledger.runs("signal", name):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {name!r} signal in the ledger within {RELEASE_DEADLINE_S} s")
+        time.sleep(HANG_TICK_S)
+
+
 # ---------------------------------------------------------------- the soak's agent
 
 SOAK_TOOLS = (("lookup", "read"), ("put_item", "idempotent_write"), ("send_note", "write"))
@@ -466,6 +549,10 @@ AGENTS: dict[str, Callable[[Kit, str], Agent]] = {
     "R17": r17,
     "R18": r18,
     "R19": single_tool_row("lookup", "read", hang_on=lambda _: False, beats=False),
+    "R19-write": single_tool_row("send_email", "write", hang_on=lambda _: False, beats=False),
+    "R16-busy": r16_busy,
+    "NEVER_RAN": never_ran,
+    "KEEPS_RUNNING": keeps_running,
     "R20": r20,
     "SOAK": soak,
 }

@@ -33,7 +33,8 @@ class Cell:
         self.events: list[SessionEvent] = []
         self.deaths: list[str] = []  # how each failure happened (SIGKILL or a failpoint's exit)
         self.failed_at: list[float] = []
-        self._collector: asyncio.Task[None] | None = None
+        self._collectors: list[asyncio.Task[None]] = []
+        self.other_events: dict[str, list[SessionEvent]] = {}  # sessions of open_another()
 
     @property
     def worker_kill(self) -> bool:
@@ -41,7 +42,9 @@ class Cell:
 
     # ---------------------------------------------------------------- processes
 
-    def start_worker(self, failpoints: str = "", heartbeat_interval_s: float | None = None) -> WorkerProcess:
+    def start_worker(
+        self, failpoints: str = "", heartbeat_interval_s: float | None = None, max_concurrency: int | None = None
+    ) -> WorkerProcess:
         self.worker = WorkerProcess(
             self.column.urls,
             self.column.worker_token,
@@ -52,6 +55,7 @@ class Cell:
             log_path=self.dir / "worker.log",
             failpoints=failpoints,
             heartbeat_interval_s=heartbeat_interval_s,
+            max_concurrency=max_concurrency,
         )
         self.worker.start()
         return self.worker
@@ -71,12 +75,19 @@ class Cell:
 
     async def open(self) -> str:
         self.sid = (await self.client.create_session(self.agent)).session_id
-        self._collector = asyncio.create_task(self._collect_events())
+        self._collectors.append(asyncio.create_task(self._collect_events(self.sid, self.events)))
         return self.sid
 
-    async def _collect_events(self) -> None:
-        async for event in self.client.events(self.sid):
-            self.events.append(event)
+    async def open_another(self) -> str:
+        """One more session of the cell's agent, its events in `other_events[sid]`."""
+        sid = (await self.client.create_session(self.agent)).session_id
+        self.other_events[sid] = []
+        self._collectors.append(asyncio.create_task(self._collect_events(sid, self.other_events[sid])))
+        return sid
+
+    async def _collect_events(self, sid: str, into: list[SessionEvent]) -> None:
+        async for event in self.client.events(sid):
+            into.append(event)
 
     async def send(self, text: str) -> None:
         await self.client.send_message(self.sid, text)
@@ -85,14 +96,17 @@ class Cell:
         """The session's snapshot as JSON (the cells read it by key)."""
         return (await self.client.get_session(self.sid)).raw
 
-    async def idle(self) -> dict[str, Any]:
-        """The idle snapshot, once the event stream has also seen the end of the last turn."""
-        snap = (await self.client.wait_until_idle(self.sid, timeout_s=DEADLINE_S)).raw
+    async def idle(self, sid: str | None = None) -> dict[str, Any]:
+        """The idle snapshot of the cell's session (or of another, `sid`), once the event
+        stream has also seen the end of the last turn."""
+        sid = sid or self.sid
+        events = self.events if sid == self.sid else self.other_events[sid]
+        snap = (await self.client.wait_until_idle(sid, timeout_s=DEADLINE_S)).raw
         last_turn = snap["turns"][-1]["turn_id"]
         await eventually(
             lambda: any(
                 e.type.startswith("turn_") and e.data.get("turn_id") == last_turn and e.type != "turn_started"
-                for e in self.events
+                for e in events
             ),
             "the event stream to reach the end of the last turn",
             DEADLINE_S,
@@ -115,26 +129,31 @@ class Cell:
             DEADLINE_S,
         )
 
-    def committed(self, event_type: str) -> list[SessionEvent]:
-        return [e for e in self.events if e.id is not None and e.type == event_type]
+    def committed(self, event_type: str, sid: str | None = None) -> list[SessionEvent]:
+        """The committed events of `event_type` of the cell's session (or of another, `sid`)."""
+        events = self.events if sid is None or sid == self.sid else self.other_events[sid]
+        return [e for e in events if e.id is not None and e.type == event_type]
 
-    def step_attempts(self, kind: str) -> list[tuple[str, str | None]]:
+    def step_attempts(self, kind: str, sid: str | None = None) -> list[tuple[str, str | None]]:
         """(status, attempt_progress) of every attempt of the session's steps of `kind`, from the
         committed events (the snapshot of an ended turn no longer lists its steps). Call it
         once the session is idle: an attempt that started and did not fail completed."""
         failed = {
-            (e.data["step_id"], e.data["attempt"]): e.data["attempt_progress"] for e in self.committed("attempt_failed")
+            (e.data["step_id"], e.data["attempt"]): e.data["attempt_progress"]
+            for e in self.committed("attempt_failed", sid)
         }
         started = [
-            (e.data["step_id"], e.data["attempt"]) for e in self.committed("attempt_started") if e.data["kind"] == kind
+            (e.data["step_id"], e.data["attempt"])
+            for e in self.committed("attempt_started", sid)
+            if e.data["kind"] == kind
         ]
         return [("failed", failed[key]) if key in failed else COMPLETED for key in started]
 
     async def close(self) -> None:
-        if self._collector is not None:
-            self._collector.cancel()
+        for collector in self._collectors:
+            collector.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._collector
+                await collector
         if self.worker is not None:
             self.worker.kill()
         await self.client.close()

@@ -35,9 +35,9 @@ def columns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Colu
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Append each cell's outcome and duration to the results file, when one is named."""
+    """Append each cell's (and case's) outcome and duration to the results file, when one is named."""
     path = os.environ.get(RESULTS_ENV)
-    if not path or "test_cell[" not in report.nodeid:
+    if not path or not ("test_cell[" in report.nodeid or "test_case[" in report.nodeid):
         return
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome = (

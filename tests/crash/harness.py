@@ -73,6 +73,7 @@ class WorkerProcess:
         log_path: Path,
         failpoints: str = "",
         heartbeat_interval_s: float | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
         self.command = [
             sys.executable,
@@ -90,6 +91,7 @@ class WorkerProcess:
             column,
             *(["--token", token] if token else []),
             *(["--heartbeat-interval", str(heartbeat_interval_s)] if heartbeat_interval_s else []),
+            *(["--max-concurrency", str(max_concurrency)] if max_concurrency else []),
         ]
         self.failpoints = failpoints
         self.log_path = log_path

@@ -1,7 +1,9 @@
 """The crash matrix as data: one entry per row R01–R21, with what each failure column
-checks and how the process dies. The tests (test_matrix.py) take their ids, xfail marks
-and death notes from here, and scripts/crash_matrix_doc.py renders docs/crash-matrix.md
-from the same table, so the document cannot say something the tests do not."""
+checks and how the process dies, the variants of some rows (another step or load at the
+same moment), and the cases of "a call that never ran" and of the one exception to
+at-most-once. The tests (test_matrix.py) take their ids, xfail marks and death notes from
+here, and scripts/crash_matrix_doc.py renders docs/crash-matrix.md from the same tables,
+so the document cannot say something the tests do not."""
 
 from __future__ import annotations
 
@@ -23,6 +25,18 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """More cells of a row: the same moment with another step, or under other load. Their
+    test ids are the row's cell ids with a suffix (`R19-takeover-write`), so `-k
+    R19-takeover` runs a cell with its variants. A variant may cover fewer columns."""
+
+    suffix: str
+    what: str  # what differs from the row's own cells
+    checks: str
+    cells: dict[str, Failure]
+
+
+@dataclass(frozen=True)
 class Row:
     id: str
     step: str
@@ -30,9 +44,23 @@ class Row:
     happens: str
     checks: str  # what every column of the row checks (ledger and snapshot)
     cells: dict[str, Failure] = field(default_factory=dict)
+    variants: tuple[Variant, ...] = ()
 
     def failure(self, column: str) -> Failure:
         return self.cells[column]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One test (`test_case[<id>]`) of what a tool call records when its tool did not run
+    or may have run, on real processes; `column` names the server it runs on (the column's
+    failure only when `how` says so)."""
+
+    id: str
+    column: str
+    how: str  # what the processes do
+    progress: str  # the attempt_progress the call records
+    records: str  # the call's status, the not-run prefix, what the model sees, the ledger
 
 
 def same(death_by_column: dict[str, str] | None = None, **checks: str) -> dict[str, Failure]:
@@ -218,6 +246,21 @@ ROWS: dict[str, Row] = {
             "a model step queued while no Worker runs keeps 0 attempts across the failure and then runs as "
             "attempt 1, once (ledger)",
             same({"worker_kill": "SIGKILL of the worker process; the message is sent while none runs"}),
+            (
+                Variant(
+                    "busy",
+                    "steps queued behind a busy Worker instead of while none runs",
+                    "the queued model steps of two sessions kept 0 attempts across the kill and ran as "
+                    "attempt 1, once each (ledger); the write that ran follows R04: attempt 1 failed "
+                    "NOT_COMPLETED, attempt 2 ran with the same key and completed",
+                    {
+                        "worker_kill": Failure(
+                            "SIGKILL of a Worker with max_concurrency 1 while it runs one session's idempotent "
+                            "write and two other sessions' model steps wait in the queue behind it"
+                        )
+                    },
+                ),
+            ),
         ),
         Row(
             "R17",
@@ -263,6 +306,30 @@ ROWS: dict[str, Row] = {
                     "one ledger run, one completed attempt",
                 ),
             },
+            (
+                Variant(
+                    "write",
+                    "a single-attempt write (CallSingleAttemptTool) instead of a read",
+                    "the tool never runs again (one ledger run, finished); the call either commits its "
+                    "result or records outcome_unknown",
+                    {
+                        "worker_kill": Failure(
+                            RESULT_IN_FLIGHT["worker_kill"],
+                            "committed: the call succeeded, one completed attempt; the new Worker runs nothing",
+                        ),
+                        "server_restart": Failure(
+                            RESULT_IN_FLIGHT["server_restart"],
+                            "not committed: the attempt failed NOT_COMPLETED, the call records outcome_unknown "
+                            "without the not-run prefix, and the next model call saw outcome_unknown",
+                        ),
+                        "takeover": Failure(
+                            RESULT_IN_FLIGHT["takeover"],
+                            "committed: the result stands, the Worker's retry to the new active node is "
+                            "accepted; the call succeeded, one completed attempt",
+                        ),
+                    },
+                ),
+            ),
         ),
         Row(
             "R20",
@@ -288,3 +355,70 @@ ROWS: dict[str, Row] = {
         ),
     )
 }
+
+
+HANDOUT_POINT = "server.handout.after-commit"
+
+# The seed's "a call that never ran": NOT_STARTED records failed with the not-run prefix
+# (dex_ha.TOOL_CALL_NOT_RUN_ERROR_PREFIX); a hand-out that was committed is NOT_COMPLETED,
+# conservative, even when the task never reached a Worker.
+NEVER_RAN: tuple[Case, ...] = (
+    Case(
+        "worker-refused",
+        "worker_kill",
+        "the Worker refuses the arguments of a single-attempt write before it calls the tool "
+        "function, and reports the attempt not_started (no failure)",
+        "NOT_STARTED",
+        "failed, the error starts with the not-run prefix and says why the arguments were refused; the "
+        "next model call saw that error; the tool never ran (ledger 0)",
+    ),
+    *(
+        Case(
+            f"handout-lost-{column}",
+            column,
+            f"{who} commits the hand-out of a single-attempt write, then exits (99 at {HANDOUT_POINT}) "
+            f"before the task reaches the Worker; {after}",
+            "NOT_COMPLETED",
+            "outcome_unknown without the not-run prefix (the hand-out was committed: the server cannot know "
+            "that the tool did not run); the next model call saw outcome_unknown; the tool never ran and "
+            "never runs (ledger 0)",
+        )
+        for column, who, after in (
+            ("server_restart", "the node", "it restarts on its data directory"),
+            ("takeover", "the active node", "a hot standby takes the lease"),
+        )
+    ),
+    Case(
+        "denied",
+        "worker_kill",
+        "the user denies, with a reason, the approval a single-attempt write waits for (no failure)",
+        "NOT_STARTED",
+        "failed, the error is the not-run prefix, then the denial and its reason; the next model call "
+        "saw that error; the tool never ran (ledger 0)",
+    ),
+)
+
+# The one exception to at-most-once: a cancelled attempt that keeps running.
+KEEPS_RUNNING: tuple[Case, ...] = (
+    Case(
+        "cancel-heard",
+        "worker_kill",
+        "the turn is cancelled while a single-attempt write runs in a thread that cannot be interrupted; "
+        "the Worker hears of the cancel in its next heartbeat answer, stops waiting for the tool and "
+        "reports the attempt stopped (no failure)",
+        "NOT_COMPLETED",
+        "outcome_unknown without the not-run prefix, the turn cancelled, the attempt failed; then the tool "
+        "finishes anyway (ledger: one run, finished after the attempt failed) and its result is dropped in "
+        "the Worker; the next turn's model saw outcome_unknown",
+    ),
+    Case(
+        "cancel-late-result",
+        "server_restart",
+        "the same, but the tool finishes before the Worker hears of the cancel (its heartbeats are 10 s "
+        "apart), so the Worker sends the result (no failure)",
+        "NOT_COMPLETED",
+        "the late result is accepted (200) and the attempt records completed, but the call keeps the "
+        "outcome_unknown it recorded at the cancel, without the output; ledger: one run, finished",
+    ),
+)
+CASES: dict[str, Case] = {case.id: case for case in (*NEVER_RAN, *KEEPS_RUNNING)}

@@ -4,6 +4,7 @@ document must match it (fast; it does not run the cells)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "crash_matrix_doc.py"
@@ -39,3 +40,27 @@ def test_every_cell_has_a_line_with_its_test_id() -> None:
     for row_id in doc.ROWS:
         for column in doc.COLUMNS:
             assert f"`test_cell[{row_id}-{column}]`" in table
+
+
+def test_every_variant_cell_and_case_has_a_line_with_its_test_id() -> None:
+    doc = load_script()
+    table = doc.render_table()
+    for row in doc.ROWS.values():
+        for variant in row.variants:
+            for column in variant.cells:
+                assert f"`test_cell[{row.id}-{column}-{variant.suffix}]`" in table
+    for case in (*doc.NEVER_RAN, *doc.KEEPS_RUNNING):
+        assert f"`test_case[{case.id}]`" in table
+
+
+def test_a_run_lists_variant_cells_and_cases(tmp_path: Path) -> None:
+    doc = load_script()
+    results = tmp_path / "cells.jsonl"
+    lines = [{"cell": "R19-takeover-write", "outcome": "passed", "seconds": 1.0}]
+    lines.append({"cell": "denied", "outcome": "passed", "seconds": 1.0})
+    results.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "crash-matrix.md"
+    assert doc.main(["--results", str(results), "--out", str(out)]) == 0
+    run = out.read_text().split(doc.RUN_HEADING, 1)[1]
+    assert "| R19-takeover-write | passed | 1.0 |" in run and "| denied | passed | 1.0 |" in run
+    assert "| takeover | 1 | 1 | 1 |" in run

@@ -1,5 +1,7 @@
 """The crash matrix: rows R01–R20 × worker_kill, server_restart, takeover (R21 in test_r21.py),
-one test per cell (`test_cell[R05-takeover]`), on real processes.
+one test per cell (`test_cell[R05-takeover]`, a row's variants `test_cell[R19-takeover-write]`),
+and the cases of a call that never ran and of the exception to at-most-once
+(`test_case[denied]`), on real processes.
 
 Each cell runs its row's agent (agents.py) in its own worker process (worker_proc.py),
 brings on the column's failure at the row's moment (harness.py: SIGKILL, or a failpoint's
@@ -21,11 +23,11 @@ from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex_ha.client.client import SessionEvent
 from dex_ha.worker.runner import first_heartbeat_failpoint
 from harness.waiting import eventually
-from tests.crash.agents import R14_MAX_ITEMS, SLEEP_MS
+from tests.crash.agents import R14_MAX_ITEMS, RELEASE, SLEEP_MS
 from tests.crash.cell import COMPLETED, FAILED, SLOW_HEARTBEAT_S, Cell, attempts, call_of, results_seen
-from tests.crash.harness import Column
+from tests.crash.harness import DEADLINE_S, SERVER_RESTART_HEARTBEAT_TIMEOUT_MS, Column
 from tests.crash.ledger import Run
-from tests.crash.rows import COLUMNS, ROWS
+from tests.crash.rows import CASES, COLUMNS, HANDOUT_POINT, ROWS
 
 WAIT_POINT = "server.wait.after-commit"
 
@@ -340,11 +342,10 @@ async def r16(cell: Cell) -> None:
         cell.worker.kill()  # no Worker, so the step stays queued through the node's failure
     await cell.send("two")
     queued = await cell.until(lambda s: _model_step(s) is not None, "the queued model step")
-    assert _model_step(queued)["status"] == "queued" and _model_step(queued)["attempts"] == []
+    assert_queued_unattempted(queued)
     if not cell.worker_kill:
         await cell.interrupt()
-        snap = await cell.snapshot()
-        assert _model_step(snap)["status"] == "queued" and _model_step(snap)["attempts"] == []
+        assert_queued_unattempted(await cell.snapshot())
         cell.start_worker()
     else:
         await cell.recover()
@@ -355,13 +356,58 @@ async def r16(cell: Cell) -> None:
     assert cell.ledger.count("model", cell.agent) == 2
 
 
-def _model_step(snap: dict) -> dict | None:
+def _model_step(snap: dict, turn_number: int = 2) -> dict | None:
     turn = snap["current_turn"]
     return (
         None
-        if turn is None or turn["number"] != 2
+        if turn is None or turn["number"] != turn_number
         else next((s for s in turn["steps"] if s["kind"] == "RunModel"), None)
     )
+
+
+def assert_queued_unattempted(snap: dict, turn_number: int = 2) -> None:
+    step = _model_step(snap, turn_number)
+    assert step is not None and (step["status"], step["attempts"]) == ("queued", []), step
+
+
+async def r16_busy(cell: Cell) -> None:
+    """A Worker with one slot runs a write; two sessions' model steps queue behind it."""
+    cell.start_worker(max_concurrency=1)
+    await cell.send("go")
+    await cell.until_ledger("tool", "put_item", "beat")  # the Worker's one slot is busy
+    others = [await cell.open_another() for _ in range(2)]
+    for n, sid in enumerate(others):
+        await cell.client.send_message(sid, f"m{n}")
+    for sid in others:
+        await eventually(lambda sid=sid: _queued_in(cell, sid), f"the model step of {sid} queued", DEADLINE_S)
+    await cell.fail()  # SIGKILL: a tool running, two steps queued
+    for sid in others:
+        assert_queued_unattempted((await cell.client.get_session(sid)).raw, turn_number=1)
+    await cell.recover()
+    snap = await cell.idle()
+    for n, sid in enumerate(others):
+        await cell.idle(sid)
+        assert cell.step_attempts("RunModel", sid) == [COMPLETED]  # attempt 1, the only one
+        assert [e.data["attempt"] for e in cell.committed("attempt_started", sid)] == [1]
+        assert len(model_calls_for(cell, f"m{n}")) == 1
+    call = call_of(snap, "c1")  # the running write follows R04
+    assert (call["status"], attempts(call["steps"], "CallTool")) == ("succeeded", [FAILED, COMPLETED])
+    assert_ran_again_with_the_key(cell, "put_item", "c1")
+
+
+async def _queued_in(cell: Cell, sid: str) -> bool:
+    snap = (await cell.client.get_session(sid)).raw
+    step = _model_step(snap, turn_number=1)
+    return step is not None and step["status"] == "queued"
+
+
+def model_calls_for(cell: Cell, text: str) -> list[Run]:
+    """The model calls whose history holds the user message `text`."""
+    return [
+        run
+        for run in cell.ledger.runs("model", cell.agent, "started")
+        if any(item["type"] == "user" and item.get("text") == text for item in run.data["history"])
+    ]
 
 
 # ---------------------------------------------------------------- the rows the seed left untested
@@ -435,7 +481,9 @@ async def r18_node_dies_after_each_wait_ended(cell: Cell) -> None:
     assert (await answered)["noop"] is True
 
 
-async def r19(cell: Cell) -> None:
+async def result_in_flight(cell: Cell) -> dict:
+    """The tool's result is sent, and the column's process dies at its RESULT_IN_FLIGHT
+    point; returns the idle snapshot once the call has its outcome."""
     failpoint = {
         "server_restart": "server.complete.before-propose@2",
         "takeover": "server.complete.after-commit@2",
@@ -451,7 +499,11 @@ async def r19(cell: Cell) -> None:
         assert cell.worker is not None
         cell.worker.failpoints = ""
     await cell.recover()
-    snap = await cell.idle()
+    return await cell.idle()
+
+
+async def r19(cell: Cell) -> None:
+    snap = await result_in_flight(cell)
     call = call_of(snap, "c1")
     assert (call["status"], call["output"]) == ("succeeded", "done")
     if cell.column.name == "server_restart":  # not committed: the attempt failed, the read ran again
@@ -461,6 +513,22 @@ async def r19(cell: Cell) -> None:
         assert attempts(call["steps"], "CallTool") == [COMPLETED]
         assert [(r.key, r.attempt) for r in cell.ledger.runs("tool", "lookup", "finished")] == [(f"{cell.sid}:c1", 1)]
         assert cell.ledger.count("tool", "lookup") == 1
+
+
+async def r19_write(cell: Cell) -> None:
+    snap = await result_in_flight(cell)
+    call = call_of(snap, "c1")
+    key = f"{cell.sid}:c1"
+    assert [(r.key, r.attempt) for r in cell.ledger.runs("tool", "send_email", "started")] == [(key, 1)]
+    assert [r.attempt for r in cell.ledger.runs("tool", "send_email", "finished")] == [1]  # never again
+    if cell.column.name == "server_restart":  # not committed: the attempt failed
+        assert (call["status"], call["attempt_progress"]) == ("outcome_unknown", "NOT_COMPLETED")
+        assert not call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
+        assert attempts(call["steps"], "CallSingleAttemptTool") == [FAILED]
+        assert results_seen(last_model_call(cell)) == {"c1": "outcome_unknown"}
+    else:  # committed: it stands
+        assert (call["status"], call["output"]) == ("succeeded", "done")
+        assert attempts(call["steps"], "CallSingleAttemptTool") == [COMPLETED]
 
 
 async def r20(cell: Cell) -> None:
@@ -500,23 +568,39 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
+VARIANTS: dict[str, Scenario] = {  # "{row}-{suffix}": the scenario of that variant (rows.Variant)
+    "R16-busy": r16_busy,
+    "R19-write": r19_write,
+}
+
+
 ROWS_ELSEWHERE = {"R21": "tests/crash/test_r21.py"}  # cells that need more than this module's Cell
 
 
 def cell_params() -> list[object]:
-    """Column by column (each column's server starts once), row by row."""
+    """Column by column (each column's server starts once), row by row, each row's variants
+    after it. The first value names the scenario (and the agent): the row, or row-suffix."""
     params = []
     for column in COLUMNS:
         for row in (row for row in ROWS.values() if row.id in SCENARIOS):
             reason = row.failure(column).xfail
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
             params.append(pytest.param(row.id, column, id=f"{row.id}-{column}", marks=marks))
+            for variant in row.variants:
+                failure = variant.cells.get(column)
+                if failure is None:
+                    continue
+                marks = [pytest.mark.xfail(strict=True, reason=failure.xfail)] if failure.xfail else []
+                key = f"{row.id}-{variant.suffix}"
+                params.append(pytest.param(key, column, id=f"{row.id}-{column}-{variant.suffix}", marks=marks))
     return params
 
 
 def test_the_row_table_and_the_scenarios_name_the_same_rows() -> None:
     assert sorted([*SCENARIOS, *ROWS_ELSEWHERE]) == sorted(ROWS) == [f"R{n:02d}" for n in range(1, 22)]
     assert not set(SCENARIOS) & set(ROWS_ELSEWHERE)
+    assert sorted(VARIANTS) == sorted(f"{row.id}-{v.suffix}" for row in ROWS.values() for v in row.variants)
+    assert sorted(CASE_SCENARIOS) == sorted(CASES)
 
 
 @pytest.mark.parametrize("row_id, column_name", cell_params())
@@ -526,6 +610,132 @@ async def test_cell(row_id: str, column_name: str, columns: dict[str, Column], t
     cell = Cell(row_id, column, tmp_path)
     try:
         await cell.open()
-        await SCENARIOS[row_id](cell)
+        await (SCENARIOS | VARIANTS)[row_id](cell)
+    finally:
+        await cell.close()
+
+
+# ---------------------------------------------------------------- a call that never ran
+
+
+def seen_by_the_next_model_call(cell: Cell, call_id: str) -> dict:
+    """The tool result of `call_id` as the last model call saw it."""
+    history = last_model_call(cell).data["history"]
+    return next(item for item in history if item["type"] == "tool_result" and item["call_id"] == call_id)
+
+
+def assert_not_run(cell: Cell, snap: dict, tool: str) -> dict:
+    """NOT_STARTED: failed, with the not-run prefix in the record and in what the model saw."""
+    call = call_of(snap, "c1")
+    assert (call["status"], call["attempt_progress"]) == ("failed", "NOT_STARTED")
+    assert call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX + ": "), call["error"]
+    seen = seen_by_the_next_model_call(cell, "c1")
+    assert (seen["status"], seen["error"]) == ("failed", call["error"])
+    assert cell.ledger.count("tool", tool) == 0
+    return call
+
+
+async def worker_refused(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("refused")
+    call = assert_not_run(cell, await cell.idle(), "send_to")
+    assert "unexpected" in call["error"]  # why the Worker refused the arguments
+    assert attempts(call["steps"], "CallSingleAttemptTool") == [("failed", "NOT_STARTED")]
+
+
+async def handout_lost(cell: Cell) -> None:
+    await cell.column.arm(f"{HANDOUT_POINT}@2")  # the 1st hand-out is the model call, the 2nd the write
+    cell.start_worker()
+    await cell.send("handout")
+    await cell.fail()  # the hand-out of the write committed; the node died before answering
+    await cell.recover()
+    snap = await cell.idle()
+    call = call_of(snap, "c1")
+    assert (call["status"], call["attempt_progress"]) == ("outcome_unknown", "NOT_COMPLETED")
+    assert not call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
+    assert attempts(call["steps"], "CallSingleAttemptTool") == [FAILED]
+    assert seen_by_the_next_model_call(cell, "c1")["status"] == "outcome_unknown"
+    assert cell.ledger.count("tool", "send_email") == 0  # it never ran, and the call says unknown
+
+
+async def denied(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("denied")
+    await cell.until(lambda s: [a["call_id"] for a in s["pending_approvals"]] == ["c1"], "the approval request")
+    await cell.client.deny(cell.sid, "c1", reason="not today")
+    call = assert_not_run(cell, await cell.idle(), "wire_money")
+    assert call["error"] == f"{TOOL_CALL_NOT_RUN_ERROR_PREFIX}: the user denied the tool call: not today"
+    assert [s["kind"] for s in call["steps"]] == ["AwaitToolApproval"]
+
+
+# ---------------------------------------------------------------- the exception: a cancelled attempt runs on
+
+
+def single_attempt_of(snap: dict) -> list[dict]:
+    return [a for s in call_of(snap, "c1")["steps"] if s["kind"] == "CallSingleAttemptTool" for a in s["attempts"]]
+
+
+def assert_unknown_after_cancel(snap: dict) -> None:
+    call = call_of(snap, "c1")
+    assert (call["status"], call["attempt_progress"], call["output"]) == ("outcome_unknown", "NOT_COMPLETED", None)
+    assert not call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
+    assert snap["turns"][0]["status"] == "cancelled"
+
+
+async def cancel_heard(cell: Cell) -> None:
+    cell.start_worker()
+    await cell.send("go")
+    await cell.until_ledger("tool", "send_slowly")
+    await cell.client.cancel(cell.sid)
+    snap = await cell.until(lambda s: [a["status"] for a in single_attempt_of(s)] == ["failed"], "the attempt to end")
+    assert "cancelled" in single_attempt_of(snap)[0]["error"]  # the Worker reported it stopped
+    assert_unknown_after_cancel(snap)
+    assert cell.ledger.runs("tool", "send_slowly", "finished") == []  # the tool still runs
+    cell.ledger.record("signal", RELEASE, "sent")
+    await cell.until_ledger("tool", "send_slowly", "finished")  # and does its work after all
+    await cell.send("again")
+    snap = await cell.idle()
+    assert_unknown_after_cancel(snap)
+    assert [a["status"] for a in single_attempt_of(snap)] == ["failed"]  # its result was dropped
+    assert seen_by_the_next_model_call(cell, "c1")["status"] == "outcome_unknown"
+    assert cell.ledger.count("tool", "send_slowly") == 1
+
+
+async def cancel_late_result(cell: Cell) -> None:
+    cell.start_worker(heartbeat_interval_s=SLOW_HEARTBEAT_S)  # the Worker does not hear of the cancel
+    await cell.send("go")
+    started = (await cell.until_ledger("tool", "send_slowly"))[0]
+    await cell.client.cancel(cell.sid)
+    assert_unknown_after_cancel(await cell.snapshot())
+    cell.ledger.record("signal", RELEASE, "sent")
+    snap = await cell.until(
+        lambda s: [a["status"] for a in single_attempt_of(s)] in (["completed"], ["failed"]), "the attempt to end"
+    )
+    assert [a["status"] for a in single_attempt_of(snap)] == ["completed"], single_attempt_of(snap)  # accepted
+    finished = cell.ledger.runs("tool", "send_slowly", "finished")
+    assert finished[0].at - started.at < SERVER_RESTART_HEARTBEAT_TIMEOUT_MS / 1000, "the result came too late"
+    assert_unknown_after_cancel(snap)  # the outcome recorded at the cancel stands
+    assert cell.ledger.count("tool", "send_slowly") == 1
+
+
+CASE_SCENARIOS: dict[str, Scenario] = {
+    "worker-refused": worker_refused,
+    "handout-lost-server_restart": handout_lost,
+    "handout-lost-takeover": handout_lost,
+    "denied": denied,
+    "cancel-heard": cancel_heard,
+    "cancel-late-result": cancel_late_result,
+}
+AGENT_OF_CASE = {"cancel-heard": "KEEPS_RUNNING", "cancel-late-result": "KEEPS_RUNNING"}  # others: NEVER_RAN
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+async def test_case(case_id: str, columns: dict[str, Column], tmp_path: Path) -> None:
+    column = columns[CASES[case_id].column]
+    await column.ready()
+    cell = Cell(AGENT_OF_CASE.get(case_id, "NEVER_RAN"), column, tmp_path)
+    try:
+        await cell.open()
+        await CASE_SCENARIOS[case_id](cell)
     finally:
         await cell.close()

@@ -2,7 +2,7 @@
 row's agent (tests/crash/agents.py), writing its side effects to the ledger.
 
     python -m tests.crash.worker_proc --urls URL[,URL...] --ledger FILE --row R05 \
-        --agent NAME --column worker_kill [--token T] [--heartbeat-interval S]
+        --agent NAME --column worker_kill [--token T] [--heartbeat-interval S] [--max-concurrency N]
 
 It runs until SIGTERM (a drain) or SIGKILL (the crash). DEX_HA_FAILPOINTS arms the
 Worker's failpoints (dex_ha.worker.runner.WORKER_FAILPOINTS): the process then exits with
@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--agent", required=True, help="the agent name (one per cell)")
     parser.add_argument("--column", required=True)
     parser.add_argument("--heartbeat-interval", type=float, default=None)
+    parser.add_argument("--max-concurrency", type=int, default=None)
     return parser.parse_args(argv)
 
 
@@ -46,6 +47,7 @@ async def run(args: argparse.Namespace) -> None:
         heartbeat_interval_s=args.heartbeat_interval,
         drain_timeout_s=1.0,
         backoff_max_s=BACKOFF_MAX_S,
+        **({"max_concurrency": args.max_concurrency} if args.max_concurrency else {}),
     )
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, lambda: asyncio.ensure_future(worker.stop()))

@@ -171,11 +171,17 @@ def test_the_policy_in_force_when_the_response_commits_is_recorded(d):
 
 
 def test_a_denied_call_records_failed_with_the_reason(d):
+    """A denied call never ran: NOT_STARTED with the not-run prefix, as every call that never
+    ran, then the denial and its reason (what the model reads)."""
     d.send("go")
     d.run_model("", [("a", "wire_money", {"amount": 10})])
     assert d.approve("a", approved=False, reason="too much").ok
     call = d.call("a")
-    assert (call["status"], call["error"]) == ("failed", "the user denied the tool call: too much")
+    assert (call["status"], call["attempt_progress"], call["error"]) == (
+        "failed",
+        "NOT_STARTED",
+        f"{TOOL_CALL_NOT_RUN_ERROR_PREFIX}: the user denied the tool call: too much",
+    )
     assert d.queued_kinds() == ["RunModel"] and d.snap()["pending_approvals"] == []
     assert d.approve("a", approved=False).noop
     assert d.approve("a", approved=True).code == "conflict"
