@@ -28,7 +28,7 @@ from dex_ha.raft.types import ConfChange, ConfChangeType, Role
 from dex_ha.server.admission import Admission
 from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
-from dex_ha.server.errors import MemberNotCaughtUp, NotServing, StepDownFailed, UnknownMember
+from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotServing, StepDownFailed, UnknownMember
 from dex_ha.server.http_limits import GuardedSite, HttpLimits
 from dex_ha.server.leader import LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
@@ -187,7 +187,14 @@ class NodeServer:
             self.replica.changed.notify()
 
     def serving(self) -> LeaderTerm:
-        """The services of the term we lead, if this node is the active node; else NotServing."""
+        """The services of the term we lead, if this node is the active node; else NotServing
+        (NoSpace while its disk is full)."""
+        alarm = self.raft.node.disk_full
+        if alarm is not None:
+            raise NoSpace(
+                f"this node cannot write: {alarm.describe()}; it resumes by itself once space "
+                "is freed (meanwhile another node can take over)"
+            )
         leader, view = self.leader, self.raft.view
         if (
             leader is None
@@ -391,8 +398,24 @@ class NodeServer:
             "lease_remaining_ms": view.lease_remaining_ms(),
             "insecure": self.config.insecure or not self.config.auth_enabled,
             "durability": self.config.durability,
+            "alarms": self.alarms(),
             "members": self._member_views(status),
         }
+
+    def alarms(self) -> list[dict[str, Any]]:
+        """What needs an operator on this node now (`/v1/cluster`, `dex-ha status`)."""
+        alarm = self.raft.node.disk_full
+        if alarm is None:
+            return []
+        return [
+            {
+                "alarm": "no_space",
+                "path": alarm.path,
+                "free_bytes": alarm.free_bytes,
+                "seconds": max(0, now_ms() - alarm.since_ms) / 1000,
+                "message": f"{alarm.describe()}: this node writes nothing until space is freed",
+            }
+        ]
 
     def _member_views(self, status: Status) -> list[dict[str, Any]]:
         urls = {node_id: member.url for node_id, member in self.raft.members().items()}
@@ -435,6 +458,7 @@ class NodeServer:
             "dex_timers_pending": stats["timers_pending"],
             "dex_engine_wal_bytes": self.replica.engine.wal_bytes(),
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
+            "dex_disk_full": int(self.raft.node.disk_full is not None),
             "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
             "dex_raft_slow_turns_total": {
                 "long": self.raft.node.turn_watch.slow_turns,
