@@ -30,7 +30,7 @@ from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotServing, StepDownFailed, UnknownMember
 from dex_ha.server.http_limits import GuardedSite, HttpLimits
-from dex_ha.server.leader import LeaderTerm
+from dex_ha.server.leader import ActiveClock, LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.probes import ProbeServer
 from dex_ha.server.replica import Replica
@@ -90,6 +90,7 @@ class NodeServer:
             on_fatal=on_fatal,
         )
         self.metrics.add_state_gauges(self.metrics_state)
+        self.clock = ActiveClock()  # every command's `at`: see ActiveClock
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
@@ -174,7 +175,12 @@ class NodeServer:
         if view.is_leader and self.leader is None and not self.stopping:
             log.info("node %s is leader of term %d: taking over", self.config.node_id, term)
             self.leader = LeaderTerm(
-                term, self.replica, self.propose, self.metrics, heartbeat_timeout_ms=self.config.heartbeat_timeout_ms
+                term,
+                self.replica,
+                self.propose,
+                self.metrics,
+                clock=self.clock,
+                heartbeat_timeout_ms=self.config.heartbeat_timeout_ms,
             )
             self.leader.start()
 
