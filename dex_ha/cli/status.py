@@ -110,6 +110,12 @@ def format_status(answers: list[NodeAnswer]) -> str:
             f"WARNING: {len(active)} nodes say they are active: " + ", ".join(view["node_id"] for _, view in active)
         )
     lines += [f"{a.url}: {a.error}" for a in answers if a.error]
+    lines += [
+        f"ALARM {alarm.get('alarm')} on {a.view.get('node_id')}: {alarm.get('message')}"
+        for a in answers
+        if a.view
+        for alarm in a.view.get("alarms") or []
+    ]
     if any(a.view.get("insecure") for a in answers if a.view):
         lines.append("note: the cluster runs WITHOUT authentication (--insecure or dev mode)")
     return "\n".join(lines)

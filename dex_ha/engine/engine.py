@@ -137,7 +137,10 @@ class Engine(Queries):
             self._conn.execute("COMMIT")
         except BaseException:
             self._store.discard_buffered()
-            self._conn.execute("ROLLBACK")
+            # SQLite may have rolled the transaction back itself (it does on SQLITE_FULL in a
+            # COMMIT): a ROLLBACK then fails and would hide the error that matters.
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
             raise
         return results
 
@@ -160,7 +163,7 @@ class Engine(Queries):
         except sqlite3.Error as exc:
             if isinstance(exc, sqlite3.IntegrityError):
                 raise _ReplayCarefully() from None
-            raise  # disk full, I/O error...: this node cannot go on; let it stop
+            raise  # disk full, I/O error...: the whole batch is rolled back; the node decides
         except Exception:
             raise _ReplayCarefully() from None
 

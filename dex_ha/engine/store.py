@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dex_ha.diskspace import is_disk_full
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
@@ -31,6 +32,7 @@ APPLIED_INDEX = "applied_index"
 WAL_SIZE_LIMIT_BYTES = 64 << 20
 WAL_RESTART_AFTER_FRAMES = 4096  # 16 MB of 4 KB pages: a few seconds of writes at full load
 FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-outs are stale
+DISK_FULL_LOG_EVERY_ROUNDS = 60  # a checkpoint that finds the disk full is logged once a minute
 EVENT_ID_SHIFT = 16  # event id = (log index << 16) + its number within the entry and session
 
 
@@ -117,11 +119,18 @@ class WalCheckpointer:
         self._thread.start()
 
     def _run(self) -> None:
+        disk_full_rounds = 0
         while not self._stop.wait(self._every_s):
             try:
                 self._checkpoint_round()
-            except Exception:  # the thread must live on: without it the WAL grows without bound
-                log.exception("engine WAL checkpoint failed; trying again in %.1f s", self._every_s)
+                disk_full_rounds = 0
+            except Exception as exc:  # the thread must live on: without it the WAL grows without bound
+                if not is_disk_full(exc):
+                    log.exception("engine WAL checkpoint failed; trying again in %.1f s", self._every_s)
+                    continue
+                if disk_full_rounds % DISK_FULL_LOG_EVERY_ROUNDS == 0:  # once, then now and then
+                    log.warning("engine WAL checkpoint: the disk is full (%s); trying again", exc)
+                disk_full_rounds += 1
 
     def _checkpoint_round(self) -> None:
         frames = self._checkpoint()
@@ -215,8 +224,9 @@ class Store:
         try:
             yield
         except BaseException:
-            self.conn.execute(f"ROLLBACK TO {name}")
-            self.conn.execute(f"RELEASE {name}")
+            if self.conn.in_transaction:  # not when SQLite rolled it all back (SQLITE_FULL)
+                self.conn.execute(f"ROLLBACK TO {name}")
+                self.conn.execute(f"RELEASE {name}")
             raise
         self.conn.execute(f"RELEASE {name}")
 

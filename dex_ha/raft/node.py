@@ -11,6 +11,11 @@ Proposals that arrive while an fsync runs queue up and go into the next Ready to
 which is what batches many entries into one fsync under load. A turn steps the messages
 that arrived before it fires timers, and applies committed entries in pieces that fit
 `apply_budget_ms`, so the loop's own work does not silence its heartbeats and acks.
+
+A full disk (a write of the log, a snapshot file or the state machine fails with ENOSPC or
+SQLITE_FULL) does not stop the node: the Ready it was handling is held, nothing further is
+stepped, ticked or proposed (a node that cannot persist must not vote, ack or lead), and the
+held Ready is tried again every DISK_FULL_RETRY_MS until it goes through (see `disk_full`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgpack
+
+from dex_ha.diskspace import free_bytes, is_disk_full
 
 from .clock import now_ms
 from .core import (
@@ -72,6 +79,40 @@ Address = tuple[str, int]
 # message (ids, terms, indexes, msgpack headers) is well under this headroom.
 APP_FRAME_HEADROOM = 64 << 10
 MAX_ENTRY_BYTES_LIMIT = DEFAULT_MAX_FRAME_BYTES - APP_FRAME_HEADROOM
+
+# While the disk is full: how often the held Ready is tried again, how often the log says
+# it is still full, and how long a snapshot that found the disk full waits to try again.
+DISK_FULL_RETRY_MS = 1_000
+DISK_FULL_LOG_EVERY_MS = 60_000
+SNAPSHOT_DISK_FULL_BACKOFF_MS = 30_000
+
+
+class NoSpace(ProposalDropped):
+    """The node's disk is full: it takes no proposal until space is freed (then by itself)."""
+
+
+@dataclass(frozen=True)
+class DiskFullAlarm:
+    """Why and since when this node writes nothing: published like RaftView, for the HTTP side."""
+
+    path: str  # where the failed write went (the data directory when the error names none)
+    free_bytes: int | None  # on that file system, when last tried
+    since_ms: int  # on the `now_ms()` clock
+
+    def describe(self) -> str:
+        free = "free space unknown" if self.free_bytes is None else f"{self.free_bytes} bytes free"
+        return f"the disk of {self.path} is full ({free})"
+
+
+@dataclass
+class _HeldReady:
+    """A Ready being handled, kept across turns while the disk is full: what is done of it."""
+
+    rd: Ready
+    late: list[Message]  # the messages that wait for the persist
+    persisted: bool = False
+    installed: bool = False  # its snapshot, if any, is in the state machine
+    applied_through: int = 0  # its committed entries up to this index are applied
 
 
 class StateMachine(Protocol):
@@ -282,6 +323,11 @@ class RaftNode:
         self._on_fsync = on_fsync
         self._on_fatal = on_fatal
         self.failure: BaseException | None = None  # why the loop died, if it did
+        self.disk_full: DiskFullAlarm | None = None  # set while a write waits for space
+        self._held: _HeldReady | None = None
+        self._disk_retry_at_ms = 0
+        self._disk_logged_at_ms = 0
+        self._snapshot_not_before_ms = 0
         self._inbox: deque[Message] = deque()
         self._unreachable: set[str] = set()
         # Proposals for the next turn: bytes for a normal entry, a ConfChange for a membership change.
@@ -491,6 +537,9 @@ class RaftNode:
         if self.failure is not None:
             reply.set_exception(ProposalDropped("node failed"))
             return
+        if self.disk_full is not None:
+            reply.set_exception(self._no_space())
+            return
         self._proposals.append((payload, reply))
         self._wake.set()
 
@@ -564,6 +613,9 @@ class RaftNode:
         up to the first that applied entries (see `apply_budget_ms`); what is
         left waits for the next turn, which comes at once."""
         self.turn_watch.turn_starts()
+        if self._held is not None and not self._retry_held_ready():
+            self.turn_watch.turn_ends()
+            return
         while self._deferred:
             try:
                 self._deferred.popleft()()
@@ -583,9 +635,11 @@ class RaftNode:
             try:
                 rd = self.core.ready(max_committed_entries=self.apply_pace.limit())
                 self.view = self._current_view()  # before any message of this Ready leaves
-                self._handle_ready(rd)
+                done = self._handle_ready(rd)
             finally:
-                self._in_ready = False
+                self._in_ready = self._held is not None  # a held Ready still defers changes
+            if not done:
+                break
             if rd.committed_entries and self.core.has_ready():
                 self._wake.set()
                 break
@@ -597,6 +651,17 @@ class RaftNode:
     def _current_view(self) -> RaftView:
         core = self.core
         voters = core.conf_state.voters
+        if self.disk_full is not None:
+            # It cannot persist, so it leads nothing: no lease, and no leader it could name
+            # as itself (clients are sent elsewhere or told no_space, never back here).
+            return RaftView(
+                term=core.term,
+                role=Role.FOLLOWER,
+                leader_id="" if core.leader_id == self.config.id else core.leader_id,
+                lease_end_ms=None,
+                commit=core.commit_index,
+                voter=self.config.id in voters,
+            )
         return RaftView(
             term=core.term,
             role=core.role,
@@ -631,7 +696,8 @@ class RaftNode:
             self.metrics.proposals += 1
             self._pending[index] = _Pending(self.core.term, fut)
 
-    def _handle_ready(self, rd: Ready) -> None:
+    def _handle_ready(self, rd: Ready) -> bool:
+        """Persist, send, apply, advance. False when the disk is full: the Ready is held."""
         early, late = self._split_messages(rd)
         if early:
             # Raft thesis §10.2.1: a leader may replicate entries while it writes them to
@@ -641,6 +707,42 @@ class RaftNode:
             for msg in early:
                 self._send(msg)
             self.transport.flush()
+        self._held = _HeldReady(rd, late)
+        return self._finish_held_ready()
+
+    def _finish_held_ready(self) -> bool:
+        """Take the held Ready on from where it stopped. Every stage can be run again after
+        a full disk interrupted it: the log's write was cut back, the snapshot file and the
+        members file are rewritten whole, and the engine rolled back its whole batch."""
+        held = self._held
+        assert held is not None
+        rd = held.rd
+        try:
+            if not held.persisted:
+                self._persist(rd)
+                held.persisted = True
+                for msg in held.late:
+                    self._send(msg)
+                if held.late:
+                    self.transport.flush()  # out now, not when the per-peer pump task next runs
+            if rd.snapshot is not None and not held.installed:
+                self._install_snapshot(rd.snapshot, rd.snapshot_data)
+                held.installed = True
+            self._apply_committed(rd.committed_entries, held)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            self._note_disk_full(exc)
+            return False
+        self._held = None
+        self.core.advance(rd)
+        self._wake_apply_waiters()
+        self._maybe_snapshot()
+        if self.disk_full is not None:
+            self._note_disk_space_back()
+        return True
+
+    def _persist(self, rd: Ready) -> None:
         if rd.snapshot is not None:
             self._persist_received_snapshot(rd.snapshot, rd.snapshot_data)
         if rd.entries or rd.hard_state is not None:
@@ -655,16 +757,69 @@ class RaftNode:
             if rd.hard_state is not None:
                 hs = rd.hard_state
                 self._persisted_promises = (hs.term, hs.vote, hs.vote_refusal_ms)
-        for msg in late:
-            self._send(msg)
-        if late:
-            self.transport.flush()  # out now, not when the per-peer pump task next runs
-        if rd.snapshot is not None:
-            self._install_snapshot(rd.snapshot, rd.snapshot_data)
-        self._apply_committed(rd.committed_entries)
-        self.core.advance(rd)
-        self._wake_apply_waiters()
-        self._maybe_snapshot()
+
+    # ------------------------------------------------------------------ full disk
+
+    def _retry_held_ready(self) -> bool:
+        """A turn while a Ready is held: drop what came in (Raft resends what matters; a node
+        that cannot persist must not answer), refuse proposals, and now and then try the held
+        Ready again. True once it went through: the turn then goes on as usual."""
+        self._inbox.clear()
+        self._unreachable.clear()
+        self._refuse_proposals()
+        now = now_ms()
+        if now < self._disk_retry_at_ms:
+            return False
+        self._disk_retry_at_ms = now + DISK_FULL_RETRY_MS
+        self._in_ready = True
+        try:
+            return self._finish_held_ready()
+        finally:
+            self._in_ready = self._held is not None
+
+    def _refuse_proposals(self) -> None:
+        while self._proposals:
+            _, fut = self._proposals.popleft()
+            if not fut.done():
+                fut.set_exception(self._no_space())
+
+    def _no_space(self) -> NoSpace:
+        alarm = self.disk_full
+        what = alarm.describe() if alarm is not None else "the disk is full"
+        return NoSpace(f"{what}: this node writes nothing until space is freed, then resumes by itself")
+
+    def _note_disk_full(self, exc: BaseException) -> None:
+        now = now_ms()
+        path = str(getattr(exc, "path", None) or getattr(exc, "filename", None) or self.config.data_dir)
+        first = self.disk_full is None
+        self.disk_full = DiskFullAlarm(path, free_bytes(path), self.disk_full.since_ms if self.disk_full else now)
+        if first:
+            self._disk_retry_at_ms = now + DISK_FULL_RETRY_MS
+            self._disk_logged_at_ms = now
+            log.error(
+                "node %s: %s (%s). It writes nothing, answers writes with no_space and steps "
+                "down; it tries again every %d ms and resumes by itself once space is freed",
+                self.config.id,
+                self.disk_full.describe(),
+                exc,
+                DISK_FULL_RETRY_MS,
+            )
+            was_leader = self.view.is_leader
+            self.view = self._current_view()
+            self._fail_all_pending(self._no_space())  # their outcome is unknown: retried idempotently
+            if was_leader and self._on_leader_change is not None:
+                self._on_leader_change("")  # the server stops this term's services
+        elif now - self._disk_logged_at_ms >= DISK_FULL_LOG_EVERY_MS:
+            self._disk_logged_at_ms = now
+            log.warning("node %s: still waiting for space: %s", self.config.id, self.disk_full.describe())
+
+    def _note_disk_space_back(self) -> None:
+        alarm, self.disk_full = self.disk_full, None
+        took_s = (now_ms() - alarm.since_ms) / 1000 if alarm is not None else 0.0
+        log.warning("node %s: disk space is back after %.1f s: writing again", self.config.id, took_s)
+        self.view = self._current_view()
+        if self._on_leader_change is not None:
+            self._on_leader_change(self.core.leader_id)  # the server follows the view again
 
     def _split_messages(self, rd: Ready) -> tuple[list[Message], list[Message]]:
         """Messages that may go out before this Ready is persisted, and the rest.
@@ -700,27 +855,32 @@ class RaftNode:
 
     # ------------------------------------------------------------------ apply
 
-    def _apply_committed(self, entries: list[Entry]) -> None:
+    def _apply_committed(self, entries: list[Entry], held: _HeldReady) -> None:
         """Apply in log order; runs of normal entries go to the machine as one batch
-        (one SQLite transaction for the engine), membership changes one by one."""
+        (one SQLite transaction for the engine), membership changes one by one. What was
+        applied before a full disk stopped it (`held.applied_through`) is not applied twice."""
         run: list[Entry] = []
         for entry in entries:
+            if entry.index <= held.applied_through:
+                continue
             if entry.type == EntryType.CONF_CHANGE:
-                self._apply_run(run)
+                self._apply_run(run, held)
                 run = []
                 self._apply_conf_change(entry)
+                held.applied_through = entry.index
                 self._settle(entry, None)
             else:
                 run.append(entry)
-        self._apply_run(run)
+        self._apply_run(run, held)
 
-    def _apply_run(self, run: list[Entry]) -> None:
+    def _apply_run(self, run: list[Entry], held: _HeldReady) -> None:
         if not run:
             return
         # Empty data is a new leader's no-op: the machine only records the index, so a
         # restart does not replay what came before it.
         started = time.perf_counter()
         results = self.sm.apply_batch([(e.index, e.data) for e in run])
+        held.applied_through = run[-1].index
         took_s = time.perf_counter() - started
         self.apply_pace.record(len(run), took_s)
         cost = self.turn_watch.cost
@@ -819,6 +979,8 @@ class RaftNode:
         # and the machine's may cost a query (the engine reads it from SQLite) every turn.
         if self.core.applied_index - self._taken.index < self.config.snapshot_every_entries:
             return
+        if now_ms() < self._snapshot_not_before_ms:  # the last one found the disk full
+            return
         copy = self.sm.snapshot_copier()
         self._snapshot_task = asyncio.create_task(self._take_snapshot(copy), name=f"raft-snapshot-{self.config.id}")
 
@@ -843,8 +1005,18 @@ class RaftNode:
                 self._defer(lambda: self._compact_to(previous))
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("node %s: taking a snapshot failed; will try again", self.config.id)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                log.exception("node %s: taking a snapshot failed; will try again", self.config.id)
+            else:
+                self._snapshot_not_before_ms = now_ms() + SNAPSHOT_DISK_FULL_BACKOFF_MS
+                log.warning(
+                    "node %s: no space for a snapshot in %s (%s); trying again in %d s",
+                    self.config.id,
+                    self._snap_dir,
+                    exc,
+                    SNAPSHOT_DISK_FULL_BACKOFF_MS // 1000,
+                )
         finally:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)  # gone already when it became the snapshot file

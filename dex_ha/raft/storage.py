@@ -38,6 +38,9 @@ Crash safety:
     length is the end of the file, and isTornEntry). Nothing after it was synced: an
     fsync writes every earlier page first. (Damage that zeroes synced data in the last
     segment would go unnoticed, as in etcd; the warning says how much was dropped.);
+  * a write that finds the disk full (ENOSPC) is cut back to where it started and raises
+    DiskFullError; the log stays usable and the same write succeeds once there is space
+    (a failed fsync stays fatal: see _fsync);
   * any other damage raises LogCorruptionError naming the file, the byte offset and the
     entry index, so the node stops instead of silently losing acknowledged data.
 
@@ -65,6 +68,7 @@ from typing import Any
 
 import msgpack
 
+from dex_ha.diskspace import DiskFullError, is_disk_full
 from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE, Failpoints  # noqa: F401  (re-exported)
 
 from .types import (
@@ -687,7 +691,13 @@ class RaftStorage:
             self._add_snapshot_record(buf, seq, 0, self._snapshot, keep_suffix=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         try:
-            _write_all(fd, buf)
+            try:
+                _write_all(fd, buf)
+            except OSError as exc:
+                if not is_disk_full(exc):
+                    raise
+                tmp.unlink(missing_ok=True)  # nothing refers to it yet: the old segment stays open
+                raise DiskFullError(self.dir, exc) from exc
             if self._strict:
                 self._fsync(fd)
             self._failpoints.hit("storage.rotate.after-tmp")
@@ -707,10 +717,23 @@ class RaftStorage:
         try:
             _write_all(self._fd, buf)
         except BaseException as exc:
+            if is_disk_full(exc) and self._cut_back_partial_write():
+                raise DiskFullError(self.dir, exc) from exc
             self._failed = exc  # the file may hold a partial record: stop using it
             raise
         self._seg_size += len(buf)
         self._dirty = True
+
+    def _cut_back_partial_write(self) -> bool:
+        """After a write that ran out of space: drop whatever part of it reached the file,
+        so the segment ends at its last whole record again. (Shrinking a file needs no
+        space.) False if even that failed: then the log must not be used any more."""
+        try:
+            os.ftruncate(self._fd, self._seg_size)
+        except OSError:
+            log.exception("raft log: cannot cut a partial write back in %s", self._segments[-1].path)
+            return False
+        return True
 
     def _fsync(self, fd: int) -> None:
         t0 = time.perf_counter()

@@ -182,7 +182,8 @@ def _route(
     if active_only:
         responses.setdefault(
             503,
-            "not_active: this node is not the active node; retry, or follow leader_url"
+            "not_active: this node is not the active node; retry, or follow leader_url; or no_space: "
+            "this node's disk is full, retry (it resumes by itself once space is freed)"
             + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else ""),
         )
     elif bounded:
@@ -596,7 +597,7 @@ _CLUSTER = (
         "GET",
         "/v1/cluster",
         ANY_ROLE,
-        "This node's view of the cluster: role, term, leader, indexes, lease, members.",
+        "This node's view of the cluster: role, term, leader, indexes, lease, alarms (no_space), members.",
         success={200: "the cluster table"},
         active_only=False,
     ),

@@ -44,7 +44,7 @@ from dex_ha.server.config import ConfigError, parse_address
 from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
 from dex_ha.server.http_limits import client_gone, read_body
-from dex_ha.server.leader import LeaderTerm, wall_ms
+from dex_ha.server.leader import LeaderTerm
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
@@ -366,7 +366,10 @@ async def _membership(change: Awaitable[None]) -> None:
 async def create_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
         CreateSession(
-            at=wall_ms(), agent=args["agent"], session_id=args.get("session_id"), metadata=args.get("metadata")
+            at=api.node.clock.now_ms(),
+            agent=args["agent"],
+            session_id=args.get("session_id"),
+            metadata=args.get("metadata"),
         )
     )
     value = _value(result)
@@ -400,7 +403,7 @@ def _snapshot(api: Api, session_id: str) -> dict[str, Any]:
 async def send_message(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
         SendMessage(
-            at=wall_ms(),
+            at=api.node.clock.now_ms(),
             session_id=args["session_id"],
             text=args["text"],
             message_id=args.get("message_id"),
@@ -413,7 +416,7 @@ async def send_message(api: Api, args: dict[str, Any], request: web.Request) -> 
 async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
         DecideApproval(
-            at=wall_ms(),
+            at=api.node.clock.now_ms(),
             session_id=args["session_id"],
             call_id=args["call_id"],
             approved=args["approved"],
@@ -426,21 +429,26 @@ async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) 
 async def answer_question(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
         AnswerQuestion(
-            at=wall_ms(), session_id=args["session_id"], question_id=args["question_id"], answer=args["answer"]
+            at=api.node.clock.now_ms(),
+            session_id=args["session_id"],
+            question_id=args["question_id"],
+            answer=args["answer"],
         )
     )
     return 200, {**_value(result), "noop": result.noop}
 
 
 async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    result = await api.propose(CancelTurn(at=wall_ms(), session_id=args["session_id"], reason=args.get("reason")))
+    result = await api.propose(
+        CancelTurn(at=api.node.clock.now_ms(), session_id=args["session_id"], reason=args.get("reason"))
+    )
     return 200, {"session_id": args["session_id"], **_value(result)}
 
 
 async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
         ReconcileToolCall(
-            at=wall_ms(),
+            at=api.node.clock.now_ms(),
             session_id=args["session_id"],
             call_id=args["call_id"],
             outcome=args["outcome"],
@@ -515,7 +523,7 @@ async def register_agent(api: Api, args: dict[str, Any], request: web.Request) -
     definition = {
         k: args[k] for k in ("tools", "compaction", "model", "description", "metadata") if args.get(k) is not None
     }
-    result = await api.propose(RegisterAgent(at=wall_ms(), name=args["name"], definition=definition))
+    result = await api.propose(RegisterAgent(at=api.node.clock.now_ms(), name=args["name"], definition=definition))
     return 200, result.value
 
 
@@ -607,7 +615,7 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
     api.node.failpoints.hit("server.complete.before-propose")
     result = await api.propose(
         CompleteAttempt(
-            at=wall_ms(),
+            at=api.node.clock.now_ms(),
             step_id=step_id,
             attempt=attempt,
             term=term,
@@ -632,7 +640,7 @@ async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Ans
     step_id, attempt, term = token.step_id, token.attempt, token.term
     await api.propose(
         FailAttempt(
-            at=wall_ms(),
+            at=api.node.clock.now_ms(),
             step_id=step_id,
             attempt=attempt,
             term=term,

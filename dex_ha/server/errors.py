@@ -21,6 +21,7 @@ This module imports nothing of the server, so any module may raise these errors.
     ├── Overloaded            503 overloaded, Retry-After (admission.py)
     └── NotActive             503 not_active, Retry-After, leader_url (Raft's errors, from_raft)
         └── NotServing        not the active node, draining or stopping (node.py, leader.py)
+            └── NoSpace       503 no_space: this node's disk is full (node.py, from_raft)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dex_ha.raft.core import EntryTooLarge, NotLeader, ProposalDropped
+from dex_ha.raft.node import NoSpace as RaftNoSpace
 
 # Seconds a client told to come back (503) waits; the SDKs add jitter and cap their backoff.
 RETRY_AFTER_S = "1"
@@ -103,10 +105,24 @@ class NotServing(NotActive):
     """This node cannot do that now (not the active node, draining, or stopping)."""
 
 
+class NoSpace(NotServing):
+    """This node's disk is full: 503 `no_space` with Retry-After (and `leader_url` when it
+    knows another node leads). 503, not 507: the condition passes by itself once space is
+    freed, and meanwhile another node takes over the writes, so clients (and the SDKs, and
+    proxies) must retry, which they do for a 503 and not for a 507. The message names the
+    path and the free bytes."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = "no_space"
+
+
 def from_raft(exc: NotLeader | ProposalDropped | EntryTooLarge) -> HttpError:
     """The answer to an error of the Raft layer that reached the HTTP API."""
     if isinstance(exc, EntryTooLarge):  # the command would not fit in the replicated log
         return HttpError(413, "too_large", f"body: the command it makes is too large ({exc})")
+    if isinstance(exc, RaftNoSpace):
+        return NoSpace(f"this node cannot write: {exc}")
     return NotActive(str(exc) or type(exc).__name__)
 
 

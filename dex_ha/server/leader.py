@@ -14,7 +14,11 @@ a cancellation that races with the awaited thing finishing, and a loop that miss
 cancellation would keep the term's services running after stop().
 
 Time: command `at` values are wall-clock milliseconds (the engine compares them with the
-due times and deadlines it stored); heartbeat silence is measured on the monotonic clock.
+due times and deadlines it stored), read from the node's `ActiveClock`: the wall clock read
+once when this term takes over, advanced by the monotonic clock since. So a step of the wall
+clock while this node is active moves no deadline, no retry window and no timer; heartbeat
+silence is measured on the monotonic clock directly. Attempts of earlier terms are failed at
+takeover, so no deadline is ever measured across two nodes' clocks.
 """
 
 from __future__ import annotations
@@ -54,8 +58,25 @@ HANDOUTS_PER_PROPOSAL = 32
 Propose = Callable[[Command], Awaitable[ApplyResult]]
 
 
-def wall_ms() -> int:
-    return int(time.time() * 1000)
+class ActiveClock:
+    """Wall-clock milliseconds that follow elapsed time, not steps of the wall clock.
+
+    `anchor()` reads the wall clock; `now_ms()` is that reading plus the monotonic time
+    since. A node anchors when it starts and when it takes over as leader, and stamps every
+    command with `now_ms()`: a step of the wall clock (NTP, an operator) while it is active
+    changes no outcome. It is followed at the next takeover.
+    """
+
+    def __init__(self) -> None:
+        self._wall_ms = 0.0
+        self._mono_s = 0.0
+        self.anchor()
+
+    def anchor(self) -> None:
+        self._wall_ms, self._mono_s = time.time() * 1000, time.monotonic()
+
+    def now_ms(self) -> int:
+        return int(self._wall_ms + (time.monotonic() - self._mono_s) * 1000)
 
 
 @dataclass
@@ -93,6 +114,7 @@ class LeaderTerm:
         propose: Propose,
         metrics: ServerMetrics,
         *,
+        clock: ActiveClock,
         heartbeat_timeout_ms: int,
         monitor_interval_s: float | None = None,
     ) -> None:
@@ -101,6 +123,8 @@ class LeaderTerm:
         self.engine = replica.reads  # read-only: changes go through propose
         self._propose = propose
         self.metrics = metrics
+        self.clock = clock
+        clock.anchor()  # the wall clock is read here, once per term (see ActiveClock)
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         # Check often enough that a silent attempt fails within ~10% past its timeout.
         self._monitor_interval_s = monitor_interval_s or min(1.0, max(0.02, heartbeat_timeout_ms / 10_000))
@@ -158,7 +182,7 @@ class LeaderTerm:
         started = time.monotonic()
         while True:
             try:
-                result = await self._propose(FailHeldAttempts(at=wall_ms(), term=self.term))
+                result = await self._propose(FailHeldAttempts(at=self.clock.now_ms(), term=self.term))
                 break
             except asyncio.CancelledError:
                 raise
@@ -275,7 +299,7 @@ class LeaderTerm:
         A poll gets the steps at the heads of its agents' queues when its entries apply, so
         fewer than counted when results took some meanwhile (eager dispatch); one that got
         none waits on."""
-        at = wall_ms()
+        at = self.clock.now_ms()
         proposals = [  # (index of the poll in `matched`, its entry)
             (
                 index,
@@ -330,7 +354,7 @@ class LeaderTerm:
             started["token_secret"],
         )
         self.metrics.attempts_started.labels(kind=kind).inc()
-        now_ms = wall_ms()
+        now_ms = self.clock.now_ms()
         self.metrics.schedule_to_start.labels(kind=kind).observe(
             max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000)
         )
@@ -397,7 +421,7 @@ class LeaderTerm:
             await self._fail_silent_and_late_attempts()
 
     async def _fail_silent_and_late_attempts(self) -> None:
-        now_mono, now_wall = time.monotonic(), wall_ms()
+        now_mono, now_wall = time.monotonic(), self.clock.now_ms()
         timeout_s = self.heartbeat_timeout_ms / 1000
         commands: list[tuple[HeartbeatLost | AttemptTimedOut, str, str]] = []
         for a in self.engine.running_attempts(term=self.term):
@@ -442,7 +466,7 @@ class LeaderTerm:
         while True:
             self._wake_timers.clear()
             timer = self.engine.next_timer()
-            now = wall_ms()
+            now = self.clock.now_ms()
             if timer is not None and timer.due_at <= now:
                 due = self.engine.due_timers(now, limit=256)
                 await asyncio.gather(*(self._fire(t.timer_id) for t in due))
@@ -456,7 +480,7 @@ class LeaderTerm:
 
     async def _fire(self, timer_id: str) -> None:
         try:
-            await self._propose(FireTimer(at=wall_ms(), timer_id=timer_id))
+            await self._propose(FireTimer(at=self.clock.now_ms(), timer_id=timer_id))
         except Exception as exc:
             log.info("timer %s not fired (%s); the next active node fires it", timer_id, exc)
             await asyncio.sleep(0.05)

@@ -126,6 +126,11 @@ class _StateCollector:
             ),
             ("dex_http_requests_in_flight", "Requests being worked on, of those admission control bounds."),
             ("dex_workers_connected", "Workers seen polling or heartbeating recently."),
+            (
+                "dex_disk_full",
+                "1 while this node's disk is full: it writes nothing, answers writes 503 no_space "
+                "and resumes by itself once space is freed (see its log for the path).",
+            ),
         ):
             yield GaugeMetricFamily(name, help_text, value=s[name])
         shed = CounterMetricFamily(

@@ -28,9 +28,9 @@ from dex_ha.raft.types import ConfChange, ConfChangeType, Role
 from dex_ha.server.admission import Admission
 from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
-from dex_ha.server.errors import MemberNotCaughtUp, NotServing, StepDownFailed, UnknownMember
+from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotServing, StepDownFailed, UnknownMember
 from dex_ha.server.http_limits import GuardedSite, HttpLimits
-from dex_ha.server.leader import LeaderTerm
+from dex_ha.server.leader import ActiveClock, LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.probes import ProbeServer
 from dex_ha.server.replica import Replica
@@ -91,6 +91,7 @@ class NodeServer:
             on_fatal=on_fatal,
         )
         self.metrics.add_state_gauges(self.metrics_state)
+        self.clock = ActiveClock()  # every command's `at`: see ActiveClock
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
@@ -175,7 +176,12 @@ class NodeServer:
         if view.is_leader and self.leader is None and not self.stopping:
             log.info("node %s is leader of term %d: taking over", self.config.node_id, term)
             self.leader = LeaderTerm(
-                term, self.replica, self.propose, self.metrics, heartbeat_timeout_ms=self.config.heartbeat_timeout_ms
+                term,
+                self.replica,
+                self.propose,
+                self.metrics,
+                clock=self.clock,
+                heartbeat_timeout_ms=self.config.heartbeat_timeout_ms,
             )
             self.leader.start()
 
@@ -188,7 +194,14 @@ class NodeServer:
             self.replica.changed.notify()
 
     def serving(self) -> LeaderTerm:
-        """The services of the term we lead, if this node is the active node; else NotServing."""
+        """The services of the term we lead, if this node is the active node; else NotServing
+        (NoSpace while its disk is full)."""
+        alarm = self.raft.node.disk_full
+        if alarm is not None:
+            raise NoSpace(
+                f"this node cannot write: {alarm.describe()}; it resumes by itself once space "
+                "is freed (meanwhile another node can take over)"
+            )
         leader, view = self.leader, self.raft.view
         if (
             leader is None
@@ -392,8 +405,24 @@ class NodeServer:
             "lease_remaining_ms": view.lease_remaining_ms(),
             "insecure": self.config.insecure or not self.config.auth_enabled,
             "durability": self.config.durability,
+            "alarms": self.alarms(),
             "members": self._member_views(status),
         }
+
+    def alarms(self) -> list[dict[str, Any]]:
+        """What needs an operator on this node now (`/v1/cluster`, `dex-ha status`)."""
+        alarm = self.raft.node.disk_full
+        if alarm is None:
+            return []
+        return [
+            {
+                "alarm": "no_space",
+                "path": alarm.path,
+                "free_bytes": alarm.free_bytes,
+                "seconds": max(0, now_ms() - alarm.since_ms) / 1000,
+                "message": f"{alarm.describe()}: this node writes nothing until space is freed",
+            }
+        ]
 
     def _member_views(self, status: Status) -> list[dict[str, Any]]:
         urls = {node_id: member.url for node_id, member in self.raft.members().items()}
@@ -436,6 +465,7 @@ class NodeServer:
             "dex_timers_pending": stats["timers_pending"],
             "dex_engine_wal_bytes": self.replica.engine.wal_bytes(),
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
+            "dex_disk_full": int(self.raft.node.disk_full is not None),
             "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
             "dex_raft_slow_turns_total": {
                 "long": self.raft.node.turn_watch.slow_turns,
