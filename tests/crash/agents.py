@@ -436,7 +436,9 @@ def soak_tool(kit: Kit, name: str) -> Callable[..., Awaitable[Any]]:
         record = dict(call_id=f"{ctx.session_id}:{ctx.call_id}", key=ctx.idempotency_key, attempt=ctx.attempt)
         kit.ledger.record("tool", name, "started", data=arguments, **record)
         loop = asyncio.get_running_loop()
-        until = loop.time() + random.uniform(*SOAK_TOOL_S)
+        # Drawn from the call and the attempt, not from the process: the session ids carry the
+        # run's seed, so a replayed seed gives every run the same length.
+        until = loop.time() + random.Random(f"{record['call_id']}/{ctx.attempt}").uniform(*SOAK_TOOL_S)
         while loop.time() < until:
             await ctx.heartbeat()  # AttemptCancelled once the server failed this attempt
             await asyncio.sleep(min(HANG_TICK_S, max(0.0, until - loop.time())))
