@@ -15,6 +15,11 @@ Healing the link closes every connection it held (their byte streams have holes,
 frames' MACs would fail anyway) and forwards new connections again: the nodes redial.
 `cut(..., close=True)` instead closes the open connections at once (a reset).
 
+A delayed link (`delay(pairs, seconds)`) forwards what it reads `seconds` later, in order
+and without loss: a slow path, not a lossy one. Bytes that arrive while a chunk waits go
+out with the next chunk, so a byte is delayed by between one and two times `seconds`.
+`delay(pairs, 0)` makes the links fast again; a cut and a delay are independent.
+
 All links of a mesh run on one event loop on a thread of its own (LoopThread, as the
 node's Raft loop does), so a busy test loop cannot delay Raft heartbeats through the
 proxy. The listening sockets are bound when the mesh is made, so their ports can be
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dex_ha.raft.loop_thread import LoopThread
@@ -59,6 +64,7 @@ class LinkProxy:
         self.name = name
         self.target = target
         self.cut = False
+        self.delay_s = 0.0  # how long each chunk read waits before it is forwarded
         self._sock = socket.create_server((HOST, 0))
         self.port: int = self._sock.getsockname()[1]
         self._conns: set[_Conn] = set()
@@ -120,6 +126,8 @@ class LinkProxy:
         """Copy until either side closes; once the connection is held, drop what is read."""
         try:
             while data := await reader.read(READ_BYTES):
+                if self.delay_s and not conn.held:
+                    await asyncio.sleep(self.delay_s)
                 if conn.held:
                     continue
                 writer.write(data)
@@ -172,20 +180,31 @@ class ProxyMesh:
 
         await self._thread.stop(stop_links())
 
-    async def _set(self, pairs: Iterable[tuple[str, str]], cut: bool, close: bool = False) -> None:
+    async def _each_link(self, pairs: Iterable[tuple[str, str]], change: Callable[[LinkProxy], None]) -> None:
         links = [self.links[pair] for pair in pairs]
 
         def apply() -> None:
             for link in links:
-                link.set_cut(cut, close)
+                change(link)
 
         await self._thread.call(apply)  # one loop turn: every link changes at the same instant
+
+    async def _set(self, pairs: Iterable[tuple[str, str]], cut: bool, close: bool = False) -> None:
+        await self._each_link(pairs, lambda link: link.set_cut(cut, close))
 
     async def cut(self, pairs: Iterable[tuple[str, str]], close: bool = False) -> None:
         await self._set(pairs, True, close)
 
     async def heal(self, pairs: Iterable[tuple[str, str]] | None = None) -> None:
         await self._set(self.links if pairs is None else pairs, False)
+
+    async def delay(self, pairs: Iterable[tuple[str, str]], seconds: float) -> None:
+        """Forward what the links carry `seconds` late (0: without delay again)."""
+
+        def set_delay(link: LinkProxy) -> None:
+            link.delay_s = seconds
+
+        await self._each_link(pairs, set_delay)
 
     def outbound(self, node: str) -> list[tuple[str, str]]:
         """The links `node` sends on."""

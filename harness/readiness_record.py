@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -104,17 +104,11 @@ class ReadinessRecorder:
 
     def ready_by_round(self, since: float = 0.0) -> dict[int, list[str]]:
         """Round -> the nodes that answered 200 in it (rounds answered after `since`)."""
-        ready: dict[int, list[str]] = {}
-        for row in self.rows:
-            if row.at >= since:
-                ready.setdefault(row.round, [])
-                if row.status == 200:
-                    ready[row.round].append(row.node)
-        return ready
+        return ready_by_round(self.rows, since)
 
     def overlapping_rounds(self) -> list[tuple[int, list[str]]]:
         """The rounds in which two or more nodes answered 200."""
-        return [(r, nodes) for r, nodes in self.ready_by_round().items() if len(nodes) > 1]
+        return overlapping_rounds(self.rows)
 
     def first_ready(self, since: float, nodes: set[str] | None = None) -> ProbeRow | None:
         """The first 200 after `since`, of one of `nodes` (any node when None)."""
@@ -143,3 +137,20 @@ class ReadinessRecorder:
             if abs(row.at - at) <= window_s:
                 lines.setdefault(row.round, []).append(f"{row.node}={row.status}")
         return "\n".join(f"round {r}: {' '.join(cells)}" for r, cells in lines.items())
+
+
+def ready_by_round(rows: Iterable[ProbeRow], since: float = 0.0) -> dict[int, list[str]]:
+    """Round -> the nodes that answered 200 in it (rows answered after `since`); a record's
+    rows, or rows a checker is given."""
+    ready: dict[int, list[str]] = {}
+    for row in rows:
+        if row.at >= since:
+            ready.setdefault(row.round, [])
+            if row.status == 200:
+                ready[row.round].append(row.node)
+    return ready
+
+
+def overlapping_rounds(rows: Iterable[ProbeRow]) -> list[tuple[int, list[str]]]:
+    """The rounds in which two or more nodes answered 200."""
+    return [(r, nodes) for r, nodes in ready_by_round(rows).items() if len(nodes) > 1]

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from dex_ha.worker import Agent, DeltaSink, ModelRequest, ModelResponse, ToolContext
+from dex_ha.worker import Agent, DeltaSink, ModelRequest, ModelResponse, ScriptedModel, ToolContext
 from tests.crash.ledger import Ledger
 
 HANG_TICK_S = 0.1
@@ -519,7 +519,9 @@ def soak_tool(kit: Kit, name: str) -> Callable[..., Awaitable[Any]]:
         record = dict(call_id=f"{ctx.session_id}:{ctx.call_id}", key=ctx.idempotency_key, attempt=ctx.attempt)
         kit.ledger.record("tool", name, "started", data=arguments, **record)
         loop = asyncio.get_running_loop()
-        until = loop.time() + random.uniform(*SOAK_TOOL_S)
+        # Drawn from the call and the attempt, not from the process: the session ids carry the
+        # run's seed, so a replayed seed gives every run the same length.
+        until = loop.time() + random.Random(f"{record['call_id']}/{ctx.attempt}").uniform(*SOAK_TOOL_S)
         while loop.time() < until:
             await ctx.heartbeat()  # AttemptCancelled once the server failed this attempt
             await asyncio.sleep(min(HANG_TICK_S, max(0.0, until - loop.time())))
@@ -527,6 +529,43 @@ def soak_tool(kit: Kit, name: str) -> Callable[..., Awaitable[Any]]:
         return f"{name} ok"
 
     return run
+
+
+# ---------------------------------------------------------------- the robustness suite's agent
+
+# What a user message of tests/robustness asks for: "<message id> <step> <step> ...", each
+# step one tool call of the turn's first model response (all at once), then an answer.
+ROBUSTNESS_STEPS = {
+    "read": ("lookup", "read"),
+    "idem": ("put_item", "idempotent_write"),
+    "write": ("send_note", "write"),
+    "approve": ("wire_money", "write"),  # a single-attempt write that waits for approval
+}
+ROBUSTNESS_SLEEP_MS = 300  # the "sleep" step: the server's built-in timer tool
+
+
+def robustness(kit: Kit, name: str) -> Agent:
+    """tests/robustness: the steps the user's text names, then "done". Call ids are the
+    message id and the step (unique in the session); the tools record their runs in the
+    ledger as the soak's do (`session:call`), with heartbeats while they run."""
+
+    def script(request: ModelRequest) -> dict[str, Any]:
+        message_id, *steps = user_text(request).split()
+        if results_in_turn(request) or not steps:
+            return answer(f"done {message_id}")
+        return calls(*(robustness_call(message_id, step) for step in steps))
+
+    agent = Agent(name, ScriptedModel(script))
+    for step, (tool, effect) in ROBUSTNESS_STEPS.items():
+        policy = {"approval": True} if step == "approve" else {}
+        agent.tool(effect=effect, name=tool, input_schema={"type": "object"}, **policy)(soak_tool(kit, tool))
+    return agent
+
+
+def robustness_call(message_id: str, step: str) -> tuple[str, str, dict[str, Any]]:
+    if step == "sleep":
+        return (f"{message_id}-sleep", "sleep", {"ms": ROBUSTNESS_SLEEP_MS})
+    return (f"{message_id}-{step}", ROBUSTNESS_STEPS[step][0], {"text": message_id})
 
 
 AGENTS: dict[str, Callable[[Kit, str], Agent]] = {
@@ -555,4 +594,5 @@ AGENTS: dict[str, Callable[[Kit, str], Agent]] = {
     "KEEPS_RUNNING": keeps_running,
     "R20": r20,
     "SOAK": soak,
+    "ROBUSTNESS": robustness,
 }

@@ -77,3 +77,18 @@ async def test_a_cut_with_close_resets_open_connections(mesh: ProxyMesh) -> None
     await mesh.isolate("n1", close=True)
     assert await asyncio.wait_for(reader.read(1024), 5) == b""
     writer.close()
+
+
+async def test_a_delayed_link_forwards_late_in_order_and_fast_again_after(mesh: ProxyMesh) -> None:
+    reader, writer = await dial(mesh, "n0", "n1")
+    assert await roundtrip(reader, writer, b"warm") == b"warm"
+    await mesh.delay([("n0", "n1")], SHORT_S * 2)
+    assert await roundtrip(reader, writer, b"slow") is None  # not within SHORT_S: it waits
+    assert await asyncio.wait_for(reader.read(1024), 5) == b"slow"  # late, but it arrives
+    back_reader, back_writer = await dial(mesh, "n1", "n0")  # the other direction is another link
+    assert await roundtrip(back_reader, back_writer, b"quick") == b"quick"
+
+    await mesh.delay([("n0", "n1")], 0)
+    assert await roundtrip(reader, writer, b"fast") == b"fast"
+    for w in (writer, back_writer):
+        w.close()
