@@ -218,7 +218,7 @@ class Engine(Queries):
 
         return copy
 
-    def restore(self, data: bytes, index: int) -> None:
+    def restore(self, data: bytes | memoryview, index: int) -> None:
         """Replace the whole state with a snapshot taken at `index`.
 
         The copy goes through SQLite's backup API into the open database, so a crash

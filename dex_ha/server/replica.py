@@ -108,7 +108,7 @@ class Replica:
     def snapshot_copier(self) -> Callable[[Path], int]:
         return self.engine.snapshot_copier()
 
-    def restore(self, data: bytes, index: int) -> None:
+    def restore(self, data: bytes | memoryview, index: int) -> None:
         self.engine.restore(data, index)
         self._signal_change()
 
