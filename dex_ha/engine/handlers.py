@@ -321,7 +321,7 @@ def set_consistency_alarm(ctx: ApplyContext, cmd: SetConsistencyAlarm) -> Handle
         ctx.store.set_meta(key, cmd.index)
     else:
         ctx.store.conn.execute("DELETE FROM meta WHERE key = ?", (key,))
-    return Handled(value={"node_id": cmd.node_id, "raised": cmd.raised, "index": cmd.index})
+    return Handled(value={"consistency_alarm": {"node_id": cmd.node_id, "raised": cmd.raised, "index": cmd.index}})
 
 
 def _check_id(value: str, field: str) -> None:

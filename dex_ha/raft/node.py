@@ -272,11 +272,13 @@ class RaftNode:
         on_leader_change: Callable[[str], None] | None = None,
         on_fsync: Callable[[float], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
+        on_note: Callable[[str, bytes], None] | None = None,
     ) -> None:
         """`on_leader_change(leader_id)` and `on_fsync(seconds)` let the server layer feed
         its metrics (a histogram of fsync time) without raft/ importing anything of ours.
         `on_fatal(exc)` is called when the loop dies of an error it cannot go on from (a
-        failed fsync): the node then serves nothing, and a process should exit."""
+        failed fsync): the node then serves nothing, and a process should exit.
+        `on_note(sender, data)` gets the application's notes from other members (send_note)."""
         self.config = config
         self.sm = state_machine
         self.metrics = NodeMetrics()
@@ -286,6 +288,7 @@ class RaftNode:
         self._on_leader_change = on_leader_change
         self._on_fsync = on_fsync
         self._on_fatal = on_fatal
+        self._on_note = on_note
         self.failure: BaseException | None = None  # why the loop died, if it did
         self._inbox: deque[Message] = deque()
         self._unreachable: set[str] = set()
@@ -512,7 +515,20 @@ class RaftNode:
         self._proposals.append((payload, reply))
         self._wake.set()
 
+    def send_note(self, to: str, data: bytes) -> None:
+        """Send the application's own message to member `to` over the authenticated Raft
+        transport (best effort: a note to an unreachable member is lost). On the loop only."""
+        self.transport.send(Message(MessageType.NOTE, to=to, frm=self.config.id, term=self.core.term, data=data))
+
+    def set_barred(self, members: frozenset[str]) -> None:
+        """Members that must not become leader (see RaftCore.set_barred). On the loop only."""
+        self._defer(lambda: self.core.set_barred(members))
+
     def _on_message(self, msg: Message) -> None:
+        if msg.type == MessageType.NOTE:
+            if self._on_note is not None:
+                self._on_note(msg.frm, msg.data)
+            return
         self._note_contact(msg)
         if msg.type == MessageType.SNAP and msg.snapshot is not None:
             self._in_background(
