@@ -73,6 +73,8 @@ async def test_a_follower_whose_state_was_changed_is_flagged_and_never_elected(c
     flags = {m["id"]: m["consistency_alarm"] for m in view["members"]}
     assert flags == {n: n == divergent for n in cluster.urls}
     assert f'dex_consistency_alarm{{member="{divergent}"}} 1.0' in await _metrics(cluster.urls[active])
+    status = cluster.run_cli("status", "--url", cluster.urls[active], "--token", admin)
+    assert f"CONSISTENCY ALARM: {divergent}'s state differed" in status.stdout, status.stdout + status.stderr
     log_text = (cluster.dir / f"{active}.log").read_text()
     assert f"member {divergent}'s state hash is" in log_text
 
