@@ -59,7 +59,7 @@ class KVStateMachine:
 
         return copy
 
-    def restore(self, data: bytes, index: int) -> None:
+    def restore(self, data: bytes | memoryview, index: int) -> None:
         applied, kv = msgpack.unpackb(data, raw=False)
         self.kv, self._applied = kv, index
 

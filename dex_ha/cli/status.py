@@ -116,9 +116,23 @@ def format_status(answers: list[NodeAnswer]) -> str:
         if a.view
         for alarm in a.view.get("alarms") or []
     ]
+    lines += consistency_alarm_lines(answers)
     if any(a.view.get("insecure") for a in answers if a.view):
         lines.append("note: the cluster runs WITHOUT authentication (--insecure or dev mode)")
     return "\n".join(lines)
+
+
+def consistency_alarm_lines(answers: list[NodeAnswer]) -> list[str]:
+    """A line per member under the consistency alarm (replicated: any node's view names it)."""
+    alarms: dict[str, int] = {}
+    for a in answers:
+        if a.view:
+            alarms.update({node: info["index"] for node, info in (a.view.get("consistency_alarms") or {}).items()})
+    return [
+        f"CONSISTENCY ALARM: {node}'s state differed from the majority's at index {index}; it will not "
+        f'become active. Replace it (docs/operations.md, "The consistency alarm")'
+        for node, index in sorted(alarms.items())
+    ]
 
 
 def cmd_status(args: argparse.Namespace) -> int:

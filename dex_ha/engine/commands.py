@@ -225,6 +225,32 @@ class ReconcileToolCall:
     error: str | None = None
 
 
+# ---------------------------------------------------------------- replica checks
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckStateHash:
+    """Every node hashes its state as of this entry's index (the consistency check): the
+    engine ends its transaction right after this entry, so that a reader can see exactly
+    that state (Engine.on_state_check). It changes nothing."""
+
+    at: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SetConsistencyAlarm:
+    """Raise (or clear) the consistency alarm of a member whose state hash at `index`
+    differed from the majority's: replicated, so every node knows it, and a member under
+    the alarm never becomes the leader."""
+
+    at: int
+    node_id: str
+    index: int
+    raised: bool
+    found: str = ""  # the member's hash
+    expected: str = ""  # the majority's
+
+
 Command = (
     CreateSession
     | RegisterAgent
@@ -241,6 +267,8 @@ Command = (
     | DecideApproval
     | AnswerQuestion
     | ReconcileToolCall
+    | CheckStateHash
+    | SetConsistencyAlarm
 )
 
 COMMAND_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from dex_ha.engine.commands import Command, CommandDecodeError, decode_command
+from dex_ha.engine.commands import CheckStateHash, Command, CommandDecodeError, decode_command
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.handlers import HANDLERS
 from dex_ha.engine.queries import Queries
@@ -33,6 +33,7 @@ from dex_ha.engine.store import (
     can_migrate,
     connect,
     init_schema,
+    state_hash,
 )
 
 log = logging.getLogger("dex_ha.engine")
@@ -69,6 +70,10 @@ class Engine(Queries):
         # Held by every write transaction; the checkpoint thread holds it to let the WAL start over.
         self._write_lock = threading.Lock()
         self._checkpointer: WalCheckpointer | None = None
+        # Called with the index of each CheckStateHash entry right after the transaction
+        # that ends with it commits, before anything later applies (see open_state_hash).
+        self.on_state_check: Callable[[int], None] | None = None
+        self._state_check_at: int | None = None
         if checkpoint_every_s is not None and path != ":memory:":
             self._conn.execute("PRAGMA wal_autocheckpoint=0")
             self._checkpointer = WalCheckpointer(
@@ -115,15 +120,29 @@ class Engine(Queries):
         a savepoint around each entry: the same results, and a refused entry keeps nothing.
         """
         entries = list(entries)
+        results: list[ApplyResult] = []
         with self._write_lock:
-            try:
-                return self._apply_in_transaction(entries, careful=False)
-            except _ReplayCarefully:
-                return self._apply_in_transaction(entries, careful=True)
+            # A CheckStateHash entry ends its transaction (the rest go into the next one),
+            # so that on_state_check sees the state exactly at its index.
+            while len(results) < len(entries):
+                results += self._apply_part(entries[len(results) :])
+                index, self._state_check_at = self._state_check_at, None
+                if index is not None and self.on_state_check is not None:
+                    self.on_state_check(index)
+        return results
+
+    def _apply_part(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult]:
+        try:
+            return self._apply_in_transaction(entries, careful=False)
+        except _ReplayCarefully:
+            return self._apply_in_transaction(entries, careful=True)
 
     def _apply_in_transaction(self, entries: list[tuple[int, bytes]], careful: bool) -> list[ApplyResult]:
+        """Apply `entries` up to the end or to the first CheckStateHash (included); one
+        result per entry applied."""
         applied = self.applied_index()
         results = []
+        self._state_check_at = None
         self._conn.execute("BEGIN")
         try:
             for index, data in entries:
@@ -132,10 +151,13 @@ class Engine(Queries):
                     continue
                 results.append(self._apply_entry(index, data, careful))
                 applied = index
+                if self._state_check_at == index:
+                    break
             self._store.write_buffered()
             self._store.set_meta(APPLIED_INDEX, applied)
             self._conn.execute("COMMIT")
         except BaseException:
+            self._state_check_at = None
             self._store.discard_buffered()
             # SQLite may have rolled the transaction back itself (it does on SQLITE_FULL in a
             # COMMIT): a ROLLBACK then fails and would hide the error that matters.
@@ -151,6 +173,8 @@ class Engine(Queries):
             cmd = decode_command(data)
         except CommandDecodeError as exc:
             return Rejected("invalid", str(exc)).result(index)
+        if isinstance(cmd, CheckStateHash):
+            self._state_check_at = index
         if careful:
             return self._run_in_savepoint(index, cmd)
         changes_before = self._conn.total_changes
@@ -190,6 +214,30 @@ class Engine(Queries):
         log.exception("engine bug applying entry %d (%s)", index, type(cmd).__name__)
         return Rejected("internal", f"{type(exc).__name__}: {exc}").result(index)
 
+    # ---------------------------------------------------------- consistency check
+
+    def open_state_hash(self) -> Callable[[], str]:
+        """Called on the applying thread (e.g. from on_state_check): pins the state as it is
+        now in a read transaction of a connection of its own, and returns a function that
+        hashes it (state_hash) on any thread, then ends that read. In WAL mode the pinned
+        read never blocks the applies that go on meanwhile, and sees none of them, so a
+        large state is hashed at exactly this index without stalling the Raft loop."""
+        if self.path == ":memory:":  # no second connection can see it: hash here, now
+            digest = state_hash(self._conn)
+            return lambda: digest
+        conn = connect(self.path, durable=True)
+        conn.execute("BEGIN")
+        conn.execute("SELECT value FROM meta WHERE key = ?", (APPLIED_INDEX,)).fetchone()  # the read starts here
+
+        def hash_pinned_state() -> str:
+            try:
+                return state_hash(conn)
+            finally:
+                conn.execute("COMMIT")
+                conn.close()
+
+        return hash_pinned_state
+
     # ---------------------------------------------------------- snapshots
 
     def snapshot(self) -> bytes:
@@ -221,7 +269,7 @@ class Engine(Queries):
 
         return copy
 
-    def restore(self, data: bytes, index: int) -> None:
+    def restore(self, data: bytes | memoryview, index: int) -> None:
         """Replace the whole state with a snapshot taken at `index`.
 
         The copy goes through SQLite's backup API into the open database, so a crash

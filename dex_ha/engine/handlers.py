@@ -16,6 +16,7 @@ from dex_ha.engine.commands import (
     AnswerQuestion,
     AttemptTimedOut,
     CancelTurn,
+    CheckStateHash,
     CompleteAttempt,
     CreateSession,
     DecideApproval,
@@ -26,6 +27,7 @@ from dex_ha.engine.commands import (
     ReconcileToolCall,
     RegisterAgent,
     SendMessage,
+    SetConsistencyAlarm,
     StartAttempts,
     StartQueuedAttempts,
 )
@@ -38,7 +40,7 @@ from dex_ha.engine.kinds import (
     RUN_MODEL,
 )
 from dex_ha.engine.results import Rejected
-from dex_ha.engine.store import FENCED_TERM, to_json
+from dex_ha.engine.store import CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
 
 MAX_ID_LENGTH = 200
 MAX_EAGER_HANDOUTS = 16
@@ -305,6 +307,23 @@ def reconcile_tool_call(ctx: ApplyContext, cmd: ReconcileToolCall) -> Handled:
 # ---------------------------------------------------------------- helpers
 
 
+# ---------------------------------------------------------------- replica checks
+
+
+def check_state_hash(ctx: ApplyContext, cmd: CheckStateHash) -> Handled:
+    return Handled(noop=True)  # the engine ends the transaction here (Engine.on_state_check)
+
+
+def set_consistency_alarm(ctx: ApplyContext, cmd: SetConsistencyAlarm) -> Handled:
+    _check_id(cmd.node_id, "node_id")
+    key = CONSISTENCY_ALARM_PREFIX + cmd.node_id
+    if cmd.raised:
+        ctx.store.set_meta(key, cmd.index)
+    else:
+        ctx.store.conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+    return Handled(value={"consistency_alarm": {"node_id": cmd.node_id, "raised": cmd.raised, "index": cmd.index}})
+
+
 def _check_id(value: str, field: str) -> None:
     if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
         raise Rejected("invalid", f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
@@ -326,4 +345,6 @@ HANDLERS: dict[type, Callable[[ApplyContext, Any], Handled]] = {
     DecideApproval: decide_approval,
     AnswerQuestion: answer_question,
     ReconcileToolCall: reconcile_tool_call,
+    CheckStateHash: check_state_hash,
+    SetConsistencyAlarm: set_consistency_alarm,
 }

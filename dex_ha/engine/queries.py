@@ -23,7 +23,7 @@ from dex_ha.engine.kinds import (
     idempotency_key,
 )
 from dex_ha.engine.statuses import StepStatus
-from dex_ha.engine.store import APPLIED_INDEX, EVENT_ID_SHIFT, Store, from_json
+from dex_ha.engine.store import APPLIED_INDEX, CONSISTENCY_ALARM_PREFIX, EVENT_ID_SHIFT, Store, from_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +129,15 @@ class Queries:
     def applied_index(self) -> int:
         """The last log index applied (stored with the changes it covers)."""
         return self._store.meta(APPLIED_INDEX)
+
+    def consistency_alarms(self) -> dict[str, int]:
+        """The members under the consistency alarm: node id -> the index of the check
+        their state hash failed (see SetConsistencyAlarm)."""
+        rows = self._store.rows(
+            "SELECT key, value FROM meta WHERE substr(key, 1, ?) = ? ORDER BY key",
+            (len(CONSISTENCY_ALARM_PREFIX), CONSISTENCY_ALARM_PREFIX),
+        )
+        return {row[0][len(CONSISTENCY_ALARM_PREFIX) :]: int(row[1]) for row in rows}
 
     # ---------------------------------------------------------- leader services
 

@@ -13,6 +13,7 @@ The store holds no Python-side cache of state: memory stays bounded as sessions 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import json.encoder
 import logging
@@ -21,6 +22,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]  # msgpack ships no type hints
 
 from dex_ha.diskspace import is_disk_full
 from dex_ha.engine.results import Rejected
@@ -31,6 +34,8 @@ log = logging.getLogger("dex_ha.engine")
 APPLIED_INDEX = "applied_index"
 WAL_SIZE_LIMIT_BYTES = 64 << 20
 WAL_RESTART_AFTER_FRAMES = 4096  # 16 MB of 4 KB pages: a few seconds of writes at full load
+# A member under the consistency alarm: meta key prefix + node id -> the index of the check.
+CONSISTENCY_ALARM_PREFIX = "consistency_alarm/"
 FENCED_TERM = "fenced_term"  # highest term of a FailHeldAttempts: older hand-outs are stale
 DISK_FULL_LOG_EVERY_ROUNDS = 60  # a checkpoint that finds the disk full is logged once a minute
 EVENT_ID_SHIFT = 16  # event id = (log index << 16) + its number within the entry and session
@@ -84,6 +89,26 @@ def connect(path: str, durable: bool) -> sqlite3.Connection:
     conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
     conn.execute("PRAGMA foreign_keys=OFF")
     return conn
+
+
+def state_hash(conn: sqlite3.Connection) -> str:
+    """SHA-256 of every replicated row, in an order every node agrees on: tables by name,
+    rows by primary key (by every column for a table without one). SQLite's own tables
+    (statistics) are left out. Two nodes that applied the same log to the same index get
+    the same hash; run it in one read transaction so that it sees one state."""
+    digest = hashlib.sha256()
+    tables = conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+    ).fetchall()
+    for (table,) in tables:
+        info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+        columns = [row[1] for row in info]
+        key = [row[1] for row in sorted(info, key=lambda row: row[5]) if row[5]] or columns
+        digest.update(msgpack.packb([table, columns], use_bin_type=True))
+        order = ", ".join(f'"{c}"' for c in key)
+        for row in conn.execute(f'SELECT * FROM "{table}" ORDER BY {order}'):
+            digest.update(msgpack.packb(tuple(row), use_bin_type=True))
+    return digest.hexdigest()
 
 
 class WalCheckpointer:

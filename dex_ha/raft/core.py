@@ -145,7 +145,7 @@ TRANSFER_CONTEXT = 1
 _MT = MessageType
 # Messages only a leader of the message's term sends.
 _FROM_LEADER = (_MT.APP, _MT.HEARTBEAT, _MT.SNAP)
-_MESSAGE_TYPES = frozenset(int(t) for t in MessageType)
+_MESSAGE_TYPES = frozenset(int(t) for t in MessageType if t != MessageType.NOTE)  # notes are the node's
 _ENTRY_TYPES = frozenset(int(t) for t in EntryType)
 
 
@@ -504,6 +504,7 @@ class RaftCore:
         self._msgs: list[Message] = []
         self._pending_snapshot: tuple[SnapshotMeta, bytes] | None = None
         self._outstanding: Ready | None = None
+        self._barred: frozenset[str] = frozenset()  # members that must not lead: set_barred
         self._reset_leader_state()
         self._reset_election_timer()
 
@@ -665,7 +666,23 @@ class RaftCore:
     # -- role changes --------------------------------------------------------------------
 
     def _promotable(self) -> bool:
-        return self.id in self._conf.voters
+        return self.id in self._conf.voters and self.id not in self._barred
+
+    def set_barred(self, members: frozenset[str]) -> None:
+        """Members that must not become leader (the application found their state divergent
+        from the majority's). A barred node never campaigns, not even on TIMEOUT_NOW, and
+        a leader transfers to no barred member; a barred leader hands its leadership to the
+        most caught-up voter that is not barred, if there is one. It still votes and
+        replicates: its log is as good as anyone's, only its applied state is suspect."""
+        self._barred = frozenset(members)
+        if self._role == Role.LEADER and self.id in self._barred and self._transfer is None:
+            others = [
+                (pr.match, member)
+                for member, pr in self._prs.items()
+                if member in self._conf.voters and member not in self._barred
+            ]
+            if others:
+                self._start_transfer(max(others)[1], strict=False)
 
     def _reset_leader_state(self) -> None:
         self._prs: dict[str, Progress] = {}
@@ -1246,6 +1263,10 @@ class RaftCore:
         if to not in self._conf.voters or to not in self._prs:
             if strict:
                 raise ProposalDropped(f"cannot transfer leadership to {to!r}: not a voter")
+            return
+        if to in self._barred:
+            if strict:
+                raise ProposalDropped(f"cannot transfer leadership to {to!r}: it is barred from leading")
             return
         # Give the lease up FIRST: the target's VOTE will bypass the recent-leader check.
         self._lease_given_up = True

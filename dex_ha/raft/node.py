@@ -28,7 +28,7 @@ import ssl
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +51,7 @@ from .core import (
     RaftCore,
     check_timing,
 )
+from .snapshot_file import SnapshotCorruptionError, seal_file, verify
 from .status import Status
 from .storage import RaftStorage, fsync_dir
 from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
@@ -136,8 +137,9 @@ class StateMachine(Protocol):
         index the copy is at. A file, not bytes: the state may be far larger than memory
         should hold at once."""
 
-    def restore(self, data: bytes, index: int) -> None:
-        """Replace the whole state with a snapshot taken at `index`."""
+    def restore(self, data: bytes | memoryview, index: int) -> None:
+        """Replace the whole state with a snapshot taken at `index` (`data`: what the copier
+        wrote; the node has checked it against the snapshot file's checksum)."""
 
 
 @dataclass
@@ -237,6 +239,9 @@ class NodeMetrics:
     applied_entries: int = 0
     snapshots_taken: int = 0
     snapshots_installed: int = 0
+    # Snapshots that failed their checksum: received ones not installed, and this node's
+    # own files found damaged before sending (see snapshot_file.py).
+    snapshots_refused: int = 0
     # The largest gap between two messages from the leader of the current term, measured
     # where they arrive (on a follower): how close load brought the cluster to an election.
     leader_contact_gap_max_ms: int = 0
@@ -308,11 +313,13 @@ class RaftNode:
         on_leader_change: Callable[[str], None] | None = None,
         on_fsync: Callable[[float], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
+        on_note: Callable[[str, bytes], None] | None = None,
     ) -> None:
         """`on_leader_change(leader_id)` and `on_fsync(seconds)` let the server layer feed
         its metrics (a histogram of fsync time) without raft/ importing anything of ours.
         `on_fatal(exc)` is called when the loop dies of an error it cannot go on from (a
-        failed fsync): the node then serves nothing, and a process should exit."""
+        failed fsync): the node then serves nothing, and a process should exit.
+        `on_note(sender, data)` gets the application's notes from other members (send_note)."""
         self.config = config
         self.sm = state_machine
         self.metrics = NodeMetrics()
@@ -322,6 +329,7 @@ class RaftNode:
         self._on_leader_change = on_leader_change
         self._on_fsync = on_fsync
         self._on_fatal = on_fatal
+        self._on_note = on_note
         self.failure: BaseException | None = None  # why the loop died, if it did
         self.disk_full: DiskFullAlarm | None = None  # set while a write waits for space
         self._held: _HeldReady | None = None
@@ -342,6 +350,9 @@ class RaftNode:
         self._snapshot_index = 0  # the log (core and storage) starts after this index
         self._taken = SnapshotMeta(0, 0, ConfState())  # the newest snapshot file written
         self._snapshot_task: asyncio.Task[None] | None = None
+        self._snapshot_repair = False  # a snapshot file was found damaged: take a new one now
+        self._damaged_snapshots: set[int] = set()  # their indexes (logged once)
+        self._background: set[asyncio.Task[None]] = set()  # snapshot sends and checks
         self._apply_waiters: list[tuple[int, asyncio.Future[None]]] = []
         # Changes to the core or the log from outside the loop (snapshot reports, a
         # transfer, compaction) run at once, except while a Ready is being handled
@@ -421,7 +432,15 @@ class RaftNode:
         path = self._snapshot_file(snap_meta.index)
         if not path.exists():
             raise RuntimeError(f"snapshot file {path} missing for index {snap_meta.index}")
-        self.sm.restore(path.read_bytes(), snap_meta.index)
+        data = path.read_bytes()
+        try:
+            payload = verify(data, snap_meta.index, str(path))
+        except SnapshotCorruptionError as exc:
+            log.error(
+                "node %s: cannot start: its snapshot at index %d is damaged: %s", self.config.id, snap_meta.index, exc
+            )
+            raise
+        self.sm.restore(payload, snap_meta.index)
 
     def _peer_addrs(self) -> dict[str, Address]:
         return {nid: m.raft_addr for nid, m in self._members.items() if nid != self.config.id}
@@ -439,6 +458,8 @@ class RaftNode:
         self._wake.set()
         if self._snapshot_task is not None:
             self._snapshot_task.cancel()
+        for task in list(self._background):
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -543,8 +564,45 @@ class RaftNode:
         self._proposals.append((payload, reply))
         self._wake.set()
 
+    def send_note(self, to: str, data: bytes) -> None:
+        """Send the application's own message to member `to` over the authenticated Raft
+        transport (best effort: a note to an unreachable member is lost). On the loop only."""
+        self.transport.send(Message(MessageType.NOTE, to=to, frm=self.config.id, term=self.core.term, data=data))
+
+    def set_barred(self, members: frozenset[str]) -> None:
+        """Members that must not become leader (see RaftCore.set_barred). On the loop only."""
+        self._defer(lambda: self.core.set_barred(members))
+
     def _on_message(self, msg: Message) -> None:
+        if msg.type == MessageType.NOTE:
+            if self._on_note is not None:
+                self._on_note(msg.frm, msg.data)
+            return
         self._note_contact(msg)
+        if msg.type == MessageType.SNAP and msg.snapshot is not None:
+            self._in_background(
+                self._check_received_snapshot(msg, msg.snapshot.index), f"raft-check-snapshot-{msg.frm}"
+            )
+            return
+        self._inbox.append(msg)
+        self._wake.set()
+
+    async def _check_received_snapshot(self, msg: Message, index: int) -> None:
+        """Step a received snapshot only once its checksum holds (checked off the loop). A
+        damaged one is dropped: the leader's next probe finds this node still behind and
+        sends a snapshot again."""
+        try:
+            await asyncio.to_thread(verify, msg.data, index, f"snapshot from {msg.frm}")
+        except SnapshotCorruptionError as exc:
+            self.metrics.snapshots_refused += 1
+            log.error(
+                "node %s: refused the snapshot at index %d from %s, NOT installed: %s; the leader will send one again",
+                self.config.id,
+                index,
+                msg.frm,
+                exc,
+            )
+            return
         self._inbox.append(msg)
         self._wake.set()
 
@@ -845,13 +903,53 @@ class RaftNode:
 
     def _send(self, msg: Message) -> None:
         if msg.type == MessageType.SNAP and not msg.data and msg.snapshot is not None:
-            path = self._snapshot_file(msg.snapshot.index)
-            if not path.exists():
-                log.error("node %s: snapshot file %s missing; cannot send it to %s", self.config.id, path, msg.to)
-                self.core.report_snapshot(msg.to, False)
-                return
-            msg.data = path.read_bytes()
+            self._in_background(self._send_snapshot(msg, msg.snapshot.index), f"raft-send-snapshot-{msg.to}")
+            return
         self.transport.send(msg)
+
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _send_snapshot(self, msg: Message, index: int) -> None:
+        """Read the snapshot file and check its checksum off the loop (a large one takes a
+        while), then send it: a SNAP is the one message later ones may overtake. A damaged
+        file is never sent: the send is reported failed, and a new snapshot replaces it."""
+        path = self._snapshot_file(index)
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+            await asyncio.to_thread(verify, data, index, str(path))
+        except FileNotFoundError:
+            if index not in self._damaged_snapshots:
+                log.error("node %s: snapshot file %s missing; cannot send it to %s", self.config.id, path, msg.to)
+            self._defer(lambda: self.core.report_snapshot(msg.to, False))
+            return
+        except SnapshotCorruptionError as exc:
+            self._on_damaged_snapshot(path, index, msg.to, exc)
+            self._defer(lambda: self.core.report_snapshot(msg.to, False))
+            return
+        msg.data = data
+        self.transport.send(msg)
+        self.transport.flush()
+
+    def _on_damaged_snapshot(self, path: Path, index: int, to: str, exc: SnapshotCorruptionError) -> None:
+        """Keep the damaged file aside for inspection, and take a new snapshot to send instead."""
+        self.metrics.snapshots_refused += 1
+        self._damaged_snapshots.add(index)
+        kept = path.with_name(path.name + ".damaged")
+        os.replace(path, kept)
+        self._snapshot_repair = True
+        self._wake.set()
+        log.error(
+            "node %s: its snapshot file at index %d is damaged, NOT sent to %s: %s. The file is kept as "
+            "%s; a new snapshot is being taken to send instead (check the disk of this node)",
+            self.config.id,
+            index,
+            to,
+            exc,
+            kept,
+        )
 
     # ------------------------------------------------------------------ apply
 
@@ -977,7 +1075,8 @@ class RaftNode:
             return  # one at a time
         # The core's applied index, not the machine's: after advance() they are the same,
         # and the machine's may cost a query (the engine reads it from SQLite) every turn.
-        if self.core.applied_index - self._taken.index < self.config.snapshot_every_entries:
+        due = self.core.applied_index - self._taken.index >= self.config.snapshot_every_entries
+        if not (due or self._snapshot_repair):
             return
         if now_ms() < self._snapshot_not_before_ms:  # the last one found the disk full
             return
@@ -988,24 +1087,32 @@ class RaftNode:
         """Copy the state into a snapshot file off the event loop (a large state takes
         seconds, and heartbeats must go on), then compact to the previous one on the loop."""
         tmp: Path | None = None
+        # Replacing a damaged snapshot file: compact to the new one at once (rather than
+        # one snapshot behind), so that the next send to a follower uses it.
+        repair, self._snapshot_repair = self._snapshot_repair, False
         try:
             tmp = self._new_temp_file("snapshot-copy")
             index = await asyncio.to_thread(copy, tmp)
-            if index <= self._taken.index:
+            if index < self._taken.index or (index == self._taken.index and not repair):
                 return  # a snapshot from the leader overtook this one
             meta = self.core.snapshot_meta(index)  # in the log: compaction stops one snapshot behind
+            await asyncio.to_thread(seal_file, tmp, index)  # the checksum, before it becomes the file
             size = tmp.stat().st_size
             await asyncio.to_thread(self._keep_snapshot_file, tmp, index)
-            if index <= self._taken.index:
+            if index < self._taken.index:
                 return
             previous, self._taken = self._taken, meta
+            self._damaged_snapshots.discard(index)
             self.metrics.snapshots_taken += 1
             log.info("node %s: snapshot at index %d (%d bytes)", self.config.id, index, size)
-            if previous.index > self._snapshot_index:
+            if repair:
+                self._defer(lambda: self._compact_to(meta))
+            elif previous.index > self._snapshot_index:
                 self._defer(lambda: self._compact_to(previous))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            self._snapshot_repair = self._snapshot_repair or repair
             if not is_disk_full(exc):
                 log.exception("node %s: taking a snapshot failed; will try again", self.config.id)
             else:
@@ -1062,6 +1169,7 @@ class RaftNode:
             fsync_dir(self._snap_dir)
 
     def _persist_received_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        # `data` is the leader's whole file, trailer included, checked on arrival.
         self._write_snapshot_file(meta.index, data)
         self.storage.save_snapshot(meta)
         self._snapshot_index = meta.index
@@ -1069,7 +1177,8 @@ class RaftNode:
         self._delete_snapshot_files_before(meta.index)
 
     def _install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
-        self.sm.restore(data, meta.index)
+        where = f"snapshot at index {meta.index}"
+        self.sm.restore(verify(data, meta.index, where, digest=False), meta.index)  # hashed on arrival
         self._drop_pending_through(meta.index)
         self._members = {nid: m for nid, m in self._members.items() if nid in meta.conf_state.members()}
         self.metrics.snapshots_installed += 1

@@ -110,11 +110,19 @@ class RaftThread:
         on_leader_change: Callable[[str], None] | None = None,
         on_fsync: Callable[[float], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
+        on_note: Callable[[str, bytes], None] | None = None,
     ) -> None:
+        """`on_note(sender, data)` is called on the caller's loop (see RaftNode.send_note)."""
         self._on_leader_change = on_leader_change
         self._on_fatal = on_fatal
+        self._on_note = on_note
         self.node = RaftNode(
-            config, state_machine, on_leader_change=self._leader_changed, on_fsync=on_fsync, on_fatal=self._fatal
+            config,
+            state_machine,
+            on_leader_change=self._leader_changed,
+            on_fsync=on_fsync,
+            on_fatal=self._fatal,
+            on_note=self._note_received,
         )
         self._thread = LoopThread(f"raft-{config.id}")
         self._caller_loop: asyncio.AbstractEventLoop | None = None
@@ -179,6 +187,22 @@ class RaftThread:
     async def transfer_leadership(self, to: str) -> None:
         await self._thread.call(self.node.transfer_leadership, to)
 
+    def send_note(self, to: str, data: bytes) -> None:
+        """Send an application note to member `to` (see RaftNode.send_note); from any thread."""
+        self._on_raft_loop(lambda: self.node.send_note(to, data))
+
+    def set_barred(self, members: frozenset[str]) -> None:
+        """Members that must not become leader (see RaftCore.set_barred); from any thread.
+        Before start() it applies at once."""
+        self._on_raft_loop(lambda: self.node.set_barred(members))
+
+    def _on_raft_loop(self, call: Callable[[], None]) -> None:
+        loop = self._thread.loop
+        if loop is None:  # not started yet: nothing else touches the node
+            call()
+        else:
+            loop.call_soon_threadsafe(call)
+
     async def entry_term(self, index: int) -> int:
         """The term of the entry at `index`, read on the Raft loop (a backup's header names
         it). ValueError when the log no longer holds it (compacted past it)."""
@@ -189,6 +213,10 @@ class RaftThread:
     def _leader_changed(self, leader_id: str) -> None:
         if self._on_leader_change is not None and self._caller_loop is not None:
             self._caller_loop.call_soon_threadsafe(self._on_leader_change, leader_id)
+
+    def _note_received(self, sender: str, data: bytes) -> None:
+        if self._on_note is not None and self._caller_loop is not None:
+            self._caller_loop.call_soon_threadsafe(self._on_note, sender, data)
 
     def _fatal(self, exc: BaseException) -> None:
         if self._on_fatal is not None:

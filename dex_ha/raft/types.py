@@ -39,6 +39,7 @@ class MessageType(enum.IntEnum):
     SNAP = 8  # install snapshot: `snapshot` is the meta, `data` the whole payload
     TIMEOUT_NOW = 9  # leadership transfer: the target campaigns at once
     TRANSFER_LEADER = 10  # a non-leader forwards a transfer request; `index` unused, target in `frm`
+    NOTE = 11  # the application's own message to a member, in `data`; the core never sees it
 
 
 class Role(enum.IntEnum):

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from dex_ha.engine import Engine, copy_to_bytes
 from dex_ha.engine.schema import SCHEMA_VERSION
+from dex_ha.raft.snapshot_file import seal_bytes
 from dex_ha.raft.storage import RaftStorage, fsync_dir
 from dex_ha.raft.types import ConfState, HardState, SnapshotMeta
 
@@ -294,13 +295,15 @@ def _restore_engine(path: Path, payload: bytes, header: BackupHeader) -> None:
 
 
 def _write_snapshot_file(snap_dir: Path, index: int, payload: bytes, durability: str) -> None:
-    """The snapshot the node sends a member that joins later or falls behind the log."""
+    """The snapshot the node sends a member that joins later or falls behind the log,
+    with its checksum trailer (raft/snapshot_file.py)."""
     snap_dir.mkdir()
     path = snap_dir / f"snapshot-{index:020d}.bin"  # the name raft/node.py looks for
+    sealed = seal_bytes(payload, index)
     if durability == "strict":
-        write_atomically(path, [payload])
+        write_atomically(path, [sealed])
     else:
-        path.write_bytes(payload)
+        path.write_bytes(sealed)
 
 
 def _write_raft_log(raft_dir: Path, header: BackupHeader, members: tuple[str, ...], durability: str) -> None:

@@ -105,6 +105,9 @@ class ServerConfig:
     # (5.3 % for 50 of 500). The lease ends this much earlier than the followers' refusal.
     lease_drift_margin_ms: int = DEFAULT_LEASE_DRIFT_MARGIN_MS
     snapshot_every_entries: int = 20_000
+    # The replica check (consistency.py): how often the active node has every node hash its
+    # state at one log index and compares the hashes. 0: never.
+    consistency_check_interval_ms: int = 60_000
     # HTTP connections (dex_ha.server.http_limits): read timeouts for the request (never for
     # the answer: long polls and event streams last), and a cap on open connections.
     http_header_timeout_ms: int = 10_000
@@ -128,7 +131,13 @@ class ServerConfig:
             raise ConfigError(f"peers: must list this node ({self.node_id!r}) unless join = true")
         if self.election_timeout_min_ms >= self.election_timeout_max_ms:
             raise ConfigError("election_timeout_min_ms: must be below election_timeout_max_ms")
-        for name in ("heartbeat_timeout_ms", "drain_timeout_ms", "raft_heartbeat_interval_ms", "lease_drift_margin_ms"):
+        for name in (
+            "heartbeat_timeout_ms",
+            "drain_timeout_ms",
+            "raft_heartbeat_interval_ms",
+            "lease_drift_margin_ms",
+            "consistency_check_interval_ms",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
         self._check_lease_timing()
@@ -241,6 +250,7 @@ ENV_KEYS = {
     "http_body_timeout_ms": int,
     "http_keepalive_timeout_ms": int,
     "http_max_connections": int,
+    "consistency_check_interval_ms": int,
 }
 
 
@@ -326,6 +336,7 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
             "raft_heartbeat_interval_ms",
             "lease_drift_margin_ms",
             "snapshot_every_entries",
+            "consistency_check_interval_ms",
             "log_json",
             "http_header_timeout_ms",
             "http_body_timeout_ms",

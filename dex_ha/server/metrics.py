@@ -51,6 +51,12 @@ class ServerMetrics:
             "dex_http_requests", "HTTP requests by route and status code.", ["route", "code"], registry=r
         )
         self._http_children: dict[tuple[str, int], Any] = {}
+        self.consistency_mismatches = Counter(
+            "dex_consistency_mismatches",
+            "On the leader: members found with a state hash that differs from the majority's at a "
+            "consistency check (each is logged at ERROR and put under the consistency alarm).",
+            registry=r,
+        )
         # Connections (dex_ha.server.http_limits). A request the client gave up on is counted
         # in dex_http_requests_total with code 499, never as a 5xx.
         self.http_connections_open = Gauge(
@@ -160,6 +166,15 @@ class _StateCollector:
             sessions.add_metric([status], n)
         yield sessions
         yield from _follower_families(s["followers"])
+        alarm = GaugeMetricFamily(
+            "dex_consistency_alarm",
+            "1 for each member under the consistency alarm (its state differed from the majority's at a "
+            "consistency check: it cannot become the leader; replace it). Every node exports the same.",
+            labels=["member"],
+        )
+        for member in sorted(s["consistency_alarms"]):
+            alarm.add_metric([member], 1)
+        yield alarm
         calls = CounterMetricFamily(
             "dex_tool_calls",
             "Tool call outcomes recorded (a reconciled call counts as outcome_unknown and again as its settlement).",

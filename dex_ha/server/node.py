@@ -28,6 +28,7 @@ from dex_ha.raft.types import ConfChange, ConfChangeType, Role
 from dex_ha.server.admission import Admission
 from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
+from dex_ha.server.consistency import ConsistencyCheck
 from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotServing, StepDownFailed, UnknownMember
 from dex_ha.server.http_limits import GuardedSite, HttpLimits
 from dex_ha.server.leader import ActiveClock, LeaderTerm
@@ -89,7 +90,14 @@ class NodeServer:
             on_leader_change=self._on_leader_change,
             on_fsync=self.metrics.fsync_seconds.observe,
             on_fatal=on_fatal,
+            on_note=lambda sender, data: self.consistency.on_note(sender, data),
         )
+        self.consistency = ConsistencyCheck(
+            config.node_id, self.raft, self.metrics, self.propose, config.consistency_check_interval_ms
+        )
+        self.replica.on_state_hash = self.consistency.on_own_hash
+        self.replica.on_alarms = self.consistency.on_alarms
+        self.consistency.on_alarms(engine.consistency_alarms())  # barred from leading before it starts
         self.metrics.add_state_gauges(self.metrics_state)
         self.clock = ActiveClock()  # every command's `at`: see ActiveClock
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
@@ -124,6 +132,7 @@ class NodeServer:
             log.warning("node %s runs WITHOUT authentication (dev mode, no tokens configured)", self.config.node_id)
         self.replica.notify_on(asyncio.get_running_loop())
         await self.raft.start()
+        self.consistency.start(self.is_serving)
         limits = HttpLimits.from_config(self.config)
         self._runner = ApiRunner(build_app(self), access_log=None, handle_signals=False, **limits.handler_args())
         await self._runner.setup()
@@ -153,6 +162,7 @@ class NodeServer:
         if self.probes is not None:
             await self.probes.stop()
         await self._stop_leader_services()
+        await self.consistency.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         self._http_socket.close()
@@ -291,6 +301,8 @@ class NodeServer:
         members = (await self.raft.status()).members
         if target not in members or not members[target].voter or target == self.config.node_id:
             raise UnknownMember(f"{target!r} is not another voting member")
+        if target in self.consistency.alarms:
+            raise StepDownFailed(f"{target} is under the consistency alarm (its state differs): it may not lead")
         timeout_ms = self.config.drain_timeout_ms if drain_timeout_ms is None else drain_timeout_ms
         left = await self.drain(leader, timeout_ms)
         try:
@@ -334,7 +346,7 @@ class NodeServer:
         others = [
             (info.match or 0, -(info.last_contact_ms_ago or 0), node_id)
             for node_id, info in members.items()
-            if info.voter and node_id != self.config.node_id
+            if info.voter and node_id != self.config.node_id and node_id not in self.consistency.alarms
         ]
         return max(others)[2] if others else None
 
@@ -406,6 +418,7 @@ class NodeServer:
             "insecure": self.config.insecure or not self.config.auth_enabled,
             "durability": self.config.durability,
             "alarms": self.alarms(),
+            **self.consistency.view(),
             "members": self._member_views(status),
         }
 
@@ -427,7 +440,10 @@ class NodeServer:
     def _member_views(self, status: Status) -> list[dict[str, Any]]:
         urls = {node_id: member.url for node_id, member in self.raft.members().items()}
         return [
-            self._member_view(node_id, info, urls.get(node_id), status.snapshots_sending.get(node_id))
+            {
+                **self._member_view(node_id, info, urls.get(node_id), status.snapshots_sending.get(node_id)),
+                "consistency_alarm": node_id in self.consistency.alarms,
+            }
             for node_id, info in sorted(status.members.items())
         ]
 
@@ -477,6 +493,7 @@ class NodeServer:
             "sessions": stats["sessions"],
             "tool_calls": stats["tool_calls"],
             "followers": self._follower_progress(view.commit),
+            "consistency_alarms": self.consistency.alarms,
         }
 
     def _follower_progress(self, commit: int) -> dict[str, tuple[int, float]]:

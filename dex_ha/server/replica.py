@@ -10,9 +10,12 @@ notifies on the HTTP side's loop.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dex_ha.engine import AnswerQuestion, ApplyResult, DecideApproval, Engine, EngineReader, FireTimer, decode_command
 from dex_ha.failpoints import Failpoints
@@ -22,6 +25,10 @@ from dex_ha.failpoints import Failpoints
 # not been told yet, so nothing moves the turn on in this process (no hand-out of the
 # step the entry queued, no answer to the client).
 WAIT_ENDED_FAILPOINT = "server.wait.after-commit"
+# The key of a SetConsistencyAlarm's result value (handlers.set_consistency_alarm).
+ALARM_RESULT_KEY = "consistency_alarm"
+
+log = logging.getLogger("dex_ha.server")
 
 
 class ChangeSignal:
@@ -77,6 +84,13 @@ class Replica:
         self.changed = ChangeSignal()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._notify_scheduled = threading.Event()
+        # The consistency check (consistency.py): `on_state_hash(index, sha256)` once this
+        # node hashed its state at a CheckStateHash entry, `on_alarms(alarms)` when the
+        # replicated alarms change; both called on the notify loop.
+        self.on_state_hash: Callable[[int, str], None] | None = None
+        self.on_alarms: Callable[[dict[str, int]], None] | None = None
+        self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="state-hash")
+        engine.on_state_check = self._hash_state_at
 
     def notify_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """Changes are signalled on `loop` (the HTTP side's), whichever thread applied them."""
@@ -86,8 +100,37 @@ class Replica:
         results = self.engine.apply_batch(entries)
         if self._failpoints.armed(WAIT_ENDED_FAILPOINT) and any(map(_ended_a_wait, entries, results)):
             self._failpoints.hit(WAIT_ENDED_FAILPOINT)
+        if any(result.value is not None and ALARM_RESULT_KEY in result.value for result in results):
+            self._alarms_changed()
         self._signal_change()
         return results
+
+    def _hash_state_at(self, index: int) -> None:
+        """On the Raft thread, right after the CheckStateHash entry at `index` committed:
+        pin the state and hash it on the hashing thread (Engine.open_state_hash)."""
+        hash_pinned = self.engine.open_state_hash()
+        done = self._hasher.submit(hash_pinned)
+        done.add_done_callback(lambda f: self._on_loop(self._hashed, index, f))
+
+    def _hashed(self, index: int, done: concurrent.futures.Future[str]) -> None:
+        try:
+            digest = done.result()
+        except Exception:
+            log.exception("hashing the state at index %d failed; the next check will try again", index)
+            return
+        if self.on_state_hash is not None:
+            self.on_state_hash(index, digest)
+
+    def _alarms_changed(self) -> None:
+        alarms = self.engine.consistency_alarms()
+        if self.on_alarms is not None:
+            self._on_loop(self.on_alarms, alarms)
+
+    def _on_loop(self, call: Callable[..., None], *args: Any) -> None:
+        if self._loop is None:
+            call(*args)
+        else:
+            self._loop.call_soon_threadsafe(call, *args)
 
     def _signal_change(self) -> None:
         """Wake `changed` on its loop. Many applies in a row need only one wake-up: the
@@ -108,11 +151,13 @@ class Replica:
     def snapshot_copier(self) -> Callable[[Path], int]:
         return self.engine.snapshot_copier()
 
-    def restore(self, data: bytes, index: int) -> None:
+    def restore(self, data: bytes | memoryview, index: int) -> None:
         self.engine.restore(data, index)
+        self._alarms_changed()
         self._signal_change()
 
     def close(self) -> None:
+        self._hasher.shutdown(wait=True)
         self.reads.close()
         self.engine.close()
 

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from dex_ha import cli
+from dex_ha.raft.snapshot_file import verify_file
 from dex_ha.server.backup import (
     FORMAT_VERSION,
     MAGIC,
@@ -181,6 +182,8 @@ async def test_a_node_restored_from_a_backup_serves_the_same_sessions(
             )
             assert code == 0, err
             assert f"at index {header.index} (backup term {header.term}" in out
+            # The snapshot file a later member would be sent carries its checksum trailer.
+            verify_file(tmp_path / "copy" / "snapshots" / f"snapshot-{header.index:020d}.bin", header.index)
 
             restored = await start_node(single_node_config(tmp_path / "copy"))
             copy = HttpApi(f"http://127.0.0.1:{restored.http_port}", http)

@@ -297,6 +297,17 @@ def test_status_table_marks_the_silent_node_and_names_the_active_one() -> None:
     assert "http://h3:8801: no answer" in text
 
 
+def test_status_names_a_member_under_the_consistency_alarm() -> None:
+    flagged = {**_view("n1", "active", "n1"), "consistency_alarms": {"n2": {"index": 812}}}
+    answers = [
+        NodeAnswer("http://h1:8801", view=flagged),
+        NodeAnswer("http://h2:8801", view=_view("n2", "standby", "n1")),
+    ]
+    text = format_status(answers)
+    assert "CONSISTENCY ALARM: n2's state differed from the majority's at index 812" in text
+    assert "CONSISTENCY" not in format_status(answers[1:])
+
+
 def test_status_table_warns_when_no_node_is_active() -> None:
     answers = [
         NodeAnswer("http://h1:8801", view=_view("n1", "candidate", None)),

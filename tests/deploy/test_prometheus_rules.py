@@ -27,6 +27,7 @@ EXPECTED_ALERTS = {
     "DexHaApplyLagging",
     "DexHaMemberUnreachable",
     "DexHaEngineWalGrowing",
+    "DexHaConsistencyAlarm",
 }
 
 

@@ -161,6 +161,8 @@ def test_every_command_round_trips_through_its_encoding():
         c.DecideApproval(at=1, session_id="s", call_id="c", approved=False, reason="no"),
         c.AnswerQuestion(at=1, session_id="s", question_id="q", answer={"any": ["json"]}),
         c.ReconcileToolCall(at=1, session_id="s", call_id="c", outcome="succeeded", result=1),
+        c.CheckStateHash(at=1),
+        c.SetConsistencyAlarm(at=1, node_id="n2", index=7, raised=True, found="ab", expected="cd"),
     ]
     assert {type(s).__name__ for s in samples} == set(COMMAND_TYPES)
     for cmd in samples:

@@ -1290,3 +1290,42 @@ def test_proposals_made_together_reach_storage_in_one_ready_split_per_message_si
         assert [len(m.entries) for m in apps] == [2] * 5
     n1.advance(rd)
     assert not n1.has_ready() or not n1.ready().entries
+
+
+# -- members barred from leading (the consistency alarm) ---------------------------------
+
+
+def test_a_barred_member_never_campaigns_and_the_others_elect_a_leader() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    for core in c.cores.values():
+        core.set_barred(frozenset({"n2"}))
+    c.crash("n1")
+    c.run(6 * ETMIN)
+    assert c.leader().id == "n3"
+    assert not any(m.frm == "n2" and m.type in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
+    assert n1.role == Role.LEADER  # the crashed one still thinks so; it is not part of the rest
+
+
+def test_no_leadership_is_transferred_to_a_barred_member_and_a_barred_leader_hands_over() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    for core in c.cores.values():
+        core.set_barred(frozenset({"n2"}))
+    with pytest.raises(ProposalDropped, match="barred"):
+        n1.transfer_leadership("n2")
+    for core in c.cores.values():
+        core.set_barred(frozenset({"n1"}))
+    c.run(200)
+    assert c.leader().id != "n1" and c.leader().id in ("n2", "n3")
+    assert n1.role == Role.FOLLOWER
+
+
+def test_a_barred_member_ignores_timeout_now() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    n1.transfer_leadership("n2")  # n2 is not barred yet on the leader...
+    c.cores["n2"].set_barred(frozenset({"n2"}))  # ...but it knows it is
+    c.run(ETMIN + 200)
+    assert all(m.frm != "n2" or m.type not in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
+    assert c.cores["n2"].role != Role.LEADER

@@ -193,6 +193,8 @@ function clusterView(main, signal) {
 function renderClusterTable(table, nodes, refresh) {
   const leader = nodes.find((n) => n.view && n.view.role === "active") || nodes.find((n) => n.view && n.view.leader_id === n.id);
   const leaderMembers = new Map(((leader && leader.view.members) || []).map((m) => [m.id, m]));
+  // The consistency alarm is replicated: any node's view names the members under it.
+  const alarms = new Set(nodes.flatMap((n) => (n.view ? Object.keys(n.view.consistency_alarms || {}) : [])));
   const header = h("tr", {}, ["node", "role", "ready", "term", "lease left", "applied index", "lag", "last contact", "progress", "URL", ""].map((t) => h("th", {}, t)));
   const rows = nodes.map((node) => {
     const view = node.view;
@@ -208,7 +210,10 @@ function renderClusterTable(table, nodes, refresh) {
       : contact && contact.last_contact_ms_ago !== null && contact.last_contact_ms_ago !== undefined ? `${contact.last_contact_ms_ago} ms ago` : "";
     return h("tr", { "data-node": node.id, "data-role": view.role },
       h("td", {}, node.id),
-      h("td", { class: `role-${view.role}`, "data-testid": `role-${node.id}` }, view.role + (node.voter ? "" : " (learner)")),
+      h("td", { class: `role-${view.role}`, "data-testid": `role-${node.id}` }, view.role + (node.voter ? "" : " (learner)"),
+        alarms.has(node.id)
+          ? h("strong", { class: "unreachable", "data-testid": `alarm-${node.id}`, title: "its state differed from the majority's: it will not become active; replace it" }, " CONSISTENCY ALARM")
+          : ""),
       h("td", {}, view.role === "active" ? "ready" : "not ready"),
       h("td", {}, view.term),
       h("td", {}, view.lease_remaining_ms > 0 ? `${view.lease_remaining_ms} ms` : "none"),
