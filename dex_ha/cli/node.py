@@ -38,6 +38,12 @@ def add_parsers(sub: Subparsers) -> None:
     node.add_argument(
         "--insecure", action="store_true", help="allow running without API tokens and cluster secret (says so loudly)"
     )
+    node.add_argument(
+        "--join",
+        action="store_true",
+        help="start as a learner of the running cluster (as join = true in the config): a new node, "
+        "or a new incarnation of one being replaced (see `dex-ha members replace`)",
+    )
     node.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
 
 
@@ -85,6 +91,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
 def cmd_node(args: argparse.Namespace) -> int:
     try:
         config = load_config(Path(args.config), insecure=args.insecure)
+        if args.join:
+            config = replace(config, join=True)
     except ConfigError as exc:
         print(f"dex-ha node: {exc}", file=sys.stderr)
         return 2
