@@ -1018,6 +1018,8 @@ class RaftNode:
 
     def _refuse(self, line: str) -> None:
         """Stop this node for good: it must not run as configured (IdentityRefused)."""
+        if isinstance(self.failure, IdentityRefused):
+            return  # said once
         log.critical("%s", line)
         exc = IdentityRefused(line)
         self.failure = exc
