@@ -596,7 +596,7 @@ _CLUSTER = (
         "GET",
         "/v1/cluster",
         ANY_ROLE,
-        "This node's view of the cluster: role, term, leader, indexes, lease, members.",
+        "This node's view of the cluster: its cluster id, role, term, leader, indexes, lease, members (each with its URL and Raft address).",
         success={200: "the cluster table"},
         active_only=False,
     ),
