@@ -114,11 +114,9 @@ async def test_members_replace_brings_back_a_member_that_lost_its_data(cluster: 
     await _kill_and_wait(cluster, victim)
     shutil.rmtree(cluster.dir / victim)
     live = [u for n, u in cluster.urls.items() if n != victim]
+    replace_args = ["members", "replace", victim, "--wait", "90", f"--token={cluster.tokens['admin']}"]
     replace = asyncio.create_task(
-        asyncio.to_thread(
-            cluster.run_cli, "members", "replace", victim, "--wait", "90", f"--token={cluster.tokens['admin']}",
-            *(f"--url={u}" for u in live), timeout_s=150,
-        )  # fmt: skip
+        asyncio.to_thread(cluster.run_cli, *replace_args, *(f"--url={u}" for u in live), timeout_s=150)
     )
     await eventually(lambda: _is_learner(cluster, live, victim), f"{victim} added back as a learner", DEADLINE_S)
     with open(cluster.dir / f"{victim}.log", "ab") as out:
