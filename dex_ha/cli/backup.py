@@ -112,6 +112,7 @@ def backup_line(out: str, info: dict[str, Any]) -> str:
     return (
         f"backup written to {out}: index {info['index']}, term {info['term']}, schema {info['schema_version']}, "
         f"{info['bytes']} bytes, sha256 {info['sha256']}, taken on {info['node_id']} at {info['created_at']}"
+        + (f" (cluster {info['cluster_id']})" if info.get("cluster_id") else "")
     )
 
 

@@ -21,6 +21,7 @@ from dex_ha.raft.identity import (
     founders_cluster_id,
 )
 from dex_ha.raft.node import Member, RaftNode
+from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta, decode_message, encode_message
 from harness.kv_node import KVStateMachine
 from harness.ports import free_ports
 from tests.raft.test_node import _config, _leased_leaders, _put, _until
@@ -186,3 +187,28 @@ async def test_a_data_dir_from_before_ids_gets_one_from_its_leader(tmp_path: Pat
         assert all(n.cluster_id for n in nodes.values())
     finally:
         await _stop(nodes)
+
+
+def test_a_snapshot_message_carries_the_cluster_id() -> None:
+    snap = Message(MessageType.SNAP, "n2", "n1", term=3, snapshot=SnapshotMeta(9, 3, ConfState(("n1",))), data=b"s")
+    assert decode_message(encode_message(snap)).cluster_id == ""  # as from a node of the release before
+    snap.cluster_id = "X"
+    assert decode_message(encode_message(snap)).cluster_id == "X"
+
+
+async def test_a_snapshot_of_another_cluster_is_dropped_and_one_of_this_cluster_teaches_the_id(
+    tmp_path: Path, caplog
+) -> None:
+    members = _members(2)
+    joiner = RaftNode(_config("n2", tmp_path, members, join=True), KVStateMachine())
+    try:
+        snap = Message(MessageType.SNAP, "n2", "n1", term=3, snapshot=SnapshotMeta(9, 3, ConfState(("n1",))))
+        snap.cluster_id = "X"
+        joiner._on_message(snap)
+        assert joiner.cluster_id == "X" and len(joiner._inbox) == 1  # a joining node learns it
+        snap.cluster_id = "Y"
+        joiner._on_message(snap)
+        assert len(joiner._inbox) == 1  # another cluster's: dropped, loudly
+        assert any(r.levelname == "ERROR" and "of cluster Y from n1" in r.getMessage() for r in caplog.records)
+    finally:
+        joiner.storage.close()
