@@ -195,6 +195,9 @@ async def replace_member(args: argparse.Namespace) -> int:
         f"  dex-ha node --config <the config of {args.id}> --join",
         flush=True,
     )
+    if not old.get("voter"):
+        print(f"{args.id} was a learner: it stays one (promote it with `dex-ha members promote {args.id}`)")
+        return 0
     if args.wait <= 0:
         print(f"Once it has caught up (see `dex-ha members`), promote it: dex-ha members promote {args.id}")
         return 0
