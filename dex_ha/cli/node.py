@@ -48,7 +48,9 @@ def add_parsers(sub: Subparsers) -> None:
 
 
 def _run_node(config: ServerConfig, json_logs: bool) -> int:
+    from dex_ha.raft.identity import IdentityRefused
     from dex_ha.server.process import (  # the server loads only to serve
+        REFUSED_EXIT_CODE,
         configure_logging,
         serve,
         use_uvloop,
@@ -56,7 +58,11 @@ def _run_node(config: ServerConfig, json_logs: bool) -> int:
 
     configure_logging(json_logs or config.log_json)
     use_uvloop()
-    asyncio.run(serve(config, on_started=_print_started if config.dev else None))
+    try:
+        asyncio.run(serve(config, on_started=_print_started if config.dev else None))
+    except IdentityRefused as exc:  # found at start (a damaged identity.json); later ones exit in process.py
+        print(f"dex-ha node: {exc}", file=sys.stderr)
+        return REFUSED_EXIT_CODE
     return 0
 
 

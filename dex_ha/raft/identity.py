@@ -104,12 +104,16 @@ class IdentityFile:
         """(the file, whether it was created now)."""
         path = data_dir / IDENTITY_FILE
         if path.exists():
-            raw = json.loads(path.read_text())
-            founders = raw.get("founders")
-            found = cls(
-                path, raw["incarnation"], raw.get("cluster_id", ""), None if founders is None else tuple(founders)
-            )
-            return found, False
+            try:
+                raw = json.loads(path.read_text())
+                founders = raw.get("founders")
+                incarnation, cluster_id = raw["incarnation"], raw.get("cluster_id", "")
+                return cls(path, incarnation, cluster_id, None if founders is None else tuple(founders)), False
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise IdentityRefused(
+                    f"{path} is damaged ({type(exc).__name__}: {exc}): this data directory cannot say which "
+                    f"cluster it belongs to. Replace the node (docs/operations.md, 'Replacing a node')"
+                ) from None
         created = cls(path, new_id())
         created.save(durable)
         return created, True

@@ -53,6 +53,7 @@ from .identity import (
     IdentityFile,
     IdentityRefused,
     LostData,
+    Wait,
     lost_data_line,
     mismatch_line,
     new_id,
@@ -80,6 +81,9 @@ from .types import (
 log = logging.getLogger("dex_ha.raft.node")
 
 Address = tuple[str, int]
+
+# How often a fresh voter that waits for its peers says so (see identity.py).
+FRESH_WAIT_REMINDER_MS = 30_000
 
 # An AppendEntries carrying one entry of max_entry_bytes must fit in one transport frame,
 # or the follower never gets it and replication stalls for good. The rest of such a
@@ -332,6 +336,7 @@ class RaftNode:
         self._seen_own_cluster = False
         self._mismatch_log = LogBudget(burst=3, window_s=60.0)
         self.fresh_voter = self._fresh_voter()
+        self._waiting_since_ms = now_ms()
         self.view = self._current_view()
         self.peer_progress: tuple[PeerProgress, ...] = ()  # only a leader knows it; see _current_peer_progress
         hs = self.storage.hard_state
@@ -614,6 +619,8 @@ class RaftNode:
             self.core.step(self._inbox.popleft())
         if self.fresh_voter is None:
             self.core.tick(now)
+        else:
+            self._remind_waiting(now)
         self._take_proposals()
         while self.core.has_ready():
             self._in_ready = True
@@ -961,6 +968,21 @@ class RaftNode:
         if self.config.join or not own.fresh:
             return None
         return FreshVoter(self.config.id, own, tuple(sorted(self.config.members)))
+
+    def _remind_waiting(self, now: int) -> None:
+        """A fresh voter that waits long says for whom (a new cluster starts once all its
+        configured voters run)."""
+        if now - self._waiting_since_ms < FRESH_WAIT_REMINDER_MS or self.fresh_voter is None:
+            return
+        self._waiting_since_ms = now
+        decision = self.fresh_voter.decide()
+        if isinstance(decision, Wait):
+            log.warning(
+                "node %s (empty data directory) still does not vote: no answer yet from %s. A new cluster "
+                "starts once all its members run; a node that lost its data must be replaced instead",
+                self.config.id,
+                ", ".join(decision.waiting_for),
+            )
 
     def _check_peer_identity(self, peer: str, theirs: Identity) -> None:
         """A peer authenticated in a handshake: learn what it says, refuse another cluster's

@@ -145,3 +145,18 @@ async def _is_learner(cluster: LocalCluster, urls: list[str], node_id: str) -> b
         if view and view.get("role") == "active":
             return any(m["id"] == node_id and not m["voter"] for m in view["members"])
     return False
+
+
+async def test_cluster_up_founds_one_cluster_id_and_keeps_it_when_started_again(cluster: LocalCluster) -> None:
+    async def ids() -> set:
+        views = [await cluster_view(url, cluster.tokens["admin"]) for url in cluster.urls.values()]
+        return {view["cluster_id"] for view in views if view} if all(views) else set()
+
+    [founded] = await eventually(ids, "every node answering", DEADLINE_S)
+    assert founded
+    sessions = await _create_sessions(cluster, 3)
+    cluster.down()
+    cluster.up()  # on the same directories: the same cluster, as before ids
+    await cluster.active_node(DEADLINE_S)
+    assert await eventually(ids, "every node answering", DEADLINE_S) == {founded}
+    await _all_readable(cluster, sessions)

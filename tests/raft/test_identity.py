@@ -212,3 +212,11 @@ async def test_a_snapshot_of_another_cluster_is_dropped_and_one_of_this_cluster_
         assert any(r.levelname == "ERROR" and "of cluster Y from n1" in r.getMessage() for r in caplog.records)
     finally:
         joiner.storage.close()
+
+
+def test_a_damaged_identity_file_stops_the_node_with_one_line(tmp_path: Path) -> None:
+    members = _members(1)
+    (tmp_path / "n1").mkdir()
+    (tmp_path / "n1" / IDENTITY_FILE).write_text("{not json")
+    with pytest.raises(IdentityRefused, match="identity.json is damaged .* Replace the node"):
+        RaftNode(_config("n1", tmp_path, members), KVStateMachine())
