@@ -2,7 +2,7 @@
 dex_ha/server/backup.py; docs/operations.md, "Backup and restore", says how to use them).
 
     dex-ha backup --url URL [--url URL ...] --out FILE [--token T]
-    dex-ha restore FILE --data-dir DIR --node-id ID [--members n1,n2,n3]
+    dex-ha restore FILE --data-dir DIR --node-id ID [--members n1,n2,n3] [--cluster-token T]
 
 `backup` finds the active node like the other commands, downloads `GET /v1/cluster/backup`
 into a temp file beside FILE, checks its header and sha256, and only then renames it to
@@ -61,6 +61,13 @@ def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
         help="the voting members of the new cluster, this node included; restore every "
         "node from the same file with the same list (default: this node alone)",
     )
+    restore.add_argument(
+        "--cluster-token",
+        default="",
+        metavar="TEXT",
+        help="part of the new cluster's id: give the same to every member of one restore, and a "
+        "different one to restore the same backup as a second cluster (default: none)",
+    )
     restore.add_argument("--relaxed", action="store_true", help="do not fsync the restored files (tests)")
 
 
@@ -105,30 +112,39 @@ def backup_line(out: str, info: dict[str, Any]) -> str:
     return (
         f"backup written to {out}: index {info['index']}, term {info['term']}, schema {info['schema_version']}, "
         f"{info['bytes']} bytes, sha256 {info['sha256']}, taken on {info['node_id']} at {info['created_at']}"
+        + (f" (cluster {info['cluster_id']})" if info.get("cluster_id") else "")
     )
 
 
 # ---------------------------------------------------------------- restore
 
 
-def run_restore(file: str, data_dir: str, node_id: str, members_text: str | None, relaxed: bool) -> str:
+def run_restore(
+    file: str, data_dir: str, node_id: str, members_text: str | None, relaxed: bool, cluster_token: str = ""
+) -> str:
     """The `dex-ha restore` command's work; returns what it prints. ValueError (BackupError
     among them) when the file, its checksum, its format or the data dir refuse it."""
     members = parse_members(members_text, node_id)
-    header = restore_data_dir(
-        Path(file), Path(data_dir), node_id, members, durability="relaxed" if relaxed else "strict"
+    header, cluster_id = restore_data_dir(
+        Path(file),
+        Path(data_dir),
+        node_id,
+        members,
+        durability="relaxed" if relaxed else "strict",
+        cluster_token=cluster_token,
     )
     others = [m for m in members if m != node_id]
     then = (
-        f"restore the other members ({', '.join(others)}) from the same file with the same --members, "
-        f"then start all of them"
+        f"restore the other members ({', '.join(others)}) from the same file with the same --members "
+        f"(and --cluster-token), then start all of them"
         if others
         else "start it"
     )
     return (
-        f"restored {file} into {data_dir}: node {node_id} of a new cluster of {', '.join(members)}, "
+        f"restored {file} into {data_dir}: node {node_id} of a new cluster {cluster_id} of {', '.join(members)}, "
         f"at index {header.index} (backup term {header.term}, taken on {header.node_id} at {header.created_at}).\n"
-        f"Next: {then}. Each node's config must use this data_dir and list exactly these members as peers."
+        f"Next: {then}. Each node's config must use this data_dir and list exactly these members as peers. "
+        f"The new cluster never joins a running one: members of another cluster refuse it."
     )
 
 
@@ -158,7 +174,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     try:
-        print(run_restore(args.file, args.data_dir, args.node_id, args.members, args.relaxed))
+        print(run_restore(args.file, args.data_dir, args.node_id, args.members, args.relaxed, args.cluster_token))
     except ValueError as exc:  # the file, its checksum or format, the data dir or an argument
         raise CommandFailed(str(exc), EXIT_USAGE) from None
     return 0

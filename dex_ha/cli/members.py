@@ -1,15 +1,19 @@
 """`dex-ha step-down` (move the active node elsewhere) and `dex-ha members …` (list, add,
-promote, remove), and the text of a member's contact and replication progress, which
+promote, remove, replace), and the text of a member's contact and replication progress, which
 `dex-ha status` shows too."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from typing import Any
 from urllib.parse import quote
 
 from dex_ha.cli.common import (
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CommandFailed,
     Subparsers,
     dash,
     format_table,
@@ -20,6 +24,10 @@ from dex_ha.cli.remote import call_active
 
 # `step-down` without --drain-timeout-ms waits for the server's configured drain (≤ 1 h).
 STEP_DOWN_MAX_WAIT_S = 3600.0
+# `members replace`: how long it waits for the new incarnation to catch up, by default, and
+# how often it asks.
+REPLACE_WAIT_S = 600.0
+REPLACE_POLL_S = 1.0
 
 
 def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
@@ -40,7 +48,7 @@ def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
         description="Without a subcommand: the members as the active node sees them, "
         "with each one's last contact and replication progress.",
     )
-    actions = members.add_subparsers(dest="members_command", metavar="{list,add,promote,remove}")
+    actions = members.add_subparsers(dest="members_command", metavar="{list,add,promote,remove,replace}")
     actions.add_parser("list", parents=[sub_remote], help="the members, their last contact and progress (the default)")
     add = actions.add_parser("add", parents=[sub_remote], help="add a node as a learner (cold standby)")
     add.add_argument("--id", required=True, help="the new node's id")
@@ -49,6 +57,26 @@ def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     for name, what in (("promote", "promote a learner to a voter"), ("remove", "remove a member")):
         action = actions.add_parser(name, parents=[sub_remote], help=what)
         action.add_argument("id", metavar="ID", help="the member's node id")
+    replace = actions.add_parser(
+        "replace",
+        parents=[sub_remote],
+        help="replace a member by a new incarnation with an empty data dir (a node that lost its data)",
+        description="Removes the member, adds it back as a learner, tells you how to start the new "
+        "incarnation (empty data dir, --join), waits until it has caught up and promotes it.",
+    )
+    replace.add_argument("id", metavar="ID", help="the member's node id")
+    replace.add_argument(
+        "--raft-addr", metavar="HOST:PORT", help="the new incarnation's Raft address (default: the old one)"
+    )
+    replace.add_argument("--node-url", metavar="URL", help="the new incarnation's HTTP URL (default: the old one)")
+    replace.add_argument(
+        "--wait",
+        type=float,
+        default=REPLACE_WAIT_S,
+        metavar="S",
+        help=f"seconds to wait for it to catch up before promoting it (default {REPLACE_WAIT_S:.0f}; 0: do not "
+        "wait, promote it later with `dex-ha members promote`)",
+    )
 
 
 def cmd_step_down(args: argparse.Namespace) -> int:
@@ -115,6 +143,8 @@ def format_members(members: list[dict[str, Any]], commit_index: int | None = Non
 
 
 def cmd_members(args: argparse.Namespace) -> int:
+    if args.members_command == "replace":
+        return asyncio.run(replace_member(args))
     if args.members_command in (None, "list"):
         view = asyncio.run(call_active(args, "GET", "/v1/cluster"))
         print(format_members(view.get("members", []), view.get("commit_index")))
@@ -133,3 +163,60 @@ def cmd_members(args: argparse.Namespace) -> int:
     print(done)
     print(format_members(answer.get("members", []), answer.get("commit_index")))
     return 0
+
+
+# ---------------------------------------------------------------- replace
+
+
+async def replace_member(args: argparse.Namespace) -> int:
+    """`dex-ha members replace ID`: the one way to bring back a member that lost its data
+    (docs/operations.md, "Replacing a node"). Its old incarnation may have acknowledged
+    entries it no longer has, so it must not come back as a voter: it is removed, added
+    again as a learner, started empty with --join, and promoted once it has caught up."""
+    view = await call_active(args, "GET", "/v1/cluster")
+    old = next((m for m in view.get("members", []) if m["id"] == args.id), None)
+    if old is None:
+        raise CommandFailed(f"{args.id} is not a member of this cluster (see `dex-ha members`)", EXIT_USAGE)
+    if view.get("node_id") == args.id:
+        raise CommandFailed(
+            f"{args.id} is the active node: move it first with `dex-ha step-down`, then replace it", EXIT_USAGE
+        )
+    raft_addr = args.raft_addr or old.get("raft_addr")
+    url = args.node_url or old.get("url")
+    if not raft_addr or not url:
+        raise CommandFailed(f"the address of {args.id} is unknown: give --raft-addr and --node-url", EXIT_USAGE)
+    member = quote(args.id, safe="")
+    await call_active(args, "DELETE", f"/v1/cluster/members/{member}")
+    print(f"{args.id} removed (its old incarnation may have lost entries it acknowledged: it never votes again)")
+    await call_active(args, "POST", "/v1/cluster/members", {"id": args.id, "raft_addr": raft_addr, "url": url})
+    print(f"{args.id} added back as a learner at {raft_addr} ({url})")
+    print(
+        f"Now start its new incarnation on an EMPTY data dir, as a learner:\n"
+        f"  dex-ha node --config <the config of {args.id}> --join",
+        flush=True,
+    )
+    if not old.get("voter"):
+        print(f"{args.id} was a learner: it stays one (promote it with `dex-ha members promote {args.id}`)")
+        return 0
+    if args.wait <= 0:
+        print(f"Once it has caught up (see `dex-ha members`), promote it: dex-ha members promote {args.id}")
+        return 0
+    print(f"waiting up to {args.wait:g} s for it to catch up, to promote it ...", flush=True)
+    answer = await _promote_when_caught_up(args, member, time.monotonic() + args.wait)
+    print(f"{args.id} caught up and is a voter again")
+    print(format_members(answer.get("members", []), answer.get("commit_index")))
+    return 0
+
+
+async def _promote_when_caught_up(args: argparse.Namespace, member: str, deadline: float) -> Any:
+    """Promote the learner as soon as the active node agrees it has caught up (it answers
+    409 until then), or fail at `deadline` saying how to go on."""
+    while True:
+        try:
+            return await call_active(args, "POST", f"/v1/cluster/members/{member}/promote")
+        except CommandFailed as exc:
+            if "not caught up" not in str(exc) or time.monotonic() >= deadline:
+                raise CommandFailed(
+                    f"{exc} — once it has caught up, promote it: dex-ha members promote {args.id}", EXIT_REFUSED
+                ) from None
+        await asyncio.sleep(REPLACE_POLL_S)

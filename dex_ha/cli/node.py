@@ -38,11 +38,19 @@ def add_parsers(sub: Subparsers) -> None:
     node.add_argument(
         "--insecure", action="store_true", help="allow running without API tokens and cluster secret (says so loudly)"
     )
+    node.add_argument(
+        "--join",
+        action="store_true",
+        help="start as a learner of the running cluster (as join = true in the config): a new node, "
+        "or a new incarnation of one being replaced (see `dex-ha members replace`)",
+    )
     node.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
 
 
 def _run_node(config: ServerConfig, json_logs: bool) -> int:
+    from dex_ha.raft.identity import IdentityRefused
     from dex_ha.server.process import (  # the server loads only to serve
+        REFUSED_EXIT_CODE,
         configure_logging,
         serve,
         use_uvloop,
@@ -50,7 +58,11 @@ def _run_node(config: ServerConfig, json_logs: bool) -> int:
 
     configure_logging(json_logs or config.log_json)
     use_uvloop()
-    asyncio.run(serve(config, on_started=_print_started if config.dev else None))
+    try:
+        asyncio.run(serve(config, on_started=_print_started if config.dev else None))
+    except IdentityRefused as exc:  # found at start (a damaged identity.json); later ones exit in process.py
+        print(f"dex-ha node: {exc}", file=sys.stderr)
+        return REFUSED_EXIT_CODE
     return 0
 
 
@@ -85,6 +97,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
 def cmd_node(args: argparse.Namespace) -> int:
     try:
         config = load_config(Path(args.config), insecure=args.insecure)
+        if args.join:
+            config = replace(config, join=True)
     except ConfigError as exc:
         print(f"dex-ha node: {exc}", file=sys.stderr)
         return 2

@@ -4,11 +4,17 @@ cluster secret, and the per-connection key that tags the frames after it.
 Handshake (dialer D, acceptor A), under a deadline the transport sets
 (``handshake_timeout``, 5 s)::
 
-    A -> D  HELLO    ["dex-ha-raft", 2, challenge_A]          32 random bytes
-    D -> A  AUTH     [id_D, challenge_D, mac("dialer", challenge_A, id_D)]
-    A -> D  AUTH_OK  [id_A, mac("acceptor", challenge_D, id_A)]
+    A -> D  HELLO    ["dex-ha-raft", 3, challenge_A]          32 random bytes
+    D -> A  AUTH     [id_D, challenge_D, mac("dialer", challenge_A, id_D, who_D), who_D]
+    A -> D  AUTH_OK  [id_A, mac("acceptor", challenge_D, id_A, who_A), who_A]
 
-    mac(role, challenge, id) = HMAC-SHA256(secret, "dex-ha-raft " + role + NUL + challenge + id)
+    mac(role, challenge, id, who) = HMAC-SHA256(secret, "dex-ha-raft " + role + NUL + challenge
+                                                + id + msgpack(who))
+
+`who` is the sender's identity (identity.py: its cluster id, incarnation, whether its log
+holds anything, the founders it knows). Each side hands the other's to `check`, which
+refuses (HandshakeError) a peer of another cluster; the acceptor answers with its own
+identity first, so that the dialer learns why it is refused.
 
 Each side proves it holds the secret by answering a fresh challenge of the other, so
 neither talks to an impostor, and a recorded answer cannot be replayed. The role label
@@ -35,14 +41,16 @@ import hashlib
 import hmac
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
 
+from .identity import Identity
 from .wire import KIND_AUTH, KIND_AUTH_OK, KIND_HELLO, FrameMac, pack_frame, read_frame
 
 PROTOCOL = "dex-ha-raft"
-PROTOCOL_VERSION = 2  # 2: frames after the handshake carry a tag (secret mode)
+PROTOCOL_VERSION = 3  # 2: frames after the handshake carry a tag (secret mode); 3: identities
 CHALLENGE_BYTES = 32
 HANDSHAKE_MAC_BYTES = 32  # a whole HMAC-SHA256
 LINK_KEY_LABEL = b"dex-ha peer v1"
@@ -56,6 +64,11 @@ _ID_LENGTH = struct.Struct(">H")
 
 class HandshakeError(Exception):
     """The peer failed to authenticate (or we failed to authenticate it)."""
+
+
+# Called with the peer's id and identity once it is authenticated; raises HandshakeError
+# to refuse it (a peer of another cluster).
+IdentityCheck = Callable[[str, Identity], None]
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,8 @@ async def dial(
     secret: bytes | None,
     expected_peer_id: str,
     addr: tuple[str, int],
+    identity: Identity,
+    check: IdentityCheck | None = None,
 ) -> Handshake:
     """The dialer's side: authenticate both ways with the node we meant to reach at `addr`."""
     proto, version, challenge = _unpack_fields(*await read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_HELLO, 3)
@@ -97,36 +112,50 @@ async def dial(
     if not isinstance(challenge, bytes) or len(challenge) != CHALLENGE_BYTES:
         raise HandshakeError("bad challenge from peer")
     my_challenge = os.urandom(CHALLENGE_BYTES)
-    auth = [node_id, my_challenge, _mac(secret, "dialer", challenge, node_id)]
+    who = identity.to_wire()
+    auth = [node_id, my_challenge, _mac(secret, "dialer", challenge, node_id, who), who]
     writer.write(pack_frame(KIND_AUTH, msgpack.packb(auth, use_bin_type=True)))
     await writer.drain()
-    peer_id, mac = _unpack_fields(*await read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_AUTH_OK, 2)
+    peer_id, mac, peer_who = _unpack_fields(*await read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_AUTH_OK, 3)
     peer_id = _check_node_id(peer_id)
-    _verify_mac(secret, "acceptor", my_challenge, peer_id, mac)
+    _verify_mac(secret, "acceptor", my_challenge, peer_id, mac, peer_who)
     if peer_id != expected_peer_id:
         raise HandshakeError(f"{addr[0]}:{addr[1]} is node {peer_id!r}, not {expected_peer_id!r}")
+    if check is not None:
+        check(peer_id, _identity_of(peer_who))
     return Handshake(
         dialer_id=node_id, acceptor_id=peer_id, dialer_challenge=my_challenge, acceptor_challenge=challenge
     )
 
 
 async def accept(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, node_id: str, secret: bytes | None
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    node_id: str,
+    secret: bytes | None,
+    identity: Identity,
+    check: IdentityCheck | None = None,
 ) -> Handshake:
     """The acceptor's side: authenticate both ways with whoever dialed us."""
     challenge = os.urandom(CHALLENGE_BYTES)
     writer.write(pack_frame(KIND_HELLO, msgpack.packb([PROTOCOL, PROTOCOL_VERSION, challenge], use_bin_type=True)))
     await writer.drain()
-    peer_id, peer_challenge, mac = _unpack_fields(*await read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_AUTH, 3)
+    fields = _unpack_fields(*await read_frame(reader, HANDSHAKE_MAX_FRAME), KIND_AUTH, 4)
+    peer_id, peer_challenge, mac, peer_who = fields
     peer_id = _check_node_id(peer_id)
-    _verify_mac(secret, "dialer", challenge, peer_id, mac)
+    _verify_mac(secret, "dialer", challenge, peer_id, mac, peer_who)
     if peer_id == node_id:
         raise HandshakeError("peer claims our own node id")
     if not isinstance(peer_challenge, bytes) or len(peer_challenge) != CHALLENGE_BYTES:
         raise HandshakeError("bad challenge from peer")
-    reply = [node_id, _mac(secret, "acceptor", peer_challenge, node_id)]
+    peer_identity = _identity_of(peer_who)
+    who = identity.to_wire()
+    reply = [node_id, _mac(secret, "acceptor", peer_challenge, node_id, who), who]
     writer.write(pack_frame(KIND_AUTH_OK, msgpack.packb(reply, use_bin_type=True)))
     await writer.drain()
+    if check is not None:  # after our answer: the dialer learns which cluster refuses it
+        check(peer_id, peer_identity)
     return Handshake(
         dialer_id=peer_id, acceptor_id=node_id, dialer_challenge=peer_challenge, acceptor_challenge=challenge
     )
@@ -150,14 +179,21 @@ def _check_node_id(value: object) -> str:
     return value
 
 
-def _mac(secret: bytes | None, role: str, challenge: bytes, node_id: str) -> bytes:
+def _identity_of(who: object) -> Identity:
+    try:
+        return Identity.from_wire(who)
+    except ValueError as exc:
+        raise HandshakeError(f"bad identity from peer: {exc}") from None
+
+
+def _mac(secret: bytes | None, role: str, challenge: bytes, node_id: str, who: object) -> bytes:
     if secret is None:
         return b""
-    msg = f"{PROTOCOL} {role}\0".encode() + challenge + node_id.encode()
+    msg = f"{PROTOCOL} {role}\0".encode() + challenge + node_id.encode() + msgpack.packb(who, use_bin_type=True)
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def _verify_mac(secret: bytes | None, role: str, challenge: bytes, node_id: str, mac: object) -> None:
+def _verify_mac(secret: bytes | None, role: str, challenge: bytes, node_id: str, mac: object, who: object) -> None:
     if secret is None:
         return  # insecure mode: nothing to check
     # The length first, said out loud: an empty or truncated answer must never pass as
@@ -165,7 +201,7 @@ def _verify_mac(secret: bytes | None, role: str, challenge: bytes, node_id: str,
     if (
         not isinstance(mac, bytes)
         or len(mac) != HANDSHAKE_MAC_BYTES
-        or not hmac.compare_digest(mac, _mac(secret, role, challenge, node_id))
+        or not hmac.compare_digest(mac, _mac(secret, role, challenge, node_id, who))
     ):
         raise HandshakeError(f"bad or missing authentication from a peer claiming to be {node_id!r}")
 

@@ -51,6 +51,21 @@ from .core import (
     RaftCore,
     check_timing,
 )
+from .handshake import HandshakeError
+from .identity import (
+    CLUSTER_ID_ENTRY_PREFIX,
+    Found,
+    FreshVoter,
+    Identity,
+    IdentityFile,
+    IdentityRefused,
+    LostData,
+    Wait,
+    lost_data_line,
+    mismatch_line,
+    new_id,
+)
+from .peer import LogBudget
 from .snapshot_file import SnapshotCorruptionError, seal_file, verify
 from .status import Status
 from .storage import RaftStorage, fsync_dir
@@ -74,6 +89,9 @@ from .types import (
 log = logging.getLogger("dex_ha.raft.node")
 
 Address = tuple[str, int]
+
+# How often a fresh voter that waits for its peers says so (see identity.py).
+FRESH_WAIT_REMINDER_MS = 30_000
 
 # An AppendEntries carrying one entry of max_entry_bytes must fit in one transport frame,
 # or the follower never gets it and replication stalls for good. The rest of such a
@@ -369,6 +387,13 @@ class RaftNode:
             config.data_dir / "raft", durability=config.durability, on_fsync=self._record_fsync
         )
         self.core = self._build_core()
+        self.identity_file, _ = IdentityFile.load_or_create(config.data_dir, durable=config.durability == "strict")
+        self._peer_identities: dict[str, Identity] = {}
+        self._other_clusters: dict[str, str] = {}  # peer -> its cluster id, for peers we refuse
+        self._seen_own_cluster = False
+        self._mismatch_log = LogBudget(burst=3, window_s=60.0)
+        self.fresh_voter = self._fresh_voter()
+        self._waiting_since_ms = now_ms()
         self.view = self._current_view()
         self.peer_progress: tuple[PeerProgress, ...] = ()  # only a leader knows it; see _current_peer_progress
         hs = self.storage.hard_state
@@ -383,6 +408,8 @@ class RaftNode:
             ssl_client=config.ssl_client,
             on_unreachable=self._on_unreachable,
             on_snapshot_sent=self._on_snapshot_sent,
+            identity=self.identity,
+            check_identity=self._check_peer_identity,
         )
 
     # ------------------------------------------------------------------ setup
@@ -452,6 +479,14 @@ class RaftNode:
             log.warning("raft transport of %s runs WITHOUT peer authentication (insecure)", self.config.id)
         await self.transport.start()
         self._task = asyncio.create_task(self._run(), name=f"raft-{self.config.id}")
+        if self.fresh_voter is not None:
+            log.info(
+                "node %s has an empty data directory: it does not vote until its peers (%s) say "
+                "whether a cluster exists",
+                self.config.id,
+                ", ".join(self.fresh_voter.voters),
+            )
+            self._act_on(self.fresh_voter.decide())
 
     async def stop(self) -> None:
         self._stopping = True
@@ -574,6 +609,8 @@ class RaftNode:
         self._defer(lambda: self.core.set_barred(members))
 
     def _on_message(self, msg: Message) -> None:
+        if not self._same_cluster(msg):
+            return
         if msg.type == MessageType.NOTE:
             if self._on_note is not None:
                 self._on_note(msg.frm, msg.data)
@@ -684,9 +721,16 @@ class RaftNode:
         while self._unreachable:
             self.core.report_unreachable(self._unreachable.pop())
         self.turn_watch.cost.stepped += len(self._inbox)
+        if self.fresh_voter is not None:
+            # Not known yet whether a cluster with data exists (see identity.py): no vote,
+            # no campaign, no entry acknowledged.
+            self._inbox.clear()
         while self._inbox:
             self.core.step(self._inbox.popleft())
-        self.core.tick(now)
+        if self.fresh_voter is None:
+            self.core.tick(now)
+        else:
+            self._remind_waiting(now)
         self._take_proposals()
         while self.core.has_ready():
             self._in_ready = True
@@ -902,9 +946,11 @@ class RaftNode:
         return early, [m for m in rd.messages if m.type not in kinds]
 
     def _send(self, msg: Message) -> None:
-        if msg.type == MessageType.SNAP and not msg.data and msg.snapshot is not None:
-            self._in_background(self._send_snapshot(msg, msg.snapshot.index), f"raft-send-snapshot-{msg.to}")
-            return
+        if msg.type == MessageType.SNAP:
+            msg.cluster_id = self.identity_file.cluster_id
+            if not msg.data and msg.snapshot is not None:
+                self._in_background(self._send_snapshot(msg, msg.snapshot.index), f"raft-send-snapshot-{msg.to}")
+                return
         self.transport.send(msg)
 
     def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> None:
@@ -977,7 +1023,7 @@ class RaftNode:
         # Empty data is a new leader's no-op: the machine only records the index, so a
         # restart does not replay what came before it.
         started = time.perf_counter()
-        results = self.sm.apply_batch([(e.index, e.data) for e in run])
+        results = self.sm.apply_batch([(e.index, self._command_of(e)) for e in run])
         held.applied_through = run[-1].index
         took_s = time.perf_counter() - started
         self.apply_pace.record(len(run), took_s)
@@ -1056,6 +1102,8 @@ class RaftNode:
                 # Entries we proposed may still commit under the new leader, but we can
                 # no longer tell the caller: fail them so the caller retries idempotently.
                 self._fail_all_pending(NotLeader(leader))
+            elif not self.identity_file.cluster_id:
+                self._propose_cluster_id()
             if self._on_leader_change is not None:
                 self._on_leader_change(leader)
 
@@ -1183,6 +1231,153 @@ class RaftNode:
         self._members = {nid: m for nid, m in self._members.items() if nid in meta.conf_state.members()}
         self.metrics.snapshots_installed += 1
         log.info("node %s: installed snapshot at index %d", self.config.id, meta.index)
+
+    # ------------------------------------------------------------------ identity (identity.py)
+
+    def identity(self) -> Identity:
+        """What the handshake says of this node now."""
+        has_log = self.core.last_index > 0 or self.core.term > 0
+        return self.identity_file.identity(has_log)
+
+    @property
+    def cluster_id(self) -> str:
+        return self.identity_file.cluster_id
+
+    def _fresh_voter(self) -> FreshVoter | None:
+        """The decision state of a voter with an empty data directory, else None."""
+        own = self.identity()
+        if self.config.join or not own.fresh:
+            return None
+        return FreshVoter(self.config.id, own, tuple(sorted(self.config.members)))
+
+    def _remind_waiting(self, now: int) -> None:
+        """A fresh voter that waits long says for whom (a new cluster starts once all its
+        configured voters run)."""
+        if now - self._waiting_since_ms < FRESH_WAIT_REMINDER_MS or self.fresh_voter is None:
+            return
+        self._waiting_since_ms = now
+        decision = self.fresh_voter.decide()
+        if isinstance(decision, Wait):
+            log.warning(
+                "node %s (empty data directory) still does not vote: no answer yet from %s. A new cluster "
+                "starts once all its members run; a node that lost its data must be replaced instead",
+                self.config.id,
+                ", ".join(decision.waiting_for),
+            )
+
+    def _check_peer_identity(self, peer: str, theirs: Identity) -> None:
+        """A peer authenticated in a handshake: learn what it says, refuse another cluster's
+        (HandshakeError). On the loop, from the transport."""
+        before = self._peer_identities.get(peer)
+        if before is not None and before.incarnation != theirs.incarnation:
+            log.warning(
+                "node %s: peer %s came back as a new incarnation %s (was %s)%s",
+                self.config.id,
+                peer,
+                theirs.incarnation,
+                before.incarnation,
+                " with an empty data directory" if theirs.fresh else "",
+            )
+        self._peer_identities[peer] = theirs
+        ours = self.identity_file.cluster_id
+        if ours and theirs.cluster_id and theirs.cluster_id != ours:
+            self._refuse_other_cluster(peer, theirs.cluster_id)
+        if ours and theirs.cluster_id == ours:
+            self._seen_own_cluster = True
+        if self.fresh_voter is not None:
+            self._act_on(self.fresh_voter.heard(peer, theirs))
+
+    def _refuse_other_cluster(self, peer: str, theirs: str) -> None:
+        line = mismatch_line(self.config.id, self.identity_file.cluster_id, peer, theirs)
+        allowed, unlogged = self._mismatch_log.take(time.monotonic())
+        if allowed:
+            log.error("%s%s", line, f" ({unlogged} more refusals not logged)" if unlogged else "")
+        self._other_clusters[peer] = theirs
+        # A node that reaches no member of its own cluster, and a majority of its peers
+        # belong to another one, is in the wrong place (e.g. restored beside another
+        # cluster's members): it stops rather than wait there for ever.
+        others = [m for m in self.config.members if m != self.config.id]
+        if not self._seen_own_cluster and others and len(self._other_clusters) > len(others) // 2:
+            ids = ", ".join(f"{p} (cluster {c})" for p, c in sorted(self._other_clusters.items()))
+            self._refuse(
+                f"node {self.config.id} belongs to cluster {self.identity_file.cluster_id}, but its peers {ids} "
+                f"belong to another cluster: it will not join them. Check this node's data_dir and peers; "
+                f"a data dir restored from a backup makes a new cluster (see `dex-ha restore`)"
+            )
+        raise HandshakeError(f"peer {peer} is of cluster {theirs}, not ours ({self.identity_file.cluster_id})")
+
+    def _act_on(self, decision: object) -> None:
+        """Follow a fresh voter's decision (see identity.FreshVoter)."""
+        if isinstance(decision, Found):
+            self.identity_file.cluster_id = decision.cluster_id
+            self.identity_file.founders = decision.founders
+            self.identity_file.save(self.config.durability == "strict")
+            self.fresh_voter = None
+            how = f"as {decision.adopted_from} says" if decision.adopted_from else "with every configured voter"
+            log.info("node %s founds cluster %s (%s): it votes from now on", self.config.id, decision.cluster_id, how)
+            self._wake.set()
+        elif isinstance(decision, LostData):
+            self._refuse(lost_data_line(self.config.id, decision))
+
+    def _refuse(self, line: str) -> None:
+        """Stop this node for good: it must not run as configured (IdentityRefused)."""
+        if isinstance(self.failure, IdentityRefused):
+            return  # said once
+        log.critical("%s", line)
+        exc = IdentityRefused(line)
+        self.failure = exc
+        self._stopping = True
+        self.view = replace(self.view, role=Role.FOLLOWER, lease_end_ms=None)
+        self._fail_all_pending(ProposalDropped("node refused to run"))
+        self._wake.set()
+        if self._on_fatal is not None:
+            self._on_fatal(exc)
+
+    def _same_cluster(self, msg: Message) -> bool:
+        """A message from a peer of this cluster (the rest is dropped). A node without an
+        id yet (joining, or data from before ids) learns it from a leader's snapshot, or
+        from the handshake of a leader that sends it entries."""
+        ours = self.identity_file.cluster_id
+        theirs = msg.cluster_id if msg.type == MessageType.SNAP else ""
+        if not theirs and msg.type in (MessageType.APP, MessageType.SNAP) and self.fresh_voter is None:
+            known = self._peer_identities.get(msg.frm)
+            theirs = known.cluster_id if known is not None else ""
+        if not theirs or theirs == ours:
+            return True
+        if ours:
+            log.error(
+                "node %s: dropped a %s of cluster %s from %s (we are cluster %s)",
+                self.config.id,
+                msg.type.name,
+                theirs,
+                msg.frm,
+                ours,
+            )
+            return False
+        if self.fresh_voter is None:
+            self._adopt_cluster_id(theirs, f"from leader {msg.frm}")
+        return True
+
+    def _adopt_cluster_id(self, cluster_id: str, source: str) -> None:
+        self.identity_file.cluster_id = cluster_id
+        self.identity_file.save(self.config.durability == "strict")
+        log.info("node %s: cluster id is %s (%s)", self.config.id, cluster_id, source)
+
+    def _propose_cluster_id(self) -> None:
+        """A cluster from before ids gets one: its leader proposes it once per term; the
+        first such entry applied wins, on every node alike."""
+        reply: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        reply.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.enqueue(CLUSTER_ID_ENTRY_PREFIX + new_id().encode(), reply)
+
+    def _command_of(self, entry: Entry) -> bytes:
+        """What the state machine applies of `entry`: a cluster-id entry is the node's own
+        (the machine sees a no-op)."""
+        if not entry.data.startswith(CLUSTER_ID_ENTRY_PREFIX):
+            return entry.data
+        if not self.identity_file.cluster_id:
+            self._adopt_cluster_id(entry.data[len(CLUSTER_ID_ENTRY_PREFIX) :].decode(), f"entry {entry.index}")
+        return b""
 
     # ------------------------------------------------------------------ member addresses
 

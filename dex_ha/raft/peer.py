@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from . import handshake
-from .handshake import HandshakeError
+from .handshake import HandshakeError, IdentityCheck
+from .identity import Identity
 from .snapshot_stream import OutgoingSnapshot
 from .types import Message, MessageType, encode_message
 from .wire import KIND_MESSAGE, FrameMac, FrameTooLarge, ProtocolError, TransportStats, pack_frame
@@ -55,6 +56,8 @@ class SenderHost(Protocol):
     rng: random.Random
     on_unreachable: Callable[[str], None] | None
     on_snapshot_sent: Callable[[str, bool], None] | None
+    identity: Callable[[], Identity]
+    check_identity: IdentityCheck | None
 
     def notify(self, callback: Callable[..., None] | None, *args: object) -> None: ...
 
@@ -270,7 +273,14 @@ class PeerSender:
         """Authenticate both ways; returns what tags our frames on this connection."""
         t = self.t
         done = await handshake.dial(
-            reader, writer, node_id=t.node_id, secret=t.secret, expected_peer_id=self.peer_id, addr=self.addr
+            reader,
+            writer,
+            node_id=t.node_id,
+            secret=t.secret,
+            expected_peer_id=self.peer_id,
+            addr=self.addr,
+            identity=t.identity(),
+            check=t.check_identity,
         )
         return t.frame_mac(done)
 

@@ -157,6 +157,11 @@ class RaftThread:
     def failure(self) -> BaseException | None:
         return self.node.failure
 
+    @property
+    def cluster_id(self) -> str:
+        """The cluster this node's data belongs to ("" until known; see identity.py)."""
+        return self.node.cluster_id
+
     def members(self) -> dict[str, Member]:
         return self.node.members()  # a copy, replaced as a whole on the Raft thread
 

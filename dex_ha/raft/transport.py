@@ -40,9 +40,11 @@ from .handshake import (
     ACCEPTOR_TO_DIALER,
     DIALER_TO_ACCEPTOR,
     HandshakeError,
+    IdentityCheck,
     hkdf_sha256,
     link_key,
 )
+from .identity import Identity
 from .peer import (
     BACKOFF_MAX_S,
     BACKOFF_MIN_S,
@@ -119,12 +121,16 @@ class RaftTransport:
         on_unreachable: Callable[[str], None] | None = None,
         on_snapshot_sent: Callable[[str, bool], None] | None = None,
         logger: logging.Logger | None = None,
+        identity: Callable[[], Identity] | None = None,
+        check_identity: IdentityCheck | None = None,
     ) -> None:
         """Beyond the obvious: `max_snapshot_bytes` bounds a reassembled snapshot (it is
         held in memory); `max_queue_messages` / `max_queue_bytes` bound each peer's send
         queue (beyond them send() drops); `handshake_timeout` bounds dialing, TLS and
         the handshake, in seconds. Peers equal to node_id are ignored. `listen` None: no
-        listener (see the module docstring)."""
+        listener (see the module docstring). `identity()` is what the handshake says of
+        this node (identity.py); `check_identity(peer, theirs)` sees each peer's and may
+        refuse it (HandshakeError)."""
         if (ssl_server is None) != (ssl_client is None):
             raise ValueError("mutual TLS needs both ssl_server and ssl_client (or neither)")
         if snapshot_chunk_bytes + 64 * 1024 > max_frame_bytes:
@@ -137,6 +143,8 @@ class RaftTransport:
         self.on_message = on_message
         self.on_unreachable = on_unreachable
         self.on_snapshot_sent = on_snapshot_sent
+        self.identity = identity or _no_identity
+        self.check_identity = check_identity
         self.secret = secret
         self.ssl_server = ssl_server
         self.ssl_client = ssl_client
@@ -358,7 +366,14 @@ class RaftTransport:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> tuple[str, FrameMac | None]:
         """Authenticate both ways; returns the peer's id and what checks its frames."""
-        done = await handshake.accept(reader, writer, node_id=self.node_id, secret=self.secret)
+        done = await handshake.accept(
+            reader,
+            writer,
+            node_id=self.node_id,
+            secret=self.secret,
+            identity=self.identity(),
+            check=self.check_identity,
+        )
         return done.dialer_id, self.frame_mac(done)
 
     async def _receive(self, reader: asyncio.StreamReader, peer_id: str, addr: str, mac: FrameMac | None) -> None:
@@ -412,6 +427,14 @@ class RaftTransport:
             )
             return
         self.notify(self.on_message, msg)
+
+
+def _no_identity() -> Identity:
+    """A transport without a node (tests): an incarnation of its own, nothing else."""
+    return _ANONYMOUS
+
+
+_ANONYMOUS = Identity(incarnation="anonymous", has_log=True)
 
 
 class _InboundConnection:

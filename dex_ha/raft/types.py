@@ -123,6 +123,9 @@ class Message:
     # sender's lease counts on that (the leader's election_timeout_min). 0 elsewhere, and
     # from leaders older than this field: the receiver then uses its own timeout.
     lease_window_ms: int = 0
+    # SNAP: the sender's cluster id (identity.py), so that a node installing a snapshot
+    # learns it or refuses a snapshot of another cluster. A 15th slot, SNAP only.
+    cluster_id: str = ""
 
 
 @dataclass(slots=True)
@@ -279,7 +282,8 @@ def encode_message(m: Message) -> bytes:
     encode_entry() bytes (the same bytes as packing the whole message at once), so an
     entry sent to several followers, and written to the leader's log, is encoded once."""
     if not m.entries:
-        return pack([*_head_slots(m), [], *_tail_slots(m)])
+        extra = [m.cluster_id] if m.type == MessageType.SNAP and m.cluster_id else []
+        return pack([*_head_slots(m), [], *_tail_slots(m), *extra])
     # Two packed arrays (7 and 6 slots, one-byte headers) with their headers cut off,
     # the entries in between: msgpack arrays are their header followed by their items.
     head = pack(_head_slots(m))[1:]
@@ -309,6 +313,9 @@ def decode_message(buf: bytes | memoryview) -> Message:
             raise MalformedMessage("data must be bytes")
         mtype = MessageType(typ)
         heartbeat = mtype == MessageType.HEARTBEAT
+        cluster_id = raw[14] if mtype == MessageType.SNAP and len(raw) > 14 else ""
+        if not isinstance(cluster_id, str) or len(cluster_id) > 64:
+            raise MalformedMessage("cluster_id must be a short string")
         return Message(
             type=mtype,
             to=to,
@@ -324,6 +331,7 @@ def decode_message(buf: bytes | memoryview) -> Message:
             context=ctx,
             snapshot=snapshot_meta_from_wire(snap) if snap is not None else None,
             data=data,
+            cluster_id=cluster_id,
         )
     except MalformedMessage:
         raise

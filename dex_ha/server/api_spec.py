@@ -597,7 +597,8 @@ _CLUSTER = (
         "GET",
         "/v1/cluster",
         ANY_ROLE,
-        "This node's view of the cluster: role, term, leader, indexes, lease, alarms (no_space), members.",
+        "This node's view of the cluster: its cluster id, role, term, leader, indexes, lease, alarms (no_space), "
+        "members (each with its URL, Raft address and consistency alarm).",
         success={200: "the cluster table"},
         active_only=False,
     ),

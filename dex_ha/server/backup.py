@@ -24,6 +24,11 @@ cluster's membership carries over. Its term numbers continue from the backup's t
 new cluster's first election is one above it): the state records the term of every attempt
 and fences hand-outs of older terms, so a cluster that started again at term 1 would refuse
 every hand-out, and its takeover would not fail the attempts the backup caught running.
+
+The new cluster gets a new cluster id (raft/identity.py), the same on every member restored
+from the same file with the same member list (and cluster token): the backup's id says
+where it came from, never where it goes. Members of the backed-up cluster, or of any other,
+refuse a restored node, so a restore never joins or overwrites a running cluster.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from dex_ha.engine import Engine, copy_to_bytes
 from dex_ha.engine.schema import SCHEMA_VERSION
+from dex_ha.raft.identity import IDENTITY_FILE, IdentityFile, derived_cluster_id, new_id
 from dex_ha.raft.snapshot_file import seal_bytes
 from dex_ha.raft.storage import RaftStorage, fsync_dir
 from dex_ha.raft.types import ConfState, HardState, SnapshotMeta
@@ -80,12 +86,15 @@ class BackupHeader:
     node_id: str  # the node that took it
     payload_bytes: int
     sha256: str  # of the payload, hex
+    cluster_id: str = ""  # the cluster it was taken from ("" in backups from before ids)
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode() + b"\n"
 
 
-def make_header(index: int, term: int, node_id: str, payload: bytes, now_s: float | None = None) -> BackupHeader:
+def make_header(
+    index: int, term: int, node_id: str, payload: bytes, now_s: float | None = None, cluster_id: str = ""
+) -> BackupHeader:
     created = datetime.fromtimestamp(time.time() if now_s is None else now_s, UTC)
     return BackupHeader(
         format=FORMAT_VERSION,
@@ -96,6 +105,7 @@ def make_header(index: int, term: int, node_id: str, payload: bytes, now_s: floa
         node_id=node_id,
         payload_bytes=len(payload),
         sha256=hashlib.sha256(payload).hexdigest(),
+        cluster_id=cluster_id,
     )
 
 
@@ -121,7 +131,7 @@ async def take_backup(node: NodeServer) -> tuple[BackupHeader, bytes]:
         term = await node.raft.entry_term(index)
     except ValueError as exc:  # compacted away while the copy ran: only under very heavy load
         raise BackupNotPossible(f"the copy's index {index} left the Raft log meanwhile ({exc}); try again") from None
-    return make_header(index, term, node.config.node_id, payload), payload
+    return make_header(index, term, node.config.node_id, payload, cluster_id=node.raft.cluster_id), payload
 
 
 # ---------------------------------------------------------------- reading
@@ -188,7 +198,10 @@ def _decode_header(line: bytes, where: str) -> BackupHeader:
             raise BackupError(f"{where}: header field {name!r} is missing or not a {kind.__name__}")
     if raw["index"] < 1 or raw["term"] < 1:
         raise BackupError(f"{where}: header index {raw['index']} / term {raw['term']} must be at least 1")
-    return BackupHeader(**{name: raw[name] for name in ("format", *types)})
+    cluster_id = raw.get("cluster_id", "")
+    if not isinstance(cluster_id, str):
+        raise BackupError(f"{where}: header field 'cluster_id' is not a str")
+    return BackupHeader(**{name: raw[name] for name in ("format", *types)}, cluster_id=cluster_id)
 
 
 # ---------------------------------------------------------------- writing a file
@@ -247,14 +260,20 @@ def check_empty_data_dir(data_dir: Path) -> None:
 
 
 def restore_data_dir(
-    backup: Path, data_dir: Path, node_id: str, members: tuple[str, ...], durability: str = "strict"
-) -> BackupHeader:
+    backup: Path,
+    data_dir: Path,
+    node_id: str,
+    members: tuple[str, ...],
+    durability: str = "strict",
+    cluster_token: str = "",
+) -> tuple[BackupHeader, str]:
     """Seed `data_dir` as member `node_id` of a new cluster of `members` from `backup`.
 
     Checks everything first (the file, its checksum and format, the state inside it, an
     empty data dir); then writes the engine state, the snapshot file and a fresh Raft log
     whose first record is a snapshot at the backup's index with `members` as its voters.
     A node started on `data_dir` serves the backed-up state once a quorum of `members` runs.
+    Returns the header and the new cluster's id (see the module docstring).
     """
     if node_id not in members:
         raise ValueError(f"members: {members!r} does not include node_id {node_id!r}")
@@ -266,6 +285,8 @@ def restore_data_dir(
         _restore_engine(data_dir / STATE_DB, payload, header)
         _write_snapshot_file(data_dir / SNAPSHOT_DIR, header.index, payload, durability)
         _write_raft_log(data_dir / RAFT_DIR, header, members, durability)
+        cluster_id = restored_cluster_id(header, members, cluster_token)
+        IdentityFile(data_dir / IDENTITY_FILE, new_id(), cluster_id).save(durability == "strict")
     except BaseException:
         # It was empty: leave it so, or a second try would be refused as "not empty".
         if created:
@@ -273,7 +294,13 @@ def restore_data_dir(
         else:
             _remove_contents(data_dir)
         raise
-    return header
+    return header, cluster_id
+
+
+def restored_cluster_id(header: BackupHeader, members: tuple[str, ...], cluster_token: str = "") -> str:
+    """The id of the new cluster restored from `header`'s backup with `members`: the same
+    for each of its members, new against the backed-up cluster and any other restore."""
+    return derived_cluster_id(header.sha256, header.cluster_id, ",".join(sorted(members)), cluster_token)
 
 
 def _remove_contents(directory: Path) -> None:
@@ -326,4 +353,5 @@ def describe(header: BackupHeader) -> dict[str, Any]:
         "node_id": header.node_id,
         "bytes": header.payload_bytes,
         "sha256": header.sha256,
+        "cluster_id": header.cluster_id or None,
     }

@@ -408,6 +408,7 @@ class NodeServer:
         view = self.raft.view
         return {
             "node_id": self.config.node_id,
+            "cluster_id": self.raft.cluster_id or None,
             "role": self.role(),
             "term": status.term,
             "leader_id": view.leader_id or None,
@@ -438,10 +439,10 @@ class NodeServer:
         ]
 
     def _member_views(self, status: Status) -> list[dict[str, Any]]:
-        urls = {node_id: member.url for node_id, member in self.raft.members().items()}
+        known = self.raft.members()
         return [
             {
-                **self._member_view(node_id, info, urls.get(node_id), status.snapshots_sending.get(node_id)),
+                **self._member_view(node_id, info, known.get(node_id), status.snapshots_sending.get(node_id)),
                 "consistency_alarm": node_id in self.consistency.alarms,
             }
             for node_id, info in sorted(status.members.items())
@@ -449,7 +450,7 @@ class NodeServer:
 
     @staticmethod
     def _member_view(
-        node_id: str, info: MemberStatus, url: str | None, sending: tuple[int, int] | None
+        node_id: str, info: MemberStatus, member: Member | None, sending: tuple[int, int] | None
     ) -> dict[str, Any]:
         """One member as /v1/cluster shows it. `contacted` is False when this (leader) node never
         heard from it, None when unknown (not the leader); `replication` is the leader's
@@ -458,7 +459,8 @@ class NodeServer:
         return {
             "id": node_id,
             "voter": info.voter,
-            "url": url,
+            "url": member.url or None if member is not None else None,
+            "raft_addr": "{}:{}".format(*member.raft_addr) if member is not None else None,
             "match_index": info.match,
             "last_contact_ms_ago": info.last_contact_ms_ago,
             "contacted": info.contacted,

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from dex_ha.raft.identity import IdentityRefused
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.node import NodeServer
 
@@ -59,12 +60,20 @@ def use_uvloop() -> None:
 
 # A node whose Raft loop died (e.g. fsync failed with EIO) exits with this code.
 FATAL_EXIT_CODE = 70
+# A node that must not run as configured (its peers belong to another cluster, or it lost
+# its data and must be replaced): restarting it will not help (EX_CONFIG).
+REFUSED_EXIT_CODE = 78
 
 
 def exit_on_fatal(exc: BaseException) -> None:
     """The Raft loop died (its log may not be durable): exit now, non-zero, so that the
     supervisor (systemd, Kubernetes) restarts the node, which then recovers from its log.
-    Runs on the Raft thread: the HTTP loop may be busy, and must not delay this."""
+    Runs on the Raft thread: the HTTP loop may be busy, and must not delay this.
+    A node refused for its identity (IdentityRefused) has logged its one line already; it
+    exits with REFUSED_EXIT_CODE, which a supervisor should not restart."""
+    if isinstance(exc, IdentityRefused):
+        logging.shutdown()
+        os._exit(REFUSED_EXIT_CODE)
     log.critical("the Raft loop stopped (%s: %s): exiting with code %d", type(exc).__name__, exc, FATAL_EXIT_CODE)
     logging.shutdown()
     os._exit(FATAL_EXIT_CODE)

@@ -24,6 +24,7 @@ from dex_ha.server.backup import (
     parse_members,
     read_backup,
     restore_data_dir,
+    restored_cluster_id,
 )
 from dex_ha.server.node import NodeServer
 from tests.server.node_fixture import HttpApi, expect, single_node_config, start_node
@@ -156,6 +157,19 @@ def test_restore_refuses_a_payload_that_is_not_an_engine_state_and_leaves_nothin
     assert list((tmp_path / "n2").iterdir()) == []
 
 
+def test_a_restore_makes_one_new_cluster_id_for_its_members():
+    header = make_header(index=42, term=7, node_id="n1", payload=PAYLOAD, cluster_id="old")
+    members = ("n1", "n2", "n3")
+    same = restored_cluster_id(header, members)
+    assert same == restored_cluster_id(header, ("n3", "n2", "n1"))  # every member restored alike agrees
+    others = {
+        restored_cluster_id(header, ("n1", "n2")),
+        restored_cluster_id(header, members, cluster_token="second copy"),
+        restored_cluster_id(make_header(index=42, term=7, node_id="n1", payload=PAYLOAD + b"x"), members),
+    }
+    assert same not in others | {"old"} and len(others) == 3
+
+
 # ---------------------------------------------------------------- a node seeded from a backup
 
 
@@ -184,14 +198,18 @@ async def test_a_node_restored_from_a_backup_serves_the_same_sessions(
             assert f"at index {header.index} (backup term {header.term}" in out
             # The snapshot file a later member would be sent carries its checksum trailer.
             verify_file(tmp_path / "copy" / "snapshots" / f"snapshot-{header.index:020d}.bin", header.index)
+            source_cluster = expect(await api.get("/v1/cluster"), 200)["cluster_id"]
+            assert source_cluster and header.cluster_id == source_cluster  # the backup says where it came from
 
             restored = await start_node(single_node_config(tmp_path / "copy"))
             copy = HttpApi(f"http://127.0.0.1:{restored.http_port}", http)
             for sid, snapshot in before.items():
                 assert await copy.snapshot(sid) == snapshot
             view = expect(await copy.get("/v1/cluster"), 200)
-            # A new cluster: its own first term is above the backup's (attempts keep their terms).
+            # A new cluster: its own first term is above the backup's (attempts keep their terms),
+            # and its own id, the one restore printed.
             assert view["term"] > header.term and view["applied_index"] > header.index
+            assert view["cluster_id"] not in (None, source_cluster) and f"new cluster {view['cluster_id']} " in out
             await copy.send_message("s0", "after the restore")  # it takes new work
             assert len((await copy.snapshot("s0"))["waiting_messages"]) == 1
     finally:

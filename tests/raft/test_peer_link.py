@@ -33,6 +33,7 @@ from tests.raft.transport_helpers import (
     KIND_HELLO,
     KIND_MESSAGE,
     LOOPBACK,
+    RAW_WHO,
     SECRET,
     Node,
     RawPeer,
@@ -317,7 +318,7 @@ async def test_a_short_or_empty_handshake_mac_is_refused(pair: tuple[Node, Node]
             "short-zeros": b"\0" * 16,
             "the-first-half-of-the-right-one": mac(SECRET, "dialer", challenge, "a")[:16],
         }[answer]
-        raw.send_raw(frame(17, msgpack.packb(["a", os.urandom(32), given], use_bin_type=True)))
+        raw.send_raw(frame(17, msgpack.packb(["a", os.urandom(32), given, RAW_WHO], use_bin_type=True)))
         assert await raw.closed_by_peer()
         await eventually(lambda: raw.local_addr in caplog.text, deadline_s=DEADLINE)
     assert "bad or missing authentication" in caplog.text

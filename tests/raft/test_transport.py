@@ -21,6 +21,7 @@ from tests.raft.transport_helpers import (
     KIND_HELLO,
     LOOPBACK,
     PROTOCOL_VERSION,
+    RAW_WHO,
     SECRET,
     Node,
     RawPeer,
@@ -176,8 +177,9 @@ async def test_a_peer_that_keeps_dropping_us_is_not_redialed_in_a_hot_loop() -> 
         challenge = os.urandom(32)
         writer.write(frame(KIND_HELLO, msgpack.packb(["dex-ha-raft", 1, challenge], use_bin_type=True)))
         kind, body = await peer.read_frame()
-        _, theirs, _ = msgpack.unpackb(body)
-        writer.write(frame(KIND_AUTH_OK, msgpack.packb(["b", mac(SECRET, "acceptor", theirs, "b")], use_bin_type=True)))
+        _, theirs, _, _ = msgpack.unpackb(body)
+        answer = ["b", mac(SECRET, "acceptor", theirs, "b"), RAW_WHO]
+        writer.write(frame(KIND_AUTH_OK, msgpack.packb(answer, use_bin_type=True)))
         await writer.drain()
         writer.close()  # authenticated, then gone
 
@@ -353,7 +355,9 @@ async def test_the_dialer_refuses_an_impostor_acceptor(caplog) -> None:
         writer.write(
             frame(
                 KIND_AUTH_OK,
-                msgpack.packb(["b", mac(b"guessed-secret-123", "acceptor", b"?" * 32, "b")], use_bin_type=True),
+                msgpack.packb(
+                    ["b", mac(b"guessed-secret-123", "acceptor", b"?" * 32, "b"), RAW_WHO], use_bin_type=True
+                ),
             )
         )
         got_messages.append(await reader.read(65536))  # anything the dialer sends next

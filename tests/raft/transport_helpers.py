@@ -29,7 +29,7 @@ LOOPBACK = "127.0.0.1"
 SECRET = b"0123456789abcdef-cluster-secret"
 
 KIND_MESSAGE, KIND_CHUNK, KIND_HELLO, KIND_AUTH, KIND_AUTH_OK = 1, 2, 16, 17, 18
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 TAG_BYTES = 16
 
 
@@ -104,8 +104,14 @@ def frame(kind: int, body: bytes) -> bytes:
     return struct.pack(">I", len(body) + 1) + bytes((kind,)) + body
 
 
-def mac(secret: bytes, role: str, challenge: bytes, node_id: str) -> bytes:
-    return hmac.new(secret, f"dex-ha-raft {role}\0".encode() + challenge + node_id.encode(), hashlib.sha256).digest()
+# The identity a raw test peer gives in the handshake: an incarnation of its own, no
+# cluster id (accepted by any node), a log.
+RAW_WHO: list[object] = ["raw-peer", "", True, [], False]
+
+
+def mac(secret: bytes, role: str, challenge: bytes, node_id: str, who: object = RAW_WHO) -> bytes:
+    signed = f"dex-ha-raft {role}\0".encode() + challenge + node_id.encode() + msgpack.packb(who, use_bin_type=True)
+    return hmac.new(secret, signed, hashlib.sha256).digest()
 
 
 def dialer_frame_key(
@@ -161,16 +167,16 @@ class RawPeer:
         answer = (
             mac_override if mac_override is not None else (mac(secret, "dialer", challenge, node_id) if secret else b"")
         )
-        self.send_raw(frame(KIND_AUTH, msgpack.packb([node_id, mine, answer], use_bin_type=True)))
+        self.send_raw(frame(KIND_AUTH, msgpack.packb([node_id, mine, answer, RAW_WHO], use_bin_type=True)))
         if secret is not None:
             self.frame_key = dialer_frame_key(secret, mine, challenge, node_id, acceptor)
 
     async def expect_auth_ok(self, peer_id: str, secret: bytes) -> None:
         kind, body = await self.read_frame()
         assert kind == KIND_AUTH_OK
-        node_id, answer = msgpack.unpackb(body)
+        node_id, answer, who = msgpack.unpackb(body)
         assert node_id == peer_id
-        assert answer == mac(secret, "acceptor", self.my_challenge, peer_id)  # it proved itself too
+        assert answer == mac(secret, "acceptor", self.my_challenge, peer_id, who)  # it proved itself too
 
     def send_raw(self, data: bytes) -> None:
         self.writer.write(data)
