@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from dex_ha.raft.identity import (
@@ -21,6 +22,7 @@ from dex_ha.raft.identity import (
     founders_cluster_id,
 )
 from dex_ha.raft.node import Member, RaftNode
+from dex_ha.raft.snapshot_file import seal_bytes
 from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta, decode_message, encode_message
 from harness.kv_node import KVStateMachine
 from harness.ports import free_ports
@@ -202,13 +204,17 @@ async def test_a_snapshot_of_another_cluster_is_dropped_and_one_of_this_cluster_
     members = _members(2)
     joiner = RaftNode(_config("n2", tmp_path, members, join=True), KVStateMachine())
     try:
-        snap = Message(MessageType.SNAP, "n2", "n1", term=3, snapshot=SnapshotMeta(9, 3, ConfState(("n1",))))
+        data = seal_bytes(msgpack.packb([9, {}]), 9)
+        snap = Message(MessageType.SNAP, "n2", "n1", term=3, snapshot=SnapshotMeta(9, 3, ConfState(("n1",))), data=data)
         snap.cluster_id = "X"
         joiner._on_message(snap)
-        assert joiner.cluster_id == "X" and len(joiner._inbox) == 1  # a joining node learns it
+        assert joiner.cluster_id == "X"  # a joining node learns it
+        await _until(lambda: len(joiner._inbox) == 1, 5, "the snapshot to pass its checksum")
         snap.cluster_id = "Y"
+        checks = len(joiner._background)
         joiner._on_message(snap)
-        assert len(joiner._inbox) == 1  # another cluster's: dropped, loudly
+        # Another cluster's: dropped, loudly (not even checked, let alone stepped).
+        assert len(joiner._background) == checks and len(joiner._inbox) == 1
         assert any(r.levelname == "ERROR" and "of cluster Y from n1" in r.getMessage() for r in caplog.records)
     finally:
         joiner.storage.close()
