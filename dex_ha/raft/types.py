@@ -122,6 +122,10 @@ class Message:
     # sender's lease counts on that (the leader's election_timeout_min). 0 elsewhere, and
     # from leaders older than this field: the receiver then uses its own timeout.
     lease_window_ms: int = 0
+    # APP_RESP and HEARTBEAT_RESP: the index the sender has applied to its state machine,
+    # so that the leader can show real progress (a follower may store entries it has not
+    # applied). 0 elsewhere, and from peers older than this field.
+    applied: int = 0
 
 
 @dataclass(slots=True)
@@ -243,11 +247,19 @@ def decode_snapshot_meta(buf: bytes) -> SnapshotMeta:
 # Wire slots are positional and version 1 peers want exactly 14 of them, so a new field
 # travels in a slot its message type leaves unused: a HEARTBEAT's `lease_window_ms` in the
 # `index` slot. Old peers ignore a heartbeat's index; an old leader sends 0 there, which
-# reads as "no window" (the receiver's own timeout, the old rule).
+# reads as "no window" (the receiver's own timeout, the old rule). A response's `applied`
+# travels in the `commit` slot, which responses leave unused: an old leader ignores it, an
+# old follower sends 0 there.
+
+_RESPONSES_WITH_APPLIED = (MessageType.APP_RESP, MessageType.HEARTBEAT_RESP)
 
 
 def _index_slot(m: Message) -> int:
     return m.lease_window_ms if m.type == MessageType.HEARTBEAT else m.index
+
+
+def _commit_slot(m: Message) -> int:
+    return m.applied if m.type in _RESPONSES_WITH_APPLIED else m.commit
 
 
 def _array_header(n: int) -> bytes:
@@ -270,7 +282,7 @@ def _head_slots(m: Message) -> list[Any]:
 def _tail_slots(m: Message) -> list[Any]:
     """A message's 6 slots after its entries."""
     snapshot = snapshot_meta_to_wire(m.snapshot) if m.snapshot is not None else None
-    return [m.commit, m.reject, m.reject_hint, m.context, snapshot, m.data]
+    return [_commit_slot(m), m.reject, m.reject_hint, m.context, snapshot, m.data]
 
 
 def encode_message(m: Message) -> bytes:
@@ -308,6 +320,7 @@ def decode_message(buf: bytes | memoryview) -> Message:
             raise MalformedMessage("data must be bytes")
         mtype = MessageType(typ)
         heartbeat = mtype == MessageType.HEARTBEAT
+        response = mtype in _RESPONSES_WITH_APPLIED
         return Message(
             type=mtype,
             to=to,
@@ -317,7 +330,8 @@ def decode_message(buf: bytes | memoryview) -> Message:
             index=0 if heartbeat else index,
             lease_window_ms=index if heartbeat else 0,
             entries=[entry_from_wire(e) for e in entries],
-            commit=commit,
+            commit=0 if response else commit,
+            applied=commit if response else 0,
             reject=bool(reject),
             reject_hint=hint,
             context=ctx,
