@@ -961,7 +961,17 @@ class RaftCore:
         self._leader = m.frm
         self._heard_from_leader(m)
         # The leader sends min(our match, its commit): our log matches it up to there.
-        self._log.commit_to(min(m.commit, self._log.last_index))
+        log = self._log
+        log.commit_to(min(m.commit, log.last_index))
+        if m.commit > log.last_index:
+            # We acknowledged entries up to there and no longer have them (our storage lost
+            # them): say so, with our last entry, or the leader never sends them again. The
+            # answer still acknowledges the round (we do refuse votes now: the lease holds).
+            last = log.last_index
+            self._send(
+                _MT.HEARTBEAT_RESP, m.frm, context=m.context, reject=True, reject_hint=last, log_term=log.last_term
+            )
+            return
         self._send(_MT.HEARTBEAT_RESP, m.frm, context=m.context)
 
     def _handle_snapshot(self, m: Message) -> None:
@@ -1041,11 +1051,11 @@ class RaftCore:
         self._maybe_send_timeout_now(m.frm)
 
     def _follower_lost_entries(self, m: Message, pr: Progress, hint_next: int) -> None:
-        """`m` rejects our probe at or below the follower's match index: it lost entries it
-        had acknowledged. What it still provably holds: its answer names its entry at
-        `reject_hint` with term `log_term`; if ours there has the same term, the logs match
-        up to it (Log Matching). Reset its progress to that, so that it catches up and its
-        old match no longer counts for commit, and report it."""
+        """`m` rejects our probe at or below the follower's match index, or our heartbeat's
+        commit index: it lost entries it had acknowledged. What it still provably holds:
+        its answer names its entry at `reject_hint` with term `log_term`; if ours there has
+        the same term, the logs match up to it (Log Matching). Reset its progress to that,
+        so that it catches up and its old match no longer counts for commit, and report it."""
         has = m.reject_hint if 0 < m.reject_hint < pr.match and self._log.term(m.reject_hint) == m.log_term else 0
         self._lost_entries.append(LostEntries(m.frm, self._term, pr.match, has))
         pr.lose_entries(has, hint_next)
@@ -1056,6 +1066,11 @@ class RaftCore:
         return reports
 
     def _handle_heartbeat_response(self, m: Message, pr: Progress) -> None:
+        if m.reject and m.reject_hint < pr.match:
+            # It lacks entries our heartbeat's commit index (at most its match) counted as
+            # stored there: the way an idle leader, which sends no probe, finds it out.
+            hint = self._log.find_conflict_by_term(m.reject_hint, m.log_term) if m.log_term > 0 else m.reject_hint
+            self._follower_lost_entries(m, pr, hint + 1)
         sent = self._round_sent_ms.get(m.context)
         if sent is not None and (pr.lease_ack_ms is None or sent > pr.lease_ack_ms):
             pr.lease_ack_ms = sent

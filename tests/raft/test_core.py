@@ -1404,3 +1404,27 @@ def test_followers_report_their_applied_index_to_the_leader() -> None:
     n2 = n1.status().members["n2"]
     assert n2.applied == c.cores["n2"].applied_index == n1.commit_index
     assert n1.status().members["n1"].applied == n1.applied_index  # the leader's own
+
+
+def test_an_idle_leader_finds_a_wiped_follower_by_its_heartbeats() -> None:
+    """No write comes, so the leader sends no probe: the wiped follower's answer to a
+    heartbeat whose commit index it cannot reach is what tells the leader."""
+    c, n1, acknowledged = _leader_with_a_wiped_follower()
+    c.run(300)  # heartbeats only
+    reports = n1.take_lost_entries()
+    assert reports and (reports[0].member, reports[0].acknowledged) == ("n3", acknowledged)
+    assert c.stores["n3"].applied_index == n1.commit_index == acknowledged
+    assert n1.status().members["n3"].applied == acknowledged
+    assert n1.lease_valid(c.now)  # its heartbeat acks still count for the lease
+
+
+def test_a_follower_that_only_lags_never_rejects_a_heartbeat() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.drop = lambda m: m.to == "n3" and m.type == MT.APP  # n3 falls behind, losing nothing
+    for i in range(5):
+        n1.propose(b"p%d" % i)
+    c.run(300)
+    assert c.cores["n3"].last_index < n1.last_index
+    assert not [m for m in c.sent if m.type == MT.HEARTBEAT_RESP and m.reject]
+    assert n1.take_lost_entries() == []
