@@ -470,7 +470,7 @@ class NodeServer:
             "dex_engine_wal_bytes": self.replica.engine.wal_bytes(),
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
             "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
-            "dex_raft_follower_lost_entries_total": self.raft.node.metrics.follower_lost_entries,
+            "dex_raft_follower_lost_entries_total": self._follower_lost_entries(),
             "dex_raft_slow_turns_total": {
                 "long": self.raft.node.turn_watch.slow_turns,
                 "late": self.raft.node.turn_watch.late_turns,
@@ -482,6 +482,12 @@ class NodeServer:
             "tool_calls": stats["tool_calls"],
             "followers": self._follower_progress(view.commit),
         }
+
+    def _follower_lost_entries(self) -> dict[str, int]:
+        """By member, the times this node, as leader, saw it lose entries it had acknowledged;
+        0 for each member it tracks now, so that a first loss shows as an increase."""
+        tracked = {p.id: 0 for p in self.raft.node.peer_progress}
+        return {**tracked, **self.raft.node.metrics.follower_lost_entries}
 
     def _follower_progress(self, commit: int) -> dict[str, tuple[int, float]]:
         """On the leader: each other member's (entries behind the commit index, seconds since
