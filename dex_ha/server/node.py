@@ -380,15 +380,18 @@ class NodeServer:
         info = status.members.get(node_id)
         if info is not None and not info.voter:  # promoting a voter is refused by the core (409) below
             match, contact = info.match, info.last_contact_ms_ago
+            # Caught up means applied, not only stored (a learner of the release before
+            # reports no applied index: its match index then).
+            done = match if not match or info.applied is None else min(match, info.applied)
             if (
-                not match
-                or status.commit - match > PROMOTE_MAX_LAG_ENTRIES
+                not done
+                or status.commit - done > PROMOTE_MAX_LAG_ENTRIES
                 or contact is None
                 or contact > self.config.election_timeout_max_ms
             ):
                 raise MemberNotCaughtUp(
-                    f"learner {node_id!r} is not caught up (match index {match}, commit index "
-                    f"{status.commit}, last contact {contact} ms ago); promote it once it is"
+                    f"learner {node_id!r} is not caught up (match index {match}, applied index {info.applied}, "
+                    f"commit index {status.commit}, last contact {contact} ms ago); promote it once it is"
                 )
         await self.raft.change_membership(ConfChange(ConfChangeType.PROMOTE, node_id))
 
