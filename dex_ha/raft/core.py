@@ -27,6 +27,11 @@ Conventions worth knowing:
   transfer ended, or the leader keeps waiting for that follower.
 * Without `check_quorum` there is no recent-leader vote refusal, so `lease_valid()` is
   always False.
+* A follower's answers carry its applied index (`Message.applied`), which the leader's
+  status shows. A follower whose answers show it lacks entries it acknowledged (its
+  storage lost them) is reset to what it provably holds and replicated to again; the
+  leader hands each such event out once through `take_lost_entries()`, for the node loop
+  to log and count.
 
 Configuration changes take effect when their entry is APPENDED to a log (the Raft
 dissertation §4.1 rule, single-server changes), not when committed. Why: with
