@@ -107,7 +107,8 @@ def _mib(n: int) -> str:
 
 
 def progress_text_of(member: dict[str, Any], commit_index: int | None) -> str:
-    """How far a member is: a snapshot streaming to it (bytes), or its match index against the commit index."""
+    """How far a member is: a snapshot streaming to it (bytes), entries it lost, or the index
+    it applied against the commit index ("caught up" only once it applied every committed entry)."""
     if member.get("replication") == "self":
         return "leader"
     sent_total = member.get("snapshot_bytes")
@@ -120,11 +121,18 @@ def progress_text_of(member: dict[str, Any], commit_index: int | None) -> str:
     match = member.get("match_index")
     if match is None or commit_index is None:
         return "-"
+    lost = member.get("lost_acknowledged_index")
+    if lost:
+        return f"LOST ENTRIES: had stored up to {lost}, has {match}; catching up (see the leader's log)"
+    # A server of the release before reports no applied index: its match index then.
+    applied = member.get("applied_index")
+    done = match if applied is None else min(match, applied)
     if member.get("replication") == "snapshot":
         return f"snapshot sent, applying (match {match} of {commit_index})"
-    if match >= commit_index:
-        return "caught up"
-    return f"catching up: {match} of {commit_index} ({max(0, commit_index - match)} behind)"
+    relapsed = f" (lost entries {member['lost_entries']}x this term)" if member.get("lost_entries") else ""
+    if done >= commit_index:
+        return "caught up" + relapsed
+    return f"catching up: applied {done} of {commit_index} ({commit_index - done} behind){relapsed}"
 
 
 def format_members(members: list[dict[str, Any]], commit_index: int | None = None) -> str:
@@ -134,12 +142,13 @@ def format_members(members: list[dict[str, Any]], commit_index: int | None = Non
             "voter" if m.get("voter") else "learner",
             dash(m.get("url")),
             dash(m.get("match_index")),
+            dash(m.get("applied_index")),
             contact_text_of(m),
             progress_text_of(m, commit_index),
         ]
         for m in members
     ]
-    return format_table(["member", "kind", "url", "match", "last contact", "progress"], rows)
+    return format_table(["member", "kind", "url", "match", "applied", "last contact", "progress"], rows)
 
 
 def cmd_members(args: argparse.Namespace) -> int:

@@ -12,8 +12,9 @@ Where it sends requests:
 - SEVERAL node URLs: a 503 that names ``leader_url`` moves the connection to that URL,
   even one missing from the list (the cluster knows its members better than the
   caller); a 503 without it, a 502/504, or a connection error rotates to the next URL
-  of the list. A 503 ``overloaded`` comes from the active node itself, busy: the
-  connection stays there and backs off (honouring ``Retry-After``).
+  of the list. A 503 ``overloaded`` (busy) or ``unavailable`` (a write not committed in
+  time: too few nodes replicate) comes from the active node itself: the connection stays
+  there and backs off (honouring ``Retry-After``).
 
 When it waits: switching node is free for the first pass through the list (a dead node
 costs no sleep); after that, and always with one URL, it backs off exponentially from
@@ -51,8 +52,20 @@ log = logging.getLogger("dex_ha.client")
 
 # Answers that mean "not here / not now": the request may succeed on another node or later.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
-# The 503 of an active node that sheds load: retry it, after Retry-After, on the same node.
+# The 503s of the active node itself, retried after Retry-After on the same node (another
+# node would only send the request back), with what the SDK says while it retries them and
+# when it gives up: one that sheds load, and a write it could not commit in time (it may
+# still commit: sending it again with the same ids is safe).
 OVERLOADED = "overloaded"
+NOT_COMMITTED = "unavailable"
+_ACTIVE_NODE_REFUSALS = {
+    OVERLOADED: ("the active node is shedding load", "the active dex-ha node kept shedding load"),
+    NOT_COMMITTED: (
+        "the active node cannot commit writes in time (too few nodes replicate)",
+        "the active dex-ha node kept failing to commit the write in time",
+    ),
+}
+_NO_ACTIVE_NODE = ("no active node yet", "no active dex-ha node answered")
 # How long a request must have been retrying before an operator is warned, and how often.
 SLOW_RETRY_WARNING_S = 5.0
 
@@ -334,14 +347,14 @@ class Connection:
                 result = await send_once(self._get_session(), base_url)
             except _RetryableAnswer as answer:
                 last_error = f"{base_url} answered {answer}"
-                shedding = answer.code == "overloaded"
+                why = _ACTIVE_NODE_REFUSALS.get(answer.code, _NO_ACTIVE_NODE)
                 retry_after_s = answer.retry_after_s
                 self._move_after_answer(base_url, answer)
             except aiohttp.InvalidURL as exc:  # no retry can mend a URL (leader_url is checked, too)
                 raise ValueError(f"{what}: {base_url} is not a URL a request can be sent to ({exc})") from None
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 last_error = f"{base_url}: {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
-                shedding = False
+                why = _NO_ACTIVE_NODE
                 self._rotate(base_url, f"cannot reach it ({type(exc).__name__})")
             else:
                 self._failures = 0
@@ -349,8 +362,8 @@ class Connection:
             # A concurrent request may have moved the connection too: any new node counts.
             switched = self._current_url != base_url
             waited = self._clock() - started
-            self._give_up_if_too_long(what, waited, last_error, shedding)
-            self._warn_if_slow(what, waited, last_error, shedding)
+            self._give_up_if_too_long(what, waited, last_error, why[1])
+            self._warn_if_slow(what, waited, last_error, why[0])
             if switched and free_switches > 0:
                 free_switches -= 1
                 continue
@@ -360,8 +373,8 @@ class Connection:
         """Pick the node for the next try after a retryable answer from ``base_url``."""
         if len(self._urls) == 1 or self._current_url != base_url:
             return  # one URL: stay; or a concurrent request already moved on
-        if answer.code == OVERLOADED:
-            return  # the active node, shedding load: another node would only send us back
+        if answer.code in _ACTIVE_NODE_REFUSALS:
+            return  # the active node itself answered: another node would only send us back
         if answer.leader_url is not None:
             try:
                 leader_url = _normalize_url(answer.leader_url, "leader_url")
@@ -387,18 +400,18 @@ class Connection:
         if url in self._urls:
             self._list_index = self._urls.index(url)
 
-    def _give_up_if_too_long(self, what: str, waited: float, last_error: str, shedding: bool) -> None:
+    def _give_up_if_too_long(self, what: str, waited: float, last_error: str, why: str) -> None:
         if self._give_up_after_s is not None and waited >= self._give_up_after_s:
-            why = "the active dex-ha node kept shedding load" if shedding else "no active dex-ha node answered"
             raise DexUnavailable(
                 f"{what}: {why} after trying for {waited:.1f} s "
                 f"(give_up_after_s={self._give_up_after_s}) on {', '.join(self._urls)}; "
                 f"last error: {last_error}"
             )
 
-    def _warn_if_slow(self, what: str, waited: float, last_error: str, shedding: bool) -> None:
-        """Tell the operator, at most once per 5 s, that requests keep failing, and whether
-        because no node is active or because the active one sheds load (`overloaded`)."""
+    def _warn_if_slow(self, what: str, waited: float, last_error: str, why: str) -> None:
+        """Tell the operator, at most once per 5 s, that requests keep failing, and why: no
+        node is active, or the active one sheds load (`overloaded`) or cannot commit
+        (`unavailable`)."""
         if waited <= SLOW_RETRY_WARNING_S:
             return
         now = self._clock()
@@ -409,7 +422,7 @@ class Connection:
             "dex-ha client: %s still retrying after %.1f s, %s; last error: %s",
             what,
             waited,
-            "the active node is shedding load" if shedding else "no active node yet",
+            why,
             last_error,
         )
 

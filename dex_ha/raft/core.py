@@ -27,6 +27,11 @@ Conventions worth knowing:
   transfer ended, or the leader keeps waiting for that follower.
 * Without `check_quorum` there is no recent-leader vote refusal, so `lease_valid()` is
   always False.
+* A follower's answers carry its applied index (`Message.applied`), which the leader's
+  status shows. A follower whose answers show it lacks entries it acknowledged (its
+  storage lost them) is reset to what it provably holds and replicated to again; the
+  leader hands each such event out once through `take_lost_entries()`, for the node loop
+  to log and count.
 
 Configuration changes take effect when their entry is APPENDED to a log (the Raft
 dissertation §4.1 rule, single-server changes), not when committed. Why: with
@@ -108,7 +113,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .progress import Inflights, Progress, ProgressState
-from .status import MemberStatus, Status
+from .status import LostEntries, MemberStatus, Status
 from .types import (
     NO_NODE,
     ConfChange,
@@ -505,6 +510,9 @@ class RaftCore:
         self._pending_snapshot: tuple[SnapshotMeta, bytes] | None = None
         self._outstanding: Ready | None = None
         self._barred: frozenset[str] = frozenset()  # members that must not lead: set_barred
+        # Followers seen losing acknowledged entries, for the node loop to log and count
+        # (take_lost_entries): the core does no I/O of its own.
+        self._lost_entries: list[LostEntries] = []
         self._reset_leader_state()
         self._reset_election_timer()
 
@@ -975,7 +983,17 @@ class RaftCore:
         self._leader = m.frm
         self._heard_from_leader(m)
         # The leader sends min(our match, its commit): our log matches it up to there.
-        self._log.commit_to(min(m.commit, self._log.last_index))
+        log = self._log
+        log.commit_to(min(m.commit, log.last_index))
+        if m.commit > log.last_index:
+            # We acknowledged entries up to there and no longer have them (our storage lost
+            # them): say so, with our last entry, or the leader never sends them again. The
+            # answer still acknowledges the round (we do refuse votes now: the lease holds).
+            last = log.last_index
+            self._send(
+                _MT.HEARTBEAT_RESP, m.frm, context=m.context, reject=True, reject_hint=last, log_term=log.last_term
+            )
+            return
         self._send(_MT.HEARTBEAT_RESP, m.frm, context=m.context)
 
     def _handle_snapshot(self, m: Message) -> None:
@@ -1016,8 +1034,10 @@ class RaftCore:
         pr.last_contact_ms = self._now
         pr.heard_from = True
         if m.type == _MT.APP_RESP:
+            pr.applied = m.applied
             self._handle_append_response(m, pr)
         elif m.type == _MT.HEARTBEAT_RESP:
+            pr.applied = m.applied
             self._handle_heartbeat_response(m, pr)
 
     def _handle_append_response(self, m: Message, pr: Progress) -> None:
@@ -1025,7 +1045,10 @@ class RaftCore:
             hint = m.reject_hint
             if m.log_term > 0:
                 hint = self._log.find_conflict_by_term(m.reject_hint, m.log_term)
-            if pr.maybe_decr_to(m.index, hint + 1):
+            if pr.lost_entries_at(m.index):
+                self._follower_lost_entries(m, pr, min(m.index, hint + 1))
+                self._replicate_to(m.frm)
+            elif pr.maybe_decr_to(m.index, hint + 1):
                 if pr.state is ProgressState.REPLICATE:
                     pr.become_probe()
                 self._replicate_to(m.frm)
@@ -1049,7 +1072,27 @@ class RaftCore:
             self._replicate_to(m.frm, announce_commit=was_paused)
         self._maybe_send_timeout_now(m.frm)
 
+    def _follower_lost_entries(self, m: Message, pr: Progress, hint_next: int) -> None:
+        """`m` rejects our probe at or below the follower's match index, or our heartbeat's
+        commit index: it lost entries it had acknowledged. What it still provably holds:
+        its answer names its entry at `reject_hint` with term `log_term`; if ours there has
+        the same term, the logs match up to it (Log Matching). Reset its progress to that,
+        so that it catches up and its old match no longer counts for commit, and report it."""
+        has = m.reject_hint if 0 < m.reject_hint < pr.match and self._log.term(m.reject_hint) == m.log_term else 0
+        self._lost_entries.append(LostEntries(m.frm, self._term, pr.match, has))
+        pr.lose_entries(has, hint_next)
+
+    def take_lost_entries(self) -> list[LostEntries]:
+        """The followers seen losing acknowledged entries since the last call (to log)."""
+        reports, self._lost_entries = self._lost_entries, []
+        return reports
+
     def _handle_heartbeat_response(self, m: Message, pr: Progress) -> None:
+        if m.reject and m.reject_hint < pr.match:
+            # It lacks entries our heartbeat's commit index (at most its match) counted as
+            # stored there: the way an idle leader, which sends no probe, finds it out.
+            hint = self._log.find_conflict_by_term(m.reject_hint, m.log_term) if m.log_term > 0 else m.reject_hint
+            self._follower_lost_entries(m, pr, hint + 1)
         sent = self._round_sent_ms.get(m.context)
         if sent is not None and (pr.lease_ack_ms is None or sent > pr.lease_ack_ms):
             pr.lease_ack_ms = sent
@@ -1492,6 +1535,8 @@ class RaftCore:
                 state="self",
                 last_contact_ms_ago=0,
                 contacted=True,
+                applied=self._applied,
+                lost_entries=0,
             )
         pr = self._prs.get(member_id)
         if pr is None:  # not the leader: this node knows nothing of the member's progress
@@ -1505,6 +1550,9 @@ class RaftCore:
             state=pr.state.value,
             contacted=pr.heard_from,
             last_contact_ms_ago=self._now - pr.last_contact_ms if pr.heard_from else None,
+            applied=pr.applied,
+            lost_entries=pr.lost_entries,
+            lost_acknowledged=pr.lost_acknowledged or None,
         )
 
     # -- helpers -------------------------------------------------------------------------
@@ -1512,6 +1560,8 @@ class RaftCore:
     def _send(
         self, mtype: MessageType, to: str, *, term: int | None = None, frm: str | None = None, **fields: object
     ) -> None:
+        if mtype in (_MT.APP_RESP, _MT.HEARTBEAT_RESP):
+            fields["applied"] = self._applied  # the leader shows it as this node's progress
         self._msgs.append(
             Message(
                 type=mtype,
@@ -1530,7 +1580,7 @@ class RaftCore:
             return False
         if not isinstance(m.type, int) or m.type not in _MESSAGE_TYPES:
             return False
-        for v in (m.term, m.log_term, m.index, m.commit, m.reject_hint, m.context, m.lease_window_ms):
+        for v in (m.term, m.log_term, m.index, m.commit, m.reject_hint, m.context, m.lease_window_ms, m.applied):
             if not isinstance(v, int) or v < 0:
                 return False
         if m.lease_window_ms > MAX_LEASE_WINDOW_MS:

@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -67,7 +67,7 @@ from .identity import (
 )
 from .peer import LogBudget
 from .snapshot_file import SnapshotCorruptionError, seal_file, verify
-from .status import Status
+from .status import LostEntries, Status
 from .storage import RaftStorage, fsync_dir
 from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
 from .turn_watch import TurnWatch
@@ -263,6 +263,9 @@ class NodeMetrics:
     # The largest gap between two messages from the leader of the current term, measured
     # where they arrive (on a follower): how close load brought the cluster to an election.
     leader_contact_gap_max_ms: int = 0
+    # On a leader: by member, the times its answers showed it lost entries it had
+    # acknowledged (RaftCore.take_lost_entries); each is logged as an error.
+    follower_lost_entries: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -727,6 +730,8 @@ class RaftNode:
             self._inbox.clear()
         while self._inbox:
             self.core.step(self._inbox.popleft())
+        for lost in self.core.take_lost_entries():
+            self._report_lost_entries(lost)
         if self.fresh_voter is None:
             self.core.tick(now)
         else:
@@ -749,6 +754,22 @@ class RaftNode:
         self.peer_progress = self._current_peer_progress()
         self._note_leader()
         self.turn_watch.turn_ends()
+
+    def _report_lost_entries(self, lost: LostEntries) -> None:
+        counts = self.metrics.follower_lost_entries
+        # A new dict, not an update in place: the HTTP thread reads it for /metrics.
+        self.metrics.follower_lost_entries = {**counts, lost.member: counts.get(lost.member, 0) + 1}
+        log.error(
+            "node %s (leader of term %d): member %s lost entries it had acknowledged: it had stored up to "
+            "index %d, its answer shows it holds %s. Its data directory was wiped or replaced, or its disk "
+            "lost writes; entries counted as stored on it are not. The leader sends them again (it catches "
+            "up; `dex-ha members` shows its progress). Find out what happened to that node's disk.",
+            self.config.id,
+            lost.term,
+            lost.member,
+            lost.acknowledged,
+            f"up to index {lost.has}" if lost.has else "none of them",
+        )
 
     def _current_view(self) -> RaftView:
         core = self.core

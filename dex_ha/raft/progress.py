@@ -83,6 +83,13 @@ class Progress:
     # leader's "now" (so check-quorum gives a new peer a full election timeout), which
     # must not be shown to people as a contact: status() says "never" until this is set.
     heard_from: bool = False
+    # The index the peer last said it applied (Message.applied); None until it answers.
+    applied: int | None = None
+    # How often, in this leader's term, the peer's answer showed it lacked entries it had
+    # acknowledged (a wiped data directory, a lost disk). `lost_acknowledged` is the match
+    # index it had before its latest loss, kept until its match reaches it again; 0: none.
+    lost_entries: int = 0
+    lost_acknowledged: int = 0
 
     # -- state transitions -------------------------------------------------------------
 
@@ -133,8 +140,32 @@ class Progress:
         if updated:
             self.match = index
             self.probe_sent = False
+            if self.match >= self.lost_acknowledged:
+                self.lost_acknowledged = 0  # it has all it had lost again
         self.next = max(self.next, index + 1)
         return updated
+
+    def lost_entries_at(self, rejected: int) -> bool:
+        """Whether a rejection of the AppendEntries whose previous index was `rejected`
+        shows the peer lacks entries it acknowledged: it answers our current probe, which
+        asks about an entry at or below `match`.
+
+        A peer never drops entries it acknowledged to this leader (the leader's log only
+        grows in its term, so nothing ever tells the peer to truncate them), unless its
+        storage lost them. Only the answer to the current probe counts: a rejection in
+        REPLICATE at or below `match` may be an old answer overtaken by a later ack."""
+        return self.state is ProgressState.PROBE and 0 < rejected <= self.match and self.next - 1 == rejected
+
+    def lose_entries(self, has: int, hint_next: int) -> None:
+        """The peer lost acknowledged entries (see lost_entries_at): forget its match down to
+        `has`, what its answer proves it still holds (0 when it proves nothing), and probe
+        from `hint_next` (not below has + 1). Its old match must not count for commit any
+        more; the commit index itself never moves back."""
+        self.lost_entries += 1
+        self.lost_acknowledged = max(self.lost_acknowledged, self.match)
+        self.match = has
+        self.next = max(has + 1, hint_next)
+        self._reset(ProgressState.PROBE)
 
     def maybe_decr_to(self, rejected: int, hint_next: int) -> bool:
         """The peer rejected an AppendEntries whose previous index was `rejected`.

@@ -19,7 +19,12 @@ class MemberStatus:
     On the leader `match`, `next` and `state` are its replication progress (`state` is
     "probe", "replicate" or "snapshot"; "self" for the leader itself). `contacted` is
     False while the leader never heard from the member (then `last_contact_ms_ago` is
-    None), True once it did. On any other node nothing of that is known: all None.
+    None), True once it did. `applied` is the index the member last said it applied (None
+    until it answers, 0 from a member of a release before this field). `lost_entries`
+    counts the times in this leader's term that the member's answers showed it lacked
+    entries it had acknowledged; `lost_acknowledged` is the match index it had before the
+    latest such loss, until its match reaches it again (None otherwise). On any other node
+    nothing of that is known: all None.
     """
 
     voter: bool
@@ -28,6 +33,9 @@ class MemberStatus:
     state: str | None = None
     last_contact_ms_ago: int | None = None
     contacted: bool | None = None
+    applied: int | None = None
+    lost_entries: int | None = None
+    lost_acknowledged: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -37,7 +45,24 @@ class MemberStatus:
             "state": self.state,
             "last_contact_ms_ago": self.last_contact_ms_ago,
             "contacted": self.contacted,
+            "applied": self.applied,
+            "lost_entries": self.lost_entries,
+            "lost_acknowledged": self.lost_acknowledged,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class LostEntries:
+    """The leader of `term` saw `member` answer as if it lacked entries it had acknowledged
+    up to `acknowledged` (its data directory was wiped or its disk lost writes): entries
+    the cluster counted as stored on it are not. What its answer proves it still holds is
+    `has` (0: nothing proven). The leader probes it again from there, so it catches up;
+    the node loop logs this and counts it (`RaftCore.take_lost_entries`)."""
+
+    member: str
+    term: int
+    acknowledged: int
+    has: int
 
 
 @dataclass(frozen=True, slots=True)

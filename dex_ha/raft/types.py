@@ -126,6 +126,10 @@ class Message:
     # SNAP: the sender's cluster id (identity.py), so that a node installing a snapshot
     # learns it or refuses a snapshot of another cluster. A 15th slot, SNAP only.
     cluster_id: str = ""
+    # APP_RESP and HEARTBEAT_RESP: the index the sender has applied to its state machine,
+    # so that the leader can show real progress (a follower may store entries it has not
+    # applied). 0 elsewhere, and from peers older than this field.
+    applied: int = 0
 
 
 @dataclass(slots=True)
@@ -247,11 +251,19 @@ def decode_snapshot_meta(buf: bytes) -> SnapshotMeta:
 # Wire slots are positional and version 1 peers want exactly 14 of them, so a new field
 # travels in a slot its message type leaves unused: a HEARTBEAT's `lease_window_ms` in the
 # `index` slot. Old peers ignore a heartbeat's index; an old leader sends 0 there, which
-# reads as "no window" (the receiver's own timeout, the old rule).
+# reads as "no window" (the receiver's own timeout, the old rule). A response's `applied`
+# travels in the `commit` slot, which responses leave unused: an old leader ignores it, an
+# old follower sends 0 there.
+
+_RESPONSES_WITH_APPLIED = (MessageType.APP_RESP, MessageType.HEARTBEAT_RESP)
 
 
 def _index_slot(m: Message) -> int:
     return m.lease_window_ms if m.type == MessageType.HEARTBEAT else m.index
+
+
+def _commit_slot(m: Message) -> int:
+    return m.applied if m.type in _RESPONSES_WITH_APPLIED else m.commit
 
 
 def _array_header(n: int) -> bytes:
@@ -274,7 +286,7 @@ def _head_slots(m: Message) -> list[Any]:
 def _tail_slots(m: Message) -> list[Any]:
     """A message's 6 slots after its entries."""
     snapshot = snapshot_meta_to_wire(m.snapshot) if m.snapshot is not None else None
-    return [m.commit, m.reject, m.reject_hint, m.context, snapshot, m.data]
+    return [_commit_slot(m), m.reject, m.reject_hint, m.context, snapshot, m.data]
 
 
 def encode_message(m: Message) -> bytes:
@@ -316,6 +328,7 @@ def decode_message(buf: bytes | memoryview) -> Message:
         cluster_id = raw[14] if mtype == MessageType.SNAP and len(raw) > 14 else ""
         if not isinstance(cluster_id, str) or len(cluster_id) > 64:
             raise MalformedMessage("cluster_id must be a short string")
+        response = mtype in _RESPONSES_WITH_APPLIED
         return Message(
             type=mtype,
             to=to,
@@ -325,7 +338,8 @@ def decode_message(buf: bytes | memoryview) -> Message:
             index=0 if heartbeat else index,
             lease_window_ms=index if heartbeat else 0,
             entries=[entry_from_wire(e) for e in entries],
-            commit=commit,
+            commit=0 if response else commit,
+            applied=commit if response else 0,
             reject=bool(reject),
             reject_hint=hint,
             context=ctx,

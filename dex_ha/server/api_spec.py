@@ -150,6 +150,12 @@ MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_L
 
 # ---------------------------------------------------------------- the route factory
 
+# The 503 of a write that did not commit in time (errors.NotCommitted).
+UNAVAILABLE = (
+    "unavailable: the write was not committed within proposal_timeout_ms (fewer than a quorum of the voters "
+    "stored it); it may still commit, retry it with the same ids"
+)
+
 
 def _route(
     name: str,
@@ -169,8 +175,10 @@ def _route(
     bounded: bool = True,
     stream: bool = False,
     content_type: str = "application/json",
+    proposes: bool = False,
 ) -> RouteSpec:
-    """A RouteSpec whose responses include every status that its shape implies."""
+    """A RouteSpec whose responses include every status that its shape implies. `proposes`:
+    the route writes through the replicated log, so it may answer 503 `unavailable`."""
     responses: dict[int, str] = {**success, **(errors or {})}
     if body is not None or query or path_params or headers:
         responses.setdefault(400, "invalid: a field, parameter or header is missing or wrong (the message names it)")
@@ -184,7 +192,8 @@ def _route(
             503,
             "not_active: this node is not the active node; retry, or follow leader_url; or no_space: "
             "this node's disk is full, retry (it resumes by itself once space is freed)"
-            + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else ""),
+            + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else "")
+            + (f"; or {UNAVAILABLE}" if proposes else ""),
         )
     elif bounded:
         responses.setdefault(503, "overloaded: the node sheds load; retry after Retry-After")
@@ -279,6 +288,7 @@ _SESSIONS = (
             ),
             _object("metadata", "Free-form JSON object stored with the session."),
         ),
+        proposes=True,
     ),
     _route(
         "list_sessions",
@@ -350,6 +360,7 @@ _SESSIONS = (
         ),
         # Room for MAX_TEXT_LENGTH characters even when every one is JSON-escaped.
         max_body_bytes=4 << 20,
+        proposes=True,
     ),
     _route(
         "decide_approval",
@@ -367,6 +378,7 @@ _SESSIONS = (
             FieldSpec("approved", "boolean", required=True, description="true runs the tool; false denies it."),
             _reason("reason", "Why; a denial's reason is what the model sees."),
         ),
+        proposes=True,
     ),
     _route(
         "answer_question",
@@ -381,6 +393,7 @@ _SESSIONS = (
         },
         path_params=(SESSION_ID, QUESTION_ID),
         body=(FieldSpec("answer", "any", required=True, description="The answer, any JSON value."),),
+        proposes=True,
     ),
     _route(
         "cancel_turn",
@@ -392,6 +405,7 @@ _SESSIONS = (
         errors={404: "not_found: no such session"},
         path_params=(SESSION_ID,),
         body=(_reason("reason", "Why the turn was cancelled."),),
+        proposes=True,
     ),
     _route(
         "reconcile_tool_call",
@@ -412,6 +426,7 @@ _SESSIONS = (
             FieldSpec("result", "any", description="The tool's output, when it succeeded."),
             FieldSpec("error", "string", nullable=True, description="The error, when it failed."),
         ),
+        proposes=True,
     ),
     _route(
         "session_events",
@@ -465,6 +480,7 @@ _WORKER = (
             FieldSpec("description", "string", nullable=True, description="What the agent does."),
             _object("metadata", "Free-form JSON object stored with the agent."),
         ),
+        proposes=True,
     ),
     _route(
         "worker_poll",
@@ -553,6 +569,7 @@ _WORKER = (
         ),
         max_body_bytes=4 << 20,
         bounded=False,  # a Worker's report on an attempt it was handed: see RouteSpec.bounded
+        proposes=True,
     ),
     _route(
         "task_fail",
@@ -584,6 +601,7 @@ _WORKER = (
             ),
         ),
         bounded=False,  # a Worker's report on an attempt it was handed: see RouteSpec.bounded
+        proposes=True,
     ),
 )
 

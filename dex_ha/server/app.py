@@ -82,7 +82,9 @@ class Api:
         return self.node.replica.reads
 
     async def propose(self, cmd: Any) -> ApplyResult:
-        result = await self.node.propose(cmd)
+        """A client's write: answered 503 `unavailable` (NotCommitted) when it has not
+        committed within proposal_timeout_ms, rather than left hanging."""
+        result = await self.node.propose(cmd, timeout_ms=self.node.config.proposal_timeout_ms)
         if not result.ok:
             raise ApiError(result.http_status, result.code, result.reason)
         return result

@@ -13,6 +13,7 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     join = false                          # true: a new node that joins a running cluster as a learner
     heartbeat_timeout_ms = 30000          # a running attempt with no heartbeat for this long fails
     drain_timeout_ms = 30000              # SIGTERM / step down: how long running attempts may finish
+    proposal_timeout_ms = 5000            # a write not committed this long: 503 unavailable (it may still commit)
     max_inflight_requests = 512           # requests worked on at once; past it: 503 overloaded
     election_timeout_min_ms = 500
     election_timeout_max_ms = 750
@@ -36,7 +37,7 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
 
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
-DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
+DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS,
 DEX_HA_HTTP_HEADER_TIMEOUT_MS, DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS,
 DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_LOG_JSON,
@@ -93,6 +94,10 @@ class ServerConfig:
     join: bool = False
     heartbeat_timeout_ms: int = 30_000
     drain_timeout_ms: int = 30_000
+    # A client's write that has not committed (and applied) this long after it was proposed
+    # is answered 503 `unavailable`: fewer than a quorum of voters store entries, and an
+    # answer beats a request that hangs. The entry stays in the log and may still commit.
+    proposal_timeout_ms: int = 5_000
     # Admission control (admission.py): requests worked on at once; probes, long-lived
     # requests and a Worker's heartbeats and results are not counted. Past it the node
     # answers 503 `overloaded` at once instead of queueing.
@@ -141,6 +146,8 @@ class ServerConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
         self._check_lease_timing()
+        if self.proposal_timeout_ms <= 0:
+            raise ConfigError("proposal_timeout_ms: must be positive")
         if self.max_inflight_requests < 1:
             raise ConfigError("max_inflight_requests: must be at least 1")
         if self.http_max_connections < 0:
@@ -240,6 +247,7 @@ ENV_KEYS = {
     "join": bool,
     "heartbeat_timeout_ms": int,
     "drain_timeout_ms": int,
+    "proposal_timeout_ms": int,
     "max_inflight_requests": int,
     "election_timeout_min_ms": int,
     "election_timeout_max_ms": int,
@@ -280,6 +288,7 @@ DEV_ENV_KEYS = (
     "probe_listen",
     "heartbeat_timeout_ms",
     "drain_timeout_ms",
+    "proposal_timeout_ms",
     "max_inflight_requests",
     "http_header_timeout_ms",
     "http_body_timeout_ms",
@@ -330,6 +339,7 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
             "join",
             "heartbeat_timeout_ms",
             "drain_timeout_ms",
+            "proposal_timeout_ms",
             "max_inflight_requests",
             "election_timeout_min_ms",
             "election_timeout_max_ms",

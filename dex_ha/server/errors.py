@@ -19,6 +19,7 @@ This module imports nothing of the server, so any module may raise these errors.
     ├── MemberNotCaughtUp     409 conflict: a learner too far behind to promote (node.py)
     ├── BodyTooLarge          413 too_large (validation.py)
     ├── Overloaded            503 overloaded, Retry-After (admission.py)
+    ├── NotCommitted          503 unavailable, Retry-After: a write not committed in time (node.py)
     └── NotActive             503 not_active, Retry-After, leader_url (Raft's errors, from_raft)
         └── NotServing        not the active node, draining or stopping (node.py, leader.py)
             └── NoSpace       503 no_space: this node's disk is full (node.py, from_raft)
@@ -87,6 +88,23 @@ class Overloaded(HttpError):
 
     def __init__(self, message: str) -> None:
         super().__init__(503, "overloaded", message, headers={"Retry-After": RETRY_AFTER_S})
+
+
+class NotCommitted(HttpError):
+    """The active node proposed a write that did not commit (and apply) within
+    `proposal_timeout_ms`: 503 `unavailable` with Retry-After. The entry is in the leader's
+    log and may still commit later, so this never says the write failed; every write
+    carries ids that make sending it again safe (docs/api.md, "Retrying safely")."""
+
+    def __init__(self, timeout_ms: int) -> None:
+        super().__init__(
+            503,
+            "unavailable",
+            f"the write was not committed within {timeout_ms / 1000:g} s: fewer than a quorum of the voters "
+            "stored it in time (nodes down, stuck or slow; `dex-ha members` shows each one's progress). "
+            "It may still commit later: retry it with the same ids (session_id, message_id, task token)",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
 
 
 class NotActive(HttpError):

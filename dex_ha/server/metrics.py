@@ -33,6 +33,12 @@ class ServerMetrics:
         self.proposal_seconds = Histogram(
             "dex_raft_proposal_seconds", "Time from propose to applied.", buckets=LATENCY_BUCKETS, registry=r
         )
+        self.proposals_timed_out = Counter(
+            "dex_raft_proposals_timed_out",
+            "Client writes answered 503 unavailable because they were not committed within "
+            "proposal_timeout_ms (they may still commit later).",
+            registry=r,
+        )
         self.fsync_seconds = Histogram(
             "dex_raft_fsync_seconds", "Time of one Raft log fsync.", buckets=LATENCY_BUCKETS, registry=r
         )
@@ -175,6 +181,15 @@ class _StateCollector:
         for member in sorted(s["consistency_alarms"]):
             alarm.add_metric([member], 1)
         yield alarm
+        lost = CounterMetricFamily(
+            "dex_raft_follower_lost_entries",
+            "On the leader: times the member's answers showed it lacked entries it had acknowledged "
+            "(a wiped data directory, a disk that lost writes); each is logged as an error.",
+            labels=["member"],
+        )
+        for member, n in sorted(s["dex_raft_follower_lost_entries_total"].items()):
+            lost.add_metric([member], n)
+        yield lost
         calls = CounterMetricFamily(
             "dex_tool_calls",
             "Tool call outcomes recorded (a reconciled call counts as outcome_unknown and again as its settlement).",

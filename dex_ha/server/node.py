@@ -29,7 +29,7 @@ from dex_ha.server.admission import Admission
 from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.consistency import ConsistencyCheck
-from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotServing, StepDownFailed, UnknownMember
+from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotCommitted, NotServing, StepDownFailed, UnknownMember
 from dex_ha.server.http_limits import GuardedSite, HttpLimits
 from dex_ha.server.leader import ActiveClock, LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
@@ -57,6 +57,9 @@ HTTP_BACKLOG = 4096
 
 # How far behind the commit index a learner may be, in entries, to be promoted.
 PROMOTE_MAX_LAG_ENTRIES = 1_000
+# Writes that time out (proposal_timeout_ms) are logged at most this often: while commits
+# stall, every write times out, and one line says it.
+PROPOSAL_TIMEOUT_LOG_EVERY_S = 10.0
 
 
 class NodeServer:
@@ -104,6 +107,7 @@ class NodeServer:
         self._leader_tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self.stopping = False
+        self._proposal_timeout_logged_at = float("-inf")  # time.monotonic() of the last such line
 
     def _raft_config(self) -> NodeConfig:
         c = self.config
@@ -280,12 +284,36 @@ class NodeServer:
 
     # ------------------------------------------------------------------ proposals
 
-    async def propose(self, cmd: Command) -> ApplyResult:
-        """Replicate a command and return the engine's result (raises NotLeader or ProposalDropped)."""
+    async def propose(self, cmd: Command, *, timeout_ms: int | None = None) -> ApplyResult:
+        """Replicate a command and return the engine's result (raises NotLeader or ProposalDropped).
+
+        With `timeout_ms` (a client's write: proposal_timeout_ms), NotCommitted once it has
+        not applied for that long. The entry stays in the log and may still commit; its
+        outcome then goes nowhere. Without it (the leader's own services), it waits."""
         started = time.perf_counter()
-        result = await self.raft.propose(encode_command(cmd))
+        try:
+            async with asyncio.timeout(None if timeout_ms is None else timeout_ms / 1000):
+                result = await self.raft.propose(encode_command(cmd))
+        except TimeoutError:
+            assert timeout_ms is not None  # only the timeout raises it
+            self._note_proposal_timeout(timeout_ms)
+            raise NotCommitted(timeout_ms) from None
         self.metrics.proposal_seconds.observe(time.perf_counter() - started)
         return result
+
+    def _note_proposal_timeout(self, timeout_ms: int) -> None:
+        self.metrics.proposals_timed_out.inc()
+        now = time.monotonic()
+        if now - self._proposal_timeout_logged_at < PROPOSAL_TIMEOUT_LOG_EVERY_S:
+            return
+        self._proposal_timeout_logged_at = now
+        log.warning(
+            "node %s: a write was not committed within %d ms and was answered 503 unavailable "
+            "(dex_raft_proposals_timed_out_total counts them): fewer than a quorum of the voters store new "
+            "entries. `dex-ha members` shows which members lag or lost entries; check their logs and disks",
+            self.config.node_id,
+            timeout_ms,
+        )
 
     # ------------------------------------------------------------------ step down
 
@@ -378,15 +406,18 @@ class NodeServer:
         info = status.members.get(node_id)
         if info is not None and not info.voter:  # promoting a voter is refused by the core (409) below
             match, contact = info.match, info.last_contact_ms_ago
+            # Caught up means applied, not only stored (a learner of the release before
+            # reports no applied index: its match index then).
+            done = match if not match or info.applied is None else min(match, info.applied)
             if (
-                not match
-                or status.commit - match > PROMOTE_MAX_LAG_ENTRIES
+                not done
+                or status.commit - done > PROMOTE_MAX_LAG_ENTRIES
                 or contact is None
                 or contact > self.config.election_timeout_max_ms
             ):
                 raise MemberNotCaughtUp(
-                    f"learner {node_id!r} is not caught up (match index {match}, commit index "
-                    f"{status.commit}, last contact {contact} ms ago); promote it once it is"
+                    f"learner {node_id!r} is not caught up (match index {match}, applied index {info.applied}, "
+                    f"commit index {status.commit}, last contact {contact} ms ago); promote it once it is"
                 )
         await self.raft.change_membership(ConfChange(ConfChangeType.PROMOTE, node_id))
 
@@ -455,13 +486,19 @@ class NodeServer:
         """One member as /v1/cluster shows it. `contacted` is False when this (leader) node never
         heard from it, None when unknown (not the leader); `replication` is the leader's
         progress state (probe, replicate, snapshot; self); `snapshot_bytes` is [sent, total]
-        while a snapshot streams to it (a learner catching up)."""
+        while a snapshot streams to it (a learner catching up). `applied_index` is what the
+        member last said it applied; `lost_entries` counts the times in this leader's term
+        its answers showed it lacked entries it had acknowledged, and
+        `lost_acknowledged_index` is the match index it had before, until it has it again."""
         return {
             "id": node_id,
             "voter": info.voter,
             "url": member.url or None if member is not None else None,
             "raft_addr": "{}:{}".format(*member.raft_addr) if member is not None else None,
             "match_index": info.match,
+            "applied_index": info.applied,
+            "lost_entries": info.lost_entries,
+            "lost_acknowledged_index": info.lost_acknowledged,
             "last_contact_ms_ago": info.last_contact_ms_ago,
             "contacted": info.contacted,
             "replication": info.state,
@@ -485,6 +522,7 @@ class NodeServer:
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
             "dex_disk_full": int(self.raft.node.disk_full is not None),
             "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
+            "dex_raft_follower_lost_entries_total": self._follower_lost_entries(),
             "dex_raft_slow_turns_total": {
                 "long": self.raft.node.turn_watch.slow_turns,
                 "late": self.raft.node.turn_watch.late_turns,
@@ -497,6 +535,12 @@ class NodeServer:
             "followers": self._follower_progress(view.commit),
             "consistency_alarms": self.consistency.alarms,
         }
+
+    def _follower_lost_entries(self) -> dict[str, int]:
+        """By member, the times this node, as leader, saw it lose entries it had acknowledged;
+        0 for each member it tracks now, so that a first loss shows as an increase."""
+        tracked = {p.id: 0 for p in self.raft.node.peer_progress}
+        return {**tracked, **self.raft.node.metrics.follower_lost_entries}
 
     def _follower_progress(self, commit: int) -> dict[str, tuple[int, float]]:
         """On the leader: each other member's (entries behind the commit index, seconds since

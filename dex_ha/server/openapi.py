@@ -207,7 +207,7 @@ def _error_schemas() -> dict[str, Any]:
                 "type": "string",
                 "description": "Machine-readable code: invalid, unauthorized, "
                 "forbidden, not_found, method_not_allowed, conflict, "
-                "stale_attempt, step_down_failed, too_large, not_active, "
+                "stale_attempt, step_down_failed, too_large, not_active, unavailable, "
                 "not_ready, internal.",
             },
             "message": {"type": "string", "description": "What went wrong, for people; names the field."},

@@ -131,7 +131,8 @@ def test_members_without_a_subcommand_lists_them_and_list_does_too(cluster: Loca
     bare, listed = cli("members", env=env), cli("members", "list", env=env)
     for done in (bare, listed):
         assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines()[0].split() == ["member", "kind", "url", "match", "last", "contact", "progress"]
+        header = done.stdout.splitlines()[0].split()
+        assert header == ["member", "kind", "url", "match", "applied", "last", "contact", "progress"]
         rows = member_rows(done.stdout)
         assert sorted(rows) == ["n1", "n2", "n3"]
         assert all(" voter " in row for row in rows.values())
@@ -193,7 +194,7 @@ def test_a_member_added_but_never_started_shows_never_until_it_starts_and_catche
     assert "n4" not in member_rows(cli("members", env=env).stdout)
 
 
-def test_progress_shows_snapshot_bytes_then_the_match_index_against_the_commit_index() -> None:
+def test_progress_shows_snapshot_bytes_then_the_applied_index_against_the_commit_index() -> None:
     learner = {
         "id": "n4",
         "voter": False,
@@ -207,12 +208,33 @@ def test_progress_shows_snapshot_bytes_then_the_match_index_against_the_commit_i
     assert progress_text_of(learner, 5000) == "snapshot 3.0 MiB of 12.0 MiB (25%)"
     received = {**learner, "snapshot_bytes": None}  # all sent; the learner has not acknowledged it yet
     assert progress_text_of(received, 5000) == "snapshot sent, applying (match 0 of 5000)"
-    replicating = {**received, "replication": "replicate", "match_index": 4200}
-    assert progress_text_of(replicating, 5000) == "catching up: 4200 of 5000 (800 behind)"
-    assert progress_text_of({**replicating, "match_index": 5000}, 5000) == "caught up"
-    table = format_members([learner], 5000).splitlines()
-    assert table[1].split()[:4] == ["n4", "learner", "http://n4:8801", "0"]
+    replicating = {**received, "replication": "replicate", "match_index": 4200, "applied_index": 4100}
+    assert progress_text_of(replicating, 5000) == "catching up: applied 4100 of 5000 (900 behind)"
+    # Stored is not caught up: only once it applied every committed entry.
+    stored = {**replicating, "match_index": 5000}
+    assert progress_text_of(stored, 5000) == "catching up: applied 4100 of 5000 (900 behind)"
+    assert progress_text_of({**stored, "applied_index": 5000}, 5000) == "caught up"
+    assert progress_text_of({**stored, "applied_index": None}, 5000) == "caught up"  # a server of the release before
+    table = format_members([{**learner, "applied_index": 0}], 5000).splitlines()
+    assert table[1].split()[:5] == ["n4", "learner", "http://n4:8801", "0", "0"]
     assert re.search(r"3 ms ago +snapshot 3.0 MiB of 12.0 MiB \(25%\)$", table[1])
+
+
+def test_progress_says_a_member_lost_entries_until_it_has_them_again() -> None:
+    wiped = {
+        "id": "n3",
+        "voter": True,
+        "match_index": 0,
+        "applied_index": 0,
+        "contacted": True,
+        "replication": "probe",
+        "lost_entries": 1,
+        "lost_acknowledged_index": 59,
+    }
+    text = progress_text_of(wiped, 61)
+    assert text.startswith("LOST ENTRIES: had stored up to 59, has 0") and "caught up" not in text
+    recovered = {**wiped, "match_index": 61, "applied_index": 61, "lost_acknowledged_index": None}
+    assert progress_text_of(recovered, 61) == "caught up (lost entries 1x this term)"
 
 
 def test_last_contact_is_never_only_when_the_leader_says_so() -> None:

@@ -110,10 +110,15 @@ async def test_503_without_leader_rotates_through_the_list(nodes: list[FakeNode]
     assert [len(n.requests_to("/v1/echo")) for n in (standby1, standby2, active)] == [1, 1, 1]
 
 
-async def test_overloaded_keeps_a_multi_url_connection_on_the_active_node_and_backs_off(nodes: list[FakeNode]) -> None:
+@pytest.mark.parametrize("code", ["overloaded", "unavailable"])
+async def test_the_active_nodes_own_503_keeps_a_multi_url_connection_there_and_backs_off(
+    nodes: list[FakeNode], code: str
+) -> None:
+    """`overloaded` (it sheds load) and `unavailable` (a write not committed in time: it may
+    still commit, and the same request again is safe) come from the active node itself."""
     active, standby, _ = nodes
     fake = FakeSleep()
-    overloaded = Fault("status", 503, {"error": "overloaded", "message": "at its bound"}, {"Retry-After": "1"})
+    overloaded = Fault("status", 503, {"error": code, "message": "not now"}, {"Retry-After": "1"})
     async with Connection([active.url, standby.url], sleep=fake, rng=LowerBoundRng()) as conn:
         active.add_faults(overloaded, overloaded)
         answer = await conn.request("GET", "/v1/echo")
@@ -233,6 +238,16 @@ async def test_giving_up_on_an_overloaded_active_node_says_it_sheds_load(nodes: 
     assert "overloaded" in info.value.message  # the last error
 
 
+async def test_giving_up_on_writes_the_active_node_cannot_commit_says_so(nodes: list[FakeNode]) -> None:
+    active = nodes[0]
+    active.add_faults(*[Fault("status", 503, {"error": "unavailable"}, {"Retry-After": "0"})] * 1000)
+    async with Connection(active.url, give_up_after_s=0.3, backoff_initial_s=0.02, backoff_max_s=0.05) as conn:
+        with pytest.raises(DexUnavailable) as info:
+            await conn.request("POST", "/v1/echo", {"message_id": "m1"})
+    assert "the active dex-ha node kept failing to commit the write in time after trying for" in info.value.message
+    assert "503 unavailable" in info.value.message  # the last error
+
+
 async def test_give_up_after_also_covers_unreachable_nodes(refused: RefusedPort) -> None:
     async with Connection([refused.url, refused.url + "/"], give_up_after_s=0.2, backoff_max_s=0.05) as conn:
         with pytest.raises(DexUnavailable, match="Connect|connect"):
@@ -306,7 +321,11 @@ async def test_rotation_is_free_once_through_the_list_then_backs_off(refused: Re
 
 @pytest.mark.parametrize(
     "error, why",
-    [("not_active", "no active node yet"), ("overloaded", "the active node is shedding load")],
+    [
+        ("not_active", "no active node yet"),
+        ("overloaded", "the active node is shedding load"),
+        ("unavailable", "the active node cannot commit writes in time (too few nodes replicate)"),
+    ],
 )
 async def test_slow_retries_warn_at_most_once_per_five_seconds(
     nodes: list[FakeNode], caplog: pytest.LogCaptureFixture, error: str, why: str

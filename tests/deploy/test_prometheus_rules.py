@@ -24,6 +24,8 @@ EXPECTED_ALERTS = {
     "DexHaOutcomeUnknownCalls",
     "DexHaFsyncSlow",
     "DexHaFollowerLagging",
+    "DexHaFollowerLostEntries",
+    "DexHaWritesNotCommitted",
     "DexHaApplyLagging",
     "DexHaMemberUnreachable",
     "DexHaEngineWalGrowing",

@@ -1329,3 +1329,141 @@ def test_a_barred_member_ignores_timeout_now() -> None:
     c.run(ETMIN + 200)
     assert all(m.frm != "n2" or m.type not in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
     assert c.cores["n2"].role != Role.LEADER
+
+
+# ---------------------------------------------------------------------------------
+# A follower that lost entries it had acknowledged (its data directory wiped)
+
+
+def _wipe_and_restart(c: Cluster, nid: str) -> RaftCore:
+    """`nid` comes back with nothing: no log, no hard state, nothing applied."""
+    c.crash(nid)
+    c.stores[nid] = Store()
+    return c.start(nid)
+
+
+def _leader_with_a_wiped_follower() -> tuple[Cluster, RaftCore, int]:
+    """n1 leads; n3 acknowledged every entry, then lost them all; n2 is down, so n3 is
+    needed for every commit. Returns the cluster, the leader and n3's old match index."""
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    for i in range(5):
+        n1.propose(b"p%d" % i)
+    c.flush()
+    acknowledged = n1.status().members["n3"].match
+    assert acknowledged == n1.last_index and n1.commit_index == n1.last_index
+    c.crash("n2")
+    _wipe_and_restart(c, "n3")
+    return c, n1, acknowledged
+
+
+def test_a_follower_that_lost_acknowledged_entries_is_reported_and_catches_up() -> None:
+    c, n1, acknowledged = _leader_with_a_wiped_follower()
+    commit = n1.commit_index
+    # Hold n3 back (no probe below its old match gets through) to look at the leader meanwhile.
+    c.drop = lambda m: m.to == "n3" and m.type == MT.APP and m.index < acknowledged
+    n1.propose(b"after the wipe")
+    c.run(300)
+    reports = n1.take_lost_entries()
+    assert [(r.member, r.term, r.acknowledged, r.has) for r in reports][:1] == [("n3", n1.term, acknowledged, 0)]
+    assert n1.take_lost_entries() == []  # handed out once
+    n3 = n1.status().members["n3"]
+    # Its old match no longer counts: the new entry is not committed on the strength of it,
+    # and the commit index never moves back.
+    assert n3.match == 0 and n3.lost_acknowledged == acknowledged and n3.lost_entries >= 1
+    assert n1.commit_index == commit
+    c.drop = lambda m: False
+    c.run(300)
+    assert c.stores["n3"].applied_index == n1.commit_index == n1.last_index  # caught up: applied, not only stored
+    assert data_of(c.stores["n3"])[-1] == b"after the wipe"
+    n3 = n1.status().members["n3"]
+    assert n3.match == n1.last_index and n3.applied == n1.commit_index
+    assert n3.lost_acknowledged is None and n3.lost_entries >= 1  # recovered; the count stays for this term
+
+
+def test_a_follower_that_lost_only_its_tail_is_probed_from_what_it_still_has() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    for i in range(3):
+        n1.propose(b"a%d" % i)
+    c.flush()
+    kept = n1.last_index
+    for i in range(3):
+        n1.propose(b"b%d" % i)
+    c.flush()
+    acknowledged = n1.last_index
+    c.crash("n3")
+    st = c.stores["n3"]
+    st.entries = st.entries[:kept]  # the tail it acknowledged never reached its disk
+    st.applied = st.applied[: len([e for e in st.applied if e.index <= kept])]
+    st.applied_index = kept
+    st.hs = HardState(st.hs.term, st.hs.vote, kept)
+    c.start("n3")
+    c.sent.clear()
+    n1.propose(b"after")
+    c.run(300)
+    reports = n1.take_lost_entries()
+    assert reports and (reports[0].member, reports[0].acknowledged, reports[0].has) == ("n3", acknowledged, kept)
+    assert c.stores["n3"].applied_index == n1.commit_index == n1.last_index
+    # Only what it lacked was sent again: no entry at or below what it kept.
+    resent = [e.index for m in c.sent if m.to == "n3" and m.type == MT.APP for e in m.entries]
+    assert resent and min(resent) == kept + 1
+
+
+def test_a_rejection_below_the_match_in_replicate_is_stale_not_a_loss() -> None:
+    """In REPLICATE an answer may be overtaken by a later ack (etcd's rule): a rejection at
+    or below the match index is old news there, neither a loss nor a reason to back off."""
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    for i in range(5):
+        n1.propose(b"p%d" % i)
+    c.flush()
+    before = n1.status().members["n2"]
+    assert before.state == "replicate"
+    n1.step(Message(MT.APP_RESP, "n1", "n2", term=n1.term, index=before.match - 1, reject=True, reject_hint=1))
+    after = n1.status().members["n2"]
+    assert n1.take_lost_entries() == []
+    assert (after.match, after.state, after.lost_entries) == (before.match, "replicate", 0)
+
+
+def test_followers_report_their_applied_index_to_the_leader() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.flush()
+    applied_before = c.cores["n2"].applied_index
+    n1.propose(b"x")
+    # One round: n2 stores the entry and acks it, but learns of its commit only later.
+    for m in c.process("n1"):
+        c.deliver(m)
+    for m in c.process("n2"):
+        c.deliver(m)
+    n2 = n1.status().members["n2"]
+    assert n2.match == n1.last_index and n2.applied == applied_before < n2.match
+    c.run(200)  # the commit reaches n2, which applies it and says so in its next answer
+    n2 = n1.status().members["n2"]
+    assert n2.applied == c.cores["n2"].applied_index == n1.commit_index
+    assert n1.status().members["n1"].applied == n1.applied_index  # the leader's own
+
+
+def test_an_idle_leader_finds_a_wiped_follower_by_its_heartbeats() -> None:
+    """No write comes, so the leader sends no probe: the wiped follower's answer to a
+    heartbeat whose commit index it cannot reach is what tells the leader."""
+    c, n1, acknowledged = _leader_with_a_wiped_follower()
+    c.run(300)  # heartbeats only
+    reports = n1.take_lost_entries()
+    assert reports and (reports[0].member, reports[0].acknowledged) == ("n3", acknowledged)
+    assert c.stores["n3"].applied_index == n1.commit_index == acknowledged
+    assert n1.status().members["n3"].applied == acknowledged
+    assert n1.lease_valid(c.now)  # its heartbeat acks still count for the lease
+
+
+def test_a_follower_that_only_lags_never_rejects_a_heartbeat() -> None:
+    c = Cluster(["n1", "n2", "n3"])
+    n1 = c.elect("n1")
+    c.drop = lambda m: m.to == "n3" and m.type == MT.APP  # n3 falls behind, losing nothing
+    for i in range(5):
+        n1.propose(b"p%d" % i)
+    c.run(300)
+    assert c.cores["n3"].last_index < n1.last_index
+    assert not [m for m in c.sent if m.type == MT.HEARTBEAT_RESP and m.reject]
+    assert n1.take_lost_entries() == []

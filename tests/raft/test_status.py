@@ -23,7 +23,17 @@ STATUS_KEYS = {
     "transferring_to",
     "members",
 }
-MEMBER_KEYS = {"voter", "match", "next", "state", "last_contact_ms_ago", "contacted"}
+MEMBER_KEYS = {
+    "voter",
+    "match",
+    "next",
+    "state",
+    "last_contact_ms_ago",
+    "contacted",
+    "applied",
+    "lost_entries",
+    "lost_acknowledged",
+}
 
 
 def test_the_status_is_frozen() -> None:

@@ -36,11 +36,16 @@ metas = st.builds(SnapshotMeta, u64, u64, st.builds(ConfState, st.tuples(ids, id
 
 def _wire_shape(m: Message) -> Message:
     """A heartbeat's lease window travels in the index slot, which heartbeats leave unused;
-    other messages carry no window."""
+    other messages carry no window. A response's applied index travels in the commit slot,
+    which responses leave unused; other messages carry none."""
     if m.type == MessageType.HEARTBEAT:
         m.index = 0
     else:
         m.lease_window_ms = 0
+    if m.type in (MessageType.APP_RESP, MessageType.HEARTBEAT_RESP):
+        m.commit = 0
+    else:
+        m.applied = 0
     return m
 
 
@@ -59,6 +64,7 @@ messages = st.builds(
     u64,
     st.none() | metas,
     st.binary(max_size=64),
+    u64,
     u64,
 ).map(_wire_shape)
 
@@ -82,6 +88,19 @@ def test_heartbeat_window_travels_in_a_slot_old_peers_decode() -> None:
     assert decode_message(encode_message(hb)) == hb
     old = Message(MessageType.HEARTBEAT, "n2", "n1", term=3, commit=5, context=9)
     assert decode_message(encode_message(old)).lease_window_ms == 0
+
+
+@pytest.mark.parametrize("mtype", [MessageType.APP_RESP, MessageType.HEARTBEAT_RESP])
+def test_a_responses_applied_index_travels_in_a_slot_old_peers_ignore(mtype: MessageType) -> None:
+    """A follower's applied index rides in the commit slot, which responses leave unused:
+    still 14 slots, an old leader reads the rest as before, and an old follower's 0 there
+    reads as "applied 0"."""
+    resp = Message(mtype, "n1", "n2", term=3, index=7, context=2, applied=6)
+    raw = msgpack.unpackb(encode_message(resp), raw=False)
+    assert len(raw) == 14 and raw[8] == 6
+    assert decode_message(encode_message(resp)) == resp
+    old = Message(mtype, "n1", "n2", term=3, index=7, context=2)
+    assert decode_message(encode_message(old)).applied == 0
 
 
 def test_slots_a_newer_peer_appends_are_ignored() -> None:
@@ -138,7 +157,8 @@ def _packed_whole(m: Message) -> bytes:
     index = m.lease_window_ms if m.type == MessageType.HEARTBEAT else m.index
     wire_entries = [[e.term, e.index, int(e.type), e.data] for e in m.entries]
     fields = [1, int(m.type), m.to, m.frm, m.term, m.log_term, index, wire_entries]
-    fields += [m.commit, m.reject, m.reject_hint, m.context, meta, m.data]
+    commit = m.applied if m.type in (MessageType.APP_RESP, MessageType.HEARTBEAT_RESP) else m.commit
+    fields += [commit, m.reject, m.reject_hint, m.context, meta, m.data]
     return msgpack.packb(fields, use_bin_type=True)
 
 

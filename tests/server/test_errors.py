@@ -17,6 +17,7 @@ from dex_ha.server.errors import (
     HttpError,
     MemberNotCaughtUp,
     NotActive,
+    NotCommitted,
     NotServing,
     Overloaded,
     StepDownFailed,
@@ -40,6 +41,7 @@ from dex_ha.server.validation import BodyTooLarge, InvalidRequest
         (MemberNotCaughtUp("learner 'n4' is not caught up"), 409, "conflict"),
         (BodyTooLarge(100, 101), 413, "too_large"),
         (Overloaded("node n1 is at its bound"), 503, "overloaded"),
+        (NotCommitted(5000), 503, "unavailable"),
         (NotServing("this node is draining: it hands out no new work"), 503, "not_active"),
     ],
 )
@@ -58,6 +60,13 @@ def test_an_invalid_request_names_the_field_in_its_message_and_keeps_both_parts(
 def test_the_answers_that_tell_a_client_to_come_back_carry_their_headers() -> None:
     assert Overloaded("busy").headers == {"Retry-After": "1"}
     assert NotServing("this node is not the active node").headers == {"Retry-After": "1"}
+    assert NotCommitted(5000).headers == {"Retry-After": "1"}
+
+
+def test_a_write_not_committed_in_time_says_it_may_still_commit_and_how_to_retry() -> None:
+    message = str(NotCommitted(5000))
+    assert "not committed within 5 s" in message and "may still commit" in message
+    assert "same ids" in message and "failed" not in message
     assert AuthError(401, "no token").headers == {"WWW-Authenticate": 'Bearer realm="dex-ha"'}
     assert AuthError(403, "wrong role").headers == {}
 

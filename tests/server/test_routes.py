@@ -106,6 +106,7 @@ async def test_cluster_view_has_the_fields_of_design_section_6(api: HttpApi):
     [member] = view["members"]
     assert member["id"] == "dev" and member["voter"] is True
     assert member["match_index"] >= view["commit_index"] - 1
+    assert member["applied_index"] >= 1 and member["lost_entries"] == 0 and member["lost_acknowledged_index"] is None
     assert "last_contact_ms_ago" in member
     assert view["insecure"] is False  # tokens are configured
 

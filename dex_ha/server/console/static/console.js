@@ -228,7 +228,8 @@ function renderClusterTable(table, nodes, refresh) {
 }
 
 /** How far a member is in catching up, as the leader sees it (a learner installing a snapshot
- * shows the bytes sent so far). */
+ * shows the bytes sent so far; a member that lost entries it had stored says so until it has
+ * them again). `lag` counts from the index the member itself says it applied. */
 function catchUpProgress(isLeader, member, lag) {
   if (isLeader) return "leader";
   if (!member) return "";
@@ -237,6 +238,9 @@ function catchUpProgress(isLeader, member, lag) {
   if (bytes) {
     const [sent, total] = bytes;
     return `snapshot ${mib(sent)} of ${mib(total)} MiB (${total ? Math.floor((100 * sent) / total) : 0}%)`;
+  }
+  if (member.lost_acknowledged_index) {
+    return `LOST ENTRIES: had stored up to ${member.lost_acknowledged_index}, has ${member.match_index}; catching up`;
   }
   if (member.replication === "snapshot") return "snapshot sent, applying";
   return lag > 0 ? `catching up (${lag} behind)` : "caught up";
