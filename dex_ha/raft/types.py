@@ -123,13 +123,13 @@ class Message:
     # sender's lease counts on that (the leader's election_timeout_min). 0 elsewhere, and
     # from leaders older than this field: the receiver then uses its own timeout.
     lease_window_ms: int = 0
-    # SNAP: the sender's cluster id (identity.py), so that a node installing a snapshot
-    # learns it or refuses a snapshot of another cluster. A 15th slot, SNAP only.
-    cluster_id: str = ""
     # APP_RESP and HEARTBEAT_RESP: the index the sender has applied to its state machine,
     # so that the leader can show real progress (a follower may store entries it has not
     # applied). 0 elsewhere, and from peers older than this field.
     applied: int = 0
+    # SNAP: the sender's cluster id (identity.py), so that a node installing a snapshot
+    # learns it or refuses a snapshot of another cluster. A 15th slot, SNAP only.
+    cluster_id: str = ""
 
 
 @dataclass(slots=True)
