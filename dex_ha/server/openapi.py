@@ -78,7 +78,7 @@ def _operation(route: RouteSpec) -> dict[str, Any]:
 
 def _access_description(route: RouteSpec) -> str:
     if route.roles is None:
-        who = "No token needed unless the server is configured to require one."
+        who = "No token needed: load balancers, probes and Prometheus call it."
     else:
         roles = sorted(route.roles | {"admin"})
         who = f"Roles: {', '.join(roles)} (admin may call every route)."
