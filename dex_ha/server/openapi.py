@@ -207,8 +207,8 @@ def _error_schemas() -> dict[str, Any]:
                 "type": "string",
                 "description": "Machine-readable code: invalid, unauthorized, "
                 "forbidden, not_found, method_not_allowed, conflict, "
-                "stale_attempt, step_down_failed, too_large, not_active, "
-                "not_ready, internal.",
+                "stale_attempt, step_down_failed, too_large, unsupported_media_type, "
+                "misdirected_request, not_active, not_ready, internal.",
             },
             "message": {"type": "string", "description": "What went wrong, for people; names the field."},
         },
