@@ -35,6 +35,7 @@ from dex_ha.server.backup import (
     read_backup,
     restore_data_dir,
 )
+from dex_ha.server.data_dir import private_files
 
 BACKUP_PATH = "/v1/cluster/backup"
 DEFAULT_TIMEOUT_S = 600.0
@@ -174,7 +175,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     try:
-        print(run_restore(args.file, args.data_dir, args.node_id, args.members, args.relaxed, args.cluster_token))
+        with private_files():  # the restored state is the node's only, as a running node's is
+            print(run_restore(args.file, args.data_dir, args.node_id, args.members, args.relaxed, args.cluster_token))
     except ValueError as exc:  # the file, its checksum or format, the data dir or an argument
         raise CommandFailed(str(exc), EXIT_USAGE) from None
     return 0

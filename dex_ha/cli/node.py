@@ -20,6 +20,7 @@ from dex_ha.server.config import (
     load_config,
     tokens_from_env,
 )
+from dex_ha.server.data_dir import private_files
 
 if TYPE_CHECKING:
     from dex_ha.server.node import NodeServer
@@ -31,6 +32,11 @@ def add_parsers(sub: Subparsers) -> None:
     dev.add_argument("--port", type=int, default=8801, help="HTTP port on 127.0.0.1 (default 8801)")
     dev.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on (default 127.0.0.1)")
     dev.add_argument("--relaxed", action="store_true", help="no fsync (faster; loses the last writes on power loss)")
+    dev.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow --host other than loopback without tokens: anyone who reaches it may do anything",
+    )
     dev.add_argument("--log-json", action="store_true", help="structured logs: one JSON object per line")
 
     node = sub.add_parser("node", help="run one member of a cluster")
@@ -59,10 +65,14 @@ def _run_node(config: ServerConfig, json_logs: bool) -> int:
     configure_logging(json_logs or config.log_json)
     use_uvloop()
     try:
-        asyncio.run(serve(config, on_started=_print_started if config.dev else None))
+        with private_files():  # the state, the Raft log and snapshots are the node's user's only
+            asyncio.run(serve(config, on_started=_print_started if config.dev else None))
     except IdentityRefused as exc:  # found at start (a damaged identity.json); later ones exit in process.py
         print(f"dex-ha node: {exc}", file=sys.stderr)
         return REFUSED_EXIT_CODE
+    except ConfigError as exc:  # found at start: e.g. a data directory others may write
+        print(f"dex-ha {'dev' if config.dev else 'node'}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -83,6 +93,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 host=args.host,
                 tokens=tokens,
                 durability="relaxed" if args.relaxed else "strict",
+                insecure=args.insecure,
             ),
             **dev_overrides_from_env(os.environ),
         )

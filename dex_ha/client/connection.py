@@ -280,7 +280,9 @@ class Connection:
         ``request_timeout_s`` for this call (a long-poll needs more than its wait).
         """
         _check_path(path)
-        headers = self._headers(json_body=body is not None)
+        # Every POST, PUT and DELETE says it sends JSON, an empty body included: the nodes
+        # refuse other requests that change things (415), so that no web page can send them.
+        headers = self._headers(json_body=body is not None or method != "GET")
         data = json.dumps(body) if body is not None else None
         timeout = aiohttp.ClientTimeout(total=timeout_s if timeout_s is not None else self._request_timeout_s)
 

@@ -65,7 +65,10 @@ def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
     existing = ctx.store.session(session_id)
     if existing is not None:
         if existing["agent"] != cmd.agent:
-            raise Rejected("conflict", f"session {session_id} belongs to agent {existing['agent']}")
+            raise Rejected("conflict", f"agent: session {session_id} belongs to agent {existing['agent']}")
+        # Omitted metadata matches any: a retry or a "create or attach" need not repeat it.
+        if cmd.metadata is not None and existing["metadata"] != to_json(cmd.metadata):
+            raise Rejected("conflict", f"metadata: session {session_id} exists with other metadata")
         return Handled({"session_id": session_id, "created": False}, noop=True)
     ctx.store.insert(
         "sessions",
@@ -105,7 +108,11 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
     existing = ctx.store.message(cmd.session_id, message_id)
     if existing is not None:
         if existing["text"] != cmd.text:
-            raise Rejected("conflict", f"message {message_id} was already sent with another text")
+            raise Rejected("conflict", f"text: message {message_id} was already sent with another text")
+        if existing["mode"] != cmd.mode:
+            raise Rejected(
+                "conflict", f"mode: message {message_id} was already sent with mode {existing['mode']} (got {cmd.mode})"
+            )
         return Handled({"message_id": message_id, "duplicate": True}, noop=True)
     seq = session["message_count"] + 1
     ctx.store.update("sessions", {"session_id": cmd.session_id}, message_count=seq, updated_at=ctx.at)

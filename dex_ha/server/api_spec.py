@@ -27,6 +27,13 @@ FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "array", "any
 #   uri:       an absolute http:// or https:// URL
 FORMATS = ("id", "host-port", "uri")
 
+# The ids a client or Worker chooses for what it creates (sessions, agents): a letter or
+# digit, then letters, digits and . _ : - (so never "." or "..", nothing a URL path, a shell
+# or a log line must escape). Other ids (calls, questions, messages, Workers) stay any
+# printable text, as do the ids in paths, so sessions created before this rule stay reachable.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
+# What validation.py says of a value that does not match a pattern, by pattern.
+PATTERN_RULES = {NAME_PATTERN: "must start with a letter or digit and hold only letters, digits, '.', '_', ':' and '-'"}
 MAX_ID_LENGTH = 200
 MAX_MEMBER_ID_LENGTH = 64
 MAX_TEXT_LENGTH = 262_144
@@ -39,6 +46,8 @@ CLIENT = frozenset({"client"})
 WORKER = frozenset({"worker"})
 ADMIN = frozenset({"admin"})
 ANY_ROLE = frozenset({"admin", "client", "worker"})
+# Methods whose requests may carry a body: a JSON one only (415 otherwise, see browsers.py).
+MUTATING_METHODS = frozenset({"POST", "PUT", "DELETE"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +131,20 @@ def _id(
     )
 
 
+def _new_name(name: str, description: str, *, required: bool = True, nullable: bool = False) -> FieldSpec:
+    """The id of something a request creates (a session, an agent): NAME_PATTERN."""
+    return FieldSpec(
+        name,
+        "string",
+        required=required,
+        nullable=nullable,
+        description=f"{description} A letter or digit, then letters, digits, '.', '_', ':' and '-'.",
+        min_length=1,
+        max_length=MAX_ID_LENGTH,
+        pattern=NAME_PATTERN,
+    )
+
+
 def _reason(name: str, description: str) -> FieldSpec:
     return FieldSpec(name, "string", nullable=True, max_length=MAX_REASON_LENGTH, description=description)
 
@@ -139,12 +162,12 @@ TASK_WORKER_ID = _id("worker_id", "The id of the Worker that polled the task; an
 TASK_REPORT_ERRORS = MappingProxyType(
     {
         403: "forbidden: the token's role may not call this route, or worker_id is not the Worker the task "
-        "was handed to",
+        "was handed to, or the request came from a web page of another site (Origin)",
         404: "not_found: no task was handed out with this token",
         409: "stale_attempt: the attempt is no longer current",
     }
 )
-AGENT_NAME = _id("name", "The agent's name.")
+AGENT_NAME = _new_name("name", "The agent's name.")
 MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_LENGTH)
 
 
@@ -184,9 +207,17 @@ def _route(
         responses.setdefault(400, "invalid: a field, parameter or header is missing or wrong (the message names it)")
     if roles is not None:
         responses.setdefault(401, "unauthorized: no token, a malformed Authorization header or an unknown token")
-        responses.setdefault(403, "forbidden: the token's role may not call this route")
+        responses.setdefault(
+            403,
+            "forbidden: the token's role may not call this route, or the request came from a web page of "
+            "another site (Origin)",
+        )
+    responses.setdefault(403, "forbidden: the request came from a web page of another site (Origin)")
     if body is not None:
         responses.setdefault(413, f"too_large: the body is over {max_body_bytes} bytes")
+    if method in MUTATING_METHODS:
+        responses.setdefault(415, "unsupported_media_type: the Content-Type is not application/json")
+    responses.setdefault(421, "misdirected_request: the Host header names no name this node serves under")
     if active_only:
         responses.setdefault(
             503,
@@ -277,16 +308,22 @@ _SESSIONS = (
             200: "the session already exists with the same agent; the same session",
             201: "created; the body holds session_id",
         },
-        errors={409: "conflict: the session id exists with another agent"},
+        errors={
+            409: "conflict: the session id exists with another agent or other metadata (the message names the field)"
+        },
         body=(
-            _id("agent", "The name of the agent that runs the session."),
-            _id(
+            _new_name("agent", "The name of the agent that runs the session."),
+            _new_name(
                 "session_id",
                 "The id to use; omitted or null lets the server choose one.",
                 required=False,
                 nullable=True,
             ),
-            _object("metadata", "Free-form JSON object stored with the session."),
+            _object(
+                "metadata",
+                "Free-form JSON object stored with the session. Repeating a create with the same "
+                "session_id and other metadata is 409; omitted or null matches any.",
+            ),
         ),
         proposes=True,
     ),
@@ -338,7 +375,10 @@ _SESSIONS = (
         CLIENT,
         "Send a user message; a repeated message_id is a no-op.",
         success={202: "accepted (or already accepted, for a repeated message_id)"},
-        errors={404: "not_found: no such session", 409: "conflict: the message_id was already sent with another text"},
+        errors={
+            404: "not_found: no such session",
+            409: "conflict: the message_id was already sent with another text or mode (the message names the field)",
+        },
         path_params=(SESSION_ID,),
         body=(
             FieldSpec(

@@ -1,7 +1,8 @@
 """The HTTP API: one handler per route of `api_spec.ROUTES`, bound by name.
 
-Every request goes through the same pipeline (`_handle`): token → active node? → size and
-JSON → path, query, header and body validation → handler → JSON answer. Handlers get the
+Every request first passes the browser checks (`_browser_checks`, browsers.py: Host and
+Origin), then goes through the same pipeline (`_handle`): token → Content-Type → active
+node? → size and JSON → path, query, header and body validation → handler → JSON answer. Handlers get the
 validated arguments and return `(status, body)` or a response; errors are raised as
 HttpErrors (errors.py) that the pipeline turns into `{"error", "message"}` answers, so no
 handler writes an error response of its own.
@@ -14,10 +15,12 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
@@ -39,11 +42,12 @@ from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.auth import TokenAuth
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
+from dex_ha.server.browsers import BrowserGuard, check_content_type
 from dex_ha.server.cluster_nodes import every_node_view
 from dex_ha.server.config import ConfigError, parse_address
 from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
-from dex_ha.server.http_limits import client_gone, read_body
+from dex_ha.server.http_limits import SERVER_NAME, client_gone, name_the_server, read_body
 from dex_ha.server.leader import LeaderTerm
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
@@ -102,11 +106,39 @@ def build_app(node: NodeServer) -> web.Application:
     api = Api(node, openapi_document(version=_version()))
     # aiohttp refuses bodies above client_max_size before we see them; our per-route
     # limits are lower, so this only has to be the largest of them.
-    app = web.Application(client_max_size=max(r.max_body_bytes for r in ROUTES) + 1, middlewares=[_json_http_errors])
+    config = node.config
+    guard = BrowserGuard.for_node(config.http_listen[0], config.url, config.allowed_hosts, config.allowed_origins)
+    app = web.Application(
+        client_max_size=max(r.max_body_bytes for r in ROUTES) + 1,
+        middlewares=[_browser_checks(guard), _json_http_errors],
+    )
+    app.on_response_prepare.append(name_the_server)
+    app.on_response_prepare.append(partial(_cors_headers, guard))
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _pipeline(api, auth, route, HANDLERS[route.name]))
     add_console_routes(app)  # the web console's page and files (no token: the page asks for one)
     return app
+
+
+def _browser_checks(guard: BrowserGuard) -> Middleware:
+    """Every request, the console's and unknown paths' included, passes the Host and Origin
+    checks (browsers.py) first; a CORS preflight from an allowed origin is answered here."""
+
+    @web.middleware
+    async def check(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            guard.check(request)
+        except HttpError as exc:
+            return _error_answer(None, exc)
+        return guard.preflight(request) or await handler(request)
+
+    return check
+
+
+async def _cors_headers(guard: BrowserGuard, request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(guard.cors_headers(request.headers.get("Origin")))
 
 
 def _version() -> str:
@@ -143,6 +175,7 @@ async def _handle(
     api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler, request: web.Request
 ) -> web.StreamResponse:
     auth.check(request.headers.get("Authorization"), route)
+    check_content_type(route.method, request.headers.get("Content-Type"))
     if route.active_only:
         api.node.serving()  # raises NotServing: 503 with leader_url
     args = {
@@ -272,6 +305,7 @@ class _JsonErrorsRequestHandler(RequestHandler):
             f"the HTTP request is malformed: {what}" if status < 500 else "the server failed to answer; see its log",
         )
         response.force_close()  # as aiohttp does: the connection's framing cannot be trusted
+        response.headers["Server"] = SERVER_NAME  # no app signal runs for a request that did not parse
         return response
 
 

@@ -3,8 +3,7 @@
 Every token has one role: `client`, `worker` or `admin`. A route lists the roles that may
 call it (api_spec.py); `admin` may call every route that has roles, so an operator can do
 what a client or a Worker can. Operations routes (`roles` None: /livez, /readyz, /metrics,
-/openapi.json) need no token unless `operations_need_token` is set, because load balancers
-and Prometheus probe them.
+/openapi.json) need no token, because load balancers and Prometheus probe them.
 
 Tokens are compared in constant time: the presented token's SHA-256 digest is compared with
 `hmac.compare_digest` against the digest of EVERY configured token, without stopping at a
@@ -41,9 +40,8 @@ class AuthError(HttpError):
 class TokenAuth:
     """The configured tokens by role; `check` decides whether a request may call a route."""
 
-    def __init__(self, tokens: Mapping[str, Iterable[str]] | None, *, operations_need_token: bool = False) -> None:
+    def __init__(self, tokens: Mapping[str, Iterable[str]] | None) -> None:
         self._digests: list[tuple[str, bytes]] = _digests_by_role(tokens or {})
-        self._operations_need_token = operations_need_token
 
     @property
     def enabled(self) -> bool:
@@ -70,10 +68,10 @@ class TokenAuth:
         """
         if not self.enabled:
             return None
-        if route.roles is None and not self._operations_need_token:
+        if route.roles is None:
             return None
         role = self._authenticate(authorization)
-        if route.roles is None or role == "admin" or role in route.roles:
+        if role == "admin" or role in route.roles:
             return role
         raise AuthError(
             403, f"{route.method} {route.path} needs {_role_names(route.roles)} (this token has the {role} role)"

@@ -53,6 +53,7 @@ from dex_ha.raft.identity import IDENTITY_FILE, IdentityFile, derived_cluster_id
 from dex_ha.raft.snapshot_file import seal_bytes
 from dex_ha.raft.storage import RaftStorage, fsync_dir
 from dex_ha.raft.types import ConfState, HardState, SnapshotMeta
+from dex_ha.server.data_dir import open_data_dir
 
 MAGIC = b"DEXHA-BACKUP\n"
 FORMAT_VERSION = 1
@@ -280,7 +281,7 @@ def restore_data_dir(
     header, payload = read_backup(backup)
     check_empty_data_dir(data_dir)
     created = not data_dir.exists()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    open_data_dir(data_dir)
     try:
         _restore_engine(data_dir / STATE_DB, payload, header)
         _write_snapshot_file(data_dir / SNAPSHOT_DIR, header.index, payload, durability)

@@ -23,6 +23,8 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     http_body_timeout_ms = 30000          # the request body within this (408 request_timeout)
     http_keepalive_timeout_ms = 75000     # an idle keep-alive connection is closed after this
     http_max_connections = 0              # open HTTP connections; 0: derived from the open-files limit
+    allowed_hosts = ["dex-ha.example.com"]  # Host names served besides loopback, IPs, http_listen's and url's
+    allowed_origins = []                  # web pages of other sites that may call the API ("https://app.example")
     log_json = false
 
     [tokens]                              # role -> list of bearer tokens (≥ 16 characters each)
@@ -40,7 +42,7 @@ DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_C
 DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS,
 DEX_HA_HTTP_HEADER_TIMEOUT_MS, DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS,
-DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_LOG_JSON,
+DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_ALLOWED_HOSTS, DEX_HA_ALLOWED_ORIGINS (comma-separated), DEX_HA_LOG_JSON,
 DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated).
 """
 
@@ -61,6 +63,7 @@ from dex_ha.raft.core import (
     check_timing,
 )
 from dex_ha.server.auth import ROLES
+from dex_ha.server.browsers import check_origin_setting, is_loopback
 
 Address = tuple[str, int]
 
@@ -119,6 +122,11 @@ class ServerConfig:
     http_body_timeout_ms: int = 30_000
     http_keepalive_timeout_ms: int = 75_000
     http_max_connections: int = 0  # 0: derived from the open-files limit (RLIMIT_NOFILE)
+    # Browsers (dex_ha.server.browsers): Host names served besides loopback names, IP
+    # addresses and the hosts of http_listen and url ("*": any); origins of web pages of
+    # other sites that may call the API ("*": any).
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
     log_json: bool = False
     dev: bool = False  # `dex-ha dev`: one node; no auth unless tokens are configured
 
@@ -155,12 +163,34 @@ class ServerConfig:
         for name in ("http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
-        if self.dev or self.insecure:
+        self._check_browser_settings()
+        if self.insecure:
+            return
+        if self.dev:
+            self._check_dev_listens_on_loopback()
             return
         if not self.auth_enabled:
             raise ConfigError("tokens: a node needs client, worker and admin tokens (or --insecure)")
         if not self.cluster_secret or len(self.cluster_secret) < 16:
             raise ConfigError("cluster_secret: a node needs a cluster secret of ≥ 16 characters (or --insecure)")
+
+    def _check_browser_settings(self) -> None:
+        for i, host in enumerate(self.allowed_hosts):
+            if not isinstance(host, str) or not host or any(c in host for c in "/: "):
+                raise ConfigError(f"allowed_hosts[{i}]: must be a host name without scheme or port (got {host!r})")
+        for i, origin in enumerate(self.allowed_origins):
+            problem = check_origin_setting(origin) if isinstance(origin, str) else f"must be a string (got {origin!r})"
+            if problem:
+                raise ConfigError(f"allowed_origins[{i}]: {problem}")
+
+    def _check_dev_listens_on_loopback(self) -> None:
+        """`dex-ha dev` without tokens serves everything to whoever can reach it: loopback only."""
+        host = self.http_listen[0]
+        if not self.auth_enabled and not is_loopback(host):
+            raise ConfigError(
+                f"http_listen: {host or 'every address'} is not a loopback address, and with no tokens anyone "
+                "who reaches it may do anything; set DEX_HA_TOKENS_CLIENT, _WORKER and _ADMIN, or pass --insecure"
+            )
 
     def _check_lease_timing(self) -> None:
         """Raft's own timing check (raft.core.check_timing, the one source of the rule),
@@ -198,6 +228,7 @@ def dev_config(
     host: str = "127.0.0.1",
     tokens: Mapping[str, tuple[str, ...]] | None = None,
     durability: str = "strict",
+    insecure: bool = False,
 ) -> ServerConfig:
     """`dex-ha dev`: a single voter on loopback. No one ever sends it a Raft message, so
     it opens no Raft port (an open one would be one more thing to attack)."""
@@ -212,6 +243,7 @@ def dev_config(
         peers=(Peer("dev", no_raft_addr, url),),
         tokens=dict(tokens or {}),
         dev=True,
+        insecure=insecure,
         durability=durability,
         # One voter: no one to wait for, so a restart is ready at once.
         election_timeout_min_ms=150,
@@ -259,6 +291,8 @@ ENV_KEYS = {
     "http_keepalive_timeout_ms": int,
     "http_max_connections": int,
     "consistency_check_interval_ms": int,
+    "allowed_hosts": list,
+    "allowed_origins": list,
 }
 
 
@@ -270,6 +304,8 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
             continue
         if kind is bool:
             raw[key] = value.strip().lower() in ("1", "true", "yes", "on")
+        elif kind is list:
+            raw[key] = [item.strip() for item in value.split(",") if item.strip()]
         elif kind is int:
             try:
                 raw[key] = int(value)
@@ -294,6 +330,8 @@ DEV_ENV_KEYS = (
     "http_body_timeout_ms",
     "http_keepalive_timeout_ms",
     "http_max_connections",
+    "allowed_hosts",
+    "allowed_origins",
 )
 
 
@@ -303,6 +341,9 @@ def dev_overrides_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     raw = {k: v for k, v in _apply_env({}, env).items() if k in DEV_ENV_KEYS}
     if "probe_listen" in raw:
         raw["probe_listen"] = parse_address(raw["probe_listen"], "DEX_HA_PROBE_LISTEN")
+    for key in ("allowed_hosts", "allowed_origins"):
+        if key in raw:
+            raw[key] = tuple(raw[key])
     return raw
 
 
@@ -370,8 +411,16 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
         cluster_secret=secret,
         tokens={r: tuple(t) for r, t in tokens.items()},
         insecure=insecure,
+        allowed_hosts=_string_list(raw.get("allowed_hosts", []), "allowed_hosts"),
+        allowed_origins=_string_list(raw.get("allowed_origins", []), "allowed_origins"),
         **simple,
     )
+
+
+def _string_list(value: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{key}: must be a list of strings, got {value!r}")
+    return tuple(value)
 
 
 def _peer(raw: Any, i: int) -> Peer:

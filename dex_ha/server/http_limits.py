@@ -74,6 +74,9 @@ ACCEPT_BATCH = 16
 ACCEPT_RETRY_S = 0.1
 # nginx's "client closed request": the client went away before it had its answer.
 CLIENT_CLOSED_REQUEST = 499
+# Every answer's Server header: the product, never its version or aiohttp's (which would
+# tell an attacker which known flaws to try).
+SERVER_NAME = "dex-ha"
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
@@ -159,6 +162,14 @@ def max_connections_allowed(open_files: int) -> int:
         )
         return MIN_CONNECTIONS
     return allowed
+
+
+# ---------------------------------------------------------------- answering
+
+
+async def name_the_server(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """An app's on_response_prepare signal: the Server header says SERVER_NAME only."""
+    response.headers["Server"] = SERVER_NAME
 
 
 # ---------------------------------------------------------------- reading the request
@@ -380,7 +391,7 @@ class ConnectionGuard:
         return web.json_response(
             body,
             status=503,
-            headers={"Retry-After": OVERLOADED_RETRY_AFTER_S},
+            headers={"Retry-After": OVERLOADED_RETRY_AFTER_S, "Server": SERVER_NAME},
             dumps=partial(json.dumps, separators=(",", ":")),
         )
 
@@ -488,6 +499,8 @@ __all__ = [
     "GuardedSite",
     "HttpLimits",
     "PROBE_LISTENER_LIMITS",
+    "SERVER_NAME",
     "client_gone",
+    "name_the_server",
     "read_body",
 ]

@@ -29,6 +29,7 @@ from dex_ha.server.admission import Admission
 from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.consistency import ConsistencyCheck
+from dex_ha.server.data_dir import open_data_dir
 from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotCommitted, NotServing, StepDownFailed, UnknownMember
 from dex_ha.server.http_limits import GuardedSite, HttpLimits
 from dex_ha.server.leader import ActiveClock, LeaderTerm
@@ -73,6 +74,7 @@ class NodeServer:
 
     def __init__(self, config: ServerConfig, on_fatal: Callable[[BaseException], None] | None = None) -> None:
         config.check()
+        open_data_dir(config.data_dir)  # private (0700), or refused: before anything is written
         # Bind the HTTP port first: with port 0 the URL (our leader_url) is known only now.
         self._http_socket = _bind(config.http_listen)
         self.http_port: int = self._http_socket.getsockname()[1]
@@ -80,7 +82,6 @@ class NodeServer:
         if config.probe_listen is not None:
             self.probes = ProbeServer(_bind(config.probe_listen, "probes"), self.liveness, self.readiness)
         self.config = config = _with_bound_port(config, self.http_port)
-        config.data_dir.mkdir(parents=True, exist_ok=True)
         self.failpoints = Failpoints()
         engine = Engine(str(config.data_dir / STATE_DB), durable=True, checkpoint_every_s=ENGINE_CHECKPOINT_EVERY_S)
         self.replica = Replica(engine, self.failpoints)

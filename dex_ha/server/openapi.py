@@ -78,7 +78,7 @@ def _operation(route: RouteSpec) -> dict[str, Any]:
 
 def _access_description(route: RouteSpec) -> str:
     if route.roles is None:
-        who = "No token needed unless the server is configured to require one."
+        who = "No token needed: load balancers, probes and Prometheus call it."
     else:
         roles = sorted(route.roles | {"admin"})
         who = f"Roles: {', '.join(roles)} (admin may call every route)."
@@ -207,8 +207,8 @@ def _error_schemas() -> dict[str, Any]:
                 "type": "string",
                 "description": "Machine-readable code: invalid, unauthorized, "
                 "forbidden, not_found, method_not_allowed, conflict, "
-                "stale_attempt, step_down_failed, too_large, not_active, unavailable, "
-                "not_ready, internal.",
+                "stale_attempt, step_down_failed, too_large, unsupported_media_type, "
+                "misdirected_request, not_active, unavailable, not_ready, internal.",
             },
             "message": {"type": "string", "description": "What went wrong, for people; names the field."},
         },

@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from dex_ha.raft.loop_thread import LoopThread
-from dex_ha.server.http_limits import PROBE_LISTENER_LIMITS, GuardedSite
+from dex_ha.server.http_limits import PROBE_LISTENER_LIMITS, GuardedSite, name_the_server
 
 log = logging.getLogger("dex_ha.server.probes")
 
@@ -53,6 +53,7 @@ class ProbeServer:
         app = web.Application()
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/readyz", self._readyz)
+        app.on_response_prepare.append(name_the_server)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, **PROBE_LISTENER_LIMITS.handler_args())
         await self._runner.setup()
         # Capped, with a short header timeout: clients of this port cannot take the node's descriptors.

@@ -16,7 +16,9 @@ so that every body that validates can be written to the Raft log (msgpack) and t
   int-string conversion never applies);
 - strings, object keys included, that are not valid Unicode text (JSON's `\ud800` escapes
   can spell a lone surrogate, which no UTF-8 encoder takes);
-- nesting deeper than MAX_JSON_DEPTH (the msgpack encoder has a recursion limit).
+- nesting deeper than MAX_JSON_DEPTH (the msgpack encoder has a recursion limit);
+- a key given twice in one object (JSON leaves its meaning open; Python's decoder keeps the
+  last, another reader of the same bytes may keep the first).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from dex_ha.server.api_spec import FieldSpec, RouteSpec
+from dex_ha.server.api_spec import PATTERN_RULES, FieldSpec, RouteSpec
 from dex_ha.server.errors import HttpError
 
 MAX_JSON_DEPTH = 100
@@ -78,7 +80,12 @@ def decode_json_body(route: RouteSpec, raw: bytes) -> Any:
     if not raw.strip():
         return None
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, parse_int=_parse_int)
+        return json.loads(
+            raw.decode("utf-8"),
+            parse_constant=_reject_constant,
+            parse_int=_parse_int,
+            object_pairs_hook=_object_without_repeated_keys,
+        )
     except UnicodeDecodeError:
         raise InvalidRequest("body", "must be UTF-8 encoded JSON") from None
     except json.JSONDecodeError as exc:
@@ -132,6 +139,15 @@ def validate_headers(route: RouteSpec, headers: Mapping[str, str]) -> dict[str, 
 
 def _reject_constant(name: str) -> Any:
     raise InvalidRequest("body", f"numbers must be finite (got {name})")
+
+
+def _object_without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise InvalidRequest(key, "is given twice in one JSON object; send each key once")
+        found[key] = value
+    return found
 
 
 class _LongInteger(str):
@@ -259,7 +275,8 @@ def _check_string(spec: FieldSpec, value: str, where: str) -> None:
         raise InvalidRequest(where, f"must be one of: {', '.join(spec.enum)} (got {_quote(value)})")
     _check_length(spec, len(value), "characters", where)
     if spec.pattern is not None and re.fullmatch(spec.pattern, value) is None:
-        raise InvalidRequest(where, f"must match {spec.pattern} (got {_quote(value)})")
+        rule = PATTERN_RULES.get(spec.pattern, f"must match {spec.pattern}")
+        raise InvalidRequest(where, f"{rule} (got {_quote(value)})")
     if spec.format is not None:
         problem = _FORMAT_CHECKS[spec.format](value)
         if problem:

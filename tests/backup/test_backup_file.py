@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import stat
 from pathlib import Path
 
 import aiohttp
@@ -200,6 +201,9 @@ async def test_a_node_restored_from_a_backup_serves_the_same_sessions(
             verify_file(tmp_path / "copy" / "snapshots" / f"snapshot-{header.index:020d}.bin", header.index)
             source_cluster = expect(await api.get("/v1/cluster"), 200)["cluster_id"]
             assert source_cluster and header.cluster_id == source_cluster  # the backup says where it came from
+            copy_dir = tmp_path / "copy"
+            shared = [p for p in [copy_dir, *copy_dir.rglob("*")] if stat.S_IMODE(p.stat().st_mode) & 0o077]
+            assert shared == [], "a restored data directory is private: 0700, files 0600"
 
             restored = await start_node(single_node_config(tmp_path / "copy"))
             copy = HttpApi(f"http://127.0.0.1:{restored.http_port}", http)
@@ -248,6 +252,7 @@ async def test_dex_ha_backup_writes_a_verified_file_and_refuses_a_non_admin(
         assert code == 0, err
         header, _ = read_backup(out)
         assert f"index {header.index}, term {header.term}" in printed and header.sha256 in printed
+        assert stat.S_IMODE(out.stat().st_mode) == 0o600  # the backup holds every session: private
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
     finally:
         await node.stop()

@@ -182,10 +182,12 @@ class HttpApi:
         headers: dict[str, str] | None = None,
         timeout_s: float = 30.0,
     ) -> Reply:
-        """One request; `json_body` is sent as JSON, `data` as given (bytes, generator)."""
+        """One request; `json_body` is sent as JSON, `data` as given (bytes, generator).
+        A POST or PUT says it sends JSON unless `headers` say otherwise, as the node requires."""
         all_headers = {**self.auth_header(role), **(headers or {})}
         if json_body is not None:
             data = json.dumps(json_body).encode()
+        if json_body is not None or method in ("POST", "PUT"):
             all_headers.setdefault("Content-Type", "application/json")
         started = time.monotonic()
         async with self.session.request(

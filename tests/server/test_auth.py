@@ -9,6 +9,7 @@ import pytest
 
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME
 from dex_ha.server.auth import ROLES, AuthError, TokenAuth
+from dex_ha.server.openapi import openapi_document
 
 CLIENT_TOKEN = "client-token-0123456789"
 WORKER_TOKEN = "worker-token-0123456789"
@@ -124,12 +125,15 @@ def test_role_of(auth, header, role):
     assert auth.role_of(header) == role
 
 
-def test_operations_routes_may_be_configured_to_need_a_token():
-    auth = TokenAuth(TOKENS, operations_need_token=True)
-    with pytest.raises(AuthError) as caught:
-        auth.check(None, ROUTES_BY_NAME["metrics"])
-    assert caught.value.status == 401
-    assert auth.check(BEARER["worker"], ROUTES_BY_NAME["metrics"]) == "worker"
+def test_operations_routes_never_need_a_token_and_the_openapi_text_says_so():
+    """No setting makes them need one, so the document must not say one could."""
+    auth = TokenAuth(TOKENS)
+    document = openapi_document(version="1")
+    for route in ROUTES:
+        if route.roles is None:
+            assert auth.check(None, route) is None
+            description = document["paths"][route.path][route.method.lower()]["description"]
+            assert description.startswith("No token needed:") and "configured" not in description, description
 
 
 @pytest.mark.parametrize("tokens", [None, {}, {"client": [], "worker": (), "admin": []}])

@@ -132,16 +132,16 @@ async def test_a_known_path_with_a_wrong_method_is_a_json_405_with_allow(api: Ht
 
 
 MALFORMED_HTTP = {
-    "bad Content-Length": b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
-    "over-long header": b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
-    "over-long request line": b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
-    "bad method": b"G(T /livez HTTP/1.1\r\nHost: x\r\n\r\n",
+    "bad Content-Length": b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n",
+    "over-long header": b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+    "over-long request line": b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    "bad method": b"G(T /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
     "too many headers": b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-H%d: 1\r\n" % i for i in range(200)) + b"\r\n",
     "bad chunk size": (
-        b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
         b"Content-Type: application/json\r\n\r\nzz\r\n"
     ),
-    "raw byte in path": b"GET /v1/sessions/\xff HTTP/1.1\r\nHost: x\r\n\r\n",
+    "raw byte in path": b"GET /v1/sessions/\xff HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
     "TLS on the HTTP port": b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",
 }
 
@@ -178,7 +178,7 @@ async def test_a_body_that_does_not_inflate_is_400(node: NodeServer, api: HttpAp
     status, headers, body = await raw_exchange(
         node,
         (
-            b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n"
             b"Authorization: Bearer " + CLIENT_TOKEN.encode() + b"\r\n"
             b"Content-Encoding: " + encoding.encode() + b"\r\nContent-Length: 10\r\n\r\n0123456789"
         ),

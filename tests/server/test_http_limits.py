@@ -36,7 +36,7 @@ from harness.waiting import eventually
 from tests.server.conftest import HttpFactory, NodeFactory
 from tests.server.node_fixture import expect, open_sse, single_node_config, tool
 
-HALF_SENT = b"GET /livez HTTP/1.1\r\nHost: dex\r\nUser-Agent: slow\r\n"  # the blank line never comes
+HALF_SENT = b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slow\r\n"  # the blank line never comes
 MARGIN_S = 3.0  # on top of a timeout: a busy 2-core machine is slow to run the timer
 
 
@@ -96,13 +96,13 @@ async def open_slow(port: int, count: int, first_bytes: bytes = HALF_SENT) -> li
 
 
 def get(path: str) -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: dex\r\n\r\n".encode()
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
 
 
 def post_head(path: str, content_length: int, more_headers: bytes = b"") -> bytes:
     return (
         (
-            f"POST {path} HTTP/1.1\r\nHost: dex\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {content_length}\r\n"
         ).encode()
         + more_headers
@@ -416,7 +416,7 @@ async def test_headers_sent_slowly_but_within_the_timeout_are_answered(nodes: No
     node = await nodes(single_node_config(tmp_path / "n", http_header_timeout_ms=2000))
     conn = await connect(node.http_port, b"GET /livez HTTP/1.1\r\n")
     await asyncio.sleep(0.3)  # a slow client, within the timeout
-    await conn.send(b"Host: dex\r\n\r\n")
+    await conn.send(b"Host: 127.0.0.1\r\n\r\n")
     status, _, body = await conn.response()
     assert status == 200, body
     conn.close()

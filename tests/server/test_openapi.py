@@ -84,7 +84,10 @@ def test_input_names_are_unique_within_a_route(route):
 def test_every_route_documents_the_statuses_it_can_answer(route):
     statuses = set(route.responses)
     assert any(200 <= s < 300 for s in statuses)
-    assert (401 in statuses) == (403 in statuses) == (route.roles is not None)
+    assert (401 in statuses) == (route.roles is not None)
+    assert 403 in statuses and "another site (Origin)" in route.responses[403], "a page of another site is refused"
+    assert 421 in statuses, "a Host this node does not serve is refused"
+    assert (415 in statuses) == (route.method in ("POST", "PUT", "DELETE")), "only JSON may change things"
     assert (413 in statuses) == (route.body is not None)
     assert (400 in statuses) == bool(route.body is not None or route.query or route.path_params or route.headers)
     assert (503 in statuses) == (route.active_only or route.bounded or route.name == "readyz")

@@ -36,6 +36,7 @@ from schemathesis.checks import (  # noqa: E402
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.core import NotSet  # noqa: E402
 
 from dex_ha.server.api_spec import ROUTES_BY_NAME  # noqa: E402
 from tests.server.node_fixture import ADMIN_TOKEN, base_url, free_ports, single_node_config  # noqa: E402
@@ -60,7 +61,10 @@ class Findings:
 
 def _adjust(case: Any, closed_port: int) -> None:
     """Keep generated requests from doing what a test must not: wait long, or make the
-    node contact hosts on the network."""
+    node contact hosts on the network. A POST without a body (promote) says it is JSON, as
+    every client must (the node answers 415 otherwise), so that it reaches its handler."""
+    if case.operation.method.upper() in ("POST", "PUT") and isinstance(case.body, NotSet):
+        case.headers = {**(case.headers or {}), "Content-Type": "application/json"}
     body = case.body if isinstance(case.body, dict) else None
     if body is None:
         return

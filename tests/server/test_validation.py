@@ -340,8 +340,57 @@ def test_enums(route_name, field, allowed):
 
 @pytest.mark.parametrize("bad", ["a\nb", "tab\there", "\x00", "del\x7f"])
 def test_ids_in_a_body_must_be_printable(bad):
-    error = invalid("create_session", {"agent": "support", "session_id": bad})
-    assert error.field == "session_id" and "printable" in error.message
+    error = invalid("send_message", {"text": "hi", "message_id": bad})
+    assert error.field == "message_id" and "printable" in error.message
+
+
+NAMES = [
+    ("create_session", "session_id", {"agent": "support"}),
+    ("create_session", "agent", {"session_id": "s-1"}),
+]
+
+
+@pytest.mark.parametrize(("route_name", "field", "rest"), NAMES)
+@pytest.mark.parametrize(
+    "bad", [".", "..", ".hidden", "-flag", "_x", "a b", "a/b", "a\\b", "a?b", "a#b", "a%2Fb", "é", "a\nb", "x@y"]
+)
+def test_new_session_and_agent_ids_keep_to_the_name_characters(route_name, field, rest, bad):
+    error = invalid(route_name, {**rest, field: bad})
+    assert error.field == field
+    assert error.message.startswith("must start with a letter or digit and hold only letters, digits"), error.message
+
+
+@pytest.mark.parametrize(("route_name", "field", "rest"), NAMES)
+@pytest.mark.parametrize("good", ["a", "0", "s-1", "support_bot", "tenant:ticket.42", "A" + "x" * 199])
+def test_names_that_tests_and_clients_use_stay_valid(route_name, field, rest, good):
+    assert validate_body(ROUTES_BY_NAME[route_name], {**rest, field: good})[field] == good
+
+
+def test_an_agent_name_in_the_path_of_register_agent_keeps_to_the_name_characters():
+    route = ROUTES_BY_NAME["register_agent"]
+    assert validate_path(route, {"name": "helper.v2"}) == {"name": "helper.v2"}
+    for bad in ("..", "a b", "-x"):
+        with pytest.raises(InvalidRequest) as caught:
+            validate_path(route, {"name": bad})
+        assert caught.value.field == "name" and "letter or digit" in caught.value.message
+
+
+def test_ids_in_other_paths_stay_any_printable_text_so_older_sessions_stay_reachable():
+    route = ROUTES_BY_NAME["get_session"]
+    assert validate_path(route, {"session_id": "made before: a b"}) == {"session_id": "made before: a b"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ('{"agent": "a", "agent": "b"}', "agent"),
+        ('{"agent": "a", "metadata": {"k": 1, "k": 2}}', "k"),
+        ('{"agent": "a", "metadata": {"list": [{"x": 1, "x": 1}]}}', "x"),
+    ],
+)
+def test_a_key_given_twice_in_one_object_is_400_naming_it(raw, field):
+    error = invalid_raw("create_session", raw)
+    assert (error.field, error.message) == (field, "is given twice in one JSON object; send each key once")
 
 
 @pytest.mark.parametrize(
