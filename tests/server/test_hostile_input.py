@@ -200,10 +200,12 @@ async def test_the_not_active_message_says_it_once(nodes, http, tmp_path):
     plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
     api = http(await nodes(plan.config("n1"), wait_ready=False))  # n2 and n3 never start: no leader
 
-    async def candidate() -> bool:
-        return expect(await api.get("/v1/cluster", role="client"), 200)["role"] == "candidate"
+    # A fresh voter whose peers never answer waits for them (it neither votes nor campaigns):
+    # it serves /v1/cluster and is not active.
+    async def serving_but_not_active() -> bool:
+        return expect(await api.get("/v1/cluster", role="client"), 200)["role"] in ("standby", "candidate")
 
-    await eventually(candidate, deadline_s=15, what="n1 to campaign")
+    await eventually(serving_but_not_active, deadline_s=15, what="n1 to serve /v1/cluster")
     reply = await api.get("/v1/sessions", role="client")
     assert_error(reply, 503, "not_active")
     assert reply.body["message"] == "this node is not the active node"

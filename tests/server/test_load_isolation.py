@@ -98,9 +98,9 @@ def hold_proposals(node) -> asyncio.Event:
     release = asyncio.Event()
     propose = node.propose
 
-    async def held(cmd):
+    async def held(cmd, **kwargs):
         await release.wait()
-        return await propose(cmd)
+        return await propose(cmd, **kwargs)
 
     node.propose = held
     return release
@@ -213,9 +213,9 @@ def count_proposals(node) -> list[Any]:
     proposed: list[Any] = []
     propose = node.propose
 
-    async def counted(cmd):
+    async def counted(cmd, **kwargs):
         proposed.append(cmd)
-        return await propose(cmd)
+        return await propose(cmd, **kwargs)
 
     node.propose = counted
     return proposed

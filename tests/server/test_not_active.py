@@ -20,6 +20,7 @@ from tests.server.node_fixture import (
     concrete_path,
     expect,
     role_for,
+    start_node,
 )
 
 covers = pytest.mark.covers
@@ -50,11 +51,12 @@ async def test_a_node_that_cannot_win_an_election_serves_no_v1_route(nodes, http
     node: NodeServer = await nodes(plan.config("n1"), wait_ready=False)  # n2 and n3 never start
     api = http(node)
 
-    async def has_campaigned() -> bool:
+    # A fresh voter whose peers never answer waits for them: it neither votes nor campaigns.
+    async def serving_but_not_active() -> bool:
         view = expect(await api.get("/v1/cluster", role="client"), 200)
-        return view["role"] == "candidate"
+        return view["role"] in ("standby", "candidate")
 
-    await eventually(has_campaigned, deadline_s=ELECTION_DEADLINE_S, what="n1 to try an election")
+    await eventually(serving_but_not_active, deadline_s=ELECTION_DEADLINE_S, what="n1 to serve /v1/cluster")
     for route in ACTIVE_ONLY:
         assert_not_active(await request_route(api, route), route.name, leader_url=None)
 
@@ -79,6 +81,14 @@ async def wait_for_one_active(apis: dict[str, HttpApi]) -> str:
     return await eventually(the_ready_node, deadline_s=ELECTION_DEADLINE_S, what="one node to become active")
 
 
+async def wait_for_cluster_id(apis: dict[str, HttpApi]) -> None:
+    async def founded() -> bool:
+        views = [expect(await api.get("/v1/cluster", role="client"), 200) for api in apis.values()]
+        return all(view.get("cluster_id") for view in views)
+
+    await eventually(founded, deadline_s=ELECTION_DEADLINE_S, what="the cluster to be founded")
+
+
 async def wait_for_leader_url(api: HttpApi, url: str) -> None:
     async def knows_leader() -> bool:
         return expect(await api.get("/v1/cluster", role="client"), 200)["leader_url"] == url
@@ -88,7 +98,13 @@ async def wait_for_leader_url(api: HttpApi, url: str) -> None:
 
 @covers("step_down", "create_session")
 async def test_two_of_three_nodes_elect_one_active_node_and_the_other_points_to_it(nodes, http, plan: ClusterPlan):
+    # A new cluster is founded by all its declared voters; then two of three are a quorum.
     apis = {nid: http(await nodes(plan.config(nid), wait_ready=False)) for nid in ("n1", "n2")}
+    founder = await start_node(plan.config("n3"), wait_ready=False)
+    try:
+        await wait_for_cluster_id(apis)
+    finally:
+        await founder.stop()
     active = await wait_for_one_active(apis)
     standby = "n2" if active == "n1" else "n1"
     await wait_for_leader_url(apis[standby], plan.url(active))
