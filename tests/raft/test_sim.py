@@ -174,6 +174,9 @@ def test_simulation_exercises_every_fault_and_feature(sim_pool: SimPool) -> None
         "partition_one_way",
         "partition_random_edges",
         "events_with_lease",
+        "stall_leader",
+        "stall_follower",
+        "crash_before_sync",
     ):
         assert total[key] > 0, f"the simulation never did {key}: {dict(total)}"
     assert leader_terms > 100
@@ -429,6 +432,17 @@ def _break_apply_order(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(RaftCore, "ready", ready)
 
 
+def _break_lease_clock(mp: pytest.MonkeyPatch) -> None:
+    """Judge the lease at the core's last tick instead of the time asked: a loop that
+    stalls keeps its lease for as long as it stalls."""
+
+    def lease_valid(self: RaftCore, now_ms: int) -> bool:
+        end = self._lease_end_ms()
+        return end is not None and self._now < end
+
+    mp.setattr(RaftCore, "lease_valid", lease_valid)
+
+
 def _break_heartbeat_match(mp: pytest.MonkeyPatch) -> None:
     """Heartbeat acks carry the follower's last index, and the leader advances the
     follower's match from it (a heartbeat checks no log, and its ack leaves early)."""
@@ -470,6 +484,7 @@ MUTATIONS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
     "leader_counts_unpersisted": (_break_own_persistence, "durable only on"),
     "follower_ignores_leader_window": (_break_leader_window, "outlives the vote refusal"),
     "restart_forgets_promised_window": (_break_restart_promise, "outlives the vote refusal"),
+    "lease_judged_at_last_tick": (_break_lease_clock, "stalled"),
     "early_append_acks": (break_early_append_acks, "durable only on"),
     "heartbeat_ack_moves_match": (_break_heartbeat_match, "durable only on|committed entry|log matching"),
     "early_ack_ignores_refusal_window": (break_early_refusal_check, "outlives the vote refusal"),
