@@ -165,10 +165,9 @@ def _promises(hs: HardState) -> tuple[int, str, int]:
     return hs.term, hs.vote, hs.vote_refusal_ms
 
 
-def _may_send_early(rd: Ready, role: Role, durable: HardState) -> bool:
+def _may_send_early(rd: Ready, durable: HardState) -> bool:
     """Whether any of `rd`'s messages may leave before it is persisted: only when it installs
-    no snapshot and changes none of the promises in the durable hard state. (`role` is
-    part of the rule's inputs: the simulator's mutations change the rule per role.)"""
+    no snapshot and changes none of the promises in the durable hard state."""
     hs = rd.hard_state
     return rd.snapshot is None and (hs is None or _promises(hs) == _promises(durable))
 
@@ -186,7 +185,7 @@ def split_early_messages(rd: Ready, role: Role, durable: HardState) -> tuple[lis
     Every other response (votes, append acks: they vouch for entries) waits for the fsync.
     The node loop and the deterministic simulator (tests/raft/sim.py) both use this rule.
     """
-    if not _may_send_early(rd, role, durable):
+    if not _may_send_early(rd, durable):
         return [], rd.messages
     kinds = _EARLY_FROM_LEADER if role == Role.LEADER else _EARLY_FROM_FOLLOWER
     early = [m for m in rd.messages if m.type in kinds]

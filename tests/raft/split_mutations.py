@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dex_ha.raft import node as raft_node
-from dex_ha.raft.types import HardState, MessageType, Ready, Role
+from dex_ha.raft.types import HardState, MessageType, Ready
 
 
 def break_early_append_acks(mp: pytest.MonkeyPatch) -> None:
@@ -23,10 +23,12 @@ def break_early_refusal_check(mp: pytest.MonkeyPatch) -> None:
 
 def break_follower_hard_state_check(mp: pytest.MonkeyPatch) -> None:
     """Followers send their heartbeat acks early even when the Ready changes the hard
-    state (a new term, a new window)."""
+    state (a new term, a new window). (A Ready with heartbeat acks is a follower's.)"""
     original = raft_node._may_send_early
 
-    def may_send_early(rd: Ready, role: Role, durable: HardState) -> bool:
-        return rd.snapshot is None if role != Role.LEADER else original(rd, role, durable)
+    def may_send_early(rd: Ready, durable: HardState) -> bool:
+        if any(m.type == MessageType.HEARTBEAT_RESP for m in rd.messages):
+            return rd.snapshot is None
+        return original(rd, durable)
 
     mp.setattr(raft_node, "_may_send_early", may_send_early)
