@@ -575,6 +575,8 @@ class Simulation:
             self._schedule(self.rng.uniform(0, latency), "crash_before_sync", node.id, node.incarnation)
 
     def _crash_after_early_prob(self, node: SimNode, rd: Ready) -> float:
+        # Compared here field by field, not with the node's own promise check: a mutation
+        # of that check must not also change where the simulation crashes nodes.
         hs, durable = rd.hard_state, node.disk.hs
         if hs is not None and (hs.term, hs.vote, hs.vote_refusal_ms) != (
             durable.term,
