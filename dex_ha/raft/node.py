@@ -77,6 +77,7 @@ from .types import (
     ConfState,
     Entry,
     EntryType,
+    HardState,
     Message,
     MessageType,
     Ready,
@@ -215,9 +216,43 @@ class NodeConfig:
             )
 
 
-# What may leave before its Ready is on disk (see RaftNode._split_messages).
+# What may leave before its Ready is on disk (see split_early_messages).
 _EARLY_FROM_LEADER = (MessageType.APP, MessageType.HEARTBEAT)
 _EARLY_FROM_FOLLOWER = (MessageType.HEARTBEAT_RESP,)
+
+
+def _promises(hs: HardState) -> tuple[int, str, int]:
+    """What a hard state promises other nodes: the term, the vote, the vote-refusal window."""
+    return hs.term, hs.vote, hs.vote_refusal_ms
+
+
+def _may_send_early(rd: Ready, durable: HardState) -> bool:
+    """Whether any of `rd`'s messages may leave before it is persisted: only when it installs
+    no snapshot and changes none of the promises in the durable hard state."""
+    hs = rd.hard_state
+    return rd.snapshot is None and (hs is None or _promises(hs) == _promises(durable))
+
+
+def split_early_messages(rd: Ready, role: Role, durable: HardState) -> tuple[list[Message], list[Message]]:
+    """The messages of `rd` that may go out before it is persisted, and the rest.
+
+    `role` is the node's role when it took `rd`; `durable` the last hard state it wrote.
+    Only when the Ready changes none of the promises in the hard state (term, vote, the
+    vote-refusal window), so that these messages depend on nothing not durable yet:
+    - a leader's appends and heartbeats (Raft thesis §10.2.1);
+    - a follower's heartbeat acks: an ack promises to refuse votes for the window, which
+      is already on disk, and vouches for no entry. A slow fsync of entries then does
+      not hold up the acks that keep the leader's lease.
+    Every other response (votes, append acks: they vouch for entries) waits for the fsync.
+    The node loop and the deterministic simulator (tests/raft/sim.py) both use this rule.
+    """
+    if not _may_send_early(rd, durable):
+        return [], rd.messages
+    kinds = _EARLY_FROM_LEADER if role == Role.LEADER else _EARLY_FROM_FOLLOWER
+    early = [m for m in rd.messages if m.type in kinds]
+    if not early:
+        return [], rd.messages
+    return early, [m for m in rd.messages if m.type not in kinds]
 
 
 @dataclass
@@ -300,6 +335,20 @@ class RaftView:
 
     def lease_remaining_ms(self) -> int:
         return 0 if self.lease_end_ms is None else max(0, self.lease_end_ms - now_ms())
+
+
+def view_of(core: RaftCore) -> RaftView:
+    """The view the node loop publishes of `core` (the simulator publishes the same)."""
+    voters = core.conf_state.voters
+    return RaftView(
+        term=core.term,
+        role=core.role,
+        leader_id=core.leader_id,
+        lease_end_ms=core.lease_end_ms(),
+        commit=core.commit_index,
+        voter=core.id in voters,
+        sole_voter=tuple(voters) == (core.id,),
+    )
 
 
 @dataclass(frozen=True)
@@ -399,8 +448,7 @@ class RaftNode:
         self._waiting_since_ms = now_ms()
         self.view = self._current_view()
         self.peer_progress: tuple[PeerProgress, ...] = ()  # only a leader knows it; see _current_peer_progress
-        hs = self.storage.hard_state
-        self._persisted_promises = (hs.term, hs.vote, hs.vote_refusal_ms)
+        self._durable_hs = self.storage.hard_state  # the last hard state written
         self.transport = RaftTransport(
             config.id,
             config.raft_listen,
@@ -772,28 +820,13 @@ class RaftNode:
         )
 
     def _current_view(self) -> RaftView:
-        core = self.core
-        voters = core.conf_state.voters
+        view = view_of(self.core)
         if self.disk_full is not None:
             # It cannot persist, so it leads nothing: no lease, and no leader it could name
             # as itself (clients are sent elsewhere or told no_space, never back here).
-            return RaftView(
-                term=core.term,
-                role=Role.FOLLOWER,
-                leader_id="" if core.leader_id == self.config.id else core.leader_id,
-                lease_end_ms=None,
-                commit=core.commit_index,
-                voter=self.config.id in voters,
-            )
-        return RaftView(
-            term=core.term,
-            role=core.role,
-            leader_id=core.leader_id,
-            lease_end_ms=core.lease_end_ms(),
-            commit=core.commit_index,
-            voter=self.config.id in voters,
-            sole_voter=tuple(voters) == (self.config.id,),
-        )
+            leader_id = "" if view.leader_id == self.config.id else view.leader_id
+            return replace(view, role=Role.FOLLOWER, leader_id=leader_id, lease_end_ms=None)
+        return view
 
     def _current_peer_progress(self) -> tuple[PeerProgress, ...]:
         """Each other member's match index and last contact, as the leader tracks them;
@@ -821,11 +854,11 @@ class RaftNode:
 
     def _handle_ready(self, rd: Ready) -> bool:
         """Persist, send, apply, advance. False when the disk is full: the Ready is held."""
-        early, late = self._split_messages(rd)
+        early, late = split_early_messages(rd, self.core.role, self._durable_hs)
         if early:
             # Raft thesis §10.2.1: a leader may replicate entries while it writes them to
             # its own disk; it counts itself toward commit only after advance(). A
-            # follower's heartbeat acks depend on nothing in this Ready (_split_messages).
+            # follower's heartbeat acks depend on nothing in this Ready (split_early_messages).
             # So these bytes go to the sockets before the fsync.
             for msg in early:
                 self._send(msg)
@@ -878,8 +911,7 @@ class RaftNode:
                 # leader's messages of this Ready are already on their way (`early`).
                 self.storage.sync()  # timed in _record_fsync
             if rd.hard_state is not None:
-                hs = rd.hard_state
-                self._persisted_promises = (hs.term, hs.vote, hs.vote_refusal_ms)
+                self._durable_hs = rd.hard_state
 
     # ------------------------------------------------------------------ full disk
 
@@ -943,28 +975,6 @@ class RaftNode:
         self.view = self._current_view()
         if self._on_leader_change is not None:
             self._on_leader_change(self.core.leader_id)  # the server follows the view again
-
-    def _split_messages(self, rd: Ready) -> tuple[list[Message], list[Message]]:
-        """Messages that may go out before this Ready is persisted, and the rest.
-
-        Only when this Ready changes none of the promises in the hard state (term, vote, the
-        vote-refusal window): these messages then depend on nothing that is not durable yet.
-        - A leader's appends and heartbeats (Raft thesis §10.2.1).
-        - A follower's heartbeat acks: an ack promises to refuse votes for the window, which
-          is already on disk, and vouches for no entry. A slow fsync of entries then does
-          not hold up the acks that keep the leader's lease.
-        Every other response (votes, append acks: they vouch for entries) waits for the fsync.
-        """
-        hs = rd.hard_state
-        if rd.snapshot is not None or (
-            hs is not None and (hs.term, hs.vote, hs.vote_refusal_ms) != self._persisted_promises
-        ):
-            return [], rd.messages
-        kinds = _EARLY_FROM_LEADER if self.core.role == Role.LEADER else _EARLY_FROM_FOLLOWER
-        early = [m for m in rd.messages if m.type in kinds]
-        if not early:
-            return [], rd.messages
-        return early, [m for m in rd.messages if m.type not in kinds]
 
     def _send(self, msg: Message) -> None:
         if msg.type == MessageType.SNAP:

@@ -94,6 +94,18 @@ class Api:
         return result
 
 
+def still_active(api: Api) -> LeaderTerm:
+    """Check again, just before answering from this node's state after a wait (a long
+    poll, a copy on a thread, an SSE stream's wait), that this node is still the active
+    node. The pipeline checks when the request comes in; a lease that lapsed meanwhile
+    (the Raft loop stalled, the network cut this node off) means another node may serve
+    newer state by now. Raises NotServing: 503 not_active, as the entry check does.
+
+    Answers that rest on a commit (a proposal's result) need no second check: the commit
+    itself proves the leadership."""
+    return api.node.serving()
+
+
 def _value(result: ApplyResult) -> dict[str, Any]:
     """What an accepted command returned; every command a handler proposes returns a value."""
     if result.value is None:
@@ -517,11 +529,13 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
         await response.write(b": stream of session events\n\n")
         while True:
             wake.clear()
+            try:
+                still_active(api)  # the stream has begun: it ends instead of a 503
+            except NotServing:
+                break
             after = await _write_committed_events(api, response, session_id, after)
             while not deltas.empty():
                 await response.write(_sse(None, "delta", deltas.get_nowait()))
-            if not api.node.is_serving():
-                break
             try:
                 async with asyncio.timeout(SSE_KEEPALIVE_S):  # not wait_for: see dex_ha.server.leader
                     await wake.wait()
@@ -574,6 +588,8 @@ async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> A
     )
     if tasks:
         api.node.failpoints.hit("server.handout.after-commit")
+    if not tasks:
+        still_active(api)  # "no work" is this node's state; hand-outs rest on their commit
     return 200, {"tasks": tasks}
 
 
@@ -704,6 +720,7 @@ async def backup(api: Api, args: dict[str, Any], request: web.Request) -> Answer
         header, payload = await take_backup(api.node)
     except BackupNotPossible as exc:
         raise ApiError(409, "conflict", str(exc)) from None
+    still_active(api)
     parts = list(backup_bytes(header, payload))
     response = web.StreamResponse(
         headers={

@@ -229,13 +229,6 @@ class NodeServer:
             raise NotServing("this node is not the active node")
         return leader
 
-    def is_serving(self) -> bool:
-        try:
-            self.serving()
-            return True
-        except NotServing:
-            return False
-
     def is_ready(self) -> bool:
         """`/readyz`: leader, lease valid, takeover done, not draining."""
         try:

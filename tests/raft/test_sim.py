@@ -24,18 +24,27 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from dex_ha.raft import core as raft_core
 from dex_ha.raft.core import RaftCore
+from dex_ha.raft.types import Entry
 
 from .sim import REPLAY, Checker, SimFailure, Simulation, run_seed
+from .split_mutations import break_early_append_acks, break_early_refusal_check, break_follower_hard_state_check
 
 LONG = os.environ.get("DEX_HA_LONG", "") not in ("", "0")
 N_SEEDS = int(os.environ.get("DEX_HA_SIM_SEEDS", "5000" if LONG else "256"))
 MIXED_TIMEOUT_FAMILY = 128  # seed bit 7: per-node timeouts and a rolling change (sim.py)
+# Seeds beyond the default range that once failed, run by default too. 1010: a vote for
+# term 2 arrived late, after term 3 had committed entries 28-40; the term-2 leader lacked
+# them, which the completeness check took for a safety failure (it is not: see
+# test_leader_completeness_covers_earlier_terms_only). 679: a rolling restart that went on
+# after the heal restarted the leader the liveness phase had just proposed to.
+REGRESSION_SEEDS = (679, 1010)
 
 
 def _family_seeds(first: int, n: int) -> list[int]:
@@ -121,7 +130,7 @@ def sim_pool(request: pytest.FixtureRequest) -> Iterator[SimPool]:
         pool.shutdown()
 
 
-@pytest.mark.parametrize("seed", range(N_SEEDS))
+@pytest.mark.parametrize("seed", [*range(N_SEEDS), *(s for s in REGRESSION_SEEDS if s >= N_SEEDS)])
 def test_seed(seed: int, sim_pool: SimPool) -> None:
     sim_pool.seed(seed)
 
@@ -166,6 +175,9 @@ def test_simulation_exercises_every_fault_and_feature(sim_pool: SimPool) -> None
         "partition_one_way",
         "partition_random_edges",
         "events_with_lease",
+        "stall_leader",
+        "stall_follower",
+        "crash_before_sync",
     ):
         assert total[key] > 0, f"the simulation never did {key}: {dict(total)}"
     assert leader_terms > 100
@@ -187,6 +199,25 @@ def test_seed_253_leases_no_longer_overlap(monkeypatch: pytest.MonkeyPatch) -> N
     ("two valid leases at once"), the ahead-of-time quorum check switched off."""
     monkeypatch.setattr(Simulation, "_check_lease_quorum", lambda self, leader: None)
     run_seed(253)
+
+
+def test_leader_completeness_covers_earlier_terms_only() -> None:
+    """A leader of term T must hold what was committed in terms before T, and may lack
+    what a later term committed (a late vote elected it after the others moved on)."""
+    failures: list[str] = []
+    check = Checker({}, failures.append)
+    entries = {i: Entry(index=i, term=1 if i <= 2 else 3, data=b"%d" % i) for i in range(1, 5)}
+    for i, e in entries.items():
+        check.record_committed("n2", e, term=1 if i <= 2 else 3)  # 1-2 committed in term 1, 3-4 in term 3
+    log = [entries[1], entries[2]]
+    core = SimpleNamespace(term=2, first_index=1, last_index=2, entry=lambda i: log[i - 1] if i <= len(log) else None)
+    leader = SimpleNamespace(id="n1", core=core, completeness_checked_term=-1)
+    check._check_leader(leader)  # type: ignore[arg-type]
+    assert failures == []
+    log.pop()  # now it lacks entry 2, committed in term 1
+    core.last_index, leader.completeness_checked_term = 1, -1
+    check._check_leader(leader)  # type: ignore[arg-type]
+    assert failures[0] == "leader n1 (term 2) lacks 2, committed before its term"
 
 
 def test_failure_message_names_the_command_to_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -344,8 +375,8 @@ def _break_vote_sync(mp: pytest.MonkeyPatch) -> None:
     """Do not fsync a changed term/vote."""
     original = RaftCore.ready
 
-    def ready(self: RaftCore) -> raft_core.Ready:
-        rd = original(self)
+    def ready(self: RaftCore, max_committed_entries: int = 0) -> raft_core.Ready:
+        rd = original(self, max_committed_entries)
         if not rd.entries and rd.snapshot is None:
             rd.must_sync = False
         return rd
@@ -391,8 +422,8 @@ def _break_apply_order(mp: pytest.MonkeyPatch) -> None:
     original = RaftCore.ready
     calls = Counter[str]()
 
-    def ready(self: RaftCore) -> raft_core.Ready:
-        rd = original(self)
+    def ready(self: RaftCore, max_committed_entries: int = 0) -> raft_core.Ready:
+        rd = original(self, max_committed_entries)
         if len(rd.committed_entries) > 1:
             calls["n"] += 1
             if calls["n"] % 2:
@@ -402,11 +433,44 @@ def _break_apply_order(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(RaftCore, "ready", ready)
 
 
+def _break_lease_clock(mp: pytest.MonkeyPatch) -> None:
+    """Judge the lease at the core's last tick instead of the time asked: a loop that
+    stalls keeps its lease for as long as it stalls."""
+
+    def lease_valid(self: RaftCore, now_ms: int) -> bool:
+        end = self._lease_end_ms()
+        return end is not None and self._now < end
+
+    mp.setattr(RaftCore, "lease_valid", lease_valid)
+
+
+def _break_heartbeat_match(mp: pytest.MonkeyPatch) -> None:
+    """Heartbeat acks carry the follower's last index, and the leader advances the
+    follower's match from it (a heartbeat checks no log, and its ack leaves early)."""
+
+    def heartbeat(self: RaftCore, m: raft_core.Message) -> None:
+        self._leader = m.frm
+        self._heard_from_leader(m)
+        self._log.commit_to(min(m.commit, self._log.last_index))
+        self._send(raft_core.MessageType.HEARTBEAT_RESP, m.frm, context=m.context, index=self._log.last_index)
+
+    original = RaftCore._handle_heartbeat_response
+
+    def heartbeat_response(self: RaftCore, m: raft_core.Message, pr: raft_core.Progress) -> None:
+        if m.index <= self._log.last_index and pr.maybe_update(m.index) and self._maybe_commit():
+            if self._role == raft_core.Role.LEADER:
+                self._commit_pending = True
+        original(self, m, pr)
+
+    mp.setattr(RaftCore, "_handle_heartbeat", heartbeat)
+    mp.setattr(RaftCore, "_handle_heartbeat_response", heartbeat_response)
+
+
 MUTATIONS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
     # name: (how to break the core, what the failure message must say; "a|b" = either).
     # Run on seeds 0..79; those in MIXED_TIMEOUT_MUTATIONS on the mixed-timeout family.
     "no_lease_margin": (_break_lease_margin, "outlives the vote refusal"),
-    "no_vote_refusal": (_break_vote_refusal, "lease"),
+    "no_vote_refusal": (_break_vote_refusal, "lease|promised to refuse"),
     "no_restart_guard": (_break_restart_guard, "outlives the vote refusal"),
     "heard_at_previous_tick": (_break_heard_timestamp, "outlives the vote refusal"),
     "lease_from_ack_arrival": (_break_lease_start, "outlives the vote refusal"),
@@ -421,11 +485,24 @@ MUTATIONS: dict[str, tuple[Callable[[pytest.MonkeyPatch], None], str]] = {
     "leader_counts_unpersisted": (_break_own_persistence, "durable only on"),
     "follower_ignores_leader_window": (_break_leader_window, "outlives the vote refusal"),
     "restart_forgets_promised_window": (_break_restart_promise, "outlives the vote refusal"),
+    "lease_judged_at_last_tick": (_break_lease_clock, "stalled"),
+    "early_append_acks": (break_early_append_acks, "durable only on"),
+    "heartbeat_ack_moves_match": (_break_heartbeat_match, "durable only on|committed entry|log matching"),
+    "early_ack_ignores_refusal_window": (break_early_refusal_check, "outlives the vote refusal"),
+    "follower_early_ack_skips_hard_state_check": (
+        break_follower_hard_state_check,
+        "restarted|outlives the vote refusal",
+    ),
 }
 # Bugs that only show when timeouts differ between nodes: run them on bit-7 seeds.
 # (That the promise is synced before the acknowledgement goes out is a test_core test:
 # in the simulation the window almost always changes in a Ready synced for other reasons.)
-MIXED_TIMEOUT_MUTATIONS = {"follower_ignores_leader_window", "restart_forgets_promised_window"}
+# (A window that differs from the node's own timeout is what makes a lost promise show.)
+MIXED_TIMEOUT_MUTATIONS = {
+    "follower_ignores_leader_window",
+    "restart_forgets_promised_window",
+    "early_ack_ignores_refusal_window",
+}
 
 
 def mutation_outcome(name: str) -> str | None:

@@ -6,6 +6,8 @@ and a planned step down moves the active role to the other node.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -126,3 +128,30 @@ async def test_two_of_three_nodes_elect_one_active_node_and_the_other_points_to_
     assert_not_active(await apis[active].get("/v1/sessions/s1"), "get_session", leader_url=plan.url(standby))
     # The session committed on the old active node is there on the new one.
     assert expect(await apis[standby].get("/v1/sessions/s1"), 200)["agent"] == "helper"
+
+
+def stall_raft_loop(node: NodeServer, seconds: float) -> None:
+    """A test double for a Raft loop that stops (a starved or blocked thread): block the
+    node's Raft thread. Its published view, and so its lease end, stays as it was."""
+    loop = node.raft._thread.loop
+    assert loop is not None
+    loop.call_soon_threadsafe(time.sleep, seconds)
+
+
+@covers("worker_poll")
+async def test_a_long_poll_whose_lease_lapses_meanwhile_answers_not_active(nodes, http, plan: ClusterPlan):
+    """The lease is checked when the poll comes in and again before it answers from this
+    node's state: the active node's Raft loop stalls while the poll waits, the lease
+    lapses, and the answer is 503 not_active rather than "no work" from a node that may
+    no longer lead."""
+    servers = {nid: await nodes(plan.config(nid), wait_ready=False) for nid in ("n1", "n2")}
+    apis = {nid: http(server) for nid, server in servers.items()}
+    active = servers[await wait_for_one_active(apis)]
+    poll = asyncio.create_task(
+        http(active).post("/v1/worker/poll", {"worker_id": "w", "agents": ["helper"], "wait_ms": 1500}, role="worker")
+    )
+    await eventually(
+        lambda: active.leader is not None and active.leader.waiting_polls() == 1, what="the poll to wait for work"
+    )
+    stall_raft_loop(active, seconds=3.0)  # longer than the poll's wait: no new term starts meanwhile
+    assert_not_active(await poll, "worker_poll", leader_url=None)
