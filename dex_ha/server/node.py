@@ -229,6 +229,14 @@ class NodeServer:
             raise NotServing("this node is not the active node")
         return leader
 
+    def is_serving(self) -> bool:
+        """Whether this node is the active node now (the consistency check asks each round)."""
+        try:
+            self.serving()
+            return True
+        except NotServing:
+            return False
+
     def is_ready(self) -> bool:
         """`/readyz`: leader, lease valid, takeover done, not draining."""
         try:
