@@ -1320,7 +1320,7 @@ class RaftNode:
 
     def _refuse_other_cluster(self, peer: str, theirs: str) -> None:
         line = mismatch_line(self.config.id, self.identity_file.cluster_id, peer, theirs)
-        allowed, unlogged = self._mismatch_log.take(time.monotonic())
+        allowed, unlogged = self._mismatch_log.take(now_ms() / 1000)
         if allowed:
             log.error("%s%s", line, f" ({unlogged} more refusals not logged)" if unlogged else "")
         self._other_clusters[peer] = theirs

@@ -83,12 +83,21 @@ async def wait_for_one_active(apis: dict[str, HttpApi]) -> str:
     return await eventually(the_ready_node, deadline_s=ELECTION_DEADLINE_S, what="one node to become active")
 
 
-async def wait_for_cluster_id(apis: dict[str, HttpApi]) -> None:
-    async def founded() -> bool:
-        views = [expect(await api.get("/v1/cluster", role="client"), 200) for api in apis.values()]
-        return all(view.get("cluster_id") for view in views)
-
-    await eventually(founded, deadline_s=ELECTION_DEADLINE_S, what="the cluster to be founded")
+async def two_of_three(nodes, plan: ClusterPlan) -> dict[str, NodeServer]:
+    """n1 and n2 of a three-node cluster, running; n3 stopped. A new cluster is founded by
+    all its declared voters, so n3 runs until the cluster has its id; then two of three
+    are a quorum."""
+    servers = {nid: await nodes(plan.config(nid), wait_ready=False) for nid in ("n1", "n2")}
+    founder = await start_node(plan.config("n3"), wait_ready=False)
+    try:
+        await eventually(
+            lambda: all(server.raft.node.cluster_id for server in servers.values()),
+            deadline_s=ELECTION_DEADLINE_S,
+            what="the cluster to be founded",
+        )
+    finally:
+        await founder.stop()
+    return servers
 
 
 async def wait_for_leader_url(api: HttpApi, url: str) -> None:
@@ -100,13 +109,8 @@ async def wait_for_leader_url(api: HttpApi, url: str) -> None:
 
 @covers("step_down", "create_session")
 async def test_two_of_three_nodes_elect_one_active_node_and_the_other_points_to_it(nodes, http, plan: ClusterPlan):
-    # A new cluster is founded by all its declared voters; then two of three are a quorum.
-    apis = {nid: http(await nodes(plan.config(nid), wait_ready=False)) for nid in ("n1", "n2")}
-    founder = await start_node(plan.config("n3"), wait_ready=False)
-    try:
-        await wait_for_cluster_id(apis)
-    finally:
-        await founder.stop()
+    servers = await two_of_three(nodes, plan)
+    apis = {nid: http(server) for nid, server in servers.items()}
     active = await wait_for_one_active(apis)
     standby = "n2" if active == "n1" else "n1"
     await wait_for_leader_url(apis[standby], plan.url(active))
@@ -144,7 +148,7 @@ async def test_a_long_poll_whose_lease_lapses_meanwhile_answers_not_active(nodes
     node's state: the active node's Raft loop stalls while the poll waits, the lease
     lapses, and the answer is 503 not_active rather than "no work" from a node that may
     no longer lead."""
-    servers = {nid: await nodes(plan.config(nid), wait_ready=False) for nid in ("n1", "n2")}
+    servers = await two_of_three(nodes, plan)
     apis = {nid: http(server) for nid, server in servers.items()}
     active = servers[await wait_for_one_active(apis)]
     poll = asyncio.create_task(
