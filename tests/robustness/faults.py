@@ -52,7 +52,8 @@ LEDGER_POLL_S = 0.02
 FULL_DISK_S = (0.5, 6.0)  # how long a disk stays full
 # Each node's data directory has a tmpfs of its own: a 60 s run writes under 10 MB there
 # (Raft log, state.db and its WAL); the rest is room, and the ballast of full_disk.
-DISK_BYTES = 64 << 20
+MB = 1 << 20
+DISK_BYTES = 64 * MB
 BALLAST = "robustness-ballast"
 
 
@@ -243,7 +244,8 @@ async def full_disk(env: FaultEnv, rng: random.Random) -> str:
         await asyncio.sleep(hold_s)
     finally:
         ballast.unlink(missing_ok=True)
-    return f"filled the disk of {label} ({used >> 20} MB of data, {filled >> 20} MB of ballast) for {hold_s:.1f} s"
+    sizes = f"{used / MB:.1f} MB of data, {filled / MB:.1f} MB of ballast"
+    return f"filled the disk of {label} ({sizes}) for {hold_s:.1f} s"
 
 
 FAULTS: dict[str, Fault] = {
