@@ -1,17 +1,23 @@
 """The pieces of the clock_step and full_disk faults that can be wrong without a cluster:
 finding a single-attempt write that runs now in the ledger, and a small disk that fills,
-frees, and unmounts with its files kept."""
+frees, and unmounts with its files kept; and a kind this machine cannot inject, skipped
+with the reason."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from harness import small_disk
 from tests.crash.ledger import Run
+from tests.robustness import faults
+from tests.robustness.checker import Evidence, check_all
 from tests.robustness.faults import running_single_attempt_write
+from tests.robustness.run import RunResult
+from tests.robustness.workload import Acknowledged
 
 NOW = 1_000.0
 
@@ -53,3 +59,40 @@ def test_a_small_disk_fills_frees_and_unmounts_with_its_files_kept(disk: Path) -
     assert not disk.is_mount()
     assert (disk / "state.db").read_bytes() == b"x" * 1000
     assert not (disk / "ballast").exists()
+
+
+class FakeCluster:
+    """The parts of a ProxiedCluster that give_clocks and small_disks use."""
+
+    def __init__(self, directory: Path) -> None:
+        self.node_ids = ["n1", "n2"]
+        self.node_env: dict[str, dict[str, str]] = {}
+        self.directory = directory
+
+    @property
+    def plan(self) -> FakeCluster:
+        return self
+
+    def node(self, node_id: str) -> SimpleNamespace:
+        return SimpleNamespace(data_dir=self.directory / node_id)
+
+
+def test_a_kind_this_machine_cannot_inject_is_skipped_with_the_reason(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(faults.wall_clock, "unavailable_reason", lambda: "no libfaketime here")
+    monkeypatch.setattr(faults, "mount_tmpfs", lambda path, size: "cannot mount a tmpfs here: permission denied")
+    env = faults.FaultEnv(FakeCluster(tmp_path), [])  # type: ignore[arg-type]
+    faults.give_clocks(env, tmp_path)
+    with faults.small_disks(env):
+        assert env.skipped == {
+            "clock_step": "no libfaketime here",
+            "full_disk": "cannot mount a tmpfs here: permission denied",
+        }
+        assert env.clocks == {} and env.disks == {} and env.cluster.node_env == {}
+
+
+def test_the_report_says_why_a_kind_was_skipped(tmp_path: Path) -> None:
+    evidence = Evidence(Acknowledged(), {}, [], [], {})
+    skipped = {"clock_step": "no libfaketime here"}
+    result = RunResult(1, 60.0, 70.0, tmp_path, [], skipped, [], evidence, check_all(evidence))
+    assert "clock_step" in result.table() and "(skipped: no libfaketime here)" in result.table()
+    assert result.as_json()["faults_skipped"] == skipped
