@@ -57,6 +57,7 @@ class ProxiedCluster(LocalCluster):
         self.layout = {"layout": self.plan.layout(), "tokens": dict(self.plan.tokens)}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.started_pids: list[int] = []  # every node process ever started, restarts included
+        self.node_env: dict[str, dict[str, str]] = {}  # extra environment of a node's process, e.g. its clock
 
     @property
     def node_ids(self) -> list[str]:
@@ -96,7 +97,7 @@ class ProxiedCluster(LocalCluster):
         old = self.procs.get(node_id)
         if old is not None:
             old.wait(timeout=10)  # reaped (TimeoutExpired if it still runs): one process per data directory
-        self.procs[node_id] = start_node(self.plan.node(node_id))
+        self.procs[node_id] = start_node(self.plan.node(node_id), self.node_env.get(node_id))
         self.started_pids.append(self.procs[node_id].pid)
         write_pids(self.dir, {nid: p.pid for nid, p in self.procs.items()})
 

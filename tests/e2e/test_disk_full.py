@@ -10,8 +10,6 @@ and writes again by itself once the ballast is deleted, with nothing acknowledge
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import aiohttp
 import pytest
 
 from harness.dev_process import DevProcess
+from harness.small_disk import fill, mount_tmpfs, unmount
 
 TMPFS_BYTES = 8 << 20
 DEADLINE_S = 20.0
@@ -29,37 +28,13 @@ DEADLINE_S = 20.0
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """An 8 MB tmpfs at tmp_path/disk, unmounted afterwards."""
     mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    reason = mount_tmpfs(mount_point, TMPFS_BYTES)
+    if reason is not None:
+        pytest.skip(reason)
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def fill(path: Path) -> None:
-    """Write zeros into `path` until the file system has no space left."""
-    chunk = bytes(64 << 10)
-    with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(chunk)
-        except OSError:
-            pass
-    with open(path, "ab", buffering=0) as f:  # the last pages, byte by byte
-        try:
-            while True:
-                f.write(b"\0" * 512)
-        except OSError:
-            pass
+        unmount(mount_point)
 
 
 async def create(session: aiohttp.ClientSession, url: str, session_id: str) -> tuple[int, dict]:

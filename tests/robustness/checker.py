@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from harness.readiness_record import ProbeRow, overlapping_rounds
 from tests.crash.agents import ROBUSTNESS_STEPS
 from tests.crash.ledger import Run
@@ -27,13 +28,19 @@ STALE_READ = "read missed an acknowledged write"
 RAN_TWICE = "single-attempt tool run twice"
 CALL_OUTCOME = "tool call outcome"
 REPLICAS = "replicas differ"
+DENIAL = "denied call ran or not recorded denied"
+DEADLINE = "outcome decided by a far deadline"
 TWO_READY = "two nodes ready at once"
 UNSETTLED = "session not settled"
-INVARIANTS = (LOST, STALE_READ, RAN_TWICE, CALL_OUTCOME, REPLICAS, TWO_READY, UNSETTLED)
+INVARIANTS = (LOST, STALE_READ, RAN_TWICE, CALL_OUTCOME, DENIAL, DEADLINE, REPLICAS, TWO_READY, UNSETTLED)
 
 SINGLE_ATTEMPT_TOOLS = frozenset(tool for tool, effect in ROBUSTNESS_STEPS.values() if effect == "write")
 TIMER_TOOL = "sleep"  # the server's built-in timer: no Worker runs it, so no ledger row
 SETTLED_TURNS = ("completed", "failed")
+DENIED_ERROR = f"{TOOL_CALL_NOT_RUN_ERROR_PREFIX}: the user denied the tool call"
+# Every step's start_to_close timeout is minutes long (dex_ha/engine/kinds.py); no run of the
+# suite comes near one, so an outcome it decides was judged by a wall clock that jumped.
+FAR_DEADLINE_ERROR = "start_to_close"
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,7 @@ class Evidence:
 
 
 def check_acknowledged(acked: Acknowledged, snapshots: dict[str, dict[str, Any] | None]) -> list[str]:
-    """Every acknowledged session, message and approval is in the final snapshots."""
+    """Every acknowledged session, message, approval and denial is in the final snapshots."""
     lost = []
     for session_id in acked.sessions:
         snapshot = snapshots.get(session_id)
@@ -61,8 +68,9 @@ def check_acknowledged(acked: Acknowledged, snapshots: dict[str, dict[str, Any] 
         ]
         pending = pending_approvals_in(snapshot)
         lost += [
-            f"approval of {session_id}:{c} was acknowledged, and the call still waits for approval"
-            for c in acked.approvals[session_id]
+            f"{decision} of {session_id}:{c} was acknowledged, and the call still waits for approval"
+            for decision, calls in (("approval", acked.approvals), ("denial", acked.denials))
+            for c in calls[session_id]
             if c in pending
         ]
     return lost
@@ -123,6 +131,44 @@ def check_calls(snapshots: dict[str, dict[str, Any] | None], runs: list[Run]) ->
     return problems
 
 
+def check_denials(acked: Acknowledged, snapshots: dict[str, dict[str, Any] | None], runs: list[Run]) -> list[str]:
+    """A denied call records failed with the not-run prefix and its tool never ran (the
+    ledger has no run); an approved call is never recorded as denied."""
+    started = Counter(run.call_id for run in runs if run.moment == "started")
+    problems = []
+    for session_id in acked.sessions:
+        calls = {call["call_id"]: call for call in (snapshots.get(session_id) or {}).get("tool_calls", [])}
+        for call_id in acked.denials[session_id]:
+            identity = f"{session_id}:{call_id}"
+            call = calls.get(call_id)
+            if call is None:
+                problems.append(f"{identity}: denied, and the session has no such call")
+                continue
+            if call["status"] != "failed" or not (call.get("error") or "").startswith(DENIED_ERROR):
+                problems.append(f"{identity}: denied, and recorded {call['status']}: {call.get('error')!r}")
+            if started[identity]:
+                problems.append(f"{identity}: denied, and the ledger has {started[identity]} run(s) of its tool")
+        for call_id in acked.approvals[session_id]:
+            error = (calls.get(call_id) or {}).get("error") or ""
+            if error.startswith(DENIED_ERROR):
+                problems.append(f"{session_id}:{call_id}: approved, and recorded as denied: {error!r}")
+    return problems
+
+
+def check_far_deadlines(snapshots: dict[str, dict[str, Any] | None]) -> list[str]:
+    """No call and no turn ended by a start_to_close timeout: they are minutes long, and no
+    run comes near one, so such an end means a wall-clock step decided an outcome."""
+    problems = []
+    for session_id, snapshot in snapshots.items():
+        for call in (snapshot or {}).get("tool_calls", []):
+            if FAR_DEADLINE_ERROR in (call.get("error") or ""):
+                problems.append(f"{session_id}:{call['call_id']}: ended {call['status']}: {call['error']!r}")
+        for turn in (snapshot or {}).get("turns", []):
+            if FAR_DEADLINE_ERROR in (turn.get("error") or ""):
+                problems.append(f"{session_id}: turn {turn['number']} ended {turn['status']}: {turn['error']!r}")
+    return problems
+
+
 def check_readiness(rows: Iterable[ProbeRow]) -> list[str]:
     """Never two nodes answering /readyz 200 in one round of the record."""
     return [f"round {r}: {' and '.join(nodes)} answered /readyz 200" for r, nodes in overlapping_rounds(rows)]
@@ -155,6 +201,8 @@ def check_all(evidence: Evidence) -> dict[str, list[str]]:
         STALE_READ: check_reads(evidence.acked.reads),
         RAN_TWICE: check_single_attempt(evidence.tool_runs),
         CALL_OUTCOME: check_calls(evidence.snapshots, evidence.tool_runs),
+        DENIAL: check_denials(evidence.acked, evidence.snapshots, evidence.tool_runs),
+        DEADLINE: check_far_deadlines(evidence.snapshots),
         REPLICAS: dumps_differ(evidence.dumps),
         TWO_READY: check_readiness(evidence.readiness),
         UNSETTLED: check_settled(evidence.snapshots),
@@ -168,6 +216,7 @@ def operations_checked(evidence: Evidence) -> Counter[str]:
     ops["sessions acknowledged"] = len(acked.sessions)
     ops["messages acknowledged"] = sum(len(m) for m in acked.messages.values())
     ops["approvals acknowledged"] = sum(len(a) for a in acked.approvals.values())
+    ops["denials acknowledged"] = sum(len(d) for d in acked.denials.values())
     ops["snapshot reads"] = len(acked.reads)
     for snapshot in evidence.snapshots.values():
         for call in (snapshot or {}).get("tool_calls", []):

@@ -10,7 +10,9 @@ a dead node or Worker).
 Adding a fault kind: write such a function and put it in FAULTS under its kind (and give
 it a weight in WEIGHTS). The kinds the product cannot take yet are named in
 ADDED_WHEN_AVAILABLE, with what each one needs; they are never injected, and a run's
-report lists them as not covered.
+report lists them as not covered. A kind this machine cannot inject (no libfaketime for
+`clock_step`, no tmpfs mount for `full_disk`) is put in `FaultEnv.skipped` with the reason,
+never drawn, and the report says why.
 """
 
 from __future__ import annotations
@@ -18,16 +20,24 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dex_ha.cli.cluster import stop_processes
 from dex_ha.server.config import ServerConfig
+from harness import wall_clock
 from harness.processes import pid_alive
 from harness.proxied_cluster import ProxiedCluster
+from harness.small_disk import fill, mount_tmpfs, unmount, unmount_keeping_files
+from tests.crash.agents import SOAK_TOOL_S
 from tests.crash.harness import WorkerProcess
+from tests.crash.ledger import Ledger, Run
+from tests.robustness.checker import SINGLE_ATTEMPT_TOOLS
 
 ELECTION_TIMEOUT_MAX_S = ServerConfig.election_timeout_max_ms / 1000
 PAUSE_BETWEEN_FAULTS_S = (0.5, 2.5)
@@ -36,6 +46,15 @@ DOWN_S = (0.0, 3.0)  # how long a killed node or Worker stays down
 LINK_DELAY_S = (0.02, 0.4)
 ACTIVE_DEADLINE_S = 20.0  # the leader faults wait this long for an active node to aim at
 GRACEFUL_STOP_S = 15.0
+CLOCK_STEP_S = (60, 3600)  # how far a wall clock is stepped, either way
+RUNNING_WRITE_WAIT_S = 10.0  # a clock step meant for a running single-attempt write waits this long for one
+LEDGER_POLL_S = 0.02
+FULL_DISK_S = (0.5, 6.0)  # how long a disk stays full
+# Each node's data directory has a tmpfs of its own: a 60 s run writes under 10 MB there
+# (Raft log, state.db and its WAL); the rest is room, and the ballast of full_disk.
+MB = 1 << 20
+DISK_BYTES = 64 * MB
+BALLAST = "robustness-ballast"
 
 
 @dataclass
@@ -44,6 +63,10 @@ class FaultEnv:
 
     cluster: ProxiedCluster
     workers: list[WorkerProcess]
+    ledger: Ledger | None = None  # the Workers' tool ledger: what runs now
+    clocks: dict[str, wall_clock.SteppableWallClock] = field(default_factory=dict)  # node -> its wall clock
+    disks: dict[str, Path] = field(default_factory=dict)  # node -> its data directory, a tmpfs of its own
+    skipped: dict[str, str] = field(default_factory=dict)  # kind -> why this machine cannot inject it
     stopped: set[str] = field(default_factory=set)  # nodes under SIGSTOP right now
     exits: list[str] = field(default_factory=list)  # nodes that had exited by themselves when healed
 
@@ -60,6 +83,32 @@ class FaultEnv:
         `any_node`), and how the fault's line names it."""
         active = await self.active() if aim_at_active else None
         return (active, f"{active} (active)") if active else (any_node, any_node)
+
+    async def running_write(self, deadline_s: float) -> str | None:
+        """A single-attempt write whose tool runs now (by the ledger), waiting up to
+        `deadline_s` for one; None when none ran."""
+        ends = time.monotonic() + deadline_s
+        while self.ledger is not None and time.monotonic() < ends:
+            call = running_single_attempt_write(self.ledger.runs("tool"), time.time())
+            if call is not None:
+                return call
+            await asyncio.sleep(LEDGER_POLL_S)
+        return None
+
+
+def running_single_attempt_write(runs: list[Run], now: float) -> str | None:
+    """The call of the latest single-attempt write started and not finished, if it started
+    lately enough to be running still (a killed Worker's run never finishes)."""
+    finished = {run.call_id for run in runs if run.moment == "finished"}
+    running = [
+        run.call_id
+        for run in runs
+        if run.moment == "started"
+        and run.name in SINGLE_ATTEMPT_TOOLS
+        and run.call_id not in finished
+        and now - run.at < SOAK_TOOL_S[1]
+    ]
+    return running[-1] if running else None
 
 
 Fault = Callable[[FaultEnv, random.Random], Awaitable[str]]
@@ -152,6 +201,53 @@ async def restart_all(env: FaultEnv, rng: random.Random) -> str:
     return f"restart of every node ({'SIGTERM' if graceful else 'SIGKILL'}), started in the order {' '.join(order)}"
 
 
+async def clock_step(env: FaultEnv, rng: random.Random) -> str:
+    """Step one node's wall clock (most often the active node's) by minutes to an hour, either
+    way, and back again after a while: two steps, as an NTP step and its correction. Half the
+    time it waits for a single-attempt write to be running, so the steps land while one runs
+    (its heartbeats and its result then reach a stepped node). Only the wall clock moves:
+    a node's monotonic clock stays real (harness/wall_clock.py)."""
+    aim_at_active = rng.random() < 0.75
+    any_node = rng.choice(env.cluster.node_ids)
+    during_write = rng.random() < 0.5
+    step_s = rng.choice((-1, 1)) * rng.randint(*CLOCK_STEP_S)
+    hold_s = rng.uniform(*HOLD_S)
+    node, label = await env.target(aim_at_active, any_node)
+    write = await env.running_write(RUNNING_WRITE_WAIT_S) if during_write else None
+    clock = env.clocks[node]
+    clock.step(step_s)
+    try:
+        await asyncio.sleep(hold_s)
+    finally:
+        clock.step(-step_s)
+    minutes, seconds = divmod(abs(step_s), 60)
+    what = f"stepped the wall clock of {label} by {'+' if step_s > 0 else '-'}{minutes} min {seconds} s"
+    ran = f", while the single-attempt write {write} ran" if write else ""
+    return f"{what} for {hold_s:.1f} s, then back{ran}"
+
+
+async def full_disk(env: FaultEnv, rng: random.Random) -> str:
+    """Fill one node's disk (its data directory's tmpfs) with a ballast file, hold it full
+    for a while, then delete the ballast: the node raises its no_space alarm, steps down if
+    it was active, and resumes by itself."""
+    aim_at_active = rng.random() < 0.5
+    any_node = rng.choice(env.cluster.node_ids)
+    hold_s = rng.uniform(*FULL_DISK_S)
+    node, label = await env.target(aim_at_active, any_node)
+    disk = env.disks[node]
+    used = shutil.disk_usage(disk).used
+    if used > DISK_BYTES // 2:  # the workload's own data would soon fill the disk, ballast or not
+        raise AssertionError(f"the data of {node} takes {used} of {DISK_BYTES} bytes: make DISK_BYTES larger")
+    ballast = disk / BALLAST
+    filled = await asyncio.to_thread(fill, ballast)
+    try:
+        await asyncio.sleep(hold_s)
+    finally:
+        ballast.unlink(missing_ok=True)
+    sizes = f"{used / MB:.1f} MB of data, {filled / MB:.1f} MB of ballast"
+    return f"filled the disk of {label} ({sizes}) for {hold_s:.1f} s"
+
+
 FAULTS: dict[str, Fault] = {
     "kill_node": kill_node,
     "kill_worker": kill_worker,
@@ -159,15 +255,58 @@ FAULTS: dict[str, Fault] = {
     "partition": partition,
     "delay": delay,
     "restart_all": restart_all,
+    "clock_step": clock_step,
+    "full_disk": full_disk,
 }
-WEIGHTS = {"kill_node": 3, "kill_worker": 2, "pause_leader": 2, "partition": 3, "delay": 2, "restart_all": 1}
+WEIGHTS = {
+    "kill_node": 3,
+    "kill_worker": 2,
+    "pause_leader": 2,
+    "partition": 3,
+    "delay": 2,
+    "restart_all": 1,
+    "clock_step": 2,
+    "full_disk": 2,
+}
 
 # Fault kinds added when the product and the harness can take them: kind -> what it needs.
 ADDED_WHEN_AVAILABLE = {
     "replace_member": "the documented member replacement (`dex-ha members replace <node>`) of a random node",
-    "full_disk": "a data directory on a small filesystem that a fault fills, and frees again",
-    "clock_step": "the harness helper that steps one node process's wall clock by +-1 h",
 }
+
+
+def give_clocks(env: FaultEnv, directory: Path) -> None:
+    """Start every node with a wall clock of its own that clock_step can step (libfaketime);
+    without the library, clock_step is skipped and the report says why."""
+    reason = wall_clock.unavailable_reason()
+    if reason is not None:
+        env.skipped["clock_step"] = reason
+        return
+    for node in env.cluster.node_ids:
+        env.clocks[node] = wall_clock.SteppableWallClock(directory / f"{node}.clock-offset")
+        env.cluster.node_env[node] = env.clocks[node].env()
+
+
+@contextmanager
+def small_disks(env: FaultEnv) -> Iterator[None]:
+    """Every node's data directory on a tmpfs of its own (DISK_BYTES), for full_disk; at the
+    end (failure or not) unmounted, with the node's files kept in the directory underneath.
+    When a tmpfs cannot be mounted, full_disk is skipped and the report says why."""
+    for node in env.cluster.node_ids:
+        data_dir = env.cluster.plan.node(node).data_dir
+        reason = mount_tmpfs(data_dir, DISK_BYTES)
+        if reason is not None:
+            env.skipped["full_disk"] = reason
+            for mounted in env.disks.values():
+                unmount(mounted)
+            env.disks.clear()
+            break
+        env.disks[node] = data_dir
+    try:
+        yield
+    finally:
+        for data_dir in env.disks.values():
+            unmount_keeping_files(data_dir, leave_out=(BALLAST,))
 
 
 @dataclass(frozen=True)
@@ -182,7 +321,7 @@ async def inject_until(env: FaultEnv, rng: random.Random, seconds: float) -> lis
     """Faults one after the other until `seconds` have passed (a fault under way finishes)."""
     began = time.monotonic()
     injected: list[Injected] = []
-    kinds = list(FAULTS)
+    kinds = [kind for kind in FAULTS if kind not in env.skipped]
     weights = [WEIGHTS[kind] for kind in kinds]
     while time.monotonic() - began < seconds:
         await asyncio.sleep(rng.uniform(*PAUSE_BETWEEN_FAULTS_S))
@@ -194,13 +333,18 @@ async def inject_until(env: FaultEnv, rng: random.Random, seconds: float) -> lis
 
 
 async def heal(env: FaultEnv) -> None:
-    """Undo whatever a fault left: every link fast and whole, every node running, every Worker."""
+    """Undo whatever a fault left: every link fast and whole, every wall clock true, every
+    disk with room, every node running, every Worker."""
     mesh = env.cluster.mesh
     await mesh.heal()
     await mesh.delay(mesh.links, 0)
     for node in list(env.stopped):
         os.kill(env.cluster.pid(node), signal.SIGCONT)
         env.stopped.discard(node)
+    for clock in env.clocks.values():
+        clock.step(-clock.offset_s)
+    for disk in env.disks.values():
+        (disk / BALLAST).unlink(missing_ok=True)
     for node, proc in list(env.cluster.procs.items()):
         if proc.poll() is not None or not pid_alive(proc.pid):  # every fault starts again what it stops
             env.exits.append(f"{node} (pid {proc.pid}) had exited by itself with code {proc.poll()}")

@@ -1,11 +1,13 @@
 """One robustness run of one seed, and its report.
 
 1. A three-node cluster (real `dex-ha node` processes, Raft links through the fault proxy,
-   harness/proxied_cluster.py) and two Worker processes running the `robustness` agent
-   (tests/crash/worker_proc.py), which record every tool run in a ledger.
+   harness/proxied_cluster.py; each node with a wall clock of its own that a fault can
+   step, and its data directory on a small tmpfs of its own that a fault can fill) and two
+   Worker processes running the `robustness` agent (tests/crash/worker_proc.py), which
+   record every tool run in a ledger.
 2. While a recorder asks every node's /readyz, the sessions of workload.py run through the
    SDK and faults.py injects faults, one after the other, for the run's time.
-3. Healing: every fault undone; the sessions stop sending, approve what waits and wait
+3. Healing: every fault undone; the sessions stop sending, decide what waits and wait
    until they are idle (a deadline); their final snapshots are read through the API.
 4. The Workers stop; once every node has applied the active node's commit index, every
    node is stopped at once (SIGKILL) and its state.db dumped (replicas.py). If an entry
@@ -33,7 +35,16 @@ from harness.scenario import all_caught_up
 from tests.crash.harness import WorkerProcess
 from tests.crash.ledger import Ledger
 from tests.robustness.checker import INVARIANTS, Evidence, check_all, operations_checked
-from tests.robustness.faults import ADDED_WHEN_AVAILABLE, FAULTS, FaultEnv, Injected, heal, inject_until
+from tests.robustness.faults import (
+    ADDED_WHEN_AVAILABLE,
+    FAULTS,
+    FaultEnv,
+    Injected,
+    give_clocks,
+    heal,
+    inject_until,
+    small_disks,
+)
 from tests.robustness.replicas import StateDump, dump_state
 from tests.robustness.workload import (
     ACK_DEADLINE_S,
@@ -68,6 +79,7 @@ class RunResult:
     seconds: float
     directory: Path
     injected: list[Injected]
+    skipped: dict[str, str]  # fault kind -> why this machine could not inject it
     node_exits: list[str]
     evidence: Evidence
     violations: dict[str, list[str]]
@@ -83,7 +95,7 @@ class RunResult:
             f"robustness seed {self.seed}: {self.fault_s:.0f} s of faults, {self.seconds:.0f} s in all, "
             f"{SESSIONS} sessions, {WORKERS} Worker processes",
             "  faults injected:",
-            *(f"    {kind:<40} {faults[kind]:>6}" for kind in FAULTS),
+            *(self.fault_line(kind, faults[kind]) for kind in FAULTS),
             *(f"    {kind:<40} {'-':>6}  (added when available)" for kind in ADDED_WHEN_AVAILABLE),
             "  operations checked:",
             *(f"    {kind:<40} {n:>6}" for kind, n in sorted(ops.items())),
@@ -98,6 +110,11 @@ class RunResult:
             lines += [f"  replay: {replay_command(self.seed)}", f"  logs: {self.directory}"]
         return "\n".join(lines)
 
+    def fault_line(self, kind: str, count: int) -> str:
+        if kind in self.skipped:
+            return f"    {kind:<40} {'-':>6}  (skipped: {self.skipped[kind]})"
+        return f"    {kind:<40} {count:>6}"
+
     def as_json(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
@@ -105,6 +122,7 @@ class RunResult:
             "fault_seconds": self.fault_s,
             "seconds": round(self.seconds, 1),
             "faults": dict(Counter(i.kind for i in self.injected)),
+            "faults_skipped": self.skipped,
             "faults_added_when_available": ADDED_WHEN_AVAILABLE,
             "fault_log": [vars(i) for i in self.injected],
             "node_exits": self.node_exits,
@@ -129,25 +147,26 @@ async def run_seed(seed: int, directory: Path, fault_s: float) -> RunResult:
     cluster = ProxiedCluster(directory / "cluster", settings=NODE_SETTINGS, drain_timeout_ms=DRAIN_TIMEOUT_MS)
     ledger = Ledger(directory / "ledger.sqlite")  # makes the table before the Workers open it
     workers = start_workers(cluster, directory)
-    env = FaultEnv(cluster, workers)
-    try:
-        await cluster.start()
-        for worker in workers:
-            worker.start()
-        async with ReadinessRecorder(cluster.probe_urls, interval_s=RECORD_INTERVAL_S) as record:
-            acked, injected, snapshots = await drive(env, rngs, fault_rng, fault_s, f"s{seed}")
-        for worker in workers:
-            worker.stop()
-        dumps = await dumps_of_stopped_nodes(cluster)
-    finally:
-        for worker in workers:
-            worker.stop()
-        await cluster.stop()
+    env = FaultEnv(cluster, workers, ledger)
+    give_clocks(env, directory)
+    with small_disks(env):
+        try:
+            await cluster.start()
+            for worker in workers:
+                worker.start()
+            async with ReadinessRecorder(cluster.probe_urls, interval_s=RECORD_INTERVAL_S) as record:
+                acked, injected, snapshots = await drive(env, rngs, fault_rng, fault_s, f"s{seed}")
+            for worker in workers:
+                worker.stop()
+            dumps = await dumps_of_stopped_nodes(cluster)
+        finally:
+            for worker in workers:
+                worker.stop()
+            await cluster.stop()
     evidence = Evidence(acked, snapshots, ledger.runs("tool"), record.rows, dumps)
     ledger.close()
-    return RunResult(
-        seed, fault_s, time.monotonic() - began, directory, injected, env.exits, evidence, check_all(evidence)
-    )
+    seconds = time.monotonic() - began
+    return RunResult(seed, fault_s, seconds, directory, injected, env.skipped, env.exits, evidence, check_all(evidence))
 
 
 def start_workers(cluster: ProxiedCluster, directory: Path) -> list[WorkerProcess]:

@@ -37,10 +37,15 @@ def snapshot(
     }
 
 
-def acknowledged(messages: list[str] = ["m0", "m1"], approvals: list[str] = []) -> Acknowledged:  # noqa: B006
+def acknowledged(
+    messages: list[str] = ["m0", "m1"],  # noqa: B006  (never mutated)
+    approvals: list[str] = [],  # noqa: B006
+    denials: list[str] = [],  # noqa: B006
+) -> Acknowledged:
     acked = Acknowledged(sessions=[SID])
     acked.messages[SID] = list(messages)
     acked.approvals[SID] = list(approvals)
+    acked.denials[SID] = list(denials)
     return acked
 
 
@@ -74,6 +79,11 @@ def test_a_missing_acknowledged_session_is_a_violation() -> None:
 def test_an_acknowledged_approval_still_pending_is_a_violation() -> None:
     [line] = checker.check_acknowledged(acknowledged(approvals=["c1"]), {SID: snapshot(pending_approvals=["c1"])})
     assert "c1" in line and "approval" in line
+
+
+def test_an_acknowledged_denial_still_pending_is_a_violation() -> None:
+    [line] = checker.check_acknowledged(acknowledged(denials=["c1"]), {SID: snapshot(pending_approvals=["c1"])})
+    assert "c1" in line and "denial" in line
 
 
 # ---------------------------------------------------------------- reads
@@ -120,6 +130,53 @@ def test_a_call_outcome_the_ledger_contradicts_is_a_violation() -> None:
     assert checker.check_calls({SID: snapshot(calls=failed_timer)}, []) == [f"{SID}:m0-sleep: a timer ended failed"]
     [line] = checker.check_calls({SID: snapshot()}, [run("send_note", "m9-write")])
     assert "no session holds" in line
+
+
+DENIED = f"{checker.DENIED_ERROR}: denied by the robustness workload"
+
+
+def test_a_denied_call_recorded_failed_with_the_prefix_and_never_run_is_no_violation() -> None:
+    denied = call("m0-approve", "wire_money", "write", status="failed", error=DENIED)
+    approved = call("m1-approve", "wire_money", "write")
+    acked = acknowledged(approvals=["m1-approve"], denials=["m0-approve"])
+    runs = [run("wire_money", "m1-approve"), run("wire_money", "m1-approve", "finished")]
+    assert checker.check_denials(acked, {SID: snapshot(calls=[denied, approved])}, runs) == []
+
+
+def test_a_denied_call_that_ran_or_is_not_recorded_denied_is_a_violation() -> None:
+    acked = acknowledged(denials=["m0-approve"])
+    denied = call("m0-approve", "wire_money", "write", status="failed", error=DENIED)
+    [ran] = checker.check_denials(acked, {SID: snapshot(calls=[denied])}, [run("wire_money", "m0-approve")])
+    assert "m0-approve" in ran and "1 run(s)" in ran
+    no_prefix = call("m0-approve", "wire_money", "write", status="failed", error="the user denied the tool call")
+    [line] = checker.check_denials(acked, {SID: snapshot(calls=[no_prefix])}, [])
+    assert "denied, and recorded failed" in line
+    succeeded = call("m0-approve", "wire_money", "write")
+    assert checker.check_denials(acked, {SID: snapshot(calls=[succeeded])}, [])
+    assert checker.check_denials(acked, {SID: snapshot()}, [])  # the denied call is missing
+
+
+def test_an_approved_call_recorded_as_denied_is_a_violation() -> None:
+    acked = acknowledged(approvals=["m0-approve"])
+    denied = call("m0-approve", "wire_money", "write", status="failed", error=DENIED)
+    [line] = checker.check_denials(acked, {SID: snapshot(calls=[denied])}, [])
+    assert "approved, and recorded as denied" in line
+
+
+def test_an_outcome_decided_by_a_start_to_close_timeout_is_a_violation() -> None:
+    timed_out = "the outcome is unknown: the tool may have run and will not run again "
+    timed_out += "(the attempt ran past its start_to_close timeout)"
+    killed = "the outcome is unknown: the tool may have run and will not run again (heartbeat timeout)"
+    calls = [
+        call("m0-write", "send_note", "write", status="outcome_unknown", error=timed_out),
+        call("m1-write", "send_note", "write", status="outcome_unknown", error=killed),
+    ]
+    [line] = checker.check_far_deadlines({SID: snapshot(calls=calls)})
+    assert "m0-write" in line and "outcome_unknown" in line
+    turn_failed = snapshot(turn_status="failed")
+    turn_failed["turns"][0]["error"] = "run_model failed: the attempt ran past its start_to_close timeout"
+    [line] = checker.check_far_deadlines({SID: turn_failed})
+    assert "turn 1 ended failed" in line
 
 
 # ---------------------------------------------------------------- readiness

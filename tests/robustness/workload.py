@@ -8,8 +8,10 @@ of what it asks for does not depend on how the other sessions are timed. A sessi
 - sends messages `"<message id> <step> ..."` (acknowledged: the 202), each asking the agent
   (tests/crash/agents.py, `robustness`) for zero to three steps: a read tool, an idempotent
   write, a single-attempt write, a single-attempt write that waits for approval, a timer;
-- reads its snapshot while the turn runs, approves what waits for approval (acknowledged:
-  the 200), and either waits until the session is idle or queues the next message at once.
+- reads its snapshot while the turn runs, decides what waits for approval (acknowledged:
+  the 200): approves it, or, for about one call in four, denies it (drawn from the session's
+  Random when the message is sent, so the seed decides which calls are denied), and either
+  waits until the session is idle or queues the next message at once.
 
 Every try has a deadline and is repeated with the same ids until it is acknowledged, as
 the SDK documents (a repeat is a no-op). Reads are recorded with what the session had been
@@ -28,12 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dex_ha.client import DexClient, DexError
-from tests.crash.agents import ROBUSTNESS_STEPS
+from tests.crash.agents import ROBUSTNESS_STEPS, robustness_call
 
 AGENT = "robustness"
 STEPS = (*ROBUSTNESS_STEPS, "sleep")
 MAX_STEPS_PER_MESSAGE = 3
 QUEUE_NEXT_P = 0.2  # how often the next message is sent while the turn still runs
+DENY_P = 0.25  # how often a call that waits for approval is denied
+DENY_REASON = "denied by the robustness workload"
 TRY_S = 3.0  # one try of a request; a try that fails is repeated with the same ids
 ACK_DEADLINE_S = 120.0  # a write not acknowledged by then fails the run (the cluster is stuck)
 POLL_S = 0.2  # how often a session re-reads its snapshot while its turn runs
@@ -47,7 +51,7 @@ class Read:
 
     session_id: str
     acked_messages: frozenset[str]
-    acked_approvals: frozenset[str]
+    acked_approvals: frozenset[str]  # approved or denied
     found: bool  # False: the read answered 404
     seen_messages: frozenset[str] = frozenset()
     pending_approvals: frozenset[str] = frozenset()
@@ -59,10 +63,15 @@ class Acknowledged:
 
     sessions: list[str] = field(default_factory=list)
     messages: dict[str, list[str]] = field(default_factory=dict)  # session -> message ids
-    approvals: dict[str, list[str]] = field(default_factory=dict)  # session -> call ids
+    approvals: dict[str, list[str]] = field(default_factory=dict)  # session -> call ids approved
+    denials: dict[str, list[str]] = field(default_factory=dict)  # session -> call ids denied
     reads: list[Read] = field(default_factory=list)
     refused: Counter[str] = field(default_factory=Counter)  # 4xx answers that are not errors (kind)
     retries: int = 0  # tries that failed and were repeated
+
+    def decided(self, session_id: str) -> list[str]:
+        """The calls of a session whose approval or denial was acknowledged."""
+        return self.approvals[session_id] + self.denials[session_id]
 
 
 def messages_in(snapshot: dict[str, Any]) -> set[str]:
@@ -86,12 +95,14 @@ class SessionClient:
         self.acked = acked
         self.stop = stop
         self.sent = 0
+        self.to_deny: set[str] = set()  # call ids this session denies when they wait for approval
 
     async def run(self) -> None:
         await self._until_acknowledged(lambda: self.client.create_session(AGENT, session_id=self.session_id))
         self.acked.sessions.append(self.session_id)
         self.acked.messages[self.session_id] = []
         self.acked.approvals[self.session_id] = []
+        self.acked.denials[self.session_id] = []
         while not self.stop.is_set():
             await self.send_next()
             if self.rng.random() >= QUEUE_NEXT_P:
@@ -101,24 +112,26 @@ class SessionClient:
         steps = self.rng.sample(STEPS, self.rng.randint(0, MAX_STEPS_PER_MESSAGE))
         message_id = f"{self.session_id}-m{self.sent}"
         self.sent += 1
+        if "approve" in steps and self.rng.random() < DENY_P:
+            self.to_deny.add(robustness_call(message_id, "approve")[0])
         text = " ".join([message_id, *steps])
         await self._until_acknowledged(lambda: self.client.send_message(self.session_id, text, message_id=message_id))
         self.acked.messages[self.session_id].append(message_id)
 
     async def drain(self, deadline_s: float) -> None:
-        """After the faults: approve what waits, until the session is idle or the deadline passes
-        (the checker then finds it unsettled in the final snapshot)."""
+        """After the faults: decide what waits for approval, until the session is idle or the
+        deadline passes (the checker then finds it unsettled in the final snapshot)."""
         if self.session_id in self.acked.messages:
             deadline = time.monotonic() + deadline_s
             await self.until_idle(lambda: time.monotonic() > deadline)
 
     async def until_idle(self, give_up: Callable[[], bool]) -> None:
-        """Read the snapshot, approve what waits for approval, until the session is idle."""
+        """Read the snapshot, decide what waits for approval, until the session is idle."""
         while not give_up():
             snapshot = await self.read()
             if snapshot is not None:
-                for call_id in sorted(pending_approvals_in(snapshot) - set(self.acked.approvals[self.session_id])):
-                    await self.approve(call_id)
+                for call_id in sorted(pending_approvals_in(snapshot) - set(self.acked.decided(self.session_id))):
+                    await self.decide(call_id)
                 if snapshot["status"] == "idle" and not snapshot["waiting_messages"]:
                     return
             await asyncio.sleep(POLL_S)
@@ -126,7 +139,7 @@ class SessionClient:
     async def read(self) -> dict[str, Any] | None:
         """One read of the snapshot, recorded; None when the try failed (no answer in time)."""
         acked_messages = frozenset(self.acked.messages[self.session_id])
-        acked_approvals = frozenset(self.acked.approvals[self.session_id])
+        acked_approvals = frozenset(self.acked.decided(self.session_id))
         try:
             async with asyncio.timeout(TRY_S):
                 snapshot = (await self.client.get_session(self.session_id)).raw
@@ -149,13 +162,18 @@ class SessionClient:
         )
         return snapshot
 
-    async def approve(self, call_id: str) -> None:
+    async def decide(self, call_id: str) -> None:
+        """Approve the call, or deny it when the seed said so; recorded once acknowledged."""
+        approved = call_id not in self.to_deny
+        reason = None if approved else DENY_REASON
         try:
-            await self._until_acknowledged(lambda: self.client.approve(self.session_id, call_id))
+            await self._until_acknowledged(
+                lambda: self.client.approve(self.session_id, call_id, approved=approved, reason=reason)
+            )
         except DexError as exc:  # 409: no longer waiting (say, its turn failed meanwhile)
-            self.acked.refused[f"approval {exc.status} {exc.code}"] += 1
+            self.acked.refused[f"{'approval' if approved else 'denial'} {exc.status} {exc.code}"] += 1
             return
-        self.acked.approvals[self.session_id].append(call_id)
+        (self.acked.approvals if approved else self.acked.denials)[self.session_id].append(call_id)
 
     async def _until_acknowledged(self, send: Callable[[], Awaitable[T]]) -> T:
         """`send()` until it is answered 2xx; a 4xx (a DexError that is not 503) is raised."""
