@@ -35,7 +35,9 @@ def mount_tmpfs(mount_point: Path, size_bytes: int) -> str | None:
         return reason
     mount_point.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mount_point)],
+        # mode=0700: a tmpfs's root is 1777 by default, and a node refuses a data directory
+        # that others may write.
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(mount_point)],
         capture_output=True,
         text=True,
     )
