@@ -34,8 +34,9 @@ def mount_tmpfs(mount_point: Path, size_bytes: int) -> str | None:
     if reason is not None:
         return reason
     mount_point.mkdir(parents=True, exist_ok=True)
+    # mode=0700: a tmpfs root is 1777 by default, and a node refuses a data directory others may write to.
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mount_point)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0700", "tmpfs", str(mount_point)],
         capture_output=True,
         text=True,
     )
