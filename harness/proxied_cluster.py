@@ -92,12 +92,15 @@ class ProxiedCluster(LocalCluster):
         except ClusterError as exc:  # say why: a node that exited wrote the reason to its log
             raise ClusterError(f"{exc}\n{node_log_tails(self.plan)}") from None
 
-    def start_node(self, node_id: str) -> None:
-        """Start (or restart, on its data directory) one node; its pid goes to the pids file."""
+    def start_node(self, node_id: str, join: bool = False) -> None:
+        """Start (or restart, on its data directory) one node; its pid goes to the pids file.
+        `join`: with `--join`, as a new incarnation on an empty data directory (`dex-ha
+        members replace`); it keeps its config, so its links run through the same proxies."""
         old = self.procs.get(node_id)
         if old is not None:
             old.wait(timeout=10)  # reaped (TimeoutExpired if it still runs): one process per data directory
-        self.procs[node_id] = start_node(self.plan.node(node_id), self.node_env.get(node_id))
+        args = ("--join",) if join else ()
+        self.procs[node_id] = start_node(self.plan.node(node_id), self.node_env.get(node_id), args)
         self.started_pids.append(self.procs[node_id].pid)
         write_pids(self.dir, {nid: p.pid for nid, p in self.procs.items()})
 

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -346,15 +346,18 @@ def node_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in overrides}
 
 
-def start_node(node: NodePlan, extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start_node(
+    node: NodePlan, extra_env: Mapping[str, str] | None = None, extra_args: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
     """`python -m dex_ha.cli node --config …` with stdout and stderr to the node's log.
 
     A new session: the node outlives this command, and a Ctrl-C in its terminal does not reach it.
-    `extra_env` is for tests (e.g. DEX_HA_FAILPOINTS for one node).
+    `extra_env` is for tests (e.g. DEX_HA_FAILPOINTS for one node); `extra_args` go after the
+    config (e.g. `--join` for a new incarnation).
     """
     with open(node.log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "dex_ha.cli", "node", "--config", str(node.config_path)],
+            [sys.executable, "-m", "dex_ha.cli", "node", "--config", str(node.config_path), *extra_args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from pathlib import Path
 from dex_ha.cli.cluster import stop_processes
 from dex_ha.server.config import ServerConfig
 from harness import wall_clock
+from harness.cluster_process import cluster_view
 from harness.processes import pid_alive
 from harness.proxied_cluster import ProxiedCluster
 from harness.small_disk import fill, mount_tmpfs, unmount, unmount_keeping_files
@@ -55,6 +57,10 @@ FULL_DISK_S = (0.5, 6.0)  # how long a disk stays full
 MB = 1 << 20
 DISK_BYTES = 64 * MB
 BALLAST = "robustness-ballast"
+REPLACE_WAIT_S = 60.0  # `members replace --wait`: how long the command waits for the new incarnation to catch up
+REPLACE_STEP_DEADLINE_S = 30.0  # for the command to say it added the member back and what to start
+REPLACE_NEXT_STEP = "Now start its new incarnation"  # the command's line that tells the operator to start it
+REPLACE_DONE = "caught up and is a voter again"
 
 
 @dataclass
@@ -248,6 +254,100 @@ async def full_disk(env: FaultEnv, rng: random.Random) -> str:
     return f"filled the disk of {label} ({sizes}) for {hold_s:.1f} s"
 
 
+async def replace_member(env: FaultEnv, rng: random.Random) -> str:
+    """Replace a standby by the documented procedure (docs/operations.md, "Replacing a node"),
+    as an operator whose node lost its disk would: SIGKILL it, move its data directory aside
+    (kept for the logs), run `dex-ha members replace` (admin token, every node's URL), start
+    the new incarnation on the empty data directory with `--join` once the command says so,
+    and wait for the command to report it caught up and promoted. Only when all three nodes
+    run and the active node replicates to both standbys: while the member is out, the other
+    two are the quorum. The new incarnation keeps its config, so its links run through the
+    same proxies; its data directory is the same path (a tmpfs mount point stays one)."""
+    order = rng.sample(env.cluster.node_ids, len(env.cluster.node_ids))
+    active, reason = await unhealthy_reason(env)
+    if reason is not None:
+        return f"skipped: {reason} (a replacement needs all three nodes up and healthy, to keep a quorum)"
+    victim = next(node for node in order if node != active)
+    began = time.monotonic()
+    env.cluster.kill(victim)
+    await asyncio.to_thread(env.cluster.procs[victim].wait, 10)
+    aside = env.cluster.dir / f"{victim}.replaced-{len(list(env.cluster.dir.glob(f'{victim}.replaced-*'))) + 1}"
+    move_aside(env.cluster.plan.node(victim).data_dir, aside)
+    await run_replace(env, victim)
+    return (
+        f"replaced the standby {victim} (active {active}): SIGKILL, its data moved to {aside.name}, "
+        f"`dex-ha members replace`, the new incarnation started with --join, caught up and promoted "
+        f"in {time.monotonic() - began:.1f} s"
+    )
+
+
+async def unhealthy_reason(env: FaultEnv) -> tuple[str | None, str | None]:
+    """The active node, and why the cluster is not healthy enough to take a member out (None:
+    every node runs, and the active node replicates to every voter it heard from lately)."""
+    cluster = env.cluster
+    down = [node for node, proc in cluster.procs.items() if proc.poll() is not None]
+    if down:
+        return None, f"{' '.join(down)} not running"
+    active = await env.active()
+    if active is None:
+        return None, "no single active node"
+    view = await cluster_view(cluster.urls[active], cluster.tokens["admin"])
+    if view is None:
+        return active, f"no cluster view from {active}"
+    members = {m["id"]: m for m in view.get("members", [])}
+    lagging = [node for node in cluster.node_ids if not healthy_voter(members.get(node))]
+    return active, (f"{' '.join(lagging)} not a voter replicated to lately" if lagging else None)
+
+
+def healthy_voter(member: dict | None) -> bool:
+    """A voter in the active node's view that it replicates to and heard from lately (or itself)."""
+    if member is None or not member.get("voter"):
+        return False
+    if member.get("replication") == "self":
+        return True
+    contact_ms = member.get("last_contact_ms_ago")
+    recent = contact_ms is not None and contact_ms < ELECTION_TIMEOUT_MAX_S * 1000
+    return member.get("replication") == "replicate" and bool(member.get("contacted")) and recent
+
+
+def move_aside(data_dir: Path, aside: Path) -> None:
+    """Every file of `data_dir` moved into `aside`, leaving it empty: the directory itself stays,
+    as it may be a mount point (small_disks)."""
+    aside.mkdir()
+    for entry in data_dir.iterdir():
+        shutil.move(entry, aside / entry.name)
+
+
+async def run_replace(env: FaultEnv, node: str) -> None:
+    """`dex-ha members replace <node>` run as an operator runs it: once it says to start the new
+    incarnation, start it (empty data dir, --join); then wait for the command to promote it."""
+    cluster = env.cluster
+    command = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dex_ha.cli", "members", "replace", node, "--wait", f"{REPLACE_WAIT_S:g}",
+        f"--token={cluster.tokens['admin']}", *(f"--url={url}" for url in cluster.urls.values()),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert command.stdout is not None
+    output = ""
+    try:
+        async with asyncio.timeout(REPLACE_STEP_DEADLINE_S):
+            while REPLACE_NEXT_STEP not in output and not command.stdout.at_eof():
+                output += (await command.stdout.readline()).decode(errors="replace")
+        if REPLACE_NEXT_STEP in output:
+            cluster.start_node(node, join=True)
+        async with asyncio.timeout(REPLACE_WAIT_S + 30):
+            output += (await command.stdout.read()).decode(errors="replace")
+            await command.wait()
+    except TimeoutError:
+        output += f"\n(no end within its deadline: {REPLACE_STEP_DEADLINE_S:g} s to add it back, then {REPLACE_WAIT_S + 30:g} s)"
+    finally:
+        if command.returncode is None:
+            command.kill()
+            await command.wait()
+    if command.returncode != 0 or REPLACE_DONE not in output:
+        raise AssertionError(f"`dex-ha members replace {node}` failed (exit {command.returncode}):\n{output}")
+
+
 FAULTS: dict[str, Fault] = {
     "kill_node": kill_node,
     "kill_worker": kill_worker,
@@ -257,6 +357,7 @@ FAULTS: dict[str, Fault] = {
     "restart_all": restart_all,
     "clock_step": clock_step,
     "full_disk": full_disk,
+    "replace_member": replace_member,
 }
 WEIGHTS = {
     "kill_node": 3,
@@ -267,12 +368,11 @@ WEIGHTS = {
     "restart_all": 1,
     "clock_step": 2,
     "full_disk": 2,
+    "replace_member": 1,
 }
 
 # Fault kinds added when the product and the harness can take them: kind -> what it needs.
-ADDED_WHEN_AVAILABLE = {
-    "replace_member": "the documented member replacement (`dex-ha members replace <node>`) of a random node",
-}
+ADDED_WHEN_AVAILABLE: dict[str, str] = {}
 
 
 def give_clocks(env: FaultEnv, directory: Path) -> None:
