@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 from dex_ha.cli.common import (
+    EXIT_NO_NODE,
     EXIT_REFUSED,
     EXIT_USAGE,
     CommandFailed,
@@ -28,6 +30,8 @@ STEP_DOWN_MAX_WAIT_S = 3600.0
 # how often it asks.
 REPLACE_WAIT_S = 600.0
 REPLACE_POLL_S = 1.0
+# How long each membership step of `members replace` is tried again while no node is active.
+REPLACE_STEP_S = 60.0
 
 
 def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
@@ -181,30 +185,43 @@ async def replace_member(args: argparse.Namespace) -> int:
     """`dex-ha members replace ID`: the one way to bring back a member that lost its data
     (docs/operations.md, "Replacing a node"). Its old incarnation may have acknowledged
     entries it no longer has, so it must not come back as a voter: it is removed, added
-    again as a learner, started empty with --join, and promoted once it has caught up."""
+    again as a learner, started empty with --join, and promoted once it has caught up.
+
+    Each step is tried again while no node is active (the removal leaves two voters, and an
+    election then is likely), and a step whose answer was lost counts as done when the
+    cluster's view shows it. A replace that stopped after the removal is resumed by running
+    it again with --raft-addr and --node-url."""
     view = await call_active(args, "GET", "/v1/cluster")
-    old = next((m for m in view.get("members", []) if m["id"] == args.id), None)
-    if old is None:
-        raise CommandFailed(f"{args.id} is not a member of this cluster (see `dex-ha members`)", EXIT_USAGE)
+    old = _member(view, args.id)
     if view.get("node_id") == args.id:
         raise CommandFailed(
             f"{args.id} is the active node: move it first with `dex-ha step-down`, then replace it", EXIT_USAGE
         )
-    raft_addr = args.raft_addr or old.get("raft_addr")
-    url = args.node_url or old.get("url")
+    if old is None and not (args.raft_addr and args.node_url):
+        raise CommandFailed(
+            f"{args.id} is not a member of this cluster (see `dex-ha members`). If a replace stopped after "
+            f"removing it, run it again with --raft-addr and --node-url to add it back and finish",
+            EXIT_USAGE,
+        )
+    raft_addr = args.raft_addr or (old or {}).get("raft_addr")
+    url = args.node_url or (old or {}).get("url")
     if not raft_addr or not url:
         raise CommandFailed(f"the address of {args.id} is unknown: give --raft-addr and --node-url", EXIT_USAGE)
     member = quote(args.id, safe="")
-    await call_active(args, "DELETE", f"/v1/cluster/members/{member}")
-    print(f"{args.id} removed (its old incarnation may have lost entries it acknowledged: it never votes again)")
-    await call_active(args, "POST", "/v1/cluster/members", {"id": args.id, "raft_addr": raft_addr, "url": url})
+    if old is not None:
+        await _membership_step(
+            args, "DELETE", f"/v1/cluster/members/{member}", None, lambda v: _member(v, args.id) is None
+        )
+        print(f"{args.id} removed (its old incarnation may have lost entries it acknowledged: it never votes again)")
+    body = {"id": args.id, "raft_addr": raft_addr, "url": url}
+    await _membership_step(args, "POST", "/v1/cluster/members", body, lambda v: _member(v, args.id) is not None)
     print(f"{args.id} added back as a learner at {raft_addr} ({url})")
     print(
         f"Now start its new incarnation on an EMPTY data dir, as a learner:\n"
         f"  dex-ha node --config <the config of {args.id}> --join",
         flush=True,
     )
-    if not old.get("voter"):
+    if old is not None and not old.get("voter"):
         print(f"{args.id} was a learner: it stays one (promote it with `dex-ha members promote {args.id}`)")
         return 0
     if args.wait <= 0:
@@ -215,6 +232,38 @@ async def replace_member(args: argparse.Namespace) -> int:
     print(f"{args.id} caught up and is a voter again")
     print(format_members(answer.get("members", []), answer.get("commit_index")))
     return 0
+
+
+def _member(view: dict[str, Any], node_id: str) -> dict[str, Any] | None:
+    return next((m for m in view.get("members", []) if m["id"] == node_id), None)
+
+
+async def _membership_step(
+    args: argparse.Namespace, method: str, path: str, body: Any, done: Callable[[dict[str, Any]], bool]
+) -> None:
+    """One membership change on the active node. While no node is active it is tried again
+    (up to REPLACE_STEP_S); before each new try the cluster's view is read, and a change it
+    already shows (the answer to an earlier try was lost) is not made twice."""
+    deadline = time.monotonic() + REPLACE_STEP_S
+    while True:
+        try:
+            await call_active(args, method, path, body)
+            return
+        except CommandFailed as exc:
+            if exc.exit_code != EXIT_NO_NODE:
+                # Refused: fine if an earlier try, whose answer was lost, made the change.
+                if done(await call_active(args, "GET", "/v1/cluster")):
+                    return
+                raise
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(REPLACE_POLL_S)
+        try:
+            if done(await call_active(args, "GET", "/v1/cluster")):
+                return
+        except CommandFailed as exc:
+            if exc.exit_code != EXIT_NO_NODE:
+                raise
 
 
 async def _promote_when_caught_up(args: argparse.Namespace, member: str, deadline: float) -> Any:

@@ -107,6 +107,46 @@ async def test_a_member_restored_from_another_clusters_backup_is_refused(tmp_pat
     assert set(sessions) <= listed and not set(foreign) & listed
 
 
+def _start_new_incarnation(cluster: LocalCluster, node_id: str) -> None:
+    """`dex-ha node --config … --join` on the node's (empty) data directory, as the replace says."""
+    with open(cluster.dir / f"{node_id}.log", "ab") as out:
+        new = subprocess.Popen(
+            [sys.executable, "-m", "dex_ha.cli", "node", "--config", str(cluster.dir / f"{node_id}.toml"), "--join"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    write_pids(cluster.dir, {**read_pids(cluster.dir), node_id: new.pid})
+
+
+async def test_a_replace_that_stopped_after_the_removal_is_resumed(cluster: LocalCluster) -> None:
+    """A replace whose add-back never happened (e.g. an election right after the removal
+    outlasted the command): running it again with the addresses finishes it."""
+    sessions = await _create_sessions(cluster, 5)
+    leader = await cluster.active_node(DEADLINE_S)
+    victim = min(n for n in cluster.urls if n != leader)
+    view = await cluster_view(cluster.urls[leader], cluster.tokens["admin"])
+    assert view is not None
+    old = next(m for m in view["members"] if m["id"] == victim)
+    await _kill_and_wait(cluster, victim)
+    shutil.rmtree(cluster.dir / victim)
+    live = [u for n, u in cluster.urls.items() if n != victim]
+    urls = [f"--url={u}" for u in live]
+    token = f"--token={cluster.tokens['admin']}"
+    removed = await asyncio.to_thread(cluster.run_cli, "members", "remove", victim, token, *urls)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    again = await asyncio.to_thread(cluster.run_cli, "members", "replace", victim, token, *urls)
+    assert again.returncode == 2 and "again with --raft-addr and --node-url" in again.stderr, again.stderr
+    resume = ["members", "replace", victim, "--raft-addr", old["raft_addr"], "--node-url", old["url"], "--wait", "90"]
+    replace = asyncio.create_task(asyncio.to_thread(cluster.run_cli, *resume, token, *urls, timeout_s=150))
+    await eventually(lambda: _is_learner(cluster, live, victim), f"{victim} added back as a learner", DEADLINE_S)
+    _start_new_incarnation(cluster, victim)
+    done = await replace
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{victim} caught up and is a voter again" in done.stdout and "removed" not in done.stdout
+    await _all_readable(cluster, sessions)
+
+
 async def test_members_replace_brings_back_a_member_that_lost_its_data(cluster: LocalCluster) -> None:
     sessions = await _create_sessions(cluster, 20)
     leader = await cluster.active_node(DEADLINE_S)
@@ -119,14 +159,7 @@ async def test_members_replace_brings_back_a_member_that_lost_its_data(cluster: 
         asyncio.to_thread(cluster.run_cli, *replace_args, *(f"--url={u}" for u in live), timeout_s=150)
     )
     await eventually(lambda: _is_learner(cluster, live, victim), f"{victim} added back as a learner", DEADLINE_S)
-    with open(cluster.dir / f"{victim}.log", "ab") as out:
-        new = subprocess.Popen(
-            [sys.executable, "-m", "dex_ha.cli", "node", "--config", str(cluster.dir / f"{victim}.toml"), "--join"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    write_pids(cluster.dir, {**read_pids(cluster.dir), victim: new.pid})
+    _start_new_incarnation(cluster, victim)
     done = await replace
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{victim} caught up and is a voter again" in done.stdout

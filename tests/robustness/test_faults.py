@@ -1,7 +1,8 @@
-"""The pieces of the clock_step and full_disk faults that can be wrong without a cluster:
-finding a single-attempt write that runs now in the ledger, and a small disk that fills,
-frees, and unmounts with its files kept; and a kind this machine cannot inject, skipped
-with the reason."""
+"""The pieces of the clock_step, full_disk and replace_member faults that can be wrong
+without a cluster: finding a single-attempt write that runs now in the ledger, a small disk
+that fills, frees, and unmounts with its files kept, a kind this machine cannot inject,
+skipped with the reason, when a cluster is healthy enough to replace a standby, and a
+replaced node's files moved aside."""
 
 from __future__ import annotations
 
@@ -96,3 +97,23 @@ def test_the_report_says_why_a_kind_was_skipped(tmp_path: Path) -> None:
     result = RunResult(1, 60.0, 70.0, tmp_path, [], skipped, [], evidence, check_all(evidence))
     assert "clock_step" in result.table() and "(skipped: no libfaketime here)" in result.table()
     assert result.as_json()["faults_skipped"] == skipped
+
+
+def test_a_replacement_needs_every_member_a_voter_replicated_to_lately() -> None:
+    fresh = {"voter": True, "replication": "replicate", "contacted": True, "last_contact_ms_ago": 40}
+    assert faults.healthy_voter({"voter": True, "replication": "self"})
+    assert faults.healthy_voter(fresh)
+    assert not faults.healthy_voter(None)  # not a member (removed by a replacement that stopped half way)
+    assert not faults.healthy_voter({**fresh, "voter": False})  # a learner still catching up
+    assert not faults.healthy_voter({**fresh, "replication": "probe"})  # the leader does not know its log
+    assert not faults.healthy_voter({**fresh, "last_contact_ms_ago": 5_000})  # down or cut off
+
+
+def test_a_replaced_nodes_files_are_moved_aside_and_its_data_dir_stays_empty(tmp_path: Path) -> None:
+    data_dir = tmp_path / "n2"
+    (data_dir / "raft").mkdir(parents=True)
+    (data_dir / "state.db").write_bytes(b"rows")
+    faults.move_aside(data_dir, tmp_path / "n2.replaced-1")
+    assert data_dir.is_dir() and not any(data_dir.iterdir())
+    assert (tmp_path / "n2.replaced-1" / "state.db").read_bytes() == b"rows"
+    assert (tmp_path / "n2.replaced-1" / "raft").is_dir()
