@@ -268,12 +268,18 @@ async def _membership_step(
 
 async def _promote_when_caught_up(args: argparse.Namespace, member: str, deadline: float) -> Any:
     """Promote the learner as soon as the active node agrees it has caught up (it answers
-    409 until then), or fail at `deadline` saying how to go on."""
+    409 until then), or fail at `deadline` saying how to go on. While no node is active it
+    tries again, and a promotion whose answer was lost counts once the view shows a voter."""
     while True:
         try:
             return await call_active(args, "POST", f"/v1/cluster/members/{member}/promote")
         except CommandFailed as exc:
-            if "not caught up" not in str(exc) or time.monotonic() >= deadline:
+            waiting = exc.exit_code == EXIT_NO_NODE or "not caught up" in str(exc)
+            if not waiting:
+                view = await call_active(args, "GET", "/v1/cluster")
+                if (_member(view, args.id) or {}).get("voter"):
+                    return view
+            if not waiting or time.monotonic() >= deadline:
                 raise CommandFailed(
                     f"{exc} — once it has caught up, promote it: dex-ha members promote {args.id}", EXIT_REFUSED
                 ) from None
