@@ -150,6 +150,11 @@ class Queries:
         )
         return [_by_name(QueuedStep, r) for r in rows]
 
+    def agent_namespace(self, name: str) -> str | None:
+        """The namespace that owns agent name `name` (None: nothing names it yet); only
+        that namespace's Workers get its steps."""
+        return self._store.agent_namespace(name)
+
     def count_queued(self, agent: str, limit: int) -> int:
         """How many task steps of one agent are queued, counting up to `limit`."""
         found: int = self._store.scalar(
@@ -254,15 +259,17 @@ class Queries:
         *,
         awaiting_approval: bool | None = None,
         outcome_unknown: bool | None = None,
+        namespace: str | None = None,
     ) -> list[dict[str, Any]]:
         """Sessions ordered by id; pass the last id seen as `after` for the next page.
+        `namespace`: only that namespace's sessions (None: every namespace's).
 
         Each row counts the session's pending approvals and its outcome_unknown tool calls
         (what an operator acts on); `awaiting_approval` and `outcome_unknown` filter on
         those counts (True: at least one; False: none; None: no filter).
         """
         conds, params = [], []
-        for column, value in (("agent", agent), ("status", status)):
+        for column, value in (("namespace", namespace), ("agent", agent), ("status", status)):
             if value is not None:
                 conds.append(f"{column} = ?")
                 params.append(value)
@@ -274,7 +281,7 @@ class Queries:
             params.append(after)
         where = f"WHERE {' AND '.join(conds)}" if conds else ""
         rows = self._store.rows(
-            f"SELECT session_id, agent, status, current_turn_id, turn_count, created_at, updated_at, "
+            f"SELECT session_id, namespace, agent, status, current_turn_id, turn_count, created_at, updated_at, "
             f"metadata, ({_PENDING_APPROVALS}) AS pending_approvals, "
             f"({_OUTCOME_UNKNOWN_CALLS}) AS outcome_unknown_calls "
             f"FROM sessions {where} ORDER BY session_id LIMIT ?",
@@ -305,6 +312,7 @@ class Queries:
         steps_by_call = self._call_steps(session_id)
         return {
             "session_id": session_id,
+            "namespace": s["namespace"],
             "agent": s["agent"],
             "status": s["status"],
             "metadata": from_json(s["metadata"]),

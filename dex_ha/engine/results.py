@@ -16,6 +16,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "ok": 200,
     "already_applied": 200,  # the same log index again: nothing happens
     "invalid": 400,  # undecodable bytes, a missing or ill-typed field, a bad result
+    "forbidden": 403,  # the caller's namespace or role may not do this (the reason says which)
     "not_found": 404,  # unknown session, step, call, question, timer
     "conflict": 409,  # a different decision or answer, a step that is not queued...
     "stale_attempt": 409,  # fencing: the attempt is no longer the current one
