@@ -98,7 +98,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             **dev_overrides_from_env(os.environ),
         )
         config.check()
-        TokenAuth(config.tokens)  # refuses short, duplicated or unknown-role tokens, naming them
+        TokenAuth(config.tokens, config.scoped_tokens)  # refuses short, duplicated or unknown-role tokens, naming them
     except (ConfigError, ValueError) as exc:
         print(f"dex-ha dev: {exc}", file=sys.stderr)
         return 2

@@ -168,6 +168,19 @@ TASK_REPORT_ERRORS = MappingProxyType(
     }
 )
 AGENT_NAME = _new_name("name", "The agent's name.")
+# The namespace a request works in (docs/api.md, "Namespaces"): sessions and agents of
+# another namespace are out of its reach.
+NAMESPACE_HEADER = "Dex-Namespace"
+NAMESPACE = FieldSpec(
+    NAMESPACE_HEADER,
+    "string",
+    min_length=1,
+    max_length=MAX_ID_LENGTH,
+    pattern=NAME_PATTERN,
+    description="The namespace to work in. Omitted: the token's only namespace if it is limited to one, "
+    "else `default`. A token limited to other namespaces is 403. A letter or digit, then letters, digits, "
+    "'.', '_', ':' and '-'.",
+)
 MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_LENGTH)
 
 
@@ -209,8 +222,9 @@ def _route(
         responses.setdefault(401, "unauthorized: no token, a malformed Authorization header or an unknown token")
         responses.setdefault(
             403,
-            "forbidden: the token's role may not call this route, or the request came from a web page of "
-            "another site (Origin)",
+            "forbidden: the token's role may not call this route, "
+            + ("or the token may not use the namespace, " if NAMESPACE in headers else "")
+            + "or the request came from a web page of another site (Origin)",
         )
     responses.setdefault(403, "forbidden: the request came from a web page of another site (Origin)")
     if body is not None:
@@ -304,6 +318,7 @@ _SESSIONS = (
         "/v1/sessions",
         CLIENT,
         "Create a session (idempotent by session_id).",
+        headers=(NAMESPACE,),
         success={
             200: "the session already exists with the same agent; the same session",
             201: "created; the body holds session_id",
@@ -333,6 +348,7 @@ _SESSIONS = (
         "/v1/sessions",
         CLIENT,
         "List sessions, filtered and paginated.",
+        headers=(NAMESPACE,),
         success={200: "a page of sessions and the cursor for the next page"},
         query=(
             FieldSpec("agent", "string", max_length=MAX_ID_LENGTH, description="Only this agent's sessions."),
@@ -364,8 +380,9 @@ _SESSIONS = (
         "/v1/sessions/{session_id}",
         CLIENT,
         "The agent snapshot: status, turn, history, tool calls with their attempts, pending waits.",
+        headers=(NAMESPACE,),
         success={200: "the agent snapshot"},
-        errors={404: "not_found: no such session"},
+        errors={404: "not_found: no such session in the namespace"},
         path_params=(SESSION_ID,),
     ),
     _route(
@@ -374,9 +391,10 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/messages",
         CLIENT,
         "Send a user message; a repeated message_id is a no-op.",
+        headers=(NAMESPACE,),
         success={202: "accepted (or already accepted, for a repeated message_id)"},
         errors={
-            404: "not_found: no such session",
+            404: "not_found: no such session in the namespace",
             409: "conflict: the message_id was already sent with another text or mode (the message names the field)",
         },
         path_params=(SESSION_ID,),
@@ -408,9 +426,10 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/approvals/{call_id}",
         CLIENT,
         "Approve or deny a tool call that waits for approval.",
+        headers=(NAMESPACE,),
         success={200: "recorded (the same decision again is a no-op)"},
         errors={
-            404: "not_found: no such session, or the call awaits no approval",
+            404: "not_found: no such session in the namespace, or the call awaits no approval",
             409: "conflict: a different decision was already made, or the turn was cancelled",
         },
         path_params=(SESSION_ID, CALL_ID),
@@ -426,9 +445,10 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/questions/{question_id}/answer",
         CLIENT,
         "Answer a question that the model or a tool asked.",
+        headers=(NAMESPACE,),
         success={200: "recorded (the same answer again is a no-op)"},
         errors={
-            404: "not_found: no such session or question",
+            404: "not_found: no such session in the namespace, or no such question",
             409: "conflict: a different answer was already given, or the turn was cancelled",
         },
         path_params=(SESSION_ID, QUESTION_ID),
@@ -441,8 +461,9 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/cancel",
         CLIENT,
         "Cancel the running turn (the body is optional).",
+        headers=(NAMESPACE,),
         success={200: "cancelled, or nothing was running"},
-        errors={404: "not_found: no such session"},
+        errors={404: "not_found: no such session in the namespace"},
         path_params=(SESSION_ID,),
         body=(_reason("reason", "Why the turn was cancelled."),),
         proposes=True,
@@ -453,9 +474,10 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/tool-calls/{call_id}/reconcile",
         CLIENT,
         "Settle a tool call whose outcome is unknown.",
+        headers=(NAMESPACE,),
         success={200: "reconciled (the same outcome again is a no-op)"},
         errors={
-            404: "not_found: no such session or tool call",
+            404: "not_found: no such session in the namespace, or no such tool call",
             409: "conflict: the call's outcome is not unknown, or it was reconciled differently",
         },
         path_params=(SESSION_ID, CALL_ID),
@@ -475,10 +497,11 @@ _SESSIONS = (
         CLIENT,
         "Server-Sent Events: committed session events (with ids) and live delta events.",
         success={200: "an event stream"},
-        errors={404: "not_found: no such session"},
+        errors={404: "not_found: no such session in the namespace"},
         path_params=(SESSION_ID,),
         query=(FieldSpec("after", "string", pattern=r"[0-9]{1,20}", description="Resume after this event id."),),
         headers=(
+            NAMESPACE,
             FieldSpec(
                 "Last-Event-ID",
                 "string",
@@ -503,6 +526,7 @@ _WORKER = (
         "/v1/agents/{name}",
         WORKER,
         "Register or change an agent definition (tools and their policies).",
+        headers=(NAMESPACE,),
         success={200: "registered (the same definition again is a no-op)"},
         path_params=(AGENT_NAME,),
         body=(
@@ -528,6 +552,7 @@ _WORKER = (
         "/v1/worker/poll",
         WORKER,
         "Long-poll for tasks of the given agents; each hand-out is committed before the answer.",
+        headers=(NAMESPACE,),
         success={200: "tasks (possibly none when wait_ms ran out)"},
         body=(
             _id(

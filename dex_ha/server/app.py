@@ -39,7 +39,7 @@ from dex_ha.engine import (
     SendMessage,
 )
 from dex_ha.raft.core import ConfChangeRefused
-from dex_ha.server.api_spec import ROUTES, RouteSpec
+from dex_ha.server.api_spec import NAMESPACE, NAMESPACE_HEADER, ROUTES, RouteSpec
 from dex_ha.server.auth import TokenAuth
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
 from dex_ha.server.browsers import BrowserGuard, check_content_type
@@ -66,6 +66,9 @@ if TYPE_CHECKING:  # node.py builds the app: importing it here at run time would
 
 log = logging.getLogger("dex_ha.server.http")
 
+# The handlers' argument that holds the request's Caller (auth.py); no route has an input
+# of this name (a name with a space cannot be one).
+CALLER = "the caller"
 SSE_KEEPALIVE_S = 15.0
 SSE_EVENTS_PER_READ = 500
 
@@ -114,7 +117,7 @@ def _value(result: ApplyResult) -> dict[str, Any]:
 
 
 def build_app(node: NodeServer) -> web.Application:
-    auth = TokenAuth(node.config.tokens)
+    auth = TokenAuth(node.config.tokens, node.config.scoped_tokens)
     api = Api(node, openapi_document(version=_version()))
     # aiohttp refuses bodies above client_max_size before we see them; our per-route
     # limits are lower, so this only has to be the largest of them.
@@ -186,7 +189,7 @@ def _pipeline(
 async def _handle(
     api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler, request: web.Request
 ) -> web.StreamResponse:
-    auth.check(request.headers.get("Authorization"), route)
+    caller = auth.caller(request.headers.get("Authorization"), route)
     check_content_type(route.method, request.headers.get("Content-Type"))
     if route.active_only:
         api.node.serving()  # raises NotServing: 503 with leader_url
@@ -195,6 +198,9 @@ async def _handle(
         **validate_query(route, request.query),
         **validate_headers(route, request.headers),
     }
+    args[CALLER] = caller
+    if NAMESPACE in route.headers:  # 403 if the token may not use it
+        args["namespace"] = caller.namespace(args.pop(NAMESPACE_HEADER))
     raw = await _read_body(api, route, request) if route.body is not None else None
     with api.node.admission.slot(route.bounded):  # raises Overloaded: 503 at once
         if raw is not None:
@@ -418,6 +424,7 @@ async def create_session(api: Api, args: dict[str, Any], request: web.Request) -
             agent=args["agent"],
             session_id=args.get("session_id"),
             metadata=args.get("metadata"),
+            namespace=args["namespace"],
         )
     )
     value = _value(result)
@@ -433,18 +440,21 @@ async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) ->
         args.get("after"),
         awaiting_approval=args.get("awaiting_approval"),
         outcome_unknown=args.get("outcome_unknown"),
+        namespace=args["namespace"],
     )
     return 200, {"sessions": sessions, "next_after": sessions[-1]["session_id"] if len(sessions) == limit else None}
 
 
 async def get_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    return 200, _snapshot(api, args["session_id"])
+    return 200, _snapshot(api, args["session_id"], args["namespace"])
 
 
-def _snapshot(api: Api, session_id: str) -> dict[str, Any]:
+def _snapshot(api: Api, session_id: str, namespace: str) -> dict[str, Any]:
+    """The session's snapshot; 404 when it does not exist or belongs to another namespace
+    (the same answer: a caller must not learn that it exists)."""
     snapshot = api.engine.get_agent_snapshot(session_id)
-    if snapshot is None:
-        raise ApiError(404, "not_found", f"no session {session_id!r}")
+    if snapshot is None or snapshot["namespace"] != namespace:
+        raise ApiError(404, "not_found", f"no session {session_id!r} in namespace {namespace!r}")
     return snapshot
 
 
@@ -456,6 +466,7 @@ async def send_message(api: Api, args: dict[str, Any], request: web.Request) -> 
             text=args["text"],
             message_id=args.get("message_id"),
             mode=args["mode"],
+            namespace=args["namespace"],
         )
     )
     return 202, {"session_id": args["session_id"], **_value(result)}
@@ -469,6 +480,7 @@ async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) 
             call_id=args["call_id"],
             approved=args["approved"],
             reason=args.get("reason"),
+            namespace=args["namespace"],
         )
     )
     return 200, {**_value(result), "noop": result.noop}
@@ -481,6 +493,7 @@ async def answer_question(api: Api, args: dict[str, Any], request: web.Request) 
             session_id=args["session_id"],
             question_id=args["question_id"],
             answer=args["answer"],
+            namespace=args["namespace"],
         )
     )
     return 200, {**_value(result), "noop": result.noop}
@@ -488,7 +501,12 @@ async def answer_question(api: Api, args: dict[str, Any], request: web.Request) 
 
 async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
-        CancelTurn(at=api.node.clock.now_ms(), session_id=args["session_id"], reason=args.get("reason"))
+        CancelTurn(
+            at=api.node.clock.now_ms(),
+            session_id=args["session_id"],
+            reason=args.get("reason"),
+            namespace=args["namespace"],
+        )
     )
     return 200, {"session_id": args["session_id"], **_value(result)}
 
@@ -502,6 +520,7 @@ async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Reque
             outcome=args["outcome"],
             result=args.get("result"),
             error=args.get("error"),
+            namespace=args["namespace"],
         )
     )
     return 200, {**_value(result), "noop": result.noop}
@@ -514,7 +533,7 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     the last id it saw on whichever node is active then.
     """
     session_id = args["session_id"]
-    _snapshot(api, session_id)  # 404 before the stream starts
+    _snapshot(api, session_id, args["namespace"])  # 404 before the stream starts
     after_text = args.get("Last-Event-ID") or args.get("after")
     after = int(after_text) if after_text else 0
     response = web.StreamResponse(
@@ -573,18 +592,43 @@ async def register_agent(api: Api, args: dict[str, Any], request: web.Request) -
     definition = {
         k: args[k] for k in ("tools", "compaction", "model", "description", "metadata") if args.get(k) is not None
     }
-    result = await api.propose(RegisterAgent(at=api.node.clock.now_ms(), name=args["name"], definition=definition))
-    return 200, result.value
+    role = args[CALLER].role
+    result = await api.propose(
+        RegisterAgent(
+            at=api.node.clock.now_ms(),
+            name=args["name"],
+            definition=definition,
+            namespace=args["namespace"],
+            # Lowering a tool's approval is an admin's decision (no role: no tokens configured).
+            may_lower_approval=role in (None, "admin"),
+        )
+    )
+    value = dict(_value(result))
+    for change in value.pop("policy_changes", []):  # for the log; the answer stays as it was
+        log.info(
+            "agent %r in namespace %r: tool %r policy %s -> %s (by a token of role %s)",
+            args["name"],
+            args["namespace"],
+            change["tool"],
+            _dumps(change["old"]),
+            _dumps(change["new"]),
+            role or "none (no tokens configured)",
+        )
+    return 200, value
 
 
 async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     leader = api.node.serving()
+    for agent in args["agents"]:
+        if api.engine.agent_namespace(agent) not in (None, args["namespace"]):
+            raise ApiError(403, "forbidden", f"agents: agent {agent!r} belongs to another namespace")
     tasks = await leader.poll(
         args["worker_id"],
         args["agents"],
         args["max_tasks"],
         args["wait_ms"],
         gone=lambda: request.transport is None or request.transport.is_closing(),
+        namespace=args["namespace"],
     )
     if tasks:
         api.node.failpoints.hit("server.handout.after-commit")

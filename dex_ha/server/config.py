@@ -27,10 +27,15 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     allowed_origins = []                  # web pages of other sites that may call the API ("https://app.example")
     log_json = false
 
-    [tokens]                              # role -> list of bearer tokens (≥ 16 characters each)
-    client = ["…"]
+    [tokens]                              # role -> list of bearer tokens (≥ 16 characters each);
+    client = ["…"]                        # these may use every namespace
     worker = ["…"]
     admin = ["…"]
+
+    [[scoped_tokens]]                     # a client or worker token that may use only these namespaces
+    role = "client"
+    namespaces = ["team-a"]
+    value = "…"
 
     [[peers]]                             # every voter at bootstrap, this node included
     id = "n1"
@@ -43,12 +48,14 @@ DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS,
 DEX_HA_HTTP_HEADER_TIMEOUT_MS, DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS,
 DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_ALLOWED_HOSTS, DEX_HA_ALLOWED_ORIGINS (comma-separated), DEX_HA_LOG_JSON,
-DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated).
+DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated), DEX_HA_SCOPED_TOKENS (comma-separated
+`role:namespace+namespace=token` entries, added to those of the file).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -62,7 +69,8 @@ from dex_ha.raft.core import (
     DEFAULT_LEASE_DRIFT_MARGIN_MS,
     check_timing,
 )
-from dex_ha.server.auth import ROLES
+from dex_ha.server.api_spec import MAX_ID_LENGTH, NAME_PATTERN, PATTERN_RULES
+from dex_ha.server.auth import ROLES, ScopedToken
 from dex_ha.server.browsers import check_origin_setting, is_loopback
 
 Address = tuple[str, int]
@@ -92,7 +100,8 @@ class ServerConfig:
     probe_listen: Address | None = None
     durability: str = "strict"
     cluster_secret: str | None = None
-    tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # every namespace
+    scoped_tokens: tuple[ScopedToken, ...] = ()  # each limited to its namespaces
     insecure: bool = False  # run without tokens / cluster secret (a node says so loudly)
     join: bool = False
     heartbeat_timeout_ms: int = 30_000
@@ -132,7 +141,7 @@ class ServerConfig:
 
     @property
     def auth_enabled(self) -> bool:
-        return any(self.tokens.get(role) for role in ROLES)
+        return bool(self.scoped_tokens) or any(self.tokens.get(role) for role in ROLES)
 
     def check(self) -> None:
         """Refuse a configuration that cannot run safely."""
@@ -316,7 +325,23 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     tokens = {**(raw.get("tokens") or {}), **tokens_from_env(env)}
     if tokens:
         raw["tokens"] = tokens
+    scoped = env.get("DEX_HA_SCOPED_TOKENS")
+    if scoped is not None:
+        raw["scoped_tokens"] = [*(raw.get("scoped_tokens") or []), *_scoped_tokens_from_env(scoped)]
     return raw
+
+
+def _scoped_tokens_from_env(value: str) -> list[dict[str, Any]]:
+    """DEX_HA_SCOPED_TOKENS: `role:namespace+namespace=token` entries, comma-separated, as
+    `[[scoped_tokens]]` tables (a token holds no comma; a role and a namespace no '=')."""
+    found = []
+    for i, entry in enumerate(item.strip() for item in value.split(",") if item.strip()):
+        scope, equals, token = entry.partition("=")
+        role, colon, namespaces = scope.partition(":")
+        if not (equals and colon and token):
+            raise ConfigError(f"DEX_HA_SCOPED_TOKENS: entry {i} must be role:namespace+namespace=token")
+        found.append({"role": role, "namespaces": namespaces.split("+"), "value": token})
+    return found
 
 
 # What `dex-ha dev` takes from DEX_HA_* (its other keys are fixed: one voter on loopback).
@@ -332,6 +357,7 @@ DEV_ENV_KEYS = (
     "http_max_connections",
     "allowed_hosts",
     "allowed_origins",
+    "scoped_tokens",
 )
 
 
@@ -344,6 +370,8 @@ def dev_overrides_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     for key in ("allowed_hosts", "allowed_origins"):
         if key in raw:
             raw[key] = tuple(raw[key])
+    if "scoped_tokens" in raw:
+        raw["scoped_tokens"] = scoped_tokens(raw["scoped_tokens"])
     return raw
 
 
@@ -410,11 +438,37 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
         probe_listen=parse_address(raw["probe_listen"], "probe_listen") if raw.get("probe_listen") else None,
         cluster_secret=secret,
         tokens={r: tuple(t) for r, t in tokens.items()},
+        scoped_tokens=scoped_tokens(raw.get("scoped_tokens", [])),
         insecure=insecure,
         allowed_hosts=_string_list(raw.get("allowed_hosts", []), "allowed_hosts"),
         allowed_origins=_string_list(raw.get("allowed_origins", []), "allowed_origins"),
         **simple,
     )
+
+
+def scoped_tokens(raw: Any) -> tuple[ScopedToken, ...]:
+    """The `[[scoped_tokens]]` tables as ScopedTokens; ConfigError naming the key otherwise.
+    The token itself is checked (length, characters) by TokenAuth, as those of [tokens]."""
+    if not isinstance(raw, list):
+        raise ConfigError("scoped_tokens: must be a list of tables ([[scoped_tokens]])")
+    found = []
+    for i, entry in enumerate(raw):
+        where = f"scoped_tokens[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"role", "namespaces", "value"}:
+            raise ConfigError(f"{where}: needs role, namespaces and value (and nothing else)")
+        if entry["role"] not in ("client", "worker"):
+            raise ConfigError(f"{where}.role: must be client or worker (admin tokens use every namespace: [tokens])")
+        namespaces = _string_list(entry["namespaces"], f"{where}.namespaces")
+        for namespace in namespaces:
+            if len(namespace) > MAX_ID_LENGTH or not re.fullmatch(NAME_PATTERN, namespace):
+                rule = PATTERN_RULES[NAME_PATTERN]
+                raise ConfigError(f"{where}.namespaces: {namespace!r} {rule} (at most {MAX_ID_LENGTH} characters)")
+        if not namespaces:
+            raise ConfigError(f"{where}.namespaces: must list at least one namespace")
+        if not isinstance(entry["value"], str):
+            raise ConfigError(f"{where}.value: must be a string")
+        found.append(ScopedToken(entry["role"], namespaces, entry["value"]))
+    return tuple(found)
 
 
 def _string_list(value: Any, key: str) -> tuple[str, ...]:

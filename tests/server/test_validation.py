@@ -679,12 +679,23 @@ def test_routes_without_query_parameters_refuse_any(route_name):
 
 def test_last_event_id_header_is_read_case_insensitively_and_checked():
     route = ROUTES_BY_NAME["session_events"]
-    assert validate_headers(route, {"Accept": "text/event-stream"}) == {"Last-Event-ID": None}
-    assert validate_headers(route, {"last-event-id": "42", "X-Other": "?"}) == {"Last-Event-ID": "42"}
+    none = {"Dex-Namespace": None}
+    assert validate_headers(route, {"Accept": "text/event-stream"}) == {**none, "Last-Event-ID": None}
+    assert validate_headers(route, {"last-event-id": "42", "X-Other": "?"}) == {**none, "Last-Event-ID": "42"}
     with pytest.raises(InvalidRequest) as caught:
         validate_headers(route, {"Last-Event-ID": "latest"})
     assert caught.value.field == "Last-Event-ID"
-    assert validate_headers(ROUTES_BY_NAME["get_session"], {"Last-Event-ID": "latest"}) == {}
+    assert validate_headers(ROUTES_BY_NAME["get_session"], {"Last-Event-ID": "latest"}) == none
+
+
+@pytest.mark.parametrize("value", ["", ".", "..", "a/b", "-a", "a b", "x" * 201])
+def test_a_namespace_outside_the_id_character_set_is_refused_naming_the_header(value):
+    with pytest.raises(InvalidRequest) as caught:
+        validate_headers(ROUTES_BY_NAME["list_sessions"], {"dex-namespace": value})
+    assert caught.value.field == "Dex-Namespace"
+    assert validate_headers(ROUTES_BY_NAME["list_sessions"], {"dex-namespace": "team-a.1"}) == {
+        "Dex-Namespace": "team-a.1"
+    }
 
 
 # ---------------------------------------------------------------- path ids
