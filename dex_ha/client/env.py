@@ -25,6 +25,7 @@ TOKEN_VAR = "DEX_HA_TOKEN"
 CLIENT_TOKEN_VAR = "DEX_HA_CLIENT_TOKEN"
 WORKER_TOKEN_VAR = "DEX_HA_WORKER_TOKEN"
 NAMESPACE_VAR = "DEX_HA_NAMESPACE"
+DEFAULT_NAMESPACE = "default"  # the API's namespace of whatever names none (docs/api.md)
 DEFAULT_URL = "http://127.0.0.1:8801"  # where `dex-ha dev` listens
 
 

@@ -57,3 +57,10 @@ async def test_show_prints_the_snapshot_and_json_prints_it_as_received(node: Fak
         assert "c-1   refund" in text
         raw = json.loads(await run(build_parser().parse_args(["sessions", "show", "s-1", "--json"]), client))
         assert raw["new_field"] == "kept"
+
+
+def test_every_sessions_subcommand_takes_a_namespace() -> None:
+    for argv in (["list"], ["show", "s1"], ["approve", "s1", "c1"], ["send", "s1", "hi"]):
+        args = build_parser().parse_args(["sessions", *argv, "--namespace", "team-a"])
+        assert args.namespace == "team-a"
+    assert build_parser().parse_args(["sessions", "list"]).namespace is None  # DexClient reads DEX_HA_NAMESPACE

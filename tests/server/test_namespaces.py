@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from dex_ha.client import DexClient, DexError
 from dex_ha.server.auth import ScopedToken
 from dex_ha.server.config import ConfigError, load_config
 from dex_ha.server.node import NodeServer
+from dex_ha.worker import Agent, ScriptedModel, Worker
 from harness.waiting import eventually
+from tests.e2e.conftest import running
 from tests.server.node_fixture import (
     HttpApi,
     Reply,
@@ -228,3 +231,22 @@ def test_a_bad_scoped_token_is_refused_naming_the_key(tmp_path: Path, env: str, 
     with pytest.raises(ConfigError) as caught:
         load_config(None, {**base, "DEX_HA_SCOPED_TOKENS": env}, insecure=True)
     assert named in str(caught.value)
+
+
+async def test_the_sdks_work_in_the_namespace_they_are_given(scoped_node: NodeServer, scoped_api: HttpApi) -> None:
+    """DexClient and Worker with namespace ns-a (and the tokens of ns-a): the Worker serves
+    ns-a's agent, the client sees ns-a's sessions only; B's session stays out of reach."""
+    url = scoped_api.url
+    agent = Agent("agent-sdk", model=ScriptedModel([{"content": "hello from ns-a"}]))
+    worker = Worker(url, WORKER_A, agents=[agent], namespace="ns-a", poll_wait_ms=500)
+    async with running(worker), DexClient(url, CLIENT_A, namespace="ns-a", give_up_after_s=5) as client:
+        session = await client.create_session("agent-sdk", session_id="s-sdk")
+        assert session.namespace == "ns-a"
+        await client.send_message("s-sdk", "hi")
+        done = await client.wait_until_idle("s-sdk", timeout_s=10)
+        assert done.history[-1]["content"] == "hello from ns-a"
+        assert [s.session_id for s in (await client.list_sessions()).sessions] == ["s-sdk"]
+        with pytest.raises(DexError) as caught:
+            await client.get_session("sb")
+        assert caught.value.status == 404
+    assert scoped_node.replica.reads.agent_namespace("agent-sdk") == "ns-a"
