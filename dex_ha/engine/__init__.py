@@ -14,7 +14,8 @@ Public API (what a server and the Raft node call):
     attempt, current? cancel? None unless the token's secret matches),
     ``next_timer()``, ``due_timers(now_ms, limit)``, ``task_for(step_id)``.
   - API queries: ``get_agent_snapshot(session_id)``, ``list_sessions(agent, status, limit,
-    after)``, ``events(session_id, after, limit)``, ``stats()``; ``logical_dump()`` and
+    after)``, ``events(session_id, after, limit)`` (and ``sessions_page`` / ``events_page``:
+    the same with a byte budget, as a ``Page``), ``stats()``; ``logical_dump()`` and
     ``queued_steps(agent, limit)`` (the queue in order) for tests and benches.
 - Commands (dataclasses, each with ``at`` in leader wall-clock ms) and their wire format:
   ``encode_command(cmd) -> bytes``, ``decode_command(data) -> Command``.
@@ -67,6 +68,7 @@ from dex_ha.engine.kinds import (
 )
 from dex_ha.engine.queries import (
     AttemptState,
+    Page,
     QueuedStep,
     RunningAttempt,
     SessionEvent,
@@ -107,6 +109,7 @@ __all__ = [
     "FireTimer",
     "Handout",
     "HeartbeatLost",
+    "Page",
     "QueuedStep",
     "ReconcileToolCall",
     "RegisterAgent",

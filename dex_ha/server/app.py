@@ -39,12 +39,12 @@ from dex_ha.engine import (
     SendMessage,
 )
 from dex_ha.raft.core import ConfChangeRefused
-from dex_ha.server.api_spec import ROUTES, RouteSpec
+from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, ROUTES, RouteSpec
 from dex_ha.server.auth import TokenAuth
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
 from dex_ha.server.browsers import BrowserGuard, check_content_type
 from dex_ha.server.cluster_nodes import every_node_view
-from dex_ha.server.config import ConfigError, parse_address
+from dex_ha.server.config import ConfigError, ServerConfig, parse_address
 from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
 from dex_ha.server.http_limits import SERVER_NAME, client_gone, name_the_server, read_body
@@ -54,6 +54,7 @@ from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
     BodyTooLarge,
     InvalidRequest,
+    check_field_sizes,
     decode_json_body,
     validate_body,
     validate_headers,
@@ -116,8 +117,8 @@ def _value(result: ApplyResult) -> dict[str, Any]:
 def build_app(node: NodeServer) -> web.Application:
     auth = TokenAuth(node.config.tokens)
     api = Api(node, openapi_document(version=_version()))
-    # aiohttp refuses bodies above client_max_size before we see them; our per-route
-    # limits are lower, so this only has to be the largest of them.
+    # Bodies are read by read_body (http_limits.py) with their route's limit; aiohttp's own
+    # cap (client_max_size, for request.read()) is the largest of them, should anything call it.
     config = node.config
     guard = BrowserGuard.for_node(config.http_listen[0], config.url, config.allowed_hosts, config.allowed_origins)
     app = web.Application(
@@ -195,27 +196,45 @@ async def _handle(
         **validate_query(route, request.query),
         **validate_headers(route, request.headers),
     }
-    raw = await _read_body(api, route, request) if route.body is not None else None
-    with api.node.admission.slot(route.bounded):  # raises Overloaded: 503 at once
-        if raw is not None:
-            args.update(validate_body(route, decode_json_body(route, raw)))
-        try:
-            answer = await handler(api, args, request)
-        except RAFT_ERRORS as exc:  # a proposal or membership change that Raft refused
-            raise from_raft(exc) from exc
+    # The body counts in admission from before it is read until the answer (its decoded
+    # value lives as long): past the bytes in flight, 503 `overloaded` and it is never read.
+    with api.node.admission.body(_body_size(route, request)):
+        raw = await _read_body(api, route, request) if route.body is not None else None
+        with api.node.admission.slot(route.bounded):  # raises Overloaded: 503 at once
+            if raw is not None:
+                args.update(validate_body(route, decode_json_body(route, raw)))
+                check_field_sizes(route, args, _field_caps(api.node.config))
+            try:
+                answer = await handler(api, args, request)
+            except RAFT_ERRORS as exc:  # a proposal or membership change that Raft refused
+                raise from_raft(exc) from exc
     if isinstance(answer, web.StreamResponse):
         return answer
     status, body = answer
     return web.json_response(body, status=status, dumps=_dumps)
 
 
-async def _read_body(api: Api, route: RouteSpec, request: web.Request) -> bytes:
-    if request.content_length is not None and request.content_length > route.max_body_bytes:
+def _body_size(route: RouteSpec, request: web.Request) -> int:
+    """The most bytes the request's body can take: 0 for a route that reads none, its
+    Content-Length (413 `too_large` over the route's limit: refused before any of it is
+    read), or the route's limit for a chunked body (read_body stops there)."""
+    if route.body is None:
+        return 0
+    if request.content_length is None:
+        return route.max_body_bytes if request.body_exists else 0
+    if request.content_length > route.max_body_bytes:
         raise BodyTooLarge(route.max_body_bytes, request.content_length)
+    return request.content_length
+
+
+def _field_caps(config: ServerConfig) -> dict[str, int]:
+    """The values of the settings that FieldSpec.max_bytes names."""
+    return {name: getattr(config, name) for name in FIELD_CAP_CEILINGS}
+
+
+async def _read_body(api: Api, route: RouteSpec, request: web.Request) -> bytes:
     try:
-        return await read_body(request, api.node.config.http_body_timeout_ms / 1000)
-    except web.HTTPRequestEntityTooLarge:
-        raise BodyTooLarge(route.max_body_bytes) from None
+        return await read_body(request, api.node.config.http_body_timeout_ms / 1000, route.max_body_bytes)
     except web.RequestPayloadError:  # e.g. a gzip or deflate body that does not inflate
         raise InvalidRequest("body", "cannot be read: its Content-Encoding does not decode") from None
 
@@ -425,16 +444,17 @@ async def create_session(api: Api, args: dict[str, Any], request: web.Request) -
 
 
 async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    limit = args["limit"]
-    sessions = api.engine.list_sessions(
+    page = api.engine.sessions_page(
         args.get("agent"),
         args.get("status"),
-        limit,
+        args["limit"],
         args.get("after"),
         awaiting_approval=args.get("awaiting_approval"),
         outcome_unknown=args.get("outcome_unknown"),
+        max_bytes=api.node.config.page_max_bytes,
     )
-    return 200, {"sessions": sessions, "next_after": sessions[-1]["session_id"] if len(sessions) == limit else None}
+    sessions = page.items
+    return 200, {"sessions": sessions, "next_after": sessions[-1]["session_id"] if page.more else None}
 
 
 async def get_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -551,12 +571,12 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
 
 async def _write_committed_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> int:
     while True:
-        events = api.engine.events(session_id, after, SSE_EVENTS_PER_READ)
-        for e in events:
+        page = api.engine.events_page(session_id, after, SSE_EVENTS_PER_READ, api.node.config.page_max_bytes)
+        for e in page.items:
             body = {"id": str(e.event_id), "type": e.type, "at": e.at, "data": e.data}
             await response.write(_sse(str(e.event_id), e.type, body))
             after = e.event_id
-        if len(events) < SSE_EVENTS_PER_READ:
+        if not page.more:
             return after
 
 

@@ -66,6 +66,19 @@ class BodyTooLarge(HttpError):
         self.message = str(self)
 
 
+class FieldTooLarge(HttpError):
+    """A field over the size its setting caps it at (FieldSpec.max_bytes): 413 `too_large`
+    naming the field, the cap and the setting."""
+
+    def __init__(self, field: str, setting: str, limit: int, size: int, unit: str) -> None:
+        super().__init__(
+            413,
+            "too_large",
+            f"{field}: must be at most {limit} bytes of {unit} (got {size}); the node's {setting} setting sets the cap",
+        )
+        self.field = field
+
+
 # ---------------------------------------------------------------- public API
 
 
@@ -110,6 +123,24 @@ def validate_body(route: RouteSpec, body: Any) -> dict[str, Any]:
     _reject_unknown(body, fields, kind="field")
     _check_json_values(body)
     return {spec.name: _field_value(spec, body, spec.name) for spec in fields}
+
+
+def check_field_sizes(route: RouteSpec, args: Mapping[str, Any], caps: Mapping[str, int]) -> None:
+    """Raise FieldTooLarge for a validated body field over its cap: `caps` maps each setting
+    that FieldSpec.max_bytes names to its value. A string field is measured in UTF-8, any
+    other field as compact JSON (as the state stores it); null and absent fields are not."""
+    for spec in route.body or ():
+        value = args.get(spec.name)
+        if spec.max_bytes is None or value is None:
+            continue
+        unit = "UTF-8" if spec.type == "string" else "JSON"
+        size = len((value if spec.type == "string" else _compact_json(value)).encode())
+        if size > caps[spec.max_bytes]:
+            raise FieldTooLarge(spec.name, spec.max_bytes, caps[spec.max_bytes], size, unit)
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def validate_query(route: RouteSpec, query: Mapping[str, str]) -> dict[str, Any]:

@@ -197,7 +197,7 @@ def test_field_schemas_carry_types_enums_bounds_and_nullability(document):
     message = operation(document, ROUTES_BY_NAME["send_message"])["requestBody"]["content"]["application/json"]
     props = message["schema"]["properties"]
     assert props["mode"]["enum"] == ["queue", "steer"] and props["mode"]["default"] == "queue"
-    assert props["text"]["maxLength"] == 262_144
+    assert "max_message_bytes setting in bytes of UTF-8" in props["text"]["description"]  # a cap in bytes
     assert props["message_id"]["type"] == ["string", "null"]
     answer = operation(document, ROUTES_BY_NAME["answer_question"])["requestBody"]["content"]["application/json"]
     assert "type" not in answer["schema"]["properties"]["answer"]  # any JSON value
