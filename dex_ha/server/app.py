@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,7 @@ from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
 from dex_ha.server.http_limits import SERVER_NAME, client_gone, name_the_server, read_body
 from dex_ha.server.leader import LeaderTerm
+from dex_ha.server.memory import MemoryReleaser
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
@@ -80,6 +81,7 @@ class Api:
 
     node: NodeServer
     openapi: dict[str, Any]
+    memory: MemoryReleaser = field(default_factory=MemoryReleaser)
 
     @property
     def engine(self) -> EngineReader:
@@ -179,6 +181,8 @@ def _pipeline(
             log.exception("%s %s failed", route.method, request.path)
             response = _error(500, "internal", "the server failed to answer; see its log")
         api.node.metrics.count_request(route.name, response.status)
+        if route.body is not None:  # the body and its decoded value are gone now: give big ones back
+            api.memory.body_done(_declared_body_size(route, request), api.node.admission.body_bytes)
         return response
 
     return handle
@@ -215,15 +219,21 @@ async def _handle(
 
 
 def _body_size(route: RouteSpec, request: web.Request) -> int:
-    """The most bytes the request's body can take: 0 for a route that reads none, its
-    Content-Length (413 `too_large` over the route's limit: refused before any of it is
-    read), or the route's limit for a chunked body (read_body stops there)."""
+    """The most bytes the request's body can take (`_declared_body_size`); 413 `too_large`
+    for a Content-Length over the route's limit, before any of the body is read."""
+    size = _declared_body_size(route, request)
+    if size > route.max_body_bytes:
+        raise BodyTooLarge(route.max_body_bytes, size)
+    return size
+
+
+def _declared_body_size(route: RouteSpec, request: web.Request) -> int:
+    """0 for a route that reads no body, its Content-Length, or the route's limit for a
+    chunked body (read_body stops there)."""
     if route.body is None:
         return 0
     if request.content_length is None:
         return route.max_body_bytes if request.body_exists else 0
-    if request.content_length > route.max_body_bytes:
-        raise BodyTooLarge(route.max_body_bytes, request.content_length)
     return request.content_length
 
 

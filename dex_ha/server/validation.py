@@ -164,10 +164,11 @@ def validate_headers(route: RouteSpec, headers: Mapping[str, str]) -> dict[str, 
 
 # ---------------------------------------------------------------- decoding
 
-# The most items (arrays' elements and objects' members, at any depth) a body may hold.
-# The work of a body grows with its items, not its bytes: 4 MiB of `[],` are 1.4 million
-# lists, which take the C decoder a quarter of a second with the interpreter lock held, and
-# then the garbage collector as long again; the Raft thread could not run meanwhile.
+# The most items a body may hold: each array and object counts one, and one for each of its
+# elements or members, at any depth. The work of a body grows with its items, not its bytes:
+# 4 MiB of `[],` are 1.4 million lists, which take the C decoder a quarter of a second with
+# the interpreter lock held, and the garbage collector as long again; the Raft thread could
+# not run meanwhile.
 MAX_JSON_ITEMS = 100_000
 
 
@@ -178,13 +179,15 @@ class TooManyItems(HttpError):
         super().__init__(
             413,
             "too_large",
-            f"body: must hold at most {MAX_JSON_ITEMS} JSON items (array elements and object members); send fewer",
+            f"body: must hold at most {MAX_JSON_ITEMS} JSON items (each array and object, and each of their "
+            "elements and members); send fewer",
         )
 
 
 def _decoder_for(raw: bytes) -> json.JSONDecoder:
-    """The C decoder for a body that cannot hold more than MAX_JSON_ITEMS items (counting
-    every comma and bracket, those in strings too, overcounts); else the decoder's
+    """The C decoder for a body that cannot hold more than MAX_JSON_ITEMS items: one with at
+    most half as many commas and opening brackets (each container counts one more than it
+    has commas; those in strings count too, so this overcounts). Else the decoder's
     Python-level scanner, which lets other threads in every few milliseconds and stops
     (TooManyItems) once it has built more than MAX_JSON_ITEMS items."""
     hooks = {
@@ -192,7 +195,7 @@ def _decoder_for(raw: bytes) -> json.JSONDecoder:
         "parse_int": _parse_int,
         "object_pairs_hook": _object_without_repeated_keys,
     }
-    if raw.count(b",") + raw.count(b"[") + raw.count(b"{") <= MAX_JSON_ITEMS:
+    if raw.count(b",") + raw.count(b"[") + raw.count(b"{") <= MAX_JSON_ITEMS // 2:
         return json.JSONDecoder(**hooks)  # type: ignore[arg-type]
     return _CountingDecoder(**hooks)
 

@@ -5,6 +5,7 @@
 - Pages with a byte budget: a list of sessions stops once it holds `page_max_bytes` and
   says where to go on (`next_after`), whatever `limit` asked for; one session bigger than
   the budget comes alone. Event reads have the same budget (an SSE stream still sends all).
+- Items: a body holds at most MAX_JSON_ITEMS array elements and object members (413).
 - Bodies: a Content-Length over the route's limit is answered 413 before any of the body
   is sent; a chunked body is answered 413 as soon as it passes the limit; and the bytes of
   the bodies in flight count in admission (503 `overloaded` past `max_inflight_body_bytes`,
@@ -22,6 +23,7 @@ import pytest
 from dex_ha.engine import Page
 from dex_ha.server.api_spec import ROUTES_BY_NAME
 from dex_ha.server.config import ConfigError, ServerConfig
+from dex_ha.server.validation import MAX_JSON_ITEMS, TooManyItems, decode_json_body
 from harness.waiting import eventually
 from tests.server.conftest import HttpFactory, NodeFactory
 from tests.server.node_fixture import (
@@ -281,3 +283,24 @@ async def test_bodies_past_the_bytes_in_flight_get_503_overloaded_before_they_ar
 
 async def _body_bytes(node: Any, expected: int) -> bool:
     return node.admission.body_bytes == expected
+
+
+# ---------------------------------------------------------------- items
+
+
+def test_a_body_of_more_than_max_json_items_is_413_and_commas_in_strings_do_not_count():
+    route = ROUTES_BY_NAME["task_complete"]
+
+    def body(result: Any) -> bytes:
+        return json.dumps({"worker_id": "w", "result": result}).encode()
+
+    # The body object and its 2 members, the array and its elements: MAX_JSON_ITEMS items.
+    at_cap = [0] * (MAX_JSON_ITEMS - 4)
+    assert decode_json_body(route, body(at_cap))["result"] == at_cap
+    for over in ([0] * (MAX_JSON_ITEMS - 3), [[]] * (4 * MAX_JSON_ITEMS), [{"a": 1}] * (MAX_JSON_ITEMS // 3)):
+        with pytest.raises(TooManyItems) as caught:
+            decode_json_body(route, body(over))
+        assert (caught.value.status, caught.value.code) == (413, "too_large")
+        assert str(caught.value).startswith(f"body: must hold at most {MAX_JSON_ITEMS} JSON items")
+    text = ",[{" * MAX_JSON_ITEMS  # looks like many items, holds one
+    assert decode_json_body(route, body(text))["result"] == text
