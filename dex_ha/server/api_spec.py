@@ -236,10 +236,10 @@ def _route(
             503,
             "not_active: this node is not the active node; retry, or follow leader_url; or no_space: "
             "this node's disk is full, retry (it resumes by itself once space is freed)"
-            + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else "")
+            + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded or body is not None else "")
             + (f"; or {UNAVAILABLE}" if proposes else ""),
         )
-    elif bounded:
+    elif bounded or body is not None:
         responses.setdefault(503, "overloaded: the node sheds load; retry after Retry-After")
     return RouteSpec(
         name=name,
@@ -351,7 +351,15 @@ _SESSIONS = (
         query=(
             FieldSpec("agent", "string", max_length=MAX_ID_LENGTH, description="Only this agent's sessions."),
             FieldSpec("status", "string", enum=("idle", "running"), description="Only sessions in this status."),
-            FieldSpec("limit", "integer", min=1, max=1000, default=100, description="Page size."),
+            FieldSpec(
+                "limit",
+                "integer",
+                min=1,
+                max=1000,
+                default=100,
+                description="Page size: at most this many sessions. A page also ends once it holds the node's "
+                "page_max_bytes; next_after says where the next one starts.",
+            ),
             FieldSpec(
                 "after",
                 "string",

@@ -153,7 +153,8 @@ def test_query_and_header_parameter_schemas(document):
     params = {p["name"]: p for p in operation(document, ROUTES_BY_NAME["list_sessions"])["parameters"]}
     assert params["limit"]["schema"] == {
         "type": "integer",
-        "description": "Page size.",
+        "description": "Page size: at most this many sessions. A page also ends once it holds the node's "
+        "page_max_bytes; next_after says where the next one starts.",
         "minimum": 1,
         "maximum": 1000,
         "default": 100,
