@@ -364,7 +364,7 @@ class Queries:
                 for n, (type_, data) in enumerate(from_json(events))
                 if (index << EVENT_ID_SHIFT) + n > after
             ]
-            if page.add_all(found, len(events)):
+            if found and page.add_all(found, len(events)):  # a row of events at or before `after` costs nothing
                 break
         return page.done()
 

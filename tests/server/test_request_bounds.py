@@ -213,6 +213,22 @@ async def test_an_event_stream_sends_every_event_across_reads_of_the_page_budget
     assert seen == texts
 
 
+async def test_a_read_of_events_after_the_last_one_of_a_big_entry_moves_on(
+    nodes: NodeFactory, http: HttpFactory, tmp_path: Path
+):
+    """The entry of the resume point holds more than the budget but nothing after it: the
+    read must not come back empty with `more` (a stream would read it again forever)."""
+    node = await nodes(single_node_config(tmp_path / "node", page_max_bytes=PAGE_BUDGET))
+    api = http(node)
+    await create_sessions(api, 1, metadata_bytes=10)
+    await api.send_message("s000", "b" * (PAGE_BUDGET + 1000), message_id="big")
+    reads = node.replica.reads
+    big = next(e for e in reads.events("s000") if e.type == "message_received")
+    last_of_its_entry = max(e.event_id for e in reads.events("s000") if e.event_id >> 16 == big.event_id >> 16)
+    page = reads.events_page("s000", last_of_its_entry, 1000, PAGE_BUDGET)
+    assert page.items or not page.more, "an empty read that says there is more"
+
+
 # ---------------------------------------------------------------- bodies
 
 
