@@ -1,5 +1,5 @@
 """Read side: what the leader needs to dispatch, heartbeat and fire timers, and what the
-API shows (get_agent_snapshot, list_sessions, session events). Reads only; no changes.
+API shows (get_agent_snapshot, sessions_page, session events). Reads only; no changes.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ class SessionEvent:
     at: int
 
 
-# Per-session counts for list_sessions (correlated on the outer `sessions` row).
+# Per-session counts for sessions_page (correlated on the outer `sessions` row).
 _PENDING_APPROVALS = (
     "SELECT COUNT(*) FROM approvals a WHERE a.session_id = sessions.session_id AND a.status = 'pending'"
 )
@@ -282,21 +282,6 @@ class Queries:
         return task
 
     # ---------------------------------------------------------- API reads
-
-    def list_sessions(
-        self,
-        agent: str | None = None,
-        status: str | None = None,
-        limit: int = 100,
-        after: str | None = None,
-        *,
-        awaiting_approval: bool | None = None,
-        outcome_unknown: bool | None = None,
-    ) -> list[dict[str, Any]]:
-        """`sessions_page` without a byte budget: up to `limit` sessions."""
-        return self.sessions_page(
-            agent, status, limit, after, awaiting_approval=awaiting_approval, outcome_unknown=outcome_unknown
-        ).items
 
     def sessions_page(
         self,
