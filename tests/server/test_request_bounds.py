@@ -320,3 +320,30 @@ def test_a_body_of_more_than_max_json_items_is_413_and_commas_in_strings_do_not_
         assert str(caught.value).startswith(f"body: must hold at most {MAX_JSON_ITEMS} JSON items")
     text = ",[{" * MAX_JSON_ITEMS  # looks like many items, holds one
     assert decode_json_body(route, body(text))["result"] == text
+
+
+# ---------------------------------------------------------------- big answers
+
+
+def test_a_big_answer_is_encoded_in_pieces_of_one_member_or_item_that_make_its_json():
+    from dex_ha.server.app import _json_pieces
+
+    value = {"session_id": "s1", "history": [{"seq": i, "text": "x" * 1000} for i in range(50)], "n": None, 7: [[]]}
+    pieces = list(_json_pieces(value))
+    assert json.loads("".join(pieces)) == json.loads(json.dumps(value))
+    assert max(map(len, pieces)) < 1100, "no piece holds more than one item of the history"
+    assert json.loads("".join(_json_pieces([1, "a"]))) == [1, "a"] and "".join(_json_pieces("a")) == '"a"'
+
+
+@pytest.mark.covers("get_session", "list_sessions")
+async def test_snapshots_and_pages_are_streamed_and_whole(nodes: NodeFactory, http: HttpFactory, tmp_path: Path):
+    node = await nodes(single_node_config(tmp_path / "node"))
+    api = http(node)
+    await create_sessions(api, 3, metadata_bytes=50_000)
+    for i in range(3):
+        await api.send_message("s000", f"{i}" * 600_000, message_id=f"m{i}")
+    snapshot = expect(await api.get("/v1/sessions/s000"), 200)
+    assert snapshot == json.loads(json.dumps(node.replica.reads.get_agent_snapshot("s000")))
+    reply = await api.get("/v1/sessions", params={"limit": "2"})
+    assert reply.headers.get("Transfer-Encoding") == "chunked"
+    assert [s["session_id"] for s in reply.body["sessions"]] == ["s000", "s001"] and reply.body["next_after"] == "s001"
