@@ -76,7 +76,7 @@ from dex_ha.server.browsers import check_origin_setting, is_loopback
 Address = tuple[str, int]
 
 
-# Below this a page could not hold one session with its largest metadata and still say more.
+# The smallest page budget: one default-size metadata per page. Smaller would only make more requests.
 MIN_PAGE_BYTES = 64 << 10
 
 
