@@ -13,8 +13,9 @@ Public API (what a server and the Raft node call):
     ``attempt_state(step_id, attempt, term, token_secret)`` (a Worker's report: whose
     attempt, current? cancel? None unless the token's secret matches),
     ``next_timer()``, ``due_timers(now_ms, limit)``, ``task_for(step_id)``.
-  - API queries: ``get_agent_snapshot(session_id)``, ``list_sessions(agent, status, limit,
-    after)``, ``events(session_id, after, limit)``, ``stats()``; ``logical_dump()`` and
+  - API queries: ``get_agent_snapshot(session_id)``, ``sessions_page(agent, status, limit,
+    after, max_bytes=None) -> Page``, ``events(session_id, after, limit)`` (and
+    ``events_page``: the same with a byte budget, as a ``Page``), ``stats()``; ``logical_dump()`` and
     ``queued_steps(agent, limit)`` (the queue in order) for tests and benches;
   ``agent_namespace(name)`` (the namespace an agent name belongs to).
 - Commands (dataclasses, each with ``at`` in leader wall-clock ms) and their wire format:
@@ -69,6 +70,7 @@ from dex_ha.engine.kinds import (
 )
 from dex_ha.engine.queries import (
     AttemptState,
+    Page,
     QueuedStep,
     RunningAttempt,
     SessionEvent,
@@ -110,6 +112,7 @@ __all__ = [
     "FireTimer",
     "Handout",
     "HeartbeatLost",
+    "Page",
     "QueuedStep",
     "ReconcileToolCall",
     "RegisterAgent",

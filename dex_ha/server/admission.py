@@ -19,6 +19,14 @@ Shedding them would not lighten the load: the work is done, the Worker retries t
 report after its backoff, and meanwhile its slot runs nothing: with as many tasks running
 as the bound, the results alone would fill it. A report with a token the node did not hand
 out is answered 404 after one read, without waiting on anything.
+
+Bodies are bounded by their bytes as well, on every route that takes one (Worker reports
+included: one big result costs as much memory as any other big body). A body counts from
+before it is read (its Content-Length, or its route's limit when it is sent chunked) until
+its request is answered, since its decoded value lives as long. Past `max_body_bytes` the
+request gets 503 `overloaded` and its body is never read, so a burst of big bodies holds at
+most about that much memory (times what decoding a body costs), however many connections
+send one.
 """
 
 from __future__ import annotations
@@ -35,12 +43,14 @@ OVERLOADED_RETRY_AFTER_S = RETRY_AFTER_S
 class Admission:
     """Counts the bounded requests in flight; `try_enter` refuses past `limit`."""
 
-    def __init__(self, limit: int, owner: str = "this node") -> None:
+    def __init__(self, limit: int, owner: str = "this node", max_body_bytes: int = 64 << 20) -> None:
         if limit < 1:
             raise ValueError("limit: must be at least 1")
         self.limit = limit
+        self.max_body_bytes = max_body_bytes
         self.owner = owner  # who sheds, in the Overloaded message ("node n1")
         self.in_flight = 0
+        self.body_bytes = 0  # of the bodies being read or worked on
         self.shed_total = 0
 
     def try_enter(self) -> bool:
@@ -69,3 +79,20 @@ class Admission:
             yield
         finally:
             self.leave()
+
+    @contextmanager
+    def body(self, size: int) -> Iterator[None]:
+        """Count a body of (at most) `size` bytes for the block; raises Overloaded, before the
+        body is read, when it would take the bodies in flight past `max_body_bytes`."""
+        if self.body_bytes + size > self.max_body_bytes:
+            self.shed_total += 1
+            raise Overloaded(
+                f"{self.owner} holds {self.body_bytes} bytes of request bodies, and this one of {size} would take "
+                f"it past its bound of {self.max_body_bytes} (max_inflight_body_bytes); "
+                f"retry after {OVERLOADED_RETRY_AFTER_S} s"
+            )
+        self.body_bytes += size
+        try:
+            yield
+        finally:
+            self.body_bytes -= size

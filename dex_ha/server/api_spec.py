@@ -36,7 +36,6 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
 PATTERN_RULES = {NAME_PATTERN: "must start with a letter or digit and hold only letters, digits, '.', '_', ':' and '-'"}
 MAX_ID_LENGTH = 200
 MAX_MEMBER_ID_LENGTH = 64
-MAX_TEXT_LENGTH = 262_144
 MAX_REASON_LENGTH = 4096
 MAX_ERROR_LENGTH = 65_536
 MAX_ITEMS = 1000
@@ -69,6 +68,9 @@ class FieldSpec:
     min_length: int | None = None  # strings: characters; arrays: items
     pattern: str | None = None  # strings: a regular expression the whole value must match
     format: str | None = None  # strings: one of FORMATS
+    # The ServerConfig setting that caps the field's size in bytes (a string's UTF-8, any
+    # other value's JSON): over it, 413 `too_large` naming the field (validation.py).
+    max_bytes: str | None = None
 
     def __post_init__(self) -> None:
         # A typo in the table should fail at import, not as a confusing 400 later.
@@ -149,8 +151,14 @@ def _reason(name: str, description: str) -> FieldSpec:
     return FieldSpec(name, "string", nullable=True, max_length=MAX_REASON_LENGTH, description=description)
 
 
-def _object(name: str, description: str) -> FieldSpec:
-    return FieldSpec(name, "object", nullable=True, description=description)
+def _object(name: str, description: str, *, max_bytes: str | None = None) -> FieldSpec:
+    return FieldSpec(name, "object", nullable=True, description=description, max_bytes=max_bytes)
+
+
+# The settings (ServerConfig) that cap a field's size: FieldSpec.max_bytes.
+METADATA_CAP = "max_metadata_bytes"
+MESSAGE_CAP = "max_message_bytes"
+RESULT_CAP = "max_result_bytes"
 
 
 SESSION_ID = _id("session_id", "The session's id.")
@@ -228,7 +236,12 @@ def _route(
         )
     responses.setdefault(403, "forbidden: the request came from a web page of another site (Origin)")
     if body is not None:
-        responses.setdefault(413, f"too_large: the body is over {max_body_bytes} bytes")
+        capped = [f"{spec.name} (over {spec.max_bytes})" for spec in body if spec.max_bytes is not None]
+        responses.setdefault(
+            413,
+            f"too_large: the body is over {max_body_bytes} bytes"
+            + (f", or a field is over its size cap: {', '.join(capped)}; the message names it" if capped else ""),
+        )
     if method in MUTATING_METHODS:
         responses.setdefault(415, "unsupported_media_type: the Content-Type is not application/json")
     responses.setdefault(421, "misdirected_request: the Host header names no name this node serves under")
@@ -237,10 +250,10 @@ def _route(
             503,
             "not_active: this node is not the active node; retry, or follow leader_url; or no_space: "
             "this node's disk is full, retry (it resumes by itself once space is freed)"
-            + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else "")
+            + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded or body is not None else "")
             + (f"; or {UNAVAILABLE}" if proposes else ""),
         )
-    elif bounded:
+    elif bounded or body is not None:
         responses.setdefault(503, "overloaded: the node sheds load; retry after Retry-After")
     return RouteSpec(
         name=name,
@@ -338,6 +351,7 @@ _SESSIONS = (
                 "metadata",
                 "Free-form JSON object stored with the session. Repeating a create with the same "
                 "session_id and other metadata is 409; omitted or null matches any.",
+                max_bytes=METADATA_CAP,
             ),
         ),
         proposes=True,
@@ -353,7 +367,15 @@ _SESSIONS = (
         query=(
             FieldSpec("agent", "string", max_length=MAX_ID_LENGTH, description="Only this agent's sessions."),
             FieldSpec("status", "string", enum=("idle", "running"), description="Only sessions in this status."),
-            FieldSpec("limit", "integer", min=1, max=1000, default=100, description="Page size."),
+            FieldSpec(
+                "limit",
+                "integer",
+                min=1,
+                max=1000,
+                default=100,
+                description="Page size: at most this many sessions. A page also ends once it holds the node's "
+                "page_max_bytes; next_after says where the next one starts.",
+            ),
             FieldSpec(
                 "after",
                 "string",
@@ -404,7 +426,7 @@ _SESSIONS = (
                 "string",
                 required=True,
                 min_length=1,
-                max_length=MAX_TEXT_LENGTH,
+                max_bytes=MESSAGE_CAP,
                 description="The user's message.",
             ),
             _id("message_id", "Client-chosen id that makes retries safe.", required=False, nullable=True),
@@ -416,7 +438,7 @@ _SESSIONS = (
                 description="queue: after the running turn; steer: at the next model call.",
             ),
         ),
-        # Room for MAX_TEXT_LENGTH characters even when every one is JSON-escaped.
+        # Room for a text of max_message_bytes (by default) even when much of it is JSON-escaped.
         max_body_bytes=4 << 20,
         proposes=True,
     ),
@@ -452,7 +474,10 @@ _SESSIONS = (
             409: "conflict: a different answer was already given, or the turn was cancelled",
         },
         path_params=(SESSION_ID, QUESTION_ID),
-        body=(FieldSpec("answer", "any", required=True, description="The answer, any JSON value."),),
+        body=(
+            FieldSpec("answer", "any", required=True, max_bytes=MESSAGE_CAP, description="The answer, any JSON value."),
+        ),
+        max_body_bytes=4 << 20,  # as a message's: an answer is one
         proposes=True,
     ),
     _route(
@@ -485,9 +510,10 @@ _SESSIONS = (
             FieldSpec(
                 "outcome", "string", required=True, enum=("succeeded", "failed"), description="What really happened."
             ),
-            FieldSpec("result", "any", description="The tool's output, when it succeeded."),
+            FieldSpec("result", "any", max_bytes=RESULT_CAP, description="The tool's output, when it succeeded."),
             FieldSpec("error", "string", nullable=True, description="The error, when it failed."),
         ),
+        max_body_bytes=4 << 20,  # as a Worker's result: this is one
         proposes=True,
     ),
     _route(
@@ -542,7 +568,7 @@ _WORKER = (
             _object("compaction", "When to compact the history: max_items, max_tokens."),
             _object("model", "Model step policy: start_to_close_ms."),
             FieldSpec("description", "string", nullable=True, description="What the agent does."),
-            _object("metadata", "Free-form JSON object stored with the agent."),
+            _object("metadata", "Free-form JSON object stored with the agent.", max_bytes=METADATA_CAP),
         ),
         proposes=True,
     ),
@@ -620,7 +646,13 @@ _WORKER = (
         path_params=(TASK_TOKEN,),
         body=(
             TASK_WORKER_ID,
-            FieldSpec("result", "any", required=True, description="The step's result (its shape depends on the kind)."),
+            FieldSpec(
+                "result",
+                "any",
+                required=True,
+                max_bytes=RESULT_CAP,
+                description="The step's result (its shape depends on the kind).",
+            ),
             FieldSpec(
                 "next_tasks",
                 "integer",
@@ -802,3 +834,17 @@ ROUTES_BY_NAME: Mapping[str, RouteSpec] = MappingProxyType({route.name: route fo
 
 if len(ROUTES_BY_NAME) != len(ROUTES):  # pragma: no cover - guards edits to the table
     raise RuntimeError("two routes share a name")
+
+
+def _field_cap_ceilings() -> dict[str, int]:
+    """Each size setting's highest value: the smallest body limit of the routes it caps a
+    field of (a cap above it could never be reached)."""
+    ceilings: dict[str, int] = {}
+    for route in ROUTES:
+        for spec in route.body or ():
+            if spec.max_bytes is not None:
+                ceilings[spec.max_bytes] = min(ceilings.get(spec.max_bytes, route.max_body_bytes), route.max_body_bytes)
+    return ceilings
+
+
+FIELD_CAP_CEILINGS: Mapping[str, int] = MappingProxyType(_field_cap_ceilings())

@@ -15,6 +15,11 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     drain_timeout_ms = 30000              # SIGTERM / step down: how long running attempts may finish
     proposal_timeout_ms = 5000            # a write not committed this long: 503 unavailable (it may still commit)
     max_inflight_requests = 512           # requests worked on at once; past it: 503 overloaded
+    max_inflight_body_bytes = 67108864    # bytes of request bodies held at once; past it: 503 overloaded
+    max_metadata_bytes = 65536            # a session's or agent's metadata, as JSON; over it: 413
+    max_message_bytes = 1048576           # a user message's text, UTF-8; over it: 413
+    max_result_bytes = 2097152            # a result a Worker reports (or a reconcile gives), as JSON; over it: 413
+    page_max_bytes = 4194304              # a page of a list stops once it holds this much (next_after follows)
     election_timeout_min_ms = 500
     election_timeout_max_ms = 750
     raft_heartbeat_interval_ms = 50       # below election_timeout_min_ms - lease_drift_margin_ms
@@ -44,7 +49,9 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
 
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
-DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
+DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS,
+DEX_HA_MAX_INFLIGHT_BODY_BYTES, DEX_HA_MAX_METADATA_BYTES, DEX_HA_MAX_MESSAGE_BYTES, DEX_HA_MAX_RESULT_BYTES,
+DEX_HA_PAGE_MAX_BYTES, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS,
 DEX_HA_HTTP_HEADER_TIMEOUT_MS, DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS,
 DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_ALLOWED_HOSTS, DEX_HA_ALLOWED_ORIGINS (comma-separated), DEX_HA_LOG_JSON,
@@ -69,11 +76,15 @@ from dex_ha.raft.core import (
     DEFAULT_LEASE_DRIFT_MARGIN_MS,
     check_timing,
 )
-from dex_ha.server.api_spec import MAX_ID_LENGTH, NAME_PATTERN, PATTERN_RULES
+from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, MAX_ID_LENGTH, NAME_PATTERN, PATTERN_RULES, ROUTES
 from dex_ha.server.auth import ROLES, ScopedToken
 from dex_ha.server.browsers import check_origin_setting, is_loopback
 
 Address = tuple[str, int]
+
+
+# The smallest page budget: one default-size metadata per page. Smaller would only make more requests.
+MIN_PAGE_BYTES = 64 << 10
 
 
 class ConfigError(ValueError):
@@ -114,6 +125,21 @@ class ServerConfig:
     # requests and a Worker's heartbeats and results are not counted. Past it the node
     # answers 503 `overloaded` at once instead of queueing.
     max_inflight_requests: int = 512
+    # Admission control of bodies: the bytes of the request bodies being read and worked on
+    # at once (a body counts from its Content-Length, or its route's limit when chunked,
+    # before it is read). Past it: 503 `overloaded`, and the body is never read.
+    max_inflight_body_bytes: int = 64 << 20
+    # Caps on what one request may store (413 `too_large` naming the field), so that every
+    # item a node keeps and answers with stays small: a session's or an agent's metadata
+    # (as JSON), a user message's text (UTF-8), a Worker's result or a reconcile's (as JSON).
+    # Each is at most the body limit of its routes (api_spec.py).
+    max_metadata_bytes: int = 64 << 10
+    max_message_bytes: int = 1 << 20
+    max_result_bytes: int = 2 << 20
+    # A page of a list (GET /v1/sessions, a read of a session's events) stops adding items
+    # once they hold this many bytes, and says where to go on (next_after), so no answer
+    # holds more than about this plus one item.
+    page_max_bytes: int = 4 << 20
     # The Raft timing defaults come from the raft layer (dex_ha.raft.core), their one source.
     election_timeout_min_ms: int = DEFAULT_ELECTION_TIMEOUT_MIN_MS
     election_timeout_max_ms: int = DEFAULT_ELECTION_TIMEOUT_MAX_MS
@@ -167,6 +193,7 @@ class ServerConfig:
             raise ConfigError("proposal_timeout_ms: must be positive")
         if self.max_inflight_requests < 1:
             raise ConfigError("max_inflight_requests: must be at least 1")
+        self._check_request_bounds()
         if self.http_max_connections < 0:
             raise ConfigError("http_max_connections: must not be negative (0: derived from the open-files limit)")
         for name in ("http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms"):
@@ -182,6 +209,20 @@ class ServerConfig:
             raise ConfigError("tokens: a node needs client, worker and admin tokens (or --insecure)")
         if not self.cluster_secret or len(self.cluster_secret) < 16:
             raise ConfigError("cluster_secret: a node needs a cluster secret of ≥ 16 characters (or --insecure)")
+
+    def _check_request_bounds(self) -> None:
+        for name, most in FIELD_CAP_CEILINGS.items():
+            value = getattr(self, name)
+            if not 1 <= value <= most:
+                raise ConfigError(f"{name}: must be from 1 to {most} (the body limit of its routes), got {value}")
+        largest_body = max(route.max_body_bytes for route in ROUTES)
+        if self.max_inflight_body_bytes < largest_body:
+            raise ConfigError(
+                f"max_inflight_body_bytes: must be at least {largest_body} (the largest body a route takes), "
+                f"got {self.max_inflight_body_bytes}"
+            )
+        if self.page_max_bytes < MIN_PAGE_BYTES:
+            raise ConfigError(f"page_max_bytes: must be at least {MIN_PAGE_BYTES}, got {self.page_max_bytes}")
 
     def _check_browser_settings(self) -> None:
         for i, host in enumerate(self.allowed_hosts):
@@ -290,6 +331,11 @@ ENV_KEYS = {
     "drain_timeout_ms": int,
     "proposal_timeout_ms": int,
     "max_inflight_requests": int,
+    "max_inflight_body_bytes": int,
+    "max_metadata_bytes": int,
+    "max_message_bytes": int,
+    "max_result_bytes": int,
+    "page_max_bytes": int,
     "election_timeout_min_ms": int,
     "election_timeout_max_ms": int,
     "raft_heartbeat_interval_ms": int,
@@ -351,6 +397,11 @@ DEV_ENV_KEYS = (
     "drain_timeout_ms",
     "proposal_timeout_ms",
     "max_inflight_requests",
+    "max_inflight_body_bytes",
+    "max_metadata_bytes",
+    "max_message_bytes",
+    "max_result_bytes",
+    "page_max_bytes",
     "http_header_timeout_ms",
     "http_body_timeout_ms",
     "http_keepalive_timeout_ms",
@@ -410,6 +461,11 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
             "drain_timeout_ms",
             "proposal_timeout_ms",
             "max_inflight_requests",
+            "max_inflight_body_bytes",
+            "max_metadata_bytes",
+            "max_message_bytes",
+            "max_result_bytes",
+            "page_max_bytes",
             "election_timeout_min_ms",
             "election_timeout_max_ms",
             "raft_heartbeat_interval_ms",

@@ -86,7 +86,9 @@ class NodeServer:
         engine = Engine(str(config.data_dir / STATE_DB), durable=True, checkpoint_every_s=ENGINE_CHECKPOINT_EVERY_S)
         self.replica = Replica(engine, self.failpoints)
         self.metrics = ServerMetrics()
-        self.admission = Admission(config.max_inflight_requests, f"node {config.node_id}")
+        self.admission = Admission(
+            config.max_inflight_requests, f"node {config.node_id}", max_body_bytes=config.max_inflight_body_bytes
+        )
         self.relay = DeltaRelay()
         self.raft = RaftThread(
             self._raft_config(),
@@ -530,6 +532,7 @@ class NodeServer:
                 "late": self.raft.node.turn_watch.late_turns,
             },
             "dex_http_requests_in_flight": self.admission.in_flight,
+            "dex_http_request_body_bytes_in_flight": self.admission.body_bytes,
             "dex_http_requests_shed_total": self.admission.shed_total,
             "steps_queued": stats["steps_queued"],
             "sessions": stats["sessions"],

@@ -56,8 +56,8 @@ def test_a_session_of_another_namespace_is_not_found_by_any_command() -> None:
 
 def test_lists_show_only_the_namespace_asked_for() -> None:
     d = two_tenants()
-    assert [s["session_id"] for s in d.engine.list_sessions(namespace="a")] == ["sa"]
-    assert [s["namespace"] for s in d.engine.list_sessions()] == ["a", "b"]
+    assert [s["session_id"] for s in d.engine.sessions_page(namespace="a").items] == ["sa"]
+    assert [s["namespace"] for s in d.engine.sessions_page().items] == ["a", "b"]
     assert d.snap("sb")["namespace"] == "b"
 
 
