@@ -173,6 +173,11 @@ MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_L
 
 # ---------------------------------------------------------------- the route factory
 
+# The 503 of an event stream past a cap on open streams (admission.StreamAdmission).
+STREAMS_OVERLOADED = (
+    "overloaded: the node has max_streams event streams open, or this token max_streams_per_token "
+    "(the message names the cap); close a stream or retry after Retry-After"
+)
 # The 503 of a write that did not commit in time (errors.NotCommitted).
 UNAVAILABLE = (
     "unavailable: the write was not committed within proposal_timeout_ms (fewer than a quorum of the voters "
@@ -224,6 +229,7 @@ def _route(
             "not_active: this node is not the active node; retry, or follow leader_url; or no_space: "
             "this node's disk is full, retry (it resumes by itself once space is freed)"
             + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else "")
+            + (f"; or {STREAMS_OVERLOADED}" if stream else "")
             + (f"; or {UNAVAILABLE}" if proposes else ""),
         )
     elif bounded:

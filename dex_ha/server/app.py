@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -40,7 +41,7 @@ from dex_ha.engine import (
 )
 from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.api_spec import ROUTES, RouteSpec
-from dex_ha.server.auth import TokenAuth
+from dex_ha.server.auth import TokenAuth, token_digest
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
 from dex_ha.server.browsers import BrowserGuard, check_content_type
 from dex_ha.server.cluster_nodes import every_node_view
@@ -49,6 +50,7 @@ from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
 from dex_ha.server.http_limits import SERVER_NAME, client_gone, name_the_server, read_body
 from dex_ha.server.leader import LeaderTerm
+from dex_ha.server.node_credential import NODE_ROUTES
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
@@ -186,7 +188,7 @@ def _pipeline(
 async def _handle(
     api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler, request: web.Request
 ) -> web.StreamResponse:
-    auth.check(request.headers.get("Authorization"), route)
+    _authenticate(api, auth, route, request.headers.get("Authorization"))
     check_content_type(route.method, request.headers.get("Content-Type"))
     if route.active_only:
         api.node.serving()  # raises NotServing: 503 with leader_url
@@ -207,6 +209,14 @@ async def _handle(
         return answer
     status, body = answer
     return web.json_response(body, status=status, dumps=_dumps)
+
+
+def _authenticate(api: Api, auth: TokenAuth, route: RouteSpec, authorization: str | None) -> None:
+    """The caller's token (auth.py), or on the routes another node calls, the cluster's own
+    credential (node_credential.py); raises AuthError otherwise."""
+    if route.name in NODE_ROUTES and api.node.node_credential.accepts(authorization, time.time()):
+        return
+    auth.check(authorization, route)
 
 
 async def _read_body(api: Api, route: RouteSpec, request: web.Request) -> bytes:
@@ -364,7 +374,7 @@ async def cluster(api: Api, args: dict[str, Any], request: web.Request) -> Answe
 
 
 async def cluster_nodes(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    return 200, await every_node_view(api.node, request.headers.get("Authorization"))
+    return 200, await every_node_view(api.node)
 
 
 async def step_down(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -517,13 +527,23 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     _snapshot(api, session_id)  # 404 before the stream starts
     after_text = args.get("Last-Event-ID") or args.get("after")
     after = int(after_text) if after_text else 0
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
-    await response.prepare(request)
+    token = token_digest(request.headers.get("Authorization")) if api.node.config.auth_enabled else None
+    with api.node.streams.open(token):  # raises Overloaded past max_streams or max_streams_per_token
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        await response.prepare(request)
+        await _stream_events(api, response, session_id, after)
+    return response
+
+
+async def _stream_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> None:
+    """Write the session's events from `after` on, and then each as it commits, until this
+    node stops serving or the client goes away. A commit wakes the stream only when it added
+    events to this session (Replica.session_waiters); a delta wakes it through the relay."""
     wake = asyncio.Event()
-    changed = api.node.replica.changed
-    changed.add_listener(wake.set)
+    waiters = api.node.replica.session_waiters
+    waiters.add(session_id, wake)
     deltas = api.node.relay.subscribe(session_id, wake)
     try:
         await response.write(b": stream of session events\n\n")
@@ -544,9 +564,8 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
-        changed.remove_listener(wake.set)
+        waiters.remove(session_id, wake)
         api.node.relay.unsubscribe(session_id, deltas)
-    return response
 
 
 async def _write_committed_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> int:

@@ -88,6 +88,13 @@ class TokenAuth:
         return role
 
 
+def token_digest(authorization: str | None) -> bytes | None:
+    """What names the caller's token without being it (its SHA-256 digest), for counting
+    per token (the cap on event streams); None without a bearer token."""
+    token = _bearer_token(authorization)
+    return None if token is None else _digest(token)
+
+
 # ---------------------------------------------------------------- helpers
 
 

@@ -15,6 +15,8 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     drain_timeout_ms = 30000              # SIGTERM / step down: how long running attempts may finish
     proposal_timeout_ms = 5000            # a write not committed this long: 503 unavailable (it may still commit)
     max_inflight_requests = 512           # requests worked on at once; past it: 503 overloaded
+    max_streams = 4000                    # SSE event streams open at once; past it: 503 overloaded
+    max_streams_per_token = 1000          # of them, open with one token; past it: 503 overloaded
     election_timeout_min_ms = 500
     election_timeout_max_ms = 750
     raft_heartbeat_interval_ms = 50       # below election_timeout_min_ms - lease_drift_margin_ms
@@ -39,7 +41,8 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
 
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
-DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
+DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_MAX_STREAMS,
+DEX_HA_MAX_STREAMS_PER_TOKEN, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS,
 DEX_HA_HTTP_HEADER_TIMEOUT_MS, DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS,
 DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_ALLOWED_HOSTS, DEX_HA_ALLOWED_ORIGINS (comma-separated), DEX_HA_LOG_JSON,
@@ -105,6 +108,11 @@ class ServerConfig:
     # requests and a Worker's heartbeats and results are not counted. Past it the node
     # answers 503 `overloaded` at once instead of queueing.
     max_inflight_requests: int = 512
+    # SSE event streams (admission.StreamAdmission): open at once on this node, and open with
+    # one token. Each holds a connection: keep max_streams below http_max_connections, so
+    # that streams leave connections for the other requests.
+    max_streams: int = 4_000
+    max_streams_per_token: int = 1_000
     # The Raft timing defaults come from the raft layer (dex_ha.raft.core), their one source.
     election_timeout_min_ms: int = DEFAULT_ELECTION_TIMEOUT_MIN_MS
     election_timeout_max_ms: int = DEFAULT_ELECTION_TIMEOUT_MAX_MS
@@ -158,6 +166,9 @@ class ServerConfig:
             raise ConfigError("proposal_timeout_ms: must be positive")
         if self.max_inflight_requests < 1:
             raise ConfigError("max_inflight_requests: must be at least 1")
+        for name in ("max_streams", "max_streams_per_token"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be at least 1")
         if self.http_max_connections < 0:
             raise ConfigError("http_max_connections: must not be negative (0: derived from the open-files limit)")
         for name in ("http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms"):
@@ -281,6 +292,8 @@ ENV_KEYS = {
     "drain_timeout_ms": int,
     "proposal_timeout_ms": int,
     "max_inflight_requests": int,
+    "max_streams": int,
+    "max_streams_per_token": int,
     "election_timeout_min_ms": int,
     "election_timeout_max_ms": int,
     "raft_heartbeat_interval_ms": int,
@@ -326,6 +339,8 @@ DEV_ENV_KEYS = (
     "drain_timeout_ms",
     "proposal_timeout_ms",
     "max_inflight_requests",
+    "max_streams",
+    "max_streams_per_token",
     "http_header_timeout_ms",
     "http_body_timeout_ms",
     "http_keepalive_timeout_ms",
@@ -382,6 +397,8 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
             "drain_timeout_ms",
             "proposal_timeout_ms",
             "max_inflight_requests",
+            "max_streams",
+            "max_streams_per_token",
             "election_timeout_min_ms",
             "election_timeout_max_ms",
             "raft_heartbeat_interval_ms",
