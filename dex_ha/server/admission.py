@@ -109,12 +109,14 @@ class StreamAdmission:
         retry = f"close a stream or retry after {OVERLOADED_RETRY_AFTER_S} s"
         if self.open_total >= self.limit:
             self.shed_total += 1
-            raise Overloaded(f"{self.owner} has {self.limit} event streams open, its max_streams; {retry}")
+            raise Overloaded(
+                f"{self.owner} has {self.limit} event streams open, its cap max_streams = {self.limit}; {retry}"
+            )
         if token is not None and self._by_token.get(token, 0) >= self.per_token_limit:
             self.shed_total += 1
             raise Overloaded(
                 f"this token has {self.per_token_limit} event streams open on {self.owner}, "
-                f"its max_streams_per_token; {retry}"
+                f"its cap max_streams_per_token = {self.per_token_limit}; {retry}"
             )
 
     def _close_one(self, token: bytes) -> None:
