@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from dex_ha.server.http_limits import SERVER_NAME
+
 if TYPE_CHECKING:  # the node imports the app, which imports this module
     from dex_ha.server.node import NodeServer
 
@@ -31,7 +33,7 @@ async def every_node_view(node: NodeServer) -> dict[str, Any]:
     """{"node_id": who answered, "nodes": [one entry per member, ordered by id]}."""
     own = await node.cluster_view()
     authorization = node.node_credential.authorization(time.time())
-    headers = {"Authorization": authorization} if authorization else {}
+    headers = {"User-Agent": SERVER_NAME, **({"Authorization": authorization} if authorization else {})}
     timeout = aiohttp.ClientTimeout(total=MEMBER_VIEW_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
         entries = await asyncio.gather(*(_member_entry(http, member, own) for member in own["members"]))
