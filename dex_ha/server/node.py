@@ -535,6 +535,8 @@ class NodeServer:
             },
             "dex_http_requests_in_flight": self.admission.in_flight,
             "dex_http_requests_shed_total": self.admission.shed_total,
+            "dex_sse_streams": self.streams.open_total,
+            "dex_sse_streams_shed_total": self.streams.shed_total,
             "steps_queued": stats["steps_queued"],
             "sessions": stats["sessions"],
             "tool_calls": stats["tool_calls"],

@@ -252,6 +252,8 @@ async def test_streams_past_the_per_token_cap_or_the_node_cap_answer_503_naming_
         assert response.status == 503 and isinstance(body, dict) and body["error"] == "overloaded", body
         assert "max_streams = 3" in body["message"], body
         assert node.streams.open_total == 3 and node.streams.shed_total == 2
+        exported = node.metrics.render().decode()
+        assert "\ndex_sse_streams 3.0\n" in exported and "\ndex_sse_streams_shed_total 2.0\n" in exported
         # Other requests are not held back by the streams.
         assert expect(await api.get("/v1/sessions/s1"), 200)["session_id"] == "s1"
     finally:
