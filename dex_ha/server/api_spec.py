@@ -671,8 +671,9 @@ _CLUSTER = (
         "GET",
         "/v1/cluster/nodes",
         ANY_ROLE,
-        "Every member's own view (GET /v1/cluster of each, asked by this node with the caller's token); "
-        "a member that does not answer within 1 s is listed with reachable false.",
+        "Every member's own view (GET /v1/cluster of each, asked by this node with the cluster's own "
+        "credential, never the caller's token); a member that does not answer within 1 s is listed with "
+        "reachable false.",
         success={200: "one entry per member: id, url, voter, reachable, and view or error"},
         active_only=False,
     ),
