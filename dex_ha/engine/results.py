@@ -8,7 +8,7 @@ so the server never has to parse `reason`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # code -> HTTP status the API answers with (the error list of docs/api.md).
@@ -30,7 +30,8 @@ class ApplyResult:
 
     `value` carries what the proposer needs back (the id of a created session, the
     attempts a StartAttempts handed out, ...). `noop=True` marks an accepted command that
-    changed nothing (a repeated message id, decision, answer or timer).
+    changed nothing (a repeated message id, decision, answer or timer). `event_sessions`
+    are the sessions the entry added events to: the server wakes only their event streams.
     """
 
     index: int
@@ -40,6 +41,7 @@ class ApplyResult:
     http_status: int = 200
     value: dict[str, Any] | None = None
     noop: bool = False
+    event_sessions: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 class Rejected(Exception):
@@ -57,5 +59,11 @@ class Rejected(Exception):
         )
 
 
-def accepted(index: int, value: dict[str, Any] | None = None, *, noop: bool = False) -> ApplyResult:
-    return ApplyResult(index=index, ok=True, value=value, noop=noop)
+def accepted(
+    index: int,
+    value: dict[str, Any] | None = None,
+    *,
+    noop: bool = False,
+    event_sessions: frozenset[str] = frozenset(),
+) -> ApplyResult:
+    return ApplyResult(index=index, ok=True, value=value, noop=noop, event_sessions=event_sessions)

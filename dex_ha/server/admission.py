@@ -9,8 +9,10 @@ busy), so SDKs back off and retry on the same node instead of looking for anothe
 
 Probes (`/livez`, `/readyz`) are never shed: a load balancer that saw them fail would take
 the active node out of service, the worst answer to load. Long-lived requests (Worker long
-polls, SSE streams) are not counted either: they wait far more than they work, and the cap
-on open connections bounds them (see RouteSpec.bounded).
+polls, SSE streams) do not take request slots either: they wait far more than they work, and
+the cap on open connections bounds them (see RouteSpec.bounded). Event streams are counted
+apart (StreamAdmission): a cap for the node (`max_streams`) and one per token
+(`max_streams_per_token`), so that one client cannot hold every connection open.
 
 A Worker's heartbeats and results (`/v1/worker/tasks/{token}/...`) are not counted either.
 The node already chose how much Worker work to take on when it handed the attempts out, and
@@ -96,3 +98,57 @@ class Admission:
             yield
         finally:
             self.body_bytes -= size
+
+
+class StreamAdmission:
+    """Counts the open SSE event streams, all of them and per token; `open` refuses a
+    stream past `limit` for the node or `per_token_limit` for one token with 503
+    `overloaded` naming the cap (a stream that waits for a free place would hold a
+    connection meanwhile: the client retries after Retry-After instead)."""
+
+    def __init__(self, limit: int, per_token_limit: int, owner: str = "this node") -> None:
+        if limit < 1 or per_token_limit < 1:
+            raise ValueError("limit, per_token_limit: must be at least 1")
+        self.limit = limit
+        self.per_token_limit = per_token_limit
+        self.owner = owner
+        self.open_total = 0
+        self.shed_total = 0
+        self._by_token: dict[bytes, int] = {}
+
+    @contextmanager
+    def open(self, token: bytes | None) -> Iterator[None]:
+        """Hold a place for one stream while the block runs; `token` (a digest of the
+        caller's token; None when the node has no tokens) counts against its own cap too.
+        Raises Overloaded when either cap is reached."""
+        self._check(token)
+        self.open_total += 1
+        if token is not None:
+            self._by_token[token] = self._by_token.get(token, 0) + 1
+        try:
+            yield
+        finally:
+            self.open_total -= 1
+            if token is not None:
+                self._close_one(token)
+
+    def _check(self, token: bytes | None) -> None:
+        retry = f"close a stream or retry after {OVERLOADED_RETRY_AFTER_S} s"
+        if self.open_total >= self.limit:
+            self.shed_total += 1
+            raise Overloaded(
+                f"{self.owner} has {self.limit} event streams open, its cap max_streams = {self.limit}; {retry}"
+            )
+        if token is not None and self._by_token.get(token, 0) >= self.per_token_limit:
+            self.shed_total += 1
+            raise Overloaded(
+                f"this token has {self.per_token_limit} event streams open on {self.owner}, "
+                f"its cap max_streams_per_token = {self.per_token_limit}; {retry}"
+            )
+
+    def _close_one(self, token: bytes) -> None:
+        left = self._by_token[token] - 1
+        if left:
+            self._by_token[token] = left
+        else:
+            del self._by_token[token]

@@ -194,6 +194,11 @@ MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_L
 
 # ---------------------------------------------------------------- the route factory
 
+# The 503 of an event stream past a cap on open streams (admission.StreamAdmission).
+STREAMS_OVERLOADED = (
+    "overloaded: the node has max_streams event streams open, or this token max_streams_per_token "
+    "(the message names the cap); close a stream or retry after Retry-After"
+)
 # The 503 of a write that did not commit in time (errors.NotCommitted).
 UNAVAILABLE = (
     "unavailable: the write was not committed within proposal_timeout_ms (fewer than a quorum of the voters "
@@ -251,6 +256,7 @@ def _route(
             "not_active: this node is not the active node; retry, or follow leader_url; or no_space: "
             "this node's disk is full, retry (it resumes by itself once space is freed)"
             + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded or body is not None else "")
+            + (f"; or {STREAMS_OVERLOADED}" if stream else "")
             + (f"; or {UNAVAILABLE}" if proposes else ""),
         )
     elif bounded or body is not None:
@@ -722,8 +728,9 @@ _CLUSTER = (
         "GET",
         "/v1/cluster/nodes",
         ANY_ROLE,
-        "Every member's own view (GET /v1/cluster of each, asked by this node with the caller's token); "
-        "a member that does not answer within 1 s is listed with reachable false.",
+        "Every member's own view (GET /v1/cluster of each, asked by this node with the cluster's own "
+        "credential, never the caller's token); a member that does not answer within 1 s is listed with "
+        "reachable false.",
         success={200: "one entry per member: id, url, voter, reachable, and view or error"},
         active_only=False,
     ),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,7 +41,7 @@ from dex_ha.engine import (
 )
 from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, NAMESPACE, NAMESPACE_HEADER, ROUTES, RouteSpec
-from dex_ha.server.auth import TokenAuth
+from dex_ha.server.auth import NODE_CALLER, Caller, TokenAuth, token_digest
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
 from dex_ha.server.browsers import BrowserGuard, check_content_type
 from dex_ha.server.cluster_nodes import every_node_view
@@ -50,6 +51,7 @@ from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, No
 from dex_ha.server.http_limits import SERVER_NAME, client_gone, name_the_server, read_body
 from dex_ha.server.leader import LeaderTerm
 from dex_ha.server.memory import MemoryReleaser
+from dex_ha.server.node_credential import NODE_ROUTES
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
@@ -194,7 +196,7 @@ def _pipeline(
 async def _handle(
     api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler, request: web.Request
 ) -> web.StreamResponse:
-    caller = auth.caller(request.headers.get("Authorization"), route)
+    caller = _authenticate(api, auth, route, request.headers.get("Authorization"))
     check_content_type(route.method, request.headers.get("Content-Type"))
     if route.active_only:
         api.node.serving()  # raises NotServing: 503 with leader_url
@@ -246,6 +248,14 @@ def _declared_body_size(route: RouteSpec, request: web.Request) -> int:
 def _field_caps(config: ServerConfig) -> dict[str, int]:
     """The values of the settings that FieldSpec.max_bytes names."""
     return {name: getattr(config, name) for name in FIELD_CAP_CEILINGS}
+
+
+def _authenticate(api: Api, auth: TokenAuth, route: RouteSpec, authorization: str | None) -> Caller:
+    """The caller's token (auth.py), or on the routes another node calls, the cluster's own
+    credential (node_credential.py: a caller of no namespace); raises AuthError otherwise."""
+    if route.name in NODE_ROUTES and api.node.node_credential.accepts(authorization, time.time()):
+        return NODE_CALLER
+    return auth.caller(authorization, route)
 
 
 async def _read_body(api: Api, route: RouteSpec, request: web.Request) -> bytes:
@@ -446,7 +456,7 @@ async def cluster(api: Api, args: dict[str, Any], request: web.Request) -> Answe
 
 
 async def cluster_nodes(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    return 200, await every_node_view(api.node, request.headers.get("Authorization"))
+    return 200, await every_node_view(api.node)
 
 
 async def step_down(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -615,13 +625,23 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     _snapshot(api, session_id, args["namespace"])  # 404 before the stream starts
     after_text = args.get("Last-Event-ID") or args.get("after")
     after = int(after_text) if after_text else 0
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
-    await response.prepare(request)
+    token = token_digest(request.headers.get("Authorization")) if api.node.config.auth_enabled else None
+    with api.node.streams.open(token):  # raises Overloaded past max_streams or max_streams_per_token
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        await response.prepare(request)
+        await _stream_events(api, response, session_id, after)
+    return response
+
+
+async def _stream_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> None:
+    """Write the session's events from `after` on, and then each as it commits, until this
+    node stops serving or the client goes away. A commit wakes the stream only when it added
+    events to this session (Replica.session_waiters); a delta wakes it through the relay."""
     wake = asyncio.Event()
-    changed = api.node.replica.changed
-    changed.add_listener(wake.set)
+    waiters = api.node.replica.session_waiters
+    waiters.add(session_id, wake)
     deltas = api.node.relay.subscribe(session_id, wake)
     try:
         await response.write(b": stream of session events\n\n")
@@ -642,9 +662,8 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
-        changed.remove_listener(wake.set)
+        waiters.remove(session_id, wake)
         api.node.relay.unsubscribe(session_id, deltas)
-    return response
 
 
 async def _write_committed_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> int:

@@ -76,6 +76,9 @@ class Caller:
 
 
 NO_TOKEN_NEEDED = Caller(role=None, namespaces=None)
+# Another node of the cluster, on the routes it calls with the cluster's own credential
+# (node_credential.py): it may use no namespace.
+NODE_CALLER = Caller(role="node", namespaces=frozenset())
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,13 @@ class TokenAuth:
         if token is None:
             raise AuthError(401, "unknown token")
         return token
+
+
+def token_digest(authorization: str | None) -> bytes | None:
+    """What names the caller's token without being it (its SHA-256 digest), for counting
+    per token (the cap on event streams); None without a bearer token."""
+    token = _bearer_token(authorization)
+    return None if token is None else _digest(token)
 
 
 # ---------------------------------------------------------------- helpers

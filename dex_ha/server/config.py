@@ -20,6 +20,8 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     max_message_bytes = 1048576           # a user message's text, UTF-8; over it: 413
     max_result_bytes = 2097152            # a result a Worker reports (or a reconcile gives), as JSON; over it: 413
     page_max_bytes = 4194304              # a page of a list stops once it holds this much (next_after follows)
+    max_streams = 4000                    # SSE event streams open at once; past it: 503 overloaded
+    max_streams_per_token = 1000          # of them, open with one token; past it: 503 overloaded
     election_timeout_min_ms = 500
     election_timeout_max_ms = 750
     raft_heartbeat_interval_ms = 50       # below election_timeout_min_ms - lease_drift_margin_ms
@@ -51,7 +53,8 @@ Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
 DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS,
 DEX_HA_MAX_INFLIGHT_BODY_BYTES, DEX_HA_MAX_METADATA_BYTES, DEX_HA_MAX_MESSAGE_BYTES, DEX_HA_MAX_RESULT_BYTES,
-DEX_HA_PAGE_MAX_BYTES, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
+DEX_HA_PAGE_MAX_BYTES, DEX_HA_MAX_STREAMS,
+DEX_HA_MAX_STREAMS_PER_TOKEN, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS,
 DEX_HA_HTTP_HEADER_TIMEOUT_MS, DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS,
 DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_ALLOWED_HOSTS, DEX_HA_ALLOWED_ORIGINS (comma-separated), DEX_HA_LOG_JSON,
@@ -140,6 +143,11 @@ class ServerConfig:
     # once they hold this many bytes, and says where to go on (next_after), so no answer
     # holds more than about this plus one item.
     page_max_bytes: int = 4 << 20
+    # SSE event streams (admission.StreamAdmission): open at once on this node, and open with
+    # one token. Each holds a connection: keep max_streams below http_max_connections, so
+    # that streams leave connections for the other requests.
+    max_streams: int = 4_000
+    max_streams_per_token: int = 1_000
     # The Raft timing defaults come from the raft layer (dex_ha.raft.core), their one source.
     election_timeout_min_ms: int = DEFAULT_ELECTION_TIMEOUT_MIN_MS
     election_timeout_max_ms: int = DEFAULT_ELECTION_TIMEOUT_MAX_MS
@@ -194,6 +202,9 @@ class ServerConfig:
         if self.max_inflight_requests < 1:
             raise ConfigError("max_inflight_requests: must be at least 1")
         self._check_request_bounds()
+        for name in ("max_streams", "max_streams_per_token"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be at least 1")
         if self.http_max_connections < 0:
             raise ConfigError("http_max_connections: must not be negative (0: derived from the open-files limit)")
         for name in ("http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms"):
@@ -336,6 +347,8 @@ ENV_KEYS = {
     "max_message_bytes": int,
     "max_result_bytes": int,
     "page_max_bytes": int,
+    "max_streams": int,
+    "max_streams_per_token": int,
     "election_timeout_min_ms": int,
     "election_timeout_max_ms": int,
     "raft_heartbeat_interval_ms": int,
@@ -402,6 +415,8 @@ DEV_ENV_KEYS = (
     "max_message_bytes",
     "max_result_bytes",
     "page_max_bytes",
+    "max_streams",
+    "max_streams_per_token",
     "http_header_timeout_ms",
     "http_body_timeout_ms",
     "http_keepalive_timeout_ms",
@@ -466,6 +481,8 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
             "max_message_bytes",
             "max_result_bytes",
             "page_max_bytes",
+            "max_streams",
+            "max_streams_per_token",
             "election_timeout_min_ms",
             "election_timeout_max_ms",
             "raft_heartbeat_interval_ms",

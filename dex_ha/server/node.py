@@ -25,7 +25,7 @@ from dex_ha.raft.node import Member, NodeConfig, member_context
 from dex_ha.raft.status import MemberStatus, Status
 from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.types import ConfChange, ConfChangeType, Role
-from dex_ha.server.admission import Admission
+from dex_ha.server.admission import Admission, StreamAdmission
 from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.consistency import ConsistencyCheck
@@ -34,6 +34,7 @@ from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotCommitted, NotSe
 from dex_ha.server.http_limits import GuardedSite, HttpLimits
 from dex_ha.server.leader import ActiveClock, LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
+from dex_ha.server.node_credential import NodeCredential
 from dex_ha.server.probes import ProbeServer
 from dex_ha.server.replica import Replica
 from dex_ha.server.roles import NodeRole
@@ -89,6 +90,8 @@ class NodeServer:
         self.admission = Admission(
             config.max_inflight_requests, f"node {config.node_id}", max_body_bytes=config.max_inflight_body_bytes
         )
+        self.streams = StreamAdmission(config.max_streams, config.max_streams_per_token, f"node {config.node_id}")
+        self.node_credential = NodeCredential(config.cluster_secret)
         self.relay = DeltaRelay()
         self.raft = RaftThread(
             self._raft_config(),
@@ -201,6 +204,7 @@ class NodeServer:
                 heartbeat_timeout_ms=self.config.heartbeat_timeout_ms,
             )
             self.leader.start()
+            self.replica.wake_everyone()  # every waiter checks again under the new role
 
     async def _stop_leader_services(self) -> None:
         leader, self.leader = self.leader, None
@@ -208,7 +212,7 @@ class NodeServer:
             log.info("node %s stops the leader services of term %d", self.config.node_id, leader.term)
             await leader.stop()
             # Wake the SSE streams so they notice at once that this node no longer serves.
-            self.replica.changed.notify()
+            self.replica.wake_everyone()
 
     def serving(self) -> LeaderTerm:
         """The services of the term we lead, if this node is the active node; else NotServing
@@ -534,6 +538,8 @@ class NodeServer:
             "dex_http_requests_in_flight": self.admission.in_flight,
             "dex_http_request_body_bytes_in_flight": self.admission.body_bytes,
             "dex_http_requests_shed_total": self.admission.shed_total,
+            "dex_sse_streams": self.streams.open_total,
+            "dex_sse_streams_shed_total": self.streams.shed_total,
             "steps_queued": stats["steps_queued"],
             "sessions": stats["sessions"],
             "tool_calls": stats["tool_calls"],
