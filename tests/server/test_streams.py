@@ -40,13 +40,13 @@ OTHER_STREAMS = 20
 def count_event_reads(node: NodeServer, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """How often the node's streams read each session's events from now on."""
     reads: Counter[str] = Counter()
-    real_events = node.replica.reads.events
+    real_events = node.replica.reads.events_page
 
     def events(session_id: str, *args: Any, **kwargs: Any) -> Any:
         reads[session_id] += 1
         return real_events(session_id, *args, **kwargs)
 
-    monkeypatch.setattr(node.replica.reads, "events", events)
+    monkeypatch.setattr(node.replica.reads, "events_page", events)
     return reads
 
 
