@@ -55,6 +55,7 @@ def add_parsers(sub: Subparsers) -> None:
 
 def _run_node(config: ServerConfig, json_logs: bool) -> int:
     from dex_ha.raft.identity import IdentityRefused
+    from dex_ha.server.node import CannotListen
     from dex_ha.server.process import (  # the server loads only to serve
         REFUSED_EXIT_CODE,
         configure_logging,
@@ -72,6 +73,13 @@ def _run_node(config: ServerConfig, json_logs: bool) -> int:
         return REFUSED_EXIT_CODE
     except ConfigError as exc:  # found at start: e.g. a data directory others may write
         print(f"dex-ha {'dev' if config.dev else 'node'}: {exc}", file=sys.stderr)
+        return 2
+    except CannotListen as exc:  # e.g. the port is taken: say which, and what to do
+        print(
+            f"dex-ha {'dev' if config.dev else 'node'}: {exc.strerror}; stop what uses it or choose another "
+            f"address ({'--port' if config.dev else 'http_listen / probe_listen'})",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

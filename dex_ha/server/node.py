@@ -563,6 +563,11 @@ class NodeServer:
         }
 
 
+class CannotListen(OSError):
+    """A listen address is taken or not allowed: the node cannot start, and the command
+    says so in one line (the address and why) instead of a traceback."""
+
+
 def _bind(address: tuple[str, int], what: str = "HTTP") -> socket.socket:
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -571,7 +576,9 @@ def _bind(address: tuple[str, int], what: str = "HTTP") -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, f"cannot listen for {what} on {address[0]}:{address[1]}: {exc.strerror}") from None
+        raise CannotListen(
+            exc.errno, f"cannot listen for {what} on {address[0]}:{address[1]}: {exc.strerror}"
+        ) from None
     sock.listen(HTTP_BACKLOG)
     sock.setblocking(False)
     return sock
