@@ -87,7 +87,10 @@ def _run_node(config: ServerConfig, json_logs: bool) -> int:
 def _print_started(node: NodeServer) -> None:
     url = f"http://{node.config.http_listen[0]}:{node.http_port}"
     auth = "token auth ON" if node.config.auth_enabled else "NO authentication (dev mode: no tokens configured)"
-    print(f"dex-ha dev: serving {url}  ({auth}; data in {node.config.data_dir}; Ctrl-C stops)", flush=True)
+    print(
+        f"dex-ha dev: serving {url}, console at {url}/ui  ({auth}; data in {node.config.data_dir}; Ctrl-C stops)",
+        flush=True,
+    )
 
 
 def cmd_dev(args: argparse.Namespace) -> int:

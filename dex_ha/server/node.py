@@ -334,8 +334,13 @@ class NodeServer:
         target = to or await self._most_caught_up_voter()
         if target is None:
             raise StepDownFailed("no other voter to hand the leadership to")
+        if target == self.config.node_id:  # not "unknown": the operator named the wrong node
+            raise StepDownFailed(
+                f"{target} is already the active node: name another voter in `to`, or leave it out "
+                "to hand over to the most caught-up one"
+            )
         members = (await self.raft.status()).members
-        if target not in members or not members[target].voter or target == self.config.node_id:
+        if target not in members or not members[target].voter:
             raise UnknownMember(f"{target!r} is not another voting member")
         if target in self.consistency.alarms:
             raise StepDownFailed(f"{target} is under the consistency alarm (its state differs): it may not lead")
