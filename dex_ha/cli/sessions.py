@@ -123,6 +123,10 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     reconcile.add_argument("--result", metavar="JSON", help="the tool's output as JSON, when it succeeded")
     reconcile.add_argument("--error", help="the error, when it failed")
 
+    cancel = actions.add_parser("cancel", parents=common, help="cancel the running turn of a session")
+    cancel.add_argument("session_id", metavar="SESSION_ID")
+    cancel.add_argument("--reason", help="why (kept with the cancelled turn)")
+
     send = actions.add_parser("send", parents=common, help="send a user message (starts or steers a turn)")
     send.add_argument("session_id", metavar="SESSION_ID")
     send.add_argument("text", metavar="TEXT")
@@ -221,6 +225,10 @@ async def _act(args: argparse.Namespace, client: DexClient) -> tuple[Any, str]:
         result = _json_argument(args.result, "--result") if args.result is not None else None
         answer = await client.reconcile(sid, args.call_id, args.outcome, result=result, error=args.error)
         return answer, f"tool call {args.call_id} of {sid}: reconciled as {args.outcome}"
+    if command == "cancel":
+        answer = await client.cancel(sid, reason=args.reason)
+        turn = answer.get("cancelled")
+        return answer, f"turn {turn} of {sid}: cancelled" if turn else f"{sid}: no turn was running, nothing cancelled"
     if command == "send":
         accepted = await client.send_message(sid, args.text, message_id=args.message_id, mode=args.mode)
         return accepted.raw, f"message {accepted.message_id} sent to {sid} ({args.mode})"

@@ -279,10 +279,12 @@ class DexClient:
         qid = _segment(question_id, "question_id")
         return await self._conn.request("POST", f"/v1/sessions/{sid}/questions/{qid}/answer", {"answer": answer})
 
-    async def cancel(self, session_id: str) -> dict[str, Any]:
-        """Cancel the running turn of a session."""
+    async def cancel(self, session_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Cancel the running turn of a session; `cancelled` in the answer is the turn's id,
+        or None when no turn was running."""
         sid = _segment(session_id, "session_id")
-        return await self._conn.request("POST", f"/v1/sessions/{sid}/cancel", {})
+        body = {} if reason is None else {"reason": reason}
+        return await self._conn.request("POST", f"/v1/sessions/{sid}/cancel", body)
 
     async def reconcile(
         self,
