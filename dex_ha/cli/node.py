@@ -88,7 +88,8 @@ def _print_started(node: NodeServer) -> None:
     url = f"http://{node.config.http_listen[0]}:{node.http_port}"
     auth = "token auth ON" if node.config.auth_enabled else "NO authentication (dev mode: no tokens configured)"
     print(
-        f"dex-ha dev: serving {url}, console at {url}/ui  ({auth}; data in {node.config.data_dir}; Ctrl-C stops)",
+        # The URL stands alone after "serving": scripts and benches read it up to the next space.
+        f"dex-ha dev: serving {url}  (console {url}/ui; {auth}; data in {node.config.data_dir}; Ctrl-C stops)",
         flush=True,
     )
 

@@ -50,8 +50,8 @@ def test_dev_prints_its_url_becomes_ready_and_exits_0_on_sigterm(tmp_path: Path)
             30,
             "the dev URL line",
         )
-        assert f"http://127.0.0.1:{port}" in url_line
-        assert f"console at http://127.0.0.1:{port}/ui" in url_line
+        assert f"serving http://127.0.0.1:{port} " in url_line  # the URL alone, as scripts read it
+        assert f"console http://127.0.0.1:{port}/ui" in url_line
         assert "NO authentication" in url_line  # dev mode without tokens says so
         wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
         proc.send_signal(signal.SIGTERM)
