@@ -199,12 +199,10 @@ class ServerConfig:
         self._check_lease_timing()
         if self.proposal_timeout_ms <= 0:
             raise ConfigError("proposal_timeout_ms: must be positive")
-        if self.max_inflight_requests < 1:
-            raise ConfigError("max_inflight_requests: must be at least 1")
-        self._check_request_bounds()
-        for name in ("max_streams", "max_streams_per_token"):
+        for name in ("max_inflight_requests", "max_streams", "max_streams_per_token"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be at least 1")
+        self._check_request_bounds()
         if self.http_max_connections < 0:
             raise ConfigError("http_max_connections: must not be negative (0: derived from the open-files limit)")
         for name in ("http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms"):
@@ -403,12 +401,9 @@ def _scoped_tokens_from_env(value: str) -> list[dict[str, Any]]:
     return found
 
 
-# What `dex-ha dev` takes from DEX_HA_* (its other keys are fixed: one voter on loopback).
-DEV_ENV_KEYS = (
-    "probe_listen",
-    "heartbeat_timeout_ms",
-    "drain_timeout_ms",
-    "proposal_timeout_ms",
+# The limits on what a node takes on at once and per request: set the same way by a node's
+# file and by `dex-ha dev`'s environment.
+LIMIT_KEYS = (
     "max_inflight_requests",
     "max_inflight_body_bytes",
     "max_metadata_bytes",
@@ -417,6 +412,15 @@ DEV_ENV_KEYS = (
     "page_max_bytes",
     "max_streams",
     "max_streams_per_token",
+)
+
+# What `dex-ha dev` takes from DEX_HA_* (its other keys are fixed: one voter on loopback).
+DEV_ENV_KEYS = (
+    "probe_listen",
+    "heartbeat_timeout_ms",
+    "drain_timeout_ms",
+    "proposal_timeout_ms",
+    *LIMIT_KEYS,
     "http_header_timeout_ms",
     "http_body_timeout_ms",
     "http_keepalive_timeout_ms",
@@ -475,14 +479,7 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
             "heartbeat_timeout_ms",
             "drain_timeout_ms",
             "proposal_timeout_ms",
-            "max_inflight_requests",
-            "max_inflight_body_bytes",
-            "max_metadata_bytes",
-            "max_message_bytes",
-            "max_result_bytes",
-            "page_max_bytes",
-            "max_streams",
-            "max_streams_per_token",
+            *LIMIT_KEYS,
             "election_timeout_min_ms",
             "election_timeout_max_ms",
             "raft_heartbeat_interval_ms",
