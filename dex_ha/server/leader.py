@@ -39,6 +39,7 @@ from dex_ha.engine import (
     FireTimer,
     HeartbeatLost,
     StartQueuedAttempts,
+    Task,
     same_token_secret,
 )
 from dex_ha.raft.core import NotLeader, ProposalDropped
@@ -342,7 +343,8 @@ class LeaderTerm:
 
     def task_for_handout(self, started: dict[str, Any], worker_id: str) -> dict[str, Any]:
         """The task a Worker gets for a committed hand-out (`started`, as the engine
-        reports it); from now on the attempt's heartbeats are watched."""
+        reports it: the apply built the task's input, so nothing is read here); from now on
+        the attempt's heartbeats are watched."""
         step_id, attempt, kind = started["step_id"], started["attempt"], started["kind"]
         self.running[(step_id, attempt)] = HandedOutAttempt(
             step_id,
@@ -358,10 +360,8 @@ class LeaderTerm:
         self.metrics.schedule_to_start.labels(kind=kind).observe(
             max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000)
         )
-        task = self.engine.task_for(step_id, self.heartbeat_timeout_ms)
-        body = task.as_json() if task is not None else {"step_id": step_id, "kind": kind}
-        token = TaskToken(step_id, attempt, started["term"], started["token_secret"])
-        body.update(task_token=str(token), attempt=attempt, deadline_ms=started.get("deadline_at"))
+        body = Task.from_handout(started, self.heartbeat_timeout_ms).as_json()
+        body["task_token"] = str(TaskToken(step_id, attempt, started["term"], started["token_secret"]))
         return body
 
     def _answer_waiting_polls(self, exc: Exception) -> None:
