@@ -132,6 +132,8 @@ class LeaderTerm:
         self.takeover_done = False
         self.draining = False
         self.running: dict[tuple[str, int], HandedOutAttempt] = {}
+        # The hand-out metrics by step kind: labels() costs more than the count itself.
+        self._handout_metrics: dict[str, tuple[Any, Any]] = {}
         self.workers_seen: dict[str, float] = {}
         self._waiting: deque[_WaitingPoll] = deque()
         self._wake_dispatch = asyncio.Event()
@@ -355,14 +357,20 @@ class LeaderTerm:
             time.monotonic(),
             started["token_secret"],
         )
-        self.metrics.attempts_started.labels(kind=kind).inc()
+        started_total, schedule_to_start = self._handout_metrics.get(kind) or self._labelled_handout_metrics(kind)
+        started_total.inc()
         now_ms = self.clock.now_ms()
-        self.metrics.schedule_to_start.labels(kind=kind).observe(
-            max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000)
-        )
+        schedule_to_start.observe(max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000))
         body = Task.from_handout(started, self.heartbeat_timeout_ms).as_json()
         body["task_token"] = str(TaskToken(step_id, attempt, started["term"], started["token_secret"]))
         return body
+
+    def _labelled_handout_metrics(self, kind: str) -> tuple[Any, Any]:
+        labelled = self._handout_metrics[kind] = (
+            self.metrics.attempts_started.labels(kind=kind),
+            self.metrics.schedule_to_start.labels(kind=kind),
+        )
+        return labelled
 
     def _answer_waiting_polls(self, exc: Exception) -> None:
         while self._waiting:
