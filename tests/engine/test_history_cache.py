@@ -20,12 +20,14 @@ from tests.engine.test_properties import PROPERTY, SESSIONS, RandomLeader
 
 
 def cached_sessions_match_the_tables(engine: Engine) -> None:
-    """Every session the cache holds is as the tables have it."""
+    """Every session and agent definition the cache holds is as the tables have it."""
     store = engine._store
     cache = store.history_cache
     assert cache is not None
     for session_id in list(cache._sessions):
         assert cache._sessions[session_id] == store.session_history(session_id), session_id
+    for name, definition in cache._definitions.items():
+        assert definition == store.agent_definition(name), name
 
 
 def handed_out_tasks_match_the_tables(engine: Engine, result: ApplyResult) -> int:
@@ -82,6 +84,18 @@ def _send_fails_after_its_writes(monkeypatch: pytest.MonkeyPatch, error: Excepti
         raise error
 
     monkeypatch.setitem(engine_handlers.HANDLERS, SendMessage, send_then_fail)
+
+
+def test_a_changed_agent_definition_reaches_the_next_model_task() -> None:
+    d = ComparingDriver(":memory:")
+    d.register(tools=[{"name": "lookup", "effect": "read"}])
+    d.create("s1")
+    d.send("one")
+    d.run_model(calls=[("c1", "lookup", {})])  # the definition is read (and cached) here
+    d.register(tools=[{"name": "search", "effect": "read"}])
+    d.complete(d.hand_out("CallTool"), {"status": "ok", "output": 1})
+    task = d.engine.task_for(d.hand_out("RunModel"))
+    assert [tool["name"] for tool in task.input["tools"] if not tool.get("builtin")] == ["search"]
 
 
 def test_an_entry_undone_in_its_savepoint_leaves_nothing_in_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
