@@ -3,8 +3,12 @@
 For each level of concurrent clients (default 500, 2000, 5000) and each deployment, a
 fresh server is started and takes the load of harness/http_load.py for
 `--duration-s` seconds: every client a closed loop on its own keep-alive connection, a
-mix of session GETs, session lists, session creates and unauthenticated /metrics scrapes
-(optionally SSE opens), all against one URL:
+mix of session GETs, session lists, session creates and unauthenticated /metrics scrapes,
+and a few of the biggest requests a client can send: a list with limit=1000 over sessions
+that hold 4.8 MB of metadata together (the answer stops at the node's page budget), and
+bodies of 4 MiB minus 100 bytes (read, decoded and answered 413 for a text over the cap,
+or shed with 503 overloaded past the node's bytes in flight); optionally SSE opens. All
+against one URL:
 - dev:     `dex-ha dev` (one node, client token auth on), its URL;
 - cluster: `dex-ha cluster up --nodes 3`, the URL of the active node.
 
@@ -27,10 +31,20 @@ runs, and a node that waits for a CPU answers late.
 Targets: 0 term changes at every level; the largest follower gap below half the minimum
 election timeout (a follower starts an election after a full one).
 
+Idle streams (`--idle-streams`, default 1000; 0 skips it): per deployment, a fresh server
+gets that many SSE event streams, one on each of as many sessions, that stay idle (no event
+is written to those sessions), and the median latency of writes (`--write-clients` closed
+loops creating sessions) is measured without them and with them, `--stream-rounds` times
+(after each round the streams are closed and the node is seen to have let them go). Target:
+the idle streams make the write p50 slower by under 10 %, with 0 term changes. The node's
+CPU per write, without and with, is printed too: on a shared machine the latency of two
+runs differs by more than 10 % by itself, the CPU per write much less.
+
 It prints a table and writes JSON (default bench/results/overload_bench.json). Processes
 are started on free loopback ports and stopped by pid.
 
     python bench/overload_bench.py [--clients 500,2000,5000] [--duration-s 10] [--only dev|cluster]
+                                   [--idle-streams 1000] [--parts levels,streams]
 """
 
 from __future__ import annotations
@@ -41,14 +55,17 @@ import json
 import os
 import secrets
 import signal
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -69,12 +86,18 @@ from harness.http_load import (  # noqa: E402
 )
 
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "overload_bench.json"
+# The bench's mix: http_load's, with the big requests added.
+BENCH_MIX = {**DEFAULT_MIX, "big_list": 0.02, "big_body": 0.02}
 ELECTION_TIMEOUT_MIN_S = ServerConfig.election_timeout_min_ms / 1000  # neither deployment changes it
 GAP_TARGET_S = ELECTION_TIMEOUT_MIN_S / 2
+IDLE_STREAMS_P50_CHANGE_TARGET = 0.10
 TARGETS = {
     "term_changes": "0 at every level",
     "follower_leader_contact_gap": f"< {GAP_TARGET_S * 1000:.0f} ms (half the minimum election timeout)",
+    "idle_streams_write_p50": f"slower by < {IDLE_STREAMS_P50_CHANGE_TARGET:.0%} with the idle streams",
 }
+PARTS = ("levels", "streams")
+STREAMS_RELEASED_DEADLINE_S = 60.0  # a node notices a closed idle stream at its next keep-alive (15 s)
 SETTLE_DEADLINE_S = 20.0  # after the load: until one node is active again, if any
 
 
@@ -234,6 +257,172 @@ def progress_line(row: Row, result: LoadResult) -> str:
     )
 
 
+# ---------------------------------------------------------------- idle streams
+
+
+@dataclass
+class StreamsRow:
+    deployment: str
+    idle_streams: int
+    write_clients: int
+    # {"without": LoadResult dict, "with": LoadResult dict, "node_cores_without": busiest node's CPU, ...}
+    rounds: list[dict[str, Any]]
+    p50_without_ms: float | None  # the median over the rounds
+    p50_with_ms: float | None
+    p50_change: float | None  # with / without - 1
+    term_changes: int | None
+    active_before: list[str]
+    active_after: list[str]
+
+
+@contextmanager
+def stream_caps_at_least(streams: int) -> Iterator[None]:
+    """The nodes started meanwhile (they read DEX_HA_* from the environment they inherit)
+    allow `streams` event streams, all with the bench's one token."""
+    names = ("DEX_HA_MAX_STREAMS", "DEX_HA_MAX_STREAMS_PER_TOKEN")
+    saved = {name: os.environ.get(name) for name in names}
+    for name in names:
+        os.environ[name] = str(max(streams, ServerConfig.max_streams))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+async def measure_idle_streams(name: str, args: argparse.Namespace, root: Path) -> StreamsRow:
+    level_dir = root / f"{name}-idle-streams"
+    level_dir.mkdir(parents=True)
+    async with AsyncExitStack() as stack:
+        with stream_caps_at_least(args.idle_streams):  # while the nodes start
+            target = await stack.enter_async_context(DEPLOYMENTS[name](level_dir, args.relaxed))
+        http = await stack.enter_async_context(_api_session(target.token))
+        before = await observe_settled(target.urls, target.token, SETTLE_DEADLINE_S)
+        sessions = await create_idle_sessions(http, target.load_url, args.idle_streams)
+        rounds = []
+        for round_number in range(args.stream_rounds):
+            if round_number:  # the next "without" has none left
+                await streams_released(http, target.load_url)
+            without, cores_without = await write_load(target, args)
+            async with idle_streams_open(target, sessions):
+                with_streams, cores_with = await write_load(target, args)
+            rounds.append(
+                {
+                    "without": asdict(without),
+                    "with": asdict(with_streams),
+                    "node_cores_without": cores_without,
+                    "node_cores_with": cores_with,
+                }
+            )
+        after = await observe_settled(target.urls, target.token, SETTLE_DEADLINE_S)
+    without_p50 = _median_p50(r["without"] for r in rounds)
+    with_p50 = _median_p50(r["with"] for r in rounds)
+    return StreamsRow(
+        deployment=name,
+        idle_streams=args.idle_streams,
+        write_clients=args.write_clients,
+        rounds=rounds,
+        p50_without_ms=without_p50,
+        p50_with_ms=with_p50,
+        p50_change=round(with_p50 / without_p50 - 1, 4) if with_p50 and without_p50 else None,
+        term_changes=term_changes(before, after),
+        active_before=before.active,
+        active_after=after.active,
+    )
+
+
+def _median_p50(loads: Any) -> float | None:
+    values = [load["p50_ms"] for load in loads if load["p50_ms"] is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+@asynccontextmanager
+async def _api_session(token: str) -> AsyncIterator[aiohttp.ClientSession]:
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as http:
+        yield http
+
+
+async def write_load(target: Target, args: argparse.Namespace) -> tuple[LoadResult, float]:
+    """`--write-clients` closed loops creating sessions (a commit each) for --duration-s;
+    and the CPU the busiest node used meanwhile, in cores."""
+    cpu = CpuMeter(target.pids)
+    result = await run_load(
+        LoadConfig(
+            target.load_url,
+            target.token,
+            clients=args.write_clients,
+            duration_s=args.duration_s,
+            mix={"create_session": 1.0},
+            seed_sessions=1,
+            request_timeout_s=args.request_timeout_s,
+        )
+    )
+    return result, max(cpu.use().node_cores)
+
+
+async def create_idle_sessions(http: aiohttp.ClientSession, url: str, count: int) -> list[str]:
+    """`count` sessions for the streams, created 32 at a time (an overloaded answer is retried)."""
+    ids = [f"idle-{i:05d}" for i in range(count)]
+    gate = asyncio.Semaphore(32)
+
+    async def create(session_id: str) -> None:
+        async with gate:
+            deadline = time.monotonic() + SETTLE_DEADLINE_S
+            while True:
+                async with http.post(url + "/v1/sessions", json={"agent": "load", "session_id": session_id}) as resp:
+                    if resp.status in (200, 201):
+                        return
+                    problem = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"could not create session {session_id}: {problem}")
+                await asyncio.sleep(0.1)
+
+    await asyncio.gather(*(create(session_id) for session_id in ids))
+    return ids
+
+
+@asynccontextmanager
+async def idle_streams_open(target: Target, sessions: list[str]) -> AsyncIterator[None]:
+    """An open SSE stream on each session (its first chunk read), closed on the way out."""
+    no_read_timeout = aiohttp.ClientTimeout(total=None, sock_read=None, sock_connect=10)
+    async with _api_session(target.token) as http:
+        gate = asyncio.Semaphore(100)
+        opened: list[aiohttp.ClientResponse] = []
+
+        async def open_one(session_id: str) -> None:
+            async with gate:
+                resp = await http.get(f"{target.load_url}/v1/sessions/{session_id}/events", timeout=no_read_timeout)
+                opened.append(resp)
+                if resp.status != 200:
+                    raise RuntimeError(f"stream of {session_id}: HTTP {resp.status}: {(await resp.text())[:200]}")
+                await resp.content.readany()
+
+        try:
+            await asyncio.gather(*(open_one(session_id) for session_id in sessions))
+            yield
+        finally:
+            for resp in opened:
+                resp.close()
+
+
+async def streams_released(http: aiohttp.ClientSession, url: str) -> None:
+    """Wait until the node has let every closed stream go (`dex_sse_streams` 0)."""
+    deadline = time.monotonic() + STREAMS_RELEASED_DEADLINE_S
+    while True:
+        async with http.get(url + "/metrics") as resp:
+            text = await resp.text()
+        if "\ndex_sse_streams 0.0\n" in text:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the node still holds closed streams after {STREAMS_RELEASED_DEADLINE_S:.0f} s")
+        await asyncio.sleep(1.0)
+
+
 # ---------------------------------------------------------------- the table
 
 
@@ -249,6 +438,7 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print(f"mix: {mix}. machine: {result['cores']} cores, load average at start {result['load_average_at_start']}")
     print(
+        "other: non-2xx answers besides those two (the big bodies' 413 too_large among them); "
         "srv cores / gen cores: CPU of the busiest node / of the load generator (1.00 = one core); cpu wait: "
         "share of the window in which some runnable task waited for a CPU (PSI; other people's work counts)"
     )
@@ -283,16 +473,63 @@ def print_table(result: dict[str, Any]) -> None:
         )
         if load["transport_errors"]:
             print(f"{'':<10} transport errors: {load['transport_errors']}")
+        big = {kind: load["by_kind"][kind] for kind in ("big_list", "big_body") if kind in load["by_kind"]}
+        if big:
+            print(f"{'':<10} big requests' answers: {big}")
+    print_streams_table(result)
     print("\ntarget                          measured      goal")
     for name, goal in TARGETS.items():
-        measured, verdict = verdict_of(name, result["rows"])
+        measured, verdict = verdict_of(name, result["rows"], result["idle_streams"])
         print(f"{name:<30} {measured:>10}      {goal}  {verdict}")
 
 
-def verdict_of(target: str, rows: list[dict[str, Any]]) -> tuple[str, str]:
+def print_streams_table(result: dict[str, Any]) -> None:
+    if not result["idle_streams"]:
+        return
+    print(
+        f"\nIdle streams: write p50 without and with idle SSE streams (median of {result['stream_rounds']} "
+        f"rounds of {result['duration_s']:g} s; writes: session creates; cpu: ms of the node's CPU per write)"
+    )
+    print(
+        f"{'deployment':<10} {'streams':>7} {'writers':>7} {'p50 without':>11} {'p50 with':>9} {'change':>7} "
+        f"{'p99 without':>11} {'p99 with':>9} {'cpu without':>11} {'cpu with':>8} {'terms Δ':>7} {'active':>9}"
+    )
+    for row in result["idle_streams"]:
+        p99_without = _median_of(r["without"]["p99_ms"] for r in row["rounds"])
+        p99_with = _median_of(r["with"]["p99_ms"] for r in row["rounds"])
+        cpu_without = _median_of(_cpu_ms_per_write(r["node_cores_without"], r["without"]) for r in row["rounds"])
+        cpu_with = _median_of(_cpu_ms_per_write(r["node_cores_with"], r["with"]) for r in row["rounds"])
+        change = "-" if row["p50_change"] is None else f"{row['p50_change']:+.1%}"
+        moved = "same" if row["active_after"] == row["active_before"] else "moved"
+        print(
+            f"{row['deployment']:<10} {row['idle_streams']:>7} {row['write_clients']:>7} "
+            f"{fmt(row['p50_without_ms'], '.2f'):>11} {fmt(row['p50_with_ms'], '.2f'):>9} {change:>7} "
+            f"{fmt(p99_without, '.2f'):>11} {fmt(p99_with, '.2f'):>9} {fmt(cpu_without, '.3f'):>11} "
+            f"{fmt(cpu_with, '.3f'):>8} {fmt(row['term_changes'], 'd'):>7} {moved:>9}"
+        )
+
+
+def _cpu_ms_per_write(node_cores: float, load: dict[str, Any]) -> float | None:
+    """The node's CPU per accepted write, in ms: less noisy than latency on a shared machine."""
+    return round(node_cores / load["answers_per_s"] * 1000, 4) if load["answers_per_s"] else None
+
+
+def _median_of(values: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def verdict_of(target: str, rows: list[dict[str, Any]], streams: list[dict[str, Any]]) -> tuple[str, str]:
     """(the worst measured value, met / MISSED / not measured) of a target over all rows."""
+    if target == "idle_streams_write_p50":
+        # A p50 lower with the streams than without is the machine's noise, not a cost.
+        changes = [r["p50_change"] for r in streams if r["p50_change"] is not None]
+        if not changes:
+            return "-", "not measured"
+        worst = max(changes)
+        return f"{worst:+.1%}", "met" if worst < IDLE_STREAMS_P50_CHANGE_TARGET else "MISSED"
     if target == "term_changes":
-        values = [r["term_changes"] for r in rows if r["term_changes"] is not None]
+        values = [r["term_changes"] for r in rows + streams if r["term_changes"] is not None]
         if not values:
             return "-", "not measured"
         worst = max(values)
@@ -313,7 +550,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     # Before any server starts: the nodes inherit the limit, and need a socket per client too.
-    soft, hard = raise_fd_limit(fds_needed(max(args.clients)))
+    soft, hard = raise_fd_limit(fds_needed(max([*args.clients, args.idle_streams + args.write_clients])))
     names = [args.only] if args.only else ["dev", "cluster"]
     result: dict[str, Any] = {
         "duration_s": args.duration_s,
@@ -326,11 +563,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "election_timeout_min_s": ELECTION_TIMEOUT_MIN_S,
         "targets": TARGETS,
         "rows": [],
+        "stream_rounds": args.stream_rounds,
+        "idle_streams": [],
     }
     with tempfile.TemporaryDirectory(prefix="dex-overload-bench-") as tmp:
         root = Path(args.work_dir) if args.work_dir else Path(tmp)
         for name in names:
-            for clients in args.clients:
+            for clients in args.clients if "levels" in args.parts else []:
                 print(
                     f"[{name}] {clients} clients: starting a fresh server, then {args.duration_s:g} s of load ...",
                     flush=True,
@@ -338,7 +577,24 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 row = await measure(name, clients, args, root)
                 result["rows"].append(asdict(row))
                 print(progress_line(row, LoadResult(**row.load)), flush=True)
+            if "streams" in args.parts and args.idle_streams > 0:
+                print(f"[{name}] {args.idle_streams} idle streams: a fresh server, write p50 without and with ...")
+                streams_row = await measure_idle_streams(name, args, root)
+                result["idle_streams"].append(asdict(streams_row))
+                print(
+                    f"[{name}] idle streams: write p50 {fmt(streams_row.p50_without_ms, '.2f')} ms without, "
+                    f"{fmt(streams_row.p50_with_ms, '.2f')} ms with; term changes {fmt(streams_row.term_changes, 'd')}",
+                    flush=True,
+                )
     return result
+
+
+def parse_parts(text: str) -> tuple[str, ...]:
+    parts = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = set(parts) - set(PARTS)
+    if not parts or unknown:
+        raise argparse.ArgumentTypeError(f"--parts: a comma-separated list of {', '.join(PARTS)}")
+    return parts
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -367,12 +623,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--duration-s", type=float, default=10.0, help="seconds of load per level (default 10)")
     parser.add_argument("--only", choices=tuple(DEPLOYMENTS), help="measure one deployment only")
+    parser.add_argument(
+        "--parts",
+        type=parse_parts,
+        default=PARTS,
+        help="what to measure: levels (the client levels), streams (idle streams); default both",
+    )
+    parser.add_argument(
+        "--idle-streams", type=int, default=1000, help="idle SSE streams of the streams part (default 1000; 0: skip)"
+    )
+    parser.add_argument(
+        "--write-clients", type=int, default=4, help="closed-loop writers of the streams part (default 4)"
+    )
+    parser.add_argument("--stream-rounds", type=int, default=2, help="rounds without and with the streams (default 2)")
     parser.add_argument("--relaxed", action="store_true", help="durability relaxed (no fsync) instead of strict")
-    default_mix = ",".join(f"{k}={w:g}" for k, w in DEFAULT_MIX.items())
+    default_mix = ",".join(f"{k}={w:g}" for k, w in BENCH_MIX.items() if w > 0)
     parser.add_argument(
         "--mix",
         type=parse_mix,
-        default=dict(DEFAULT_MIX),
+        default=dict(BENCH_MIX),
         help=f"request weights, e.g. {default_mix},sse=0.05 (default: {default_mix})",
     )
     parser.add_argument(
@@ -393,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.duration_s <= 0 or args.request_timeout_s <= 0:
         parser.error("--duration-s and --request-timeout-s must be > 0")
+    if args.idle_streams < 0 or args.write_clients < 1 or args.stream_rounds < 1:
+        parser.error("--idle-streams must be >= 0, --write-clients and --stream-rounds >= 1")
     try:
         import uvloop  # the load generator shares the cores with the server: the cheaper loop
 

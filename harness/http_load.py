@@ -13,7 +13,13 @@ The request mix (weights, see DEFAULT_MIX):
 - `create_session`  POST /v1/sessions with a random session id (a Raft proposal each);
 - `metrics`         GET /metrics without a token, as a Prometheus scraper sends it;
 - `sse`             GET /v1/sessions/{sid}/events: read the first chunk, then drop the
-                    connection (off by default).
+                    connection (off by default);
+- `big_list`        GET /v1/sessions?limit=1000 over `big_sessions` sessions created before the
+                    load with `big_metadata_bytes` of metadata each: a page as big as the
+                    node's page budget allows (off by default);
+- `big_body`        POST /v1/sessions/{sid}/messages with a body of 4 MiB minus 100 bytes (the
+                    route's limit is 4 MiB), a text over the message cap: read, decoded and
+                    answered 413, or shed (503 overloaded) past the bytes in flight (off by default).
 
 Recorded per answer: the request kind, the HTTP status, the `error` code of a JSON error
 body (`overloaded`, `not_active`, ...), whether a 503 carried Retry-After, and the latency
@@ -48,6 +54,8 @@ DEFAULT_MIX: Mapping[str, float] = {
     "create_session": 0.20,
     "metrics": 0.25,
     "sse": 0.0,
+    "big_list": 0.0,
+    "big_body": 0.0,
 }
 KINDS = tuple(DEFAULT_MIX)
 LOAD_AGENT = "load"
@@ -55,6 +63,7 @@ LOAD_AGENT = "load"
 # pytest, logs, the probes that read /v1/cluster, ...).
 FD_HEADROOM = 256
 SEED_DEADLINE_S = 30.0
+BIG_BODY_BYTES = (4 << 20) - 100
 
 
 class LoadSetupError(RuntimeError):
@@ -69,6 +78,10 @@ class LoadConfig:
     duration_s: float
     mix: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_MIX))
     seed_sessions: int = 20  # sessions created before the load, for the session GETs and SSE
+    # Sessions with big metadata created before the load when `big_list` has weight: together
+    # past the default page budget (4 MiB), under the default metadata cap (64 KiB) each.
+    big_sessions: int = 80
+    big_metadata_bytes: int = 60_000
     connect_timeout_s: float = 10.0  # a dropped SYN is retransmitted after 1, 3, 7 s
     request_timeout_s: float = 20.0  # the whole request; also bounds the drain after the window
     rng_seed: int | None = None
@@ -288,11 +301,19 @@ class Target:
     auth: Mapping[str, str]  # the Authorization header, or nothing
     post_headers: Mapping[str, str]
     session_ids: tuple[str, ...]
+    big_body: bytes = b""  # built once when `big_body` has weight: every client sends the same bytes
 
     @classmethod
     def of(cls, config: LoadConfig, session_ids: list[str]) -> Target:
         auth = {"Authorization": f"Bearer {config.token}"} if config.token else {}
-        return cls(config.base_url, auth, {**auth, "Content-Type": "application/json"}, tuple(session_ids))
+        big_body = json_of_size(BIG_BODY_BYTES, "text") if config.mix.get("big_body", 0) > 0 else b""
+        return cls(config.base_url, auth, {**auth, "Content-Type": "application/json"}, tuple(session_ids), big_body)
+
+
+def json_of_size(size: int, key: str) -> bytes:
+    """A JSON object of exactly `size` bytes: one string `key` padded with x."""
+    head, tail = f'{{"{key}": "'.encode(), b'"}'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
 
 
 async def send(
@@ -309,6 +330,11 @@ async def send(
         request = http.get(base + "/v1/sessions?limit=10", headers=target.auth)
     elif kind == "metrics":
         request = http.get(base + "/metrics")
+    elif kind == "big_list":
+        request = http.get(base + "/v1/sessions?limit=1000", headers=target.auth)
+    elif kind == "big_body":
+        sid = rng.choice(target.session_ids)
+        request = http.post(f"{base}/v1/sessions/{sid}/messages", data=target.big_body, headers=target.post_headers)
     else:  # sse
         request = http.get(f"{base}/v1/sessions/{rng.choice(target.session_ids)}/events", headers=target.auth)
     started = time.perf_counter()
@@ -352,11 +378,22 @@ async def run_client(
 
 
 async def seed_sessions(http: aiohttp.ClientSession, config: LoadConfig) -> list[str]:
-    """Create the sessions that the GETs read (before the load: the node is idle)."""
+    """Create the sessions that the GETs read (before the load: the node is idle), and the
+    big ones that `big_list` lists."""
+    ids = [f"load-seed-{uuid.uuid4().hex[:12]}" for _ in range(max(1, config.seed_sessions))]
+    await create_sessions(http, config, ids, None)
+    if config.mix.get("big_list", 0) > 0:
+        big = [f"load-big-{uuid.uuid4().hex[:12]}" for _ in range(config.big_sessions)]
+        await create_sessions(http, config, big, {"pad": "x" * (config.big_metadata_bytes - len('{"pad":""}'))})
+    return ids
+
+
+async def create_sessions(
+    http: aiohttp.ClientSession, config: LoadConfig, ids: list[str], metadata: dict[str, str] | None
+) -> None:
     headers = {"Content-Type": "application/json"}
     if config.token:
         headers["Authorization"] = f"Bearer {config.token}"
-    ids = [f"load-seed-{uuid.uuid4().hex[:12]}" for _ in range(max(1, config.seed_sessions))]
     deadline = time.monotonic() + SEED_DEADLINE_S
     for session_id in ids:
         while True:
@@ -364,7 +401,7 @@ async def seed_sessions(http: aiohttp.ClientSession, config: LoadConfig) -> list
                 async with http.post(
                     config.base_url + "/v1/sessions",
                     headers=headers,
-                    data=json.dumps({"agent": LOAD_AGENT, "session_id": session_id}),
+                    data=json.dumps({"agent": LOAD_AGENT, "session_id": session_id, "metadata": metadata}),
                     timeout=aiohttp.ClientTimeout(total=5),
                 ) as resp:
                     text = await resp.text()
@@ -379,7 +416,6 @@ async def seed_sessions(http: aiohttp.ClientSession, config: LoadConfig) -> list
                     f"within {SEED_DEADLINE_S:.0f} s: {problem}"
                 )
             await asyncio.sleep(0.1)
-    return ids
 
 
 def counting_connections(tally: Tally) -> aiohttp.TraceConfig:

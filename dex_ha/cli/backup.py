@@ -45,6 +45,7 @@ READ_CHUNK_BYTES = 1 << 20
 def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     backup = sub.add_parser("backup", parents=[remote], help="write a consistent backup of a running cluster")
     backup.add_argument("--out", required=True, metavar="FILE", help="the backup file to write (atomically)")
+    backup.add_argument("--force", action="store_true", help="replace --out if it exists (default: refuse)")
     backup.add_argument(
         "--timeout",
         type=float,
@@ -75,13 +76,18 @@ def add_parsers(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- backup
 
 
-async def download_backup(urls: list[str], token: str | None, out: Path, timeout_s: float) -> dict[str, Any]:
-    """Download a backup from the active node into `out`; what it covers (see describe)."""
+async def download_backup(
+    urls: list[str], token: str | None, out: Path, timeout_s: float, replace: bool = False
+) -> dict[str, Any]:
+    """Download a backup from the active node into `out`; what it covers (see describe).
+    An existing `out` is replaced only with `replace`: a backup is often the one copy of a
+    cluster's data, and the same command run again must not overwrite the last one."""
     if timeout_s <= 0:
         raise ValueError(f"--timeout must be > 0, got {timeout_s}")
     out = out.resolve()
     if not out.parent.is_dir():
         raise ValueError(f"--out: the directory {out.parent} does not exist")
+    _refuse_to_overwrite(out, replace)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part")
     try:
         async with asyncio.timeout(timeout_s):
@@ -90,12 +96,18 @@ async def download_backup(urls: list[str], token: str | None, out: Path, timeout
                 f.flush()
                 os.fsync(f.fileno())
         header, _ = read_backup(Path(tmp))  # the header and sha256 hold, or nothing is renamed
+        _refuse_to_overwrite(out, replace)  # a file that appeared during the download too
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(out.parent)
     return describe(header)
+
+
+def _refuse_to_overwrite(out: Path, replace: bool) -> None:
+    if out.exists() and not replace:
+        raise ValueError(f"--out: {out} exists; choose another name, or pass --force to replace it")
 
 
 async def _stream_into(urls: list[str], token: str | None, f: BinaryIO, timeout_s: float) -> None:
@@ -155,7 +167,7 @@ def run_restore(
 def cmd_backup(args: argparse.Namespace) -> int:
     async def backup() -> dict[str, Any]:
         url = await find_active(urls_of(args), token_of(args))
-        return await download_backup([url], token_of(args), Path(args.out), args.timeout)
+        return await download_backup([url], token_of(args), Path(args.out), args.timeout, replace=args.force)
 
     try:
         info = asyncio.run(backup())

@@ -55,6 +55,7 @@ def add_parsers(sub: Subparsers) -> None:
 
 def _run_node(config: ServerConfig, json_logs: bool) -> int:
     from dex_ha.raft.identity import IdentityRefused
+    from dex_ha.server.node import CannotListen
     from dex_ha.server.process import (  # the server loads only to serve
         REFUSED_EXIT_CODE,
         configure_logging,
@@ -73,13 +74,24 @@ def _run_node(config: ServerConfig, json_logs: bool) -> int:
     except ConfigError as exc:  # found at start: e.g. a data directory others may write
         print(f"dex-ha {'dev' if config.dev else 'node'}: {exc}", file=sys.stderr)
         return 2
+    except CannotListen as exc:  # e.g. the port is taken: say which, and what to do
+        print(
+            f"dex-ha {'dev' if config.dev else 'node'}: {exc.strerror}; stop what uses it or choose another "
+            f"address ({'--port' if config.dev else 'http_listen / probe_listen'})",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 
 def _print_started(node: NodeServer) -> None:
     url = f"http://{node.config.http_listen[0]}:{node.http_port}"
     auth = "token auth ON" if node.config.auth_enabled else "NO authentication (dev mode: no tokens configured)"
-    print(f"dex-ha dev: serving {url}  ({auth}; data in {node.config.data_dir}; Ctrl-C stops)", flush=True)
+    print(
+        # The URL stands alone after "serving": scripts and benches read it up to the next space.
+        f"dex-ha dev: serving {url}  (console {url}/ui; {auth}; data in {node.config.data_dir}; Ctrl-C stops)",
+        flush=True,
+    )
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -98,7 +110,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
             **dev_overrides_from_env(os.environ),
         )
         config.check()
-        TokenAuth(config.tokens)  # refuses short, duplicated or unknown-role tokens, naming them
+        TokenAuth(config.tokens, config.scoped_tokens)  # refuses short, duplicated or unknown-role tokens, naming them
     except (ConfigError, ValueError) as exc:
         print(f"dex-ha dev: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,8 @@
     dex-ha sessions reconcile SESSION_ID CALL_ID --outcome succeeded|failed [--result JSON] [--error TEXT]
     dex-ha sessions send SESSION_ID TEXT [--mode queue|steer] [--message-id ID]
 
-Every subcommand takes `--json` (the server's answer as JSON, for scripts). This module
+Every subcommand takes `--json` (the server's answer as JSON, for scripts) and `--namespace`
+(the namespace of the sessions; default $DEX_HA_NAMESPACE, else the server's default). This module
 turns arguments into Client SDK calls and answers into text; `cmd_sessions` finds the
 active node first (clear errors), makes the DexClient and turns errors into exit codes.
 """
@@ -52,6 +53,7 @@ from dex_ha.client import (
     ToolCallRecord,
     Turn,
 )
+from dex_ha.client.env import NAMESPACE_VAR
 
 # How much of a tool's arguments, output or error one table cell shows.
 CELL_CHARS = 60
@@ -61,6 +63,11 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     """The `sessions` command and its subcommands (each takes --url, --token and --json)."""
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--json", action="store_true", help="print the server's answer as JSON (for scripts)")
+    output.add_argument(
+        "--namespace",
+        help=f"the namespace of the sessions (default: ${NAMESPACE_VAR}, else the server's: default, "
+        "or the only namespace of a token limited to one)",
+    )
     common = [remote, output]
     sessions = sub.add_parser(
         "sessions",
@@ -116,6 +123,10 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     reconcile.add_argument("--result", metavar="JSON", help="the tool's output as JSON, when it succeeded")
     reconcile.add_argument("--error", help="the error, when it failed")
 
+    cancel = actions.add_parser("cancel", parents=common, help="cancel the running turn of a session")
+    cancel.add_argument("session_id", metavar="SESSION_ID")
+    cancel.add_argument("--reason", help="why (kept with the cancelled turn)")
+
     send = actions.add_parser("send", parents=common, help="send a user message (starts or steers a turn)")
     send.add_argument("session_id", metavar="SESSION_ID")
     send.add_argument("text", metavar="TEXT")
@@ -152,7 +163,9 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         urls, token = urls_of(args), token_of(args)
         active = await find_active(urls, token)
         candidates = list(dict.fromkeys([active, *urls]))
-        async with DexClient(candidates, token, give_up_after_s=FIND_ACTIVE_TIMEOUT_S) as client:
+        async with DexClient(
+            candidates, token, namespace=args.namespace, give_up_after_s=FIND_ACTIVE_TIMEOUT_S
+        ) as client:
             try:
                 return await run(args, client)
             except DexUnavailable as exc:
@@ -212,6 +225,10 @@ async def _act(args: argparse.Namespace, client: DexClient) -> tuple[Any, str]:
         result = _json_argument(args.result, "--result") if args.result is not None else None
         answer = await client.reconcile(sid, args.call_id, args.outcome, result=result, error=args.error)
         return answer, f"tool call {args.call_id} of {sid}: reconciled as {args.outcome}"
+    if command == "cancel":
+        answer = await client.cancel(sid, reason=args.reason)
+        turn = answer.get("cancelled")
+        return answer, f"turn {turn} of {sid}: cancelled" if turn else f"{sid}: no turn was running, nothing cancelled"
     if command == "send":
         accepted = await client.send_message(sid, args.text, message_id=args.message_id, mode=args.mode)
         return accepted.raw, f"message {accepted.message_id} sent to {sid} ({args.mode})"

@@ -32,7 +32,7 @@ from urllib.parse import quote
 import aiohttp
 
 from dex_ha.client.connection import Connection
-from dex_ha.client.env import CLIENT_TOKEN_VAR, TOKEN_VAR, token_from_env, urls_from_env
+from dex_ha.client.env import CLIENT_TOKEN_VAR, TOKEN_VAR, namespace_from_env, token_from_env, urls_from_env
 from dex_ha.client.results import (
     ClusterView,
     MessageAccepted,
@@ -116,16 +116,27 @@ class DexClient:
     that ``tokens.env`` of ``dex-ha cluster up`` sets: ``urls`` from ``DEX_HA_URLS``
     (else http://127.0.0.1:8801, where ``dex-ha dev`` listens) and ``token`` from
     ``DEX_HA_CLIENT_TOKEN``, else ``DEX_HA_TOKEN`` (else no token).
+
+    ``namespace``: the namespace whose sessions this client works with (every request
+    names it); left out, ``DEX_HA_NAMESPACE``, else none is named and the server uses
+    ``default`` (or the only namespace of a token limited to one).
     """
 
     def __init__(
-        self, urls: str | Sequence[str] | None = None, token: str | None = None, **connection_kwargs: Any
+        self,
+        urls: str | Sequence[str] | None = None,
+        token: str | None = None,
+        *,
+        namespace: str | None = None,
+        **connection_kwargs: Any,
     ) -> None:
         if urls is None:
             urls = urls_from_env()
         if token is None:
             token = token_from_env(CLIENT_TOKEN_VAR, TOKEN_VAR)
-        self._conn = Connection(urls, token, **connection_kwargs)
+        if namespace is None:
+            namespace = namespace_from_env()
+        self._conn = Connection(urls, token, namespace=namespace, **connection_kwargs)
 
     @property
     def connection(self) -> Connection:
@@ -268,10 +279,12 @@ class DexClient:
         qid = _segment(question_id, "question_id")
         return await self._conn.request("POST", f"/v1/sessions/{sid}/questions/{qid}/answer", {"answer": answer})
 
-    async def cancel(self, session_id: str) -> dict[str, Any]:
-        """Cancel the running turn of a session."""
+    async def cancel(self, session_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Cancel the running turn of a session; `cancelled` in the answer is the turn's id,
+        or None when no turn was running."""
         sid = _segment(session_id, "session_id")
-        return await self._conn.request("POST", f"/v1/sessions/{sid}/cancel", {})
+        body = {} if reason is None else {"reason": reason}
+        return await self._conn.request("POST", f"/v1/sessions/{sid}/cancel", body)
 
     async def reconcile(
         self,

@@ -218,12 +218,14 @@ class Connection:
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[Any]] | None = None,
         clock: Callable[[], float] | None = None,
+        namespace: str | None = None,
     ) -> None:
         self._urls = _normalize_urls(urls)
-        if token is not None and not isinstance(token, str):
-            raise TypeError(f"token must be a string or None, got {type(token).__name__}")
-        if token == "":
-            raise ValueError("token must not be empty (pass None for no token)")
+        for name, value in (("token", token), ("namespace", namespace)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a string or None, got {type(value).__name__}")
+            if value == "":
+                raise ValueError(f"{name} must not be empty (pass None for none)")
         if request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
         if give_up_after_s is not None and give_up_after_s < 0:
@@ -233,6 +235,7 @@ class Connection:
         if backoff_max_s < backoff_initial_s:
             raise ValueError(f"backoff_max_s must be >= backoff_initial_s, got {backoff_max_s} < {backoff_initial_s}")
         self._token = token
+        self._namespace = namespace  # sent as Dex-Namespace; None: the server's default
         self._request_timeout_s = request_timeout_s
         self._give_up_after_s = give_up_after_s
         self._backoff_initial_s = backoff_initial_s
@@ -473,6 +476,8 @@ class Connection:
         headers = {"Accept": "application/json"}
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
+        if self._namespace is not None:
+            headers["Dex-Namespace"] = self._namespace
         if json_body:
             headers["Content-Type"] = "application/json"
         return headers

@@ -7,6 +7,9 @@
     DEX_HA_CLIENT_TOKEN  the client token (DexClient reads it before DEX_HA_TOKEN)
     DEX_HA_WORKER_TOKEN  the worker token (Worker reads it before DEX_HA_TOKEN)
     DEX_HA_ADMIN_TOKEN   the admin token again, by its role's name
+    DEX_HA_NAMESPACE     the namespace to work in (both SDKs and the dex-ha commands; not
+                         written by `cluster up`: unset, the server uses `default`, or the
+                         only namespace of a token limited to one)
 
 An argument always wins over the environment; with neither, the URL is the one of
 `dex-ha dev` (http://127.0.0.1:8801) and there is no token.
@@ -21,6 +24,8 @@ URLS_VAR = "DEX_HA_URLS"
 TOKEN_VAR = "DEX_HA_TOKEN"
 CLIENT_TOKEN_VAR = "DEX_HA_CLIENT_TOKEN"
 WORKER_TOKEN_VAR = "DEX_HA_WORKER_TOKEN"
+NAMESPACE_VAR = "DEX_HA_NAMESPACE"
+DEFAULT_NAMESPACE = "default"  # the API's namespace of whatever names none (docs/api.md)
 DEFAULT_URL = "http://127.0.0.1:8801"  # where `dex-ha dev` listens
 
 
@@ -43,3 +48,9 @@ def token_from_env(*names: str, environ: Mapping[str, str] | None = None) -> str
         if value:
             return value
     return None
+
+
+def namespace_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The namespace of DEX_HA_NAMESPACE, or None (name none: the server decides) when it
+    is unset or blank."""
+    return token_from_env(NAMESPACE_VAR, environ=environ)  # the same rule: set and not blank

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dex_ha.client.connection import DexError
+from dex_ha.client.env import DEFAULT_NAMESPACE
 
 T = TypeVar("T")
 
@@ -310,6 +311,7 @@ class Session:
     """
 
     session_id: str
+    namespace: str  # "default" from a server older than namespaces
     agent: str
     status: str
     metadata: dict[str, Any] | None
@@ -347,6 +349,7 @@ class Session:
     def _parse(cls, f: _Fields) -> Session:
         return cls(
             session_id=f.req_str("session_id"),
+            namespace=f.opt_str("namespace") or DEFAULT_NAMESPACE,
             agent=f.req_str("agent"),
             status=f.req_str("status"),
             metadata=f.opt_dict("metadata"),
@@ -371,6 +374,7 @@ class SessionSummary:
     """One row of ``list_sessions``: a session and the counts an operator acts on."""
 
     session_id: str
+    namespace: str  # "default" from a server older than namespaces
     agent: str
     status: str
     current_turn_id: str | None
@@ -386,6 +390,7 @@ class SessionSummary:
     def parse(cls, f: _Fields) -> SessionSummary:
         return cls(
             session_id=f.req_str("session_id"),
+            namespace=f.opt_str("namespace") or DEFAULT_NAMESPACE,
             agent=f.req_str("agent"),
             status=f.req_str("status"),
             current_turn_id=f.opt_str("current_turn_id"),

@@ -13,9 +13,11 @@ Public API (what a server and the Raft node call):
     ``attempt_state(step_id, attempt, term, token_secret)`` (a Worker's report: whose
     attempt, current? cancel? None unless the token's secret matches),
     ``next_timer()``, ``due_timers(now_ms, limit)``, ``task_for(step_id)``.
-  - API queries: ``get_agent_snapshot(session_id)``, ``list_sessions(agent, status, limit,
-    after)``, ``events(session_id, after, limit)``, ``stats()``; ``logical_dump()`` and
-    ``queued_steps(agent, limit)`` (the queue in order) for tests and benches.
+  - API queries: ``get_agent_snapshot(session_id)``, ``sessions_page(agent, status, limit,
+    after, max_bytes=None) -> Page``, ``events(session_id, after, limit)`` (and
+    ``events_page``: the same with a byte budget, as a ``Page``), ``stats()``; ``logical_dump()`` and
+    ``queued_steps(agent, limit)`` (the queue in order) for tests and benches;
+  ``agent_namespace(name)`` (the namespace an agent name belongs to).
 - Commands (dataclasses, each with ``at`` in leader wall-clock ms) and their wire format:
   ``encode_command(cmd) -> bytes``, ``decode_command(data) -> Command``.
 - ``STEP_KINDS``: the step-kind table (kind → StepKindSpec); kind name constants.
@@ -25,6 +27,7 @@ The engine never imports ``dex_ha.server`` or ``dex_ha.raft``.
 """
 
 from dex_ha.engine.commands import (
+    DEFAULT_NAMESPACE,
     AnswerQuestion,
     AttemptTimedOut,
     CancelTurn,
@@ -67,6 +70,7 @@ from dex_ha.engine.kinds import (
 )
 from dex_ha.engine.queries import (
     AttemptState,
+    Page,
     QueuedStep,
     RunningAttempt,
     SessionEvent,
@@ -84,6 +88,7 @@ __all__ = [
     "CALL_SINGLE_ATTEMPT_TOOL",
     "CALL_TOOL",
     "COMPACT_CONTEXT",
+    "DEFAULT_NAMESPACE",
     "NOT_COMPLETED",
     "NOT_STARTED",
     "POLL_TOOL_TASK",
@@ -107,6 +112,7 @@ __all__ = [
     "FireTimer",
     "Handout",
     "HeartbeatLost",
+    "Page",
     "QueuedStep",
     "ReconcileToolCall",
     "RegisterAgent",

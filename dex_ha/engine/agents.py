@@ -139,6 +139,34 @@ def tool_policy(definition: dict[str, Any] | None, name: str) -> ToolPolicy | No
     return None
 
 
+def policy_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[dict[str, Any]]:
+    """How the tool policies of normalised definition `new` differ from those of `old`
+    (None: a new agent): one {"tool", "old", "new"} per tool whose policy changed, `old`
+    or `new` None for a tool added or removed, in tool name order."""
+    before = {t["name"]: _policy_fields(t) for t in (old or {}).get("tools", [])}
+    after = {t["name"]: _policy_fields(t) for t in new.get("tools", [])}
+    return [
+        {"tool": name, "old": before.get(name), "new": after.get(name)}
+        for name in sorted(before.keys() | after.keys())
+        if before.get(name) != after.get(name)
+    ]
+
+
+def lowered_approvals(changes: list[dict[str, Any]]) -> list[str]:
+    """The tools that needed approval before `changes` (policy_changes) and no longer do,
+    removed ones included: a removed tool added again later would otherwise come back
+    without approval."""
+    return [
+        c["tool"]
+        for c in changes
+        if c["old"] is not None and c["old"]["approval"] and (c["new"] is None or not c["new"]["approval"])
+    ]
+
+
+def _policy_fields(tool: dict[str, Any]) -> dict[str, Any]:
+    return {"effect": tool["effect"], "approval": tool["approval"], "inline": tool["inline"]}
+
+
 def model_tools(definition: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The tool list a RunModel task carries: the agent's tools, then the built-ins."""
     return [*(definition or {}).get("tools", []), *BUILTIN_TOOLS]

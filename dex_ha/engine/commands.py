@@ -22,6 +22,10 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]  # msgpack ships n
 
 COMMAND_FORMAT_VERSION = 1
 
+# The namespace of a command that names none: entries written before namespaces existed
+# decode with it, and every row they made was migrated to it (schema 4).
+DEFAULT_NAMESPACE = "default"
+
 
 class CommandDecodeError(ValueError):
     """The bytes are not a command this engine understands."""
@@ -38,15 +42,23 @@ class CreateSession:
     agent: str
     session_id: str | None = None
     metadata: dict[str, Any] | None = None
+    namespace: str = DEFAULT_NAMESPACE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RegisterAgent:
-    """Register or change an agent definition (`PUT /v1/agents/{name}`)."""
+    """Register or change an agent definition (`PUT /v1/agents/{name}`) in `namespace`.
+
+    `may_lower_approval` False (a Worker's token): a tool that needed approval must keep
+    needing it; only an admin may lower that. Entries written before the rule decode with
+    True, so they apply as they did.
+    """
 
     at: int
     name: str
     definition: dict[str, Any]
+    namespace: str = DEFAULT_NAMESPACE
+    may_lower_approval: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,6 +70,7 @@ class SendMessage:
     text: str
     message_id: str | None = None
     mode: Literal["queue", "steer"] = "queue"
+    namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -67,6 +80,7 @@ class CancelTurn:
     at: int
     session_id: str
     reason: str | None = None
+    namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
 
 
 # ---------------------------------------------------------------- attempts
@@ -114,6 +128,7 @@ class StartQueuedAttempts:
     term: int
     agents: list[str]
     token_secrets: list[str]
+    namespace: str = DEFAULT_NAMESPACE  # the Worker's: agents of another namespace are skipped
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -203,6 +218,7 @@ class DecideApproval:
     call_id: str
     approved: bool
     reason: str | None = None
+    namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -211,6 +227,7 @@ class AnswerQuestion:
     session_id: str
     question_id: str
     answer: Any
+    namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -223,6 +240,7 @@ class ReconcileToolCall:
     outcome: Literal["succeeded", "failed"]
     result: Any = None
     error: str | None = None
+    namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
 
 
 # ---------------------------------------------------------------- replica checks

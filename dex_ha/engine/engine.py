@@ -215,8 +215,9 @@ class Engine(Queries):
     def _run(self, index: int, cmd: Command) -> ApplyResult:
         ctx = ApplyContext(self._store, index, cmd.at)
         handled = HANDLERS[type(cmd)](ctx, cmd)
+        event_sessions = frozenset(session_id for session_id, _, _ in ctx.events)
         ctx.hand_over_writes()
-        return accepted(index, handled.value, noop=handled.noop)
+        return accepted(index, handled.value, noop=handled.noop, event_sessions=event_sessions)
 
     def _internal_error(self, index: int, cmd: object, exc: Exception) -> ApplyResult:
         log.exception("engine bug applying entry %d (%s)", index, type(cmd).__name__)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dex_ha.engine import calls, outcomes, steps, turns
-from dex_ha.engine.agents import normalize_definition
+from dex_ha.engine.agents import lowered_approvals, normalize_definition, policy_changes
 from dex_ha.engine.commands import (
     AnswerQuestion,
     AttemptTimedOut,
@@ -62,17 +62,22 @@ def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
     session_id = cmd.session_id if cmd.session_id is not None else f"s{ctx.index}"
     _check_id(session_id, "session_id")
     _check_id(cmd.agent, "agent")
+    _check_id(cmd.namespace, "namespace")
     existing = ctx.store.session(session_id)
     if existing is not None:
+        if existing["namespace"] != cmd.namespace:  # ids are unique across namespaces
+            raise Rejected("conflict", f"session_id: {session_id!r} is taken; choose another id")
         if existing["agent"] != cmd.agent:
             raise Rejected("conflict", f"agent: session {session_id} belongs to agent {existing['agent']}")
         # Omitted metadata matches any: a retry or a "create or attach" need not repeat it.
         if cmd.metadata is not None and existing["metadata"] != to_json(cmd.metadata):
             raise Rejected("conflict", f"metadata: session {session_id} exists with other metadata")
         return Handled({"session_id": session_id, "created": False}, noop=True)
+    _check_agent_owner(ctx, cmd.agent, cmd.namespace, "agent")
     ctx.store.insert(
         "sessions",
         session_id=session_id,
+        namespace=cmd.namespace,
         agent=cmd.agent,
         status="idle",
         metadata=None if cmd.metadata is None else to_json(cmd.metadata),
@@ -85,24 +90,45 @@ def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
 
 
 def register_agent(ctx: ApplyContext, cmd: RegisterAgent) -> Handled:
+    """The answer's `policy_changes` (agents.policy_changes) let the server log each change
+    of a tool's policy; a caller that may not lower approval is refused before any."""
     _check_id(cmd.name, "name")
-    definition = to_json(normalize_definition(cmd.definition))
+    _check_id(cmd.namespace, "namespace")
+    _check_agent_owner(ctx, cmd.name, cmd.namespace, "name")
+    normalized = normalize_definition(cmd.definition)
+    definition = to_json(normalized)
     row = ctx.store.row("SELECT definition, version FROM agents WHERE name = ?", (cmd.name,))
     if row is not None and row["definition"] == definition:
         return Handled({"name": cmd.name, "version": row["version"], "changed": False}, noop=True)
+    changes = policy_changes(ctx.store.parsed_definition(row["definition"]) if row else None, normalized)
+    lowered = lowered_approvals(changes)
+    if lowered and not cmd.may_lower_approval:
+        raise Rejected(
+            "forbidden",
+            f"tools: tool {lowered[0]!r} of agent {cmd.name!r} needs approval; only an admin token may "
+            "remove the tool or its approval",
+        )
     version = 1 if row is None else row["version"] + 1
     ctx.store.conn.execute(
-        "INSERT INTO agents(name, definition, version, updated_at) VALUES (?, ?, ?, ?) "
+        "INSERT INTO agents(name, definition, version, updated_at, namespace) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT(name) DO UPDATE SET definition = excluded.definition, "
         "version = excluded.version, updated_at = excluded.updated_at",
-        (cmd.name, definition, version, ctx.at),
+        (cmd.name, definition, version, ctx.at, cmd.namespace),
     )
     ctx.store.agent_changed(cmd.name)
-    return Handled({"name": cmd.name, "version": version, "changed": True})
+    return Handled({"name": cmd.name, "version": version, "changed": True, "policy_changes": changes})
+
+
+def _check_agent_owner(ctx: ApplyContext, name: str, namespace: str, field: str) -> None:
+    """An agent name belongs to one namespace (Store.agent_namespace): the Workers of that
+    namespace alone run its steps, so no other may register it or start sessions of it."""
+    owner = ctx.store.agent_namespace(name)
+    if owner is not None and owner != namespace:
+        raise Rejected("forbidden", f"{field}: agent {name!r} belongs to another namespace")
 
 
 def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
-    session = ctx.store.require_session(cmd.session_id)
+    session = ctx.store.require_session(cmd.session_id, cmd.namespace)
     message_id = cmd.message_id if cmd.message_id is not None else f"m{ctx.index}"
     _check_id(message_id, "message_id")
     if not cmd.text:
@@ -134,7 +160,7 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
 
 
 def cancel_turn(ctx: ApplyContext, cmd: CancelTurn) -> Handled:
-    session = ctx.store.require_session(cmd.session_id)
+    session = ctx.store.require_session(cmd.session_id, cmd.namespace)
     turn_id = session["current_turn_id"]
     if turn_id is None:
         return Handled({"cancelled": None}, noop=True)
@@ -177,7 +203,9 @@ def start_queued_attempts(ctx: ApplyContext, cmd: StartQueuedAttempts) -> Handle
         raise Rejected("invalid", "agents must not be empty")
     for agent in cmd.agents:
         _check_id(agent, "agents")
-    started = _hand_out_from_queue_heads(ctx, cmd.agents, cmd.worker_id, cmd.term, cmd.token_secrets)
+    # A Worker runs the steps of its namespace's agents only (the leader asks for no other).
+    agents = [agent for agent in cmd.agents if ctx.store.agent_namespace(agent) == cmd.namespace]
+    started = _hand_out_from_queue_heads(ctx, agents, cmd.worker_id, cmd.term, cmd.token_secrets)
     return Handled({"started": started})
 
 
@@ -296,19 +324,19 @@ def fire_timer(ctx: ApplyContext, cmd: FireTimer) -> Handled:
 
 
 def decide_approval(ctx: ApplyContext, cmd: DecideApproval) -> Handled:
-    ctx.store.require_session(cmd.session_id)
+    ctx.store.require_session(cmd.session_id, cmd.namespace)
     changed = calls.decide_approval(ctx, cmd.session_id, cmd.call_id, cmd.approved, cmd.reason)
     return Handled({"call_id": cmd.call_id, "approved": cmd.approved}, noop=not changed)
 
 
 def answer_question(ctx: ApplyContext, cmd: AnswerQuestion) -> Handled:
-    ctx.store.require_session(cmd.session_id)
+    ctx.store.require_session(cmd.session_id, cmd.namespace)
     changed = calls.answer_question(ctx, cmd.session_id, cmd.question_id, cmd.answer)
     return Handled({"question_id": cmd.question_id}, noop=not changed)
 
 
 def reconcile_tool_call(ctx: ApplyContext, cmd: ReconcileToolCall) -> Handled:
-    ctx.store.require_session(cmd.session_id)
+    ctx.store.require_session(cmd.session_id, cmd.namespace)
     changed = calls.reconcile(ctx, cmd.session_id, cmd.call_id, cmd.outcome, cmd.result, cmd.error)
     return Handled({"call_id": cmd.call_id, "status": cmd.outcome}, noop=not changed)
 

@@ -1,5 +1,5 @@
 """Read side: what the leader needs to dispatch, heartbeat and fire timers, and what the
-API shows (get_agent_snapshot, list_sessions, session events). Reads only; no changes.
+API shows (get_agent_snapshot, sessions_page, session events). Reads only; no changes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,44 @@ from dex_ha.engine.kinds import (
 from dex_ha.engine.statuses import StepStatus
 from dex_ha.engine.store import APPLIED_INDEX, CONSISTENCY_ALARM_PREFIX, EVENT_ID_SHIFT, Store, from_json
 from dex_ha.engine.tasks import task_input
+
+# What a row of a session list costs besides its metadata: ids, status, counts and keys.
+SESSION_ROW_BYTES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a list: its items, and whether the next page may hold more (the page
+    reached its count limit or its byte budget; False: the list ends here)."""
+
+    items: list[Any]
+    more: bool
+
+
+class _PageBuilder:
+    """Gathers a page: items until `limit` of them, or until they hold `max_bytes` (None: no
+    budget); `add` says when the page is full."""
+
+    def __init__(self, limit: int, max_bytes: int | None) -> None:
+        self._limit = limit
+        self._max_bytes = max_bytes
+        self._items: list[Any] = []
+        self._bytes = 0
+        self._full = False
+
+    def add(self, item: Any, size: int) -> bool:
+        return self.add_all([item], size)
+
+    def add_all(self, items: list[Any], size: int) -> bool:
+        """Add `items` (up to the limit) that hold `size` bytes together; True once full."""
+        self._items.extend(items[: self._limit - len(self._items)])
+        self._bytes += size
+        over_budget = self._max_bytes is not None and self._bytes >= self._max_bytes
+        self._full = len(self._items) >= self._limit or over_budget
+        return self._full
+
+    def done(self) -> Page:
+        return Page(self._items, self._full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +151,7 @@ class SessionEvent:
     at: int
 
 
-# Per-session counts for list_sessions (correlated on the outer `sessions` row).
+# Per-session counts for sessions_page (correlated on the outer `sessions` row).
 _PENDING_APPROVALS = (
     "SELECT COUNT(*) FROM approvals a WHERE a.session_id = sessions.session_id AND a.status = 'pending'"
 )
@@ -163,6 +201,11 @@ class Queries:
             (agent, limit),
         )
         return [_by_name(QueuedStep, r) for r in rows]
+
+    def agent_namespace(self, name: str) -> str | None:
+        """The namespace that owns agent name `name` (None: nothing names it yet); only
+        that namespace's Workers get its steps."""
+        return self._store.agent_namespace(name)
 
     def count_queued(self, agent: str, limit: int) -> int:
         """How many task steps of one agent are queued, counting up to `limit`."""
@@ -236,7 +279,7 @@ class Queries:
 
     # ---------------------------------------------------------- API reads
 
-    def list_sessions(
+    def sessions_page(
         self,
         agent: str | None = None,
         status: str | None = None,
@@ -245,15 +288,23 @@ class Queries:
         *,
         awaiting_approval: bool | None = None,
         outcome_unknown: bool | None = None,
-    ) -> list[dict[str, Any]]:
+        namespace: str | None = None,
+        max_bytes: int | None = None,
+    ) -> Page:
         """Sessions ordered by id; pass the last id seen as `after` for the next page.
+        `namespace`: only that namespace's sessions (None: every namespace's).
 
         Each row counts the session's pending approvals and its outcome_unknown tool calls
         (what an operator acts on); `awaiting_approval` and `outcome_unknown` filter on
         those counts (True: at least one; False: none; None: no filter).
+
+        The page ends after `limit` sessions, or once they hold `max_bytes` (their stored
+        metadata and a fixed amount per row; the first session is always in, however big),
+        so a page's size stays about the budget whatever the sessions' metadata. Rows are
+        read one at a time, so the ones after the budget are never read.
         """
         conds, params = [], []
-        for column, value in (("agent", agent), ("status", status)):
+        for column, value in (("namespace", namespace), ("agent", agent), ("status", status)):
             if value is not None:
                 conds.append(f"{column} = ?")
                 params.append(value)
@@ -264,29 +315,41 @@ class Queries:
             conds.append("session_id > ?")
             params.append(after)
         where = f"WHERE {' AND '.join(conds)}" if conds else ""
-        rows = self._store.rows(
-            f"SELECT session_id, agent, status, current_turn_id, turn_count, created_at, updated_at, "
+        rows = self._store.conn.execute(
+            f"SELECT session_id, namespace, agent, status, current_turn_id, turn_count, created_at, updated_at, "
             f"metadata, ({_PENDING_APPROVALS}) AS pending_approvals, "
             f"({_OUTCOME_UNKNOWN_CALLS}) AS outcome_unknown_calls "
             f"FROM sessions {where} ORDER BY session_id LIMIT ?",
             (*params, limit),
         )
-        return [{**dict(r), "metadata": from_json(r["metadata"])} for r in rows]
+        page = _PageBuilder(limit, max_bytes)
+        for r in rows:
+            size = SESSION_ROW_BYTES + len(r["metadata"] or "")
+            if page.add({**dict(r), "metadata": from_json(r["metadata"])}, size):
+                break
+        return page.done()
 
     def events(self, session_id: str, after: int = 0, limit: int = 1000) -> list[SessionEvent]:
-        """Committed events of a session with ids greater than `after` (Last-Event-ID)."""
-        found: list[SessionEvent] = []
+        """`events_page` without a byte budget: up to `limit` events."""
+        return self.events_page(session_id, after, limit).items
+
+    def events_page(self, session_id: str, after: int = 0, limit: int = 1000, max_bytes: int | None = None) -> Page:
+        """Committed events of a session with ids greater than `after` (Last-Event-ID): up
+        to `limit`, or (with `max_bytes`) until they hold that many bytes of stored JSON
+        (the first entry's events are always in); `more` when another read may find more."""
+        page = _PageBuilder(limit, max_bytes)
         for index, at, events in self._store.conn.execute(
             "SELECT log_index, at, events FROM events WHERE session_id = ? AND log_index >= ? ORDER BY log_index",
             (session_id, after >> EVENT_ID_SHIFT),
         ):
-            for n, (type_, data) in enumerate(from_json(events)):
-                event_id = (index << EVENT_ID_SHIFT) + n
-                if event_id > after:
-                    found.append(SessionEvent(event_id, session_id, type_, data, at))
-                    if len(found) == limit:
-                        return found
-        return found
+            found = [
+                SessionEvent((index << EVENT_ID_SHIFT) + n, session_id, type_, data, at)
+                for n, (type_, data) in enumerate(from_json(events))
+                if (index << EVENT_ID_SHIFT) + n > after
+            ]
+            if found and page.add_all(found, len(events)):  # a row of events at or before `after` costs nothing
+                break
+        return page.done()
 
     def get_agent_snapshot(self, session_id: str) -> dict[str, Any] | None:
         """Everything a client sees of a session (`GET /v1/sessions/{sid}`)."""
@@ -296,6 +359,7 @@ class Queries:
         steps_by_call = self._call_steps(session_id)
         return {
             "session_id": session_id,
+            "namespace": s["namespace"],
             "agent": s["agent"],
             "status": s["status"],
             "metadata": from_json(s["metadata"]),

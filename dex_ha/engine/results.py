@@ -8,7 +8,7 @@ so the server never has to parse `reason`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # code -> HTTP status the API answers with (the error list of docs/api.md).
@@ -16,6 +16,7 @@ HTTP_STATUS_BY_CODE: dict[str, int] = {
     "ok": 200,
     "already_applied": 200,  # the same log index again: nothing happens
     "invalid": 400,  # undecodable bytes, a missing or ill-typed field, a bad result
+    "forbidden": 403,  # the caller's namespace or role may not do this (the reason says which)
     "not_found": 404,  # unknown session, step, call, question, timer
     "conflict": 409,  # a different decision or answer, a step that is not queued...
     "stale_attempt": 409,  # fencing: the attempt is no longer the current one
@@ -29,7 +30,8 @@ class ApplyResult:
 
     `value` carries what the proposer needs back (the id of a created session, the
     attempts a StartAttempts handed out, ...). `noop=True` marks an accepted command that
-    changed nothing (a repeated message id, decision, answer or timer).
+    changed nothing (a repeated message id, decision, answer or timer). `event_sessions`
+    are the sessions the entry added events to: the server wakes only their event streams.
     """
 
     index: int
@@ -39,6 +41,7 @@ class ApplyResult:
     http_status: int = 200
     value: dict[str, Any] | None = None
     noop: bool = False
+    event_sessions: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 class Rejected(Exception):
@@ -56,5 +59,11 @@ class Rejected(Exception):
         )
 
 
-def accepted(index: int, value: dict[str, Any] | None = None, *, noop: bool = False) -> ApplyResult:
-    return ApplyResult(index=index, ok=True, value=value, noop=noop)
+def accepted(
+    index: int,
+    value: dict[str, Any] | None = None,
+    *,
+    noop: bool = False,
+    event_sessions: frozenset[str] = frozenset(),
+) -> ApplyResult:
+    return ApplyResult(index=index, ok=True, value=value, noop=noop, event_sessions=event_sessions)

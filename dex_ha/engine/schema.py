@@ -5,7 +5,7 @@ ids. Partial indexes keep the leader's hot queries (queued steps per agent, runn
 attempts, the earliest timer) proportional to live work, not to history.
 """
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Schema 3: history items (notes) that wait for a model response's tool results. A note may
 # not stand between an assistant message's tool calls and their results (model APIs refuse
@@ -20,12 +20,19 @@ CREATE TABLE IF NOT EXISTS held_notes (
 ) WITHOUT ROWID;
 """
 
+# Schema 4: namespaces. Every session and agent belongs to one (docs/operations.md,
+# "Namespaces and tokens"); rows written before it belong to `default`.
+NAMESPACE_COLUMN = "namespace TEXT NOT NULL DEFAULT 'default'"
+SESSIONS_BY_NAMESPACE = "CREATE INDEX IF NOT EXISTS sessions_by_namespace ON sessions(namespace, session_id);"
+
 # How a database (or a snapshot) of an older schema becomes the current one: the statements
 # that take version v to v + 1. New columns go last, so a migrated table has the same
 # columns in the same order as a new one (equal states give equal dumps and snapshots).
 MIGRATIONS: dict[int, str] = {
     1: "ALTER TABLE attempts ADD COLUMN token_secret TEXT;",
     2: HELD_NOTES,
+    3: f"ALTER TABLE sessions ADD COLUMN {NAMESPACE_COLUMN}; "
+    f"ALTER TABLE agents ADD COLUMN {NAMESPACE_COLUMN}; {SESSIONS_BY_NAMESPACE}",
 }
 
 SCHEMA = (
@@ -40,7 +47,10 @@ CREATE TABLE IF NOT EXISTS agents (
     name       TEXT PRIMARY KEY,
     definition TEXT NOT NULL,           -- normalised JSON (agents.normalize_definition)
     version    INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
+    updated_at INTEGER NOT NULL,
+    """
+    + NAMESPACE_COLUMN
+    + """
 ) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS sessions (
@@ -58,7 +68,10 @@ CREATE TABLE IF NOT EXISTS sessions (
     summary             TEXT,                        -- the one summary of the session
     summary_upto_seq    INTEGER NOT NULL DEFAULT 0,  -- items up to here are summarised
     summary_upto_tokens INTEGER NOT NULL DEFAULT 0,
-    summary_at          INTEGER
+    summary_at          INTEGER,
+    """
+    + NAMESPACE_COLUMN
+    + """
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sessions_by_agent ON sessions(agent, session_id);
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions(status, session_id);
@@ -229,4 +242,5 @@ CREATE TABLE IF NOT EXISTS counters (
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
+    + SESSIONS_BY_NAMESPACE
 )

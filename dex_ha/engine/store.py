@@ -395,8 +395,22 @@ class Store:
     # The require_* reads are for commands that name a row: one missing is the command's
     # fault, and the command is rejected (not_found) rather than the None passed on.
 
-    def require_session(self, session_id: str) -> sqlite3.Row:
-        return _found(self.session(session_id), f"unknown session {session_id}")
+    def require_session(self, session_id: str, namespace: str | None = None) -> sqlite3.Row:
+        """The session; with `namespace`, one of another namespace is not found either (a
+        caller must not learn that it exists)."""
+        session = self.session(session_id)
+        if namespace is not None and session is not None and session["namespace"] != namespace:
+            session = None
+        return _found(session, f"unknown session {session_id}")
+
+    def agent_namespace(self, name: str) -> str | None:
+        """The namespace that owns agent name `name`: the one it is registered in, else the
+        one of the sessions that name it (handlers.create_session keeps them in one); None
+        while nothing names it."""
+        found: str | None = self.scalar("SELECT namespace FROM agents WHERE name = ?", (name,))
+        if found is None:
+            found = self.scalar("SELECT namespace FROM sessions WHERE agent = ? LIMIT 1", (name,))
+        return found
 
     def require_turn(self, turn_id: str) -> sqlite3.Row:
         return _found(self.turn(turn_id), f"unknown turn {turn_id}")

@@ -36,7 +36,6 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
 PATTERN_RULES = {NAME_PATTERN: "must start with a letter or digit and hold only letters, digits, '.', '_', ':' and '-'"}
 MAX_ID_LENGTH = 200
 MAX_MEMBER_ID_LENGTH = 64
-MAX_TEXT_LENGTH = 262_144
 MAX_REASON_LENGTH = 4096
 MAX_ERROR_LENGTH = 65_536
 MAX_ITEMS = 1000
@@ -69,6 +68,9 @@ class FieldSpec:
     min_length: int | None = None  # strings: characters; arrays: items
     pattern: str | None = None  # strings: a regular expression the whole value must match
     format: str | None = None  # strings: one of FORMATS
+    # The ServerConfig setting that caps the field's size in bytes (a string's UTF-8, any
+    # other value's JSON): over it, 413 `too_large` naming the field (validation.py).
+    max_bytes: str | None = None
 
     def __post_init__(self) -> None:
         # A typo in the table should fail at import, not as a confusing 400 later.
@@ -149,8 +151,14 @@ def _reason(name: str, description: str) -> FieldSpec:
     return FieldSpec(name, "string", nullable=True, max_length=MAX_REASON_LENGTH, description=description)
 
 
-def _object(name: str, description: str) -> FieldSpec:
-    return FieldSpec(name, "object", nullable=True, description=description)
+def _object(name: str, description: str, *, max_bytes: str | None = None) -> FieldSpec:
+    return FieldSpec(name, "object", nullable=True, description=description, max_bytes=max_bytes)
+
+
+# The settings (ServerConfig) that cap a field's size: FieldSpec.max_bytes.
+METADATA_CAP = "max_metadata_bytes"
+MESSAGE_CAP = "max_message_bytes"
+RESULT_CAP = "max_result_bytes"
 
 
 SESSION_ID = _id("session_id", "The session's id.")
@@ -168,11 +176,29 @@ TASK_REPORT_ERRORS = MappingProxyType(
     }
 )
 AGENT_NAME = _new_name("name", "The agent's name.")
+# The namespace a request works in (docs/api.md, "Namespaces"): sessions and agents of
+# another namespace are out of its reach.
+NAMESPACE_HEADER = "Dex-Namespace"
+NAMESPACE = FieldSpec(
+    NAMESPACE_HEADER,
+    "string",
+    min_length=1,
+    max_length=MAX_ID_LENGTH,
+    pattern=NAME_PATTERN,
+    description="The namespace to work in. Omitted: the token's only namespace if it is limited to one, "
+    "else `default`. A token limited to other namespaces is 403. A letter or digit, then letters, digits, "
+    "'.', '_', ':' and '-'.",
+)
 MEMBER_ID = _id("member_id", "The member's node id.", max_length=MAX_MEMBER_ID_LENGTH)
 
 
 # ---------------------------------------------------------------- the route factory
 
+# The 503 of an event stream past a cap on open streams (admission.StreamAdmission).
+STREAMS_OVERLOADED = (
+    "overloaded: the node has max_streams event streams open, or this token max_streams_per_token "
+    "(the message names the cap); close a stream or retry after Retry-After"
+)
 # The 503 of a write that did not commit in time (errors.NotCommitted).
 UNAVAILABLE = (
     "unavailable: the write was not committed within proposal_timeout_ms (fewer than a quorum of the voters "
@@ -209,12 +235,18 @@ def _route(
         responses.setdefault(401, "unauthorized: no token, a malformed Authorization header or an unknown token")
         responses.setdefault(
             403,
-            "forbidden: the token's role may not call this route, or the request came from a web page of "
-            "another site (Origin)",
+            "forbidden: the token's role may not call this route, "
+            + ("or the token may not use the namespace, " if NAMESPACE in headers else "")
+            + "or the request came from a web page of another site (Origin)",
         )
     responses.setdefault(403, "forbidden: the request came from a web page of another site (Origin)")
     if body is not None:
-        responses.setdefault(413, f"too_large: the body is over {max_body_bytes} bytes")
+        capped = [f"{spec.name} (over {spec.max_bytes})" for spec in body if spec.max_bytes is not None]
+        responses.setdefault(
+            413,
+            f"too_large: the body is over {max_body_bytes} bytes"
+            + (f", or a field is over its size cap: {', '.join(capped)}; the message names it" if capped else ""),
+        )
     if method in MUTATING_METHODS:
         responses.setdefault(415, "unsupported_media_type: the Content-Type is not application/json")
     responses.setdefault(421, "misdirected_request: the Host header names no name this node serves under")
@@ -223,10 +255,11 @@ def _route(
             503,
             "not_active: this node is not the active node; retry, or follow leader_url; or no_space: "
             "this node's disk is full, retry (it resumes by itself once space is freed)"
-            + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded else "")
+            + ("; or overloaded: the node sheds load, retry after Retry-After" if bounded or body is not None else "")
+            + (f"; or {STREAMS_OVERLOADED}" if stream else "")
             + (f"; or {UNAVAILABLE}" if proposes else ""),
         )
-    elif bounded:
+    elif bounded or body is not None:
         responses.setdefault(503, "overloaded: the node sheds load; retry after Retry-After")
     return RouteSpec(
         name=name,
@@ -304,6 +337,7 @@ _SESSIONS = (
         "/v1/sessions",
         CLIENT,
         "Create a session (idempotent by session_id).",
+        headers=(NAMESPACE,),
         success={
             200: "the session already exists with the same agent; the same session",
             201: "created; the body holds session_id",
@@ -323,6 +357,7 @@ _SESSIONS = (
                 "metadata",
                 "Free-form JSON object stored with the session. Repeating a create with the same "
                 "session_id and other metadata is 409; omitted or null matches any.",
+                max_bytes=METADATA_CAP,
             ),
         ),
         proposes=True,
@@ -333,11 +368,20 @@ _SESSIONS = (
         "/v1/sessions",
         CLIENT,
         "List sessions, filtered and paginated.",
+        headers=(NAMESPACE,),
         success={200: "a page of sessions and the cursor for the next page"},
         query=(
             FieldSpec("agent", "string", max_length=MAX_ID_LENGTH, description="Only this agent's sessions."),
             FieldSpec("status", "string", enum=("idle", "running"), description="Only sessions in this status."),
-            FieldSpec("limit", "integer", min=1, max=1000, default=100, description="Page size."),
+            FieldSpec(
+                "limit",
+                "integer",
+                min=1,
+                max=1000,
+                default=100,
+                description="Page size: at most this many sessions. A page also ends once it holds the node's "
+                "page_max_bytes; next_after says where the next one starts.",
+            ),
             FieldSpec(
                 "after",
                 "string",
@@ -364,8 +408,9 @@ _SESSIONS = (
         "/v1/sessions/{session_id}",
         CLIENT,
         "The agent snapshot: status, turn, history, tool calls with their attempts, pending waits.",
+        headers=(NAMESPACE,),
         success={200: "the agent snapshot"},
-        errors={404: "not_found: no such session"},
+        errors={404: "not_found: no such session in the namespace"},
         path_params=(SESSION_ID,),
     ),
     _route(
@@ -374,9 +419,10 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/messages",
         CLIENT,
         "Send a user message; a repeated message_id is a no-op.",
+        headers=(NAMESPACE,),
         success={202: "accepted (or already accepted, for a repeated message_id)"},
         errors={
-            404: "not_found: no such session",
+            404: "not_found: no such session in the namespace",
             409: "conflict: the message_id was already sent with another text or mode (the message names the field)",
         },
         path_params=(SESSION_ID,),
@@ -386,7 +432,7 @@ _SESSIONS = (
                 "string",
                 required=True,
                 min_length=1,
-                max_length=MAX_TEXT_LENGTH,
+                max_bytes=MESSAGE_CAP,
                 description="The user's message.",
             ),
             _id("message_id", "Client-chosen id that makes retries safe.", required=False, nullable=True),
@@ -398,7 +444,7 @@ _SESSIONS = (
                 description="queue: after the running turn; steer: at the next model call.",
             ),
         ),
-        # Room for MAX_TEXT_LENGTH characters even when every one is JSON-escaped.
+        # Room for a text of max_message_bytes (by default) even when much of it is JSON-escaped.
         max_body_bytes=4 << 20,
         proposes=True,
     ),
@@ -408,9 +454,10 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/approvals/{call_id}",
         CLIENT,
         "Approve or deny a tool call that waits for approval.",
+        headers=(NAMESPACE,),
         success={200: "recorded (the same decision again is a no-op)"},
         errors={
-            404: "not_found: no such session, or the call awaits no approval",
+            404: "not_found: no such session in the namespace, or the call awaits no approval",
             409: "conflict: a different decision was already made, or the turn was cancelled",
         },
         path_params=(SESSION_ID, CALL_ID),
@@ -426,13 +473,17 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/questions/{question_id}/answer",
         CLIENT,
         "Answer a question that the model or a tool asked.",
+        headers=(NAMESPACE,),
         success={200: "recorded (the same answer again is a no-op)"},
         errors={
-            404: "not_found: no such session or question",
+            404: "not_found: no such session in the namespace, or no such question",
             409: "conflict: a different answer was already given, or the turn was cancelled",
         },
         path_params=(SESSION_ID, QUESTION_ID),
-        body=(FieldSpec("answer", "any", required=True, description="The answer, any JSON value."),),
+        body=(
+            FieldSpec("answer", "any", required=True, max_bytes=MESSAGE_CAP, description="The answer, any JSON value."),
+        ),
+        max_body_bytes=4 << 20,  # as a message's: an answer is one
         proposes=True,
     ),
     _route(
@@ -441,8 +492,9 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/cancel",
         CLIENT,
         "Cancel the running turn (the body is optional).",
+        headers=(NAMESPACE,),
         success={200: "cancelled, or nothing was running"},
-        errors={404: "not_found: no such session"},
+        errors={404: "not_found: no such session in the namespace"},
         path_params=(SESSION_ID,),
         body=(_reason("reason", "Why the turn was cancelled."),),
         proposes=True,
@@ -453,9 +505,10 @@ _SESSIONS = (
         "/v1/sessions/{session_id}/tool-calls/{call_id}/reconcile",
         CLIENT,
         "Settle a tool call whose outcome is unknown.",
+        headers=(NAMESPACE,),
         success={200: "reconciled (the same outcome again is a no-op)"},
         errors={
-            404: "not_found: no such session or tool call",
+            404: "not_found: no such session in the namespace, or no such tool call",
             409: "conflict: the call's outcome is not unknown, or it was reconciled differently",
         },
         path_params=(SESSION_ID, CALL_ID),
@@ -463,9 +516,10 @@ _SESSIONS = (
             FieldSpec(
                 "outcome", "string", required=True, enum=("succeeded", "failed"), description="What really happened."
             ),
-            FieldSpec("result", "any", description="The tool's output, when it succeeded."),
+            FieldSpec("result", "any", max_bytes=RESULT_CAP, description="The tool's output, when it succeeded."),
             FieldSpec("error", "string", nullable=True, description="The error, when it failed."),
         ),
+        max_body_bytes=4 << 20,  # as a Worker's result: this is one
         proposes=True,
     ),
     _route(
@@ -475,10 +529,11 @@ _SESSIONS = (
         CLIENT,
         "Server-Sent Events: committed session events (with ids) and live delta events.",
         success={200: "an event stream"},
-        errors={404: "not_found: no such session"},
+        errors={404: "not_found: no such session in the namespace"},
         path_params=(SESSION_ID,),
         query=(FieldSpec("after", "string", pattern=r"[0-9]{1,20}", description="Resume after this event id."),),
         headers=(
+            NAMESPACE,
             FieldSpec(
                 "Last-Event-ID",
                 "string",
@@ -503,6 +558,7 @@ _WORKER = (
         "/v1/agents/{name}",
         WORKER,
         "Register or change an agent definition (tools and their policies).",
+        headers=(NAMESPACE,),
         success={200: "registered (the same definition again is a no-op)"},
         path_params=(AGENT_NAME,),
         body=(
@@ -518,7 +574,7 @@ _WORKER = (
             _object("compaction", "When to compact the history: max_items, max_tokens."),
             _object("model", "Model step policy: start_to_close_ms."),
             FieldSpec("description", "string", nullable=True, description="What the agent does."),
-            _object("metadata", "Free-form JSON object stored with the agent."),
+            _object("metadata", "Free-form JSON object stored with the agent.", max_bytes=METADATA_CAP),
         ),
         proposes=True,
     ),
@@ -528,6 +584,7 @@ _WORKER = (
         "/v1/worker/poll",
         WORKER,
         "Long-poll for tasks of the given agents; each hand-out is committed before the answer.",
+        headers=(NAMESPACE,),
         success={200: "tasks (possibly none when wait_ms ran out)"},
         body=(
             _id(
@@ -595,7 +652,13 @@ _WORKER = (
         path_params=(TASK_TOKEN,),
         body=(
             TASK_WORKER_ID,
-            FieldSpec("result", "any", required=True, description="The step's result (its shape depends on the kind)."),
+            FieldSpec(
+                "result",
+                "any",
+                required=True,
+                max_bytes=RESULT_CAP,
+                description="The step's result (its shape depends on the kind).",
+            ),
             FieldSpec(
                 "next_tasks",
                 "integer",
@@ -665,8 +728,9 @@ _CLUSTER = (
         "GET",
         "/v1/cluster/nodes",
         ANY_ROLE,
-        "Every member's own view (GET /v1/cluster of each, asked by this node with the caller's token); "
-        "a member that does not answer within 1 s is listed with reachable false.",
+        "Every member's own view (GET /v1/cluster of each, asked by this node with the cluster's own "
+        "credential, never the caller's token); a member that does not answer within 1 s is listed with "
+        "reachable false.",
         success={200: "one entry per member: id, url, voter, reachable, and view or error"},
         active_only=False,
     ),
@@ -777,3 +841,17 @@ ROUTES_BY_NAME: Mapping[str, RouteSpec] = MappingProxyType({route.name: route fo
 
 if len(ROUTES_BY_NAME) != len(ROUTES):  # pragma: no cover - guards edits to the table
     raise RuntimeError("two routes share a name")
+
+
+def _field_cap_ceilings() -> dict[str, int]:
+    """Each size setting's highest value: the smallest body limit of the routes it caps a
+    field of (a cap above it could never be reached)."""
+    ceilings: dict[str, int] = {}
+    for route in ROUTES:
+        for spec in route.body or ():
+            if spec.max_bytes is not None:
+                ceilings[spec.max_bytes] = min(ceilings.get(spec.max_bytes, route.max_body_bytes), route.max_body_bytes)
+    return ceilings
+
+
+FIELD_CAP_CEILINGS: Mapping[str, int] = MappingProxyType(_field_cap_ceilings())

@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -39,21 +40,24 @@ from dex_ha.engine import (
     SendMessage,
 )
 from dex_ha.raft.core import ConfChangeRefused
-from dex_ha.server.api_spec import ROUTES, RouteSpec
-from dex_ha.server.auth import TokenAuth
+from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, NAMESPACE, NAMESPACE_HEADER, ROUTES, RouteSpec
+from dex_ha.server.auth import NODE_CALLER, Caller, TokenAuth, token_digest
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
 from dex_ha.server.browsers import BrowserGuard, check_content_type
 from dex_ha.server.cluster_nodes import every_node_view
-from dex_ha.server.config import ConfigError, parse_address
+from dex_ha.server.config import ConfigError, ServerConfig, parse_address
 from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
 from dex_ha.server.http_limits import SERVER_NAME, client_gone, name_the_server, read_body
 from dex_ha.server.leader import LeaderTerm
+from dex_ha.server.memory import MemoryReleaser
+from dex_ha.server.node_credential import NODE_ROUTES
 from dex_ha.server.openapi import openapi_document
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import (
     BodyTooLarge,
     InvalidRequest,
+    check_field_sizes,
     decode_json_body,
     validate_body,
     validate_headers,
@@ -66,6 +70,9 @@ if TYPE_CHECKING:  # node.py builds the app: importing it here at run time would
 
 log = logging.getLogger("dex_ha.server.http")
 
+# The handlers' argument that holds the request's Caller (auth.py); no route has an input
+# of this name (a name with a space cannot be one).
+CALLER = "the caller"
 SSE_KEEPALIVE_S = 15.0
 SSE_EVENTS_PER_READ = 500
 
@@ -79,6 +86,7 @@ class Api:
 
     node: NodeServer
     openapi: dict[str, Any]
+    memory: MemoryReleaser = field(default_factory=MemoryReleaser)
 
     @property
     def engine(self) -> EngineReader:
@@ -114,10 +122,10 @@ def _value(result: ApplyResult) -> dict[str, Any]:
 
 
 def build_app(node: NodeServer) -> web.Application:
-    auth = TokenAuth(node.config.tokens)
+    auth = TokenAuth(node.config.tokens, node.config.scoped_tokens)
     api = Api(node, openapi_document(version=_version()))
-    # aiohttp refuses bodies above client_max_size before we see them; our per-route
-    # limits are lower, so this only has to be the largest of them.
+    # Bodies are read by read_body (http_limits.py) with their route's limit; aiohttp's own
+    # cap (client_max_size, for request.read()) is the largest of them, should anything call it.
     config = node.config
     guard = BrowserGuard.for_node(config.http_listen[0], config.url, config.allowed_hosts, config.allowed_origins)
     app = web.Application(
@@ -178,6 +186,8 @@ def _pipeline(
             log.exception("%s %s failed", route.method, request.path)
             response = _error(500, "internal", "the server failed to answer; see its log")
         api.node.metrics.count_request(route.name, response.status)
+        if route.body is not None:  # the body and its decoded value are gone now: give big ones back
+            api.memory.body_done(_declared_body_size(route, request), api.node.admission.body_bytes)
         return response
 
     return handle
@@ -186,7 +196,7 @@ def _pipeline(
 async def _handle(
     api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler, request: web.Request
 ) -> web.StreamResponse:
-    auth.check(request.headers.get("Authorization"), route)
+    caller = _authenticate(api, auth, route, request.headers.get("Authorization"))
     check_content_type(route.method, request.headers.get("Content-Type"))
     if route.active_only:
         api.node.serving()  # raises NotServing: 503 with leader_url
@@ -195,29 +205,111 @@ async def _handle(
         **validate_query(route, request.query),
         **validate_headers(route, request.headers),
     }
-    raw = await _read_body(api, route, request) if route.body is not None else None
-    with api.node.admission.slot(route.bounded):  # raises Overloaded: 503 at once
-        if raw is not None:
-            args.update(validate_body(route, decode_json_body(route, raw)))
-        try:
-            answer = await handler(api, args, request)
-        except RAFT_ERRORS as exc:  # a proposal or membership change that Raft refused
-            raise from_raft(exc) from exc
+    args[CALLER] = caller
+    if NAMESPACE in route.headers:  # 403 if the token may not use it
+        args["namespace"] = caller.namespace(args.pop(NAMESPACE_HEADER))
+    # The body counts in admission from before it is read until the answer (its decoded
+    # value lives as long): past the bytes in flight, 503 `overloaded` and it is never read.
+    with api.node.admission.body(_body_size(route, request)):
+        raw = await _read_body(api, route, request) if route.body is not None else None
+        with api.node.admission.slot(route.bounded):  # raises Overloaded: 503 at once
+            if raw is not None:
+                args.update(validate_body(route, decode_json_body(route, raw)))
+                check_field_sizes(route, args, _field_caps(api.node.config))
+            try:
+                answer = await handler(api, args, request)
+            except RAFT_ERRORS as exc:  # a proposal or membership change that Raft refused
+                raise from_raft(exc) from exc
     if isinstance(answer, web.StreamResponse):
         return answer
     status, body = answer
     return web.json_response(body, status=status, dumps=_dumps)
 
 
+def _body_size(route: RouteSpec, request: web.Request) -> int:
+    """The most bytes the request's body can take (`_declared_body_size`); 413 `too_large`
+    for a Content-Length over the route's limit, before any of the body is read."""
+    size = _declared_body_size(route, request)
+    if size > route.max_body_bytes:
+        raise BodyTooLarge(route.max_body_bytes, size)
+    return size
+
+
+def _declared_body_size(route: RouteSpec, request: web.Request) -> int:
+    """0 for a route that reads no body, its Content-Length, or the route's limit for a
+    chunked body (read_body stops there)."""
+    if route.body is None:
+        return 0
+    if request.content_length is None:
+        return route.max_body_bytes if request.body_exists else 0
+    return request.content_length
+
+
+def _field_caps(config: ServerConfig) -> dict[str, int]:
+    """The values of the settings that FieldSpec.max_bytes names."""
+    return {name: getattr(config, name) for name in FIELD_CAP_CEILINGS}
+
+
+def _authenticate(api: Api, auth: TokenAuth, route: RouteSpec, authorization: str | None) -> Caller:
+    """The caller's token (auth.py), or on the routes another node calls, the cluster's own
+    credential (node_credential.py: a caller of no namespace); raises AuthError otherwise."""
+    if route.name in NODE_ROUTES and api.node.node_credential.accepts(authorization, time.time()):
+        return NODE_CALLER
+    return auth.caller(authorization, route)
+
+
 async def _read_body(api: Api, route: RouteSpec, request: web.Request) -> bytes:
-    if request.content_length is not None and request.content_length > route.max_body_bytes:
-        raise BodyTooLarge(route.max_body_bytes, request.content_length)
     try:
-        return await read_body(request, api.node.config.http_body_timeout_ms / 1000)
-    except web.HTTPRequestEntityTooLarge:
-        raise BodyTooLarge(route.max_body_bytes) from None
+        return await read_body(request, api.node.config.http_body_timeout_ms / 1000, route.max_body_bytes)
     except web.RequestPayloadError:  # e.g. a gzip or deflate body that does not inflate
         raise InvalidRequest("body", "cannot be read: its Content-Encoding does not decode") from None
+
+
+# An answer that may be big is encoded and sent in pieces of about this many characters.
+JSON_PIECE_CHARS = 1 << 20
+
+
+async def _stream_json(request: web.Request, value: Any, status: int = 200) -> web.StreamResponse:
+    """A JSON answer that may be big (a session's snapshot with its whole history, a page of
+    sessions), encoded and written in pieces: each encoder call covers one member or one
+    list item (whose size the caps on fields bound), and the interpreter lock is free
+    between them, so the Raft thread runs however big the answer. A whole answer encoded
+    in one call held the lock for as long as it took (1.8 s for 150 MB)."""
+    response = web.StreamResponse(status=status, headers={"Content-Type": "application/json; charset=utf-8"})
+    await response.prepare(request)
+    pending: list[str] = []
+    size = 0
+    for piece in _json_pieces(value):
+        pending.append(piece)
+        size += len(piece)
+        if size >= JSON_PIECE_CHARS:
+            await response.write("".join(pending).encode())
+            pending, size = [], 0
+    await response.write("".join(pending).encode())
+    await response.write_eof()
+    return response
+
+
+def _json_pieces(value: Any) -> Iterator[str]:
+    """`value` as JSON text in pieces: an object member by member, and a list (the value or
+    a member's) item by item; whatever lies deeper is one piece."""
+    if isinstance(value, dict):
+        yield "{"
+        for i, (key, member) in enumerate(value.items()):
+            yield f"{',' if i else ''}{_dumps(str(key))}:"
+            yield from _list_pieces(member) if isinstance(member, list) else (_dumps(member),)
+        yield "}"
+    elif isinstance(value, list):
+        yield from _list_pieces(value)
+    else:
+        yield _dumps(value)
+
+
+def _list_pieces(items: list[Any]) -> Iterator[str]:
+    yield "["
+    for i, item in enumerate(items):
+        yield f"{',' if i else ''}{_dumps(item)}"
+    yield "]"
 
 
 def _stdlib_dumps(value: Any) -> str:
@@ -364,7 +456,7 @@ async def cluster(api: Api, args: dict[str, Any], request: web.Request) -> Answe
 
 
 async def cluster_nodes(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    return 200, await every_node_view(api.node, request.headers.get("Authorization"))
+    return 200, await every_node_view(api.node)
 
 
 async def step_down(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -418,6 +510,7 @@ async def create_session(api: Api, args: dict[str, Any], request: web.Request) -
             agent=args["agent"],
             session_id=args.get("session_id"),
             metadata=args.get("metadata"),
+            namespace=args["namespace"],
         )
     )
     value = _value(result)
@@ -425,26 +518,32 @@ async def create_session(api: Api, args: dict[str, Any], request: web.Request) -
 
 
 async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    limit = args["limit"]
-    sessions = api.engine.list_sessions(
+    page = api.engine.sessions_page(
         args.get("agent"),
         args.get("status"),
-        limit,
+        args["limit"],
         args.get("after"),
         awaiting_approval=args.get("awaiting_approval"),
         outcome_unknown=args.get("outcome_unknown"),
+        namespace=args["namespace"],
+        max_bytes=api.node.config.page_max_bytes,
     )
-    return 200, {"sessions": sessions, "next_after": sessions[-1]["session_id"] if len(sessions) == limit else None}
+    sessions = page.items
+    next_after = sessions[-1]["session_id"] if page.more else None
+    return await _stream_json(request, {"sessions": sessions, "next_after": next_after})
 
 
 async def get_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    return 200, _snapshot(api, args["session_id"])
+    # A snapshot holds the session's whole history: it is streamed in pieces (see _stream_json).
+    return await _stream_json(request, _snapshot(api, args["session_id"], args["namespace"]))
 
 
-def _snapshot(api: Api, session_id: str) -> dict[str, Any]:
+def _snapshot(api: Api, session_id: str, namespace: str) -> dict[str, Any]:
+    """The session's snapshot; 404 when it does not exist or belongs to another namespace
+    (the same answer: a caller must not learn that it exists)."""
     snapshot = api.engine.get_agent_snapshot(session_id)
-    if snapshot is None:
-        raise ApiError(404, "not_found", f"no session {session_id!r}")
+    if snapshot is None or snapshot["namespace"] != namespace:
+        raise ApiError(404, "not_found", f"no session {session_id!r} in namespace {namespace!r}")
     return snapshot
 
 
@@ -456,6 +555,7 @@ async def send_message(api: Api, args: dict[str, Any], request: web.Request) -> 
             text=args["text"],
             message_id=args.get("message_id"),
             mode=args["mode"],
+            namespace=args["namespace"],
         )
     )
     return 202, {"session_id": args["session_id"], **_value(result)}
@@ -469,6 +569,7 @@ async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) 
             call_id=args["call_id"],
             approved=args["approved"],
             reason=args.get("reason"),
+            namespace=args["namespace"],
         )
     )
     return 200, {**_value(result), "noop": result.noop}
@@ -481,6 +582,7 @@ async def answer_question(api: Api, args: dict[str, Any], request: web.Request) 
             session_id=args["session_id"],
             question_id=args["question_id"],
             answer=args["answer"],
+            namespace=args["namespace"],
         )
     )
     return 200, {**_value(result), "noop": result.noop}
@@ -488,7 +590,12 @@ async def answer_question(api: Api, args: dict[str, Any], request: web.Request) 
 
 async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
-        CancelTurn(at=api.node.clock.now_ms(), session_id=args["session_id"], reason=args.get("reason"))
+        CancelTurn(
+            at=api.node.clock.now_ms(),
+            session_id=args["session_id"],
+            reason=args.get("reason"),
+            namespace=args["namespace"],
+        )
     )
     return 200, {"session_id": args["session_id"], **_value(result)}
 
@@ -502,6 +609,7 @@ async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Reque
             outcome=args["outcome"],
             result=args.get("result"),
             error=args.get("error"),
+            namespace=args["namespace"],
         )
     )
     return 200, {**_value(result), "noop": result.noop}
@@ -514,16 +622,26 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     the last id it saw on whichever node is active then.
     """
     session_id = args["session_id"]
-    _snapshot(api, session_id)  # 404 before the stream starts
+    _snapshot(api, session_id, args["namespace"])  # 404 before the stream starts
     after_text = args.get("Last-Event-ID") or args.get("after")
     after = int(after_text) if after_text else 0
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
-    await response.prepare(request)
+    token = token_digest(request.headers.get("Authorization")) if api.node.config.auth_enabled else None
+    with api.node.streams.open(token):  # raises Overloaded past max_streams or max_streams_per_token
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        await response.prepare(request)
+        await _stream_events(api, response, session_id, after)
+    return response
+
+
+async def _stream_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> None:
+    """Write the session's events from `after` on, and then each as it commits, until this
+    node stops serving or the client goes away. A commit wakes the stream only when it added
+    events to this session (Replica.session_waiters); a delta wakes it through the relay."""
     wake = asyncio.Event()
-    changed = api.node.replica.changed
-    changed.add_listener(wake.set)
+    waiters = api.node.replica.session_waiters
+    waiters.add(session_id, wake)
     deltas = api.node.relay.subscribe(session_id, wake)
     try:
         await response.write(b": stream of session events\n\n")
@@ -544,19 +662,18 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
-        changed.remove_listener(wake.set)
+        waiters.remove(session_id, wake)
         api.node.relay.unsubscribe(session_id, deltas)
-    return response
 
 
 async def _write_committed_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> int:
     while True:
-        events = api.engine.events(session_id, after, SSE_EVENTS_PER_READ)
-        for e in events:
+        page = api.engine.events_page(session_id, after, SSE_EVENTS_PER_READ, api.node.config.page_max_bytes)
+        for e in page.items:
             body = {"id": str(e.event_id), "type": e.type, "at": e.at, "data": e.data}
             await response.write(_sse(str(e.event_id), e.type, body))
             after = e.event_id
-        if len(events) < SSE_EVENTS_PER_READ:
+        if not page.more:
             return after
 
 
@@ -573,18 +690,43 @@ async def register_agent(api: Api, args: dict[str, Any], request: web.Request) -
     definition = {
         k: args[k] for k in ("tools", "compaction", "model", "description", "metadata") if args.get(k) is not None
     }
-    result = await api.propose(RegisterAgent(at=api.node.clock.now_ms(), name=args["name"], definition=definition))
-    return 200, result.value
+    role = args[CALLER].role
+    result = await api.propose(
+        RegisterAgent(
+            at=api.node.clock.now_ms(),
+            name=args["name"],
+            definition=definition,
+            namespace=args["namespace"],
+            # Lowering a tool's approval is an admin's decision (no role: no tokens configured).
+            may_lower_approval=role in (None, "admin"),
+        )
+    )
+    value = dict(_value(result))
+    for change in value.pop("policy_changes", []):  # for the log; the answer stays as it was
+        log.info(
+            "agent %r in namespace %r: tool %r policy %s -> %s (by a token of role %s)",
+            args["name"],
+            args["namespace"],
+            change["tool"],
+            _dumps(change["old"]),
+            _dumps(change["new"]),
+            role or "none (no tokens configured)",
+        )
+    return 200, value
 
 
 async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     leader = api.node.serving()
+    for agent in args["agents"]:
+        if api.engine.agent_namespace(agent) not in (None, args["namespace"]):
+            raise ApiError(403, "forbidden", f"agents: agent {agent!r} belongs to another namespace")
     tasks = await leader.poll(
         args["worker_id"],
         args["agents"],
         args["max_tasks"],
         args["wait_ms"],
         gone=lambda: request.transport is None or request.transport.is_closing(),
+        namespace=args["namespace"],
     )
     if tasks:
         api.node.failpoints.hit("server.handout.after-commit")

@@ -41,7 +41,7 @@ JSON_METHODS = frozenset({"POST", "PUT"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # What a CORS preflight from an allowed origin is told it may send.
 CORS_ALLOW_METHODS = "GET, POST, PUT, DELETE"
-CORS_ALLOW_HEADERS = "Authorization, Content-Type, Last-Event-ID"
+CORS_ALLOW_HEADERS = "Authorization, Content-Type, Dex-Namespace, Last-Event-ID"
 CORS_MAX_AGE_S = "600"
 
 

@@ -7,17 +7,21 @@ wants that for every node at once, so the node that is asked asks each member's
 A member that does not answer in time is listed with `reachable: false` and why: a killed
 node shows as unreachable instead of hanging the answer.
 
-The caller's Authorization header is passed on as it is: every node of a cluster has the
-same tokens, so a token that this node accepted is one the others accept too, and the
-others still check it themselves.
+The caller's token is never passed on: a member's URL is whatever an admin added, and it
+may point somewhere hostile. The node asks with a credential of the cluster itself
+(node_credential.py: made from the cluster secret, accepted only by `GET /v1/cluster`, for a
+minute), and follows no redirect.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+
+from dex_ha.server.http_limits import SERVER_NAME
 
 if TYPE_CHECKING:  # the node imports the app, which imports this module
     from dex_ha.server.node import NodeServer
@@ -25,10 +29,11 @@ if TYPE_CHECKING:  # the node imports the app, which imports this module
 MEMBER_VIEW_TIMEOUT_S = 1.0
 
 
-async def every_node_view(node: NodeServer, authorization: str | None) -> dict[str, Any]:
+async def every_node_view(node: NodeServer) -> dict[str, Any]:
     """{"node_id": who answered, "nodes": [one entry per member, ordered by id]}."""
     own = await node.cluster_view()
-    headers = {"Authorization": authorization} if authorization else {}
+    authorization = node.node_credential.authorization(time.time())
+    headers = {"User-Agent": SERVER_NAME, **({"Authorization": authorization} if authorization else {})}
     timeout = aiohttp.ClientTimeout(total=MEMBER_VIEW_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout, headers=headers) as http:
         entries = await asyncio.gather(*(_member_entry(http, member, own) for member in own["members"]))
@@ -42,7 +47,7 @@ async def _member_entry(http: aiohttp.ClientSession, member: dict[str, Any], own
     if not member["url"]:
         return {**entry, "reachable": False, "error": "no URL is known for this member"}
     try:
-        async with http.get(member["url"].rstrip("/") + "/v1/cluster") as resp:
+        async with http.get(member["url"].rstrip("/") + "/v1/cluster", allow_redirects=False) as resp:
             if resp.status != 200:
                 return {**entry, "reachable": False, "error": f"answered HTTP {resp.status}"}
             return {**entry, "reachable": True, "view": await resp.json()}

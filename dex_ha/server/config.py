@@ -15,6 +15,13 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     drain_timeout_ms = 30000              # SIGTERM / step down: how long running attempts may finish
     proposal_timeout_ms = 5000            # a write not committed this long: 503 unavailable (it may still commit)
     max_inflight_requests = 512           # requests worked on at once; past it: 503 overloaded
+    max_inflight_body_bytes = 67108864    # bytes of request bodies held at once; past it: 503 overloaded
+    max_metadata_bytes = 65536            # a session's or agent's metadata, as JSON; over it: 413
+    max_message_bytes = 1048576           # a user message's text, UTF-8; over it: 413
+    max_result_bytes = 2097152            # a result a Worker reports (or a reconcile gives), as JSON; over it: 413
+    page_max_bytes = 4194304              # a page of a list stops once it holds this much (next_after follows)
+    max_streams = 4000                    # SSE event streams open at once; past it: 503 overloaded
+    max_streams_per_token = 1000          # of them, open with one token; past it: 503 overloaded
     election_timeout_min_ms = 500
     election_timeout_max_ms = 750
     raft_heartbeat_interval_ms = 50       # below election_timeout_min_ms - lease_drift_margin_ms
@@ -27,10 +34,15 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     allowed_origins = []                  # web pages of other sites that may call the API ("https://app.example")
     log_json = false
 
-    [tokens]                              # role -> list of bearer tokens (≥ 16 characters each)
-    client = ["…"]
+    [tokens]                              # role -> list of bearer tokens (≥ 16 characters each);
+    client = ["…"]                        # these may use every namespace
     worker = ["…"]
     admin = ["…"]
+
+    [[scoped_tokens]]                     # a client or worker token that may use only these namespaces
+    role = "client"
+    namespaces = ["team-a"]
+    value = "…"
 
     [[peers]]                             # every voter at bootstrap, this node included
     id = "n1"
@@ -39,16 +51,21 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
 
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
-DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
+DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS,
+DEX_HA_MAX_INFLIGHT_BODY_BYTES, DEX_HA_MAX_METADATA_BYTES, DEX_HA_MAX_MESSAGE_BYTES, DEX_HA_MAX_RESULT_BYTES,
+DEX_HA_PAGE_MAX_BYTES, DEX_HA_MAX_STREAMS,
+DEX_HA_MAX_STREAMS_PER_TOKEN, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS,
 DEX_HA_HTTP_HEADER_TIMEOUT_MS, DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS,
 DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_ALLOWED_HOSTS, DEX_HA_ALLOWED_ORIGINS (comma-separated), DEX_HA_LOG_JSON,
-DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated).
+DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated), DEX_HA_SCOPED_TOKENS (comma-separated
+`role:namespace+namespace=token` entries, added to those of the file).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -62,10 +79,15 @@ from dex_ha.raft.core import (
     DEFAULT_LEASE_DRIFT_MARGIN_MS,
     check_timing,
 )
-from dex_ha.server.auth import ROLES
+from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, MAX_ID_LENGTH, NAME_PATTERN, PATTERN_RULES, ROUTES
+from dex_ha.server.auth import ROLES, ScopedToken
 from dex_ha.server.browsers import check_origin_setting, is_loopback
 
 Address = tuple[str, int]
+
+
+# The smallest page budget: one default-size metadata per page. Smaller would only make more requests.
+MIN_PAGE_BYTES = 64 << 10
 
 
 class ConfigError(ValueError):
@@ -92,7 +114,8 @@ class ServerConfig:
     probe_listen: Address | None = None
     durability: str = "strict"
     cluster_secret: str | None = None
-    tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # every namespace
+    scoped_tokens: tuple[ScopedToken, ...] = ()  # each limited to its namespaces
     insecure: bool = False  # run without tokens / cluster secret (a node says so loudly)
     join: bool = False
     heartbeat_timeout_ms: int = 30_000
@@ -105,6 +128,26 @@ class ServerConfig:
     # requests and a Worker's heartbeats and results are not counted. Past it the node
     # answers 503 `overloaded` at once instead of queueing.
     max_inflight_requests: int = 512
+    # Admission control of bodies: the bytes of the request bodies being read and worked on
+    # at once (a body counts from its Content-Length, or its route's limit when chunked,
+    # before it is read). Past it: 503 `overloaded`, and the body is never read.
+    max_inflight_body_bytes: int = 64 << 20
+    # Caps on what one request may store (413 `too_large` naming the field), so that every
+    # item a node keeps and answers with stays small: a session's or an agent's metadata
+    # (as JSON), a user message's text (UTF-8), a Worker's result or a reconcile's (as JSON).
+    # Each is at most the body limit of its routes (api_spec.py).
+    max_metadata_bytes: int = 64 << 10
+    max_message_bytes: int = 1 << 20
+    max_result_bytes: int = 2 << 20
+    # A page of a list (GET /v1/sessions, a read of a session's events) stops adding items
+    # once they hold this many bytes, and says where to go on (next_after), so no answer
+    # holds more than about this plus one item.
+    page_max_bytes: int = 4 << 20
+    # SSE event streams (admission.StreamAdmission): open at once on this node, and open with
+    # one token. Each holds a connection: keep max_streams below http_max_connections, so
+    # that streams leave connections for the other requests.
+    max_streams: int = 4_000
+    max_streams_per_token: int = 1_000
     # The Raft timing defaults come from the raft layer (dex_ha.raft.core), their one source.
     election_timeout_min_ms: int = DEFAULT_ELECTION_TIMEOUT_MIN_MS
     election_timeout_max_ms: int = DEFAULT_ELECTION_TIMEOUT_MAX_MS
@@ -132,7 +175,7 @@ class ServerConfig:
 
     @property
     def auth_enabled(self) -> bool:
-        return any(self.tokens.get(role) for role in ROLES)
+        return bool(self.scoped_tokens) or any(self.tokens.get(role) for role in ROLES)
 
     def check(self) -> None:
         """Refuse a configuration that cannot run safely."""
@@ -158,6 +201,10 @@ class ServerConfig:
             raise ConfigError("proposal_timeout_ms: must be positive")
         if self.max_inflight_requests < 1:
             raise ConfigError("max_inflight_requests: must be at least 1")
+        self._check_request_bounds()
+        for name in ("max_streams", "max_streams_per_token"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be at least 1")
         if self.http_max_connections < 0:
             raise ConfigError("http_max_connections: must not be negative (0: derived from the open-files limit)")
         for name in ("http_header_timeout_ms", "http_body_timeout_ms", "http_keepalive_timeout_ms"):
@@ -173,6 +220,20 @@ class ServerConfig:
             raise ConfigError("tokens: a node needs client, worker and admin tokens (or --insecure)")
         if not self.cluster_secret or len(self.cluster_secret) < 16:
             raise ConfigError("cluster_secret: a node needs a cluster secret of ≥ 16 characters (or --insecure)")
+
+    def _check_request_bounds(self) -> None:
+        for name, most in FIELD_CAP_CEILINGS.items():
+            value = getattr(self, name)
+            if not 1 <= value <= most:
+                raise ConfigError(f"{name}: must be from 1 to {most} (the body limit of its routes), got {value}")
+        largest_body = max(route.max_body_bytes for route in ROUTES)
+        if self.max_inflight_body_bytes < largest_body:
+            raise ConfigError(
+                f"max_inflight_body_bytes: must be at least {largest_body} (the largest body a route takes), "
+                f"got {self.max_inflight_body_bytes}"
+            )
+        if self.page_max_bytes < MIN_PAGE_BYTES:
+            raise ConfigError(f"page_max_bytes: must be at least {MIN_PAGE_BYTES}, got {self.page_max_bytes}")
 
     def _check_browser_settings(self) -> None:
         for i, host in enumerate(self.allowed_hosts):
@@ -281,6 +342,13 @@ ENV_KEYS = {
     "drain_timeout_ms": int,
     "proposal_timeout_ms": int,
     "max_inflight_requests": int,
+    "max_inflight_body_bytes": int,
+    "max_metadata_bytes": int,
+    "max_message_bytes": int,
+    "max_result_bytes": int,
+    "page_max_bytes": int,
+    "max_streams": int,
+    "max_streams_per_token": int,
     "election_timeout_min_ms": int,
     "election_timeout_max_ms": int,
     "raft_heartbeat_interval_ms": int,
@@ -316,7 +384,23 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     tokens = {**(raw.get("tokens") or {}), **tokens_from_env(env)}
     if tokens:
         raw["tokens"] = tokens
+    scoped = env.get("DEX_HA_SCOPED_TOKENS")
+    if scoped is not None:
+        raw["scoped_tokens"] = [*(raw.get("scoped_tokens") or []), *_scoped_tokens_from_env(scoped)]
     return raw
+
+
+def _scoped_tokens_from_env(value: str) -> list[dict[str, Any]]:
+    """DEX_HA_SCOPED_TOKENS: `role:namespace+namespace=token` entries, comma-separated, as
+    `[[scoped_tokens]]` tables (a token holds no comma; a role and a namespace no '=')."""
+    found = []
+    for i, entry in enumerate(item.strip() for item in value.split(",") if item.strip()):
+        scope, equals, token = entry.partition("=")
+        role, colon, namespaces = scope.partition(":")
+        if not (equals and colon and token):
+            raise ConfigError(f"DEX_HA_SCOPED_TOKENS: entry {i} must be role:namespace+namespace=token")
+        found.append({"role": role, "namespaces": namespaces.split("+"), "value": token})
+    return found
 
 
 # What `dex-ha dev` takes from DEX_HA_* (its other keys are fixed: one voter on loopback).
@@ -326,12 +410,20 @@ DEV_ENV_KEYS = (
     "drain_timeout_ms",
     "proposal_timeout_ms",
     "max_inflight_requests",
+    "max_inflight_body_bytes",
+    "max_metadata_bytes",
+    "max_message_bytes",
+    "max_result_bytes",
+    "page_max_bytes",
+    "max_streams",
+    "max_streams_per_token",
     "http_header_timeout_ms",
     "http_body_timeout_ms",
     "http_keepalive_timeout_ms",
     "http_max_connections",
     "allowed_hosts",
     "allowed_origins",
+    "scoped_tokens",
 )
 
 
@@ -344,6 +436,8 @@ def dev_overrides_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     for key in ("allowed_hosts", "allowed_origins"):
         if key in raw:
             raw[key] = tuple(raw[key])
+    if "scoped_tokens" in raw:
+        raw["scoped_tokens"] = scoped_tokens(raw["scoped_tokens"])
     return raw
 
 
@@ -382,6 +476,13 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
             "drain_timeout_ms",
             "proposal_timeout_ms",
             "max_inflight_requests",
+            "max_inflight_body_bytes",
+            "max_metadata_bytes",
+            "max_message_bytes",
+            "max_result_bytes",
+            "page_max_bytes",
+            "max_streams",
+            "max_streams_per_token",
             "election_timeout_min_ms",
             "election_timeout_max_ms",
             "raft_heartbeat_interval_ms",
@@ -410,11 +511,37 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
         probe_listen=parse_address(raw["probe_listen"], "probe_listen") if raw.get("probe_listen") else None,
         cluster_secret=secret,
         tokens={r: tuple(t) for r, t in tokens.items()},
+        scoped_tokens=scoped_tokens(raw.get("scoped_tokens", [])),
         insecure=insecure,
         allowed_hosts=_string_list(raw.get("allowed_hosts", []), "allowed_hosts"),
         allowed_origins=_string_list(raw.get("allowed_origins", []), "allowed_origins"),
         **simple,
     )
+
+
+def scoped_tokens(raw: Any) -> tuple[ScopedToken, ...]:
+    """The `[[scoped_tokens]]` tables as ScopedTokens; ConfigError naming the key otherwise.
+    The token itself is checked (length, characters) by TokenAuth, as those of [tokens]."""
+    if not isinstance(raw, list):
+        raise ConfigError("scoped_tokens: must be a list of tables ([[scoped_tokens]])")
+    found = []
+    for i, entry in enumerate(raw):
+        where = f"scoped_tokens[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"role", "namespaces", "value"}:
+            raise ConfigError(f"{where}: needs role, namespaces and value (and nothing else)")
+        if entry["role"] not in ("client", "worker"):
+            raise ConfigError(f"{where}.role: must be client or worker (admin tokens use every namespace: [tokens])")
+        namespaces = _string_list(entry["namespaces"], f"{where}.namespaces")
+        for namespace in namespaces:
+            if len(namespace) > MAX_ID_LENGTH or not re.fullmatch(NAME_PATTERN, namespace):
+                rule = PATTERN_RULES[NAME_PATTERN]
+                raise ConfigError(f"{where}.namespaces: {namespace!r} {rule} (at most {MAX_ID_LENGTH} characters)")
+        if not namespaces:
+            raise ConfigError(f"{where}.namespaces: must list at least one namespace")
+        if not isinstance(entry["value"], str):
+            raise ConfigError(f"{where}.value: must be a string")
+        found.append(ScopedToken(entry["role"], namespaces, entry["value"]))
+    return tuple(found)
 
 
 def _string_list(value: Any, key: str) -> tuple[str, ...]:

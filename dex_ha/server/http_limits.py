@@ -47,6 +47,7 @@ from aiohttp.web_protocol import RequestHandler
 from dex_ha.server.admission import OVERLOADED_RETRY_AFTER_S
 from dex_ha.server.errors import HttpError
 from dex_ha.server.metrics import ServerMetrics
+from dex_ha.server.validation import BodyTooLarge
 
 if TYPE_CHECKING:
     from dex_ha.server.config import ServerConfig
@@ -182,13 +183,22 @@ class BodyTimeout(HttpError):
         super().__init__(408, "request_timeout", message)
 
 
-async def read_body(request: web.Request, timeout_s: float) -> bytes:
-    """The whole request body, or BodyTimeout after `timeout_s`."""
+async def read_body(request: web.Request, timeout_s: float, max_bytes: int) -> bytes:
+    """The whole request body; BodyTimeout after `timeout_s`, and BodyTooLarge as soon as
+    more than `max_bytes` arrived (a chunked body has no Content-Length to refuse it by, and
+    a compressed one is counted as it inflates), so no more than that is ever held."""
+    chunks: list[bytes] = []
+    size = 0
     try:
         async with asyncio.timeout(timeout_s):
-            return await request.read()
+            while chunk := await request.content.readany():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise BodyTooLarge(max_bytes)
+                chunks.append(chunk)
     except TimeoutError:
         raise BodyTimeout(f"body: did not arrive within {timeout_s:g} s") from None
+    return b"".join(chunks)
 
 
 def client_gone(request: web.BaseRequest, exc: ConnectionError) -> web.Response:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dex_ha.engine import (
+    DEFAULT_NAMESPACE,
     ApplyResult,
     AttemptTimedOut,
     Command,
@@ -99,6 +100,7 @@ class _WaitingPoll:
     agents: list[str]
     max_tasks: int
     future: asyncio.Future[list[dict[str, Any]]] = field(repr=False)
+    namespace: str = DEFAULT_NAMESPACE  # the Worker's token's: it gets the steps of its agents only
     # True once the Worker hung up (aiohttp does not cancel the handler): such a poll must
     # not be handed steps, or they would wait for their heartbeat timeout.
     gone: Callable[[], bool] = field(repr=False, default=lambda: False)
@@ -206,13 +208,21 @@ class LeaderTerm:
     # ------------------------------------------------------------------ dispatch
 
     async def poll(
-        self, worker_id: str, agents: list[str], max_tasks: int, wait_ms: int, gone: Callable[[], bool] = lambda: False
+        self,
+        worker_id: str,
+        agents: list[str],
+        max_tasks: int,
+        wait_ms: int,
+        gone: Callable[[], bool] = lambda: False,
+        namespace: str = DEFAULT_NAMESPACE,
     ) -> list[dict[str, Any]]:
         """A Worker long poll: the tasks handed to it (committed), or [] when wait_ms passed.
-        `gone()` says whether the Worker hung up meanwhile."""
+        `gone()` says whether the Worker hung up meanwhile; only steps of agents of
+        `namespace` are handed to it."""
         self._check_dispatching()
         self.workers_seen[worker_id] = time.monotonic()
-        poll = _WaitingPoll(worker_id, agents, max_tasks, asyncio.get_running_loop().create_future(), gone)
+        future = asyncio.get_running_loop().create_future()
+        poll = _WaitingPoll(worker_id, agents, max_tasks, future, namespace, gone)
         self._waiting.append(poll)
         self._wake_dispatch.set()
         try:
@@ -263,6 +273,7 @@ class LeaderTerm:
             for agent in poll.agents:
                 wanted[agent] = wanted.get(agent, 0) + poll.max_tasks
         queued: dict[str, int] = {}
+        owners: dict[str, str | None] = {}  # agent -> its namespace, read once per pass
         matched = []
         for poll in list(self._waiting):
             if poll.future.done() or poll.gone():  # answered with an error already, or hung up
@@ -271,7 +282,7 @@ class LeaderTerm:
                     poll.future.set_result([])
                 continue
             try:
-                count = self._claim_queued(poll, queued, wanted)
+                count = self._claim_queued(poll, queued, wanted, owners)
             except Exception as exc:  # whatever it is, it comes from this poll alone
                 log.warning("poll of worker %r refused: its agents cannot be looked up (%r)", poll.worker_id, exc)
                 self._waiting.remove(poll)
@@ -283,11 +294,19 @@ class LeaderTerm:
                 matched.append((poll, count))
         return matched
 
-    def _claim_queued(self, poll: _WaitingPoll, queued: dict[str, int], wanted: dict[str, int]) -> int:
+    def _claim_queued(
+        self, poll: _WaitingPoll, queued: dict[str, int], wanted: dict[str, int], owners: dict[str, str | None]
+    ) -> int:
         """Up to poll.max_tasks of the steps queued for the poll's agents, taken off the
         counts in `queued` (read once per pass per agent, for every poll that wants it)."""
         count = 0
         for agent in poll.agents:
+            if agent not in owners:
+                owners[agent] = self.engine.agent_namespace(agent)
+            # An agent of another namespace (it may have become one since the poll came):
+            # none of its steps would be handed to this Worker, so none count.
+            if owners[agent] != poll.namespace:
+                continue
             if agent not in queued:
                 queued[agent] = self.engine.count_queued(agent, wanted[agent])
             take = min(queued[agent], poll.max_tasks - count)
@@ -311,6 +330,7 @@ class LeaderTerm:
                     worker_id=poll.worker_id,
                     term=self.term,
                     agents=poll.agents,
+                    namespace=poll.namespace,
                     token_secrets=[new_token_secret() for _ in range(min(HANDOUTS_PER_PROPOSAL, count - first))],
                 ),
             )

@@ -137,6 +137,11 @@ class _StateCollector:
                 "Steady growth means checkpoints do not keep up (see the node's log).",
             ),
             ("dex_http_requests_in_flight", "Requests being worked on, of those admission control bounds."),
+            (
+                "dex_http_request_body_bytes_in_flight",
+                "Bytes of the request bodies being read or worked on (admission control: max_inflight_body_bytes).",
+            ),
+            ("dex_sse_streams", "SSE event streams open (capped by max_streams and max_streams_per_token)."),
             ("dex_workers_connected", "Workers seen polling or heartbeating recently."),
             (
                 "dex_disk_full",
@@ -147,10 +152,17 @@ class _StateCollector:
             yield GaugeMetricFamily(name, help_text, value=s[name])
         shed = CounterMetricFamily(
             "dex_http_requests_shed",
-            "Requests answered 503 overloaded at once (admission control: max_inflight_requests).",
+            "Requests answered 503 overloaded at once (admission control: max_inflight_requests, "
+            "max_inflight_body_bytes).",
         )
         shed.add_metric([], s["dex_http_requests_shed_total"])
         yield shed
+        streams_shed = CounterMetricFamily(
+            "dex_sse_streams_shed",
+            "Event streams answered 503 overloaded at once (max_streams or max_streams_per_token reached).",
+        )
+        streams_shed.add_metric([], s["dex_sse_streams_shed_total"])
+        yield streams_shed
         leader_changes = CounterMetricFamily("dex_raft_leader_changes", "Leader changes seen by this node.")
         leader_changes.add_metric([], s["dex_raft_leader_changes_total"])
         yield leader_changes

@@ -25,7 +25,7 @@ from dex_ha.raft.node import Member, NodeConfig, member_context
 from dex_ha.raft.status import MemberStatus, Status
 from dex_ha.raft.threaded import RaftThread
 from dex_ha.raft.types import ConfChange, ConfChangeType, Role
-from dex_ha.server.admission import Admission
+from dex_ha.server.admission import Admission, StreamAdmission
 from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.consistency import ConsistencyCheck
@@ -34,6 +34,7 @@ from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotCommitted, NotSe
 from dex_ha.server.http_limits import GuardedSite, HttpLimits
 from dex_ha.server.leader import ActiveClock, LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
+from dex_ha.server.node_credential import NodeCredential
 from dex_ha.server.probes import ProbeServer
 from dex_ha.server.replica import Replica
 from dex_ha.server.roles import NodeRole
@@ -86,7 +87,11 @@ class NodeServer:
         engine = Engine(str(config.data_dir / STATE_DB), durable=True, checkpoint_every_s=ENGINE_CHECKPOINT_EVERY_S)
         self.replica = Replica(engine, self.failpoints)
         self.metrics = ServerMetrics()
-        self.admission = Admission(config.max_inflight_requests, f"node {config.node_id}")
+        self.admission = Admission(
+            config.max_inflight_requests, f"node {config.node_id}", max_body_bytes=config.max_inflight_body_bytes
+        )
+        self.streams = StreamAdmission(config.max_streams, config.max_streams_per_token, f"node {config.node_id}")
+        self.node_credential = NodeCredential(config.cluster_secret)
         self.relay = DeltaRelay()
         self.raft = RaftThread(
             self._raft_config(),
@@ -199,6 +204,7 @@ class NodeServer:
                 heartbeat_timeout_ms=self.config.heartbeat_timeout_ms,
             )
             self.leader.start()
+            self.replica.wake_everyone()  # every waiter checks again under the new role
 
     async def _stop_leader_services(self) -> None:
         leader, self.leader = self.leader, None
@@ -206,7 +212,7 @@ class NodeServer:
             log.info("node %s stops the leader services of term %d", self.config.node_id, leader.term)
             await leader.stop()
             # Wake the SSE streams so they notice at once that this node no longer serves.
-            self.replica.changed.notify()
+            self.replica.wake_everyone()
 
     def serving(self) -> LeaderTerm:
         """The services of the term we lead, if this node is the active node; else NotServing
@@ -328,8 +334,13 @@ class NodeServer:
         target = to or await self._most_caught_up_voter()
         if target is None:
             raise StepDownFailed("no other voter to hand the leadership to")
+        if target == self.config.node_id:  # not "unknown": the operator named the wrong node
+            raise StepDownFailed(
+                f"{target} is already the active node: name another voter in `to`, or leave it out "
+                "to hand over to the most caught-up one"
+            )
         members = (await self.raft.status()).members
-        if target not in members or not members[target].voter or target == self.config.node_id:
+        if target not in members or not members[target].voter:
             raise UnknownMember(f"{target!r} is not another voting member")
         if target in self.consistency.alarms:
             raise StepDownFailed(f"{target} is under the consistency alarm (its state differs): it may not lead")
@@ -530,7 +541,10 @@ class NodeServer:
                 "late": self.raft.node.turn_watch.late_turns,
             },
             "dex_http_requests_in_flight": self.admission.in_flight,
+            "dex_http_request_body_bytes_in_flight": self.admission.body_bytes,
             "dex_http_requests_shed_total": self.admission.shed_total,
+            "dex_sse_streams": self.streams.open_total,
+            "dex_sse_streams_shed_total": self.streams.shed_total,
             "steps_queued": stats["steps_queued"],
             "sessions": stats["sessions"],
             "tool_calls": stats["tool_calls"],
@@ -554,6 +568,11 @@ class NodeServer:
         }
 
 
+class CannotListen(OSError):
+    """A listen address is taken or not allowed: the node cannot start, and the command
+    says so in one line (the address and why) instead of a traceback."""
+
+
 def _bind(address: tuple[str, int], what: str = "HTTP") -> socket.socket:
     family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -562,7 +581,9 @@ def _bind(address: tuple[str, int], what: str = "HTTP") -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, f"cannot listen for {what} on {address[0]}:{address[1]}: {exc.strerror}") from None
+        raise CannotListen(
+            exc.errno, f"cannot listen for {what} on {address[0]}:{address[1]}: {exc.strerror}"
+        ) from None
     sock.listen(HTTP_BACKLOG)
     sock.setblocking(False)
     return sock

@@ -168,6 +168,12 @@ def field_schema(spec: FieldSpec) -> dict[str, Any]:
         schema["type"] = [spec.type, "null"]
     if spec.description:
         schema["description"] = spec.description
+    if spec.max_bytes is not None:
+        unit = "UTF-8" if spec.type == "string" else "JSON"
+        schema["description"] = (
+            f"{spec.description} At most the node's {spec.max_bytes} setting in bytes of {unit} "
+            "(413 too_large over it)."
+        ).strip()
     if spec.enum is not None:
         schema["enum"] = list(spec.enum) + ([None] if spec.nullable else [])
     if spec.min is not None:

@@ -1,10 +1,16 @@
-"""The engine as this node's Raft state machine, plus a signal that wakes whoever waits
-for the state to change (long polls, SSE streams, the timer and drain loops).
+"""The engine as this node's Raft state machine, plus the signals that wake whoever waits
+for the state to change: `changed` for everything that watches the whole state (long polls,
+the timer and drain loops), `session_waiters` for the SSE streams, each of one session.
 
 Two threads use it. The Raft thread applies committed entries through `apply_batch` (and
 restores snapshots) on the engine's own connection. The HTTP side reads through `reads`, an
-EngineReader with a connection of its own, and waits on `changed`, which `apply_batch`
-notifies on the HTTP side's loop.
+EngineReader with a connection of its own, and waits on `changed` and `session_waiters`,
+which `apply_batch` notifies on the HTTP side's loop.
+
+A commit wakes only the streams of the sessions it added events to (ApplyResult's
+`event_sessions`): with a thousand idle streams open, a write to one session costs one
+stream's query, not a thousand. When the sessions are not known (a snapshot was installed)
+or the node's role changed, every stream wakes and checks for itself.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +77,36 @@ class ChangeSignal:
             return self.version > version
 
 
+class SessionWaiters:
+    """The events the SSE streams wait on, by session: `wake(ids)` sets those of the
+    sessions `ids` (None: of every session).
+
+    A stream clears its event before it reads the session's events and waits on it after,
+    so a commit that lands between its read and its wait sets the event and is never missed.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[str, set[asyncio.Event]] = {}
+
+    def add(self, session_id: str, event: asyncio.Event) -> None:
+        self._events.setdefault(session_id, set()).add(event)
+
+    def remove(self, session_id: str, event: asyncio.Event) -> None:
+        events = self._events.get(session_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._events[session_id]
+
+    def wake(self, session_ids: Iterable[str] | None) -> None:
+        """Set the events of `session_ids`, or of every session when it is None (unknown)."""
+        if session_ids is None:
+            session_ids = list(self._events)
+        for session_id in session_ids:
+            for event in self._events.get(session_id, ()):
+                event.set()
+
+
 class Replica:
     """The Raft StateMachine protocol over an Engine, with a change signal.
 
@@ -82,8 +118,14 @@ class Replica:
         self._failpoints = failpoints or Failpoints("")
         self.reads: EngineReader = engine.reader()
         self.changed = ChangeSignal()
+        self.session_waiters = SessionWaiters()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._notify_scheduled = threading.Event()
+        # What the next notify on the loop wakes: the sessions changed since the last one
+        # (None: unknown, every stream), and whether that notify is scheduled. The Raft
+        # thread adds to them, the loop takes them; the lock keeps the two from racing.
+        self._pending_lock = threading.Lock()
+        self._pending_sessions: set[str] | None = set()
+        self._notify_scheduled = False
         # The consistency check (consistency.py): `on_state_hash(index, sha256)` once this
         # node hashed its state at a CheckStateHash entry, `on_alarms(alarms)` when the
         # replicated alarms change; both called on the notify loop.
@@ -102,7 +144,7 @@ class Replica:
             self._failpoints.hit(WAIT_ENDED_FAILPOINT)
         if any(result.value is not None and ALARM_RESULT_KEY in result.value for result in results):
             self._alarms_changed()
-        self._signal_change()
+        self._signal_change(frozenset().union(*(result.event_sessions for result in results)))
         return results
 
     def _hash_state_at(self, index: int) -> None:
@@ -132,18 +174,37 @@ class Replica:
         else:
             self._loop.call_soon_threadsafe(call, *args)
 
-    def _signal_change(self) -> None:
-        """Wake `changed` on its loop. Many applies in a row need only one wake-up: the
-        waiters re-read the state, which by then includes all of them."""
+    def _signal_change(self, session_ids: frozenset[str] | None) -> None:
+        """Wake `changed` and the streams of `session_ids` (None: every stream) on the loop.
+        Many applies in a row need only one wake-up: the waiters re-read the state, which by
+        then includes all of them; the sessions of all of them are woken."""
         if self._loop is None:
-            self.changed.notify()
-        elif not self._notify_scheduled.is_set():
-            self._notify_scheduled.set()
-            self._loop.call_soon_threadsafe(self._notify_now)
+            self._notify(session_ids)
+            return
+        with self._pending_lock:
+            if session_ids is None:
+                self._pending_sessions = None
+            elif self._pending_sessions is not None:
+                self._pending_sessions.update(session_ids)
+            if self._notify_scheduled:
+                return
+            self._notify_scheduled = True
+        self._loop.call_soon_threadsafe(self._notify_now)
 
     def _notify_now(self) -> None:
-        self._notify_scheduled.clear()  # before notify: an apply from now on schedules anew
+        with self._pending_lock:  # an apply from now on schedules anew, with its own sessions
+            session_ids, self._pending_sessions = self._pending_sessions, set()
+            self._notify_scheduled = False
+        self._notify(session_ids)
+
+    def _notify(self, session_ids: Iterable[str] | None) -> None:
         self.changed.notify()
+        self.session_waiters.wake(session_ids)
+
+    def wake_everyone(self) -> None:
+        """On the loop: wake every waiter, every stream included, to check again (this
+        node's role changed: a stream ends once its node no longer serves)."""
+        self._notify(None)
 
     def applied_index(self) -> int:
         return self.engine.applied_index()
@@ -154,7 +215,7 @@ class Replica:
     def restore(self, data: bytes | memoryview, index: int) -> None:
         self.engine.restore(data, index)
         self._alarms_changed()
-        self._signal_change()
+        self._signal_change(None)  # a whole new state: which sessions changed is not known
 
     def close(self) -> None:
         self._hasher.shutdown(wait=True)

@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import quote
 
 from dex_ha.client.connection import Connection, DexError, DexUnavailable
-from dex_ha.client.env import TOKEN_VAR, WORKER_TOKEN_VAR, token_from_env, urls_from_env
+from dex_ha.client.env import TOKEN_VAR, WORKER_TOKEN_VAR, namespace_from_env, token_from_env, urls_from_env
 from dex_ha.failpoints import Failpoints
 from dex_ha.worker.agent import Agent, Tool
 from dex_ha.worker.context import (
@@ -275,6 +275,10 @@ class Worker:
     from the environment that ``tokens.env`` of ``dex-ha cluster up`` sets: ``urls`` from
     ``DEX_HA_URLS`` (else http://127.0.0.1:8801, where ``dex-ha dev`` listens) and
     ``token`` from ``DEX_HA_WORKER_TOKEN``, else ``DEX_HA_TOKEN`` (else no token).
+
+    ``namespace``: the namespace whose agents this Worker registers and serves; left out,
+    ``DEX_HA_NAMESPACE``, else none is named and the server uses ``default`` (or the only
+    namespace of a token limited to one).
     """
 
     def __init__(
@@ -290,6 +294,7 @@ class Worker:
         poll_concurrency: int = 2,
         eager: bool = True,
         on_result: Callable[[WorkerTask, Outcome], None] | None = None,
+        namespace: str | None = None,
         **connection_kwargs: Any,
     ) -> None:
         self._agents = _check_agents(agents)
@@ -321,7 +326,9 @@ class Worker:
             urls = urls_from_env()
         if token is None:
             token = token_from_env(WORKER_TOKEN_VAR, TOKEN_VAR)
-        self._conn = Connection(urls, token, **connection_kwargs)
+        if namespace is None:
+            namespace = namespace_from_env()
+        self._conn = Connection(urls, token, namespace=namespace, **connection_kwargs)
         self._failpoints = Failpoints()  # inert unless DEX_HA_FAILPOINTS arms them (crash tests)
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_or_stop = asyncio.Event()  # set when a task ends or stop() begins

@@ -254,5 +254,19 @@ async def test_dex_ha_backup_writes_a_verified_file_and_refuses_a_non_admin(
         assert f"index {header.index}, term {header.term}" in printed and header.sha256 in printed
         assert stat.S_IMODE(out.stat().st_mode) == 0o600  # the backup holds every session: private
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+        # The same command again must not replace the backup it wrote (it may be the only copy).
+        written = out.read_bytes()
+        code = await asyncio.to_thread(cli.main, ["backup", "--url", url, f"--token={ADMIN_TOKEN}", "--out", str(out)])
+        _, err = capsys.readouterr()
+        assert code == 2 and "exists" in err and "--force" in err
+        assert out.read_bytes() == written
+        code = await asyncio.to_thread(
+            cli.main, ["backup", "--url", url, f"--token={ADMIN_TOKEN}", "--out", str(out), "--force"]
+        )
+        _, err = capsys.readouterr()
+        assert code == 0, err
+        read_backup(out)  # replaced by a whole, verified backup
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     finally:
         await node.stop()

@@ -21,7 +21,10 @@ def test_smoke_run_counts_answers_prints_the_table_and_stops_the_node(tmp_path: 
     out = tmp_path / "overload.json"
     done = run_bench(
         BENCH,
-        ["--only", "dev", "--relaxed", "--clients", "20", "--duration-s", "1", "--json", str(out)],
+        [
+            *("--only", "dev", "--relaxed", "--clients", "20", "--duration-s", "1", "--json", str(out)),
+            *("--idle-streams", "20", "--stream-rounds", "1"),
+        ],
         SMOKE_DEADLINE_S,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
@@ -39,3 +42,8 @@ def test_smoke_run_counts_answers_prints_the_table_and_stops_the_node(tmp_path: 
     assert row["term_changes"] is not None and len(row["before"]) == len(row["after"]) == 1
     assert row["follower_gap_max_s"] is None  # dev has no follower: "n/a"
     assert row["node_pids"] and not [pid for pid in row["node_pids"] if pid_alive(pid)]
+
+    [streams] = result["idle_streams"]
+    assert streams["idle_streams"] == 20 and len(streams["rounds"]) == 1
+    assert streams["p50_without_ms"] is not None and streams["p50_with_ms"] is not None
+    assert streams["term_changes"] == 0 and "idle_streams_write_p50" in done.stdout

@@ -50,7 +50,8 @@ def test_dev_prints_its_url_becomes_ready_and_exits_0_on_sigterm(tmp_path: Path)
             30,
             "the dev URL line",
         )
-        assert f"http://127.0.0.1:{port}" in url_line
+        assert f"serving http://127.0.0.1:{port} " in url_line  # the URL alone, as scripts read it
+        assert f"console http://127.0.0.1:{port}/ui" in url_line
         assert "NO authentication" in url_line  # dev mode without tokens says so
         wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
         proc.send_signal(signal.SIGTERM)
@@ -113,6 +114,17 @@ def test_node_without_tokens_or_secret_refuses_to_start_naming_what_is_missing(t
     assert result.returncode == 2
     assert "cluster_secret" in result.stderr
     assert http_status(f"http://127.0.0.1:{http_port}/livez") is None  # it never served
+
+
+def test_dev_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("dev", "--port", str(port), "--data-dir", str(tmp_path / "data"), timeout=30)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"cannot listen for HTTP on 127.0.0.1:{port}" in result.stderr and "--port" in result.stderr
 
 
 def test_node_with_insecure_starts_and_says_so_in_its_log_and_cluster_view(tmp_path: Path) -> None:

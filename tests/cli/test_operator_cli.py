@@ -381,7 +381,10 @@ def test_sessions_errors_are_one_line_with_an_exit_code(cluster: LocalCluster) -
     env = tokens_env_vars(cluster.dir)
     missing = cli("sessions", "show", "no-such-session", env=env)
     assert missing.returncode == 1
-    assert missing.stderr.strip() == "dex-ha sessions show: refused (404 not_found): no session 'no-such-session'"
+    assert (
+        missing.stderr.strip()
+        == "dex-ha sessions show: refused (404 not_found): no session 'no-such-session' in namespace 'default'"
+    )
     bad_json = cli("sessions", "answer", "s", "q", "{", "--json-value", env=env)
     assert bad_json.returncode == 2 and "ANSWER: not valid JSON" in bad_json.stderr
     no_token = cli("sessions", "list", env={"DEX_HA_URLS": env["DEX_HA_URLS"]})

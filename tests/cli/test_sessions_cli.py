@@ -1,10 +1,12 @@
 """`dex-ha sessions list` and `show` against the fake cluster of the Client SDK tests: the
-filters reach the server as query parameters, and the typed answers print as tables."""
+filters reach the server as query parameters, and the typed answers print as tables;
+`cancel` against a real node."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,7 @@ from dex_ha.cli.main import build_parser
 from dex_ha.cli.sessions import run
 from dex_ha.client import DexClient
 from tests.client.fake_server import FakeCluster, FakeNode, start_nodes
+from tests.server.node_fixture import single_node_config, start_node
 
 
 @pytest.fixture
@@ -57,3 +60,29 @@ async def test_show_prints_the_snapshot_and_json_prints_it_as_received(node: Fak
         assert "c-1   refund" in text
         raw = json.loads(await run(build_parser().parse_args(["sessions", "show", "s-1", "--json"]), client))
         assert raw["new_field"] == "kept"
+
+
+def test_every_sessions_subcommand_takes_a_namespace() -> None:
+    for argv in (["list"], ["show", "s1"], ["approve", "s1", "c1"], ["send", "s1", "hi"], ["cancel", "s1"]):
+        args = build_parser().parse_args(["sessions", *argv, "--namespace", "team-a"])
+        assert args.namespace == "team-a"
+    assert build_parser().parse_args(["sessions", "list"]).namespace is None  # DexClient reads DEX_HA_NAMESPACE
+
+
+async def test_cancel_cancels_the_running_turn_and_says_when_none_was_running(tmp_path: Path) -> None:
+    node = await start_node(single_node_config(tmp_path / "node", auth=False))
+    try:
+        async with DexClient(f"http://127.0.0.1:{node.http_port}") as client:
+            await client.create_session("helper", session_id="s-1")
+            await client.send_message("s-1", "hello")  # no Worker: the turn stays running
+            running = (await client.get_session("s-1")).raw["current_turn"]["turn_id"]
+
+            args = build_parser().parse_args(["sessions", "cancel", "s-1", "--reason", "operator"])
+            assert await run(args, client) == f"turn {running} of s-1: cancelled"
+            after = (await client.get_session("s-1")).raw
+            assert after["current_turn"] is None and after["turns"][-1]["status"] == "cancelled", after["turns"]
+
+            again = build_parser().parse_args(["sessions", "cancel", "s-1"])
+            assert await run(again, client) == "s-1: no turn was running, nothing cancelled"
+    finally:
+        await node.stop()

@@ -33,7 +33,7 @@ def bearer(node: FakeNode, path: str) -> str | None:
 @pytest.fixture(autouse=True)
 def no_dex_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """A developer's own DEX_HA_* settings must not leak into these tests."""
-    for name in ("DEX_HA_URLS", "DEX_HA_TOKEN", "DEX_HA_CLIENT_TOKEN", "DEX_HA_WORKER_TOKEN"):
+    for name in ("DEX_HA_URLS", "DEX_HA_TOKEN", "DEX_HA_CLIENT_TOKEN", "DEX_HA_WORKER_TOKEN", "DEX_HA_NAMESPACE"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -73,6 +73,24 @@ async def test_arguments_win_over_the_environment(nodes: list[FakeNode], monkeyp
     async with DexClient(nodes[1].url, token="given-token", give_up_after_s=AT_ONCE_S) as client:
         await client.create_session("helper", session_id="s1")
     assert bearer(nodes[1], "/v1/sessions") == "Bearer given-token"
+
+
+async def test_the_namespace_comes_from_the_argument_else_dex_ha_namespace_else_none_is_named(
+    nodes: list[FakeNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def named() -> str | None:
+        return nodes[1].requests_to("/v1/sessions")[-1].headers.get("Dex-Namespace")
+
+    async with DexClient(nodes[1].url, give_up_after_s=AT_ONCE_S) as client:
+        await client.create_session("helper", session_id="s1")
+    assert named() is None  # the server's default
+    monkeypatch.setenv("DEX_HA_NAMESPACE", "team-env")
+    async with DexClient(nodes[1].url, give_up_after_s=AT_ONCE_S) as client:
+        await client.create_session("helper", session_id="s1")
+    assert named() == "team-env"
+    async with DexClient(nodes[1].url, namespace="team-a", give_up_after_s=AT_ONCE_S) as client:
+        await client.create_session("helper", session_id="s1")
+    assert named() == "team-a"
 
 
 def test_without_arguments_or_environment_the_dev_url_and_no_token() -> None:

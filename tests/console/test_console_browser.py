@@ -228,6 +228,18 @@ async def test_streamed_text_of_a_failed_attempt_is_marked_dropped(dev: DevProce
     }
 
 
+async def test_the_namespace_field_chooses_whose_sessions_the_page_shows(dev: DevProcess, page):
+    async with DexClient(dev.url, namespace="team-x") as client:
+        await client.create_session("agent-x", session_id="s-in-team-x")
+    await open_console(page, dev.url, "#/sessions")
+    await expect(page.get_by_test_id("sessions-table")).not_to_contain_text("s-in-team-x")
+    await page.get_by_test_id("namespace-input").fill("team-x")
+    await page.get_by_test_id("namespace-input").press("Enter")
+    await expect(page.get_by_test_id("sessions-table")).to_contain_text("s-in-team-x")
+    await page.get_by_text("s-in-team-x").click()
+    await expect(page.get_by_test_id("session-status")).to_contain_text("namespace team-x")
+
+
 async def test_the_page_loads_without_a_token_and_ships_no_outside_resource(dev: DevProcess):
     async with aiohttp.ClientSession() as http:
         async with http.get(dev.url + "/ui") as resp:

@@ -37,6 +37,8 @@ def env_names(cell: str) -> list[str]:
 
 def sample_value(key: str) -> str:
     """A value the loader can parse for `key` (it parses before any check)."""
+    if key == "scoped_tokens":
+        return "client:team-a=a-scoped-token-0123"
     kind = config_module.ENV_KEYS.get(key, str)
     return {bool: "true", int: "7"}.get(kind, "x")
 

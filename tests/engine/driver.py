@@ -28,6 +28,13 @@ from dex_ha.engine import (
 
 AGENT = "helper"
 
+# SQL that takes a schema-4 database back to schema 3 (no namespaces), for migration tests;
+# a test going back further runs it first.
+UNDO_SCHEMA_4 = (
+    "DROP INDEX sessions_by_namespace; ALTER TABLE sessions DROP COLUMN namespace; "
+    "ALTER TABLE agents DROP COLUMN namespace; PRAGMA user_version=3;"
+)
+
 DEFAULT_TOOLS = [
     {"name": "lookup", "effect": "read"},
     {"name": "put_item", "effect": "idempotent_write"},

@@ -447,7 +447,7 @@ def row_inline(d: Driver, failure: str) -> None:
 
 def assert_key_on_every_attempt(d: Driver) -> None:
     """Every attempt of every tool call carries the contract key {session_id}:{call_id}."""
-    for session in d.engine.list_sessions():
+    for session in d.engine.sessions_page().items:
         for call in d.snap(session["session_id"])["tool_calls"]:
             for step in call["steps"]:
                 for attempt in step["attempts"]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dex_ha.engine import Engine
 from dex_ha.engine.schema import SCHEMA_VERSION
-from tests.engine.driver import Driver
+from tests.engine.driver import UNDO_SCHEMA_4, Driver
 from tests.engine.test_properties import calls_split_from_results
 
 
@@ -109,7 +109,7 @@ def test_a_schema_2_data_dir_and_snapshot_are_migrated(tmp_path) -> None:
     index = d.engine.applied_index()
     d.engine.close()
     conn = sqlite3.connect(old)
-    conn.executescript("DROP TABLE held_notes; PRAGMA user_version=2;")
+    conn.executescript(UNDO_SCHEMA_4 + "DROP TABLE held_notes; PRAGMA user_version=2;")
     snapshot = old.read_bytes()
     conn.close()
 

@@ -44,12 +44,13 @@ def _lose_a_write(d: Driver, session_id: str) -> None:
 def test_filters_pick_sessions_waiting_for_approval_or_with_outcome_unknown(d):
     _sessions_in_three_states(d)
     assert d.call("mail-s2", "s2")["status"] == "outcome_unknown"
-    assert _ids(d.engine.list_sessions(awaiting_approval=True)) == ["s1"]
-    assert _ids(d.engine.list_sessions(outcome_unknown=True)) == ["s2"]
-    assert _ids(d.engine.list_sessions(awaiting_approval=False, outcome_unknown=False)) == ["s3"]
-    assert _ids(d.engine.list_sessions(awaiting_approval=True, outcome_unknown=True)) == []
+    assert _ids(d.engine.sessions_page(awaiting_approval=True).items) == ["s1"]
+    assert _ids(d.engine.sessions_page(outcome_unknown=True).items) == ["s2"]
+    assert _ids(d.engine.sessions_page(awaiting_approval=False, outcome_unknown=False).items) == ["s3"]
+    assert _ids(d.engine.sessions_page(awaiting_approval=True, outcome_unknown=True).items) == []
     counts = {
-        row["session_id"]: (row["pending_approvals"], row["outcome_unknown_calls"]) for row in d.engine.list_sessions()
+        row["session_id"]: (row["pending_approvals"], row["outcome_unknown_calls"])
+        for row in d.engine.sessions_page().items
     }
     assert counts == {"s1": (1, 0), "s2": (0, 1), "s3": (0, 0)}
 
@@ -58,16 +59,16 @@ def test_a_session_leaves_the_filters_once_the_operator_acted(d):
     _sessions_in_three_states(d)
     assert d.approve("pay", session_id="s1").ok
     assert d.reconcile("mail-s2", "succeeded", session_id="s2").ok
-    assert d.engine.list_sessions(awaiting_approval=True) == []
-    assert d.engine.list_sessions(outcome_unknown=True) == []
+    assert d.engine.sessions_page(awaiting_approval=True).items == []
+    assert d.engine.sessions_page(outcome_unknown=True).items == []
 
 
 def test_filters_combine_with_the_cursor(d):
     _sessions_in_three_states(d)
     d.create("s4")
     _lose_a_write(d, "s4")
-    first = d.engine.list_sessions(limit=1, outcome_unknown=True)
-    second = d.engine.list_sessions(limit=1, after=first[-1]["session_id"], outcome_unknown=True)
+    first = d.engine.sessions_page(limit=1, outcome_unknown=True).items
+    second = d.engine.sessions_page(limit=1, after=first[-1]["session_id"], outcome_unknown=True).items
     assert _ids(first) + _ids(second) == ["s2", "s4"]
 
 

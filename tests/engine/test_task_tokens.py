@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dex_ha.engine import CompleteAttempt, Engine, Handout, StartAttempts
 from dex_ha.engine.schema import SCHEMA_VERSION
-from tests.engine.driver import Driver
+from tests.engine.driver import UNDO_SCHEMA_4, Driver
 
 
 def running_model_step(path: Path, worker: str = "w1") -> tuple[Driver, str]:
@@ -121,7 +121,9 @@ def test_replicas_replaying_the_log_store_the_same_secrets(tmp_path: Path) -> No
 def downgrade_to_schema_1(path: Path) -> None:
     """Make the database look as schema 1 wrote it: no token_secret column, no held_notes."""
     conn = sqlite3.connect(path)
-    conn.executescript("ALTER TABLE attempts DROP COLUMN token_secret; DROP TABLE held_notes; PRAGMA user_version=1;")
+    conn.executescript(
+        UNDO_SCHEMA_4 + "ALTER TABLE attempts DROP COLUMN token_secret; DROP TABLE held_notes; PRAGMA user_version=1;"
+    )
     conn.close()
 
 

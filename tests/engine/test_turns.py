@@ -424,11 +424,11 @@ def test_list_sessions_filters_and_pages(d):
     for i in range(5):
         d.create(f"t{i}", agent="helper" if i % 2 else "other")
     d.send("go", session_id="t1")
-    page1 = d.engine.list_sessions(limit=3)
-    page2 = d.engine.list_sessions(limit=3, after=page1[-1]["session_id"])
+    page1 = d.engine.sessions_page(limit=3).items
+    page2 = d.engine.sessions_page(limit=3, after=page1[-1]["session_id"]).items
     assert [s["session_id"] for s in page1 + page2] == ["s1", "t0", "t1", "t2", "t3", "t4"]
-    assert [s["session_id"] for s in d.engine.list_sessions(agent="other")] == ["t0", "t2", "t4"]
-    assert [s["session_id"] for s in d.engine.list_sessions(status="running")] == ["t1"]
+    assert [s["session_id"] for s in d.engine.sessions_page(agent="other").items] == ["t0", "t2", "t4"]
+    assert [s["session_id"] for s in d.engine.sessions_page(status="running").items] == ["t1"]
 
 
 def test_events_have_increasing_ids_and_resume_after_an_id(d):

@@ -153,7 +153,8 @@ def test_query_and_header_parameter_schemas(document):
     params = {p["name"]: p for p in operation(document, ROUTES_BY_NAME["list_sessions"])["parameters"]}
     assert params["limit"]["schema"] == {
         "type": "integer",
-        "description": "Page size.",
+        "description": "Page size: at most this many sessions. A page also ends once it holds the node's "
+        "page_max_bytes; next_after says where the next one starts.",
         "minimum": 1,
         "maximum": 1000,
         "default": 100,
@@ -197,7 +198,7 @@ def test_field_schemas_carry_types_enums_bounds_and_nullability(document):
     message = operation(document, ROUTES_BY_NAME["send_message"])["requestBody"]["content"]["application/json"]
     props = message["schema"]["properties"]
     assert props["mode"]["enum"] == ["queue", "steer"] and props["mode"]["default"] == "queue"
-    assert props["text"]["maxLength"] == 262_144
+    assert "max_message_bytes setting in bytes of UTF-8" in props["text"]["description"]  # a cap in bytes
     assert props["message_id"]["type"] == ["string", "null"]
     answer = operation(document, ROUTES_BY_NAME["answer_question"])["requestBody"]["content"]["application/json"]
     assert "type" not in answer["schema"]["properties"]["answer"]  # any JSON value

@@ -781,6 +781,13 @@ async def test_step_down_to_an_unknown_member_is_404(api: HttpApi):
     assert_error(await api.post("/v1/cluster/step-down", {"to": "nobody"}, role="admin"), 404, "not_found")
 
 
+async def test_step_down_to_the_active_node_itself_says_it_is_already_active(api: HttpApi):
+    own_id = expect(await api.get("/v1/cluster"), 200)["node_id"]
+    reply = await api.post("/v1/cluster/step-down", {"to": own_id}, role="admin")
+    assert_error(reply, 409, "step_down_failed", names=f"{own_id} is already the active node")
+    assert expect(await api.get("/v1/cluster"), 200)["role"] == "active"
+
+
 @covers("add_member", "remove_member", "promote_member")
 async def test_members_add_a_learner_remove_it_and_unknown_members_are_404(api: HttpApi):
     raft_port, http_port = free_ports(2)

@@ -13,12 +13,14 @@ import pytest
 from multidict import MultiDict
 
 from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME
+from dex_ha.server.config import ServerConfig
 from dex_ha.server.validation import (
     MAX_INTEGER,
     MAX_JSON_DEPTH,
     MIN_INTEGER,
     BodyTooLarge,
     InvalidRequest,
+    check_field_sizes,
     decode_json_body,
     validate_body,
     validate_headers,
@@ -267,7 +269,6 @@ def test_integer_bounds_are_inclusive(route_name, field, low, high):
     [
         ("create_session", "agent", 200),
         ("create_session", "session_id", 200),
-        ("send_message", "text", 262_144),
         ("send_message", "message_id", 200),
         ("decide_approval", "reason", 4096),
         ("cancel_turn", "reason", 4096),
@@ -594,11 +595,14 @@ def test_a_body_over_the_route_limit_is_too_large(route_name, limit):
     assert str(limit) in caught.value.message
 
 
-def test_any_valid_text_fits_in_a_message_body():
-    # The worst case for JSON: every character escaped as a surrogate pair (12 bytes).
+def test_any_text_within_the_default_message_cap_fits_in_a_message_body():
+    # The worst case for JSON: every character escaped as a surrogate pair (12 bytes for 4 of UTF-8).
     route = ROUTES_BY_NAME["send_message"]
-    raw = json.dumps({"text": "\U0001f600" * 262_144}).encode()
-    assert validate_body(route, decode_json_body(route, raw))["text"] == "\U0001f600" * 262_144
+    text = "\U0001f600" * (ServerConfig.max_message_bytes // 4)
+    raw = json.dumps({"text": text}).encode()
+    args = validate_body(route, decode_json_body(route, raw))
+    check_field_sizes(route, args, {"max_message_bytes": ServerConfig.max_message_bytes})
+    assert args["text"] == text
 
 
 # ---------------------------------------------------------------- query parameters
@@ -679,12 +683,23 @@ def test_routes_without_query_parameters_refuse_any(route_name):
 
 def test_last_event_id_header_is_read_case_insensitively_and_checked():
     route = ROUTES_BY_NAME["session_events"]
-    assert validate_headers(route, {"Accept": "text/event-stream"}) == {"Last-Event-ID": None}
-    assert validate_headers(route, {"last-event-id": "42", "X-Other": "?"}) == {"Last-Event-ID": "42"}
+    none = {"Dex-Namespace": None}
+    assert validate_headers(route, {"Accept": "text/event-stream"}) == {**none, "Last-Event-ID": None}
+    assert validate_headers(route, {"last-event-id": "42", "X-Other": "?"}) == {**none, "Last-Event-ID": "42"}
     with pytest.raises(InvalidRequest) as caught:
         validate_headers(route, {"Last-Event-ID": "latest"})
     assert caught.value.field == "Last-Event-ID"
-    assert validate_headers(ROUTES_BY_NAME["get_session"], {"Last-Event-ID": "latest"}) == {}
+    assert validate_headers(ROUTES_BY_NAME["get_session"], {"Last-Event-ID": "latest"}) == none
+
+
+@pytest.mark.parametrize("value", ["", ".", "..", "a/b", "-a", "a b", "x" * 201])
+def test_a_namespace_outside_the_id_character_set_is_refused_naming_the_header(value):
+    with pytest.raises(InvalidRequest) as caught:
+        validate_headers(ROUTES_BY_NAME["list_sessions"], {"dex-namespace": value})
+    assert caught.value.field == "Dex-Namespace"
+    assert validate_headers(ROUTES_BY_NAME["list_sessions"], {"dex-namespace": "team-a.1"}) == {
+        "Dex-Namespace": "team-a.1"
+    }
 
 
 # ---------------------------------------------------------------- path ids

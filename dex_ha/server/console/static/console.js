@@ -6,6 +6,7 @@
 "use strict";
 
 const TOKEN_KEY = "dex-ha-token";
+const NAMESPACE_KEY = "dex-ha-namespace"; // empty: name none (the token's only one, else default)
 const CLUSTER_POLL_MS = 1000;
 const STREAM_RETRY_MS = 1000;
 
@@ -56,8 +57,24 @@ function token() {
   return sessionStorage.getItem(TOKEN_KEY) || "";
 }
 
+function namespace() {
+  return sessionStorage.getItem(NAMESPACE_KEY) || "";
+}
+
+/** The token and the namespace of every request (the session routes read Dex-Namespace). */
 function authHeaders() {
-  return token() ? { Authorization: `Bearer ${token()}` } : {};
+  const headers = token() ? { Authorization: `Bearer ${token()}` } : {};
+  if (namespace()) headers["Dex-Namespace"] = namespace();
+  return headers;
+}
+
+function setUpNamespaceField() {
+  const field = document.getElementById("namespace-input");
+  field.value = namespace();
+  field.addEventListener("change", () => {
+    sessionStorage.setItem(NAMESPACE_KEY, field.value.trim());
+    route();
+  });
 }
 
 class ApiError extends Error {
@@ -480,7 +497,8 @@ function renderSession(body, s, live, refresh) {
   const typed = typedValues(body);
   fill(body,
     h("h2", {}, `Session ${s.session_id}`),
-    h("p", { "data-testid": "session-status" }, `agent ${s.agent} · status `, h("strong", {}, s.status),
+    h("p", { "data-testid": "session-status" }, `namespace ${s.namespace || "default"} · agent ${s.agent} · status `,
+      h("strong", {}, s.status),
       s.waiting_for ? ` · waiting for ${s.waiting_for}` : ""),
     pendingApprovals(s, refresh),
     pendingQuestions(s, refresh),
@@ -637,5 +655,6 @@ function renderLiveText(body, live) {
 window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", () => {
   setUpTokenDialog();
+  setUpNamespaceField();
   route();
 });
