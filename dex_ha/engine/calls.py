@@ -68,7 +68,7 @@ def record_model_response(ctx: ApplyContext, step: sqlite3.Row, result: dict[str
     if not tool_calls:
         turns.end_turn(ctx, step["session_id"], step["turn_id"], TurnStatus.COMPLETED)
         return
-    definition = ctx.store.agent_definition(step["agent"])
+    definition = ctx.store.warm_agent_definition(step["agent"])
     policies = [tool_policy(definition, c["name"]) for c in tool_calls]
     # Insert every call before routing any: a call that ends at once must not see its
     # response as complete while its siblings do not exist yet.

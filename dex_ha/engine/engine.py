@@ -22,6 +22,7 @@ from typing import Any
 from dex_ha.engine.commands import CheckStateHash, Command, CommandDecodeError, decode_command
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.handlers import HANDLERS
+from dex_ha.engine.history_cache import DEFAULT_BUDGET_CHARS, HistoryCache
 from dex_ha.engine.queries import Queries
 from dex_ha.engine.results import ApplyResult, Rejected, accepted
 from dex_ha.engine.schema import SCHEMA_VERSION
@@ -51,6 +52,7 @@ class Engine(Queries):
         durable: bool = True,
         checkpoint_every_s: float | None = None,
         wal_restart_after_frames: int = WAL_RESTART_AFTER_FRAMES,
+        history_cache_chars: int = DEFAULT_BUDGET_CHARS,
     ) -> None:
         """Open or create the state at `path` (":memory:" for tests).
 
@@ -62,11 +64,15 @@ class Engine(Queries):
         instead of inside an apply (WalCheckpointer); a server sets it, close() stops it.
         Past `wal_restart_after_frames` pages in the WAL, that thread briefly holds off
         writes so that the WAL can start over.
+        `history_cache_chars`: the budget of the history the engine keeps in memory to
+        build tasks (history_cache.py).
         """
         self.path = path
         self._conn = connect(path, durable)
         init_schema(self._conn)
-        self._store = Store(self._conn)
+        # Local, never replicated: tasks are built from it inside the apply of their hand-out.
+        self._history_cache = HistoryCache(history_cache_chars)
+        self._store = Store(self._conn, self._history_cache)
         # Held by every write transaction; the checkpoint thread holds it to let the WAL start over.
         self._write_lock = threading.Lock()
         self._checkpointer: WalCheckpointer | None = None
@@ -156,9 +162,11 @@ class Engine(Queries):
             self._store.write_buffered()
             self._store.set_meta(APPLIED_INDEX, applied)
             self._conn.execute("COMMIT")
+            self._history_cache.committed()
         except BaseException:
             self._state_check_at = None
             self._store.discard_buffered()
+            self._history_cache.rolled_back()
             # SQLite may have rolled the transaction back itself (it does on SQLITE_FULL in a
             # COMMIT): a ROLLBACK then fails and would hide the error that matters.
             if self._conn.in_transaction:
@@ -278,6 +286,7 @@ class Engine(Queries):
         schema (from a node not yet upgraded, or an old backup) is migrated after the copy.
         """
         with tempfile.TemporaryDirectory(prefix="dex-engine-restore-") as tmp, self._write_lock:
+            self._history_cache.clear()  # it holds the state being replaced (and only applies read it)
             path = os.path.join(tmp, "restore.db")
             with open(path, "wb") as f:
                 f.write(data)

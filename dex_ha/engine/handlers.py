@@ -84,6 +84,7 @@ def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
         created_at=ctx.at,
         updated_at=ctx.at,
     )
+    ctx.store.session_created(session_id)
     ctx.emit(session_id, "session_created", agent=cmd.agent, metadata=cmd.metadata)
     return Handled({"session_id": session_id, "created": True})
 
@@ -114,6 +115,7 @@ def register_agent(ctx: ApplyContext, cmd: RegisterAgent) -> Handled:
         "version = excluded.version, updated_at = excluded.updated_at",
         (cmd.name, definition, version, ctx.at, cmd.namespace),
     )
+    ctx.store.agent_changed(cmd.name)
     return Handled({"name": cmd.name, "version": version, "changed": True, "policy_changes": changes})
 
 

@@ -5,7 +5,8 @@
   fails, or the tool call records failed / outcome_unknown by whether its tool may have run.
 - A fired timer acts by purpose (`fire_timer`): requeue after a backoff, end a sleep, poll
   a tool task again, or close a retry window.
-- A RunModel hand-out first delivers the steered messages (`hand_out`).
+- A RunModel hand-out first delivers the steered messages (`hand_out`); every hand-out
+  carries its task's input, built here.
 - A cancelled turn stops its steps and records an outcome for each open call (`cancel_turn`).
 
 The engine's modules import one way only: handlers → outcomes → calls → turns → steps →
@@ -29,6 +30,7 @@ from dex_ha.engine.kinds import (
     tool_outcome_on_exhaustion,
 )
 from dex_ha.engine.statuses import CallStatus, TurnStatus
+from dex_ha.engine.tasks import task_input
 
 
 def follow_exhaustion(ctx: ApplyContext, exhausted: steps.Exhausted | None) -> None:
@@ -63,6 +65,9 @@ def hand_out(
         # Steered messages join the history at the model call that will see them, before
         # the attempt is announced: clients see them in the order the model does.
         turns.deliver_steered_messages(ctx, attempt["session_id"], attempt["turn_id"])
+    # The Worker's task is built here, where the state is warm (the history cache), so the
+    # leader answers the Worker without reading the database.
+    attempt["input"] = task_input(ctx.store, attempt, warm=True)
     return steps.announce_attempt(ctx, attempt)
 
 

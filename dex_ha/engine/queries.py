@@ -10,20 +10,16 @@ from dataclasses import dataclass, fields
 from itertools import groupby
 from typing import Any
 
-from dex_ha.engine.agents import model_tools
 from dex_ha.engine.kinds import (
     AWAIT_USER_MESSAGE,
-    CALL_SINGLE_ATTEMPT_TOOL,
-    CALL_TOOL,
-    COMPACT_CONTEXT,
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
-    POLL_TOOL_TASK,
     RUN_MODEL,
     TASK_KINDS,
     idempotency_key,
 )
 from dex_ha.engine.statuses import StepStatus
 from dex_ha.engine.store import APPLIED_INDEX, CONSISTENCY_ALARM_PREFIX, EVENT_ID_SHIFT, Store, from_json
+from dex_ha.engine.tasks import task_input
 
 # What a row of a session list costs besides its metadata: ids, status, counts and keys.
 SESSION_ROW_BYTES = 256
@@ -122,6 +118,24 @@ class Task:
     heartbeat_timeout_ms: int
     deadline_ms: int | None  # absolute leader wall-clock ms: hand-out + start_to_close
     agent: str
+
+    @classmethod
+    def from_handout(cls, started: dict[str, Any], heartbeat_timeout_ms: int) -> Task:
+        """The task of a hand-out as the apply that started it reports it (an element of
+        `started` in a StartAttempts, StartQueuedAttempts or CompleteAttempt result): its
+        input was built there, where the state is warm, so nothing is read."""
+        return cls(
+            session_id=started["session_id"],
+            turn_id=started["turn_id"],
+            step_id=started["step_id"],
+            kind=started["kind"],
+            attempt=started["attempt"],
+            idempotency_key=started["idempotency_key"],
+            input=started["input"],
+            heartbeat_timeout_ms=heartbeat_timeout_ms,
+            deadline_ms=started["deadline_at"],
+            agent=started["agent"],
+        )
 
     def as_json(self) -> dict[str, Any]:
         # Shallow on purpose: asdict() deep-copies the whole history of a RunModel task.
@@ -257,34 +271,11 @@ class Queries:
             kind=step["kind"],
             attempt=number,
             idempotency_key=key,
-            input=self._task_input(step),
+            input=task_input(self._store, step, warm=False),
             heartbeat_timeout_ms=heartbeat_timeout_ms,
             deadline_ms=deadline,
             agent=step["agent"],
         )
-
-    def _task_input(self, step: Any) -> dict[str, Any]:
-        """Task `input` by kind, exactly as docs/api.md gives it."""
-        kind = step["kind"]
-        if kind in (CALL_TOOL, CALL_SINGLE_ATTEMPT_TOOL, POLL_TOOL_TASK):
-            params: dict[str, Any] = from_json(step["params"])
-            return params
-        session = self._store.require_session(step["session_id"])
-        after = session["summary_upto_seq"]
-        if kind == RUN_MODEL:
-            task = {
-                "history": self._store.history_items(step["session_id"], after),
-                "tools": model_tools(self._store.agent_definition(step["agent"])),
-            }
-        elif kind == COMPACT_CONTEXT:
-            upto = from_json(step["params"])["upto_seq"]
-            items = self._store.history_items(step["session_id"], after)
-            task = {"history": items[: max(0, upto - after)]}
-        else:  # pragma: no cover - TASK_KINDS holds only the kinds above
-            raise AssertionError(kind)
-        if session["summary"] is not None:
-            task["summary"] = session["summary"]
-        return task
 
     # ---------------------------------------------------------- API reads
 

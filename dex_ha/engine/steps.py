@@ -171,8 +171,11 @@ def _record_attempt(
         "worker_id": worker_id,
         "session_id": step["session_id"],
         "turn_id": step["turn_id"],
+        "agent": step["agent"],
         "kind": step["kind"],
         "call_id": step["call_id"],
+        "idempotency_key": key,
+        "params": step["params"],
         "deadline_at": deadline,
         "queued_at": step["queued_at"],
         "token_secret": token_secret,
@@ -180,8 +183,9 @@ def _record_attempt(
 
 
 def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, Any]:
-    """Emit `attempt_started`; returns the hand-out as the leader reads it. The event goes
-    to clients: it names the Worker but never carries the token secret."""
+    """Emit `attempt_started`; returns the hand-out as the leader reads it (the Worker's
+    task, its `input` included, is built from it: `Task.from_handout`). The event goes to
+    clients: it names the Worker but never carries the token secret."""
     ctx.emit(
         attempt["session_id"],
         "attempt_started",
@@ -192,7 +196,7 @@ def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, An
         worker_id=attempt["worker_id"],
         call_id=attempt["call_id"],
     )
-    return {k: v for k, v in attempt.items() if k not in ("turn_id", "call_id")}
+    return {k: v for k, v in attempt.items() if k not in ("call_id", "params")}
 
 
 def current_attempt(ctx: ApplyContext, step_id: str, number: int, term: int) -> sqlite3.Row:

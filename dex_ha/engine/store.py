@@ -8,7 +8,8 @@ on power loss (it may lose the last transactions, which the log replays);
 `synchronous=OFF` (durable=False: tests, benchmarks) is safe against a process crash but
 not against an OS crash. Neither mode fsyncs per command.
 
-The store holds no Python-side cache of state: memory stays bounded as sessions grow.
+The store holds no Python-side copy of the state but one: the engine's store (not a
+reader's) keeps recent histories for building tasks (history_cache.py), bounded in size.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped, unused-ignore]  # msgpack ships no type hints
 
 from dex_ha.diskspace import is_disk_full
+from dex_ha.engine.history_cache import ENTRY_OVERHEAD_CHARS, HistoryCache, SessionHistory
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
@@ -198,8 +200,10 @@ def can_migrate(version: int) -> bool:
 class Store:
     """Row-level access to the state. Every write happens inside `Engine.apply`'s transaction."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, history_cache: HistoryCache | None = None) -> None:
         self.conn = conn
+        # Only on the connection that applies: the writes below keep it current.
+        self.history_cache = history_cache
         # SQL text per (table, columns) shape; bounded by the few shapes the code uses.
         self._sql: dict[tuple[Any, ...], str] = {}
         # Parsed agent definitions by their JSON text (a pure memo: the text is the key,
@@ -252,6 +256,8 @@ class Store:
             if self.conn.in_transaction:  # not when SQLite rolled it all back (SQLITE_FULL)
                 self.conn.execute(f"ROLLBACK TO {name}")
                 self.conn.execute(f"RELEASE {name}")
+            if self.history_cache is not None:
+                self.history_cache.rolled_back()
             raise
         self.conn.execute(f"RELEASE {name}")
 
@@ -312,8 +318,25 @@ class Store:
     # ------------------------------------------------------------- reads by key
 
     def agent_definition(self, name: str) -> dict[str, Any] | None:
-        """The agent's normalised definition (shared: callers must not change it)."""
+        """The agent's normalised definition (shared: callers must not change it), read
+        from the table."""
         return self.parsed_definition(self.scalar("SELECT definition FROM agents WHERE name = ?", (name,)))
+
+    def warm_agent_definition(self, name: str) -> dict[str, Any] | None:
+        """`agent_definition`, from the history cache when this store has one (inside an
+        apply: `agent_changed` keeps it current)."""
+        if self.history_cache is None:
+            return self.agent_definition(name)
+        known, definition = self.history_cache.definition(name)
+        if not known:
+            definition = self.agent_definition(name)
+            self.history_cache.put_definition(name, definition)
+        return definition
+
+    def agent_changed(self, name: str) -> None:
+        """The agent's definition was written (inside an apply)."""
+        if self.history_cache is not None:
+            self.history_cache.agent_changed(name)
 
     def parsed_definition(self, text: str | None) -> dict[str, Any] | None:
         """A definition's JSON text (None: no such agent) parsed, memoised by the text."""
@@ -437,16 +460,61 @@ class Store:
             "INSERT INTO history(session_id, seq, turn_id, item, tokens, at) VALUES (?, ?, ?, ?, ?, ?)",
             [(session_id, first + i, turn_id, text, n, at) for i, (text, n) in enumerate(zip(texts, tokens))],
         )
+        if self.history_cache is not None:
+            self.history_cache.appended(session_id, first, texts)
         return last
 
-    def history_items(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
-        # One parse of a JSON array instead of one json.loads per item: every RunModel
-        # task carries the history, so this is on the hot path.
+    def session_created(self, session_id: str) -> None:
+        """A session was inserted (inside an apply): no history and no summary yet."""
+        if self.history_cache is not None:
+            self.history_cache.put(session_id, SessionHistory(summary=None, summary_upto_seq=0, last_seq=0))
+
+    def set_summary(self, session_id: str, summary: str, upto_seq: int, upto_tokens: int, at: int) -> None:
+        """The session's one summary now covers its history up to `upto_seq`."""
+        self.update(
+            "sessions",
+            {"session_id": session_id},
+            summary=summary,
+            summary_upto_seq=upto_seq,
+            summary_upto_tokens=upto_tokens,
+            summary_at=at,
+            updated_at=at,
+        )
+        if self.history_cache is not None:
+            self.history_cache.summarised(session_id, summary, upto_seq)
+
+    def session_history(self, session_id: str) -> SessionHistory:
+        """The session's summary and the history items after it, read from the tables."""
+        session = _found(
+            self.row(
+                "SELECT summary, summary_upto_seq, history_count FROM sessions WHERE session_id = ?", (session_id,)
+            ),
+            f"unknown session {session_id}",
+        )
+        after = session["summary_upto_seq"]
+        text = self._history_array(session_id, after)
+        return SessionHistory(
+            session["summary"], after, session["history_count"], json.loads(text), ENTRY_OVERHEAD_CHARS + len(text)
+        )
+
+    def warm_session_history(self, session_id: str) -> SessionHistory:
+        """`session_history`, from the history cache when this store has one (inside an
+        apply); a session it does not hold yet is read once and kept."""
+        if self.history_cache is None:
+            return self.session_history(session_id)
+        history = self.history_cache.session(session_id)
+        if history is None:
+            history = self.session_history(session_id)
+            self.history_cache.put(session_id, history)
+        return history
+
+    def _history_array(self, session_id: str, after_seq: int) -> str:
+        """The session's history items after `after_seq` as one JSON array: one parse of
+        it costs much less than one json.loads per item."""
         rows = self.conn.execute(
             "SELECT item FROM history WHERE session_id = ? AND seq > ? ORDER BY seq", (session_id, after_seq)
         ).fetchall()
-        items: list[dict[str, Any]] = json.loads("[" + ",".join(r[0] for r in rows) + "]")
-        return items
+        return "[" + ",".join(r[0] for r in rows) + "]"
 
 
 # Rows per multi-row INSERT: 4 values each stays far below SQLite's 32766 bound on values.

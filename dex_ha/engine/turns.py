@@ -169,15 +169,7 @@ def record_summary(ctx: ApplyContext, step: Any, result: dict[str, Any]) -> None
     if not isinstance(summary, str):
         raise Rejected("invalid", "result.summary must be a string")
     params = from_json(step["params"])
-    ctx.store.update(
-        "sessions",
-        {"session_id": step["session_id"]},
-        summary=summary,
-        summary_upto_seq=params["upto_seq"],
-        summary_upto_tokens=params["upto_tokens"],
-        summary_at=ctx.at,
-        updated_at=ctx.at,
-    )
+    ctx.store.set_summary(step["session_id"], summary, params["upto_seq"], params["upto_tokens"], ctx.at)
     ctx.emit(
         step["session_id"],
         "summary_updated",

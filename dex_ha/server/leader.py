@@ -40,6 +40,7 @@ from dex_ha.engine import (
     FireTimer,
     HeartbeatLost,
     StartQueuedAttempts,
+    Task,
     same_token_secret,
 )
 from dex_ha.raft.core import NotLeader, ProposalDropped
@@ -133,6 +134,8 @@ class LeaderTerm:
         self.takeover_done = False
         self.draining = False
         self.running: dict[tuple[str, int], HandedOutAttempt] = {}
+        # The hand-out metrics by step kind: labels() costs more than the count itself.
+        self._handout_metrics: dict[str, tuple[Any, Any]] = {}
         self.workers_seen: dict[str, float] = {}
         self._waiting: deque[_WaitingPoll] = deque()
         self._wake_dispatch = asyncio.Event()
@@ -362,7 +365,8 @@ class LeaderTerm:
 
     def task_for_handout(self, started: dict[str, Any], worker_id: str) -> dict[str, Any]:
         """The task a Worker gets for a committed hand-out (`started`, as the engine
-        reports it); from now on the attempt's heartbeats are watched."""
+        reports it: the apply built the task's input, so nothing is read here); from now on
+        the attempt's heartbeats are watched."""
         step_id, attempt, kind = started["step_id"], started["attempt"], started["kind"]
         self.running[(step_id, attempt)] = HandedOutAttempt(
             step_id,
@@ -373,16 +377,20 @@ class LeaderTerm:
             time.monotonic(),
             started["token_secret"],
         )
-        self.metrics.attempts_started.labels(kind=kind).inc()
+        started_total, schedule_to_start = self._handout_metrics.get(kind) or self._labelled_handout_metrics(kind)
+        started_total.inc()
         now_ms = self.clock.now_ms()
-        self.metrics.schedule_to_start.labels(kind=kind).observe(
-            max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000)
-        )
-        task = self.engine.task_for(step_id, self.heartbeat_timeout_ms)
-        body = task.as_json() if task is not None else {"step_id": step_id, "kind": kind}
-        token = TaskToken(step_id, attempt, started["term"], started["token_secret"])
-        body.update(task_token=str(token), attempt=attempt, deadline_ms=started.get("deadline_at"))
+        schedule_to_start.observe(max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000))
+        body = Task.from_handout(started, self.heartbeat_timeout_ms).as_json()
+        body["task_token"] = str(TaskToken(step_id, attempt, started["term"], started["token_secret"]))
         return body
+
+    def _labelled_handout_metrics(self, kind: str) -> tuple[Any, Any]:
+        labelled = self._handout_metrics[kind] = (
+            self.metrics.attempts_started.labels(kind=kind),
+            self.metrics.schedule_to_start.labels(kind=kind),
+        )
+        return labelled
 
     def _answer_waiting_polls(self, exc: Exception) -> None:
         while self._waiting:
