@@ -24,6 +24,7 @@ from dex_ha.engine.kinds import (
 )
 from dex_ha.engine.statuses import StepStatus
 from dex_ha.engine.store import APPLIED_INDEX, CONSISTENCY_ALARM_PREFIX, EVENT_ID_SHIFT, Store, from_json
+from dex_ha.worker_protocol import Task  # the one shape of a task, shared with the Worker SDK
 
 # What a row of a session list costs besides its metadata: ids, status, counts and keys.
 SESSION_ROW_BYTES = 256
@@ -106,26 +107,6 @@ class Timer:
     session_id: str
     step_id: str
     purpose: str  # backoff | sleep | poll | retry_window
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    """What a Worker poll answer carries for one hand-out."""
-
-    session_id: str
-    turn_id: str
-    step_id: str
-    kind: str
-    attempt: int
-    idempotency_key: str | None  # contract: "{session_id}:{call_id}" for tool steps
-    input: dict[str, Any]
-    heartbeat_timeout_ms: int
-    deadline_ms: int | None  # absolute leader wall-clock ms: hand-out + start_to_close
-    agent: str
-
-    def as_json(self) -> dict[str, Any]:
-        # Shallow on purpose: asdict() deep-copies the whole history of a RunModel task.
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True, slots=True)
