@@ -133,10 +133,11 @@ class WorkerChannel:
                 await asyncio.wait(self._work)
             self.leader.channel_closed(self)
             log.info(
-                "worker channel of %s closed (code %s); %d attempts held",
+                "worker channel of %s closed (code %s); %d attempts held, %d tasks frames not acknowledged",
                 self.worker_id,
                 self.ws.close_code,
                 len(self.held),
+                self._tasks_seq - self.acked_seq,
             )
 
     async def close(self, code: int, message: str) -> None:

@@ -179,10 +179,20 @@ class ChannelAttempt(AttemptSink):
     def __init__(self, task: Task, link: ChannelLink, failpoints: Failpoints | None) -> None:
         super().__init__(task, failpoints)
         self._link = link
+        self._first = True  # nothing of this attempt was sent yet
 
     def _queued(self) -> None:
+        self.first_message()
         deltas, self._pending = self._pending, []
         self._link.send_deltas(self._task.task_token, deltas)
+
+    def first_message(self) -> None:
+        """Before anything of this attempt goes to the server (a delta, progress, its report):
+        the moment of the failpoint that HTTP hits before the first heartbeat."""
+        if self._first:
+            self._first = False
+            if self._failpoints is not None:
+                self._failpoints.hit(first_heartbeat_failpoint(self._task.kind))
 
     async def beat_with_progress(self, progress: dict[str, Any]) -> bool:
         """`ToolContext.heartbeat`: progress travels as a delta `{"progress": {...}}`."""
@@ -511,7 +521,6 @@ class Worker:
         attempt.on_stop = lambda: _cancel_from_outside(me)
         slot_given = False
         try:
-            self._failpoints.hit(first_heartbeat_failpoint(task.kind))  # nothing of it reached the server yet
             try:
                 outcome: Outcome | None = await self._execute(task, attempt)
             except asyncio.CancelledError:
@@ -521,6 +530,7 @@ class Worker:
             if attempt.stopped:
                 outcome = self._stopped_outcome(task, attempt)
             if outcome is not None:
+                attempt.first_message()
                 self._tasks.discard(me)  # its slot is free now: the credit rides with the report
                 slot_given = True
                 self._report_on_channel(task, outcome, credit=0 if self._stop_requested.is_set() else 1)
