@@ -195,7 +195,9 @@ class ChannelAttempt(AttemptSink):
                 self._failpoints.hit(first_heartbeat_failpoint(self._task.kind))
 
     async def beat_with_progress(self, progress: dict[str, Any]) -> bool:
-        """`ToolContext.heartbeat`: progress travels as a delta `{"progress": {...}}`."""
+        """`ToolContext.heartbeat`: progress travels as a delta `{"progress": {...}}`; with
+        none, nothing is sent (the open channel keeps the attempt alive)."""
+        self.first_message()
         if progress:
             self.send({"progress": progress})
         await asyncio.sleep(0)  # a cancel frame read meanwhile is seen by the caller
