@@ -347,6 +347,7 @@ class Connection:
                     protocols=tuple(protocols),
                     timeout=timeout,
                     max_msg_size=0,  # the node bounds what it sends; a Worker takes what it is handed
+                    compress=0,  # frames are small and many: deflate would cost more than it saves
                 )
             except aiohttp.WSServerHandshakeError:
                 # The handshake error carries no body: ask again without the upgrade, whose

@@ -77,6 +77,8 @@ CALLER = "the caller"
 SSE_KEEPALIVE_S = 15.0
 # A channel frame may hold one result of max_result_bytes and this much besides.
 CHANNEL_FRAME_MARGIN_BYTES = 1 << 20
+# How long closing a channel waits for the Worker's answer to the close frame.
+CHANNEL_CLOSE_TIMEOUT_S = 1.0
 SSE_EVENTS_PER_READ = 500
 
 Answer = tuple[int, Any] | web.StreamResponse
@@ -752,6 +754,8 @@ async def worker_channel(api: Api, args: dict[str, Any], request: web.Request) -
     ws = web.WebSocketResponse(
         heartbeat=config.worker_channel_ping_ms / 1000,  # no pong within half of it: closed
         max_msg_size=config.max_result_bytes + CHANNEL_FRAME_MARGIN_BYTES,
+        compress=False,  # deflate would cost more CPU per step than the whole frame's handling
+        timeout=CHANNEL_CLOSE_TIMEOUT_S,  # a close that the Worker does not answer delays nothing longer
     )
     if not ws.can_prepare(request).ok:
         raise ApiError(400, "invalid", "this route opens a WebSocket: send an Upgrade: websocket request")

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from dex_ha.client.connection import Connection, DexError
+from dex_ha.failpoints import Failpoints
 from dex_ha.worker_protocol import (
     ACKS,
     CANCEL,
@@ -61,9 +62,16 @@ class ChannelPeer(Protocol):
 
 class ChannelLink:
     def __init__(
-        self, conn: Connection, worker_id: str, agents: list[str], peer: ChannelPeer, encoding: str = "msgpack"
+        self,
+        conn: Connection,
+        worker_id: str,
+        agents: list[str],
+        peer: ChannelPeer,
+        encoding: str = "msgpack",
+        failpoints: Failpoints | None = None,
     ) -> None:
         self._conn = conn
+        self._failpoints = failpoints
         self._params = {"worker_id": worker_id, "agents": ",".join(agents), "encoding": encoding}
         self._encoding = encoding
         self._peer = peer
@@ -228,6 +236,8 @@ class ChannelLink:
             frame = self._take_frame()
             if frame is None:
                 continue
+            if "results" in frame and self._failpoints is not None:
+                self._failpoints.hit("worker.channel.before-results")
             data = encode_frame(frame, self._encoding)
             if isinstance(data, str):
                 await ws.send_str(data)

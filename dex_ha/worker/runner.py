@@ -88,6 +88,7 @@ WORKER_FAILPOINTS = (
     "worker.<Kind>.before-first-heartbeat",  # an attempt of that task kind runs; its first heartbeat is not sent
     "worker.PollToolTask.during-poll",  # the poll function returned; its answer is not delivered
     "worker.complete.after-send",  # the server accepted a result; the Worker has not gone on
+    "worker.channel.before-results",  # on the channel: a frame of reports is ready; it is not sent
 )
 
 
@@ -444,7 +445,9 @@ class Worker:
     async def _run_on_channel(self) -> bool:
         """Run on the Worker channel until stop(); False when the server has none (an
         older server) and `transport` is "auto": the Worker polls over HTTP instead."""
-        link = self._link = ChannelLink(self._conn, self.worker_id, list(self._agents), self)
+        link = self._link = ChannelLink(
+            self._conn, self.worker_id, list(self._agents), self, failpoints=self._failpoints
+        )
         try:
             await link.run(self._stop_requested)
         except ChannelRefused as refused:
