@@ -469,6 +469,8 @@ class WorkerProcess:
         turns_per_session: int,
         log_path: Path,
         registry: ProcessRegistry,
+        transport: str | None = None,
+        hang: bool = False,
     ) -> WorkerProcess:
         command = [
             sys.executable,
@@ -482,7 +484,11 @@ class WorkerProcess:
         ]
         for url in deployment.urls:
             command += ["--url", url]
+        if hang:
+            command.append("--hang")
         env = dict(os.environ)
+        if transport is not None:  # how the SDK reaches the server: the channel or HTTP
+            env["DEX_HA_WORKER_TRANSPORT"] = transport
         if deployment.worker_token:
             env["DEX_HA_WORKER_TOKEN"] = deployment.worker_token
         with open(log_path, "ab") as log:
@@ -585,6 +591,7 @@ class Row:
     worker_pid: int
     worker_stopped_cleanly: bool
     worker_completed_total: int | None
+    transport: str = "auto"  # how the Worker reached the server: channel (the SDK's default) or http
 
 
 async def scrape_attempts_started(http: aiohttp.ClientSession, urls: list[str]) -> float | None:
@@ -693,6 +700,7 @@ async def measure(
     registry: ProcessRegistry,
     round_index: int = 0,
     window_start: asyncio.Barrier | None = None,
+    transport: str | None = None,
 ) -> Row:
     """One row: a Worker and `concurrency` lanes, a warm-up, the window, every lane's session
     run to its end. With `window_start`, the window begins once every party of the barrier
@@ -700,7 +708,7 @@ async def measure(
     agent = f"bench-{deployment.name}-c{concurrency}-{uuid.uuid4().hex[:6]}"  # leftovers of other rows stay away
     probes = [cpu_probe_ms()]
     worker = await WorkerProcess.start(
-        deployment, agent, concurrency, args.turns_per_session, root / f"worker-{agent}.log", registry
+        deployment, agent, concurrency, args.turns_per_session, root / f"worker-{agent}.log", registry, transport
     )
     lanes: list[asyncio.Task[None]] = []
     stats = LaneStats()
@@ -734,7 +742,7 @@ async def measure(
         stopped_cleanly = await worker.stop()
     probes.append(cpu_probe_ms())
     started = None if started_before is None or started_after is None else started_after - started_before
-    return summarize(
+    row = summarize(
         deployment,
         concurrency,
         worker,
@@ -748,6 +756,8 @@ async def measure(
         round_index,
         probes,
     )
+    row.transport = transport or "auto"
+    return row
 
 
 async def warm_up(worker: WorkerProcess, lanes: list[asyncio.Task[None]], stats: LaneStats, min_s: float) -> float:
@@ -883,18 +893,20 @@ async def bench_deployment(
     try:
         for round_index in range(args.rounds):
             for concurrency in round_order(args.concurrency, round_index):
-                print(
-                    f"[{name}] round {round_index + 1}/{args.rounds}, concurrency {concurrency}: warm-up of at least "
-                    f"{args.warmup_s:g} s (until every lane is under way) + {args.duration_s:g} s ...",
-                    flush=True,
-                )
-                row = await measure(deployment, concurrency, args, root, registry, round_index)
-                rows.append(row)
-                print(
-                    f"[{name}] concurrency {concurrency}: {row.steps_per_second:.0f} steps/s, "
-                    f"p50 {fmt(row.p50_ms, '.2f')} ms",
-                    flush=True,
-                )
+                for transport in args.transports:  # interleaved: the same minute of the machine for both
+                    print(
+                        f"[{name}] round {round_index + 1}/{args.rounds}, concurrency {concurrency}, {transport}: "
+                        f"warm-up of at least {args.warmup_s:g} s (until every lane is under way) + "
+                        f"{args.duration_s:g} s ...",
+                        flush=True,
+                    )
+                    row = await measure(deployment, concurrency, args, root, registry, round_index, None, transport)
+                    rows.append(row)
+                    print(
+                        f"[{name}] concurrency {concurrency}, {transport}: {row.steps_per_second:.0f} steps/s, "
+                        f"p50 {fmt(row.p50_ms, '.2f')} ms, server {fmt(row.server_cpu_ms_per_step, '.3f')} ms/step",
+                        flush=True,
+                    )
     finally:
         leftovers = await asyncio.to_thread(deployment.stop)
     return {
@@ -904,6 +916,63 @@ async def bench_deployment(
         "killed_after_deadline": leftovers,
         "rows": [asdict(r) for r in rows],
     }
+
+
+# How long the Worker-kill timing waits for each of its moments.
+KILL_TIMING_DEADLINE_S = 30.0
+# The defaults the timing runs with: the node's worker_channel_grace_ms, and the RunModel
+# row's first retry backoff (dex_ha/engine/kinds.py); printed next to the figure.
+CHANNEL_GRACE_MS = 1_000
+RUN_MODEL_FIRST_BACKOFF_MS = 1_000
+
+
+async def worker_kill_timing(root: Path, registry: ProcessRegistry) -> dict[str, Any]:
+    """`dex-ha dev` and two Worker processes on the channel whose model never answers; the
+    one holding the step is SIGKILLed, and the time from the kill to the start of the step's
+    next attempt (on the other Worker, read from the session every 5 ms) is measured."""
+    root.mkdir(parents=True, exist_ok=True)
+    deployment = await start_dev(root, registry)
+    agent = f"bench-kill-{uuid.uuid4().hex[:6]}"
+    workers: list[WorkerProcess] = []
+    try:
+        for n in range(2):
+            workers.append(
+                await WorkerProcess.start(
+                    deployment, agent, 1, 1, root / f"kill-worker-{n}.log", registry, "channel", True
+                )
+            )
+        async with DexClient(deployment.urls, deployment.client_token) as client:
+            sid = (await client.create_session(agent)).session_id
+            await client.send_message(sid, "hello")
+            first = await wait_for_attempt(client, sid, 1)
+            holder = next(w for w in workers if f"-{w.pid}-" in first["worker_id"])
+            killed_at = time.monotonic()
+            os.kill(holder.pid, signal.SIGKILL)
+            second = await wait_for_attempt(client, sid, 2)
+            took_ms = (time.monotonic() - killed_at) * 1000
+        return {
+            "kill_to_next_attempt_ms": round(took_ms, 1),
+            "next_attempt_on_the_other_worker": second["worker_id"] != first["worker_id"],
+            "grace_ms": CHANNEL_GRACE_MS,
+            "backoff_ms": RUN_MODEL_FIRST_BACKOFF_MS,
+        }
+    finally:
+        for worker in workers:
+            await worker.stop()
+        await asyncio.to_thread(deployment.stop)
+
+
+async def wait_for_attempt(client: DexClient, session_id: str, number: int) -> dict[str, str]:
+    """The Worker of running attempt `number` of the session's step, once it started."""
+    deadline = time.monotonic() + KILL_TIMING_DEADLINE_S
+    while time.monotonic() < deadline:
+        turn = (await client.get_session(session_id)).current_turn
+        for step in turn.steps if turn is not None else ():
+            for attempt in step.attempts:
+                if attempt.number == number and attempt.status == "running":
+                    return {"worker_id": attempt.worker_id or ""}
+        await asyncio.sleep(0.005)
+    raise RuntimeError(f"attempt {number} of session {session_id} did not start within {KILL_TIMING_DEADLINE_S} s")
 
 
 def round_order(concurrencies: list[int], round_index: int) -> list[int]:
@@ -934,10 +1003,36 @@ def past_peak_ratio(medians: dict[int, float]) -> float | None:
     return round(min(above) / medians[peak_c], 3)
 
 
+def transport_comparison(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The channel against HTTP over rows of one run: server CPU per step (median over the
+    concurrencies measured), best steps/s, p50 at c=1, each as channel / HTTP."""
+
+    def of(transport: str) -> tuple[float | None, float | None, float | None]:
+        mine = [r for r in rows if r.get("transport") == transport]
+        cpu = [r["server_cpu_ms_per_step"] for r in mine if r["server_cpu_ms_per_step"] is not None]
+        best = max(median_steps_per_second(mine).values(), default=None)
+        c1 = [r["p50_ms"] for r in mine if r["concurrency"] == 1 and r["p50_ms"] is not None]
+        return (statistics.median(cpu) if cpu else None, best, statistics.median(c1) if c1 else None)
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a is not None and b else None
+
+    channel, http = of("channel"), of("http")
+    return {
+        "server_cpu_ms_per_step_ratio": ratio(channel[0], http[0]),
+        "best_steps_per_second_ratio": ratio(channel[1], http[1]),
+        "p50_ms_c1_ratio": ratio(channel[2], http[2]),
+    }
+
+
 def summary_of(results: dict[str, Any]) -> dict[str, float | None]:
     summary: dict[str, float | None] = {}
     for name in ("dev", "cluster"):
-        rows = results.get(name, {}).get("rows", [])
+        all_rows = results.get(name, {}).get("rows", [])
+        for key, value in transport_comparison(all_rows).items():
+            summary[f"{name}_channel_vs_http_{key}"] = value
+        # The targets concern the SDK's default transport (the channel) when both ran.
+        rows = [r for r in all_rows if r.get("transport") in ("channel", "auto")] or all_rows
         medians = median_steps_per_second(rows)
         c1 = sorted(r["p50_ms"] for r in rows if r["concurrency"] == 1 and r["p50_ms"] is not None)
         summary[f"{name}_steps_per_second"] = max(medians.values(), default=None)
@@ -967,14 +1062,14 @@ def print_table(result: dict[str, Any]) -> None:
         f"machine at that moment)"
     )
     print(
-        f"{'deployment':<10} {'conc':>5} {'steps':>7} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'deployment':<10} {'via':<7} {'conc':>5} {'steps':>7} {'steps/s':>8} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'row done/started':>16} {'srv ms/step':>11} {'srv cores':>9} {'wrk ms/step':>11} {'wrk cores':>9} "
         f"{'other':>6} {'steal':>6} {'cpu wait':>8} {'probe ms':>11}"
     )
     for name in ("dev", "cluster"):
         for r in result.get(name, {}).get("rows", []):
             print(
-                f"{name:<10} {r['concurrency']:>5} {r['steps']:>7} {r['steps_per_second']:>8.0f} "
+                f"{name:<10} {r.get('transport', 'auto'):<7} {r['concurrency']:>5} {r['steps']:>7} {r['steps_per_second']:>8.0f} "
                 f"{fmt(r['p50_ms'], '.2f'):>7} {fmt(r['p99_ms'], '.2f'):>7} {r['row_steps']:>7}/{fmt(r['row_attempts_started'], '.0f'):<8} "
                 f"{fmt(r['server_cpu_ms_per_step'], '.3f'):>11} {r['server_busiest_node_cores']:>9.2f} "
                 f"{fmt(r['worker_cpu_ms_per_step'], '.3f'):>11} {r['worker_cores']:>9.2f} "
@@ -991,6 +1086,20 @@ def print_table(result: dict[str, Any]) -> None:
             ]
             if any(notes):
                 print(f"{'':<10} warning: {', '.join(n for n in notes if n)}")
+    for name in ("dev", "cluster"):
+        ratios = {k: v for k, v in result["summary"].items() if k.startswith(f"{name}_channel_vs_http_")}
+        if any(v is not None for v in ratios.values()):
+            print(
+                f"{name}: channel / HTTP, same run: server CPU per step {fmt(ratios[f'{name}_channel_vs_http_server_cpu_ms_per_step_ratio'], '.2f')}x "
+                f"(target <= 0.55), best steps/s {fmt(ratios[f'{name}_channel_vs_http_best_steps_per_second_ratio'], '.2f')}x "
+                f"(target >= 1.5), p50 at c=1 {fmt(ratios[f'{name}_channel_vs_http_p50_ms_c1_ratio'], '.2f')}x (target <= 0.7)"
+            )
+    kill = result.get("worker_kill")
+    if kill:
+        print(
+            f"Worker kill -> next attempt started on the other Worker: {fmt(kill['kill_to_next_attempt_ms'], '.0f')} ms "
+            f"(grace {kill['grace_ms']} ms + the RunModel row's first retry backoff {kill['backoff_ms']} ms; target <= 1500)"
+        )
     if result.get("rounds", 1) > 1:
         for name in ("dev", "cluster"):
             medians = median_steps_per_second(result.get(name, {}).get("rows", []))
@@ -1017,6 +1126,7 @@ async def main_async(args: argparse.Namespace, registry: ProcessRegistry) -> dic
         "concurrency": args.concurrency,
         "rounds": args.rounds,
         "turns_per_session": args.turns_per_session,
+        "transports": args.transports,
         "cores": os.cpu_count(),
         "load_average_at_start": list(os.getloadavg()),
         "targets": TARGETS,
@@ -1024,6 +1134,9 @@ async def main_async(args: argparse.Namespace, registry: ProcessRegistry) -> dic
     with tempfile.TemporaryDirectory(prefix="dex-steps-bench-") as tmp:
         for name in names:
             result[name] = await bench_deployment(name, args, Path(tmp), registry)
+        if args.kill_timing:
+            print("[kill] Worker kill -> next attempt ...", flush=True)
+            result["worker_kill"] = await worker_kill_timing(Path(tmp) / "kill", registry)
     result["summary"] = summary_of(result)
     return result
 
@@ -1051,6 +1164,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=10,
         help="turns queued in each session before the lane starts a new one",
+    )
+    parser.add_argument(
+        "--transports",
+        type=lambda text: [t for t in text.split(",") if t],
+        default=["channel", "http"],
+        help="how the Worker reaches the server, each measured at every concurrency in turn "
+        "(default channel,http: the channel against HTTP in the same run)",
+    )
+    parser.add_argument(
+        "--no-kill-timing",
+        dest="kill_timing",
+        action="store_false",
+        help="skip the Worker-kill -> next-attempt timing (a dev node and two Workers, a few seconds)",
     )
     parser.add_argument("--json", default=str(DEFAULT_JSON), help=f"where to write the JSON (default {DEFAULT_JSON})")
     return parser

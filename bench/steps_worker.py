@@ -56,9 +56,19 @@ def bench_script(request: ModelRequest) -> dict[str, Any]:
     return {"content": "", "tool_calls": [{"name": TOOL_NAME, "arguments": {"key": "k"}}]}
 
 
-def bench_agent(name: str) -> Agent:
+class Hang:
+    """A model that never answers (--hang): the bench SIGKILLs the Worker that holds its step."""
+
+    async def respond(self, request: ModelRequest, stream: Any) -> Any:
+        await asyncio.Event().wait()  # nothing ever sets it
+
+    async def summarize(self, history: list[Any], summary: str | None) -> str:
+        return ""
+
+
+def bench_agent(name: str, hang: bool = False) -> Agent:
     """The bench agent: the scripted model and one no-op `read` tool."""
-    agent = Agent(name, model=ScriptedModel(bench_script))
+    agent = Agent(name, model=Hang() if hang else ScriptedModel(bench_script))
 
     @agent.tool(effect="read", name=TOOL_NAME)
     async def read_value(ctx: ToolContext, key: str) -> dict[str, str]:
@@ -131,7 +141,7 @@ async def register(urls: list[str], token: str | None, agent: Agent) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    agent = bench_agent(args.agent)
+    agent = bench_agent(args.agent, hang=args.hang)
     completions = CompletionLog(sys.stdout)
     await register(args.url, args.token, agent)
     worker = ReportingWorker(
@@ -184,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         help="turns the bench queues per session (the last one's answer is flushed at once)",
     )
     parser.add_argument("--poll-wait-ms", type=int, default=5_000, help="long-poll wait of the Worker")
+    parser.add_argument("--hang", action="store_true", help="the model never answers (the Worker-kill timing)")
     args = parser.parse_args(argv)
     if args.max_concurrency < 1:
         parser.error("--max-concurrency must be at least 1")

@@ -326,6 +326,38 @@ class Connection:
 
         return await self._with_retries(f"GET {path} (stream)", open_once)
 
+    async def open_websocket(
+        self, path: str, params: dict[str, str], *, heartbeat_s: float | None = None, protocols: Sequence[str] = ()
+    ) -> aiohttp.ClientWebSocketResponse:
+        """Open a WebSocket on the active node, following it and retrying as
+        :meth:`request` does; a refused upgrade raises what the same request without the
+        upgrade is answered (a 404 from a node that has no such route, a 401, ...).
+        ``heartbeat_s``: ping this often; no pong within half of it closes the socket."""
+        _check_path(path)
+        headers = self._headers(json_body=False)
+        timeout = aiohttp.ClientWSTimeout(ws_close=self._request_timeout_s)
+
+        async def open_once(session: aiohttp.ClientSession, base_url: str) -> aiohttp.ClientWebSocketResponse:
+            try:
+                return await session.ws_connect(
+                    base_url + path,
+                    params=params,
+                    headers=headers,
+                    heartbeat=heartbeat_s,
+                    protocols=tuple(protocols),
+                    timeout=timeout,
+                    max_msg_size=0,  # the node bounds what it sends; a Worker takes what it is handed
+                    compress=0,  # frames are small and many: deflate would cost more than it saves
+                )
+            except aiohttp.WSServerHandshakeError:
+                # The handshake error carries no body: ask again without the upgrade, whose
+                # answer names the reason (and the active node's URL, for a 503 not_active).
+                plain = aiohttp.ClientTimeout(total=self._request_timeout_s)
+                async with session.get(base_url + path, params=params, headers=headers, timeout=plain) as resp:
+                    raise await _answer_error(resp) from None
+
+        return await self._with_retries(f"GET {path} (WebSocket)", open_once)
+
     async def close(self) -> None:
         """Close the HTTP session. The connection opens a new one if used again."""
         if self._session is not None:

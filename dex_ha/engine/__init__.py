@@ -44,6 +44,8 @@ from dex_ha.engine.commands import (
     HeartbeatLost,
     ReconcileToolCall,
     RegisterAgent,
+    ReportItem,
+    ReportResults,
     SendMessage,
     SetConsistencyAlarm,
     StartAttempts,
@@ -74,11 +76,11 @@ from dex_ha.engine.queries import (
     QueuedStep,
     RunningAttempt,
     SessionEvent,
-    Task,
     Timer,
     same_token_secret,
 )
 from dex_ha.engine.results import ApplyResult
+from dex_ha.worker_protocol import Task
 
 __all__ = [
     "AWAIT_QUESTION_ANSWER",
@@ -103,6 +105,8 @@ __all__ = [
     "Command",
     "CommandDecodeError",
     "CompleteAttempt",
+    "ReportItem",
+    "ReportResults",
     "CreateSession",
     "DecideApproval",
     "Engine",

@@ -173,6 +173,42 @@ class FailAttempt:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ReportItem:
+    """One report of a `ReportResults`: a result (`outcome="complete"`) or a failure
+    (`outcome="fail"`) for attempt (`step_id`, `attempt`, `term`), as CompleteAttempt and
+    FailAttempt carry them."""
+
+    step_id: str
+    attempt: int
+    term: int
+    outcome: Literal["complete", "fail"]
+    result: dict[str, Any] | None = None
+    error: str = ""
+    retryable: bool = True
+    not_started: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReportResults:
+    """The reports of one Worker channel frame, applied in order in one entry, each on its
+    own: each is fenced as its CompleteAttempt or FailAttempt would be, and a refused one
+    changes nothing and leaves the others be (its refusal is in the entry's value).
+
+    Then, with `next_token_secrets`, the same entry hands `next_worker_id` up to that many
+    steps from the heads of the `next_agents`' queues, as a StartQueuedAttempts would: the
+    channel's credit, spent without a poll and without a second entry.
+    """
+
+    at: int
+    reports: list[ReportItem]
+    next_worker_id: str | None = None
+    next_term: int = 0
+    next_agents: list[str] = field(default_factory=list)
+    next_token_secrets: list[str] = field(default_factory=list)
+    namespace: str = DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HeartbeatLost:
     """The leader stopped hearing from the Worker: the attempt fails NOT_COMPLETED."""
 
@@ -278,6 +314,7 @@ Command = (
     | StartQueuedAttempts
     | CompleteAttempt
     | FailAttempt
+    | ReportResults
     | HeartbeatLost
     | AttemptTimedOut
     | FailHeldAttempts
@@ -426,10 +463,10 @@ def _field_validators(cls: type) -> list[tuple[str, bool, Validator, str]]:
 
 # Per class: (field, required, validator, where); computed once at import, never mutated.
 _FIELD_VALIDATORS: dict[type, list[tuple[str, bool, Validator, str]]] = {
-    cls: _field_validators(cls) for cls in [*COMMAND_TYPES.values(), Handout]
+    cls: _field_validators(cls) for cls in [*COMMAND_TYPES.values(), Handout, ReportItem]
 }
 
 # Field names per dataclass, for encoding; computed once at import, never mutated.
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in [*COMMAND_TYPES.values(), Handout]
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in [*COMMAND_TYPES.values(), Handout, ReportItem]
 }

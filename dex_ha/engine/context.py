@@ -38,6 +38,10 @@ class ApplyContext:
     ids: IdGen = field(init=False)
     events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # counter name -> increment
+    # True while the engine applies with a savepoint around each entry (after an entry wrote
+    # and then refused): a command of several parts on their own (ReportResults) then puts a
+    # savepoint around each part too; on the fast path it asks for that replay instead.
+    careful: bool = False
 
     def __post_init__(self) -> None:
         self.ids = IdGen(self.index)
@@ -56,3 +60,9 @@ class ApplyContext:
         if self.events or self.counts:
             self.store.buffer_entry_writes(self.events, self.counts, self.at, self.index)
         self.events, self.counts = [], {}
+
+
+class NeedsSavepoints(Exception):
+    """Raised on the fast path by a part of an entry that wrote and then refused: the engine
+    applies the batch again with savepoints (see Engine._apply_entry), where the part's
+    changes can be undone on their own."""

@@ -202,7 +202,7 @@ class Engine(Queries):
     def _run_in_savepoint(self, index: int, cmd: Command) -> ApplyResult:
         try:
             with self._store.savepoint("entry"):
-                return self._run(index, cmd)
+                return self._run(index, cmd, careful=True)
         except Rejected as rejected:
             return rejected.result(index)
         except sqlite3.IntegrityError as exc:  # a logic bug, the same on every node
@@ -212,8 +212,8 @@ class Engine(Queries):
         except Exception as exc:  # a logic bug, the same on every node
             return self._internal_error(index, cmd, exc)
 
-    def _run(self, index: int, cmd: Command) -> ApplyResult:
-        ctx = ApplyContext(self._store, index, cmd.at)
+    def _run(self, index: int, cmd: Command, careful: bool = False) -> ApplyResult:
+        ctx = ApplyContext(self._store, index, cmd.at, careful=careful)
         handled = HANDLERS[type(cmd)](ctx, cmd)
         event_sessions = frozenset(session_id for session_id, _, _ in ctx.events)
         ctx.hand_over_writes()

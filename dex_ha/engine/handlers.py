@@ -8,7 +8,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from dex_ha.engine import calls, outcomes, steps, turns
 from dex_ha.engine.agents import lowered_approvals, normalize_definition, policy_changes
@@ -26,12 +27,14 @@ from dex_ha.engine.commands import (
     HeartbeatLost,
     ReconcileToolCall,
     RegisterAgent,
+    ReportItem,
+    ReportResults,
     SendMessage,
     SetConsistencyAlarm,
     StartAttempts,
     StartQueuedAttempts,
 )
-from dex_ha.engine.context import ApplyContext
+from dex_ha.engine.context import ApplyContext, NeedsSavepoints
 from dex_ha.engine.kinds import (
     CALL_SINGLE_ATTEMPT_TOOL,
     CALL_TOOL,
@@ -39,8 +42,10 @@ from dex_ha.engine.kinds import (
     POLL_TOOL_TASK,
     RUN_MODEL,
 )
-from dex_ha.engine.results import Rejected
+from dex_ha.engine.results import HTTP_STATUS_BY_CODE, Rejected
 from dex_ha.engine.store import CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
+
+T = TypeVar("T")
 
 MAX_ID_LENGTH = 200
 MAX_EAGER_HANDOUTS = 16
@@ -292,6 +297,78 @@ def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled:
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 
+def report_results(ctx: ApplyContext, cmd: ReportResults) -> Handled:
+    """A channel frame's reports, in order, each fenced and refused on its own; then the
+    hand-out of the frame's credit (see the command). The value holds one answer per
+    report (`{"status": 200}` or the refusal's HTTP status, code and reason) and the
+    hand-outs that started."""
+    if not 1 <= len(cmd.reports) + len(cmd.next_token_secrets) <= 2 * MAX_QUEUED_HANDOUTS:
+        raise Rejected("invalid", "a ReportResults carries 1 to 512 reports and token secrets")
+    answers = []
+    for item in cmd.reports:
+        _, refused = _on_its_own(ctx, partial(_apply_report, ctx, cmd.at, item))
+        answers.append({"status": 200} if refused is None else _refusal(refused))
+    started: list[dict[str, Any]] = []
+    if cmd.next_token_secrets and cmd.next_worker_id is not None:
+        hand_out = StartQueuedAttempts(
+            at=cmd.at,
+            worker_id=cmd.next_worker_id,
+            term=cmd.next_term,
+            agents=cmd.next_agents,
+            token_secrets=cmd.next_token_secrets,
+            namespace=cmd.namespace,
+        )
+        handled, _ = _on_its_own(ctx, partial(start_queued_attempts, ctx, hand_out))
+        started = (handled.value or {}).get("started", []) if handled is not None else []
+    return Handled({"reports": answers, "started": started})
+
+
+def _apply_report(ctx: ApplyContext, at: int, item: ReportItem) -> None:
+    """One report, through the very handler its HTTP route's command goes through."""
+    if item.outcome == "complete":
+        if item.result is None:
+            raise Rejected("invalid", "result: a complete report carries a result")
+        complete_attempt(
+            ctx, CompleteAttempt(at=at, step_id=item.step_id, attempt=item.attempt, term=item.term, result=item.result)
+        )
+    else:
+        fail_attempt(
+            ctx,
+            FailAttempt(
+                at=at,
+                step_id=item.step_id,
+                attempt=item.attempt,
+                term=item.term,
+                error=item.error,
+                retryable=item.retryable,
+                not_started=item.not_started,
+            ),
+        )
+
+
+def _on_its_own(ctx: ApplyContext, part: Callable[[], T]) -> tuple[T | None, Rejected | None]:
+    """Apply one part of an entry so that its refusal undoes only its own changes and
+    events; (what it returned, None) or (None, its refusal). On the fast path (no savepoints) a part that wrote before
+    refusing makes the engine apply the batch again with savepoints (NeedsSavepoints), so
+    both paths reach the same state on every node."""
+    events, counts, changes = len(ctx.events), dict(ctx.counts), ctx.store.conn.total_changes
+    try:
+        if not ctx.careful:
+            return part(), None
+        with ctx.store.savepoint("part"):
+            return part(), None
+    except Rejected as refused:
+        if not ctx.careful and ctx.store.conn.total_changes != changes:
+            raise NeedsSavepoints() from None
+        del ctx.events[events:]
+        ctx.counts = counts
+        return None, refused
+
+
+def _refusal(refused: Rejected) -> dict[str, Any]:
+    return {"status": HTTP_STATUS_BY_CODE[refused.code], "error": refused.code, "message": refused.reason}
+
+
 def heartbeat_lost(ctx: ApplyContext, cmd: HeartbeatLost) -> Handled:
     step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True)
@@ -375,6 +452,7 @@ HANDLERS: dict[type, Callable[[ApplyContext, Any], Handled]] = {
     StartQueuedAttempts: start_queued_attempts,
     CompleteAttempt: complete_attempt,
     FailAttempt: fail_attempt,
+    ReportResults: report_results,
     HeartbeatLost: heartbeat_lost,
     AttemptTimedOut: attempt_timed_out,
     FailHeldAttempts: fail_held_attempts,

@@ -20,6 +20,7 @@ from dex_ha.engine.kinds import (
 from dex_ha.engine.statuses import StepStatus
 from dex_ha.engine.store import APPLIED_INDEX, CONSISTENCY_ALARM_PREFIX, EVENT_ID_SHIFT, Store, from_json
 from dex_ha.engine.tasks import task_input
+from dex_ha.worker_protocol import Task  # the one shape of a task, shared with the Worker SDK
 
 # What a row of a session list costs besides its metadata: ids, status, counts and keys.
 SESSION_ROW_BYTES = 256
@@ -102,44 +103,6 @@ class Timer:
     session_id: str
     step_id: str
     purpose: str  # backoff | sleep | poll | retry_window
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    """What a Worker poll answer carries for one hand-out."""
-
-    session_id: str
-    turn_id: str
-    step_id: str
-    kind: str
-    attempt: int
-    idempotency_key: str | None  # contract: "{session_id}:{call_id}" for tool steps
-    input: dict[str, Any]
-    heartbeat_timeout_ms: int
-    deadline_ms: int | None  # absolute leader wall-clock ms: hand-out + start_to_close
-    agent: str
-
-    @classmethod
-    def from_handout(cls, started: dict[str, Any], heartbeat_timeout_ms: int) -> Task:
-        """The task of a hand-out as the apply that started it reports it (an element of
-        `started` in a StartAttempts, StartQueuedAttempts or CompleteAttempt result): its
-        input was built there, where the state is warm, so nothing is read."""
-        return cls(
-            session_id=started["session_id"],
-            turn_id=started["turn_id"],
-            step_id=started["step_id"],
-            kind=started["kind"],
-            attempt=started["attempt"],
-            idempotency_key=started["idempotency_key"],
-            input=started["input"],
-            heartbeat_timeout_ms=heartbeat_timeout_ms,
-            deadline_ms=started["deadline_at"],
-            agent=started["agent"],
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        # Shallow on purpose: asdict() deep-copies the whole history of a RunModel task.
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True, slots=True)

@@ -616,6 +616,36 @@ _WORKER = (
         bounded=False,
     ),
     _route(
+        "worker_channel",
+        "GET",
+        "/v1/worker/channel",
+        WORKER,
+        "Open the Worker channel: a WebSocket that carries tasks to the Worker and its results back "
+        "(the frames are in docs/worker-protocol.md).",
+        headers=(NAMESPACE,),
+        success={101: "switching to the WebSocket protocol: the channel is open"},
+        errors={400: "invalid: a parameter is missing or wrong, or the request is not a WebSocket upgrade"},
+        query=(
+            _id("worker_id", "The Worker's id, recorded on each attempt handed to it over this channel."),
+            FieldSpec(
+                "agents",
+                "string",
+                required=True,
+                max_length=100 * (MAX_ID_LENGTH + 1),
+                pattern=f"{NAME_PATTERN}(,{NAME_PATTERN})*",
+                description="The agents whose steps this Worker runs, comma-separated.",
+            ),
+            FieldSpec(
+                "encoding",
+                "string",
+                enum=("msgpack", "json"),
+                default="msgpack",
+                description="msgpack: binary frames (the default); json: text frames.",
+            ),
+        ),
+        bounded=False,  # long-lived, as a long poll; the connection cap bounds it
+    ),
+    _route(
         "task_heartbeat",
         "POST",
         "/v1/worker/tasks/{task_token}/heartbeat",

@@ -44,6 +44,7 @@ from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, NAMESPACE, NAMESPACE_HEAD
 from dex_ha.server.auth import NODE_CALLER, Caller, TokenAuth, token_digest
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup
 from dex_ha.server.browsers import BrowserGuard, check_content_type
+from dex_ha.server.channel import WorkerChannel
 from dex_ha.server.cluster_nodes import every_node_view
 from dex_ha.server.config import ConfigError, ServerConfig, parse_address
 from dex_ha.server.console import add_console_routes
@@ -74,6 +75,10 @@ log = logging.getLogger("dex_ha.server.http")
 # of this name (a name with a space cannot be one).
 CALLER = "the caller"
 SSE_KEEPALIVE_S = 15.0
+# A channel frame may hold one result of max_result_bytes and this much besides.
+CHANNEL_FRAME_MARGIN_BYTES = 1 << 20
+# How long closing a channel waits for the Worker's answer to the close frame.
+CHANNEL_CLOSE_TIMEOUT_S = 1.0
 SSE_EVENTS_PER_READ = 500
 
 Answer = tuple[int, Any] | web.StreamResponse
@@ -715,11 +720,15 @@ async def register_agent(api: Api, args: dict[str, Any], request: web.Request) -
     return 200, value
 
 
+def _check_agents_namespace(api: Api, agents: list[str], namespace: str) -> None:
+    for agent in agents:
+        if api.engine.agent_namespace(agent) not in (None, namespace):
+            raise ApiError(403, "forbidden", f"agents: agent {agent!r} belongs to another namespace")
+
+
 async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     leader = api.node.serving()
-    for agent in args["agents"]:
-        if api.engine.agent_namespace(agent) not in (None, args["namespace"]):
-            raise ApiError(403, "forbidden", f"agents: agent {agent!r} belongs to another namespace")
+    _check_agents_namespace(api, args["agents"], args["namespace"])
     tasks = await leader.poll(
         args["worker_id"],
         args["agents"],
@@ -733,6 +742,37 @@ async def worker_poll(api: Api, args: dict[str, Any], request: web.Request) -> A
     if not tasks:
         still_active(api)  # "no work" is this node's state; hand-outs rest on their commit
     return 200, {"tasks": tasks}
+
+
+async def worker_channel(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    """The Worker channel (channel.py): checked as a poll is, then upgraded to a WebSocket
+    that lives until the Worker or this node closes it."""
+    leader = api.node.serving()
+    agents = args["agents"].split(",")
+    _check_agents_namespace(api, agents, args["namespace"])
+    config = api.node.config
+    ws = web.WebSocketResponse(
+        heartbeat=config.worker_channel_ping_ms / 1000,  # no pong within half of it: closed
+        max_msg_size=config.max_result_bytes + CHANNEL_FRAME_MARGIN_BYTES,
+        compress=False,  # deflate would cost more CPU per step than the whole frame's handling
+        timeout=CHANNEL_CLOSE_TIMEOUT_S,  # a close that the Worker does not answer delays nothing longer
+    )
+    if not ws.can_prepare(request).ok:
+        raise ApiError(400, "invalid", "this route opens a WebSocket: send an Upgrade: websocket request")
+    await ws.prepare(request)
+    worker_id = args["worker_id"]
+    channel = WorkerChannel(
+        api,
+        leader,
+        ws,
+        worker_id=worker_id,
+        agents=agents,
+        namespace=args["namespace"],
+        encoding=args["encoding"],
+        check_report=lambda token: _reported_attempt(api, leader, {"task_token": token, "worker_id": worker_id}),
+    )
+    await channel.serve()
+    return ws
 
 
 def _attempt_of(api: Api, args: dict[str, Any]) -> tuple[TaskToken, AttemptState]:
@@ -904,6 +944,7 @@ HANDLERS: dict[str, Handler] = {
     "session_events": session_events,
     "register_agent": register_agent,
     "worker_poll": worker_poll,
+    "worker_channel": worker_channel,
     "task_heartbeat": task_heartbeat,
     "task_complete": task_complete,
     "task_fail": task_fail,

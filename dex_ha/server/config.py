@@ -11,7 +11,9 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     durability = "strict"                 # strict (fsync) | relaxed (tests, demos)
     cluster_secret = "…"                  # or cluster_secret_file = "/etc/dex-ha/secret"
     join = false                          # true: a new node that joins a running cluster as a learner
-    heartbeat_timeout_ms = 30000          # a running attempt with no heartbeat for this long fails
+    heartbeat_timeout_ms = 30000          # a running attempt with no heartbeat for this long fails (HTTP Workers)
+    worker_channel_grace_ms = 1000        # a Worker channel closed: its attempts fail this long after
+    worker_channel_ping_ms = 2000         # ping a Worker channel this often; no pong in half of it: closed
     drain_timeout_ms = 30000              # SIGTERM / step down: how long running attempts may finish
     proposal_timeout_ms = 5000            # a write not committed this long: 503 unavailable (it may still commit)
     max_inflight_requests = 512           # requests worked on at once; past it: 503 overloaded
@@ -51,7 +53,7 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
 
 Environment overrides (they win over the file): DEX_HA_NODE_ID, DEX_HA_DATA_DIR, DEX_HA_HTTP_LISTEN,
 DEX_HA_URL, DEX_HA_RAFT_LISTEN, DEX_HA_PROBE_LISTEN, DEX_HA_DURABILITY, DEX_HA_CLUSTER_SECRET, DEX_HA_JOIN,
-DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS,
+DEX_HA_HEARTBEAT_TIMEOUT_MS, DEX_HA_WORKER_CHANNEL_GRACE_MS, DEX_HA_WORKER_CHANNEL_PING_MS, DEX_HA_DRAIN_TIMEOUT_MS, DEX_HA_PROPOSAL_TIMEOUT_MS, DEX_HA_MAX_INFLIGHT_REQUESTS,
 DEX_HA_MAX_INFLIGHT_BODY_BYTES, DEX_HA_MAX_METADATA_BYTES, DEX_HA_MAX_MESSAGE_BYTES, DEX_HA_MAX_RESULT_BYTES,
 DEX_HA_PAGE_MAX_BYTES, DEX_HA_MAX_STREAMS,
 DEX_HA_MAX_STREAMS_PER_TOKEN, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
@@ -119,6 +121,12 @@ class ServerConfig:
     insecure: bool = False  # run without tokens / cluster secret (a node says so loudly)
     join: bool = False
     heartbeat_timeout_ms: int = 30_000
+    # A Worker channel that closed is a dead Worker: the attempts it held fail this long
+    # after (unless the same Worker opens a channel again meanwhile and takes them over).
+    worker_channel_grace_ms: int = 1_000
+    # Ping each Worker channel this often; one whose pong does not come within half of it is
+    # closed (a hung Worker, a half-open connection).
+    worker_channel_ping_ms: int = 2_000
     drain_timeout_ms: int = 30_000
     # A client's write that has not committed (and applied) this long after it was proposed
     # is answered 503 `unavailable`: fewer than a quorum of voters store entries, and an
@@ -189,6 +197,7 @@ class ServerConfig:
             raise ConfigError("election_timeout_min_ms: must be below election_timeout_max_ms")
         for name in (
             "heartbeat_timeout_ms",
+            "worker_channel_grace_ms",
             "drain_timeout_ms",
             "raft_heartbeat_interval_ms",
             "lease_drift_margin_ms",
@@ -197,6 +206,8 @@ class ServerConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
         self._check_lease_timing()
+        if self.worker_channel_ping_ms <= 0:
+            raise ConfigError("worker_channel_ping_ms: must be positive")
         if self.proposal_timeout_ms <= 0:
             raise ConfigError("proposal_timeout_ms: must be positive")
         for name in ("max_inflight_requests", "max_streams", "max_streams_per_token"):
@@ -337,6 +348,8 @@ ENV_KEYS = {
     "cluster_secret": str,
     "join": bool,
     "heartbeat_timeout_ms": int,
+    "worker_channel_grace_ms": int,
+    "worker_channel_ping_ms": int,
     "drain_timeout_ms": int,
     "proposal_timeout_ms": int,
     "max_inflight_requests": int,
@@ -418,6 +431,8 @@ LIMIT_KEYS = (
 DEV_ENV_KEYS = (
     "probe_listen",
     "heartbeat_timeout_ms",
+    "worker_channel_grace_ms",
+    "worker_channel_ping_ms",
     "drain_timeout_ms",
     "proposal_timeout_ms",
     *LIMIT_KEYS,
@@ -477,6 +492,8 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
             "durability",
             "join",
             "heartbeat_timeout_ms",
+            "worker_channel_grace_ms",
+            "worker_channel_ping_ms",
             "drain_timeout_ms",
             "proposal_timeout_ms",
             *LIMIT_KEYS,

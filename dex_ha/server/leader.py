@@ -27,9 +27,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dex_ha.engine import (
     DEFAULT_NAMESPACE,
@@ -49,6 +49,10 @@ from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
 from dex_ha.server.validation import InvalidRequest
+from dex_ha.worker_protocol import CLOSE_NOT_ACTIVE
+
+if TYPE_CHECKING:
+    from dex_ha.server.channel import WorkerChannel
 
 log = logging.getLogger("dex_ha.server.leader")
 
@@ -120,6 +124,7 @@ class LeaderTerm:
         clock: ActiveClock,
         heartbeat_timeout_ms: int,
         monitor_interval_s: float | None = None,
+        channel_grace_ms: int = 1_000,
     ) -> None:
         self.term = term
         self.replica = replica
@@ -129,6 +134,10 @@ class LeaderTerm:
         self.clock = clock
         clock.anchor()  # the wall clock is read here, once per term (see ActiveClock)
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.channel_grace_ms = channel_grace_ms
+        self._channels: dict[str, WorkerChannel] = {}  # worker_id -> its open channel
+        # worker_id -> (attempts its closed channel held, the timer that fails them)
+        self._closed_channels: dict[str, tuple[dict[tuple[str, int], str], asyncio.TimerHandle]] = {}
         # Check often enough that a silent attempt fails within ~10% past its timeout.
         self._monitor_interval_s = monitor_interval_s or min(1.0, max(0.02, heartbeat_timeout_ms / 10_000))
         self.takeover_done = False
@@ -152,6 +161,14 @@ class LeaderTerm:
 
     async def stop(self) -> None:
         self._stopped = True
+        for _, timer in self._closed_channels.values():
+            timer.cancel()  # the next active node's takeover fails those attempts
+        # Open channels reconnect to the next active node (their attempts of this term fail
+        # at its takeover, so their results are not wanted any more).
+        await asyncio.gather(
+            *(ch.close(CLOSE_NOT_ACTIVE, "this node is no longer the active node") for ch in self._channels.values()),
+            return_exceptions=True,
+        )
         self.replica.changed.remove_listener(self._on_change)
         for task in self._tasks:
             task.cancel()
@@ -442,6 +459,64 @@ class LeaderTerm:
             if now - seen > window:
                 del self.workers_seen[worker_id]
         return len(self.workers_seen)
+
+    # ------------------------------------------------------------------ Worker channels
+
+    def channel_opened(self, channel: WorkerChannel) -> dict[tuple[str, int], str]:
+        """A Worker opened a channel; the attempts its previous channel held, if that one
+        closed less than the grace period ago (they are this one's now), else none. A second
+        channel of the same Worker replaces the first, which is closed."""
+        worker_id = channel.worker_id
+        self.workers_seen[worker_id] = time.monotonic()
+        previous = self._channels.get(worker_id)
+        self._channels[worker_id] = channel
+        if previous is not None:
+            channel.adopt(previous.held)
+            previous.held = {}
+            self._spawn(previous.close(1000, "replaced by a newer channel of the same Worker"))
+        held, timer = self._closed_channels.pop(worker_id, ({}, None))
+        if timer is not None:
+            timer.cancel()
+        return held
+
+    def channel_closed(self, channel: WorkerChannel) -> None:
+        """A channel closed: a dead Worker, unless it opens a channel again within the grace
+        period. Then every attempt of this term handed to it fails as a lost heartbeat does
+        (HeartbeatLost: the crash-matrix row of each step applies), only sooner."""
+        worker_id = channel.worker_id
+        if self._channels.get(worker_id) is not channel or self._stopped:
+            return  # replaced by a newer channel, which holds its attempts; or the term ended
+        del self._channels[worker_id]
+        timer = asyncio.get_running_loop().call_later(
+            self.channel_grace_ms / 1000, lambda: self._spawn(self._fail_channel_attempts(worker_id))
+        )
+        self._closed_channels[worker_id] = (channel.held, timer)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` as part of this term (stop() cancels it)."""
+        self._tasks = [task for task in self._tasks if not task.done()]
+        self._tasks.append(asyncio.create_task(work))
+
+    async def _fail_channel_attempts(self, worker_id: str) -> None:
+        self._closed_channels.pop(worker_id, None)
+        lost = [a for a in self.running.values() if a.worker_id == worker_id]
+        if lost:
+            log.info(
+                "worker %s: its channel closed %d ms ago; failing its %d attempts",
+                worker_id,
+                self.channel_grace_ms,
+                len(lost),
+            )
+        await asyncio.gather(
+            *(
+                self._fail_attempt(
+                    HeartbeatLost(at=self.clock.now_ms(), step_id=a.step_id, attempt=a.attempt, term=self.term),
+                    a.kind,
+                    "channel_closed",
+                )
+                for a in lost
+            )
+        )
 
     async def _monitor_loop(self) -> None:
         while True:

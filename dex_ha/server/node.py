@@ -202,6 +202,7 @@ class NodeServer:
                 self.metrics,
                 clock=self.clock,
                 heartbeat_timeout_ms=self.config.heartbeat_timeout_ms,
+                channel_grace_ms=self.config.worker_channel_grace_ms,
             )
             self.leader.start()
             self.replica.wake_everyone()  # every waiter checks again under the new role

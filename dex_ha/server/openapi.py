@@ -149,6 +149,8 @@ def _response(route: RouteSpec, status: int, description: str) -> dict[str, Any]
         if status == 401:
             response["headers"] = {"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}}
         return response
+    if status == 101:  # a WebSocket upgrade: the frames follow on the connection, not as a body
+        return response
     if route.stream:
         response["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
     elif route.content_type != _JSON:

@@ -35,6 +35,7 @@ from dex_ha.client.connection import Connection, DexError, DexUnavailable
 from dex_ha.client.env import TOKEN_VAR, WORKER_TOKEN_VAR, namespace_from_env, token_from_env, urls_from_env
 from dex_ha.failpoints import Failpoints
 from dex_ha.worker.agent import Agent, Tool
+from dex_ha.worker.channel import ChannelLink, ChannelRefused
 from dex_ha.worker.context import (
     ArgumentsRefused,
     AttemptCancelled,
@@ -46,6 +47,7 @@ from dex_ha.worker.context import (
     ToolError,
 )
 from dex_ha.worker.model import ModelRequest, ModelResponse
+from dex_ha.worker_protocol import CANCEL_REQUESTED, Report, Task
 
 log = logging.getLogger("dex_ha.worker")
 
@@ -56,6 +58,14 @@ CALL_SINGLE_ATTEMPT_TOOL = "CallSingleAttemptTool"
 POLL_TOOL_TASK = "PollToolTask"
 COMPACT_CONTEXT = "CompactContext"
 
+# How a Worker reaches the server: the Worker channel, falling back to HTTP long polls when
+# the server has none ("auto", the default); the channel only; HTTP only. DEX_HA_WORKER_TRANSPORT
+# sets it for Workers that do not say.
+AUTO, CHANNEL, HTTP = "auto", "channel", "http"
+TRANSPORTS = (AUTO, CHANNEL, HTTP)
+TRANSPORT_VAR = "DEX_HA_WORKER_TRANSPORT"
+# How long stop() waits for the acks of the last reports on the channel.
+ACK_WAIT_S = 5.0
 # After a delta, wait this long before the heartbeat that carries it, so a burst of
 # deltas travels in one request; well under the ~100 ms a live stream can afford.
 DELTA_BATCH_S = 0.03
@@ -78,6 +88,7 @@ WORKER_FAILPOINTS = (
     "worker.<Kind>.before-first-heartbeat",  # an attempt of that task kind runs; its first heartbeat is not sent
     "worker.PollToolTask.during-poll",  # the poll function returned; its answer is not delivered
     "worker.complete.after-send",  # the server accepted a result; the Worker has not gone on
+    "worker.channel.before-results",  # on the channel: a frame of reports is ready; it is not sent
 )
 
 
@@ -85,51 +96,12 @@ def first_heartbeat_failpoint(kind: str) -> str:
     return f"worker.{kind}.before-first-heartbeat"
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerTask:
-    """One hand-out from a poll answer."""
+# The one shape of a task (dex_ha.worker_protocol), under the name this SDK gave it first.
+WorkerTask = Task
 
-    task_token: str
-    session_id: str
-    turn_id: str
-    step_id: str
-    kind: str
-    attempt: int
-    input: dict[str, Any]
-    heartbeat_timeout_ms: int
-    agent: str | None = None
-    idempotency_key: str | None = None
-    deadline_ms: int | None = None
 
-    @classmethod
-    def from_json(cls, raw: Any) -> WorkerTask:
-        """Parse one element of `tasks`; ValueError naming the bad field."""
-        if not isinstance(raw, dict):
-            raise ValueError(f"a task must be an object, got {type(raw).__name__}")
-        for name in ("task_token", "session_id", "turn_id", "step_id", "kind"):
-            if not isinstance(raw.get(name), str) or not raw[name]:
-                raise ValueError(f"task.{name} must be a non-empty string")
-        if not isinstance(raw.get("input"), dict):
-            raise ValueError("task.input must be an object")
-        return cls(
-            task_token=raw["task_token"],
-            session_id=raw["session_id"],
-            turn_id=raw["turn_id"],
-            step_id=raw["step_id"],
-            kind=raw["kind"],
-            attempt=int(raw.get("attempt") or 1),
-            input=raw["input"],
-            heartbeat_timeout_ms=int(raw.get("heartbeat_timeout_ms") or 30_000),
-            agent=raw.get("agent"),
-            idempotency_key=raw.get("idempotency_key"),
-            deadline_ms=raw.get("deadline_ms"),
-        )
-
-    def path(self, action: str) -> str:
-        return f"/v1/worker/tasks/{quote(self.task_token, safe='')}/{action}"
-
-    def __str__(self) -> str:
-        return f"{self.kind} step {self.step_id} attempt {self.attempt}"
+def _task_path(task: Task, action: str) -> str:
+    return f"/v1/worker/tasks/{quote(task.task_token, safe='')}/{action}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,33 +130,18 @@ class NotStarted(Unrunnable):
     may record the tool call as not run instead of outcome_unknown."""
 
 
-class AttemptHeartbeats:
-    """The heartbeats of one running attempt, and the live deltas they carry.
+class AttemptSink:
+    """What a running attempt talks to: the `DeltaSink` a model streams into, the
+    `ToolContext.heartbeat` a tool calls, and the server's word to stop (`_stop`). On HTTP
+    the deltas travel in heartbeats (AttemptHeartbeats), on the channel in its frames
+    (ChannelAttempt)."""
 
-    It is the `DeltaSink` a model streams into: a delta wakes the heartbeat loop, which
-    sends it (with any others that arrived meanwhile) within DELTA_BATCH_S. When the
-    server answers `{"cancel": true}` or 409 it calls `on_stop` once and sends no more.
-    """
-
-    def __init__(
-        self,
-        conn: Connection,
-        task: WorkerTask,
-        worker_id: str,
-        interval_s: float,
-        failpoints: Failpoints | None = None,
-    ) -> None:
-        self._conn = conn
-        self._failpoints = failpoints
-        self._first = True  # no heartbeat of this attempt was sent yet
+    def __init__(self, task: Task, failpoints: Failpoints | None) -> None:
         self._task = task
-        self._worker_id = worker_id  # the server answers 403 to any other Worker's heartbeat
-        self._interval_s = interval_s
+        self._failpoints = failpoints
         self._pending: list[dict[str, Any]] = []
-        self._wake = asyncio.Event()
-        self._lock = asyncio.Lock()  # one heartbeat at a time keeps the deltas in order
         self.stopped = False  # the server said stop: deliver no result for this attempt
-        self.cancelled_by_server = False  # stop because of {"cancel": true} (not a 409)
+        self.cancelled_by_server = False  # stop because of a cancel (not a 409 / not current)
         self.stop_reason = ""
         self.on_stop: Callable[[], None] | None = None
         self.contexts: list[ToolContext] = []  # marked cancelled when the server says stop
@@ -199,6 +156,80 @@ class AttemptHeartbeats:
         if not isinstance(delta, dict):
             raise TypeError(f"delta must be a dict, got {type(delta).__name__}")
         self._pending.append(delta)
+        self._queued()
+
+    def _queued(self) -> None:
+        """A delta was queued: see that it travels soon."""
+
+    async def beat_with_progress(self, progress: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def _stop(self, reason: str, *, cancelled_by_server: bool) -> None:
+        self.stopped, self.stop_reason = True, reason
+        self.cancelled_by_server = cancelled_by_server
+        for ctx in self.contexts:
+            ctx.cancelled = True
+        if self.on_stop is not None:
+            self.on_stop()
+
+
+class ChannelAttempt(AttemptSink):
+    """An attempt of a Worker on the channel: no heartbeats (the open channel keeps it
+    alive); its deltas go in the channel's next frame; a `cancel` frame stops it."""
+
+    def __init__(self, task: Task, link: ChannelLink, failpoints: Failpoints | None) -> None:
+        super().__init__(task, failpoints)
+        self._link = link
+        self._first = True  # nothing of this attempt was sent yet
+
+    def _queued(self) -> None:
+        self.first_message()
+        deltas, self._pending = self._pending, []
+        self._link.send_deltas(self._task.task_token, deltas)
+
+    def first_message(self) -> None:
+        """Before anything of this attempt goes to the server (a delta, progress, its report):
+        the moment of the failpoint that HTTP hits before the first heartbeat."""
+        if self._first:
+            self._first = False
+            if self._failpoints is not None:
+                self._failpoints.hit(first_heartbeat_failpoint(self._task.kind))
+
+    async def beat_with_progress(self, progress: dict[str, Any]) -> bool:
+        """`ToolContext.heartbeat`: progress travels as a delta `{"progress": {...}}`; with
+        none, nothing is sent (the open channel keeps the attempt alive)."""
+        self.first_message()
+        if progress:
+            self.send({"progress": progress})
+        await asyncio.sleep(0)  # a cancel frame read meanwhile is seen by the caller
+        return not self.stopped
+
+
+class AttemptHeartbeats(AttemptSink):
+    """The heartbeats of one running attempt on HTTP, and the live deltas they carry.
+
+    A delta wakes the heartbeat loop, which sends it (with any others that arrived
+    meanwhile) within DELTA_BATCH_S. When the server answers `{"cancel": true}` or 409 it
+    calls `on_stop` once and sends no more.
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        task: Task,
+        worker_id: str,
+        interval_s: float,
+        failpoints: Failpoints | None = None,
+    ) -> None:
+        super().__init__(task, failpoints)
+        self._conn = conn
+        self._first = True  # no heartbeat of this attempt was sent yet
+        self._worker_id = worker_id  # the server answers 403 to any other Worker's heartbeat
+        self._interval_s = interval_s
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()  # one heartbeat at a time keeps the deltas in order
+
+    def _queued(self) -> None:
         self._wake.set()
 
     async def beat(self) -> bool:
@@ -216,7 +247,7 @@ class AttemptHeartbeats:
             try:
                 answer = await self._conn.request(
                     "POST",
-                    self._task.path("heartbeat"),
+                    _task_path(self._task, "heartbeat"),
                     body,
                     timeout_s=max(1.0, self._task.heartbeat_timeout_ms / 1000),
                 )
@@ -259,14 +290,6 @@ class AttemptHeartbeats:
             self._pending.append({"progress": progress})
         return await self.beat()
 
-    def _stop(self, reason: str, *, cancelled_by_server: bool) -> None:
-        self.stopped, self.stop_reason = True, reason
-        self.cancelled_by_server = cancelled_by_server
-        for ctx in self.contexts:
-            ctx.cancelled = True
-        if self.on_stop is not None:
-            self.on_stop()
-
 
 class Worker:
     """Runs the tasks of its agents: poll, run with heartbeats, deliver (see module doc).
@@ -295,9 +318,15 @@ class Worker:
         eager: bool = True,
         on_result: Callable[[WorkerTask, Outcome], None] | None = None,
         namespace: str | None = None,
+        transport: str | None = None,
         **connection_kwargs: Any,
     ) -> None:
         self._agents = _check_agents(agents)
+        if transport is None:
+            transport = os.environ.get(TRANSPORT_VAR) or AUTO
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        self.transport = transport
         if worker_id is not None and (not isinstance(worker_id, str) or not worker_id):
             raise ValueError("worker_id must be a non-empty string or None")
         if not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1:
@@ -339,6 +368,9 @@ class Worker:
         self._polls_in_flight = 0
         self._started = False
         self.completed = 0  # tasks whose result (complete or fail) the server accepted
+        self._link: ChannelLink | None = None  # the Worker channel, while the Worker uses it
+        self._attempts: dict[str, ChannelAttempt] = {}  # running on the channel, by task token
+        self._reported: dict[str, tuple[Task, Outcome]] = {}  # reports on the channel awaiting their ack
 
     @property
     def running(self) -> int:
@@ -364,7 +396,8 @@ class Worker:
         try:
             if not self._stop_requested.is_set():
                 await self._register_agents()
-            await self._poll_until_stopped()
+            if self.transport == HTTP or self._stop_requested.is_set() or not await self._run_on_channel():
+                await self._poll_until_stopped()
             clean_exit = True
         finally:
             self._loop_exited.set()
@@ -380,8 +413,17 @@ class Worker:
         self._slot_or_stop.set()
         for request in list(self._in_flight):
             request.cancel()
+        link = self._link
+        if link is not None:  # the channel stays open while the attempts finish and their reports go
+            await self._drain(timeout)
+            await link.settle(ACK_WAIT_S)
+            await link.close()
         if self._started:
             await self._loop_exited.wait()  # tasks from a poll answered just now are started first
+        await self._drain(timeout)
+        await self._conn.close()
+
+    async def _drain(self, timeout: float) -> None:
         if self._tasks:
             log.info(
                 "worker %s stopping: draining %d running tasks (up to %.1f s)",
@@ -397,7 +439,111 @@ class Worker:
                 len(self._tasks),
             )
             await self._cancel_running()
-        await self._conn.close()
+
+    # ------------------------------------------------------------ the Worker channel
+
+    async def _run_on_channel(self) -> bool:
+        """Run on the Worker channel until stop(); False when the server has none (an
+        older server) and `transport` is "auto": the Worker polls over HTTP instead."""
+        link = self._link = ChannelLink(
+            self._conn, self.worker_id, list(self._agents), self, failpoints=self._failpoints
+        )
+        try:
+            await link.run(self._stop_requested)
+        except ChannelRefused as refused:
+            self._link = None
+            if self.transport == CHANNEL:
+                raise refused.error from None
+            log.info("worker %s: the server has no Worker channel (%s); polling over HTTP", self.worker_id, refused)
+            return False
+        return True
+
+    def free_slots(self) -> int:
+        return 0 if self._stop_requested.is_set() else self.max_concurrency - self.running
+
+    def on_tasks(self, tasks: list[Any]) -> None:
+        for raw in tasks:
+            self._start(raw)
+
+    def on_cancel(self, task_token: str, reason: str) -> None:
+        attempt = self._attempts.get(task_token)
+        if attempt is None or attempt.stopped:
+            return
+        if reason == CANCEL_REQUESTED:
+            attempt._stop("the server cancelled it", cancelled_by_server=True)
+        else:
+            attempt._stop("the attempt is no longer current", cancelled_by_server=False)
+
+    def on_ack(self, report: Report, ack: dict[str, Any]) -> None:
+        task, outcome = self._reported.pop(report.task_token, (None, None))
+        if task is None or outcome is None:
+            return
+        status = ack.get("status")
+        if status == 200:
+            if report.outcome == "complete":
+                self._failpoints.hit("worker.complete.after-send")
+            self._accepted(task, outcome)
+        elif status == 409:
+            log.info("%s: report not needed any more (409: %s)", task, ack.get("message"))
+        elif report.outcome == "complete" and status in (400, 413):
+            log.error("%s: the server refused the result (%s): %s", task, status, ack.get("message"))
+            refused = Outcome(error=f"the server refused the result: {ack.get('message')}", retryable=False)
+            self._report_on_channel(task, refused, credit=0)
+        else:
+            log.error(
+                "%s: the server refused the report (%s %s): %s", task, status, ack.get("error"), ack.get("message")
+            )
+
+    def _accepted(self, task: Task, outcome: Outcome) -> None:
+        self.completed += 1
+        log.debug("%s: %s", task, "completed" if not outcome.failed else f"reported failed: {outcome.error}")
+        if self.on_result is not None:
+            self.on_result(task, outcome)
+
+    def _report_on_channel(self, task: Task, outcome: Outcome, *, credit: int) -> None:
+        assert self._link is not None
+        self._reported[task.task_token] = (task, outcome)
+        report = (
+            Report(
+                task.task_token,
+                "fail",
+                error=outcome.error or "",
+                retryable=outcome.retryable,
+                not_started=outcome.not_started,
+            )
+            if outcome.failed
+            else Report(task.task_token, "complete", result=outcome.result)
+        )
+        self._link.report(report, credit=credit)
+
+    async def _run_on_the_channel(self, task: Task, link: ChannelLink) -> None:
+        """One attempt on the channel, in this one asyncio task: run it, then queue its
+        report with the slot it frees (they travel in one frame, and the server spends that
+        slot on the next step in the report's own entry)."""
+        me = asyncio.current_task()
+        assert me is not None
+        attempt = self._attempts[task.task_token] = ChannelAttempt(task, link, self._failpoints)
+        attempt.on_stop = lambda: _cancel_from_outside(me)
+        slot_given = False
+        try:
+            try:
+                outcome: Outcome | None = await self._execute(task, attempt)
+            except asyncio.CancelledError:
+                if not attempt.stopped:  # stop(): the Worker itself is going away
+                    raise
+                me.uncancel()
+            if attempt.stopped:
+                outcome = self._stopped_outcome(task, attempt)
+            if outcome is not None:
+                attempt.first_message()
+                self._tasks.discard(me)  # its slot is free now: the credit rides with the report
+                slot_given = True
+                self._report_on_channel(task, outcome, credit=0 if self._stop_requested.is_set() else 1)
+        finally:
+            self._attempts.pop(task.task_token, None)
+            if not slot_given and not self._stop_requested.is_set():
+                self._tasks.discard(me)
+                link.add_credit(1)
 
     # ------------------------------------------------------------ registration and polling
 
@@ -500,11 +646,12 @@ class Worker:
 
     def _start(self, raw: Any) -> None:
         try:
-            task = WorkerTask.from_json(raw)
+            task = Task.from_json(raw)
         except (TypeError, ValueError) as exc:  # without a usable token there is nobody to tell
             log.error("worker %s: ignoring a malformed task (%s): %r", self.worker_id, exc, raw)
             return
-        runner = asyncio.create_task(self._run_task(task), name=f"dex-ha {task}")
+        work = self._run_task(task) if self._link is None else self._run_on_the_channel(task, self._link)
+        runner = asyncio.create_task(work, name=f"dex-ha {task}")
         self._tasks.add(runner)
         runner.add_done_callback(self._task_ended)
 
@@ -560,7 +707,7 @@ class Worker:
             beating.cancel()
 
     @staticmethod
-    def _stopped_outcome(task: WorkerTask, heartbeats: AttemptHeartbeats) -> Outcome | None:
+    def _stopped_outcome(task: WorkerTask, heartbeats: AttemptSink) -> Outcome | None:
         """The server said stop. After a cancel, report that the work stopped, so the
         attempt ends now instead of at its heartbeat timeout (and a graceful drain does not
         wait for it). After a 409 the attempt is someone else's business: send nothing."""
@@ -574,9 +721,9 @@ class Worker:
             return self.heartbeat_interval_s
         return max(MIN_HEARTBEAT_INTERVAL_S, min(task.heartbeat_timeout_ms / 3000, MAX_HEARTBEAT_INTERVAL_S))
 
-    async def _execute(self, task: WorkerTask, heartbeats: AttemptHeartbeats) -> Outcome:
+    async def _execute(self, task: WorkerTask, heartbeats: AttemptSink) -> Outcome:
         """Dispatch by kind; every exception becomes a `fail` outcome."""
-        handlers: dict[str, Callable[[WorkerTask, Agent, AttemptHeartbeats], Awaitable[Any]]] = {
+        handlers: dict[str, Callable[[WorkerTask, Agent, AttemptSink], Awaitable[Any]]] = {
             RUN_MODEL: self._run_model,
             CALL_TOOL: self._call_tool,
             CALL_SINGLE_ATTEMPT_TOOL: self._call_tool,
@@ -612,7 +759,7 @@ class Worker:
         return agent
 
     def _context(
-        self, task: WorkerTask, heartbeats: AttemptHeartbeats, *, call_id: str | None, idempotency_key: str | None
+        self, task: WorkerTask, heartbeats: AttemptSink, *, call_id: str | None, idempotency_key: str | None
     ) -> ToolContext:
         ctx = ToolContext(
             session_id=task.session_id,
@@ -631,7 +778,7 @@ class Worker:
 
     # ------------------------------------------------------------ task kinds
 
-    async def _run_model(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+    async def _run_model(self, task: WorkerTask, agent: Agent, heartbeats: AttemptSink) -> dict[str, Any]:
         if agent.model is None:
             raise NotStarted(f"agent {agent.name!r} has no model")
         request = ModelRequest(
@@ -652,7 +799,7 @@ class Worker:
         return {"content": response.content, "tool_calls": calls, "usage": dict(response.usage)}
 
     async def _run_inline(
-        self, task: WorkerTask, heartbeats: AttemptHeartbeats, tool: Tool, call_id: str, arguments: dict[str, Any]
+        self, task: WorkerTask, heartbeats: AttemptSink, tool: Tool, call_id: str, arguments: dict[str, Any]
     ) -> dict[str, Any]:
         """An inline tool runs inside the model call; its result rides in the RunModel
         result. An exception (not ToolError) fails the whole RunModel attempt, which
@@ -668,7 +815,7 @@ class Worker:
             return {"status": "error", "error": f"inline tool {tool.name!r} cannot be long-running"}
         return {"status": "ok", "output": value}
 
-    async def _call_tool(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+    async def _call_tool(self, task: WorkerTask, agent: Agent, heartbeats: AttemptSink) -> dict[str, Any]:
         tool = _tool_for(agent, task)
         ctx = self._context(task, heartbeats, call_id=task.input.get("call_id"), idempotency_key=task.idempotency_key)
         try:
@@ -687,7 +834,7 @@ class Worker:
             raise Unrunnable(f"tool {tool.name!r} returned ctx.pending(); only its poll function may")
         return {"status": "ok", "output": value}
 
-    async def _poll_tool_task(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+    async def _poll_tool_task(self, task: WorkerTask, agent: Agent, heartbeats: AttemptSink) -> dict[str, Any]:
         tool = _tool_for(agent, task)
         if tool.poll_fn is None:
             raise NotStarted(f"tool {tool.name!r} has no poll function")
@@ -710,7 +857,7 @@ class Worker:
             raise Unrunnable(f"the poll function of tool {tool.name!r} returned a new task handle")
         return {"status": "ok", "output": value}
 
-    async def _compact_context(self, task: WorkerTask, agent: Agent, heartbeats: AttemptHeartbeats) -> dict[str, Any]:
+    async def _compact_context(self, task: WorkerTask, agent: Agent, heartbeats: AttemptSink) -> dict[str, Any]:
         if agent.model is None:
             raise NotStarted(f"agent {agent.name!r} has no model")
         summary = await agent.model.summarize(list(task.input.get("history") or []), task.input.get("summary"))
@@ -729,7 +876,7 @@ class Worker:
         if self.eager and not self._stop_requested.is_set():
             body["next_tasks"] = 1  # the slot this task frees
         try:
-            answer = await self._conn.request("POST", task.path("complete"), body)
+            answer = await self._conn.request("POST", _task_path(task, "complete"), body)
         except DexError as exc:
             if exc.status == 409:
                 log.info("%s: result not needed any more (409: %s)", task, exc.message)
@@ -756,7 +903,7 @@ class Worker:
         if not_started:
             body["not_started"] = True
         try:
-            await self._conn.request("POST", task.path("fail"), body)
+            await self._conn.request("POST", _task_path(task, "fail"), body)
         except DexError as exc:
             if exc.status == 409:
                 log.info("%s: failure not needed any more (409: %s)", task, exc.message)

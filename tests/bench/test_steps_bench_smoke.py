@@ -63,13 +63,26 @@ def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_pat
     assert "dev_steps_per_second" in done.stdout
     assert "reference" not in done.stdout.lower()  # no figure of another system that this run did not measure
     result = json.loads(out.read_text())
-    rows = result["dev"]["rows"]
-    assert [r["concurrency"] for r in rows] == [1, 4]
-    for row in rows:
+    all_rows = result["dev"]["rows"]
+    # The channel and HTTP, interleaved at each concurrency; the targets judge the channel.
+    assert [(r["concurrency"], r["transport"]) for r in all_rows] == [
+        (1, "channel"),
+        (1, "http"),
+        (4, "channel"),
+        (4, "http"),
+    ]
+    rows = [r for r in all_rows if r["transport"] == "channel"]
+    assert "channel / HTTP, same run" in done.stdout
+    assert result["summary"]["dev_channel_vs_http_server_cpu_ms_per_step_ratio"] > 0
+    kill = result["worker_kill"]
+    assert kill["next_attempt_on_the_other_worker"] is True
+    assert 0 < kill["kill_to_next_attempt_ms"] < 10_000  # far below the 30 s heartbeat timeout
+    assert "Worker kill -> next attempt" in done.stdout
+    for row in all_rows:
         table_line = [
             line
             for line in done.stdout.splitlines()
-            if line.split()[:3] == ["dev", str(row["concurrency"]), str(row["steps"])]
+            if line.split()[:4] == ["dev", row["transport"], str(row["concurrency"]), str(row["steps"])]
         ]
         assert table_line, f"no table line for concurrency {row['concurrency']}"
         assert row["steps"] > 0
@@ -88,11 +101,12 @@ def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_pat
     assert result["summary"]["dev_steps_per_second"] == max(r["steps_per_second"] for r in rows)
     assert result["summary"]["dev_p50_ms_c1"] == rows[0]["p50_ms"]
 
-    # One node and one Worker per row, all stopped by the bench before it exited.
+    # One node and one Worker per row, and a node and two Workers for the kill timing, all
+    # stopped by the bench before it exited.
     pids = result["pids"]
-    assert len(pids) == 1 + len(rows)
+    assert len(pids) == 1 + len(all_rows) + 3
     assert set(result["dev"]["node_pids"]) <= set(pids)
-    assert {r["worker_pid"] for r in rows} <= set(pids)
+    assert {r["worker_pid"] for r in all_rows} <= set(pids)
     assert [pid for pid in pids if steps_bench.is_running(pid)] == []
 
 

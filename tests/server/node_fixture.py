@@ -254,6 +254,17 @@ class HttpApi:
     async def snapshot(self, session_id: str) -> dict[str, Any]:
         return expect(await self.get(f"/v1/sessions/{session_id}"), 200)
 
+    async def open_channel(
+        self, agents: str, worker_id: str = "worker-1", encoding: str = "msgpack"
+    ) -> aiohttp.ClientWebSocketResponse:
+        """Open the Worker channel (a WebSocket); the caller closes it."""
+        params = {"worker_id": worker_id, "agents": agents, "encoding": encoding}
+        ws = await self.session.ws_connect(
+            self.url + "/v1/worker/channel", params=params, headers=self.auth_header("worker"), autoping=True
+        )
+        self.hits.append(("worker_channel", 101))
+        return ws
+
     async def poll_one(self, agent: str, worker_id: str = "worker-1", wait_ms: int = 5_000) -> dict[str, Any]:
         """Poll until one task of `agent` is handed out (the node's wait_ms is the deadline)."""
         reply = expect(

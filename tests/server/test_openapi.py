@@ -36,6 +36,7 @@ CONTRACT = [
     ("session_events", "GET", "/v1/sessions/{session_id}/events", C, True, True),
     ("register_agent", "PUT", "/v1/agents/{name}", W, True, False),
     ("worker_poll", "POST", "/v1/worker/poll", W, True, False),
+    ("worker_channel", "GET", "/v1/worker/channel", W, True, False),
     ("task_heartbeat", "POST", "/v1/worker/tasks/{task_token}/heartbeat", W, True, False),
     ("task_complete", "POST", "/v1/worker/tasks/{task_token}/complete", W, True, False),
     ("task_fail", "POST", "/v1/worker/tasks/{task_token}/fail", W, True, False),
@@ -83,7 +84,7 @@ def test_input_names_are_unique_within_a_route(route):
 @pytest.mark.parametrize("route", ROUTES, ids=lambda r: r.name)
 def test_every_route_documents_the_statuses_it_can_answer(route):
     statuses = set(route.responses)
-    assert any(200 <= s < 300 for s in statuses)
+    assert any(200 <= s < 300 or s == 101 for s in statuses)  # 101: the Worker channel's WebSocket
     assert (401 in statuses) == (route.roles is not None)
     assert 403 in statuses and "another site (Origin)" in route.responses[403], "a page of another site is refused"
     assert 421 in statuses, "a Host this node does not serve is refused"
@@ -221,8 +222,10 @@ def test_responses(document, route):
             ref = response["content"]["application/json"]["schema"]["$ref"]
             expected = "NotActiveError" if status == "503" and route.active_only else "Error"
             assert ref == f"#/components/schemas/{expected}"
-    success = next(r for s, r in responses.items() if s.startswith("2"))
-    if route.stream:
+    success = next(r for s, r in responses.items() if s.startswith("2") or s == "101")
+    if route.name == "worker_channel":
+        assert "content" not in success  # a WebSocket upgrade has no body
+    elif route.stream:
         assert list(success["content"]) == ["text/event-stream"]
     elif route.name == "metrics":
         assert next(iter(success["content"])).startswith("text/plain")

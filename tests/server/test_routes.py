@@ -25,7 +25,7 @@ from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, RouteSpec
 from dex_ha.server.node import NodeServer
 from dex_ha.server.task_tokens import TaskToken
 from harness.waiting import eventually
-from tests.server import test_not_active
+from tests.server import test_not_active, test_worker_channel
 from tests.server.node_fixture import (
     HttpApi,
     Reply,
@@ -60,7 +60,9 @@ def claimed_routes(module: Any) -> set[str]:
 
 
 def test_every_route_has_a_success_test():
-    claimed = claimed_routes(sys.modules[__name__]) | claimed_routes(test_not_active)
+    claimed = (
+        claimed_routes(sys.modules[__name__]) | claimed_routes(test_not_active) | claimed_routes(test_worker_channel)
+    )
     assert claimed <= set(ROUTES_BY_NAME), f"unknown route names: {sorted(claimed - set(ROUTES_BY_NAME))}"
     missing = [route.name for route in ROUTES if route.name not in claimed]
     assert not missing, f"routes of api_spec.ROUTES without a success test: {missing}"
@@ -928,6 +930,16 @@ INVALID: list[Bad] = [
     Bad("register_agent", "/v1/agents/helper", 400, "compaction", body={"tools": [], "compaction": 5}),
     Bad("register_agent", "/v1/agents/helper", 400, "effect", body={"tools": [{"name": "t", "effect": "sometimes"}]}),
     Bad("register_agent", f"/v1/agents/{LONG_ID}", 400, "name", body={"tools": []}),
+    Bad("worker_channel", "/v1/worker/channel", 400, "worker_id", params={"agents": "a"}),
+    Bad("worker_channel", "/v1/worker/channel", 400, "agents", params={"worker_id": "w"}),
+    Bad("worker_channel", "/v1/worker/channel", 400, "agents", params={"worker_id": "w", "agents": "a,,b"}),
+    Bad(
+        "worker_channel",
+        "/v1/worker/channel",
+        400,
+        "encoding",
+        params={"worker_id": "w", "agents": "a", "encoding": "xml"},
+    ),
     Bad("worker_poll", "/v1/worker/poll", 400, "worker_id", body={}),
     Bad("worker_poll", "/v1/worker/poll", 400, "agents", body={"worker_id": "w"}),
     Bad("worker_poll", "/v1/worker/poll", 400, "agents", body={"worker_id": "w", "agents": []}),
