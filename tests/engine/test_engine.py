@@ -154,6 +154,18 @@ def test_every_command_round_trips_through_its_encoding():
             next_token_secrets=["cd34"],
         ),
         c.FailAttempt(at=1, step_id="st", attempt=1, term=1, error="e", retryable=False),
+        c.ReportResults(
+            at=1,
+            reports=[
+                c.ReportItem(step_id="st", attempt=1, term=1, outcome="complete", result={"status": "ok"}),
+                c.ReportItem(step_id="s2", attempt=2, term=1, outcome="fail", error="e", not_started=True),
+            ],
+            next_worker_id="w",
+            next_term=1,
+            next_agents=["a"],
+            next_token_secrets=["ef56"],
+            namespace="team",
+        ),
         c.HeartbeatLost(at=1, step_id="st", attempt=1, term=1),
         c.AttemptTimedOut(at=1, step_id="st", attempt=1, term=1),
         c.FailHeldAttempts(at=1, term=2),
