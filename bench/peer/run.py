@@ -1,8 +1,9 @@
-"""dex-ha against Restate (and etcd) side by side, in one run on one machine.
+"""dex-ha against Restate, Temporal (and etcd) side by side, in one run on one machine.
 
-    python bench/peer/install.py          # once: Restate 1.7.12, its Python SDK, etcd 3.4
-    python bench/peer/run.py [--concurrency 1,16,64,128,256,512] [--duration-s 10]
-                             [--deployments one,three] [--failover-runs 3] [--no-etcd]
+    python bench/peer/install.py          # once: Restate 1.7.12, Temporal's CLI, the SDKs, etcd 3.4
+    python bench/peer/run.py [--concurrency 1,16,64,256,1024] [--duration-s 15] [--quick]
+                             [--deployments one,three] [--peers restate,temporal]
+                             [--failover-runs 3] [--no-etcd]
 
 Durable steps, for each deployment (one node, three nodes) and each concurrency c, dex-ha and
 Restate one after the other (the order alternates from one c to the next, so machine noise
@@ -11,7 +12,10 @@ hits both):
   strict durability; a step is a Worker task handed out, run and its result committed);
 - Restate: restate-server (one node with replication 1, or three nodes with replication 2)
   and a Python service on hypercorn whose handler runs N `ctx.run` steps (each journaled
-  before it returns); c invocations kept in flight.
+  before it returns); c invocations kept in flight;
+- Temporal (one node only: `temporal server start-dev` on its SQLite file): a workflow of N
+  activities, each run by a Worker in its own process; c workflows kept in flight, the
+  activities completed inside the window counted (bench/peer/temporal_service.py).
 Per row: steps/s over the window, per-step p50 (gaps between consecutive steps of one
 session or invocation), peak RSS of the server processes and of the SDK process (dex-ha's
 Worker, Restate's hypercorn), the CPU that other processes used meanwhile, and the
