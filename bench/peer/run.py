@@ -431,7 +431,8 @@ PEER_LABELS = {"restate": "Restate", "temporal": "Temporal"}
 def print_phase(phase: dict[str, Any]) -> None:
     """One line per system and concurrency, the systems interleaved; ratio = dex-ha / that
     system, from this run. Then per system its best steps/s, p50 at c=1 and RSS."""
-    print(f"\n{phase['deployment']} (Restate replication {phase['restate_replication']})")
+    replication = phase["restate_replication"]
+    print(f"\n{phase['deployment']}" + (f" (Restate replication {replication})" if replication else ""))
     if phase.get("temporal_note"):
         print(f"Temporal: {phase['temporal_note']}")
     print(
