@@ -462,6 +462,9 @@ class LeaderTerm:
 
     # ------------------------------------------------------------------ Worker channels
 
+    def channels_open(self) -> int:
+        return len(self._channels)
+
     def channel_opened(self, channel: WorkerChannel) -> dict[tuple[str, int], str]:
         """A Worker opened a channel; the attempts its previous channel held, if that one
         closed less than the grace period ago (they are this one's now), else none. A second

@@ -143,6 +143,7 @@ class _StateCollector:
             ),
             ("dex_sse_streams", "SSE event streams open (capped by max_streams and max_streams_per_token)."),
             ("dex_workers_connected", "Workers seen polling or heartbeating recently."),
+            ("dex_worker_channels_open", "Workers connected over the Worker channel (on the active node)."),
             (
                 "dex_disk_full",
                 "1 while this node's disk is full: it writes nothing, answers writes 503 no_space "

@@ -534,6 +534,7 @@ class NodeServer:
             "dex_timers_pending": stats["timers_pending"],
             "dex_engine_wal_bytes": self.replica.engine.wal_bytes(),
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
+            "dex_worker_channels_open": leader.channels_open() if leader is not None else 0,
             "dex_disk_full": int(self.raft.node.disk_full is not None),
             "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
             "dex_raft_follower_lost_entries_total": self._follower_lost_entries(),
