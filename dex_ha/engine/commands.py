@@ -210,12 +210,18 @@ class ReportResults:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HeartbeatLost:
-    """The leader stopped hearing from the Worker: the attempt fails NOT_COMPLETED."""
+    """The leader stopped hearing from the Worker: the attempt fails NOT_COMPLETED.
+
+    `silent_ms`: how long before `at` the Worker was last heard from (its last heartbeat, or
+    its channel's close). A retry's backoff counts from then, so that much of it has passed
+    already: a Worker found dead after the channel's 1 s grace retries at once, not 1 s later.
+    0 in entries written before the field existed (the whole backoff, as then)."""
 
     at: int
     step_id: str
     attempt: int
     term: int
+    silent_ms: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

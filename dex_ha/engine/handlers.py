@@ -371,7 +371,9 @@ def _refusal(refused: Rejected) -> dict[str, Any]:
 
 def heartbeat_lost(ctx: ApplyContext, cmd: HeartbeatLost) -> Handled:
     step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
-    outcomes.fail_attempt(ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True)
+    outcomes.fail_attempt(
+        ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True, backoff_spent_ms=max(0, cmd.silent_ms)
+    )
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 

@@ -166,7 +166,7 @@ def test_every_command_round_trips_through_its_encoding():
             next_token_secrets=["ef56"],
             namespace="team",
         ),
-        c.HeartbeatLost(at=1, step_id="st", attempt=1, term=1),
+        c.HeartbeatLost(at=1, step_id="st", attempt=1, term=1, silent_ms=1000),
         c.AttemptTimedOut(at=1, step_id="st", attempt=1, term=1),
         c.FailHeldAttempts(at=1, term=2),
         c.FireTimer(at=1, timer_id="tm"),
