@@ -111,7 +111,9 @@ class NodeServer:
         self.consistency = ConsistencyCheck(
             config.node_id, self.raft, self.metrics, self.propose, config.consistency_check_interval_ms
         )
-        self.cluster_version_upgrade = ClusterVersionUpgrade(config.node_id, self._versions_now, self.propose)
+        self.cluster_version_upgrade = ClusterVersionUpgrade(
+            config.node_id, self._versions_now, self.propose, gate_off=self.failpoints.armed(GATE_OFF_FAILPOINT)
+        )
         self.replica.on_state_hash = self.consistency.on_own_hash
         self.replica.on_alarms = self.consistency.on_alarms
         self.consistency.on_alarms(engine.consistency_alarms())  # barred from leading before it starts

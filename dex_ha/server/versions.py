@@ -41,8 +41,9 @@ log = logging.getLogger("dex_ha.server.versions")
 # For tests only: run this node as if its code had this older state machine (as a node of
 # an older release would), e.g. to see it stop on a newer entry. Never set it in production.
 TEST_STATE_MACHINE_VERSION_ENV = "DEX_HA_TEST_STATE_MACHINE_VERSION"
-# A failpoint used as a switch (armed, never hit): the active node ignores the gate and
-# proposes newer commands anyway, so a test can feed a node an entry it must stop on.
+# A failpoint used as a switch (armed, never hit): the active node ignores the gate, proposes
+# newer commands anyway and moves the cluster to its own state machine without waiting for
+# the members, so that a test can feed a node an entry it must stop on.
 GATE_OFF_FAILPOINT = "server.version-gate.off"
 # What a peer that sends no version runs: 0.1.0, the release before versions travelled.
 UNVERSIONED_PEER = NodeVersion("0.1.0", FIRST_STATE_MACHINE_VERSION)
@@ -78,9 +79,10 @@ def lowest_state_machine(members: Iterable[str], versions: Mapping[str, NodeVers
 
 def check_command(cmd: Command, cluster_version: int, gate_off: bool = False) -> None:
     """Refuse (503) a command newer than the cluster's state-machine version: a member
-    that is not upgraded yet could not apply it."""
+    that is not upgraded yet could not apply it. SetClusterVersion is the exception: it is
+    what moves the version, proposed only once every member runs the new one."""
     needs = command_since(type(cmd))
-    if needs > cluster_version and not gate_off:
+    if needs > cluster_version and not gate_off and not isinstance(cmd, SetClusterVersion):
         raise ApiError(
             503,
             "unavailable",
@@ -98,11 +100,14 @@ class ClusterVersionUpgrade:
         node_id: str,
         state: Callable[[], Awaitable[tuple[list[str], Mapping[str, NodeVersion | None], int]]],
         propose: Callable[[Command], Awaitable[ApplyResult]],
+        gate_off: bool = False,
     ) -> None:
-        """`state()` gives (the members, what each runs, the cluster's version)."""
+        """`state()` gives (the members, what each runs, the cluster's version);
+        `gate_off` (tests only, GATE_OFF_FAILPOINT): this node's own version is the target."""
         self.node_id = node_id
         self._state = state
         self._propose = propose
+        self._gate_off = gate_off
         self._task: asyncio.Task[None] | None = None
         self._waiting_on: tuple[str, ...] = ()  # the members last logged as holding the version back
 
@@ -120,12 +125,16 @@ class ClusterVersionUpgrade:
     async def _run(self, is_serving: Callable[[], bool]) -> None:
         while True:
             await asyncio.sleep(UPGRADE_CHECK_INTERVAL_S)
-            if is_serving():
+            if not is_serving():
+                continue
+            try:
                 await self.check_once()
+            except Exception:  # a bug: say it, and look again at the next interval
+                log.exception("checking whether the cluster can move to a newer state machine failed")
 
     async def check_once(self) -> None:
         members, versions, cluster = await self._state()
-        target = lowest_state_machine(members, versions)
+        target = lowest_state_machine([self.node_id] if self._gate_off else members, versions)
         if target is None or target <= cluster:
             self._note_waiting(members, versions, cluster)
             return
