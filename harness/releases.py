@@ -36,7 +36,9 @@ def checkout_release(commit: str, dest: Path) -> Path | None:
 
 
 def release_env(tree: Path) -> dict[str, str]:
-    """The environment that runs `python -m dex_ha.cli` from `tree` instead of this code."""
+    """The environment that runs `python -m dex_ha.cli` from `tree` instead of this code.
+    Run it in another working directory than this checkout: `python -m` puts the working
+    directory first on the path, before PYTHONPATH."""
     return {**os.environ, "PYTHONPATH": str(tree)}
 
 

@@ -154,7 +154,7 @@ class ClusterVersionUpgrade:
         if behind != self._waiting_on:
             self._waiting_on = behind
             log.info(
-                "the cluster stays at state machine v%d until %s run a newer one (rolling upgrade)",
+                "the cluster stays at state machine v%d until these members run a newer one: %s (rolling upgrade)",
                 cluster,
                 ", ".join(behind),
             )
