@@ -40,6 +40,7 @@ from dex_ha.engine import (
     RegisterAgent,
     ReportResults,
     SendMessage,
+    command_since,
 )
 from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, NAMESPACE, NAMESPACE_HEADER, ROUTES, RouteSpec
@@ -743,7 +744,7 @@ async def worker_channel(api: Api, args: dict[str, Any], request: web.Request) -
     leader = api.node.serving()
     agents = args["agents"].split(",")
     _check_agents_namespace(api, agents, args["namespace"])
-    _check_channel_version(api.node)
+    await _check_channel_version(api.node)
     config = api.node.config
     ws = web.WebSocketResponse(
         heartbeat=config.worker_channel_ping_ms / 1000,  # no pong within half of it: closed
@@ -769,12 +770,16 @@ async def worker_channel(api: Api, args: dict[str, Any], request: web.Request) -
     return ws
 
 
-def _check_channel_version(node: NodeServer) -> None:
+async def _check_channel_version(node: NodeServer) -> None:
     """The channel's frames are ReportResults entries: while a member runs a state machine
     without it (a rolling upgrade), 404, as a node without the channel answers, so that a
-    Worker polls over HTTP instead."""
+    Worker polls over HTTP instead. A new cluster whose members all have it moves to it
+    first (the version moves within a second by itself; a Worker must not wait for that)."""
+    probe = ReportResults(at=0, reports=[])
+    if command_since(ReportResults) > node.replica.cluster_version:
+        await node.cluster_version_upgrade.check_once()
     try:
-        node.check_version_gate(ReportResults(at=0, reports=[]))
+        node.check_version_gate(probe)
     except ApiError as refused:
         raise ApiError(404, "not_found", f"no Worker channel yet: {refused}; poll over HTTP") from None
 

@@ -108,6 +108,7 @@ class ClusterVersionUpgrade:
         self._state = state
         self._propose = propose
         self._gate_off = gate_off
+        self._checking = asyncio.Lock()  # one check at a time: never two SetClusterVersion in flight
         self._task: asyncio.Task[None] | None = None
         self._waiting_on: tuple[str, ...] = ()  # the members last logged as holding the version back
 
@@ -133,6 +134,13 @@ class ClusterVersionUpgrade:
                 log.exception("checking whether the cluster can move to a newer state machine failed")
 
     async def check_once(self) -> None:
+        """Move the cluster now if every member runs a newer state machine (the loop calls
+        it every interval; a route that needs the newer version calls it at once, so that
+        a cluster whose members all run this release never makes a client wait for it)."""
+        async with self._checking:
+            await self._check()
+
+    async def _check(self) -> None:
         members, versions, cluster = await self._state()
         target = lowest_state_machine([self.node_id] if self._gate_off else members, versions)
         if target is None or target <= cluster:
