@@ -19,7 +19,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from dex_ha.engine.commands import CheckStateHash, Command, CommandDecodeError, decode_command
+from dex_ha.engine.commands import (
+    STATE_MACHINE_VERSION,
+    CheckStateHash,
+    Command,
+    CommandDecodeError,
+    NeedsUpgrade,
+    SetClusterVersion,
+    UnknownCommand,
+    command_since,
+    decode_command,
+)
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.handlers import HANDLERS
 from dex_ha.engine.history_cache import DEFAULT_BUDGET_CHARS, HistoryCache
@@ -28,6 +38,7 @@ from dex_ha.engine.results import ApplyResult, Rejected, accepted
 from dex_ha.engine.schema import SCHEMA_VERSION
 from dex_ha.engine.store import (
     APPLIED_INDEX,
+    CLUSTER_VERSION,
     WAL_RESTART_AFTER_FRAMES,
     Store,
     WalCheckpointer,
@@ -53,6 +64,7 @@ class Engine(Queries):
         checkpoint_every_s: float | None = None,
         wal_restart_after_frames: int = WAL_RESTART_AFTER_FRAMES,
         history_cache_chars: int = DEFAULT_BUDGET_CHARS,
+        state_machine_version: int = STATE_MACHINE_VERSION,
     ) -> None:
         """Open or create the state at `path` (":memory:" for tests).
 
@@ -66,8 +78,12 @@ class Engine(Queries):
         writes so that the WAL can start over.
         `history_cache_chars`: the budget of the history the engine keeps in memory to
         build tasks (history_cache.py).
+        `state_machine_version`: the newest commands this engine applies (lower only in
+        tests, to play an older release); a newer entry stops it (NeedsUpgrade), and so
+        does a state whose cluster already moved past it.
         """
         self.path = path
+        self.state_machine_version = state_machine_version
         self._conn = connect(path, durable)
         init_schema(self._conn)
         # Local, never replicated: tasks are built from it inside the apply of their hand-out.
@@ -80,6 +96,7 @@ class Engine(Queries):
         # that ends with it commits, before anything later applies (see open_state_hash).
         self.on_state_check: Callable[[int], None] | None = None
         self._state_check_at: int | None = None
+        self._check_cluster_version()
         if checkpoint_every_s is not None and path != ":memory:":
             self._conn.execute("PRAGMA wal_autocheckpoint=0")
             self._checkpointer = WalCheckpointer(
@@ -174,13 +191,23 @@ class Engine(Queries):
             raise
         return results
 
+    def _check_cluster_version(self) -> None:
+        """Refuse a state whose cluster runs a newer state machine than this engine: it
+        holds, or will be sent, commands this engine cannot apply (NeedsUpgrade)."""
+        cluster = self.cluster_version()
+        if cluster > self.state_machine_version:
+            raise NeedsUpgrade(self.applied_index(), SetClusterVersion.__name__, cluster, self.state_machine_version)
+
     def _apply_entry(self, index: int, data: bytes, careful: bool) -> ApplyResult:
         if not data:
             return accepted(index, noop=True)
         try:
             cmd = decode_command(data)
+        except UnknownCommand as exc:  # a newer release wrote it: stop, never apply it as invalid
+            raise NeedsUpgrade(index, exc.name, exc.since, self.state_machine_version) from None
         except CommandDecodeError as exc:
             return Rejected("invalid", str(exc)).result(index)
+        self._check_version_of(index, cmd)
         if isinstance(cmd, CheckStateHash):
             self._state_check_at = index
         if careful:
@@ -198,6 +225,22 @@ class Engine(Queries):
             raise  # disk full, I/O error...: the whole batch is rolled back; the node decides
         except Exception:
             raise _ReplayCarefully() from None
+
+    def _check_snapshot_version(self, source: sqlite3.Connection, index: int) -> None:
+        """A snapshot of a cluster that moved past this engine's state machine is never
+        installed (NeedsUpgrade): the entries after it are ones this engine cannot apply."""
+        row = source.execute("SELECT value FROM meta WHERE key = ?", (CLUSTER_VERSION,)).fetchone()
+        if row is not None and int(row[0]) > self.state_machine_version:
+            raise NeedsUpgrade(index, "a snapshot", int(row[0]), self.state_machine_version)
+
+    def _check_version_of(self, index: int, cmd: Command) -> None:
+        """Stop on a command of a newer state machine than this engine runs (NeedsUpgrade),
+        a SetClusterVersion to one included."""
+        needs = command_since(type(cmd))
+        if isinstance(cmd, SetClusterVersion):
+            needs = max(needs, cmd.version)
+        if needs > self.state_machine_version:
+            raise NeedsUpgrade(index, type(cmd).__name__, needs, self.state_machine_version)
 
     def _run_in_savepoint(self, index: int, cmd: Command) -> ApplyResult:
         try:
@@ -293,6 +336,7 @@ class Engine(Queries):
             source = sqlite3.connect(path)
             try:
                 _check_snapshot(source, index)
+                self._check_snapshot_version(source, index)
                 source.backup(self._conn)
             finally:
                 source.close()

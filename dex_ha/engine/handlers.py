@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from dex_ha.engine import calls, outcomes, steps, turns
 from dex_ha.engine.agents import lowered_approvals, normalize_definition, policy_changes
 from dex_ha.engine.commands import (
+    FIRST_STATE_MACHINE_VERSION,
     AnswerQuestion,
     AttemptTimedOut,
     CancelTurn,
@@ -30,6 +31,7 @@ from dex_ha.engine.commands import (
     ReportItem,
     ReportResults,
     SendMessage,
+    SetClusterVersion,
     SetConsistencyAlarm,
     StartAttempts,
     StartQueuedAttempts,
@@ -43,7 +45,7 @@ from dex_ha.engine.kinds import (
     RUN_MODEL,
 )
 from dex_ha.engine.results import HTTP_STATUS_BY_CODE, Rejected
-from dex_ha.engine.store import CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
+from dex_ha.engine.store import CLUSTER_VERSION, CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
 
 T = TypeVar("T")
 
@@ -440,6 +442,16 @@ def set_consistency_alarm(ctx: ApplyContext, cmd: SetConsistencyAlarm) -> Handle
     return Handled(value={"consistency_alarm": {"node_id": cmd.node_id, "raised": cmd.raised, "index": cmd.index}})
 
 
+def set_cluster_version(ctx: ApplyContext, cmd: SetClusterVersion) -> Handled:
+    # Never down: a member of the older version may be gone for good by now. (A version
+    # above this node's never gets here: the engine stops on it, NeedsUpgrade.)
+    current = ctx.store.meta(CLUSTER_VERSION, FIRST_STATE_MACHINE_VERSION)
+    if cmd.version <= current:
+        return Handled(value={"cluster_version": current}, noop=True)
+    ctx.store.set_meta(CLUSTER_VERSION, cmd.version)
+    return Handled(value={"cluster_version": cmd.version})
+
+
 def _check_id(value: str, field: str) -> None:
     if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
         raise Rejected("invalid", f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
@@ -464,4 +476,5 @@ HANDLERS: dict[type, Callable[[ApplyContext, Any], Handled]] = {
     ReconcileToolCall: reconcile_tool_call,
     CheckStateHash: check_state_hash,
     SetConsistencyAlarm: set_consistency_alarm,
+    SetClusterVersion: set_cluster_version,
 }

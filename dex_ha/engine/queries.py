@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from itertools import groupby
 from typing import Any
 
+from dex_ha.engine.commands import FIRST_STATE_MACHINE_VERSION
 from dex_ha.engine.kinds import (
     AWAIT_USER_MESSAGE,
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
@@ -18,7 +19,14 @@ from dex_ha.engine.kinds import (
     idempotency_key,
 )
 from dex_ha.engine.statuses import StepStatus
-from dex_ha.engine.store import APPLIED_INDEX, CONSISTENCY_ALARM_PREFIX, EVENT_ID_SHIFT, Store, from_json
+from dex_ha.engine.store import (
+    APPLIED_INDEX,
+    CLUSTER_VERSION,
+    CONSISTENCY_ALARM_PREFIX,
+    EVENT_ID_SHIFT,
+    Store,
+    from_json,
+)
 from dex_ha.engine.tasks import task_input
 from dex_ha.worker_protocol import Task  # the one shape of a task, shared with the Worker SDK
 
@@ -144,6 +152,11 @@ class Queries:
     def applied_index(self) -> int:
         """The last log index applied (stored with the changes it covers)."""
         return self._store.meta(APPLIED_INDEX)
+
+    def cluster_version(self) -> int:
+        """The cluster's state-machine version: the newest every member runs, as the
+        latest SetClusterVersion said (the first version before any)."""
+        return self._store.meta(CLUSTER_VERSION, FIRST_STATE_MACHINE_VERSION)
 
     def consistency_alarms(self) -> dict[str, int]:
         """The members under the consistency alarm: node id -> the index of the check

@@ -34,6 +34,8 @@ from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 log = logging.getLogger("dex_ha.engine")
 
 APPLIED_INDEX = "applied_index"
+# The cluster's state-machine version (SetClusterVersion); absent: the first version.
+CLUSTER_VERSION = "cluster_state_machine_version"
 WAL_SIZE_LIMIT_BYTES = 64 << 20
 WAL_RESTART_AFTER_FRAMES = 4096  # 16 MB of 4 KB pages: a few seconds of writes at full load
 # A member under the consistency alarm: meta key prefix + node id -> the index of the check.

@@ -624,7 +624,11 @@ _WORKER = (
         "(the frames are in docs/worker-protocol.md).",
         headers=(NAMESPACE,),
         success={101: "switching to the WebSocket protocol: the channel is open"},
-        errors={400: "invalid: a parameter is missing or wrong, or the request is not a WebSocket upgrade"},
+        errors={
+            400: "invalid: a parameter is missing or wrong, or the request is not a WebSocket upgrade",
+            404: "not_found: no channel while a member of the cluster runs a release without it (a rolling "
+            "upgrade): the Worker polls over HTTP",
+        },
         query=(
             _id("worker_id", "The Worker's id, recorded on each attempt handed to it over this channel."),
             FieldSpec(
@@ -749,7 +753,9 @@ _CLUSTER = (
         "/v1/cluster",
         ANY_ROLE,
         "This node's view of the cluster: its cluster id, role, term, leader, indexes, lease, alarms (no_space), "
-        "members (each with its URL, Raft address and consistency alarm).",
+        "its release (version) and state machine (state_machine_version), the cluster's state machine "
+        "(cluster_state_machine_version), members (each with its URL, Raft address, consistency alarm, and "
+        "release and state machine as this node last heard them).",
         success={200: "the cluster table"},
         active_only=False,
     ),

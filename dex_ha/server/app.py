@@ -25,6 +25,7 @@ from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+import dex_ha
 from dex_ha.engine import (
     AnswerQuestion,
     ApplyResult,
@@ -37,7 +38,9 @@ from dex_ha.engine import (
     FailAttempt,
     ReconcileToolCall,
     RegisterAgent,
+    ReportResults,
     SendMessage,
+    command_since,
 )
 from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, NAMESPACE, NAMESPACE_HEADER, ROUTES, RouteSpec
@@ -128,7 +131,7 @@ def _value(result: ApplyResult) -> dict[str, Any]:
 
 def build_app(node: NodeServer) -> web.Application:
     auth = TokenAuth(node.config.tokens, node.config.scoped_tokens)
-    api = Api(node, openapi_document(version=_version()))
+    api = Api(node, openapi_document(version=dex_ha.__version__))
     # Bodies are read by read_body (http_limits.py) with their route's limit; aiohttp's own
     # cap (client_max_size, for request.read()) is the largest of them, should anything call it.
     config = node.config
@@ -164,15 +167,6 @@ def _browser_checks(guard: BrowserGuard) -> Middleware:
 
 async def _cors_headers(guard: BrowserGuard, request: web.Request, response: web.StreamResponse) -> None:
     response.headers.update(guard.cors_headers(request.headers.get("Origin")))
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("dex-ha")
-    except PackageNotFoundError:
-        return "0.0.0"
 
 
 def _pipeline(
@@ -750,6 +744,7 @@ async def worker_channel(api: Api, args: dict[str, Any], request: web.Request) -
     leader = api.node.serving()
     agents = args["agents"].split(",")
     _check_agents_namespace(api, agents, args["namespace"])
+    await _check_channel_version(api.node)
     config = api.node.config
     ws = web.WebSocketResponse(
         heartbeat=config.worker_channel_ping_ms / 1000,  # no pong within half of it: closed
@@ -773,6 +768,20 @@ async def worker_channel(api: Api, args: dict[str, Any], request: web.Request) -
     )
     await channel.serve()
     return ws
+
+
+async def _check_channel_version(node: NodeServer) -> None:
+    """The channel's frames are ReportResults entries: while a member runs a state machine
+    without it (a rolling upgrade), 404, as a node without the channel answers, so that a
+    Worker polls over HTTP instead. A new cluster whose members all have it moves to it
+    first (the version moves within a second by itself; a Worker must not wait for that)."""
+    probe = ReportResults(at=0, reports=[])
+    if command_since(ReportResults) > node.replica.cluster_version:
+        await node.cluster_version_upgrade.check_once()
+    try:
+        node.check_version_gate(probe)
+    except ApiError as refused:
+        raise ApiError(404, "not_found", f"no Worker channel yet: {refused}; poll over HTTP") from None
 
 
 def _attempt_of(api: Api, args: dict[str, Any]) -> tuple[TaskToken, AttemptState]:

@@ -175,6 +175,7 @@ def test_every_command_round_trips_through_its_encoding():
         c.ReconcileToolCall(at=1, session_id="s", call_id="c", outcome="succeeded", result=1),
         c.CheckStateHash(at=1),
         c.SetConsistencyAlarm(at=1, node_id="n2", index=7, raised=True, found="ab", expected="cd"),
+        c.SetClusterVersion(at=1, version=2),
     ]
     assert {type(s).__name__ for s in samples} == set(COMMAND_TYPES)
     for cmd in samples:

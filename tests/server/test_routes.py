@@ -1030,8 +1030,10 @@ def test_every_route_that_takes_input_has_bad_input_cases():
     with_400 = {bad.route for bad in INVALID}
     missing = [r.name for r in ROUTES if takes_input(r) and r.name not in with_400]
     assert not missing, f"routes that take input without a 400 case: {missing}"
-    # step_down's 404 (`to` is not a voter) has its own test, marked as a known server bug.
-    with_404 = {bad.route for bad in UNKNOWN} | {"step_down"}
+    # step_down's 404 (`to` is not a voter) has its own test, marked as a known server bug;
+    # worker_channel's (a member runs an older state machine) needs a cluster of two
+    # releases: tests/e2e/test_version_gate.py and test_rolling_upgrade.py.
+    with_404 = {bad.route for bad in UNKNOWN} | {"step_down", "worker_channel"}
     missing = [r.name for r in ROUTES if 404 in r.responses and r.name not in with_404]
     assert not missing, f"routes that can answer 404 without a 404 case: {missing}"
 
