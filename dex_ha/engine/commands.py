@@ -83,6 +83,27 @@ class CancelTurn:
     namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeleteSession:
+    """Delete an ended session and every row of it (`DELETE /v1/sessions/{id}`). A session
+    with a running turn is refused (conflict): cancel the turn first."""
+
+    at: int
+    session_id: str
+    namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpireSessions:
+    """Retention: delete each of `session_ids` that is still idle and whose last activity
+    (its updated_at) is before `cutoff_at`; the others stay. The active node picks the ids
+    (queries.expired_sessions) and sets the cutoff from its clock: the engine reads none."""
+
+    at: int
+    cutoff_at: int
+    session_ids: list[str]
+
+
 # ---------------------------------------------------------------- attempts
 
 
@@ -310,6 +331,8 @@ Command = (
     | RegisterAgent
     | SendMessage
     | CancelTurn
+    | DeleteSession
+    | ExpireSessions
     | StartAttempts
     | StartQueuedAttempts
     | CompleteAttempt
