@@ -109,6 +109,13 @@ class Engine(Queries):
         except FileNotFoundError:
             return 0
 
+    def state_bytes(self) -> int:
+        """The size of the database file now, without its write-ahead log; any thread may ask."""
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:  # ":memory:"
+            return 0
+
     def trace_statements(self, callback: Callable[[str], object] | None) -> None:
         """For measurements (bench/engine_bench.py, tests): `callback(sql)` for every SQL
         statement this engine's connection runs, its parameters filled in; None stops it."""

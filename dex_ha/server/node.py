@@ -37,6 +37,7 @@ from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.node_credential import NodeCredential
 from dex_ha.server.probes import ProbeServer
 from dex_ha.server.replica import Replica
+from dex_ha.server.retention import Retention
 from dex_ha.server.roles import NodeRole
 from dex_ha.server.streams import DeltaRelay
 
@@ -109,6 +110,13 @@ class NodeServer:
         self.consistency.on_alarms(engine.consistency_alarms())  # barred from leading before it starts
         self.metrics.add_state_gauges(self.metrics_state)
         self.clock = ActiveClock()  # every command's `at`: see ActiveClock
+        self.retention = Retention(
+            self.replica.reads,
+            self.propose,
+            self.clock.now_ms,
+            config.retention_days,
+            config.retention_check_interval_ms,
+        )
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
@@ -143,6 +151,7 @@ class NodeServer:
         self.replica.notify_on(asyncio.get_running_loop())
         await self.raft.start()
         self.consistency.start(self.is_serving)
+        self.retention.start(self.is_serving)
         limits = HttpLimits.from_config(self.config)
         self._runner = ApiRunner(build_app(self), access_log=None, handle_signals=False, **limits.handler_args())
         await self._runner.setup()
@@ -173,6 +182,7 @@ class NodeServer:
             await self.probes.stop()
         await self._stop_leader_services()
         await self.consistency.stop()
+        await self.retention.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         self._http_socket.close()
@@ -533,6 +543,8 @@ class NodeServer:
             "dex_raft_leader_contact_gap_max_seconds": self.raft.node.metrics.leader_contact_gap_max_ms / 1000,
             "dex_timers_pending": stats["timers_pending"],
             "dex_engine_wal_bytes": self.replica.engine.wal_bytes(),
+            "dex_state_bytes": self.replica.engine.state_bytes(),
+            "dex_state_free_bytes": stats["free_bytes"],
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
             "dex_disk_full": int(self.raft.node.disk_full is not None),
             "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
@@ -548,6 +560,7 @@ class NodeServer:
             "dex_sse_streams_shed_total": self.streams.shed_total,
             "steps_queued": stats["steps_queued"],
             "sessions": stats["sessions"],
+            "sessions_deleted": stats["sessions_deleted"],
             "tool_calls": stats["tool_calls"],
             "followers": self._follower_progress(view.commit),
             "consistency_alarms": self.consistency.alarms,
