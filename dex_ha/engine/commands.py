@@ -110,6 +110,27 @@ class CancelTurn:
     namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeleteSession:
+    """Delete an ended session and every row of it (`DELETE /v1/sessions/{id}`). A session
+    with a running turn is refused (conflict): cancel the turn first."""
+
+    at: int
+    session_id: str
+    namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpireSessions:
+    """Retention: delete each of `session_ids` that is still idle and whose last activity
+    (its updated_at) is before `cutoff_at`; the others stay. The active node picks the ids
+    (queries.expired_sessions) and sets the cutoff from its clock: the engine reads none."""
+
+    at: int
+    cutoff_at: int
+    session_ids: list[str]
+
+
 # ---------------------------------------------------------------- attempts
 
 
@@ -356,6 +377,8 @@ Command = (
     | RegisterAgent
     | SendMessage
     | CancelTurn
+    | DeleteSession
+    | ExpireSessions
     | StartAttempts
     | StartQueuedAttempts
     | CompleteAttempt
@@ -379,7 +402,7 @@ COMMAND_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(C
 # version 1 (0.1.0). The leader proposes none newer than the cluster's version, and the
 # entry of one names it (SINCE_FIELD), so that a node without the type can say which
 # version it needs.
-COMMAND_SINCE: dict[type, int] = {ReportResults: 2, SetClusterVersion: 2}
+COMMAND_SINCE: dict[type, int] = {ReportResults: 2, SetClusterVersion: 2, DeleteSession: 2, ExpireSessions: 2}
 SINCE_FIELD = "_sm"  # in a command's fields; short: ReportResults is on the hot path
 
 

@@ -45,10 +45,16 @@ from dex_ha.engine.store import (
     can_migrate,
     connect,
     init_schema,
+    make_reclaimable,
+    reclaim_free_pages,
     state_hash,
 )
 
 log = logging.getLogger("dex_ha.engine")
+
+# Free pages given back to the file system after a batch of entries (reclaim_space): 8 MB
+# of 4 KB pages, a few milliseconds; the rest after the next batches.
+RECLAIM_PAGES_PER_BATCH = 2048
 
 
 class Engine(Queries):
@@ -86,6 +92,10 @@ class Engine(Queries):
         self.state_machine_version = state_machine_version
         self._conn = connect(path, durable)
         init_schema(self._conn)
+        if path != ":memory:":
+            make_reclaimable(self._conn, path)
+        # Free pages to give back to the file system (sessions were deleted): reclaim_space.
+        self._reclaim_pending = self._free_pages() > 0
         # Local, never replicated: tasks are built from it inside the apply of their hand-out.
         self._history_cache = HistoryCache(history_cache_chars)
         self._store = Store(self._conn, self._history_cache)
@@ -114,6 +124,13 @@ class Engine(Queries):
         try:
             return os.stat(self.path + "-wal").st_size
         except FileNotFoundError:
+            return 0
+
+    def state_bytes(self) -> int:
+        """The size of the database file now, without its write-ahead log; any thread may ask."""
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:  # ":memory:"
             return 0
 
     def trace_statements(self, callback: Callable[[str], object] | None) -> None:
@@ -152,7 +169,23 @@ class Engine(Queries):
                 index, self._state_check_at = self._state_check_at, None
                 if index is not None and self.on_state_check is not None:
                     self.on_state_check(index)
+            if self._reclaim_pending:
+                self.reclaim_space()
         return results
+
+    def reclaim_space(self, most_pages: int = RECLAIM_PAGES_PER_BATCH) -> None:
+        """Give free pages (left by deleted sessions) back to the file system, at most
+        `most_pages` at a time; later batches go on until none is left. A physical change
+        only: no row changes, so the state hash does not either. Called with the write lock
+        held (after a batch), or where nothing applies."""
+        try:
+            self._reclaim_pending = reclaim_free_pages(self._conn, most_pages) > 0
+        except sqlite3.Error as exc:  # a full disk, say: the pages stay free and are reused
+            log.warning("engine: could not give free pages back to the file system (%s); trying again later", exc)
+
+    def _free_pages(self) -> int:
+        free: int = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
+        return free
 
     def _apply_part(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult]:
         try:
@@ -180,6 +213,8 @@ class Engine(Queries):
             self._store.set_meta(APPLIED_INDEX, applied)
             self._conn.execute("COMMIT")
             self._history_cache.committed()
+            if self._store.take_deleted():
+                self._reclaim_pending = True
         except BaseException:
             self._state_check_at = None
             self._store.discard_buffered()
@@ -258,7 +293,7 @@ class Engine(Queries):
     def _run(self, index: int, cmd: Command, careful: bool = False) -> ApplyResult:
         ctx = ApplyContext(self._store, index, cmd.at, careful=careful)
         handled = HANDLERS[type(cmd)](ctx, cmd)
-        event_sessions = frozenset(session_id for session_id, _, _ in ctx.events)
+        event_sessions = frozenset(session_id for session_id, _, _ in ctx.events).union(handled.deleted)
         ctx.hand_over_writes()
         return accepted(index, handled.value, noop=handled.noop, event_sessions=event_sessions)
 
@@ -333,15 +368,19 @@ class Engine(Queries):
             path = os.path.join(tmp, "restore.db")
             with open(path, "wb") as f:
                 f.write(data)
-            source = sqlite3.connect(path)
+            source = sqlite3.connect(path, isolation_level=None)
             try:
                 _check_snapshot(source, index)
                 self._check_snapshot_version(source, index)
+                # The copy takes the snapshot's page layout, its auto_vacuum setting too: one
+                # from a node of an older version is made reclaimable first.
+                make_reclaimable(source, "installing a snapshot")
                 source.backup(self._conn)
             finally:
                 source.close()
             self._conn.execute("PRAGMA journal_mode=WAL")
             init_schema(self._conn)
+            self._reclaim_pending = self._free_pages() > 0
 
 
 class EngineReader(Queries):

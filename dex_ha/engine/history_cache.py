@@ -102,6 +102,10 @@ class HistoryCache:
         history.summary, history.summary_upto_seq = summary, upto_seq
         # The size is not recounted: it only overstates, until the session is dropped.
 
+    def deleted(self, session_id: str) -> None:
+        """The session was deleted (dropping it is right whether or not that commits)."""
+        self._drop(session_id)
+
     def _drop(self, session_id: str) -> None:
         history = self._sessions.pop(session_id, None)
         if history is not None:

@@ -499,6 +499,21 @@ class Queries:
             "steps": steps,
         }
 
+    def session_namespace(self, session_id: str) -> str | None:
+        """The session's namespace; None once it does not exist (or was deleted)."""
+        found: str | None = self._store.scalar("SELECT namespace FROM sessions WHERE session_id = ?", (session_id,))
+        return found
+
+    def expired_sessions(self, cutoff_at: int, limit: int) -> list[str]:
+        """Retention: up to `limit` ids of idle sessions (no running turn) last active
+        (updated_at) before `cutoff_at`, the oldest first."""
+        rows = self._store.rows(
+            "SELECT session_id FROM sessions WHERE status = 'idle' AND updated_at < ? "
+            "ORDER BY updated_at, session_id LIMIT ?",
+            (cutoff_at, limit),
+        )
+        return [r[0] for r in rows]
+
     # ---------------------------------------------------------- metrics and tests
 
     def stats(self) -> dict[str, Any]:
@@ -513,6 +528,15 @@ class Queries:
             "timers_pending": self._store.scalar("SELECT COUNT(*) FROM timers WHERE status = 'pending'"),
             "sessions": {r[0]: r[1] for r in self._store.rows("SELECT status, COUNT(*) FROM sessions GROUP BY status")},
             "attempts_running": self._store.scalar("SELECT COUNT(*) FROM attempts WHERE status = 'running'"),
+            # Sessions deleted, by how (deleted: by a request; expired: by retention).
+            "sessions_deleted": {
+                r[0].removeprefix("sessions."): r[1]
+                for r in self._store.rows(
+                    "SELECT name, value FROM counters WHERE name IN ('sessions.deleted', 'sessions.expired')"
+                )
+            },
+            # Pages inside the database file that hold nothing (reclaimed after deletions).
+            "free_bytes": self._store.scalar("PRAGMA freelist_count") * self._store.scalar("PRAGMA page_size"),
             # Outcomes recorded (only grows; replicated, so it survives failovers).
             "tool_calls": {
                 r[0].removeprefix("tool_calls."): r[1]

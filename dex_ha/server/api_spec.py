@@ -414,6 +414,22 @@ _SESSIONS = (
         path_params=(SESSION_ID,),
     ),
     _route(
+        "delete_session",
+        "DELETE",
+        "/v1/sessions/{session_id}",
+        CLIENT,
+        "Delete an ended session and everything of it: messages, turns, history, tool calls, steps, "
+        "attempts, events. A session with a running turn is 409: cancel the turn first.",
+        headers=(NAMESPACE,),
+        success={200: "deleted (the body holds session_id and deleted: true); its open event streams end"},
+        errors={
+            404: "not_found: no such session in the namespace (deleted already, or never created)",
+            409: "conflict: the session has a running turn (the message names it); cancel it, then delete",
+        },
+        path_params=(SESSION_ID,),
+        proposes=True,
+    ),
+    _route(
         "send_message",
         "POST",
         "/v1/sessions/{session_id}/messages",

@@ -34,6 +34,7 @@ from dex_ha.engine import (
     CompleteAttempt,
     CreateSession,
     DecideApproval,
+    DeleteSession,
     EngineReader,
     FailAttempt,
     ReconcileToolCall,
@@ -599,6 +600,13 @@ async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> A
     return 200, {"session_id": args["session_id"], **_value(result)}
 
 
+async def delete_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    result = await api.propose(
+        DeleteSession(at=api.node.clock.now_ms(), session_id=args["session_id"], namespace=args["namespace"])
+    )
+    return 200, _value(result)
+
+
 async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
         ReconcileToolCall(
@@ -618,7 +626,8 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     """SSE: committed events from `after` (or Last-Event-ID) on, then live ones and deltas.
 
     The stream ends when this node stops being the active node; the client resumes from
-    the last id it saw on whichever node is active then.
+    the last id it saw on whichever node is active then. It also ends, after an event
+    `session_deleted`, once the session is deleted.
     """
     session_id = args["session_id"]
     _snapshot(api, session_id, args["namespace"])  # 404 before the stream starts
@@ -632,6 +641,10 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
         await response.prepare(request)
         await _stream_events(api, response, session_id, after)
     return response
+
+
+# The last event of the stream of a session that was deleted (it has no id: nothing follows).
+SESSION_DELETED = "session_deleted"
 
 
 async def _stream_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> None:
@@ -649,6 +662,10 @@ async def _stream_events(api: Api, response: web.StreamResponse, session_id: str
             try:
                 still_active(api)  # the stream has begun: it ends instead of a 503
             except NotServing:
+                break
+            if api.engine.session_namespace(session_id) is None:  # deleted: say so, and end
+                deleted = {"type": SESSION_DELETED, "data": {"session_id": session_id}}
+                await response.write(_sse(None, SESSION_DELETED, deleted))
                 break
             after = await _write_committed_events(api, response, session_id, after)
             while not deltas.empty():
@@ -949,6 +966,7 @@ HANDLERS: dict[str, Handler] = {
     "decide_approval": decide_approval,
     "answer_question": answer_question,
     "cancel_turn": cancel_turn,
+    "delete_session": delete_session,
     "reconcile_tool_call": reconcile_tool_call,
     "session_events": session_events,
     "register_agent": register_agent,

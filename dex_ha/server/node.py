@@ -37,6 +37,7 @@ from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.node_credential import NodeCredential
 from dex_ha.server.probes import ProbeServer
 from dex_ha.server.replica import Replica
+from dex_ha.server.retention import Retention
 from dex_ha.server.roles import NodeRole
 from dex_ha.server.streams import DeltaRelay
 from dex_ha.server.versions import GATE_OFF_FAILPOINT, ClusterVersionUpgrade, check_command, own_version, version_of
@@ -119,6 +120,13 @@ class NodeServer:
         self.consistency.on_alarms(engine.consistency_alarms())  # barred from leading before it starts
         self.metrics.add_state_gauges(self.metrics_state)
         self.clock = ActiveClock()  # every command's `at`: see ActiveClock
+        self.retention = Retention(
+            self.replica.reads,
+            self.propose,
+            self.clock.now_ms,
+            config.retention_days,
+            config.retention_check_interval_ms,
+        )
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
@@ -155,6 +163,7 @@ class NodeServer:
         await self.raft.start()
         self.consistency.start(self.is_serving)
         self.cluster_version_upgrade.start(self.is_serving)
+        self.retention.start(self.is_serving)
         limits = HttpLimits.from_config(self.config)
         self._runner = ApiRunner(build_app(self), access_log=None, handle_signals=False, **limits.handler_args())
         await self._runner.setup()
@@ -186,6 +195,7 @@ class NodeServer:
         await self._stop_leader_services()
         await self.consistency.stop()
         await self.cluster_version_upgrade.stop()
+        await self.retention.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         self._http_socket.close()
@@ -560,6 +570,8 @@ class NodeServer:
             "dex_raft_leader_contact_gap_max_seconds": self.raft.node.metrics.leader_contact_gap_max_ms / 1000,
             "dex_timers_pending": stats["timers_pending"],
             "dex_engine_wal_bytes": self.replica.engine.wal_bytes(),
+            "dex_state_bytes": self.replica.engine.state_bytes(),
+            "dex_state_free_bytes": stats["free_bytes"],
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
             "dex_worker_channels_open": leader.channels_open() if leader is not None else 0,
             "dex_disk_full": int(self.raft.node.disk_full is not None),
@@ -576,6 +588,7 @@ class NodeServer:
             "dex_sse_streams_shed_total": self.streams.shed_total,
             "steps_queued": stats["steps_queued"],
             "sessions": stats["sessions"],
+            "sessions_deleted": stats["sessions_deleted"],
             "tool_calls": stats["tool_calls"],
             "followers": self._follower_progress(view.commit),
             "consistency_alarms": self.consistency.alarms,

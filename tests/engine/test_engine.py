@@ -141,6 +141,8 @@ def test_every_command_round_trips_through_its_encoding():
         c.RegisterAgent(at=1, name="a", definition={"tools": []}),
         c.SendMessage(at=1, session_id="s", text="t", message_id="m", mode="steer"),
         c.CancelTurn(at=1, session_id="s", reason="r"),
+        c.DeleteSession(at=1, session_id="s", namespace="team"),
+        c.ExpireSessions(at=1, cutoff_at=0, session_ids=["s", "t"]),
         c.StartAttempts(at=1, handouts=[Handout(step_id="st", worker_id="w", term=3, token_secret="ab12")]),
         c.StartQueuedAttempts(at=1, worker_id="w", term=3, agents=["a", "b"], token_secrets=["ab12", "ef56"]),
         c.CompleteAttempt(

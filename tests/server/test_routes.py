@@ -27,6 +27,7 @@ from dex_ha.server.task_tokens import TaskToken
 from harness.waiting import eventually
 from tests.server import test_not_active, test_worker_channel
 from tests.server.node_fixture import (
+    SSE_DEADLINE_S,
     HttpApi,
     Reply,
     assert_error,
@@ -654,6 +655,38 @@ async def test_cancel_tells_the_running_attempt_to_stop(api: HttpApi):
     assert expect(await api.post("/v1/sessions/s1/cancel"), 200)["cancelled"] is None
 
 
+JSON = {"Content-Type": "application/json"}
+
+
+@covers("delete_session", "session_events", "metrics")
+async def test_delete_refuses_a_running_session_then_deletes_it_and_ends_its_stream(api: HttpApi):
+    await api.register_agent("helper", [])
+    await api.create_session("helper", "s1")
+    await api.send_message("s1", "hello")  # no Worker: the turn stays running
+    running = await api.delete("/v1/sessions/s1", role="client", headers=JSON)
+    assert running.status == 409 and running.error_code() == "conflict" and "running" in running.error_message()
+    assert (await api.delete("/v1/sessions/s1", role="worker", headers=JSON)).status == 403
+    other = await api.delete("/v1/sessions/s1", role="client", headers={**JSON, "Dex-Namespace": "team-b"})
+    assert other.status == 404  # a session of another namespace is not found
+    expect(await api.post("/v1/sessions/s1/cancel"), 200)
+    response, stream = await open_sse(api, "s1")
+    try:
+        await stream.until(lambda e: e.event == "session_created")
+        deleted = expect(await api.delete("/v1/sessions/s1", role="client", headers=JSON), 200)
+        assert deleted == {"session_id": "s1", "deleted": True}
+        last = (await stream.until(lambda e: e.event == "session_deleted"))[-1]
+        assert (last.id, last.data["data"]) == (None, {"session_id": "s1"})
+        assert await asyncio.wait_for(response.content.read(), SSE_DEADLINE_S) == b""  # the stream ended
+    finally:
+        response.close()
+    assert (await api.get("/v1/sessions/s1")).status == 404
+    again = await api.delete("/v1/sessions/s1", role="admin", headers=JSON)
+    assert again.status == 404 and again.error_code() == "not_found"
+    samples = metric_samples((await api.get("/metrics", role=None)).body)
+    assert sample(samples, "dex_sessions_deleted_total", how="deleted") == 1
+    assert sample(samples, "dex_state_bytes") > 0
+
+
 @covers("reconcile_tool_call")
 async def test_lost_write_attempt_is_outcome_unknown_and_can_be_reconciled(nodes, http, tmp_path):
     node = await nodes(single_node_config(tmp_path / "node", heartbeat_timeout_ms=300))
@@ -901,6 +934,7 @@ INVALID: list[Bad] = [
     Bad("list_sessions", "/v1/sessions", 400, "colour", params={"colour": "red"}),
     Bad("get_session", f"/v1/sessions/{LONG_ID}", 400, "session_id"),
     Bad("get_session", "/v1/sessions/bad%0Aid", 400, "session_id"),
+    Bad("delete_session", f"/v1/sessions/{LONG_ID}", 400, "session_id", headers={"Content-Type": "application/json"}),
     Bad("send_message", "/v1/sessions/s1/messages", 400, "text", body={}),
     Bad("send_message", "/v1/sessions/s1/messages", 400, "text", body={"text": 5}),
     Bad("send_message", "/v1/sessions/s1/messages", 400, "text", body={"text": ""}),
@@ -1010,6 +1044,7 @@ UNKNOWN: list[Bad] = [
     Bad("reconcile_tool_call", "/v1/sessions/nobody/tool-calls/c1/reconcile", 404, body={"outcome": "failed"}),
     Bad("reconcile_tool_call", "/v1/sessions/s1/tool-calls/no-such-call/reconcile", 404, body={"outcome": "failed"}),
     Bad("session_events", "/v1/sessions/nobody/events", 404),
+    Bad("delete_session", "/v1/sessions/nobody", 404, headers={"Content-Type": "application/json"}),
     Bad("task_heartbeat", f"{TOKEN}/heartbeat", 404, body={"worker_id": "w"}),
     Bad("task_heartbeat", "/v1/worker/tasks/not-a-token/heartbeat", 404, body={"worker_id": "w"}),
     Bad(
