@@ -431,6 +431,7 @@ async def test_a_standbys_console_shows_the_active_nodes_sessions_with_one_token
         async with DexClient(cluster.urls[active], token) as client:
             await client.create_session("nobody-serves-it", "on-active-1")
             await client.send_message("on-active-1", "start a turn no Worker takes")
+            await client.send_message("on-active-1", "then this one")  # waits for the running turn
 
         await open_console(page, cluster.urls[standby], "#/sessions", token=token)
         await expect(page.locator("[data-session=on-active-1]")).to_be_visible()
@@ -440,8 +441,17 @@ async def test_a_standbys_console_shows_the_active_nodes_sessions_with_one_token
         await page.get_by_role("link", name="on-active-1").click()
         await expect(page.get_by_test_id("session-status")).to_contain_text("running")
         await expect(page.get_by_test_id("msg-user").locator(".text")).to_have_text("start a turn no Worker takes")
+        await expect(page.get_by_test_id("msg-waiting").locator(".text")).to_have_text("then this one")
 
-        # Cancel the running turn, from the standby.
+        # Cancel the running turn, from the standby: the waiting message starts the next one,
+        # which is cancelled too.
+        await page.get_by_test_id("cancel-turn").click()
+        await confirm(page)
+        await expect(page.locator("[data-turn]").first).to_contain_text("Turn 1 cancelled")
+        await expect(page.get_by_test_id("msg-user").locator(".text")).to_have_text(
+            ["start a turn no Worker takes", "then this one"]
+        )
+        await expect(page.get_by_test_id("msg-waiting")).to_have_count(0)
         await page.get_by_test_id("cancel-turn").click()
         await confirm(page)
         await expect(page.get_by_test_id("session-status")).to_contain_text("idle")

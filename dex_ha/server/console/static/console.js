@@ -595,11 +595,15 @@ function conversation(s, shown, rerender) {
     box.append(h("div", { class: "card msg note", "data-testid": "summary" },
       h("div", { class: "who" }, `Summary of the items up to ${s.summary.upto_seq} (${timeOf(s.summary.at)})`), s.summary.text));
   }
+  // Messages sent but not yet taken up by a turn are not history yet: shown after it, marked.
+  const waiting = (s.waiting_messages || []).map((m) => h("div", { class: "card msg user waiting", "data-testid": "msg-waiting" },
+    h("div", { class: "who" }, `User · waiting (${m.mode}) since ${timeOf(m.at)}`), h("div", { class: "text" }, m.text)));
   box.append(
     earlierButton("history-earlier", items.length - shown.history, "messages", () => { shown.history += HISTORY_PAGE; rerender(); }) || "",
     ...items.slice(-shown.history).map(historyItem),
+    ...waiting,
   );
-  if (!items.length) box.append(h("p", { class: "muted" }, "No messages yet."));
+  if (!items.length && !waiting.length) box.append(h("p", { class: "muted" }, "No messages yet."));
   return box;
 }
 
