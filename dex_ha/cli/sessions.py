@@ -81,7 +81,7 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     )
 
     listing = actions.add_parser(
-        "list", parents=common, help="sessions in id order, one page at a time (--all: every page)"
+        "list", parents=common, help="sessions, newest first, one page at a time (--all: every page)"
     )
     listing.add_argument("--agent", help="only this agent's sessions")
     listing.add_argument("--status", choices=("idle", "running"), help="only sessions in this status")

@@ -181,8 +181,8 @@ class DexClient:
         awaiting_approval: bool | None = None,
         outcome_unknown: bool | None = None,
     ) -> SessionPage:
-        """One page of sessions, in id order. Pass ``page.next_after`` as ``after`` for the
-        next page; None means no more pages.
+        """One page of sessions, newest first (the server's order). Pass ``page.next_after``
+        as ``after`` for the next page; None means no more pages.
 
         Filters (None: no filter): ``agent``, ``status`` (``idle`` or ``running``),
         ``awaiting_approval`` (True: only sessions with a tool call waiting for approval;

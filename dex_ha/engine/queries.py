@@ -130,6 +130,34 @@ _OUTCOME_UNKNOWN_CALLS = (
     "SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = sessions.session_id AND c.status = 'outcome_unknown'"
 )
 
+# A session whose metadata has the key (the first parameter) with the value (the second):
+# a string compares as it is, anything else as its JSON text.
+_METADATA_MATCH = (
+    "EXISTS (SELECT 1 FROM json_each(sessions.metadata) AS m WHERE m.key = ? AND "
+    "(CASE m.type WHEN 'text' THEN m.value WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' "
+    "WHEN 'null' THEN 'null' ELSE CAST(m.value AS TEXT) END) = ?)"
+)
+
+
+def _session_filters(
+    agent: str | None,
+    status: str | None,
+    awaiting_approval: bool | None,
+    outcome_unknown: bool | None,
+    namespace: str | None,
+) -> tuple[list[str], list[Any]]:
+    """The WHERE conditions (and their parameters) of sessions_page's column and count filters."""
+    conds: list[str] = []
+    params: list[Any] = []
+    for column, value in (("namespace", namespace), ("agent", agent), ("status", status)):
+        if value is not None:
+            conds.append(f"{column} = ?")
+            params.append(value)
+    for count, wanted in ((_PENDING_APPROVALS, awaiting_approval), (_OUTCOME_UNKNOWN_CALLS, outcome_unknown)):
+        if wanted is not None:
+            conds.append(f"({count}) {'>' if wanted else '='} 0")
+    return conds, params
+
 
 def _by_name(cls: Any, row: sqlite3.Row, **converted: Any) -> Any:
     """An instance of the dataclass `cls` from a row whose columns are named as its fields
@@ -266,36 +294,51 @@ class Queries:
         outcome_unknown: bool | None = None,
         namespace: str | None = None,
         max_bytes: int | None = None,
+        id_contains: str | None = None,
+        metadata: tuple[str, str] | None = None,
+        older_than: tuple[int, str] | None = None,
+        newest_first: bool = False,
     ) -> Page:
-        """Sessions ordered by id; pass the last id seen as `after` for the next page.
+        """Sessions ordered by id; pass the last id seen as `after` for the next page. With
+        `newest_first`, ordered by creation time, newest first (ties by id, descending); pass
+        the last session's (created_at, session_id) as `older_than` for the next page.
         `namespace`: only that namespace's sessions (None: every namespace's).
 
         Each row counts the session's pending approvals and its outcome_unknown tool calls
         (what an operator acts on); `awaiting_approval` and `outcome_unknown` filter on
-        those counts (True: at least one; False: none; None: no filter).
+        those counts (True: at least one; False: none; None: no filter). `id_contains`: only
+        ids with that text in them; `metadata` (key, value): only sessions whose metadata
+        has that top-level key with that value (a string as it is; a number, true, false
+        or null as its JSON text).
 
         The page ends after `limit` sessions, or once they hold `max_bytes` (their stored
         metadata and a fixed amount per row; the first session is always in, however big),
         so a page's size stays about the budget whatever the sessions' metadata. Rows are
         read one at a time, so the ones after the budget are never read.
         """
-        conds, params = [], []
-        for column, value in (("namespace", namespace), ("agent", agent), ("status", status)):
-            if value is not None:
-                conds.append(f"{column} = ?")
-                params.append(value)
-        for count, wanted in ((_PENDING_APPROVALS, awaiting_approval), (_OUTCOME_UNKNOWN_CALLS, outcome_unknown)):
-            if wanted is not None:
-                conds.append(f"({count}) {'>' if wanted else '='} 0")
+        conds, params = _session_filters(agent, status, awaiting_approval, outcome_unknown, namespace)
+        if id_contains is not None:
+            conds.append("instr(session_id, ?) > 0")
+            params.append(id_contains)
+        if metadata is not None:
+            conds.append(_METADATA_MATCH)
+            params.extend(metadata)
         if after is not None:
             conds.append("session_id > ?")
             params.append(after)
+        if older_than is not None:
+            conds.append("(created_at, session_id) < (?, ?)")
+            params.extend(older_than)
         where = f"WHERE {' AND '.join(conds)}" if conds else ""
+        order = "created_at DESC, session_id DESC" if newest_first else "session_id"
+        # The page's ids first, then their counts: the counts are read for the page's rows
+        # only, not for every session that the newest-first order has to sort.
         rows = self._store.conn.execute(
             f"SELECT session_id, namespace, agent, status, current_turn_id, turn_count, created_at, updated_at, "
             f"metadata, ({_PENDING_APPROVALS}) AS pending_approvals, "
             f"({_OUTCOME_UNKNOWN_CALLS}) AS outcome_unknown_calls "
-            f"FROM sessions {where} ORDER BY session_id LIMIT ?",
+            f"FROM sessions WHERE session_id IN (SELECT session_id FROM sessions {where} ORDER BY {order} LIMIT ?) "
+            f"ORDER BY {order}",
             (*params, limit),
         )
         page = _PageBuilder(limit, max_bytes)

@@ -53,6 +53,7 @@ from dex_ha.server.cluster_nodes import every_node_view
 from dex_ha.server.config import ConfigError, ServerConfig, parse_address
 from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
+from dex_ha.server.forwarding import forward, wants_forwarding
 from dex_ha.server.http_limits import SERVER_NAME, client_gone, name_the_server, read_body
 from dex_ha.server.leader import LeaderTerm
 from dex_ha.server.memory import MemoryReleaser
@@ -199,7 +200,12 @@ async def _handle(
     caller = _authenticate(api, auth, route, request.headers.get("Authorization"))
     check_content_type(route.method, request.headers.get("Content-Type"))
     if route.active_only:
-        api.node.serving()  # raises NotServing: 503 with leader_url
+        try:
+            api.node.serving()  # raises NotServing: 503 with leader_url
+        except NotServing as not_active:
+            if not wants_forwarding(route.name, request):
+                raise
+            return await _forward_to_active(api, route, request, not_active)
     args = {
         **validate_path(route, request.match_info),
         **validate_query(route, request.query),
@@ -224,6 +230,19 @@ async def _handle(
         return answer
     status, body = answer
     return web.json_response(body, status=status, dumps=_dumps)
+
+
+async def _forward_to_active(
+    api: Api, route: RouteSpec, request: web.Request, not_active: NotServing
+) -> web.StreamResponse:
+    """The console's call, passed on to the active node (forwarding.py); `not_active`, this
+    node's own 503, when it knows no other node to pass it to."""
+    leader_url = api.node.redirect_url()
+    if leader_url is None:
+        raise not_active
+    with api.node.admission.body(_body_size(route, request)):
+        raw = await _read_body(api, route, request) if route.body is not None else None
+        return await forward(request, raw, leader_url)
 
 
 def _body_size(route: RouteSpec, request: web.Request) -> int:
@@ -518,19 +537,44 @@ async def create_session(api: Api, args: dict[str, Any], request: web.Request) -
 
 
 async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    newest_first = args["order"] == "newest"
+    cursor = args.get("after")
+    metadata = args.get("metadata")
     page = api.engine.sessions_page(
         args.get("agent"),
         args.get("status"),
         args["limit"],
-        args.get("after"),
+        None if newest_first else cursor,
         awaiting_approval=args.get("awaiting_approval"),
         outcome_unknown=args.get("outcome_unknown"),
         namespace=args["namespace"],
         max_bytes=api.node.config.page_max_bytes,
+        id_contains=args.get("id_contains"),
+        metadata=None if metadata is None else _key_and_value(metadata),
+        older_than=_newest_first_cursor(cursor) if newest_first and cursor else None,
+        newest_first=newest_first,
     )
     sessions = page.items
-    next_after = sessions[-1]["session_id"] if page.more else None
+    next_after = _sessions_cursor(sessions[-1], newest_first) if page.more else None
     return await _stream_json(request, {"sessions": sessions, "next_after": next_after})
+
+
+def _sessions_cursor(last: dict[str, Any], newest_first: bool) -> str:
+    """Where the next page of sessions starts: after the last session's id, or, newest first,
+    after its creation time and id (a time alone would not do: several sessions may share it)."""
+    return f"{last['created_at']}:{last['session_id']}" if newest_first else last["session_id"]
+
+
+def _key_and_value(key_is_value: str) -> tuple[str, str]:
+    key, _, value = key_is_value.partition("=")
+    return key, value
+
+
+def _newest_first_cursor(cursor: str) -> tuple[int, str]:
+    created_at, _, session_id = cursor.partition(":")
+    if not (created_at.isascii() and created_at.isdigit() and session_id):
+        raise InvalidRequest("after", "is not a cursor of order=newest: pass the next_after of the previous page")
+    return int(created_at), session_id
 
 
 async def get_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:

@@ -259,24 +259,52 @@ async def test_list_sessions_filters_and_pages(api: HttpApi):
     def ids(body: dict[str, Any]) -> list[str]:
         return [s["session_id"] for s in body["sessions"]]
 
+    # Newest first by default.
     alpha = expect(await api.get("/v1/sessions", params={"agent": "alpha"}), 200)
-    assert ids(alpha) == ["a0", "a1", "a2", "a3", "a4"] and alpha["next_after"] is None
+    assert ids(alpha) == ["a4", "a3", "a2", "a1", "a0"] and alpha["next_after"] is None
     running = expect(await api.get("/v1/sessions", params={"status": "running"}), 200)
     assert ids(running) == ["a3"]
     idle_beta = expect(await api.get("/v1/sessions", params={"agent": "beta", "status": "idle"}), 200)
-    assert ids(idle_beta) == ["b0", "b1"]
+    assert ids(idle_beta) == ["b1", "b0"]
 
-    pages, after = [], None
-    for _ in range(10):  # 7 sessions in pages of 2: 4 pages
-        params = {"limit": "2"} if after is None else {"limit": "2", "after": after}
-        page = expect(await api.get("/v1/sessions", params=params), 200)
-        pages.append(ids(page))
-        after = page["next_after"]
-        if after is None:
-            break
-    flat = [sid for page in pages for sid in page]
-    assert flat == ["a0", "a1", "a2", "a3", "a4", "b0", "b1"]
-    assert all(len(page) <= 2 for page in pages)
+    newest = ["b1", "b0", "a4", "a3", "a2", "a1", "a0"]
+    for order, expected in (("newest", newest), ("id", sorted(newest))):
+        pages, after = [], None
+        for _ in range(10):  # 7 sessions in pages of 2: 4 pages
+            params = {"limit": "2", "order": order, **({"after": after} if after else {})}
+            page = expect(await api.get("/v1/sessions", params=params), 200)
+            pages.append(ids(page))
+            after = page["next_after"]
+            if after is None:
+                break
+        assert [sid for page in pages for sid in page] == expected, order
+        assert all(len(page) <= 2 for page in pages)
+
+
+@covers("list_sessions")
+async def test_list_sessions_searches_ids_and_metadata(api: HttpApi):
+    for session_id, metadata in (
+        ("order-17", {"customer": "acme", "tier": 2}),
+        ("order-18", {"customer": "globex", "vip": True}),
+        ("refund-17", {"customer": "acme"}),
+        ("plain", None),
+    ):
+        expect(await api.post("/v1/sessions", {"agent": "a", "session_id": session_id, "metadata": metadata}), 201)
+
+    async def ids(**params: str) -> list[str]:
+        page = expect(await api.get("/v1/sessions", params={"order": "id", **params}), 200)
+        return [s["session_id"] for s in page["sessions"]]
+
+    assert await ids(id_contains="17") == ["order-17", "refund-17"]
+    assert await ids(id_contains="ORDER") == []  # case matters
+    assert await ids(metadata="customer=acme") == ["order-17", "refund-17"]
+    assert await ids(metadata="tier=2") == ["order-17"]  # a number as written in JSON
+    assert await ids(metadata="vip=true") == ["order-18"]
+    assert await ids(metadata="customer=") == []
+    assert await ids(metadata="customer=acme", id_contains="order") == ["order-17"]
+    # A newest-first cursor is a time and an id: anything else is refused, naming the field.
+    bad = await api.get("/v1/sessions", params={"after": "order-17"})
+    assert bad.status == 400 and bad.body["message"].startswith("after: ")
 
 
 @covers("get_session")
