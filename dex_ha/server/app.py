@@ -41,7 +41,6 @@ from dex_ha.engine import (
     RegisterAgent,
     ReportResults,
     SendMessage,
-    command_since,
 )
 from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, NAMESPACE, NAMESPACE_HEADER, ROUTES, RouteSpec
@@ -837,8 +836,7 @@ async def _check_channel_version(node: NodeServer) -> None:
     Worker polls over HTTP instead. A new cluster whose members all have it moves to it
     first (the version moves within a second by itself; a Worker must not wait for that)."""
     probe = ReportResults(at=0, reports=[])
-    if command_since(ReportResults) > node.replica.cluster_version:
-        await node.cluster_version_upgrade.check_once()
+    await node.move_version_for(probe)
     try:
         node.check_version_gate(probe)
     except ApiError as refused:

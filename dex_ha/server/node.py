@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from dex_ha.engine import ApplyResult, Command, Engine, encode_command
+from dex_ha.engine import ApplyResult, Command, Engine, SetClusterVersion, command_since, encode_command
 from dex_ha.failpoints import Failpoints
 from dex_ha.raft.clock import now_ms
 from dex_ha.raft.core import NotLeader
@@ -322,6 +322,7 @@ class NodeServer:
         With `timeout_ms` (a client's write: proposal_timeout_ms), NotCommitted once it has
         not applied for that long. The entry stays in the log and may still commit; its
         outcome then goes nowhere. Without it (the leader's own services), it waits."""
+        await self.move_version_for(cmd)
         self.check_version_gate(cmd)
         started = time.perf_counter()
         try:
@@ -333,6 +334,14 @@ class NodeServer:
             raise NotCommitted(timeout_ms) from None
         self.metrics.proposal_seconds.observe(time.perf_counter() - started)
         return result
+
+    async def move_version_for(self, cmd: Command) -> None:
+        """Before a command newer than the cluster's state machine: move the cluster now if
+        every member runs it (a new cluster's first minute would otherwise answer 503 until
+        the upgrade loop's next round). SetClusterVersion is what moving proposes."""
+        if isinstance(cmd, SetClusterVersion) or command_since(type(cmd)) <= self.replica.cluster_version:
+            return
+        await self.cluster_version_upgrade.check_once()
 
     def check_version_gate(self, cmd: Command) -> None:
         """No command newer than the cluster's state-machine version (versions.py): 503."""
