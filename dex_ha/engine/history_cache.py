@@ -23,9 +23,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-# About 16 MB of history text: at a few hundred characters per item, the recent turns of
-# thousands of sessions. A session too large for it is simply read from the database.
-DEFAULT_BUDGET_CHARS = 16 << 20
+# 1 M characters of history text, held parsed: about 8 MB of Python objects (7 bytes per
+# character, measured; docs/performance.md, Memory). At a few hundred characters per item,
+# the recent turns of a few hundred sessions. A session too large for it, or dropped from
+# it, is simply read from the database. (16 M cost 120 MB on every node, standbys too, and
+# bought no steps/s over 1 M in the side-by-side bench.)
+DEFAULT_BUDGET_CHARS = 1 << 20
 # What an entry costs beyond its items (so that empty sessions count too).
 ENTRY_OVERHEAD_CHARS = 200
 
