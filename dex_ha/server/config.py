@@ -588,9 +588,15 @@ def _string_list(value: Any, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+PEER_KEYS = frozenset({"id", "raft_addr", "url"})
+
+
 def _peer(raw: Any, i: int) -> Peer:
-    if not isinstance(raw, dict) or not {"id", "raft_addr", "url"} <= set(raw):
+    if not isinstance(raw, dict) or not PEER_KEYS <= set(raw):
         raise ConfigError(f"peers[{i}]: needs id, raft_addr and url")
+    unknown = sorted(set(raw) - PEER_KEYS)
+    if unknown:  # a misspelt key would otherwise be dropped in silence
+        raise ConfigError(f"peers[{i}].{unknown[0]}: unknown key (a peer has id, raft_addr and url)")
     return Peer(str(raw["id"]), parse_address(raw["raft_addr"], f"peers[{i}].raft_addr"), str(raw["url"]).rstrip("/"))
 
 
