@@ -40,6 +40,7 @@ FORWARDED_ROUTES = frozenset(
         "decide_approval",
         "answer_question",
         "cancel_turn",
+        "delete_session",
         "reconcile_tool_call",
         "step_down",
         "add_member",

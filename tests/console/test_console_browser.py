@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from dex_ha.client import DexClient
+from dex_ha.client import DexClient, DexError
 from harness.cluster_process import LocalCluster
 from harness.dev_process import DevProcess
 from harness.processes import stop
@@ -421,7 +421,8 @@ async def test_cluster_view_follows_a_step_down_and_a_sigkill(tmp_path: Path, pa
 
 async def test_a_standbys_console_shows_the_active_nodes_sessions_with_one_token(tmp_path: Path, page):
     """Opened on a standby's address with one token: the sessions of the active node, their
-    pages, and the Cancel button all work through the standby (the page never leaves it)."""
+    pages, and the Cancel and Delete buttons all work through the standby (the page never
+    leaves it)."""
     cluster = LocalCluster(tmp_path / "cluster")
     try:
         cluster.up()
@@ -458,7 +459,18 @@ async def test_a_standbys_console_shows_the_active_nodes_sessions_with_one_token
         await expect(page.get_by_test_id("cancel-turn")).to_have_count(0)
         async with DexClient(cluster.urls[active], token) as client:
             assert (await client.get_session("on-active-1")).status == "idle"
-        assert page.url.startswith(cluster.urls[standby])  # never sent to the other node
         await page.screenshot(path=str(tmp_path / "standby-session.png"), full_page=True)
+
+        # Delete the ended session, from the standby: back to the list, and gone on the active node.
+        await page.get_by_test_id("delete-session").click()
+        await confirm(page)
+        await expect(page.get_by_test_id("sessions-table")).to_be_visible()
+        await expect(page.locator("[data-session=on-active-1]")).to_have_count(0)
+        await expect(page.get_by_test_id("error-banner")).to_be_hidden()
+        async with DexClient(cluster.urls[active], token) as client:
+            with pytest.raises(DexError) as gone:
+                await client.get_session("on-active-1")
+        assert gone.value.status == 404
+        assert page.url.startswith(cluster.urls[standby])  # never sent to the other node
     finally:
         cluster.down()

@@ -553,6 +553,7 @@ function renderSession(body, s, live, shown, refresh) {
       ` · created ${timeOf(s.created_at)}`),
     s.metadata ? h("p", { class: "muted" }, "metadata ", h("code", {}, json(s.metadata))) : null,
     cancelButton(s, refresh),
+    deleteButton(s),
     pendingApprovals(s, refresh),
     pendingQuestions(s, refresh),
     unknownCalls(s, refresh),
@@ -583,6 +584,21 @@ function cancelButton(s, refresh) {
     }
   };
   return h("p", {}, h("button", { type: "button", "data-testid": "cancel-turn", onclick: cancel }, `Cancel turn ${s.current_turn.number}`));
+}
+
+/** An ended session's Delete button (DELETE /v1/sessions/{id}): every row of it goes, on every
+ * node; then back to the sessions list. A session with a running turn is cancelled first. */
+function deleteButton(s) {
+  if (s.current_turn) return null;
+  const remove = async () => {
+    if (await confirmAction(`Delete session ${s.session_id} and its whole history, on every node? This cannot be undone.`)) {
+      await act("deleting the session", async () => {
+        await api("DELETE", `/v1/sessions/${encodeURIComponent(s.session_id)}`);
+        location.hash = "#/sessions";
+      });
+    }
+  };
+  return h("p", {}, h("button", { type: "button", class: "danger", "data-testid": "delete-session", onclick: remove }, "Delete session"));
 }
 
 /** The session's history as it is stored: what the user said, what the model answered and
