@@ -112,6 +112,7 @@ import random
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from .lease import lease_holds
 from .progress import Inflights, Progress, ProgressState
 from .status import LostEntries, MemberStatus, Status
 from .types import (
@@ -1382,9 +1383,13 @@ class RaftCore:
         return tuple(v for v in sorted(acks) if acks[v] >= start)
 
     def lease_valid(self, now_ms: int) -> bool:
-        """May this node act as the active node at `now_ms` (its own clock)?"""
-        end = self._lease_end_ms()
-        return end is not None and now_ms < end
+        """May this node act as the active node at `now_ms` (its own clock)? The rule of
+        lease.py, which the node's published view applies too."""
+        return lease_holds(self._lease_end_ms(), self.sole_voter(), now_ms)
+
+    def sole_voter(self) -> bool:
+        """This node is the only voter (`dex-ha dev`)."""
+        return tuple(self.conf_state.voters) == (self.id,)
 
     def lease_remaining_ms(self, now_ms: int) -> int:
         end = self._lease_end_ms()

@@ -65,6 +65,7 @@ from .identity import (
     mismatch_line,
     new_id,
 )
+from .lease import lease_holds
 from .peer import LogBudget
 from .snapshot_file import SnapshotCorruptionError, seal_file, verify
 from .status import LostEntries, Status
@@ -332,9 +333,9 @@ class RaftView:
         return self.role == Role.LEADER
 
     def lease_valid(self, at_ms: int | None = None) -> bool:
-        if self.lease_end_ms is None or not self.is_leader:
+        if not self.is_leader:
             return False
-        return self.sole_voter or (now_ms() if at_ms is None else at_ms) < self.lease_end_ms
+        return lease_holds(self.lease_end_ms, self.sole_voter, now_ms() if at_ms is None else at_ms)
 
     def lease_remaining_ms(self) -> int:
         return 0 if self.lease_end_ms is None else max(0, self.lease_end_ms - now_ms())
@@ -350,7 +351,7 @@ def view_of(core: RaftCore) -> RaftView:
         lease_end_ms=core.lease_end_ms(),
         commit=core.commit_index,
         voter=core.id in voters,
-        sole_voter=tuple(voters) == (core.id,),
+        sole_voter=core.sole_voter(),
     )
 
 

@@ -19,15 +19,14 @@ from pathlib import Path
 import pytest
 
 import dex_ha
+from harness.long_runs import long_runs
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BASE = "docker.io/library/python:3.12-slim-bookworm"  # deploy/Dockerfile's PYTHON_IMAGE
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("DEX_HA_LONG") != "1", reason="builds a container image (minutes): runs with DEX_HA_LONG=1"
-    ),
+    pytest.mark.skipif(not long_runs(), reason="builds a container image (minutes): runs with DEX_HA_LONG=1"),
 ]
 
 

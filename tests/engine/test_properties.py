@@ -11,7 +11,6 @@ Example counts are modest by default; DEX_HA_LONG=1 runs many more.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 
 from hypothesis import HealthCheck, given, settings
@@ -35,9 +34,10 @@ from dex_ha.engine import (
     StartAttempts,
     StartQueuedAttempts,
 )
+from harness.long_runs import long_runs
 from tests.engine.driver import AGENT, DEFAULT_TOOLS, Driver
 
-EXAMPLES = 1000 if os.environ.get("DEX_HA_LONG") else 100
+EXAMPLES = 1000 if long_runs() else 100
 SESSIONS = ("s1", "s2", "s3")
 TOOL_NAMES = [t["name"] for t in DEFAULT_TOOLS] + ["ask_user", "sleep", "teleport"]
 

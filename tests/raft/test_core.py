@@ -1467,3 +1467,19 @@ def test_a_follower_that_only_lags_never_rejects_a_heartbeat() -> None:
     assert c.cores["n3"].last_index < n1.last_index
     assert not [m for m in c.sent if m.type == MT.HEARTBEAT_RESP and m.reject]
     assert n1.take_lost_entries() == []
+
+
+def test_the_core_and_its_published_view_judge_the_lease_alike_on_one_node_and_on_three() -> None:
+    """One lease rule (raft/lease.py): the core's own check and the view the HTTP side reads
+    agree, for a lone voter (whose established lease does not run out with time: a starved
+    thread must not make `dex-ha dev` inactive) and for a leader of three (whose does)."""
+    from dex_ha.raft.node import view_of
+
+    for voters, holds_later in ((["n1"], True), (["n1", "n2", "n3"], False)):
+        c = Cluster(voters)
+        n1 = c.elect("n1")
+        c.tick(100)  # a round acknowledged and the own-term entry committed: the lease holds
+        assert n1.lease_valid(c.now) and view_of(n1).lease_valid(at_ms=c.now), voters
+        much_later = c.now + 10 * n1._cfg.election_timeout_max_ms  # no tick meanwhile: a starved loop
+        assert n1.lease_valid(much_later) is holds_later, voters
+        assert view_of(n1).lease_valid(at_ms=much_later) is holds_later, voters

@@ -32,11 +32,12 @@ import pytest
 from dex_ha.raft import core as raft_core
 from dex_ha.raft.core import RaftCore
 from dex_ha.raft.types import Entry
+from harness.long_runs import long_runs
 
 from .sim import REPLAY, Checker, SimFailure, Simulation, run_seed
 from .split_mutations import break_early_append_acks, break_early_refusal_check, break_follower_hard_state_check
 
-LONG = os.environ.get("DEX_HA_LONG", "") not in ("", "0")
+LONG = long_runs()
 N_SEEDS = int(os.environ.get("DEX_HA_SIM_SEEDS", "5000" if LONG else "256"))
 MIXED_TIMEOUT_FAMILY = 128  # seed bit 7: per-node timeouts and a rolling change (sim.py)
 # Seeds beyond the default range that once failed, run by default too. 1010: a vote for

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.long_runs import long_runs
 from tests.robustness.run import SEED_ENV, RunResult, replay_command, run_seed
 
-LONG = os.environ.get("DEX_HA_LONG") == "1"
+LONG = long_runs()
 DEFAULT_FAULT_S = 60.0
 LONG_FAULT_S = 60.0  # each seed of the long run
 LONG_RUN_S = 30 * 60.0
