@@ -85,6 +85,7 @@ from dex_ha.cli.cluster import read_pids as read_cluster_pids  # noqa: E402  (th
 from dex_ha.client import DexClient  # noqa: E402
 from dex_ha.server.metrics import RENDER_INTERVAL_S  # noqa: E402
 from harness.ports import free_port_range  # noqa: E402  (the one free-port helper)
+from harness.processes import pid_alive  # noqa: E402  (the one pid-alive check of tests and benches)
 
 WORKER_SCRIPT = REPO_ROOT / "bench" / "steps_worker.py"
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "steps_bench.json"
@@ -127,24 +128,13 @@ class ProcessRegistry:
         """SIGKILL every recorded pid that still runs; the ones it had to kill."""
         killed = []
         for pid in self.pids:
-            if is_running(pid):
+            if pid_alive(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
                 except ProcessLookupError:
                     pass
         return killed
-
-
-def is_running(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie (a zombie has exited; only its parent
-    has not collected it yet, which for `cluster up` nodes is init)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _proc_stat_cpu() -> list[int]:
@@ -168,11 +158,11 @@ def wait_gone(pids: list[int], deadline_s: float) -> list[int]:
     """Poll until every pid is gone or the deadline passes; the ones still running."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        alive = [p for p in pids if is_running(p)]
+        alive = [p for p in pids if pid_alive(p)]
         if not alive:
             return []
         time.sleep(0.05)
-    return [p for p in pids if is_running(p)]
+    return [p for p in pids if pid_alive(p)]
 
 
 # ---------------------------------------------------------------- deployments

@@ -38,6 +38,22 @@ async def eventually(
         await asyncio.sleep(interval_s)
 
 
+def eventually_sync(
+    check: Callable[[], Any], what: str | None = None, deadline_s: float = 30.0, interval_s: float = 0.05
+) -> Any:
+    """`eventually` for code without an event loop (plain tests, the CLI's): blocks between polls."""
+    if deadline_s <= 0 or interval_s <= 0:
+        raise ValueError(f"deadline_s and interval_s must be positive, not {deadline_s} and {interval_s}")
+    deadline = time.monotonic() + deadline_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {deadline_s} s waiting for {what or _describe(check)}")
+        time.sleep(interval_s)
+
+
 def _describe(check: Callable[..., object]) -> str:
     code = getattr(check, "__code__", None)
     name = getattr(check, "__qualname__", repr(check))

@@ -23,6 +23,7 @@ import pytest
 from dex_ha.client import DexClient
 from dex_ha.worker import Worker
 from harness.dev_process import DevProcess
+from harness.processes import pid_alive
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
 from tests.support.claude_segment import (
@@ -269,23 +270,14 @@ def test_the_launcher_kills_the_cli_and_its_commands_when_its_parent_dies(tmp_pa
             time.sleep(0.05)
         launcher = int((tmp_path / "launcher.pid").read_text())
         started = [launcher, *map(int, pids.read_text().split())]
-        assert all(alive(pid) for pid in started)
+        assert all(pid_alive(pid) for pid in started)
     finally:
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in started):
-        assert time.monotonic() < deadline, f"still alive: {[pid for pid in started if alive(pid)]}"
+    while any(pid_alive(pid) for pid in started):
+        assert time.monotonic() < deadline, f"still alive: {[pid for pid in started if pid_alive(pid)]}"
         time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def test_a_segment_returns_its_text_and_the_deferred_call_it_ended_on(tmp_path: Path) -> None:

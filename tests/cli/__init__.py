@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import TypeVar
 
 from dex_ha.cli.cluster import free_port_range, free_ports  # noqa: F401  (the tests import them from here)
 from harness.processes import stop  # noqa: F401
+from harness.waiting import eventually_sync
 
 T = TypeVar("T")
 
@@ -67,14 +67,8 @@ def http_status(url: str, token: str | None = None, timeout: float = 2.0) -> int
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
     """Poll `condition` until it returns something truthy; AssertionError naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(interval)
+    value: T = eventually_sync(condition, what, deadline_s=timeout, interval_s=interval)
+    return value
 
 
 def pid_gone(pid: int) -> bool:

@@ -15,6 +15,7 @@ from dex_ha.client import (
     MalformedAnswer,
     SessionEvent,
 )
+from harness.waiting import eventually
 from tests.client.fake_server import (
     FakeCluster,
     FakeNode,
@@ -56,11 +57,7 @@ def fail_over(old: FakeNode, new: FakeNode) -> None:
 
 
 async def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = STEP) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+    await eventually(condition, what, deadline_s=timeout_s, interval_s=0.01)
 
 
 # ---------------------------------------------------------------------------- sessions

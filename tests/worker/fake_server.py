@@ -19,6 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
+from harness.waiting import eventually
+
 ROUTES = ("register", "poll", "heartbeat", "complete", "fail")
 
 
@@ -155,11 +157,7 @@ class FakeServer:
 
     async def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
         """Poll `condition` until it holds; fail the test after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s} s waiting for: {what}")
-            await asyncio.sleep(0.005)
+        await eventually(condition, what, deadline_s=timeout_s, interval_s=0.005)
 
     # ------------------------------------------------------------ routes
 
