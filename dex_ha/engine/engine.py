@@ -9,7 +9,6 @@ exactly; an index at or below it is a no-op ("already_applied").
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sqlite3
@@ -33,7 +32,7 @@ from dex_ha.engine.commands import (
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.handlers import HANDLERS
 from dex_ha.engine.history_cache import DEFAULT_BUDGET_CHARS, HistoryCache
-from dex_ha.engine.queries import Queries
+from dex_ha.engine.queries import Queries, R
 from dex_ha.engine.results import ApplyResult, Rejected, accepted
 from dex_ha.engine.schema import SCHEMA_VERSION
 from dex_ha.engine.store import (
@@ -402,29 +401,16 @@ class EngineReader(Queries):
     def close(self) -> None:
         self._conn.close()
 
-    def _in_read_transaction(self, query: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _in_read_transaction(self, query: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         if self._reading:  # a query that calls another: one transaction for both
-            return query(self, *args, **kwargs)
+            return query(*args, **kwargs)
         self._reading = True
         self._conn.execute("BEGIN")
         try:
-            return query(self, *args, **kwargs)
+            return query(*args, **kwargs)
         finally:
             self._reading = False
             self._conn.execute("COMMIT")
-
-
-def _read_transaction(query: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(query)
-    def read(self: EngineReader, *args: Any, **kwargs: Any) -> Any:
-        return self._in_read_transaction(query, *args, **kwargs)
-
-    return read
-
-
-for _name, _query in list(vars(Queries).items()):
-    if callable(_query) and not _name.startswith("_"):
-        setattr(EngineReader, _name, _read_transaction(_query))
 
 
 def copy_to_bytes(copy: Callable[[Path], int]) -> tuple[int, bytes]:

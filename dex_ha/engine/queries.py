@@ -4,11 +4,13 @@ API shows (get_agent_snapshot, sessions_page, session events). Reads only; no ch
 
 from __future__ import annotations
 
+import functools
 import hmac
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from itertools import groupby
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from dex_ha.engine.commands import FIRST_STATE_MACHINE_VERSION
 from dex_ha.engine.kinds import (
@@ -172,20 +174,46 @@ def same_token_secret(stored: str | None, given: str) -> bool:
     return stored is not None and hmac.compare_digest(stored.encode(), given.encode())
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def read_transaction(query: Callable[Concatenate[Queries, P], R]) -> Callable[Concatenate[Queries, P], R]:
+    """Marks a public query: it runs in one read transaction where the reader asks for one
+    (EngineReader, on another thread than the applies), so a query of several statements
+    never sees half of an apply. Every public method of Queries carries it
+    (tests/engine/test_engine.py checks)."""
+
+    def in_transaction(self: Queries, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._in_read_transaction(query, self, *args, **kwargs)
+
+    functools.update_wrapper(in_transaction, query)  # its name and docstring
+    in_transaction.is_read_transaction = True  # type: ignore[attr-defined]
+    return in_transaction
+
+
 class Queries:
-    """Mixed into Engine: reads over `self._store`."""
+    """Mixed into Engine and EngineReader: reads over `self._store`."""
 
     _store: Store
 
+    def _in_read_transaction(self, query: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Run a query. The Engine runs it as it is, inside or outside an apply's
+        transaction; EngineReader wraps it in a read transaction of its own."""
+        return query(*args, **kwargs)
+
+    @read_transaction
     def applied_index(self) -> int:
         """The last log index applied (stored with the changes it covers)."""
         return self._store.meta(APPLIED_INDEX)
 
+    @read_transaction
     def cluster_version(self) -> int:
         """The cluster's state-machine version: the newest every member runs, as the
         latest SetClusterVersion said (the first version before any)."""
         return self._store.meta(CLUSTER_VERSION, FIRST_STATE_MACHINE_VERSION)
 
+    @read_transaction
     def consistency_alarms(self) -> dict[str, int]:
         """The members under the consistency alarm: node id -> the index of the check
         their state hash failed (see SetConsistencyAlarm)."""
@@ -197,6 +225,7 @@ class Queries:
 
     # ---------------------------------------------------------- leader services
 
+    @read_transaction
     def queued_steps(self, agent: str, limit: int = 100) -> list[QueuedStep]:
         """Queued task steps of one agent, first queued first (FIFO)."""
         rows = self._store.rows(
@@ -206,11 +235,13 @@ class Queries:
         )
         return [_by_name(QueuedStep, r) for r in rows]
 
+    @read_transaction
     def agent_namespace(self, name: str) -> str | None:
         """The namespace that owns agent name `name` (None: nothing names it yet); only
         that namespace's Workers get its steps."""
         return self._store.agent_namespace(name)
 
+    @read_transaction
     def count_queued(self, agent: str, limit: int) -> int:
         """How many task steps of one agent are queued, counting up to `limit`."""
         found: int = self._store.scalar(
@@ -218,6 +249,7 @@ class Queries:
         )
         return found
 
+    @read_transaction
     def running_attempts(self, term_lt: int | None = None, term: int | None = None) -> list[RunningAttempt]:
         """Running attempts; with `term_lt`, only those handed out before that term; with
         `term`, only those handed out in it."""
@@ -234,6 +266,7 @@ class Queries:
         rows = self._store.rows(sql + " ORDER BY a.term, a.step_id", params)
         return [_by_name(RunningAttempt, r, cancel_requested=bool(r["cancel_requested"])) for r in rows]
 
+    @read_transaction
     def attempt_state(self, step_id: str, attempt: int, term: int, token_secret: str) -> AttemptState | None:
         """The attempt a task token names, or None unless it was handed out with `token_secret`
         (so a made-up token learns nothing, not even whether the attempt exists)."""
@@ -243,11 +276,13 @@ class Queries:
         current = row["status"] == "running" and row["term"] == term
         return AttemptState(row["status"], current, bool(row["cancel_requested"]), row["worker_id"])
 
+    @read_transaction
     def next_timer(self) -> Timer | None:
         """The earliest pending timer (overdue ones included)."""
         timers = self.due_timers(None, 1)
         return timers[0] if timers else None
 
+    @read_transaction
     def due_timers(self, now_ms: int | None, limit: int = 100) -> list[Timer]:
         """Pending timers due at `now_ms` (all pending when None), earliest first."""
         sql = "SELECT timer_id, due_at, session_id, step_id, purpose FROM timers WHERE status = 'pending'"
@@ -256,6 +291,7 @@ class Queries:
             sql, params = sql + " AND due_at <= ?", (now_ms,)
         return [Timer(*r) for r in self._store.rows(sql + " ORDER BY due_at, timer_id LIMIT ?", (*params, limit))]
 
+    @read_transaction
     def task_for(self, step_id: str, heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS) -> Task | None:
         """The task of a task step's current attempt (or of its next one, while queued)."""
         step = self._store.step(step_id)
@@ -283,6 +319,7 @@ class Queries:
 
     # ---------------------------------------------------------- API reads
 
+    @read_transaction
     def sessions_page(
         self,
         agent: str | None = None,
@@ -348,10 +385,12 @@ class Queries:
                 break
         return page.done()
 
+    @read_transaction
     def events(self, session_id: str, after: int = 0, limit: int = 1000) -> list[SessionEvent]:
         """`events_page` without a byte budget: up to `limit` events."""
         return self.events_page(session_id, after, limit).items
 
+    @read_transaction
     def events_page(self, session_id: str, after: int = 0, limit: int = 1000, max_bytes: int | None = None) -> Page:
         """Committed events of a session with ids greater than `after` (Last-Event-ID): up
         to `limit`, or (with `max_bytes`) until they hold that many bytes of stored JSON
@@ -370,6 +409,7 @@ class Queries:
                 break
         return page.done()
 
+    @read_transaction
     def get_agent_snapshot(self, session_id: str) -> dict[str, Any] | None:
         """Everything a client sees of a session (`GET /v1/sessions/{sid}`)."""
         s = self._store.session(session_id)
@@ -542,11 +582,13 @@ class Queries:
             "steps": steps,
         }
 
+    @read_transaction
     def session_namespace(self, session_id: str) -> str | None:
         """The session's namespace; None once it does not exist (or was deleted)."""
         found: str | None = self._store.scalar("SELECT namespace FROM sessions WHERE session_id = ?", (session_id,))
         return found
 
+    @read_transaction
     def expired_sessions(self, cutoff_at: int, limit: int) -> list[str]:
         """Retention: up to `limit` ids of idle sessions (no running turn) last active
         (updated_at) before `cutoff_at`, the oldest first."""
@@ -559,6 +601,7 @@ class Queries:
 
     # ---------------------------------------------------------- metrics and tests
 
+    @read_transaction
     def stats(self) -> dict[str, Any]:
         """Gauges for /metrics: queued steps by (agent, kind), pending timers, sessions by status."""
         return {
@@ -587,6 +630,7 @@ class Queries:
             },
         }
 
+    @read_transaction
     def logical_dump(self, include_applied_index: bool = True) -> dict[str, list[tuple[Any, ...]]]:
         """Every row of every table, sorted: equal dumps mean equal states."""
         dump = {}

@@ -408,3 +408,41 @@ def test_a_snapshot_goes_to_its_file_without_passing_through_memory(tmp_path) ->
     fresh.restore(target.read_bytes(), index)
     assert fresh.logical_dump() == d.engine.logical_dump()
     fresh.close()
+
+
+def test_every_public_query_is_marked_to_run_in_a_read_transaction() -> None:
+    """A query added to Queries without @read_transaction would run on a reader without its
+    own transaction, and could see half of an apply: none is."""
+    from dex_ha.engine.queries import Queries
+
+    public = {name: fn for name, fn in vars(Queries).items() if callable(fn) and not name.startswith("_")}
+    assert public, "Queries has no public query: the check looks at the wrong class"
+    unmarked = sorted(name for name, fn in public.items() if not getattr(fn, "is_read_transaction", False))
+    assert not unmarked, f"queries without @read_transaction: {unmarked}"
+
+
+def test_a_reader_runs_each_query_in_one_read_transaction_and_the_engine_opens_none(tmp_path) -> None:
+    from dex_ha.engine import EngineReader
+
+    path = str(tmp_path / "state.db")
+    d = Driver(path)
+    d.register()
+    d.create("s1")
+    reader = EngineReader(path)
+    try:
+        seen: list[tuple[str, bool]] = []
+        for who, engine in (("reader", reader), ("engine", d.engine)):
+            store_meta = engine._store.meta
+
+            def meta(*args, _who=who, _engine=engine, _meta=store_meta):
+                seen.append((_who, _engine._conn.in_transaction))
+                return _meta(*args)
+
+            engine._store.meta = meta
+            assert engine.applied_index() == d.index
+            assert engine.get_agent_snapshot("s1") is not None  # several statements, nested queries
+        assert ("reader", True) in seen and ("reader", False) not in seen, seen
+        assert ("engine", True) not in seen, seen  # outside an apply the engine opens no transaction
+        assert not reader._conn.in_transaction  # and the reader closed its own
+    finally:
+        reader.close()
