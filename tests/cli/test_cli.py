@@ -51,9 +51,11 @@ def test_dev_prints_its_url_becomes_ready_and_exits_0_on_sigterm(tmp_path: Path)
             "the dev URL line",
         )
         assert f"serving http://127.0.0.1:{port} " in url_line  # the URL alone, as scripts read it
-        assert f"console http://127.0.0.1:{port}/ui" in url_line
+        assert f"console http://127.0.0.1:{port}/ui;" in url_line
         assert "NO authentication" in url_line  # dev mode without tokens says so
-        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
+        # Printed once the node is ready: what it points to works as soon as it appears.
+        assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+        assert http_status(f"http://127.0.0.1:{port}/ui") == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
     finally:
@@ -124,7 +126,12 @@ def test_dev_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
         result = run_cli("dev", "--port", str(port), "--data-dir", str(tmp_path / "data"), timeout=30)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr, result.stderr
-    assert f"cannot listen for HTTP on 127.0.0.1:{port}" in result.stderr and "--port" in result.stderr
+    # One line, worded as `cluster up` words it: which port, what is wrong, which option moves it.
+    assert result.stderr.splitlines() == [
+        f"dex-ha dev: port {port} (HTTP on 127.0.0.1) is taken (Address already in use); "
+        "choose another port with --port"
+    ]
+    assert result.stdout == ""
 
 
 def test_node_with_insecure_starts_and_says_so_in_its_log_and_cluster_view(tmp_path: Path) -> None:
@@ -441,8 +448,13 @@ def test_dev_with_tokens_from_the_environment_requires_them(tmp_path: Path) -> N
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: http_status(url + "/readyz") == 200, 30, "/readyz 200")
-        assert "token auth ON" in log.read_text()
+        # The URL line comes once the node is ready (a few ms after /readyz says so).
+        url_line = wait_until(
+            lambda: next((line for line in log.read_text().splitlines() if "serving http://" in line), None),
+            30,
+            "the dev URL line",
+        )
+        assert "token auth ON" in url_line
         assert http_status(url + "/v1/sessions") == 401
         assert http_status(url + "/v1/sessions", token=token) == 200
     finally:
