@@ -112,7 +112,8 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
         "latest --history items of it; every turn with its steps (kind, status, the tool call and its "
         "outcome) and each step's attempts (status, worker, term, start, duration, error); the tool calls; "
         "the approvals and questions that wait for an answer. Times are UTC (marked Z). "
-        "Long tool inputs and outputs are cut; --json prints everything as the server sent it.",
+        f"A tool input, output or error longer than {CONVERSATION_VALUE_CHARS} characters is cut (table cells: "
+        f"{CELL_CHARS}); --json prints everything as the server sent it.",
     )
     show.add_argument("session_id", metavar="SESSION_ID")
     show.add_argument(
