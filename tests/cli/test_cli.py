@@ -70,7 +70,8 @@ def test_log_json_writes_one_json_object_per_log_line(tmp_path: Path) -> None:
         "dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--relaxed", "--log-json", log=log
     )
     try:
-        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
+        # The URL line comes once the node is ready (a few ms after /readyz says so).
+        wait_until(lambda: "serving http://" in log.read_text(), 30, "the dev URL line")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
     finally:
