@@ -25,7 +25,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,8 @@ from dex_ha.cli.common import (
     CommandFailed,
     Subparsers,
     format_table,
+    port_in_use,
+    port_taken_message,
     positive_int,
 )
 from dex_ha.client import Connection, DexError
@@ -312,31 +313,23 @@ def _chosen_port_range() -> tuple[int, int]:
 
 
 def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        # As the node's own listeners do: a port left in TIME_WAIT is free to use.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-            return True
-        except OSError:
-            return False
+    return port_in_use(HOST, port) is None
 
 
 def check_ports_free(plan: ClusterPlan) -> None:
     """ClusterError naming the first port of the plan that something else listens on."""
     for node in plan.nodes:
         for port, what in ((node.http_port, "HTTP"), (node.raft_port, "Raft"), (node.probe_port, "probes")):
-            with socket.socket() as s:
-                # As the node's own listeners do: a port left in TIME_WAIT is free to use.
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((HOST, port))
-                except OSError as exc:
-                    raise ClusterError(
-                        f"port {port} ({what} of {node.node_id}) is taken ({exc.strerror}); "
-                        f"choose other ports with --base-port / --raft-base-port / "
-                        f"--probe-base-port"
-                    ) from None
+            reason = port_in_use(HOST, port)
+            if reason is not None:
+                raise ClusterError(
+                    port_taken_message(
+                        port,
+                        f"{what} of {node.node_id}",
+                        reason,
+                        "other ports with --base-port / --raft-base-port / --probe-base-port",
+                    )
+                )
 
 
 def node_env() -> dict[str, str]:

@@ -15,9 +15,11 @@ The script:
 4. Once the card is charged and `reserve_stock` is running, the demo SIGKILLs the active
    node. A standby takes over; `reserve_stock` attempt 1 fails (its node died), and
    attempt 2 runs on the new active node with the SAME idempotency key.
-5. The turn completes. The demo prints a timeline built from the session's events (which
-   node handed out each attempt, which key it carried) and its own actions, and what the
-   Worker's tools recorded in their ledger (evidence from outside the server).
+5. The turn completes. All along, the demo prints its timeline as it happens: each of its
+   own actions and each of the session's events (which node handed out each attempt, which
+   key it carried) on a line of its own when it occurs. At the end it prints the tool calls'
+   outcomes and what the Worker's tools recorded in their ledger (evidence from outside the
+   server).
 6. Everything is stopped by pid (unless --keep), also on Ctrl-C or an error.
 """
 
@@ -35,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -73,6 +75,7 @@ WORKER_READY = "dex-ha demo worker: ready"
 DEMO_DEADLINE_S = 100.0  # the whole demo, start to finish
 STEP_TIMEOUT_S = 30.0  # any one wait inside it
 STOP_TIMEOUT_S = 10.0
+TERM_WAIT_S = 10.0  # how long an event's line waits to learn which node was active in its term
 
 
 class DemoFailed(Exception):
@@ -207,27 +210,73 @@ class DemoProcesses:
 
 @dataclass
 class Timeline:
-    """The demo's own actions, with wall-clock times (events are added when rendering)."""
+    """The demo's timeline, printed as it happens: each line when its action or event occurs,
+    in seconds since the demo started."""
 
     start_wall: float
-    actions: list[tuple[float, str]] = field(default_factory=list)
+    out: TextIO
+    started: bool = False
 
     def add(self, text: str, at: float | None = None) -> None:
-        """Record an action done at `at` (wall-clock seconds; default now)."""
-        self.actions.append((time.time() if at is None else at, text))
+        """Print an action of the demo's, done at `at` (wall-clock seconds; default now)."""
+        self.line(time.time() if at is None else at, f"[demo] {text}")
+
+    def line(self, at: float, text: str) -> None:
+        """Print one line of the timeline for something that happened at `at` (wall-clock seconds)."""
+        if not self.started:
+            print("TIMELINE (seconds since the demo started)", file=self.out, flush=True)
+            self.started = True
+        print(f"{at - self.start_wall:7.2f}s  {text}", file=self.out, flush=True)
+
+
+async def _changed_within(changed: asyncio.Event, deadline: float) -> bool:
+    """Wait for `changed` until `deadline` (monotonic); False when the deadline passed first."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return False
+    changed.clear()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(remaining):
+            await changed.wait()
+    return True
+
+
+class TermNodes:
+    """Which node was active in which term, as the demo learns it. An event's line may need a
+    term the demo is about to learn (the failover's), so it can wait for one, with a deadline."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[int, str] = {}
+        self._changed = asyncio.Event()
+
+    def record(self, term: int, node_id: str) -> None:
+        self.nodes[term] = node_id
+        self._changed.set()
+
+    async def node(self, term: int | None, timeout_s: float = TERM_WAIT_S) -> str:
+        if term is None:
+            return "?"
+        deadline = time.monotonic() + timeout_s
+        while term not in self.nodes:
+            if not await _changed_within(self._changed, deadline):
+                return f"the leader of term {term}"
+        return self.nodes[term]
 
 
 class EventLog:
-    """Follows the session's committed events (through failovers) and lets the demo wait for one."""
+    """Follows the session's committed events (through failovers), hands each to `on_event` as
+    it arrives (the timeline), and lets the demo wait for one."""
 
-    def __init__(self, client: DexClient, session_id: str) -> None:
+    def __init__(self, client: DexClient, session_id: str, on_event: Callable[[SessionEvent], Awaitable[None]]) -> None:
         self.events: list[SessionEvent] = []
         self._changed = asyncio.Event()
+        self._on_event = on_event
         self._task = asyncio.create_task(self._follow(client, session_id))
 
     async def _follow(self, client: DexClient, session_id: str) -> None:
         async for event in client.events(session_id):
             if event.id is not None:  # live deltas are not part of the timeline
+                await self._on_event(event)
                 self.events.append(event)
                 self._changed.set()
 
@@ -242,15 +291,8 @@ class EventLog:
             if self._task.done():
                 self._task.result()  # raises what stopped the stream
                 raise DemoFailed("the event stream ended")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if not await _changed_within(self._changed, deadline):
                 raise DemoFailed(f"no {what} within {timeout_s:.0f} s")
-            self._changed.clear()
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._changed.wait()
-            except TimeoutError:
-                pass
 
     async def close(self) -> None:
         self._task.cancel()
@@ -287,7 +329,6 @@ class DemoOutcome:
     session_id: str
     events: list[SessionEvent]
     snapshot: Session
-    node_of_term: dict[int, str]
     killed: str
 
 
@@ -309,29 +350,28 @@ async def start_cluster(cluster_dir: Path, procs: DemoProcesses, timeline: Timel
 
 async def run_session(plan: ClusterPlan, procs: DemoProcesses, timeline: Timeline) -> DemoOutcome:
     """Steps 3–5 of the script; returns what the report needs."""
-    admin = plan.tokens["admin"]
-    node_of_term: dict[int, str] = {}
-    leader, term = await leader_of(plan.urls[0], admin)
-    node_of_term[term] = leader
+    terms = TermNodes()
+    leader, term = await leader_of(plan.urls[0], plan.tokens["admin"])
+    terms.record(term, leader)
     async with DexClient(plan.urls, token=plan.tokens["client"]) as client:
         session_id = (await client.create_session(AGENT)).session_id
-        log = EventLog(client, session_id)
+        log = EventLog(client, session_id, Narrator(client, session_id, timeline, terms))
         try:
             await client.send_message(session_id, USER_MESSAGE)
             asked = await log.wait_for(lambda e: e.type == "approval_requested", "approval request")
             approved_at = time.time()
             await client.approve(session_id, asked.data["call_id"], reason="approved by the demo")
             timeline.add(f"the demo approves {asked.data.get('name')}", at=approved_at)
-            killed = await kill_during_slow_tool(plan, procs, log, timeline, node_of_term)
+            killed = await kill_during_slow_tool(plan, procs, log, timeline, terms)
             snapshot = await client.wait_until_idle(session_id, timeout_s=STEP_TIMEOUT_S)
             await log.wait_for(lambda e: e.type.startswith("turn_") and e.type != "turn_started", "end of the turn")
         finally:
             await log.close()
-        return DemoOutcome(session_id, list(log.events), snapshot, node_of_term, killed)
+        return DemoOutcome(session_id, list(log.events), snapshot, killed)
 
 
 async def kill_during_slow_tool(
-    plan: ClusterPlan, procs: DemoProcesses, log: EventLog, timeline: Timeline, node_of_term: dict[int, str]
+    plan: ClusterPlan, procs: DemoProcesses, log: EventLog, timeline: Timeline, terms: TermNodes
 ) -> str:
     """SIGKILL the active node once the card is charged and reserve_stock runs; wait for the next one."""
     response = await log.wait_for(
@@ -350,26 +390,25 @@ async def kill_during_slow_tool(
     active = await wait_for_one_active(survivors, STEP_TIMEOUT_S)
     took_ms = (time.monotonic() - killed_at) * 1000
     leader, term = await leader_of(plan.node(active).url, plan.tokens["admin"])
-    node_of_term[term] = leader
+    terms.record(term, leader)
     timeline.add(f"{active} is the active node {took_ms:.0f} ms after the kill (term {term})")
     return victim
 
 
-# ---------------------------------------------------------------- the report
+# ---------------------------------------------------------------- the timeline and the report
 
 
 @dataclass
 class RenderContext:
-    """What the event lines need that events alone do not say."""
+    """What the event lines need that events alone do not say (read from the session's snapshot)."""
 
-    names: dict[str, str]  # call_id -> tool name, and step_id -> tool name
-    effects: dict[str, str]  # call_id -> effect (and approval)
-    keys: dict[tuple[str, int], str | None]  # (step_id, attempt) -> idempotency key
-    node_of_term: dict[int, str]
+    names: dict[str, str] = field(default_factory=dict)  # call_id -> tool name, and step_id -> tool name
+    effects: dict[str, str] = field(default_factory=dict)  # call_id -> effect (and approval)
+    keys: dict[tuple[str, int], str | None] = field(default_factory=dict)  # (step_id, attempt) -> idempotency key
 
     @classmethod
-    def of(cls, outcome: DemoOutcome) -> RenderContext:
-        calls = outcome.snapshot.tool_calls
+    def of(cls, snapshot: Session) -> RenderContext:
+        calls = snapshot.tool_calls
         keys = {
             (step.step_id, a.number): a.idempotency_key for call in calls for step in call.steps for a in step.attempts
         }
@@ -378,7 +417,7 @@ class RenderContext:
         }
         names = {c.call_id: c.name for c in calls}
         names.update({step.step_id: c.name for c in calls for step in c.steps})
-        return cls(names, effects, keys, outcome.node_of_term)
+        return cls(names, effects, keys)
 
     def key(self, step_id: str | None, attempt: int | None) -> str | None:
         """The idempotency key of an attempt, None when unknown."""
@@ -386,12 +425,27 @@ class RenderContext:
             return None
         return self.keys.get((step_id, attempt))
 
-    def node(self, term: int | None) -> str:
-        return self.node_of_term.get(term, f"the leader of term {term}") if term is not None else "?"
+
+class Narrator:
+    """Prints each committed event's timeline line as it arrives. The tool names, effects and
+    idempotency keys come from the session's snapshot, read again when an event needs them."""
+
+    def __init__(self, client: DexClient, session_id: str, timeline: Timeline, terms: TermNodes) -> None:
+        self.client, self.session_id, self.timeline, self.terms = client, session_id, timeline, terms
+        self.ctx = RenderContext()
+
+    async def __call__(self, event: SessionEvent) -> None:
+        if event.data.get("call_id") or (event.type == "assistant_message" and event.data.get("tool_calls")):
+            self.ctx = RenderContext.of(await self.client.get_session(self.session_id))
+        node = await self.terms.node(event.data.get("term")) if event.type == "attempt_started" else "?"
+        text = describe(event, self.ctx, node)
+        if text is not None and event.at is not None:
+            self.timeline.line(event.at / 1000, text)
 
 
-def describe(event: SessionEvent, ctx: RenderContext) -> str | None:
-    """One timeline line for a committed event, or None for the ones left out (queueing, timers fired)."""
+def describe(event: SessionEvent, ctx: RenderContext, node: str = "?") -> str | None:
+    """One timeline line for a committed event, or None for the ones left out (queueing, timers
+    fired). `node`: the node that was active in the event's term (for attempts)."""
     d = event.data
     name = ctx.names.get(d.get("call_id") or d.get("step_id") or "", d.get("name") or d.get("kind") or "?")
     if event.type == "session_created":
@@ -401,7 +455,7 @@ def describe(event: SessionEvent, ctx: RenderContext) -> str | None:
     if event.type == "turn_started":
         return f"turn {d.get('number')} started"
     if event.type == "attempt_started":
-        return _describe_attempt(event, ctx, name)
+        return _describe_attempt(event, ctx, name, node)
     if event.type == "assistant_message":
         calls = d.get("tool_calls") or []
         if not calls:
@@ -423,9 +477,9 @@ def describe(event: SessionEvent, ctx: RenderContext) -> str | None:
     return None
 
 
-def _describe_attempt(event: SessionEvent, ctx: RenderContext, name: str) -> str:
+def _describe_attempt(event: SessionEvent, ctx: RenderContext, name: str, node: str) -> str:
     d = event.data
-    attempt, node = event.attempt, ctx.node(d.get("term"))
+    attempt = event.attempt
     if d.get("kind") == "RunModel":
         return f"model call started on {node} (attempt {attempt})"
     key = ctx.key(event.step_id, attempt)
@@ -434,18 +488,6 @@ def _describe_attempt(event: SessionEvent, ctx: RenderContext, name: str) -> str
         same = "same" if key == earlier else "NEW"
         return f"tool {name} re-run on {node}: attempt {attempt}, {same} idempotency key {key}"
     return f"tool {name} started on {node} (attempt {attempt}, idempotency key {key})"
-
-
-def timeline_lines(timeline: Timeline, outcome: DemoOutcome) -> list[str]:
-    """Events (at their commit time) and the demo's actions, in time order, in seconds from the start."""
-    ctx = RenderContext.of(outcome)
-    entries = [(t, f"[demo] {text}") for t, text in timeline.actions]
-    for event in outcome.events:
-        text = describe(event, ctx)
-        if text is not None and event.at is not None:
-            entries.append((event.at / 1000, text))
-    entries.sort(key=lambda entry: entry[0])
-    return [f"{t - timeline.start_wall:7.2f}s  {text}" for t, text in entries]
 
 
 def ledger_lines(entries: list[dict[str, Any]]) -> list[str]:
@@ -459,16 +501,14 @@ def ledger_lines(entries: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def report(timeline: Timeline, outcome: DemoOutcome, ledger: list[dict[str, Any]]) -> str:
+def report(outcome: DemoOutcome, ledger: list[dict[str, Any]]) -> str:
+    """The summary after the timeline: the tool calls' outcomes and the Worker's ledger."""
     calls = [
         [c.name, f"{c.effect}", c.status, str(sum(len(step.attempts) for step in c.steps))]
         for c in outcome.snapshot.tool_calls
     ]
     return "\n".join(
         [
-            "",
-            "TIMELINE (seconds since the demo started)",
-            *timeline_lines(timeline, outcome),
             "",
             f"session {outcome.session_id}: {outcome.snapshot.status}; tool calls:",
             format_table(["tool", "effect", "outcome", "attempts"], calls),
@@ -483,7 +523,7 @@ def report(timeline: Timeline, outcome: DemoOutcome, ledger: list[dict[str, Any]
 
 
 async def _demo(cluster_dir: Path, procs: DemoProcesses, out: TextIO, keep: bool) -> None:
-    timeline = Timeline(start_wall=time.time())
+    timeline = Timeline(start_wall=time.time(), out=out)
     async with asyncio.timeout(DEMO_DEADLINE_S):
         plan = await start_cluster(cluster_dir, procs, timeline, out)
         procs.worker = start_worker(plan)
@@ -496,7 +536,7 @@ async def _demo(cluster_dir: Path, procs: DemoProcesses, out: TextIO, keep: bool
             timeline.add(
                 f"node {outcome.killed} restarted (pid {procs.nodes[outcome.killed].pid}); it rejoins as a standby"
             )
-    print(report(timeline, outcome, Ledger.read(plan.cluster_dir / "ledger.jsonl")), file=out, flush=True)
+    print(report(outcome, Ledger.read(plan.cluster_dir / "ledger.jsonl")), file=out, flush=True)
     if outcome.snapshot.status != "idle" or not any(e.type == "turn_completed" for e in outcome.events):
         raise DemoFailed("the turn did not complete")
 

@@ -6,11 +6,12 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dex_ha.cli.common import Subparsers
+from dex_ha.cli.common import Subparsers, port_in_use, port_taken_message
 from dex_ha.server.auth import TokenAuth
 from dex_ha.server.config import (
     ConfigError,
@@ -69,7 +70,7 @@ def _run_node(config: ServerConfig, json_logs: bool) -> int:
     use_uvloop()
     try:
         with private_files():  # the state, the Raft log and snapshots are the node's user's only
-            asyncio.run(serve(config, on_started=_print_started if config.dev else None))
+            asyncio.run(serve(config, on_started=_announce_when_ready if config.dev else None))
     except IdentityRefused as exc:  # found at start (a damaged identity.json); later ones exit in process.py
         print(f"dex-ha node: {exc}", file=sys.stderr)
         return REFUSED_EXIT_CODE
@@ -89,12 +90,22 @@ def _run_node(config: ServerConfig, json_logs: bool) -> int:
     return 0
 
 
-def _print_started(node: NodeServer) -> None:
+# How long `dex-ha dev` waits for its node to be ready before it prints its URL anyway.
+READY_WAIT_S = 30.0
+
+
+async def _announce_when_ready(node: NodeServer) -> None:
+    """Print the URL and the console's once the node answers requests (/readyz 200), so that
+    what the line points to works when it appears."""
+    deadline = time.monotonic() + READY_WAIT_S
+    while not node.is_ready() and time.monotonic() < deadline:  # noqa: ASYNC110 (no event says "ready")
+        await asyncio.sleep(0.02)
     url = f"http://{node.config.http_listen[0]}:{node.http_port}"
     auth = "token auth ON" if node.config.auth_enabled else "NO authentication (dev mode: no tokens configured)"
+    ready = "" if node.is_ready() else f"NOT READY after {READY_WAIT_S:.0f} s, see the log above; "
     print(
         # The URL stands alone after "serving": scripts and benches read it up to the next space.
-        f"dex-ha dev: serving {url}  (console {url}/ui; {auth}; data in {node.config.data_dir}; Ctrl-C stops)",
+        f"dex-ha dev: serving {url}  ({ready}console {url}/ui; {auth}; data in {node.config.data_dir}; Ctrl-C stops)",
         flush=True,
     )
 
@@ -118,6 +129,15 @@ def cmd_dev(args: argparse.Namespace) -> int:
         TokenAuth(config.tokens, config.scoped_tokens)  # refuses short, duplicated or unknown-role tokens, naming them
     except (ConfigError, ValueError) as exc:
         print(f"dex-ha dev: {exc}", file=sys.stderr)
+        return 2
+    # Checked before the node starts, as `cluster up` does: one line, not the node's logs
+    # and then the error (the node still says so itself if the port is taken in between).
+    reason = port_in_use(args.host, args.port)
+    if reason is not None:
+        print(
+            f"dex-ha dev: {port_taken_message(args.port, f'HTTP on {args.host}', reason, 'another port with --port')}",
+            file=sys.stderr,
+        )
         return 2
     return _run_node(config, args.log_json)
 

@@ -2,7 +2,7 @@
 
     dex-ha sessions list [--agent A] [--status idle|running] [--awaiting-approval] [--outcome-unknown]
                          [--limit N] [--after CURSOR] [--all]
-    dex-ha sessions show SESSION_ID
+    dex-ha sessions show SESSION_ID [--history N]
     dex-ha sessions approve SESSION_ID CALL_ID [--reason TEXT]
     dex-ha sessions deny SESSION_ID CALL_ID [--reason TEXT]
     dex-ha sessions answer SESSION_ID QUESTION_ID ANSWER [--json-value]
@@ -33,6 +33,7 @@ from dex_ha.cli.common import (
     Subparsers,
     dash,
     format_table,
+    non_negative_int,
 )
 from dex_ha.cli.remote import (
     FIND_ACTIVE_TIMEOUT_S,
@@ -51,6 +52,7 @@ from dex_ha.client import (
     Session,
     SessionPage,
     SessionSummary,
+    Step,
     ToolCallRecord,
     Turn,
 )
@@ -58,6 +60,10 @@ from dex_ha.client.env import NAMESPACE_VAR
 
 # How much of a tool's arguments, output or error one table cell shows.
 CELL_CHARS = 60
+# How much of a tool's input, output or error one conversation line shows (--json: all of it).
+CONVERSATION_VALUE_CHARS = 1000
+# How many of the latest conversation items `sessions show` prints by default.
+DEFAULT_HISTORY_ITEMS = 50
 
 
 def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
@@ -96,9 +102,28 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     listing.add_argument("--all", action="store_true", help="follow the cursor through every page")
 
     show = actions.add_parser(
-        "show", parents=common, help="one session: turns, steps and attempts, tool calls, pending approvals/questions"
+        "show",
+        parents=common,
+        help="one session: its conversation, every turn with its steps and attempts, tool calls, "
+        "pending approvals and questions",
+        description="Print one session: a header (agent, status, created, updated); the conversation in "
+        "order (the compaction summary if the history was compacted, user messages, the assistant's text, "
+        "each tool call with its input, each tool's output or error, messages waiting for a turn), the "
+        "latest --history items of it; every turn with its steps (kind, status, the tool call and its "
+        "outcome) and each step's attempts (status, worker, term, start, duration, error); the tool calls; "
+        "the approvals and questions that wait for an answer. Times are UTC (marked Z). "
+        f"A tool input, output or error longer than {CONVERSATION_VALUE_CHARS} characters is cut (table cells: "
+        f"{CELL_CHARS}); --json prints everything as the server sent it.",
     )
     show.add_argument("session_id", metavar="SESSION_ID")
+    show.add_argument(
+        "--history",
+        type=non_negative_int,
+        default=DEFAULT_HISTORY_ITEMS,
+        metavar="N",
+        help=f"show the latest N items of the conversation and say how many earlier ones are left out "
+        f"(default {DEFAULT_HISTORY_ITEMS}; 0: every item)",
+    )
 
     for name, what in (
         ("approve", "run a tool call that waits for approval"),
@@ -197,7 +222,7 @@ async def run(args: argparse.Namespace, client: DexClient) -> str:
         return await _list(args, client)
     if command == "show":
         snapshot = await client.get_session(args.session_id)
-        return _json(snapshot.raw) if args.json else format_session(snapshot)
+        return _json(snapshot.raw) if args.json else format_session(snapshot, history=args.history)
     answer, done = await _act(args, client)
     return _json(answer) if args.json else done
 
@@ -283,53 +308,134 @@ def format_session_list(sessions: list[SessionSummary], next_after: str | None) 
     return "\n".join(lines)
 
 
-def format_session(snapshot: Session) -> str:
-    """The snapshot of GET /v1/sessions/{id} as sections of tables, pending decisions last."""
+def format_session(snapshot: Session, history: int = DEFAULT_HISTORY_ITEMS) -> str:
+    """The snapshot of GET /v1/sessions/{id}: the conversation (its latest `history` items; 0:
+    all), every turn with its steps and attempts, tool calls, then the pending decisions."""
     sid = snapshot.session_id
     sections = [
         f"session {sid}  agent {snapshot.agent}  status {snapshot.status}  "
-        f"created {when(snapshot.created_at)}  updated {when(snapshot.updated_at)}",
-        _turns_section(snapshot.turns),
-        _current_turn_section(snapshot.current_turn),
+        f"created {when(snapshot.created_at)}  updated {when(snapshot.updated_at)}  (times UTC)",
+        _conversation_section(snapshot, history),
+        _turns_section(snapshot.turns, {c.call_id: c for c in snapshot.tool_calls}),
         _calls_section(snapshot.tool_calls),
         _approvals_section(sid, snapshot.pending_approvals),
         _questions_section(sid, snapshot.pending_questions),
     ]
-    if snapshot.waiting_messages:
-        sections.append(f"waiting messages: {len(snapshot.waiting_messages)} (they start turns after the running one)")
     return "\n\n".join(section for section in sections if section)
 
 
-def _turns_section(turns: Sequence[Turn]) -> str:
-    rows = [[dash(t.number), t.turn_id, t.status, when(t.started_at), when(t.ended_at), short(t.error)] for t in turns]
-    return "turns:\n" + (format_table(["#", "turn", "status", "started", "ended", "error"], rows) if rows else "none")
-
-
-def _current_turn_section(turn: Turn | None) -> str:
-    if turn is None:
-        return ""
-    rows = [
-        [
-            step.step_id,
-            step.kind,
-            step.status,
-            short(step.call_id),
-            f"{step.attempts_used}/{dash(step.max_attempts)}",
-            _attempts_text(step.attempts),
-        ]
-        for step in turn.steps
+def _conversation_section(snapshot: Session, history: int) -> str:
+    """The history as stored, in order: the summary first when it was compacted, then the
+    latest `history` items (0: all), then the messages that wait for a turn."""
+    items = snapshot.history
+    shown = items[-history:] if history else items
+    lines = [f"conversation ({len(items)} items):"]
+    if len(shown) < len(items):
+        lines.append(f"  … {len(items) - len(shown)} earlier items not shown (--history N shows more; 0: all)")
+    if snapshot.summary:
+        summary = snapshot.summary
+        lines.append(f"summary of the items up to #{dash(summary.get('upto_seq'))} ({when(summary.get('at'))}):")
+        lines.append(_indented(summary.get("text")))
+    lines += [_history_item(item) for item in shown]
+    lines += [
+        f"waiting ({m.get('mode')}) since {when(m.get('at'))}, not in a turn yet:\n{_indented(m.get('text'))}"
+        for m in snapshot.waiting_messages
     ]
-    title = f"current turn {turn.turn_id} ({turn.status}): steps and attempts"
-    table = format_table(["step", "kind", "status", "call", "attempts", "attempt: status (worker, error)"], rows)
-    return title + "\n" + (table if rows else "no steps yet")
+    if not items and not snapshot.waiting_messages:
+        lines.append("no messages yet")
+    return "\n".join(lines)
 
 
-def _attempts_text(attempts: Sequence[Attempt]) -> str:
-    parts = []
-    for a in attempts:
-        detail = ", ".join(x for x in (a.worker_id, short(a.error, 40) if a.error else None) if x)
-        parts.append(f"#{a.number} {a.status}" + (f" ({detail})" if detail else ""))
-    return "; ".join(parts) or "-"
+def _history_item(item: dict[str, Any]) -> str:
+    """One conversation item: who, then what (texts whole, tool values cut at CONVERSATION_VALUE_CHARS)."""
+    seq, kind = f"#{dash(item.get('seq'))}", item.get("type")
+    if kind == "user":
+        return f"{seq} user:\n{_indented(item.get('text'))}"
+    if kind == "assistant":
+        lines = [f"{seq} assistant:"]
+        if item.get("content"):
+            lines.append(_indented(item["content"]))
+        lines += [
+            f"  calls {call.get('name')} (call {call.get('id')}) with input "
+            f"{short(call.get('arguments'), CONVERSATION_VALUE_CHARS)}"
+            for call in item.get("tool_calls") or []
+        ]
+        return "\n".join(lines)
+    if kind == "tool_result":
+        head = f"{seq} tool {item.get('name')} (call {item.get('call_id')}) {item.get('status')}"
+        if item.get("error") is not None:
+            return f"{head}, error: {short(item['error'], CONVERSATION_VALUE_CHARS)}"
+        return f"{head}, output: {short(item.get('output'), CONVERSATION_VALUE_CHARS)}"
+    if kind == "note":
+        return f"{seq} note:\n{_indented(item.get('text'))}"
+    return f"{seq} {kind}: {short(item, CONVERSATION_VALUE_CHARS)}"
+
+
+def _indented(text: Any) -> str:
+    """A text (or a JSON value) whole, each of its lines indented under its heading."""
+    if text is None:
+        return "  -"
+    value = text if isinstance(text, str) else json.dumps(text, sort_keys=True)
+    return "\n".join("  " + line for line in value.splitlines() or [""])
+
+
+def _turns_section(turns: Sequence[Turn], calls: dict[str, ToolCallRecord]) -> str:
+    if not turns:
+        return "turns: none"
+    return f"turns ({len(turns)}):\n" + "\n\n".join(_turn_text(turn, calls) for turn in turns)
+
+
+def _turn_text(turn: Turn, calls: dict[str, ToolCallRecord]) -> str:
+    """A turn's line, then a table of its steps, one row per attempt (a step's columns on its first)."""
+    head = f"turn {dash(turn.number)} {turn.turn_id}  {turn.status}  started {when(turn.started_at)}  ended {when(turn.ended_at)}"
+    if turn.error:
+        head += f"  error: {short(turn.error)}"
+    rows = [row for step in turn.steps for row in _step_rows(step, calls.get(step.call_id or ""))]
+    headers = [
+        "step",
+        "kind",
+        "status",
+        "call",
+        "outcome",
+        "attempts",
+        "attempt",
+        "worker (term)",
+        "started",
+        "took",
+        "error",
+    ]
+    return head + "\n" + (_indented(format_table(headers, rows)) if rows else "  no steps yet")
+
+
+def _step_rows(step: Step, call: ToolCallRecord | None) -> list[list[str]]:
+    outcome = call.status if call is not None else "-"
+    first = [
+        step.step_id,
+        step.kind,
+        step.status,
+        dash(step.call_id),
+        outcome,
+        f"{step.attempts_used}/{dash(step.max_attempts)}",
+    ]
+    blank = [""] * len(first)
+    if not step.attempts:
+        return [[*first, "-", "-", "-", "-", short(step.error)]]
+    return [[*(blank if i else first), *_attempt_cells(a)] for i, a in enumerate(step.attempts)]
+
+
+def _attempt_cells(a: Attempt) -> list[str]:
+    worker = f"{a.worker_id or '-'} (term {dash(a.term)})"
+    progress = a.raw.get("attempt_progress")
+    error = short(a.error, 40) + (f" [{progress}]" if progress else "") if a.error else dash(progress)
+    return [f"#{a.number} {a.status}", worker, when(a.started_at), _took(a.started_at, a.ended_at), error]
+
+
+def _took(started_at: int | None, ended_at: int | None) -> str:
+    """How long something ran, "-" while it runs."""
+    if started_at is None or ended_at is None:
+        return "-"
+    ms = ended_at - started_at
+    return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
 
 
 def _calls_section(calls: Sequence[ToolCallRecord]) -> str:

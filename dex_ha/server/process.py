@@ -16,7 +16,8 @@ import resource
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from dex_ha.engine import NeedsUpgrade
 from dex_ha.raft.identity import IdentityRefused
@@ -129,14 +130,16 @@ def tune_interpreter_for_raft() -> None:
     gc.freeze()
 
 
-async def serve(config: ServerConfig, on_started: Callable[[NodeServer], None] | None = None) -> None:
+async def serve(
+    config: ServerConfig, on_started: Callable[[NodeServer], Coroutine[Any, Any, None]] | None = None
+) -> None:
     """Run one node until SIGTERM/SIGINT; a second signal stops without draining."""
     raise_open_files_limit()
     node = NodeServer(config, on_fatal=exit_on_fatal)
     await node.start()
     tune_interpreter_for_raft()
-    if on_started is not None:
-        on_started(node)
+    # Runs beside the node (e.g. `dex-ha dev` printing its URL once ready); stopped with it.
+    started = asyncio.create_task(on_started(node)) if on_started is not None else None
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = 0
@@ -161,5 +164,7 @@ async def serve(config: ServerConfig, on_started: Callable[[NodeServer], None] |
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     await stop_requested.wait()
+    if started is not None:
+        started.cancel()
     await node.shutdown_gracefully()
     log.info("node %s stopped", config.node_id)

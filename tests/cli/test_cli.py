@@ -10,6 +10,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -51,9 +52,11 @@ def test_dev_prints_its_url_becomes_ready_and_exits_0_on_sigterm(tmp_path: Path)
             "the dev URL line",
         )
         assert f"serving http://127.0.0.1:{port} " in url_line  # the URL alone, as scripts read it
-        assert f"console http://127.0.0.1:{port}/ui" in url_line
+        assert f"console http://127.0.0.1:{port}/ui;" in url_line
         assert "NO authentication" in url_line  # dev mode without tokens says so
-        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
+        # Printed once the node is ready: what it points to works as soon as it appears.
+        assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+        assert http_status(f"http://127.0.0.1:{port}/ui") == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
     finally:
@@ -67,7 +70,8 @@ def test_log_json_writes_one_json_object_per_log_line(tmp_path: Path) -> None:
         "dev", "--data-dir", str(tmp_path / "data"), "--port", str(port), "--relaxed", "--log-json", log=log
     )
     try:
-        wait_until(lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 30, "/readyz 200")
+        # The URL line comes once the node is ready (a few ms after /readyz says so).
+        wait_until(lambda: "serving http://" in log.read_text(), 30, "the dev URL line")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
     finally:
@@ -124,7 +128,12 @@ def test_dev_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
         result = run_cli("dev", "--port", str(port), "--data-dir", str(tmp_path / "data"), timeout=30)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr, result.stderr
-    assert f"cannot listen for HTTP on 127.0.0.1:{port}" in result.stderr and "--port" in result.stderr
+    # One line, worded as `cluster up` words it: which port, what is wrong, which option moves it.
+    assert result.stderr.splitlines() == [
+        f"dex-ha dev: port {port} (HTTP on 127.0.0.1) is taken (Address already in use); "
+        "choose another port with --port"
+    ]
+    assert result.stdout == ""
 
 
 def test_node_with_insecure_starts_and_says_so_in_its_log_and_cluster_view(tmp_path: Path) -> None:
@@ -359,13 +368,50 @@ def test_status_table_warns_when_no_node_is_active() -> None:
 # ---------------------------------------------------------------- the demo
 
 
-def test_demo_runs_through_a_failover_and_stops_everything(tmp_path: Path) -> None:
+def run_demo_timed(demo_dir: Path, timeout: float) -> tuple[int, list[tuple[float, str]], float, str]:
+    """`dex-ha demo --dir DIR`, its stdout read line by line as it comes: (exit code, each line
+    with the monotonic time it arrived, the time the process had exited, stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dex_ha.cli", "demo", "--dir", str(demo_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=clean_env(),
+        text=True,
+    )
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+        exited = time.monotonic()
+        reader.join(timeout=10)
+        assert not reader.is_alive(), "the demo's stdout stayed open after it exited"
+        assert proc.stderr is not None
+        return code, lines, exited, proc.stderr.read()
+    finally:
+        stop(proc)
+
+
+def test_demo_runs_through_a_failover_prints_its_timeline_as_it_happens_and_stops_everything(
+    tmp_path: Path,
+) -> None:
     demo_dir = tmp_path / "demo"
-    started = time.monotonic()
-    result = run_cli("demo", "--dir", str(demo_dir), timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert time.monotonic() - started < 120
-    out = result.stdout
+    code, lines, exited, stderr = run_demo_timed(demo_dir, timeout=120)
+    out = "\n".join(line for _, line in lines)
+    assert code == 0, out + stderr
+    # The timeline streams: its first line arrives while the demo still has seconds of work
+    # ahead (reserve_stock alone runs 3 s after the kill), not all at once at the end.
+    first_at = next(at for at, line in lines if re.match(r"^\s*\d+\.\d\ds  ", line))
+    assert exited - first_at > 2.5, [(round(exited - at, 2), line) for at, line in lines]
+    killed_at = next(at for at, line in lines if "killed with SIGKILL" in line)
+    assert exited - killed_at > 2.5  # the kill is on screen while reserve_stock runs again
     assert re.search(
         r"^\s*\d+\.\d\ds  \[demo\] node n\d \(the active node, pid \d+\) killed with SIGKILL", out, re.MULTILINE
     )
@@ -441,8 +487,13 @@ def test_dev_with_tokens_from_the_environment_requires_them(tmp_path: Path) -> N
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: http_status(url + "/readyz") == 200, 30, "/readyz 200")
-        assert "token auth ON" in log.read_text()
+        # The URL line comes once the node is ready (a few ms after /readyz says so).
+        url_line = wait_until(
+            lambda: next((line for line in log.read_text().splitlines() if "serving http://" in line), None),
+            30,
+            "the dev URL line",
+        )
+        assert "token auth ON" in url_line
         assert http_status(url + "/v1/sessions") == 401
         assert http_status(url + "/v1/sessions", token=token) == 200
     finally:

@@ -325,10 +325,11 @@ async def test_sessions_commands_drive_a_session_through_approval_question_deny_
         approvals = shown.stdout.split("pending approvals")[1]
         assert re.search(r"^refund-1\s+refund\s+\{\"order_id\": \"A17\"\}", approvals, re.MULTILINE)
         assert "which color?" in shown.stdout.split("pending questions")[1]
-        assert re.search(r"^1\s+\S+\s+running", shown.stdout.split("turns:")[1], re.MULTILINE)
-        steps = shown.stdout.split("steps and attempts")[1]  # the current turn's steps with their attempts
-        assert re.search(r"^\S+\s+RunModel\s+done\s+-\s+1/3\s+#1 completed", steps, re.MULTILINE)
-        assert re.search(r"^\S+\s+AwaitToolApproval\s+waiting\s+refund-1", steps, re.MULTILINE)
+        steps = shown.stdout.split("turns (1):")[1]  # the running turn's steps with their attempts
+        assert re.search(r"^turn 1 \S+  running", steps, re.MULTILINE)
+        assert re.search(r"^  \S+\s+RunModel\s+done\s+-\s+-\s+1/3\s+#1 completed", steps, re.MULTILINE)
+        assert re.search(r"^  \S+\s+AwaitToolApproval\s+waiting\s+refund-1", steps, re.MULTILINE)
+        assert "#1 user:\n  refund A17 please" in shown.stdout.split("conversation")[1]
 
         question_id = json.loads(cli("sessions", "show", sid, "--json", env=env).stdout)["pending_questions"][0][
             "question_id"

@@ -86,3 +86,30 @@ async def test_cancel_cancels_the_running_turn_and_says_when_none_was_running(tm
             assert await run(again, client) == "s-1: no turn was running, nothing cancelled"
     finally:
         await node.stop()
+
+
+async def test_show_prints_the_compaction_summary_first_and_waiting_messages_last(node: FakeNode) -> None:
+    async with DexClient(node.url) as client:
+        await client.create_session("ops", session_id="s-1")
+        session = node.cluster.sessions["s-1"]
+        session["summary"] = {"upto_seq": 40, "at": 0, "text": "The user asked for refunds A1 to A9."}
+        session["history"] = [
+            {"seq": 41, "type": "user", "text": "and A10?"},
+            {
+                "seq": 42,
+                "type": "tool_result",
+                "call_id": "c9",
+                "name": "refund",
+                "status": "failed",
+                "error": "x" * 2000,
+            },
+        ]
+        session["waiting_messages"] = [{"text": "hurry", "mode": "steer", "at": 0}]
+        text = await run(build_parser().parse_args(["sessions", "show", "s-1"]), client)
+    conversation = text.split("conversation (2 items):\n")[1]
+    assert conversation.startswith(
+        "summary of the items up to #40 (1970-01-01 00:00:00Z):\n  The user asked for refunds A1 to A9.\n"
+        "#41 user:\n  and A10?\n#42 tool refund (call c9) failed, error: xxx"
+    )
+    assert "x" * 999 + "…" in conversation and "x" * 1000 not in conversation  # cut, --json has it all
+    assert "waiting (steer) since 1970-01-01 00:00:00Z, not in a turn yet:\n  hurry" in conversation
