@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from datetime import UTC, datetime
 from typing import Any
 
 from dex_ha.client.env import DEFAULT_URL, TOKEN_VAR, URLS_VAR
@@ -10,6 +12,9 @@ from dex_ha.client.env import DEFAULT_URL, TOKEN_VAR, URLS_VAR
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_NO_NODE = 3
+
+# How much of a tool's arguments, output or error one table cell shows.
+CELL_CHARS = 60
 
 
 class CommandFailed(Exception):
@@ -65,3 +70,19 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [headers, *rows]]
     return "\n".join(lines)
+
+
+def when(ms: Any) -> str:
+    """A leader timestamp (ms since the epoch) as UTC time, "-" when there is none."""
+    if not isinstance(ms, int | float):
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def short(value: Any, limit: int = CELL_CHARS) -> str:
+    """A value on one line, cut to `limit` characters ("-" for None)."""
+    if value is None:
+        return "-"
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
