@@ -75,7 +75,7 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
         "sessions",
         help="list, inspect and act on agent sessions",
         description="Look at sessions and act on them: approve or deny a tool call, "
-        "answer a question, settle an outcome_unknown call, send a message.",
+        "answer a question, settle an outcome_unknown call, send a message, follow its events.",
     )
     actions = sessions.add_subparsers(
         dest="sessions_command",

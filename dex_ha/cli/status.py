@@ -38,7 +38,15 @@ from dex_ha.cli.remote import (
 
 
 def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
-    status = sub.add_parser("status", parents=[remote], help="the cluster table, from every node")
+    status = sub.add_parser(
+        "status",
+        parents=[remote],
+        help="the cluster table, from every node (--watch: drawn again until Ctrl-C)",
+        description="Ask every node for its view of the cluster and print one table: each node's role, term, "
+        "commit and applied index, lease, version. With --watch the table is drawn again every --interval "
+        "seconds until Ctrl-C: on a terminal in place, otherwise frame after frame under a line with the "
+        "time. A node that goes down shows as NO ANSWER and the watch goes on.",
+    )
     status.add_argument(
         "--json", action="store_true", help="print the raw /v1/cluster answers (with --watch: one JSON line a frame)"
     )
