@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import socket
+from datetime import UTC, datetime
 from typing import Any
 
 from dex_ha.client.env import DEFAULT_URL, TOKEN_VAR, URLS_VAR
@@ -11,6 +13,9 @@ from dex_ha.client.env import DEFAULT_URL, TOKEN_VAR, URLS_VAR
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_NO_NODE = 3
+
+# How much of a tool's arguments, output or error one table cell shows.
+CELL_CHARS = 60
 
 
 class CommandFailed(Exception):
@@ -90,3 +95,19 @@ def port_in_use(host: str, port: int) -> str | None:
 def port_taken_message(port: int, what: str, reason: str, options: str) -> str:
     """The one line `cluster up` and `dev` print for a port in use: which, why, which option moves it."""
     return f"port {port} ({what}) is taken ({reason}); choose {options}"
+
+
+def when(ms: Any) -> str:
+    """A leader timestamp (ms since the epoch) as UTC time, "-" when there is none."""
+    if not isinstance(ms, int | float):
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def short(value: Any, limit: int = CELL_CHARS) -> str:
+    """A value on one line, cut to `limit` characters ("-" for None)."""
+    if value is None:
+        return "-"
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -2,9 +2,9 @@
 
     dex-ha dev | node                     node.py
     dex-ha cluster up | down              cluster.py
-    dex-ha status                         status.py
+    dex-ha status [--watch]               status.py
     dex-ha step-down | members …          members.py
-    dex-ha sessions …                     sessions.py
+    dex-ha sessions …                     sessions.py (sessions watch: watch.py)
     dex-ha backup | restore               backup.py
     dex-ha demo                           demo.py
 

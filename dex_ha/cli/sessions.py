@@ -9,8 +9,10 @@
     dex-ha sessions reconcile SESSION_ID CALL_ID --outcome succeeded|failed [--result JSON] [--error TEXT]
     dex-ha sessions send SESSION_ID TEXT [--mode queue|steer] [--message-id ID]
     dex-ha sessions delete SESSION_ID
+    dex-ha sessions watch SESSION_ID [--until-idle]
 
-Every subcommand takes `--json` (the server's answer as JSON, for scripts) and `--namespace`
+Every subcommand takes `--json` (the server's answer as JSON, for scripts; for `watch`, each
+event as one JSON object a line) and `--namespace`
 (the namespace of the sessions; default $DEX_HA_NAMESPACE, else the server's default). This module
 turns arguments into Client SDK calls and answers into text; `cmd_sessions` finds the
 active node first (clear errors), makes the DexClient and turns errors into exit codes.
@@ -22,10 +24,11 @@ import argparse
 import asyncio
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
+from dex_ha.cli import watch
 from dex_ha.cli.common import (
+    CELL_CHARS,
     EXIT_NO_NODE,
     EXIT_REFUSED,
     EXIT_USAGE,
@@ -34,6 +37,8 @@ from dex_ha.cli.common import (
     dash,
     format_table,
     non_negative_int,
+    short,
+    when,
 )
 from dex_ha.cli.remote import (
     FIND_ACTIVE_TIMEOUT_S,
@@ -58,8 +63,6 @@ from dex_ha.client import (
 )
 from dex_ha.client.env import NAMESPACE_VAR
 
-# How much of a tool's arguments, output or error one table cell shows.
-CELL_CHARS = 60
 # How much of a tool's input, output or error one conversation line shows (--json: all of it).
 CONVERSATION_VALUE_CHARS = 1000
 # How many of the latest conversation items `sessions show` prints by default.
@@ -80,10 +83,12 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
         "sessions",
         help="list, inspect and act on agent sessions",
         description="Look at sessions and act on them: approve or deny a tool call, "
-        "answer a question, settle an outcome_unknown call, send a message.",
+        "answer a question, settle an outcome_unknown call, send a message, follow its events.",
     )
     actions = sessions.add_subparsers(
-        dest="sessions_command", required=True, metavar="{list,show,approve,deny,answer,reconcile,cancel,send,delete}"
+        dest="sessions_command",
+        required=True,
+        metavar="{list,show,approve,deny,answer,reconcile,cancel,send,delete,watch}",
     )
 
     listing = actions.add_parser(
@@ -164,6 +169,17 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
     )
     send.add_argument("--message-id", help="an id that makes a repeated send a no-op (default: a new one)")
     _add_delete_parser(actions, common)
+    watch.add_arguments(
+        actions.add_parser(
+            "watch",
+            parents=common,
+            help="follow a session's events live, one line each (--json: one JSON object a line), until Ctrl-C",
+            description="Print the session's events since it was created, then each new one as it "
+            "happens, one line each: the time (UTC), the event type and its essentials. The live text "
+            "of a model is condensed into one line per attempt. It follows the active node through a "
+            "failover. With --json, each event is printed as it came, as one JSON object a line.",
+        )
+    )
 
 
 def _add_delete_parser(actions: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -211,7 +227,9 @@ def cmd_sessions(args: argparse.Namespace) -> int:
             except (TypeError, ValueError) as exc:  # bad input, named by the SDK or this module
                 raise CommandFailed(str(exc), EXIT_USAGE) from None
 
-    print(asyncio.run(run_through_active()))
+    text = asyncio.run(run_through_active())
+    if text:  # `watch` printed its lines as they came
+        print(text)
     return 0
 
 
@@ -220,6 +238,9 @@ async def run(args: argparse.Namespace, client: DexClient) -> str:
     command = args.sessions_command
     if command == "list":
         return await _list(args, client)
+    if command == "watch":
+        await watch.watch_session(args, client, _print_now)
+        return ""
     if command == "show":
         snapshot = await client.get_session(args.session_id)
         return _json(snapshot.raw) if args.json else format_session(snapshot, history=args.history)
@@ -273,27 +294,15 @@ async def _act(args: argparse.Namespace, client: DexClient) -> tuple[Any, str]:
     raise ValueError(f"unknown sessions command {command!r}")
 
 
+def _print_now(line: str) -> None:
+    print(line, flush=True)  # at once, also into a pipe: the reader follows the session live
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True)
 
 
 # ---------------------------------------------------------------- formatting
-
-
-def when(ms: Any) -> str:
-    """A leader timestamp (ms since the epoch) as UTC time, "-" when there is none."""
-    if not isinstance(ms, int | float):
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def short(value: Any, limit: int = CELL_CHARS) -> str:
-    """A value on one line, cut to `limit` characters ("-" for None)."""
-    if value is None:
-        return "-"
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def format_session_list(sessions: list[SessionSummary], next_after: str | None) -> str:

@@ -1,19 +1,31 @@
-"""`dex-ha status`: the cluster table, from every node's own /v1/cluster view."""
+"""`dex-ha status`: the cluster table, from every node's own /v1/cluster view.
+
+`--watch` draws it again every `--interval` seconds until Ctrl-C (or `--count` frames): on a
+terminal over the previous frame, otherwise one frame after another under a timestamp line.
+A node that stops answering shows as NO ANSWER in the next frame and the watch goes on; the
+nodes a frame met stay in the next ones, so that a failover of the node named by --url does
+not hide the others.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import sys
+import time
 from typing import Any
 
 from dex_ha.cli.common import (
     EXIT_NO_NODE,
     EXIT_REFUSED,
+    EXIT_USAGE,
     CommandFailed,
     Subparsers,
     dash,
     format_table,
+    positive_int,
+    when,
 )
 from dex_ha.cli.members import contact_text_of
 from dex_ha.cli.remote import (
@@ -26,8 +38,41 @@ from dex_ha.cli.remote import (
 
 
 def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
-    status = sub.add_parser("status", parents=[remote], help="the cluster table, from every node")
-    status.add_argument("--json", action="store_true", help="print the raw /v1/cluster answers")
+    status = sub.add_parser(
+        "status",
+        parents=[remote],
+        help="the cluster table, from every node (--watch: drawn again until Ctrl-C)",
+        description="Ask every node for its view of the cluster and print one table: each node's role, term, "
+        "commit and applied index, lease, version. With --watch the table is drawn again every --interval "
+        "seconds until Ctrl-C: on a terminal in place, otherwise frame after frame under a line with the "
+        "time. A node that goes down shows as NO ANSWER and the watch goes on.",
+    )
+    status.add_argument(
+        "--json", action="store_true", help="print the raw /v1/cluster answers (with --watch: one JSON line a frame)"
+    )
+    status.add_argument(
+        "--watch", action="store_true", help="draw the table again every --interval seconds, until Ctrl-C"
+    )
+    status.add_argument(
+        "--interval",
+        type=_interval,
+        metavar="SECONDS",
+        help=f"with --watch: seconds between frames (default {WATCH_INTERVAL_S:g})",
+    )
+    status.add_argument("--count", type=positive_int, metavar="N", help="with --watch: stop after N frames")
+
+
+# `status --watch` draws a frame this often unless --interval says otherwise.
+WATCH_INTERVAL_S = 2.0
+# A terminal's escape codes: cursor home, then erase the screen.
+CLEAR_SCREEN = "\033[H\033[2J"
+
+
+def _interval(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
 
 
 def _reference_members(answers: list[NodeAnswer]) -> dict[str, dict[str, Any]]:
@@ -166,23 +211,61 @@ def consistency_alarm_lines(answers: list[NodeAnswer]) -> list[str]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    answers = asyncio.run(gather_views(urls_of(args), token_of(args)))
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "nodes": [
-                        {"url": a.url, "answer": a.view} if a.view else {"url": a.url, "error": a.error}
-                        for a in answers
-                    ]
-                },
-                indent=2,
+    if not args.watch and (args.interval is not None or args.count is not None):
+        raise CommandFailed("--interval and --count go with --watch", EXIT_USAGE)
+    urls, token = urls_of(args), token_of(args)
+    if args.watch:
+        answers = asyncio.run(
+            watch_status(
+                urls,
+                token,
+                interval_s=args.interval or WATCH_INTERVAL_S,
+                count=args.count,
+                as_json=args.json,
+                on_terminal=sys.stdout.isatty(),
             )
         )
     else:
-        print(format_status(answers))
+        answers = asyncio.run(gather_views(urls, token))
+        print(json.dumps(_json_of(answers), indent=2) if args.json else format_status(answers))
+    return _exit_code(answers)
+
+
+def _json_of(answers: list[NodeAnswer]) -> dict[str, Any]:
+    return {
+        "nodes": [{"url": a.url, "answer": a.view} if a.view else {"url": a.url, "error": a.error} for a in answers]
+    }
+
+
+def _exit_code(answers: list[NodeAnswer]) -> int:
+    """0 when a node answered; else the refusal (exit 1) or "no node answers" (exit 3)."""
     if any(a.view for a in answers):
         return 0
     if any(a.refused for a in answers):
         raise CommandFailed(next(a.error or "refused" for a in answers if a.refused), EXIT_REFUSED)
     raise CommandFailed(f"no dex-ha node answers at {', '.join(a.url for a in answers)}", EXIT_NO_NODE)
+
+
+async def watch_status(
+    urls: list[str], token: str | None, *, interval_s: float, count: int | None, as_json: bool, on_terminal: bool
+) -> list[NodeAnswer]:
+    """Print a frame every `interval_s` until `count` frames (None: until Ctrl-C); the last
+    frame's answers. A frame is the table under a timestamp line, or with `as_json` one JSON
+    line with the time in `at`."""
+    loop = asyncio.get_running_loop()
+    frames = 0
+    while True:
+        started = loop.time()
+        answers = await gather_views(urls, token)
+        urls = list(dict.fromkeys([*urls, *(a.url for a in answers)]))  # a node that goes down stays in the table
+        frames += 1
+        now = when(time.time() * 1000)
+        if as_json:
+            print(json.dumps({"at": now, **_json_of(answers)}), flush=True)
+        else:
+            header = f"dex-ha status at {now} (every {interval_s:g} s; Ctrl-C stops)\n"
+            before = CLEAR_SCREEN if on_terminal else "\n" if frames > 1 else ""
+            print(before + header + ("\n" if on_terminal else "") + format_status(answers), flush=True)
+        if count is not None and frames >= count:
+            return answers
+        await asyncio.sleep(max(0.0, started + interval_s - loop.time()))
