@@ -244,7 +244,9 @@ class TurnTracer:
         if step is None or attempt is None:
             return
         if self._ours(ev) and attempt.term < self.term:  # only the takeover fails attempts of earlier terms
-            attempt.events.append(Event("takeover", {"dex.node": self.sink.node_id, "dex.term": self.term}, ev.at * NS_PER_MS))
+            attempt.events.append(
+                Event("takeover", {"dex.node": self.sink.node_id, "dex.term": self.term}, ev.at * NS_PER_MS)
+            )
         self._end_attempt(sid, step, attempt, ev, "failed", d.get("attempt_progress"), d.get("error"))
 
     def _assistant_message(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
@@ -287,11 +289,17 @@ class TurnTracer:
 
     # -- ending spans
 
-    def _end_step(
-        self, sid: str, step: _Step, ev: SessionEvent, outcome: str, progress: str | None
-    ) -> None:
+    def _end_step(self, sid: str, step: _Step, ev: SessionEvent, outcome: str, progress: str | None) -> None:
         for attempt in step.attempts.values():  # the running attempt ended with its step
-            self._end_attempt(sid, step, attempt, ev, "completed" if outcome in ("completed", "succeeded") else outcome, progress, None)
+            self._end_attempt(
+                sid,
+                step,
+                attempt,
+                ev,
+                "completed" if outcome in ("completed", "succeeded") else outcome,
+                progress,
+                None,
+            )
         step.attempts.clear()
         if not self._ours(ev):
             return
