@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dex_ha.engine import EngineReader, SessionEvent
-from dex_ha.engine.queries import EVENT_ID_SHIFT
+from dex_ha.engine.store import EVENT_ID_SHIFT
 
 try:  # the optional extra, imported once
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -36,7 +36,7 @@ try:  # the optional extra, imported once
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
 except ImportError:  # pragma: no cover - exercised where the extra is not installed
-    OTLPSpanExporter = None
+    OTLPSpanExporter = None  # type: ignore[misc,assignment]
 
 log = logging.getLogger("dex_ha.server.tracing")
 
