@@ -1,7 +1,7 @@
 """An OpenAI Agents SDK agent, run durably by dex-ha: each model call is a RunModel step,
 each tool call its own tool step with the effect declared for it.
 
-    pip install 'dex-ha[openai-agents]'
+    pip install -e '.[openai-agents]'
     dex-ha dev &                                   # in another terminal: the server on :8801
     OPENAI_API_KEY=sk-... python examples/openai_agents_agent.py [URL]
 

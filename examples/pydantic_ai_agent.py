@@ -1,7 +1,7 @@
 """A Pydantic AI agent, run durably by dex-ha: each model call is a RunModel step, each tool
 call its own tool step with the effect declared for it.
 
-    pip install 'dex-ha[pydantic-ai]'
+    pip install -e '.[pydantic-ai]'
     dex-ha dev &                                   # in another terminal: the server on :8801
     OPENAI_API_KEY=sk-... python examples/pydantic_ai_agent.py [URL]
 

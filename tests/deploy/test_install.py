@@ -17,6 +17,9 @@ import dex_ha
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 240
+# What only the extras bring (dev, openai, anthropic, the adapters): never in a plain install.
+EXTRAS_ONLY = {"pytest", "playwright", "claude-agent-sdk", "openai", "anthropic", "openai-agents", "hypothesis", "mypy"}
+LIGHT_INSTALL_MAX_PACKAGES = 20  # aiohttp and its helpers, msgpack, prometheus-client, uvloop: 15 today
 
 
 def run(*args: str | Path, cwd: Path, timeout_s: float = BUILD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
@@ -70,3 +73,9 @@ def test_the_wheel_installs_into_a_fresh_venv_and_dex_ha_runs(wheel: Path, tmp_p
     ).stdout.strip()
     assert Path(imported).is_relative_to(venv), imported
     assert "usage: dex-ha" in run(dex_ha_cli, "node", "--help", cwd=tmp_path).stdout
+    # The README's run command installs the package without extras: only the server's own
+    # dependencies, none of the test tools or model SDKs of the extras.
+    listed = run(sys.executable, "-m", "pip", "--python", python, "list", "--format=freeze", cwd=tmp_path).stdout
+    installed = {line.split("==")[0].lower().replace("_", "-") for line in listed.split()}
+    assert not installed & EXTRAS_ONLY, sorted(installed & EXTRAS_ONLY)
+    assert len(installed) <= LIGHT_INSTALL_MAX_PACKAGES, sorted(installed)

@@ -10,6 +10,7 @@ import pytest
 
 from dex_ha.server.config import ConfigError, ServerConfig, dev_config, load_config, replace
 from dex_ha.server.node import NodeServer
+from dex_ha.server.versions import own_version
 
 TOML = """
 node_id = "n1"
@@ -85,7 +86,7 @@ def test_defaults_and_dev_config_pass_the_check(tmp_path: Path) -> None:
 
 def test_the_node_hands_the_margin_to_raft(tmp_path: Path) -> None:
     config = load_config(_config_file(tmp_path), env={}, insecure=True)
-    raft = NodeServer._raft_config(SimpleNamespace(config=config))  # type: ignore[arg-type]
+    raft = NodeServer._raft_config(SimpleNamespace(config=config, version=own_version()))  # type: ignore[arg-type]
     assert (raft.election_timeout_min_ms, raft.lease_drift_margin_ms) == (600, 80)
 
 
@@ -115,3 +116,14 @@ def test_dev_refuses_a_bad_setting_from_the_environment_naming_it(env, named):
 
     with pytest.raises(ConfigError, match=named):
         dev_overrides_from_env(env)
+
+
+def test_an_unknown_key_of_a_peer_is_refused_by_name(tmp_path: Path) -> None:
+    misspelt = TOML.replace('url = "http://127.0.0.1:8801"', 'url = "http://127.0.0.1:8801"\nraft_adress = "x"')
+    with pytest.raises(ConfigError, match=r"peers\[0\]\.raft_adress: unknown key"):
+        load_config(_config_file(tmp_path, misspelt), env={}, insecure=True)
+
+
+def test_an_unknown_top_level_key_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="electon_timeout_min_ms: unknown configuration key"):
+        load_config(_config_file(tmp_path, "electon_timeout_min_ms = 5\n" + TOML), env={}, insecure=True)
