@@ -48,6 +48,7 @@ from dex_ha.server.errors import NotServing
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
+from dex_ha.server.tracing import SpanSink, TurnTracer
 from dex_ha.server.validation import InvalidRequest
 from dex_ha.worker_protocol import CLOSE_NOT_ACTIVE
 
@@ -125,6 +126,7 @@ class LeaderTerm:
         heartbeat_timeout_ms: int,
         monitor_interval_s: float | None = None,
         channel_grace_ms: int = 1_000,
+        span_sink: SpanSink | None = None,
     ) -> None:
         self.term = term
         self.replica = replica
@@ -152,6 +154,8 @@ class LeaderTerm:
         self._tasks: list[asyncio.Task[None]] = []
         self._started_mono = time.monotonic()
         self._stopped = False
+        self._span_sink = span_sink
+        self.tracer: TurnTracer | None = None  # once the takeover applied, when traces are exported
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -170,6 +174,8 @@ class LeaderTerm:
             return_exceptions=True,
         )
         self.replica.changed.remove_listener(self._on_change)
+        if self.tracer is not None:
+            self.replica.on_sessions_changed = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -214,6 +220,8 @@ class LeaderTerm:
         by_kind = (result.value or {}).get("by_kind", {})
         for kind, n in by_kind.items():
             self.metrics.attempts_failed.labels(kind=kind, reason="takeover").inc(n)
+        if self._span_sink is not None:
+            self._start_tracing(self._span_sink, result)
         self.takeover_done = True
         log.info(
             "takeover of term %d done in %.0f ms: %d attempts of earlier terms failed",
@@ -221,6 +229,13 @@ class LeaderTerm:
             (time.monotonic() - started) * 1000,
             sum(by_kind.values()),
         )
+
+    def _start_tracing(self, sink: SpanSink, takeover: ApplyResult) -> None:
+        """Build spans from the session events of this term's entries, from the takeover on
+        (whose failed attempts show as takeover events)."""
+        tracer = self.tracer = TurnTracer(sink, self.engine, self.term, takeover.index)
+        self.replica.on_sessions_changed = lambda ids: tracer.sessions_changed(tracer.known() if ids is None else ids)
+        tracer.sessions_changed(takeover.event_sessions)
 
     # ------------------------------------------------------------------ dispatch
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of turns, with the optional extra `dex-ha[otel]`.
+"""OpenTelemetry traces of turns, with the optional extra `otel` (`pip install -e '.[otel]'`).
 
 Each turn is a trace: a `turn` span, one span per step under it, and one span per attempt
 under its step (node, term, Worker, outcome, attempt_progress). Failover, takeover and
@@ -119,7 +119,7 @@ def span_sink_from_environment(node_id: str, environ: Mapping[str, str] = os.env
     if OTLPSpanExporter is None:
         log.warning(
             "an OTLP endpoint is set but the OpenTelemetry packages are not installed: "
-            "no traces (pip install 'dex-ha[otel]')"
+            "no traces (install them from the dex-ha clone: pip install -e '.[otel]')"
         )
         return None
     log.info("node %s exports traces over OTLP/HTTP", node_id)
@@ -164,6 +164,9 @@ class _SessionSpans:
     turn: _Turn | None = None
     steps: dict[str, _Step] = field(default_factory=dict)
     step_of_call: dict[str, str] = field(default_factory=dict)
+    # call_id -> turn_id of the calls that ended outcome_unknown: an operator may reconcile
+    # one after its turn ended, and the reconcile shows in that turn's trace.
+    unknown_calls: dict[str, str] = field(default_factory=dict)
 
 
 class TurnTracer:
@@ -176,7 +179,8 @@ class TurnTracer:
         self.sink = sink
         self.reads = reads
         self.term = term
-        self.first_event_id = first_index << EVENT_ID_SHIFT  # events of this term have larger ids
+        # `first_index`: the entry of this term's takeover; it and every later entry are ours.
+        self.first_event_id = first_index << EVENT_ID_SHIFT
         self._sessions: dict[str, _SessionSpans] = {}
 
     def sessions_changed(self, session_ids: Iterable[str]) -> None:
@@ -186,8 +190,9 @@ class TurnTracer:
             except Exception:  # tracing must never break the node
                 log.exception("tracing: could not read the events of session %s", session_id)
 
-    def forget(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+    def known(self) -> list[str]:
+        """The sessions read so far (to read again when which ones changed is not known)."""
+        return list(self._sessions)
 
     def _read(self, session_id: str) -> None:
         state = self._sessions.setdefault(session_id, _SessionSpans())
@@ -200,7 +205,7 @@ class TurnTracer:
                 return
 
     def _ours(self, event: SessionEvent) -> bool:
-        return event.event_id > self.first_event_id
+        return event.event_id >= self.first_event_id
 
     def _on_event(self, sid: str, state: _SessionSpans, ev: SessionEvent) -> None:
         d = ev.data
@@ -230,8 +235,13 @@ class TurnTracer:
     def _step_queued(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         if d["step_id"] not in state.steps:  # queued again after a backoff: the same step
             state.steps[d["step_id"]] = _Step(d["step_id"], d["turn_id"], d["kind"], d.get("call_id"), ev.at)
-        if d.get("call_id"):
-            state.step_of_call[d["call_id"]] = d["step_id"]
+        call_id = d.get("call_id")
+        if call_id:
+            # A call's wait step (an approval, a question) ends when its tool step is queued.
+            waited = state.step_of_call.get(call_id)
+            if waited is not None and waited != d["step_id"] and waited in state.steps:
+                self._end_step(sid, state.steps.pop(waited), ev, "completed", None)
+            state.step_of_call[call_id] = d["step_id"]
 
     def _attempt_started(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         step = state.steps.get(d["step_id"])
@@ -256,17 +266,26 @@ class TurnTracer:
 
     def _tool_call_finished(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         step = state.steps.pop(state.step_of_call.pop(d["call_id"], ""), None)
+        if d.get("status") == "outcome_unknown" and step is not None:
+            state.unknown_calls[d["call_id"]] = step.turn_id
         if step is not None:
             self._end_step(sid, step, ev, d.get("status") or "finished", d.get("attempt_progress"))
 
     def _tool_call_reconciled(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
-        if state.turn is not None:
-            attributes = {"dex.call_id": d["call_id"], "dex.outcome": d.get("outcome") or ""}
-            state.turn.events.append(Event("reconcile", attributes, ev.at * NS_PER_MS))
+        turn_id = state.unknown_calls.pop(d["call_id"], None)
+        attributes = {"dex.call_id": d["call_id"], "dex.outcome": d.get("outcome") or ""}
+        event = Event("reconcile", attributes, ev.at * NS_PER_MS)
+        if state.turn is not None and turn_id in (None, state.turn.turn_id):
+            state.turn.events.append(event)
+        elif turn_id is not None and self._ours(ev):  # its turn ended: a span of its own in that trace
+            span_attributes = {"dex.session_id": sid, "dex.turn_id": turn_id, **attributes}
+            parent = turn_span_id(sid, turn_id)
+            span = _hashed_id(8, "reconcile", sid, d["call_id"])
+            self._export("reconcile", sid, turn_id, span, parent, ev.at, ev.at, span_attributes, [event], ok=True)
 
     def _turn_ended(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         status = ev.type.removeprefix("turn_")
-        for step in list(state.steps.values()):
+        for step in list(state.steps.values()):  # steps whose own end no event tells
             self._end_step(sid, step, ev, f"turn_{status}", None)
         state.steps.clear()
         state.step_of_call.clear()
@@ -322,7 +341,7 @@ class TurnTracer:
             ev.at,
             attributes,
             [],
-            ok=outcome in ("completed", "succeeded"),
+            ok=_succeeded(outcome),
         )
 
     def _end_attempt(
@@ -360,7 +379,7 @@ class TurnTracer:
             ev.at,
             attributes,
             attempt.events,
-            ok=outcome == "completed",
+            ok=_succeeded(outcome),
             error=error,
         )
 
@@ -376,12 +395,18 @@ class TurnTracer:
         attributes: dict[str, Any],
         events: list[Any],
         *,
-        ok: bool,
+        ok: bool | None,
         error: str | None = None,
     ) -> None:
+        """`ok` None: the span's outcome is not known (a step ended by its turn's end)."""
         trace = trace_id(sid, turn_id)
         flags = TraceFlags(SAMPLED)
-        status = Status(StatusCode.OK) if ok else Status(StatusCode.ERROR, error or attributes.get("dex.outcome"))
+        if ok is None:
+            status = Status(StatusCode.UNSET)
+        elif ok:
+            status = Status(StatusCode.OK)
+        else:
+            status = Status(StatusCode.ERROR, error or attributes.get("dex.outcome"))
         self.sink.export(
             ReadableSpan(
                 name,
@@ -396,6 +421,15 @@ class TurnTracer:
                 instrumentation_scope=self.sink.scope,
             )
         )
+
+
+def _succeeded(outcome: str) -> bool | None:
+    """A step's or attempt's outcome as a span status: True, False, or None (not known)."""
+    if outcome in ("completed", "succeeded"):
+        return True
+    if outcome.startswith("turn_"):
+        return None
+    return False
 
 
 _HANDLERS = {

@@ -1,0 +1,130 @@
+"""OpenTelemetry traces of turns, end to end: a real `dex-ha dev` exports over OTLP/HTTP to a
+local receiver (tests/support/otlp_receiver.py) that decodes the protobuf with
+opentelemetry-proto, and the test checks the tree of one turn: the turn span, a span per
+step under it, a span per attempt under its step, with their attributes."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed (pip install -e '.[otel]')")
+pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto is not installed")
+
+from dex_ha.client import DexClient
+from dex_ha.server.tracing import trace_id
+from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from harness.dev_process import DevProcess
+from harness.waiting import eventually
+from tests.e2e.conftest import running
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
+
+AGENT = "traced"
+DEADLINE_S = 30.0
+STATUS_OK, STATUS_ERROR = 1, 2
+
+
+def otel_env(receiver: OtlpReceiver) -> dict[str, str]:
+    """The standard variables: where to export, and a short batch delay (the default is 5 s)."""
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[OtlpReceiver]:
+    otlp = OtlpReceiver()
+    await otlp.start()
+    try:
+        yield otlp
+    finally:
+        await otlp.stop()
+
+
+def flaky_model_agent(model_calls: collections.Counter[str]) -> Agent:
+    """The model fails its first call of each turn (the attempt is retried), then calls
+    `lookup` once, then answers."""
+
+    def script(request: ModelRequest) -> dict[str, Any]:
+        last = request.history[-1]
+        model_calls[last["type"]] += 1
+        if last["type"] == "user" and model_calls["user"] == 1:
+            raise RuntimeError("the model API is overloaded")
+        if last["type"] == "user":
+            return {"content": "", "tool_calls": [{"id": "c-look", "name": "lookup", "arguments": {"q": "7"}}]}
+        return {"content": "found it", "tool_calls": []}
+
+    agent = Agent(AGENT, model=ScriptedModel(script))
+
+    @agent.tool(effect="read")
+    async def lookup(ctx: ToolContext, q: str) -> dict[str, str]:
+        return {"found": q}
+
+    return agent
+
+
+def turn_trace(receiver: OtlpReceiver, session_id: str) -> tuple[ReceivedSpan, list[ReceivedSpan]] | None:
+    """The turn span of the session's (only) turn and every span of its trace, once the
+    turn span arrived."""
+    turns = [s for s in receiver.spans if s.name == "turn" and s.attributes.get("dex.session_id") == session_id]
+    if not turns:
+        return None
+    assert len(turns) == 1, turns
+    return turns[0], receiver.trace(turns[0].trace_id)
+
+
+def children(spans: list[ReceivedSpan], parent: ReceivedSpan) -> list[ReceivedSpan]:
+    return sorted((s for s in spans if s.parent_id == parent.span_id), key=lambda s: s.start_ns)
+
+
+async def test_a_turn_with_a_retried_model_call_and_a_tool_call_is_one_trace(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    dev = DevProcess(tmp_path / "data", tmp_path / "dev.log", extra_env=otel_env(receiver))
+    dev.start()
+    try:
+        await dev.wait_ready()
+        model_calls: collections.Counter[str] = collections.Counter()
+        worker = Worker(dev.url, agents=[flaky_model_agent(model_calls)], poll_wait_ms=2_000, worker_id="w-traced")
+        async with running(worker), DexClient(dev.url) as client:
+            session = await client.create_session(AGENT)
+            sid = session.session_id
+            await client.send_message(sid, "look it up")
+            final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+        assert final.history[-1]["type"] == "assistant" and model_calls["user"] == 2
+        # Every span of the turn is exported when it ends: the turn span last.
+        turn, spans = await eventually(lambda: turn_trace(receiver, sid), "the turn's span", DEADLINE_S)
+        await eventually(lambda: len(receiver.trace(turn.trace_id)) >= 8, "the eight spans of the turn", DEADLINE_S)
+        spans = receiver.trace(turn.trace_id)
+    finally:
+        assert dev.stop() == 0, dev.log_tail()
+
+    assert not receiver.bad_requests
+    turn_id = turn.attributes["dex.turn_id"]
+    assert turn.trace_id == f"{trace_id(sid, turn_id):032x}"  # the id the Worker's task carries too
+    assert turn.parent_id == "" and turn.status == STATUS_OK
+    assert turn.attributes["dex.status"] == "completed"
+    assert turn.resource["service.name"] == "dex-ha"
+    # The turn: RunModel (two attempts) -> CallTool (one) -> RunModel (one); nothing else.
+    steps = children(spans, turn)
+    assert [s.name for s in steps] == ["RunModel", "CallTool", "RunModel"], [s.name for s in spans]
+    assert len(spans) == 1 + 3 + 4, [(s.name, s.parent_id) for s in spans]
+    first_model, tool, answer = steps
+    assert all(s.status == STATUS_OK and s.attributes["dex.turn_id"] == turn_id for s in steps)
+    assert tool.attributes["dex.call_id"] == "c-look" and tool.attributes["dex.outcome"] == "succeeded"
+
+    failed, retried = children(spans, first_model)
+    for number, attempt in enumerate((failed, retried), start=1):
+        assert attempt.name == f"RunModel attempt {number}"
+        assert attempt.attributes["dex.attempt"] == number
+        assert attempt.attributes["dex.step_id"] == first_model.attributes["dex.step_id"]
+        assert attempt.attributes["dex.worker_id"] == "w-traced"
+        assert attempt.attributes["dex.node"] == "dev"
+        assert attempt.attributes["dex.term"] >= 1
+    assert failed.attributes["dex.outcome"] == "failed" and failed.status == STATUS_ERROR
+    assert failed.attributes["dex.attempt_progress"] == "NOT_COMPLETED"
+    assert retried.attributes["dex.outcome"] == "completed" and retried.status == STATUS_OK
+    assert [a.attributes["dex.outcome"] for a in children(spans, tool)] == ["completed"]
+    assert [a.attributes["dex.attempt"] for a in children(spans, answer)] == [1]
