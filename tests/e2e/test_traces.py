@@ -5,6 +5,7 @@ step under it, a span per attempt under its step, with their attributes."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,9 +19,11 @@ pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto is not in
 from dex_ha.client import DexClient
 from dex_ha.server.tracing import trace_id
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from harness.cluster_process import LocalCluster
 from harness.dev_process import DevProcess
 from harness.waiting import eventually
 from tests.e2e.conftest import running
+from tests.support import failover_agent
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 AGENT = "traced"
@@ -128,3 +131,62 @@ async def test_a_turn_with_a_retried_model_call_and_a_tool_call_is_one_trace(
     assert retried.attributes["dex.outcome"] == "completed" and retried.status == STATUS_OK
     assert [a.attributes["dex.outcome"] for a in children(spans, tool)] == ["completed"]
     assert [a.attributes["dex.attempt"] for a in children(spans, answer)] == [1]
+
+
+async def test_a_failover_shows_in_the_turns_trace_as_a_takeover_and_a_retried_attempt(
+    tmp_path: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in otel_env(receiver).items():  # `cluster up` passes its environment to the nodes
+        monkeypatch.setenv(name, value)
+    cluster = LocalCluster(tmp_path / "cluster")
+    ledger = failover_agent.Ledger()
+    try:
+        cluster.up()
+        urls = list(cluster.urls.values())
+        worker = Worker(
+            urls,
+            token=cluster.tokens["worker"],
+            agents=[failover_agent.make_agent(ledger)],
+            poll_wait_ms=2_000,
+            heartbeat_interval_s=0.2,
+            worker_id="w-failover",
+        )
+        async with running(worker), DexClient(urls, token=cluster.tokens["client"]) as client:
+            sid = (await client.create_session(failover_agent.AGENT)).session_id
+            await client.send_message(sid, "failover")
+            await asyncio.wait_for(ledger.first_attempt_running.wait(), DEADLINE_S)
+            old = await cluster.active_node()
+            # The model step ended on the old node: its span is exported before the crash.
+            await eventually(
+                lambda: any(s.attributes.get("dex.session_id") == sid and s.name == "RunModel" for s in receiver.spans),
+                "the first model step's span from the old active node",
+                DEADLINE_S,
+            )
+            cluster.kill(old)
+            new = await cluster.active_node(not_=old)
+            final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+            assert final.turns[-1].status == "completed"
+            turn, _ = await eventually(lambda: turn_trace(receiver, sid), "the turn's span", DEADLINE_S)
+            await eventually(lambda: len(receiver.trace(turn.trace_id)) >= 8, "the eight spans of the turn", DEADLINE_S)
+    finally:
+        cluster.down()
+
+    spans = receiver.trace(turn.trace_id)
+    assert len(spans) == 1 + 3 + 4, [(s.name, s.resource.get("service.instance.id")) for s in spans]
+    # The new active node ended the turn, and says where it carried it on from.
+    assert turn.resource["service.instance.id"] == new and turn.status == STATUS_OK
+    failovers = [attributes for name, attributes in turn.events if name == "failover"]
+    assert [f["dex.node"] for f in failovers] == [new]
+    first_model, tool, answer = children(spans, turn)
+    assert (first_model.name, tool.name, answer.name) == ("RunModel", "CallTool", "RunModel")
+    assert first_model.resource["service.instance.id"] == old  # ended before the crash
+    assert tool.resource["service.instance.id"] == new and tool.attributes["dex.outcome"] == "succeeded"
+    lost, retried = children(spans, tool)
+    assert lost.attributes["dex.attempt"] == 1 and lost.attributes["dex.outcome"] == "failed"
+    assert lost.status == STATUS_ERROR and lost.attributes["dex.attempt_progress"] == "NOT_COMPLETED"
+    assert [name for name, _ in lost.events] == ["takeover"]
+    assert lost.events[0][1]["dex.node"] == new
+    assert retried.attributes["dex.attempt"] == 2 and retried.attributes["dex.outcome"] == "completed"
+    assert retried.attributes["dex.node"] == new and retried.attributes["dex.worker_id"] == "w-failover"
+    assert retried.attributes["dex.term"] > lost.attributes["dex.term"]
+    assert lost.events[0][1]["dex.term"] == retried.attributes["dex.term"]
