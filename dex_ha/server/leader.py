@@ -48,7 +48,7 @@ from dex_ha.server.errors import NotServing
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
-from dex_ha.server.tracing import SpanSink, TurnTracer
+from dex_ha.server.tracing import SpanSink, TurnTracer, traceparent
 from dex_ha.server.validation import InvalidRequest
 from dex_ha.worker_protocol import CLOSE_NOT_ACTIVE
 
@@ -415,6 +415,8 @@ class LeaderTerm:
         schedule_to_start.observe(max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000))
         body = Task.from_handout(started, self.heartbeat_timeout_ms).as_json()
         body["task_token"] = str(TaskToken(step_id, attempt, started["term"], started["token_secret"]))
+        if self.tracer is not None:  # the Worker continues the attempt's span
+            body["traceparent"] = traceparent(started)
         return body
 
     def _labelled_handout_metrics(self, kind: str) -> tuple[Any, Any]:

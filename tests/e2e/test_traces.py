@@ -1,13 +1,14 @@
 """OpenTelemetry traces of turns, end to end: a real `dex-ha dev` exports over OTLP/HTTP to a
 local receiver (tests/support/otlp_receiver.py) that decodes the protobuf with
 opentelemetry-proto, and the test checks the tree of one turn: the turn span, a span per
-step under it, a span per attempt under its step, with their attributes."""
+step under it, a span per attempt under its step, with their attributes; and a tool's own
+span, exported by the Worker's process, under its attempt's span (the task's traceparent)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,12 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed (pip install -e '.[otel]')")
 pytest.importorskip("opentelemetry.proto", reason="opentelemetry-proto is not installed")
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import Tracer
 
 from dex_ha.client import DexClient
 from dex_ha.server.tracing import trace_id
@@ -46,9 +53,22 @@ async def receiver() -> AsyncIterator[OtlpReceiver]:
         await otlp.stop()
 
 
-def flaky_model_agent(model_calls: collections.Counter[str]) -> Agent:
+@pytest.fixture
+def worker_tracing(receiver: OtlpReceiver) -> Iterator[tuple[TracerProvider, Tracer]]:
+    """The tools' own tracer, as an application would set one up: an SDK provider that
+    exports to the same receiver (from a thread of its own, not this test's loop)."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "test-worker"}))
+    exporter = OTLPSpanExporter(endpoint=receiver.url + "/v1/traces")
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    try:
+        yield provider, provider.get_tracer("test-tools")
+    finally:
+        provider.shutdown()
+
+
+def flaky_model_agent(model_calls: collections.Counter[str], tracer: Tracer) -> Agent:
     """The model fails its first call of each turn (the attempt is retried), then calls
-    `lookup` once, then answers."""
+    `lookup` once, then answers. `lookup` starts a span of its own."""
 
     def script(request: ModelRequest) -> dict[str, Any]:
         last = request.history[-1]
@@ -63,7 +83,8 @@ def flaky_model_agent(model_calls: collections.Counter[str]) -> Agent:
 
     @agent.tool(effect="read")
     async def lookup(ctx: ToolContext, q: str) -> dict[str, str]:
-        return {"found": q}
+        with tracer.start_as_current_span("query the backend"):  # in the context the SDK continued
+            return {"found": q}
 
     return agent
 
@@ -83,14 +104,17 @@ def children(spans: list[ReceivedSpan], parent: ReceivedSpan) -> list[ReceivedSp
 
 
 async def test_a_turn_with_a_retried_model_call_and_a_tool_call_is_one_trace(
-    tmp_path: Path, receiver: OtlpReceiver
+    tmp_path: Path, receiver: OtlpReceiver, worker_tracing: tuple[TracerProvider, Tracer]
 ) -> None:
+    provider, tracer = worker_tracing
     dev = DevProcess(tmp_path / "data", tmp_path / "dev.log", extra_env=otel_env(receiver))
     dev.start()
     try:
         await dev.wait_ready()
         model_calls: collections.Counter[str] = collections.Counter()
-        worker = Worker(dev.url, agents=[flaky_model_agent(model_calls)], poll_wait_ms=2_000, worker_id="w-traced")
+        worker = Worker(
+            dev.url, agents=[flaky_model_agent(model_calls, tracer)], poll_wait_ms=2_000, worker_id="w-traced"
+        )
         async with running(worker), DexClient(dev.url) as client:
             session = await client.create_session(AGENT)
             sid = session.session_id
@@ -99,7 +123,8 @@ async def test_a_turn_with_a_retried_model_call_and_a_tool_call_is_one_trace(
         assert final.history[-1]["type"] == "assistant" and model_calls["user"] == 2
         # Every span of the turn is exported when it ends: the turn span last.
         turn, spans = await eventually(lambda: turn_trace(receiver, sid), "the turn's span", DEADLINE_S)
-        await eventually(lambda: len(receiver.trace(turn.trace_id)) >= 8, "the eight spans of the turn", DEADLINE_S)
+        await asyncio.to_thread(provider.force_flush)
+        await eventually(lambda: len(receiver.trace(turn.trace_id)) >= 9, "the nine spans of the turn", DEADLINE_S)
         spans = receiver.trace(turn.trace_id)
     finally:
         assert dev.stop() == 0, dev.log_tail()
@@ -113,7 +138,7 @@ async def test_a_turn_with_a_retried_model_call_and_a_tool_call_is_one_trace(
     # The turn: RunModel (two attempts) -> CallTool (one) -> RunModel (one); nothing else.
     steps = children(spans, turn)
     assert [s.name for s in steps] == ["RunModel", "CallTool", "RunModel"], [s.name for s in spans]
-    assert len(spans) == 1 + 3 + 4, [(s.name, s.parent_id) for s in spans]
+    assert len(spans) == 1 + 3 + 4 + 1, [(s.name, s.parent_id) for s in spans]
     first_model, tool, answer = steps
     assert all(s.status == STATUS_OK and s.attributes["dex.turn_id"] == turn_id for s in steps)
     assert tool.attributes["dex.call_id"] == "c-look" and tool.attributes["dex.outcome"] == "succeeded"
@@ -129,7 +154,11 @@ async def test_a_turn_with_a_retried_model_call_and_a_tool_call_is_one_trace(
     assert failed.attributes["dex.outcome"] == "failed" and failed.status == STATUS_ERROR
     assert failed.attributes["dex.attempt_progress"] == "NOT_COMPLETED"
     assert retried.attributes["dex.outcome"] == "completed" and retried.status == STATUS_OK
-    assert [a.attributes["dex.outcome"] for a in children(spans, tool)] == ["completed"]
+    (tool_attempt,) = children(spans, tool)
+    assert tool_attempt.attributes["dex.outcome"] == "completed"
+    # The tool's own span, from the Worker's process, under the attempt that ran it.
+    (own,) = children(spans, tool_attempt)
+    assert own.name == "query the backend" and own.resource["service.name"] == "test-worker"
     assert [a.attributes["dex.attempt"] for a in children(spans, answer)] == [1]
 
 
