@@ -70,6 +70,23 @@ def attempt_span_id(session_id: str, step_id: str, attempt: int) -> int:
     return _hashed_id(8, "attempt", session_id, step_id, attempt)
 
 
+# The fields of a log line about an attempt (`extra=`): `--log-json` writes them out, so an
+# operator can find a session's lines, and go from a line to its trace.
+LOG_FIELDS = ("session_id", "turn_id", "step_id", "attempt", "trace_id")
+
+
+def attempt_log_fields(session_id: str, turn_id: str, step_id: str, attempt: int) -> dict[str, Any]:
+    """The `extra=` of a log line about an attempt (the trace id is derived, so it is there
+    whether or not traces are exported)."""
+    return {
+        "session_id": session_id,
+        "turn_id": turn_id,
+        "step_id": step_id,
+        "attempt": attempt,
+        "trace_id": f"{trace_id(session_id, turn_id):032x}",
+    }
+
+
 def traceparent(started: Mapping[str, Any]) -> str:
     """The W3C traceparent of a hand-out (an element of an apply's `started`): the attempt's
     span, which the Worker SDK makes the parent of the tool's or model's own spans."""
@@ -188,7 +205,9 @@ class TurnTracer:
             try:
                 self._read(session_id)
             except Exception:  # tracing must never break the node
-                log.exception("tracing: could not read the events of session %s", session_id)
+                log.exception(
+                    "tracing: could not read the events of session %s", session_id, extra={"session_id": session_id}
+                )
 
     def known(self) -> list[str]:
         """The sessions read so far (to read again when which ones changed is not known)."""

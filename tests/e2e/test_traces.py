@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -99,21 +100,32 @@ def turn_trace(receiver: OtlpReceiver, session_id: str) -> tuple[ReceivedSpan, l
     return turns[0], receiver.trace(turns[0].trace_id)
 
 
+def json_log_lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
 def children(spans: list[ReceivedSpan], parent: ReceivedSpan) -> list[ReceivedSpan]:
     return sorted((s for s in spans if s.parent_id == parent.span_id), key=lambda s: s.start_ns)
 
 
+@pytest.mark.parametrize("transport", ["channel", "http"])
 async def test_a_turn_with_a_retried_model_call_and_a_tool_call_is_one_trace(
-    tmp_path: Path, receiver: OtlpReceiver, worker_tracing: tuple[TracerProvider, Tracer]
+    tmp_path: Path, receiver: OtlpReceiver, worker_tracing: tuple[TracerProvider, Tracer], transport: str
 ) -> None:
+    """The tree of the turn's spans; the tool's own span under its attempt (the task's
+    traceparent, on either transport); the JSON log line of the failed attempt."""
     provider, tracer = worker_tracing
-    dev = DevProcess(tmp_path / "data", tmp_path / "dev.log", extra_env=otel_env(receiver))
+    dev = DevProcess(tmp_path / "data", tmp_path / "dev.log", extra_env=otel_env(receiver), log_json=True)
     dev.start()
     try:
         await dev.wait_ready()
         model_calls: collections.Counter[str] = collections.Counter()
         worker = Worker(
-            dev.url, agents=[flaky_model_agent(model_calls, tracer)], poll_wait_ms=2_000, worker_id="w-traced"
+            dev.url,
+            agents=[flaky_model_agent(model_calls, tracer)],
+            poll_wait_ms=2_000,
+            worker_id="w-traced",
+            transport=transport,
         )
         async with running(worker), DexClient(dev.url) as client:
             session = await client.create_session(AGENT)
@@ -160,6 +172,17 @@ async def test_a_turn_with_a_retried_model_call_and_a_tool_call_is_one_trace(
     (own,) = children(spans, tool_attempt)
     assert own.name == "query the backend" and own.resource["service.name"] == "test-worker"
     assert [a.attributes["dex.attempt"] for a in children(spans, answer)] == [1]
+
+    # --log-json: the line about the failed attempt names it, and the trace it is in.
+    (line,) = [e for e in json_log_lines(dev.log_path) if "failed on worker w-traced" in e["message"]]
+    assert {k: line.get(k) for k in ("session_id", "turn_id", "step_id", "attempt", "trace_id")} == {
+        "session_id": sid,
+        "turn_id": turn_id,
+        "step_id": first_model.attributes["dex.step_id"],
+        "attempt": 1,
+        "trace_id": turn.trace_id,
+    }
+    assert "the model API is overloaded" in line["message"]
 
 
 async def test_a_failover_shows_in_the_turns_trace_as_a_takeover_and_a_retried_attempt(
