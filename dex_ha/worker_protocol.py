@@ -60,10 +60,16 @@ class Task:
     deadline_ms: int | None  # absolute leader wall-clock ms: hand-out + start_to_close
     agent: str | None
     task_token: str = ""  # set by the server at hand-out; names the attempt in every report
+    # The W3C trace context of the attempt's span, when the server exports traces: the
+    # Worker SDK runs the tool or model call in a context continued from it.
+    traceparent: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         # Shallow on purpose: asdict() deep-copies the whole history of a RunModel task.
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        body = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        if body["traceparent"] is None:  # only sent when traces are exported
+            del body["traceparent"]
+        return body
 
     @classmethod
     def from_handout(cls, started: dict[str, Any], heartbeat_timeout_ms: int) -> Task:
@@ -94,6 +100,9 @@ class Task:
                 raise ValueError(f"task.{name} must be a non-empty string")
         if not isinstance(raw.get("input"), dict):
             raise ValueError("task.input must be an object")
+        traceparent = raw.get("traceparent")
+        if traceparent is not None and not isinstance(traceparent, str):
+            raise ValueError("task.traceparent must be a string when present")
         return cls(
             task_token=raw["task_token"],
             session_id=raw["session_id"],
@@ -106,6 +115,7 @@ class Task:
             agent=raw.get("agent"),
             idempotency_key=raw.get("idempotency_key"),
             deadline_ms=raw.get("deadline_ms"),
+            traceparent=traceparent,
         )
 
     def __str__(self) -> str:

@@ -26,11 +26,13 @@ class DevProcess:
         *,
         extra_env: dict[str, str] | None = None,
         relaxed: bool = False,
+        log_json: bool = False,
         preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         """`preexec_fn` runs in the child before `dex-ha dev` starts (e.g. to set a resource limit)."""
         self.data_dir = data_dir
         self.relaxed = relaxed  # `dex-ha dev --relaxed`: no fsync
+        self.log_json = log_json  # `dex-ha dev --log-json`: one JSON object per log line
         self.log_path = log_path
         self.port = free_ports(1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -50,6 +52,7 @@ class DevProcess:
             "--port",
             str(self.port),
             *(["--relaxed"] if self.relaxed else []),
+            *(["--log-json"] if self.log_json else []),
         ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

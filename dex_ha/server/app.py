@@ -951,10 +951,7 @@ async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Ans
             not_started=args["not_started"],
         )
     )
-    running = leader.running.get((step_id, attempt))
-    kind = running.kind if running is not None else "unknown"
-    leader.forget(step_id, attempt)
-    api.node.metrics.attempts_failed.labels(kind=kind, reason="worker_error").inc()
+    leader.worker_failed(step_id, attempt, args["error"])
     return 200, {"step_id": step_id, "attempt": attempt, "status": "failed"}
 
 

@@ -288,10 +288,8 @@ class WorkerChannel:
         await self._hand_over([leader.task_for_handout(s, self.worker_id) for s in started])
 
     def _settled(self, key: Key, item: ReportItem, *, ok: bool) -> None:
-        running = self.leader.running.get(key)
         if ok and item.outcome == "fail":
-            kind = running.kind if running is not None else "unknown"
-            self.api.node.metrics.attempts_failed.labels(kind=kind, reason="worker_error").inc()
+            self.leader.worker_failed(*key, item.error)
         self.leader.forget(*key)
         self.held.pop(key, None)
         self._cancel_told.discard(key)

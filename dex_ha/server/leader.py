@@ -48,6 +48,7 @@ from dex_ha.server.errors import NotServing
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica
 from dex_ha.server.task_tokens import TaskToken, new_token_secret
+from dex_ha.server.tracing import SpanSink, TurnTracer, attempt_log_fields, traceparent
 from dex_ha.server.validation import InvalidRequest
 from dex_ha.worker_protocol import CLOSE_NOT_ACTIVE
 
@@ -60,6 +61,8 @@ log = logging.getLogger("dex_ha.server.leader")
 # thousand hand-outs (a pass of many waiting polls) would keep its loop from heartbeats for
 # that long; entries of this size let it apply a few between two ticks (ApplyPace).
 HANDOUTS_PER_PROPOSAL = 32
+# A Worker's error in the log line of its failed attempt is cut to this many characters.
+LOGGED_ERROR_CHARS = 300
 
 Propose = Callable[[Command], Awaitable[ApplyResult]]
 
@@ -96,6 +99,11 @@ class HandedOutAttempt:
     worker_id: str
     last_seen: float  # monotonic seconds of the hand-out or the latest heartbeat
     token_secret: str | None  # the secret of its task token, as committed (None before schema 2)
+    turn_id: str = ""
+
+    def log_fields(self) -> dict[str, Any]:
+        """The `extra=` of a log line about this attempt (see tracing.LOG_FIELDS)."""
+        return attempt_log_fields(self.session_id, self.turn_id, self.step_id, self.attempt)
 
 
 @dataclass
@@ -125,6 +133,7 @@ class LeaderTerm:
         heartbeat_timeout_ms: int,
         monitor_interval_s: float | None = None,
         channel_grace_ms: int = 1_000,
+        span_sink: SpanSink | None = None,
     ) -> None:
         self.term = term
         self.replica = replica
@@ -152,6 +161,8 @@ class LeaderTerm:
         self._tasks: list[asyncio.Task[None]] = []
         self._started_mono = time.monotonic()
         self._stopped = False
+        self._span_sink = span_sink
+        self.tracer: TurnTracer | None = None  # once the takeover applied, when traces are exported
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -170,6 +181,8 @@ class LeaderTerm:
             return_exceptions=True,
         )
         self.replica.changed.remove_listener(self._on_change)
+        if self.tracer is not None:
+            self.replica.on_sessions_changed = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -214,6 +227,8 @@ class LeaderTerm:
         by_kind = (result.value or {}).get("by_kind", {})
         for kind, n in by_kind.items():
             self.metrics.attempts_failed.labels(kind=kind, reason="takeover").inc(n)
+        if self._span_sink is not None:
+            self._start_tracing(self._span_sink, result)
         self.takeover_done = True
         log.info(
             "takeover of term %d done in %.0f ms: %d attempts of earlier terms failed",
@@ -221,6 +236,13 @@ class LeaderTerm:
             (time.monotonic() - started) * 1000,
             sum(by_kind.values()),
         )
+
+    def _start_tracing(self, sink: SpanSink, takeover: ApplyResult) -> None:
+        """Build spans from the session events of this term's entries, from the takeover on
+        (whose failed attempts show as takeover events)."""
+        tracer = self.tracer = TurnTracer(sink, self.engine, self.term, takeover.index)
+        self.replica.on_sessions_changed = lambda ids: tracer.sessions_changed(tracer.known() if ids is None else ids)
+        tracer.sessions_changed(takeover.event_sessions)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -393,6 +415,7 @@ class LeaderTerm:
             worker_id,
             time.monotonic(),
             started["token_secret"],
+            started["turn_id"],
         )
         started_total, schedule_to_start = self._handout_metrics.get(kind) or self._labelled_handout_metrics(kind)
         started_total.inc()
@@ -400,6 +423,8 @@ class LeaderTerm:
         schedule_to_start.observe(max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000))
         body = Task.from_handout(started, self.heartbeat_timeout_ms).as_json()
         body["task_token"] = str(TaskToken(step_id, attempt, started["term"], started["token_secret"]))
+        if self.tracer is not None:  # the Worker continues the attempt's span
+            body["traceparent"] = traceparent(started)
         return body
 
     def _labelled_handout_metrics(self, kind: str) -> tuple[Any, Any]:
@@ -451,6 +476,23 @@ class LeaderTerm:
 
     def forget(self, step_id: str, attempt: int) -> None:
         self.running.pop((step_id, attempt), None)
+
+    def worker_failed(self, step_id: str, attempt: int, error: str) -> None:
+        """A Worker's report that the attempt failed has committed (over HTTP or its
+        channel): count it and log it; the step retries after a backoff if it may."""
+        running = self.running.pop((step_id, attempt), None)
+        kind = running.kind if running is not None else "unknown"
+        self.metrics.attempts_failed.labels(kind=kind, reason="worker_error").inc()
+        if running is not None:  # an attempt of an earlier term was failed at takeover: not news
+            log.info(
+                "attempt %d of step %s (%s) failed on worker %s: %s",
+                attempt,
+                step_id,
+                kind,
+                running.worker_id,
+                error[:LOGGED_ERROR_CHARS],
+                extra=running.log_fields(),
+            )
 
     def workers_connected(self) -> int:
         window = max(self.heartbeat_timeout_ms / 1000, 30.0)
@@ -569,15 +611,17 @@ class LeaderTerm:
             await asyncio.gather(*(self._fail_attempt(*c) for c in commands))
 
     async def _fail_attempt(self, cmd: HeartbeatLost | AttemptTimedOut, kind: str, reason: str) -> None:
+        running = self.running.get((cmd.step_id, cmd.attempt))
+        fields = running.log_fields() if running is not None else None
         try:
             result = await self._propose(cmd)
         except Exception as exc:  # lost leadership: the next leader's takeover fails it instead
-            log.info("could not fail attempt %s/%d (%s): %s", cmd.step_id, cmd.attempt, reason, exc)
+            log.info("could not fail attempt %s/%d (%s): %s", cmd.step_id, cmd.attempt, reason, exc, extra=fields)
             return
         self.forget(cmd.step_id, cmd.attempt)
         if result.ok:
             self.metrics.attempts_failed.labels(kind=kind, reason=reason).inc()
-            log.info("attempt %s/%d (%s) failed: %s", cmd.step_id, cmd.attempt, kind, reason)
+            log.info("attempt %s/%d (%s) failed: %s", cmd.step_id, cmd.attempt, kind, reason, extra=fields)
 
     # ------------------------------------------------------------------ timers
 

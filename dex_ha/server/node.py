@@ -40,6 +40,7 @@ from dex_ha.server.replica import Replica
 from dex_ha.server.retention import Retention
 from dex_ha.server.roles import NodeRole
 from dex_ha.server.streams import DeltaRelay
+from dex_ha.server.tracing import span_sink_from_environment
 from dex_ha.server.versions import GATE_OFF_FAILPOINT, ClusterVersionUpgrade, check_command, own_version, version_of
 
 log = logging.getLogger("dex_ha.server")
@@ -127,6 +128,9 @@ class NodeServer:
             config.retention_days,
             config.retention_check_interval_ms,
         )
+        # Traces of turns (tracing.py): None unless the otel extra is installed and an OTLP
+        # endpoint is set; then the active node exports a span per turn, step and attempt.
+        self.span_sink = span_sink_from_environment(config.node_id)
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
@@ -201,6 +205,8 @@ class NodeServer:
         self._http_socket.close()
         await self.raft.stop()
         self.replica.close()
+        if self.span_sink is not None:  # sends the spans still queued (bounded by the export timeout)
+            await asyncio.to_thread(self.span_sink.close)
 
     # ------------------------------------------------------------------ leadership
 
@@ -226,6 +232,7 @@ class NodeServer:
                 clock=self.clock,
                 heartbeat_timeout_ms=self.config.heartbeat_timeout_ms,
                 channel_grace_ms=self.config.worker_channel_grace_ms,
+                span_sink=self.span_sink,
             )
             self.leader.start()
             self.replica.wake_everyone()  # every waiter checks again under the new role

@@ -23,12 +23,14 @@ from dex_ha.engine import NeedsUpgrade
 from dex_ha.raft.identity import IdentityRefused
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.node import NodeServer
+from dex_ha.server.tracing import LOG_FIELDS
 
 log = logging.getLogger("dex_ha.server")
 
 
 class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception)."""
+    """One JSON object per line: time, level, logger, message (and the exception); a line
+    about an attempt also has its session_id, turn_id, step_id, attempt and trace_id."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -37,6 +39,9 @@ class JsonLogFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        for name in LOG_FIELDS:
+            if name in record.__dict__:
+                entry[name] = record.__dict__[name]
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

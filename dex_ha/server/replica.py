@@ -138,6 +138,9 @@ class Replica:
         # The cluster's state-machine version as applied here (versions.py), kept in memory:
         # every proposal checks it. Set on the Raft thread, read anywhere (one int).
         self.cluster_version = engine.cluster_version()
+        # Traces (tracing.py): while this node is active and exports traces, called on the
+        # loop with the sessions whose events changed (None: not known, every session).
+        self.on_sessions_changed: Callable[[Iterable[str] | None], None] | None = None
 
     def notify_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """Changes are signalled on `loop` (the HTTP side's), whichever thread applied them."""
@@ -207,6 +210,8 @@ class Replica:
     def _notify(self, session_ids: Iterable[str] | None) -> None:
         self.changed.notify()
         self.session_waiters.wake(session_ids)
+        if self.on_sessions_changed is not None:
+            self.on_sessions_changed(session_ids)
 
     def wake_everyone(self) -> None:
         """On the loop: wake every waiter, every stream included, to check again (this

@@ -47,6 +47,7 @@ from dex_ha.worker.context import (
     ToolError,
 )
 from dex_ha.worker.model import ModelRequest, ModelResponse
+from dex_ha.worker.trace_context import continued_from
 from dex_ha.worker_protocol import CANCEL_REQUESTED, Report, Task
 
 log = logging.getLogger("dex_ha.worker")
@@ -757,7 +758,8 @@ class Worker:
             handler = handlers.get(task.kind)
             if handler is None:
                 raise NotStarted(f"this Worker does not know the task kind {task.kind!r}")
-            result = await handler(task, self._agent_for(task), heartbeats)
+            with continued_from(task.traceparent):  # the call's own spans go under the attempt's
+                result = await handler(task, self._agent_for(task), heartbeats)
             _check_json(result)
             return Outcome(result=result)
         except Unrunnable as exc:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dex_ha.engine import ApplyResult, AttemptTimedOut, HeartbeatLost, RunningAttempt
-from dex_ha.server.leader import ActiveClock, LeaderTerm
+from dex_ha.server.leader import ActiveClock, HandedOutAttempt, LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
 
 TERM = 3
@@ -67,7 +67,7 @@ async def test_a_wall_clock_step_on_the_active_node_changes_no_deadline(monkeypa
     leader = leader_with(running(started_at=handed_out, deadline_at=handed_out + 60_000), proposed)
     leader.clock = clock
     leader.task_for_handout = lambda *a: None  # type: ignore[method-assign]
-    leader.running[("st1", 2)] = SimpleNamespace(last_seen=time.monotonic())  # type: ignore[assignment]
+    leader.running[("st1", 2)] = HandedOutAttempt("st1", 2, "s1", "CallTool", "w1", time.monotonic(), None, "t1")
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + step_s)
     await leader._fail_silent_and_late_attempts()
