@@ -168,7 +168,7 @@ export class ChannelLink {
       }
     });
     ws.on("error", (exc) => this.conn.logger.warn(`worker ${this.workerId}: channel error: ${exc.message}`));
-    return new Promise((resolve) => {
+    const closed = new Promise<number>((resolve) => {
       ws.on("close", (code) => {
         clearInterval(pinger);
         this.ws = null;
@@ -176,6 +176,8 @@ export class ChannelLink {
         resolve(code);
       });
     });
+    ws.resume();
+    return closed;
   }
 
   private onFrame(frame: Record<string, any>): void {

@@ -171,7 +171,8 @@ export class Connection {
   }
 
   /** A WebSocket on the active node, followed and retried as `request` is; a refused
-   * upgrade throws what its answer says (404 from a node without the route, 401, ...). */
+   * upgrade throws what its answer says (404 from a node without the route, 401, ...).
+   * The socket comes paused: call `resume()` once its listeners are in place. */
   async openWebSocket(path: string, params: Record<string, string>): Promise<WebSocket> {
     checkPath(path);
     const headers = this.headers(false);
@@ -276,6 +277,8 @@ function openSocket(url: string, headers: Record<string, string>, timeoutMs: num
     const ws = new WebSocket(url, { headers, handshakeTimeout: timeoutMs, perMessageDeflate: false });
     ws.once("open", () => {
       ws.removeAllListeners("error");
+      // Hold what the node sends (its welcome comes at once) until the caller listens.
+      ws.pause();
       resolve(ws);
     });
     ws.once("unexpected-response", (_req, res) => {
