@@ -921,7 +921,8 @@ async def bench_deployment(
 # How long the Worker-kill timing waits for each of its moments.
 KILL_TIMING_DEADLINE_S = 30.0
 # The defaults the timing runs with: the node's worker_channel_grace_ms, and the RunModel
-# row's first retry backoff (dex_ha/engine/kinds.py); printed next to the figure.
+# row's first retry backoff (dex_ha/engine/kinds.py), which the grace covers (a lost
+# Worker's backoff counts from its channel's close); printed next to the figure.
 CHANNEL_GRACE_MS = 1_000
 RUN_MODEL_FIRST_BACKOFF_MS = 1_000
 
@@ -1098,7 +1099,8 @@ def print_table(result: dict[str, Any]) -> None:
     if kill:
         print(
             f"Worker kill -> next attempt started on the other Worker: {fmt(kill['kill_to_next_attempt_ms'], '.0f')} ms "
-            f"(grace {kill['grace_ms']} ms + the RunModel row's first retry backoff {kill['backoff_ms']} ms; target <= 1500)"
+            f"(the grace of {kill['grace_ms']} ms, which covers the RunModel row's first retry backoff of "
+            f"{kill['backoff_ms']} ms; target <= 1500)"
         )
     if result.get("rounds", 1) > 1:
         for name in ("dev", "cluster"):

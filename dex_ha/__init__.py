@@ -1,6 +1,8 @@
 """dex-ha: a durable execution server for AI agent sessions, run as a Raft cluster."""
 
-__version__ = "0.1.0"
+# The release: the one place it is written (pyproject.toml reads it). 0.1.0 was the first;
+# this is the code on the way to 0.2.0.
+__version__ = "0.2.0.dev0"
 
 # Contract: the error of a tool call that never reached a Worker starts
 # with this string, so the model and callers know it is safe to call the tool again.

@@ -61,7 +61,9 @@ from dex_ha import __version__ as dex_ha_version  # noqa: E402
 
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "peer_bench.json"
 DEPLOYMENTS = {"one": "one node", "three": "three nodes"}
-SYSTEMS = ("dex-ha", "restate", "temporal")
+# "dex-ha" is its Worker on the Worker channel (the SDK's default), "dex-ha/http" the same
+# Worker on the HTTP routes (polls and POSTs), measured in the same run.
+SYSTEMS = ("dex-ha", "dex-ha/http", "restate", "temporal")
 PEERS = ("restate", "temporal")
 CANONICAL_CONCURRENCY = [1, 16, 64, 256, 1024]
 CANONICAL_DURATION_S = 15.0
@@ -125,19 +127,21 @@ async def dex_row(
     args: argparse.Namespace,
     root: Path,
     registry: steps_bench.ProcessRegistry,
+    transport: str = "channel",
+    system: str = "dex-ha",
 ) -> dict[str, Any]:
-    """bench/steps_bench.py's measurement of one concurrency, plus peak RSS. The SDK process
-    is the Worker that measure() starts: the pid it registers."""
+    """bench/steps_bench.py's measurement of one concurrency, plus peak RSS, with the Worker
+    on `transport`. The SDK process is the Worker that measure() starts: the pid it registers."""
     registered_before = len(registry.pids)
 
     def worker_pids() -> list[int]:  # started by this row (Restate's pids are in the registry too)
         return [p for p in registry.pids[registered_before:] if steps_bench.is_running(p)]
 
     async with PeakRss(lambda: deployment.node_pids, worker_pids) as rss:
-        row = await steps_bench.measure(deployment, concurrency, args, root, registry)
+        row = await steps_bench.measure(deployment, concurrency, args, root, registry, transport=transport)
     result = asdict(row)
     return {
-        "system": "dex-ha",
+        "system": system,
         "concurrency": concurrency,
         "steps": row.steps,
         "steps_per_second": row.steps_per_second,
@@ -245,7 +249,12 @@ async def steps_phase(
     alternating. (The idle one of the two costs little CPU: its heartbeats and gossip.)"""
     name = DEPLOYMENTS[key]
     with_temporal = "temporal" in args.peers and key == "one"  # the dev server is one node
-    systems = ["dex-ha", *(["restate"] if "restate" in args.peers else []), *(["temporal"] if with_temporal else [])]
+    systems = [
+        "dex-ha",
+        *([] if args.no_http else ["dex-ha/http"]),
+        *(["restate"] if "restate" in args.peers else []),
+        *(["temporal"] if with_temporal else []),
+    ]
     print(f"[{name}] starting {', '.join(systems)} ...", flush=True)
     dex = await (steps_bench.start_dev if key == "one" else steps_bench.start_cluster)(root, registry)
     rows: list[dict[str, Any]] = []
@@ -263,8 +272,9 @@ async def steps_phase(
                     f"[{name}] c={concurrency} {system}: {args.warmup_s:g} s warm-up + {args.duration_s:g} s ...",
                     flush=True,
                 )
-                if system == "dex-ha":
-                    row = await dex_row(dex, concurrency, args, root, registry)
+                if system.startswith("dex-ha"):
+                    transport = "http" if system == "dex-ha/http" else "channel"
+                    row = await dex_row(dex, concurrency, args, root, registry, transport, system)
                 elif system == "restate":
                     assert restate is not None
                     row = await restate_row(restate, concurrency, args)
@@ -413,10 +423,14 @@ def summarize(phase: dict[str, Any]) -> dict[str, Any]:
             "sdk_rss_mb": max((r["sdk_rss_mb"] for r in rows), default=None),
         }
     keys = ("best_steps_per_second", "p50_ms_c1", "server_rss_mb", "sdk_rss_mb")
-    for peer, ratio_key in (("restate", "ratio"), ("temporal", "ratio_temporal")):
+    for peer, ratio_key in RATIOS:
         if "dex-ha" in out and peer in out:
             out[ratio_key] = {key: ratio(out["dex-ha"][key], out[peer][key], 2) for key in keys}
     return out
+
+
+# The summary's ratios: dex-ha (on the channel) / each other system of the run.
+RATIOS = (("dex-ha/http", "ratio_http"), ("restate", "ratio"), ("temporal", "ratio_temporal"))
 
 
 def mean_probe_ms(row: dict[str, Any]) -> float | None:
@@ -425,7 +439,7 @@ def mean_probe_ms(row: dict[str, Any]) -> float | None:
     return statistics.mean(probes) if probes else None
 
 
-PEER_LABELS = {"restate": "Restate", "temporal": "Temporal"}
+PEER_LABELS = {"dex-ha/http": "dex-ha on HTTP", "restate": "Restate", "temporal": "Temporal"}
 
 
 def print_phase(phase: dict[str, Any]) -> None:
@@ -436,7 +450,7 @@ def print_phase(phase: dict[str, Any]) -> None:
     if phase.get("temporal_note"):
         print(f"Temporal: {phase['temporal_note']}")
     print(
-        f"{'conc':>5} {'system':<9} {'steps/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'conc':>5} {'system':<11} {'steps/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'srv CPU ms/st':>13} {'other':>6} {'probe ms':>8}"
     )
     by_c: dict[int, dict[str, dict[str, Any]]] = {}
@@ -450,27 +464,29 @@ def print_phase(phase: dict[str, Any]) -> None:
             x = by_system[system]
             share = None if system == "dex-ha" else ratio(dex.get("steps_per_second"), x["steps_per_second"], 2)
             print(
-                f"{c:>5} {system:<9} {fmt(x['steps_per_second'], '.0f'):>8} {fmt(share, '.2f'):>6} "
+                f"{c:>5} {system:<11} {fmt(x['steps_per_second'], '.0f'):>8} {fmt(share, '.2f'):>6} "
                 f"{fmt(x['p50_ms'], '.2f'):>8} {fmt(x['p99_ms'], '.2f'):>8} "
                 f"{fmt(x.get('server_cpu_ms_per_step'), '.3f'):>13} {fmt(x['other_load_cores'], '.2f'):>6} "
                 f"{fmt(mean_probe_ms(x), '.0f'):>8}"
             )
     s = phase["summary"]
-    print(f"{'':>5} {'system':<9} {'best st/s (at c)':>17} {'p50 ms c=1':>11} {'server RSS MB':>14} {'SDK RSS MB':>11}")
+    print(
+        f"{'':>5} {'system':<11} {'best st/s (at c)':>17} {'p50 ms c=1':>11} {'server RSS MB':>14} {'SDK RSS MB':>11}"
+    )
     for system in SYSTEMS:
         if system not in s:
             continue
         x = s[system]
         best = f"{fmt(x['best_steps_per_second'], '.0f')} ({fmt(x['best_at_concurrency'], 'd')})"
         print(
-            f"{'':>5} {system:<9} {best:>17} {fmt(x['p50_ms_c1'], '.2f'):>11} {fmt(x['server_rss_mb'], '.0f'):>14} "
+            f"{'':>5} {system:<11} {best:>17} {fmt(x['p50_ms_c1'], '.2f'):>11} {fmt(x['server_rss_mb'], '.0f'):>14} "
             f"{fmt(x['sdk_rss_mb'], '.0f'):>11}"
         )
-    for peer, ratio_key in (("restate", "ratio"), ("temporal", "ratio_temporal")):
+    for peer, ratio_key in RATIOS:
         if ratio_key in s:
             q = s[ratio_key]
             print(
-                f"{'':>5} {'ratio':<9} {fmt(q['best_steps_per_second'], '.2f'):>17} {fmt(q['p50_ms_c1'], '.2f'):>11} "
+                f"{'':>5} {'ratio':<11} {fmt(q['best_steps_per_second'], '.2f'):>17} {fmt(q['p50_ms_c1'], '.2f'):>11} "
                 f"{fmt(q['server_rss_mb'], '.2f'):>14} {fmt(q['sdk_rss_mb'], '.2f'):>11}   (dex-ha / {PEER_LABELS[peer]})"
             )
 
@@ -479,7 +495,8 @@ def print_table(result: dict[str, Any]) -> None:
     m = result["machine"]
     v = result["versions"]
     print(
-        "\ndex-ha beside its peers in one run (durable steps; a dex-ha step = a Worker task over HTTP, "
+        "\ndex-ha beside its peers in one run (durable steps; a dex-ha step = a Worker task handed out, run and "
+        "its result committed, the Worker on the channel (dex-ha) or on HTTP (dex-ha/http), "
         "a Restate step = a journaled ctx.run, a Temporal step = an activity run by a Worker process)"
     )
     print(
@@ -638,6 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--failover-runs", type=int, default=3, help="failovers per system (0: none)")
     parser.add_argument("--no-etcd", action="store_true", help="leave etcd out")
+    parser.add_argument(
+        "--no-http", action="store_true", help="leave out dex-ha's rows with its Worker on HTTP (dex-ha/http)"
+    )
     parser.add_argument("--json", default=str(DEFAULT_JSON), help=f"where to write the JSON (default {DEFAULT_JSON})")
     return parser
 

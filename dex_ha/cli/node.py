@@ -54,9 +54,11 @@ def add_parsers(sub: Subparsers) -> None:
 
 
 def _run_node(config: ServerConfig, json_logs: bool) -> int:
+    from dex_ha.engine import NeedsUpgrade
     from dex_ha.raft.identity import IdentityRefused
     from dex_ha.server.node import CannotListen
     from dex_ha.server.process import (  # the server loads only to serve
+        FATAL_EXIT_CODE,
         REFUSED_EXIT_CODE,
         configure_logging,
         serve,
@@ -71,6 +73,9 @@ def _run_node(config: ServerConfig, json_logs: bool) -> int:
     except IdentityRefused as exc:  # found at start (a damaged identity.json); later ones exit in process.py
         print(f"dex-ha node: {exc}", file=sys.stderr)
         return REFUSED_EXIT_CODE
+    except NeedsUpgrade as exc:  # found at start: the state's cluster runs a newer state machine
+        print(f"dex-ha node: {exc}", file=sys.stderr)
+        return FATAL_EXIT_CODE
     except ConfigError as exc:  # found at start: e.g. a data directory others may write
         print(f"dex-ha {'dev' if config.dev else 'node'}: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@
     dex-ha sessions answer SESSION_ID QUESTION_ID ANSWER [--json-value]
     dex-ha sessions reconcile SESSION_ID CALL_ID --outcome succeeded|failed [--result JSON] [--error TEXT]
     dex-ha sessions send SESSION_ID TEXT [--mode queue|steer] [--message-id ID]
+    dex-ha sessions delete SESSION_ID
 
 Every subcommand takes `--json` (the server's answer as JSON, for scripts) and `--namespace`
 (the namespace of the sessions; default $DEX_HA_NAMESPACE, else the server's default). This module
@@ -76,11 +77,11 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
         "answer a question, settle an outcome_unknown call, send a message.",
     )
     actions = sessions.add_subparsers(
-        dest="sessions_command", required=True, metavar="{list,show,approve,deny,answer,reconcile,send}"
+        dest="sessions_command", required=True, metavar="{list,show,approve,deny,answer,reconcile,cancel,send,delete}"
     )
 
     listing = actions.add_parser(
-        "list", parents=common, help="sessions in id order, one page at a time (--all: every page)"
+        "list", parents=common, help="sessions, newest first, one page at a time (--all: every page)"
     )
     listing.add_argument("--agent", help="only this agent's sessions")
     listing.add_argument("--status", choices=("idle", "running"), help="only sessions in this status")
@@ -137,6 +138,16 @@ def add_parser(sub: Subparsers, remote: argparse.ArgumentParser) -> None:
         help="queue: after the running turn (default); steer: at its next model call",
     )
     send.add_argument("--message-id", help="an id that makes a repeated send a no-op (default: a new one)")
+    _add_delete_parser(actions, common)
+
+
+def _add_delete_parser(actions: Any, common: list[argparse.ArgumentParser]) -> None:
+    delete = actions.add_parser(
+        "delete",
+        parents=common,
+        help="delete an ended session and everything of it (a running one: cancel it first)",
+    )
+    delete.add_argument("session_id", metavar="SESSION_ID")
 
 
 def _page_size(text: str) -> int:
@@ -229,6 +240,8 @@ async def _act(args: argparse.Namespace, client: DexClient) -> tuple[Any, str]:
         answer = await client.cancel(sid, reason=args.reason)
         turn = answer.get("cancelled")
         return answer, f"turn {turn} of {sid}: cancelled" if turn else f"{sid}: no turn was running, nothing cancelled"
+    if command == "delete":
+        return await client.delete(sid), f"session {sid}: deleted"
     if command == "send":
         accepted = await client.send_message(sid, args.text, message_id=args.message_id, mode=args.mode)
         return accepted.raw, f"message {accepted.message_id} sent to {sid} ({args.mode})"

@@ -61,6 +61,7 @@ def status_rows(answers: list[NodeAnswer]) -> list[list[str]]:
                     voter,
                     dash(m.get("match_index")),
                     contact_text,
+                    version_text(None, m),
                 ]
             )
             continue
@@ -77,9 +78,34 @@ def status_rows(answers: list[NodeAnswer]) -> list[list[str]]:
                 voter,
                 dash(m.get("match_index")),
                 contact_text,
+                version_text(v, m),
             ]
         )
     return rows
+
+
+def version_text(view: dict[str, Any] | None, member: dict[str, Any]) -> str:
+    """A node's release and state machine: as it says itself, else as the active node
+    heard it ("0.1.0 (sm v1)"); a node of 0.1.0 does not say, its peers know."""
+    own = view or {}
+    package = own.get("version") or member.get("version")
+    state_machine = own.get("state_machine_version") or member.get("state_machine_version")
+    return f"{package} (sm v{state_machine})" if package else "-"
+
+
+def cluster_version_line(answers: list[NodeAnswer]) -> str | None:
+    """The cluster's state-machine version, and what it waits for during a rolling upgrade."""
+    views = [a.view for a in answers if a.view and a.view.get("cluster_state_machine_version")]
+    if not views:
+        return None  # only nodes of 0.1.0 answered
+    reference = next((v for v in views if v.get("role") in ("active", "draining")), views[0])
+    cluster = reference["cluster_state_machine_version"]
+    runs = {m.get("state_machine_version") for m in reference.get("members", [])}
+    newest = max((n for n in runs if n is not None), default=cluster)
+    line = f"cluster state machine: v{cluster}"
+    if newest > cluster:
+        line += f" (it moves to v{newest} once every member runs it: a rolling upgrade is under way)"
+    return line
 
 
 def format_status(answers: list[NodeAnswer]) -> str:
@@ -95,6 +121,7 @@ def format_status(answers: list[NodeAnswer]) -> str:
         "voter",
         "match",
         "last contact",
+        "version",
     ]
     lines = [format_table(headers, status_rows(answers)), ""]
     active = [(a.url, a.view) for a in answers if a.view and a.view.get("role") == "active"]
@@ -109,6 +136,9 @@ def format_status(answers: list[NodeAnswer]) -> str:
         lines.append(
             f"WARNING: {len(active)} nodes say they are active: " + ", ".join(view["node_id"] for _, view in active)
         )
+    version_line = cluster_version_line(answers)
+    if version_line is not None:
+        lines.append(version_line)
     lines += [f"{a.url}: {a.error}" for a in answers if a.error]
     lines += [
         f"ALARM {alarm.get('alarm')} on {a.view.get('node_id')}: {alarm.get('message')}"

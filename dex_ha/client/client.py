@@ -46,6 +46,8 @@ log = logging.getLogger("dex_ha.client")
 
 MESSAGE_MODES = ("queue", "steer")
 RECONCILE_OUTCOMES = ("succeeded", "failed")
+# The event that ends the stream of a session that was deleted.
+SESSION_DELETED = "session_deleted"
 # wait_until_idle re-reads the snapshot this often (growing from the first to the last).
 IDLE_POLL_FIRST_S = 0.05
 IDLE_POLL_MAX_S = 0.5
@@ -179,8 +181,8 @@ class DexClient:
         awaiting_approval: bool | None = None,
         outcome_unknown: bool | None = None,
     ) -> SessionPage:
-        """One page of sessions, in id order. Pass ``page.next_after`` as ``after`` for the
-        next page; None means no more pages.
+        """One page of sessions, newest first (the server's order). Pass ``page.next_after``
+        as ``after`` for the next page; None means no more pages.
 
         Filters (None: no filter): ``agent``, ``status`` (``idle`` or ``running``),
         ``awaiting_approval`` (True: only sessions with a tool call waiting for approval;
@@ -286,6 +288,14 @@ class DexClient:
         body = {} if reason is None else {"reason": reason}
         return await self._conn.request("POST", f"/v1/sessions/{sid}/cancel", body)
 
+    async def delete(self, session_id: str) -> dict[str, Any]:
+        """Delete an ended session and everything of it. A session with a running turn is
+        refused (:class:`DexError` 409: cancel it first); one that does not exist, or was
+        deleted already, is 404 (also a retry whose first try was deleted, but its answer
+        lost)."""
+        sid = _segment(session_id, "session_id")
+        return await self._conn.request("DELETE", f"/v1/sessions/{sid}")
+
     async def reconcile(
         self,
         session_id: str,
@@ -321,8 +331,9 @@ class DexClient:
         When the stream ends or the connection drops (the node died, a failover), it
         reconnects through the Connection (leader following, backoff), resumes after the
         last committed event seen (``Last-Event-ID``) and never yields an event twice.
-        It stops only when the caller stops iterating (``break`` or ``aclose()``), or
-        with a :class:`DexError` when the server refuses the stream (404: no such session).
+        It stops when the caller stops iterating (``break`` or ``aclose()``), after a
+        ``session_deleted`` event (the session was deleted), or with a :class:`DexError`
+        when the server refuses the stream (404: no such session).
         """
         sid = _segment(session_id, "session_id")
         _optional_str(after, "after")
@@ -349,6 +360,8 @@ class DexClient:
                             continue  # already yielded before a reconnect
                         last_id = event.id
                     yield event
+                    if event.type == SESSION_DELETED:
+                        return  # the server's last word: the session is gone
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 log.info("dex-ha client: event stream of %s dropped (%s); reconnecting", path, exc)
             finally:

@@ -15,11 +15,13 @@ Public API (what a server and the Raft node call):
     ``next_timer()``, ``due_timers(now_ms, limit)``, ``task_for(step_id)``.
   - API queries: ``get_agent_snapshot(session_id)``, ``sessions_page(agent, status, limit,
     after, max_bytes=None) -> Page``, ``events(session_id, after, limit)`` (and
-    ``events_page``: the same with a byte budget, as a ``Page``), ``stats()``; ``logical_dump()`` and
+    ``events_page``: the same with a byte budget, as a ``Page``), ``stats()``; ``expired_sessions(cutoff_at, limit)`` (retention: idle sessions
+    last active before the cutoff, oldest first); ``logical_dump()`` and
     ``queued_steps(agent, limit)`` (the queue in order) for tests and benches;
   ``agent_namespace(name)`` (the namespace an agent name belongs to).
 - Commands (dataclasses, each with ``at`` in leader wall-clock ms) and their wire format:
   ``encode_command(cmd) -> bytes``, ``decode_command(data) -> Command``.
+- ``MAX_EXPIRED_PER_ENTRY``: the most sessions one ExpireSessions may name.
 - ``STEP_KINDS``: the step-kind table (kind → StepKindSpec); kind name constants.
 - ``ApplyResult``; ``TOOL_CALL_NOT_RUN_ERROR_PREFIX`` lives in ``dex_ha``.
 
@@ -28,6 +30,8 @@ The engine never imports ``dex_ha.server`` or ``dex_ha.raft``.
 
 from dex_ha.engine.commands import (
     DEFAULT_NAMESPACE,
+    FIRST_STATE_MACHINE_VERSION,
+    STATE_MACHINE_VERSION,
     AnswerQuestion,
     AttemptTimedOut,
     CancelTurn,
@@ -37,23 +41,29 @@ from dex_ha.engine.commands import (
     CompleteAttempt,
     CreateSession,
     DecideApproval,
+    DeleteSession,
+    ExpireSessions,
     FailAttempt,
     FailHeldAttempts,
     FireTimer,
     Handout,
     HeartbeatLost,
+    NeedsUpgrade,
     ReconcileToolCall,
     RegisterAgent,
     ReportItem,
     ReportResults,
     SendMessage,
+    SetClusterVersion,
     SetConsistencyAlarm,
     StartAttempts,
     StartQueuedAttempts,
+    command_since,
     decode_command,
     encode_command,
 )
 from dex_ha.engine.engine import Engine, EngineReader, copy_to_bytes
+from dex_ha.engine.handlers import MAX_EXPIRED_PER_ENTRY
 from dex_ha.engine.kinds import (
     AWAIT_QUESTION_ANSWER,
     AWAIT_TIMER,
@@ -91,8 +101,11 @@ __all__ = [
     "CALL_TOOL",
     "COMPACT_CONTEXT",
     "DEFAULT_NAMESPACE",
+    "MAX_EXPIRED_PER_ENTRY",
     "NOT_COMPLETED",
+    "FIRST_STATE_MACHINE_VERSION",
     "NOT_STARTED",
+    "STATE_MACHINE_VERSION",
     "POLL_TOOL_TASK",
     "RUN_MODEL",
     "STEP_KINDS",
@@ -109,13 +122,16 @@ __all__ = [
     "ReportResults",
     "CreateSession",
     "DecideApproval",
+    "DeleteSession",
     "Engine",
     "EngineReader",
+    "ExpireSessions",
     "FailAttempt",
     "FailHeldAttempts",
     "FireTimer",
     "Handout",
     "HeartbeatLost",
+    "NeedsUpgrade",
     "Page",
     "QueuedStep",
     "ReconcileToolCall",
@@ -123,12 +139,14 @@ __all__ = [
     "RunningAttempt",
     "SendMessage",
     "SessionEvent",
+    "SetClusterVersion",
     "SetConsistencyAlarm",
     "StartAttempts",
     "StartQueuedAttempts",
     "StepKindSpec",
     "Task",
     "Timer",
+    "command_since",
     "copy_to_bytes",
     "decode_command",
     "encode_command",

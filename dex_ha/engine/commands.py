@@ -22,6 +22,12 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]  # msgpack ships n
 
 COMMAND_FORMAT_VERSION = 1
 
+# The state machine's version: what the commands mean. Bump it (docs/architecture.md,
+# "The state-machine version") whenever a command type is added, or a command's meaning
+# changes, so that a node of an older version never applies it differently. 1 is 0.1.0's.
+STATE_MACHINE_VERSION = 2
+FIRST_STATE_MACHINE_VERSION = 1  # 0.1.0's, and a cluster's until it moves on
+
 # The namespace of a command that names none: entries written before namespaces existed
 # decode with it, and every row they made was migrated to it (schema 4).
 DEFAULT_NAMESPACE = "default"
@@ -29,6 +35,27 @@ DEFAULT_NAMESPACE = "default"
 
 class CommandDecodeError(ValueError):
     """The bytes are not a command this engine understands."""
+
+
+class UnknownCommand(CommandDecodeError):
+    """A command type this code does not have: a newer state machine wrote it (its
+    `since`, when the entry says; 0 when it does not)."""
+
+    def __init__(self, name: str, since: int) -> None:
+        super().__init__(f"unknown command {name!r}")
+        self.name = name
+        self.since = since
+
+
+class NeedsUpgrade(Exception):
+    """An entry this node must not apply: its command needs a newer state machine than
+    the one this node runs. The node stops (the entry stays unapplied) until it is
+    upgraded; applying it as invalid would part its state from the others'."""
+
+    def __init__(self, index: int, command: str, needs: int, runs: int) -> None:
+        needs_text = f"state machine v{needs}" if needs else "a newer state machine"
+        super().__init__(f"upgrade this node: entry {index} carries {command} of {needs_text}; this node runs v{runs}")
+        self.index = index
 
 
 # ---------------------------------------------------------------- sessions and agents
@@ -81,6 +108,27 @@ class CancelTurn:
     session_id: str
     reason: str | None = None
     namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeleteSession:
+    """Delete an ended session and every row of it (`DELETE /v1/sessions/{id}`). A session
+    with a running turn is refused (conflict): cancel the turn first."""
+
+    at: int
+    session_id: str
+    namespace: str = DEFAULT_NAMESPACE  # the caller's: a session of another is not found
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpireSessions:
+    """Retention: delete each of `session_ids` that is still idle and whose last activity
+    (its updated_at) is before `cutoff_at`; the others stay. The active node picks the ids
+    (queries.expired_sessions) and sets the cutoff from its clock: the engine reads none."""
+
+    at: int
+    cutoff_at: int
+    session_ids: list[str]
 
 
 # ---------------------------------------------------------------- attempts
@@ -210,12 +258,18 @@ class ReportResults:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HeartbeatLost:
-    """The leader stopped hearing from the Worker: the attempt fails NOT_COMPLETED."""
+    """The leader stopped hearing from the Worker: the attempt fails NOT_COMPLETED.
+
+    `silent_ms`: how long before `at` the Worker was last heard from (its last heartbeat, or
+    its channel's close). A retry's backoff counts from then, so that much of it has passed
+    already: a Worker found dead after the channel's 1 s grace retries at once, not 1 s later.
+    0 in entries written before the field existed (the whole backoff, as then)."""
 
     at: int
     step_id: str
     attempt: int
     term: int
+    silent_ms: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -305,11 +359,26 @@ class SetConsistencyAlarm:
     expected: str = ""  # the majority's
 
 
+# ---------------------------------------------------------------- the cluster
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SetClusterVersion:
+    """Every member runs state machine `version` or newer: from this entry on, the leader
+    may propose the commands of that version (COMMAND_SINCE). The leader proposes it once
+    the last member is upgraded; it only ever goes up."""
+
+    at: int
+    version: int
+
+
 Command = (
     CreateSession
     | RegisterAgent
     | SendMessage
     | CancelTurn
+    | DeleteSession
+    | ExpireSessions
     | StartAttempts
     | StartQueuedAttempts
     | CompleteAttempt
@@ -324,9 +393,23 @@ Command = (
     | ReconcileToolCall
     | CheckStateHash
     | SetConsistencyAlarm
+    | SetClusterVersion
 )
 
 COMMAND_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Command)}
+
+# The state-machine version that added each command type; those not named here are of
+# version 1 (0.1.0). The leader proposes none newer than the cluster's version, and the
+# entry of one names it (SINCE_FIELD), so that a node without the type can say which
+# version it needs.
+COMMAND_SINCE: dict[type, int] = {ReportResults: 2, SetClusterVersion: 2, DeleteSession: 2, ExpireSessions: 2}
+SINCE_FIELD = "_sm"  # in a command's fields; short: ReportResults is on the hot path
+
+
+def command_since(cls: type) -> int:
+    """The state-machine version that added command type `cls`."""
+    return COMMAND_SINCE.get(cls, FIRST_STATE_MACHINE_VERSION)
+
 
 Validator = Callable[[Any, str], Any]  # (value, where) -> the value to use; raises on misfit
 
@@ -338,7 +421,11 @@ def encode_command(cmd: Command) -> bytes:
     name = type(cmd).__name__
     if name not in COMMAND_TYPES:
         raise TypeError(f"not a command: {cmd!r}")
-    data: bytes = msgpack.packb([COMMAND_FORMAT_VERSION, name, _to_plain(cmd)], use_bin_type=True)
+    fields = _to_plain(cmd)
+    since = COMMAND_SINCE.get(type(cmd))
+    if since is not None:
+        fields[SINCE_FIELD] = since
+    data: bytes = msgpack.packb([COMMAND_FORMAT_VERSION, name, fields], use_bin_type=True)
     return data
 
 
@@ -351,9 +438,14 @@ def decode_command(data: bytes) -> Command:
     if not (isinstance(envelope, list) and len(envelope) == 3):
         raise CommandDecodeError("a command is [version, name, fields]")
     version, name, fields = envelope
+    if isinstance(version, int) and version > COMMAND_FORMAT_VERSION:  # a newer writer's format
+        raise UnknownCommand(f"{str(name)[:100]} (command format {version})", 0)
     if version != COMMAND_FORMAT_VERSION:
         raise CommandDecodeError(f"unsupported command format version {version!r}")
     cls = COMMAND_TYPES.get(name) if isinstance(name, str) else None
+    if cls is None and isinstance(name, str):
+        since = fields.get(SINCE_FIELD) if isinstance(fields, dict) else None
+        raise UnknownCommand(name[:100], since if isinstance(since, int) else 0)
     if cls is None:
         raise CommandDecodeError(f"unknown command {name!r}")
     command: Command = _build(cls, fields, name)

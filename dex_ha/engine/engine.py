@@ -19,7 +19,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from dex_ha.engine.commands import CheckStateHash, Command, CommandDecodeError, decode_command
+from dex_ha.engine.commands import (
+    STATE_MACHINE_VERSION,
+    CheckStateHash,
+    Command,
+    CommandDecodeError,
+    NeedsUpgrade,
+    SetClusterVersion,
+    UnknownCommand,
+    command_since,
+    decode_command,
+)
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.handlers import HANDLERS
 from dex_ha.engine.history_cache import DEFAULT_BUDGET_CHARS, HistoryCache
@@ -28,16 +38,23 @@ from dex_ha.engine.results import ApplyResult, Rejected, accepted
 from dex_ha.engine.schema import SCHEMA_VERSION
 from dex_ha.engine.store import (
     APPLIED_INDEX,
+    CLUSTER_VERSION,
     WAL_RESTART_AFTER_FRAMES,
     Store,
     WalCheckpointer,
     can_migrate,
     connect,
     init_schema,
+    make_reclaimable,
+    reclaim_free_pages,
     state_hash,
 )
 
 log = logging.getLogger("dex_ha.engine")
+
+# Free pages given back to the file system after a batch of entries (reclaim_space): 8 MB
+# of 4 KB pages, a few milliseconds; the rest after the next batches.
+RECLAIM_PAGES_PER_BATCH = 2048
 
 
 class Engine(Queries):
@@ -53,6 +70,7 @@ class Engine(Queries):
         checkpoint_every_s: float | None = None,
         wal_restart_after_frames: int = WAL_RESTART_AFTER_FRAMES,
         history_cache_chars: int = DEFAULT_BUDGET_CHARS,
+        state_machine_version: int = STATE_MACHINE_VERSION,
     ) -> None:
         """Open or create the state at `path` (":memory:" for tests).
 
@@ -66,10 +84,18 @@ class Engine(Queries):
         writes so that the WAL can start over.
         `history_cache_chars`: the budget of the history the engine keeps in memory to
         build tasks (history_cache.py).
+        `state_machine_version`: the newest commands this engine applies (lower only in
+        tests, to play an older release); a newer entry stops it (NeedsUpgrade), and so
+        does a state whose cluster already moved past it.
         """
         self.path = path
+        self.state_machine_version = state_machine_version
         self._conn = connect(path, durable)
         init_schema(self._conn)
+        if path != ":memory:":
+            make_reclaimable(self._conn, path)
+        # Free pages to give back to the file system (sessions were deleted): reclaim_space.
+        self._reclaim_pending = self._free_pages() > 0
         # Local, never replicated: tasks are built from it inside the apply of their hand-out.
         self._history_cache = HistoryCache(history_cache_chars)
         self._store = Store(self._conn, self._history_cache)
@@ -80,6 +106,7 @@ class Engine(Queries):
         # that ends with it commits, before anything later applies (see open_state_hash).
         self.on_state_check: Callable[[int], None] | None = None
         self._state_check_at: int | None = None
+        self._check_cluster_version()
         if checkpoint_every_s is not None and path != ":memory:":
             self._conn.execute("PRAGMA wal_autocheckpoint=0")
             self._checkpointer = WalCheckpointer(
@@ -97,6 +124,13 @@ class Engine(Queries):
         try:
             return os.stat(self.path + "-wal").st_size
         except FileNotFoundError:
+            return 0
+
+    def state_bytes(self) -> int:
+        """The size of the database file now, without its write-ahead log; any thread may ask."""
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:  # ":memory:"
             return 0
 
     def trace_statements(self, callback: Callable[[str], object] | None) -> None:
@@ -135,7 +169,23 @@ class Engine(Queries):
                 index, self._state_check_at = self._state_check_at, None
                 if index is not None and self.on_state_check is not None:
                     self.on_state_check(index)
+            if self._reclaim_pending:
+                self.reclaim_space()
         return results
+
+    def reclaim_space(self, most_pages: int = RECLAIM_PAGES_PER_BATCH) -> None:
+        """Give free pages (left by deleted sessions) back to the file system, at most
+        `most_pages` at a time; later batches go on until none is left. A physical change
+        only: no row changes, so the state hash does not either. Called with the write lock
+        held (after a batch), or where nothing applies."""
+        try:
+            self._reclaim_pending = reclaim_free_pages(self._conn, most_pages) > 0
+        except sqlite3.Error as exc:  # a full disk, say: the pages stay free and are reused
+            log.warning("engine: could not give free pages back to the file system (%s); trying again later", exc)
+
+    def _free_pages(self) -> int:
+        free: int = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
+        return free
 
     def _apply_part(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult]:
         try:
@@ -163,6 +213,8 @@ class Engine(Queries):
             self._store.set_meta(APPLIED_INDEX, applied)
             self._conn.execute("COMMIT")
             self._history_cache.committed()
+            if self._store.take_deleted():
+                self._reclaim_pending = True
         except BaseException:
             self._state_check_at = None
             self._store.discard_buffered()
@@ -174,13 +226,23 @@ class Engine(Queries):
             raise
         return results
 
+    def _check_cluster_version(self) -> None:
+        """Refuse a state whose cluster runs a newer state machine than this engine: it
+        holds, or will be sent, commands this engine cannot apply (NeedsUpgrade)."""
+        cluster = self.cluster_version()
+        if cluster > self.state_machine_version:
+            raise NeedsUpgrade(self.applied_index(), SetClusterVersion.__name__, cluster, self.state_machine_version)
+
     def _apply_entry(self, index: int, data: bytes, careful: bool) -> ApplyResult:
         if not data:
             return accepted(index, noop=True)
         try:
             cmd = decode_command(data)
+        except UnknownCommand as exc:  # a newer release wrote it: stop, never apply it as invalid
+            raise NeedsUpgrade(index, exc.name, exc.since, self.state_machine_version) from None
         except CommandDecodeError as exc:
             return Rejected("invalid", str(exc)).result(index)
+        self._check_version_of(index, cmd)
         if isinstance(cmd, CheckStateHash):
             self._state_check_at = index
         if careful:
@@ -199,6 +261,22 @@ class Engine(Queries):
         except Exception:
             raise _ReplayCarefully() from None
 
+    def _check_snapshot_version(self, source: sqlite3.Connection, index: int) -> None:
+        """A snapshot of a cluster that moved past this engine's state machine is never
+        installed (NeedsUpgrade): the entries after it are ones this engine cannot apply."""
+        row = source.execute("SELECT value FROM meta WHERE key = ?", (CLUSTER_VERSION,)).fetchone()
+        if row is not None and int(row[0]) > self.state_machine_version:
+            raise NeedsUpgrade(index, "a snapshot", int(row[0]), self.state_machine_version)
+
+    def _check_version_of(self, index: int, cmd: Command) -> None:
+        """Stop on a command of a newer state machine than this engine runs (NeedsUpgrade),
+        a SetClusterVersion to one included."""
+        needs = command_since(type(cmd))
+        if isinstance(cmd, SetClusterVersion):
+            needs = max(needs, cmd.version)
+        if needs > self.state_machine_version:
+            raise NeedsUpgrade(index, type(cmd).__name__, needs, self.state_machine_version)
+
     def _run_in_savepoint(self, index: int, cmd: Command) -> ApplyResult:
         try:
             with self._store.savepoint("entry"):
@@ -215,7 +293,7 @@ class Engine(Queries):
     def _run(self, index: int, cmd: Command, careful: bool = False) -> ApplyResult:
         ctx = ApplyContext(self._store, index, cmd.at, careful=careful)
         handled = HANDLERS[type(cmd)](ctx, cmd)
-        event_sessions = frozenset(session_id for session_id, _, _ in ctx.events)
+        event_sessions = frozenset(session_id for session_id, _, _ in ctx.events).union(handled.deleted)
         ctx.hand_over_writes()
         return accepted(index, handled.value, noop=handled.noop, event_sessions=event_sessions)
 
@@ -290,14 +368,19 @@ class Engine(Queries):
             path = os.path.join(tmp, "restore.db")
             with open(path, "wb") as f:
                 f.write(data)
-            source = sqlite3.connect(path)
+            source = sqlite3.connect(path, isolation_level=None)
             try:
                 _check_snapshot(source, index)
+                self._check_snapshot_version(source, index)
+                # The copy takes the snapshot's page layout, its auto_vacuum setting too: one
+                # from a node of an older version is made reclaimable first.
+                make_reclaimable(source, "installing a snapshot")
                 source.backup(self._conn)
             finally:
                 source.close()
             self._conn.execute("PRAGMA journal_mode=WAL")
             init_schema(self._conn)
+            self._reclaim_pending = self._free_pages() > 0
 
 
 class EngineReader(Queries):

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from dex_ha.engine import calls, outcomes, steps, turns
 from dex_ha.engine.agents import lowered_approvals, normalize_definition, policy_changes
 from dex_ha.engine.commands import (
+    FIRST_STATE_MACHINE_VERSION,
     AnswerQuestion,
     AttemptTimedOut,
     CancelTurn,
@@ -21,6 +22,8 @@ from dex_ha.engine.commands import (
     CompleteAttempt,
     CreateSession,
     DecideApproval,
+    DeleteSession,
+    ExpireSessions,
     FailAttempt,
     FailHeldAttempts,
     FireTimer,
@@ -30,6 +33,7 @@ from dex_ha.engine.commands import (
     ReportItem,
     ReportResults,
     SendMessage,
+    SetClusterVersion,
     SetConsistencyAlarm,
     StartAttempts,
     StartQueuedAttempts,
@@ -43,7 +47,7 @@ from dex_ha.engine.kinds import (
     RUN_MODEL,
 )
 from dex_ha.engine.results import HTTP_STATUS_BY_CODE, Rejected
-from dex_ha.engine.store import CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
+from dex_ha.engine.store import CLUSTER_VERSION, CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
 
 T = TypeVar("T")
 
@@ -52,12 +56,17 @@ MAX_EAGER_HANDOUTS = 16
 # Hand-outs one StartQueuedAttempts may carry: an entry is applied whole, so it stays short
 # (the leader proposes fewer, see HANDOUTS_PER_PROPOSAL in dex_ha.server.leader).
 MAX_QUEUED_HANDOUTS = 256
+# Sessions one ExpireSessions may delete: an entry is applied whole, and a session may hold
+# thousands of rows, so retention deletes in entries of this many (see dex_ha.server.retention).
+MAX_EXPIRED_PER_ENTRY = 100
 
 
 @dataclass(frozen=True, slots=True)
 class Handled:
     value: dict[str, Any] | None = None
     noop: bool = False  # accepted, but it changed nothing (a repeat)
+    # Sessions deleted by the entry: their event streams must look again (and end).
+    deleted: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- sessions and agents
@@ -171,6 +180,38 @@ def cancel_turn(ctx: ApplyContext, cmd: CancelTurn) -> Handled:
         return Handled({"cancelled": None}, noop=True)
     outcomes.cancel_turn(ctx, cmd.session_id, turn_id, cmd.reason)
     return Handled({"cancelled": turn_id})
+
+
+def delete_session(ctx: ApplyContext, cmd: DeleteSession) -> Handled:
+    """Only an ended session (idle: no running turn) may go: deleting a running one would
+    drop the record of tool calls that may still be running on a Worker. Cancel it first."""
+    session = ctx.store.require_session(cmd.session_id, cmd.namespace)
+    if session["status"] != "idle":
+        raise Rejected(
+            "conflict",
+            f"session {cmd.session_id} is {session['status']} (turn {session['current_turn_id']}); "
+            "cancel the turn first (POST /v1/sessions/{session_id}/cancel), then delete the session",
+        )
+    ctx.store.delete_session(cmd.session_id)
+    ctx.bump("sessions.deleted")
+    return Handled({"session_id": cmd.session_id, "deleted": True}, deleted=(cmd.session_id,))
+
+
+def expire_sessions(ctx: ApplyContext, cmd: ExpireSessions) -> Handled:
+    """Each named session that is still idle and last active before the cutoff is deleted;
+    one that became active meanwhile, or is gone, stays as it is (never a refusal)."""
+    if len(cmd.session_ids) > MAX_EXPIRED_PER_ENTRY:
+        raise Rejected("invalid", f"session_ids: at most {MAX_EXPIRED_PER_ENTRY} sessions per entry")
+    deleted = []
+    for session_id in dict.fromkeys(cmd.session_ids):  # a repeated id counts once
+        session = ctx.store.session(session_id)
+        if session is None or session["status"] != "idle" or session["updated_at"] >= cmd.cutoff_at:
+            continue
+        ctx.store.delete_session(session_id)
+        deleted.append(session_id)
+    if deleted:
+        ctx.bump("sessions.expired", len(deleted))
+    return Handled({"deleted": deleted}, noop=not deleted, deleted=tuple(deleted))
 
 
 # ---------------------------------------------------------------- attempts
@@ -371,7 +412,9 @@ def _refusal(refused: Rejected) -> dict[str, Any]:
 
 def heartbeat_lost(ctx: ApplyContext, cmd: HeartbeatLost) -> Handled:
     step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
-    outcomes.fail_attempt(ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True)
+    outcomes.fail_attempt(
+        ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True, backoff_spent_ms=max(0, cmd.silent_ms)
+    )
     return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
 
 
@@ -438,6 +481,16 @@ def set_consistency_alarm(ctx: ApplyContext, cmd: SetConsistencyAlarm) -> Handle
     return Handled(value={"consistency_alarm": {"node_id": cmd.node_id, "raised": cmd.raised, "index": cmd.index}})
 
 
+def set_cluster_version(ctx: ApplyContext, cmd: SetClusterVersion) -> Handled:
+    # Never down: a member of the older version may be gone for good by now. (A version
+    # above this node's never gets here: the engine stops on it, NeedsUpgrade.)
+    current = ctx.store.meta(CLUSTER_VERSION, FIRST_STATE_MACHINE_VERSION)
+    if cmd.version <= current:
+        return Handled(value={"cluster_version": current}, noop=True)
+    ctx.store.set_meta(CLUSTER_VERSION, cmd.version)
+    return Handled(value={"cluster_version": cmd.version})
+
+
 def _check_id(value: str, field: str) -> None:
     if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
         raise Rejected("invalid", f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
@@ -448,6 +501,8 @@ HANDLERS: dict[type, Callable[[ApplyContext, Any], Handled]] = {
     RegisterAgent: register_agent,
     SendMessage: send_message,
     CancelTurn: cancel_turn,
+    DeleteSession: delete_session,
+    ExpireSessions: expire_sessions,
     StartAttempts: start_attempts,
     StartQueuedAttempts: start_queued_attempts,
     CompleteAttempt: complete_attempt,
@@ -462,4 +517,5 @@ HANDLERS: dict[type, Callable[[ApplyContext, Any], Handled]] = {
     ReconcileToolCall: reconcile_tool_call,
     CheckStateHash: check_state_hash,
     SetConsistencyAlarm: set_consistency_alarm,
+    SetClusterVersion: set_cluster_version,
 }

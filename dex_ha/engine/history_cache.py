@@ -23,9 +23,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-# About 16 MB of history text: at a few hundred characters per item, the recent turns of
-# thousands of sessions. A session too large for it is simply read from the database.
-DEFAULT_BUDGET_CHARS = 16 << 20
+# 1 M characters of history text, held parsed: about 8 MB of Python objects (7 bytes per
+# character, measured; docs/performance.md, Memory). At a few hundred characters per item,
+# the recent turns of a few hundred sessions. A session too large for it, or dropped from
+# it, is simply read from the database. (16 M cost 120 MB on every node, standbys too, and
+# bought no steps/s over 1 M in the side-by-side bench.)
+DEFAULT_BUDGET_CHARS = 1 << 20
 # What an entry costs beyond its items (so that empty sessions count too).
 ENTRY_OVERHEAD_CHARS = 200
 
@@ -101,6 +104,10 @@ class HistoryCache:
         history.items = history.items[upto_seq - history.summary_upto_seq :]
         history.summary, history.summary_upto_seq = summary, upto_seq
         # The size is not recounted: it only overstates, until the session is dropped.
+
+    def deleted(self, session_id: str) -> None:
+        """The session was deleted (dropping it is right whether or not that commits)."""
+        self._drop(session_id)
 
     def _drop(self, session_id: str) -> None:
         history = self._sessions.pop(session_id, None)

@@ -72,10 +72,22 @@ def hand_out(
 
 
 def fail_attempt(
-    ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *, not_started: bool = False
+    ctx: ApplyContext,
+    step: sqlite3.Row,
+    number: int,
+    error: str,
+    retryable: bool,
+    *,
+    not_started: bool = False,
+    backoff_spent_ms: int = 0,
 ) -> None:
     """The attempt failed: the step retries later, or is exhausted and followed up."""
-    follow_exhaustion(ctx, steps.fail_attempt(ctx, step, number, error, retryable, not_started=not_started))
+    follow_exhaustion(
+        ctx,
+        steps.fail_attempt(
+            ctx, step, number, error, retryable, not_started=not_started, backoff_spent_ms=backoff_spent_ms
+        ),
+    )
 
 
 def fail_held_attempts(ctx: ApplyContext, term: int) -> dict[str, int]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from itertools import groupby
 from typing import Any
 
+from dex_ha.engine.commands import FIRST_STATE_MACHINE_VERSION
 from dex_ha.engine.kinds import (
     AWAIT_USER_MESSAGE,
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
@@ -18,7 +19,14 @@ from dex_ha.engine.kinds import (
     idempotency_key,
 )
 from dex_ha.engine.statuses import StepStatus
-from dex_ha.engine.store import APPLIED_INDEX, CONSISTENCY_ALARM_PREFIX, EVENT_ID_SHIFT, Store, from_json
+from dex_ha.engine.store import (
+    APPLIED_INDEX,
+    CLUSTER_VERSION,
+    CONSISTENCY_ALARM_PREFIX,
+    EVENT_ID_SHIFT,
+    Store,
+    from_json,
+)
 from dex_ha.engine.tasks import task_input
 from dex_ha.worker_protocol import Task  # the one shape of a task, shared with the Worker SDK
 
@@ -122,6 +130,34 @@ _OUTCOME_UNKNOWN_CALLS = (
     "SELECT COUNT(*) FROM tool_calls c WHERE c.session_id = sessions.session_id AND c.status = 'outcome_unknown'"
 )
 
+# A session whose metadata has the key (the first parameter) with the value (the second):
+# a string compares as it is, anything else as its JSON text.
+_METADATA_MATCH = (
+    "EXISTS (SELECT 1 FROM json_each(sessions.metadata) AS m WHERE m.key = ? AND "
+    "(CASE m.type WHEN 'text' THEN m.value WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' "
+    "WHEN 'null' THEN 'null' ELSE CAST(m.value AS TEXT) END) = ?)"
+)
+
+
+def _session_filters(
+    agent: str | None,
+    status: str | None,
+    awaiting_approval: bool | None,
+    outcome_unknown: bool | None,
+    namespace: str | None,
+) -> tuple[list[str], list[Any]]:
+    """The WHERE conditions (and their parameters) of sessions_page's column and count filters."""
+    conds: list[str] = []
+    params: list[Any] = []
+    for column, value in (("namespace", namespace), ("agent", agent), ("status", status)):
+        if value is not None:
+            conds.append(f"{column} = ?")
+            params.append(value)
+    for count, wanted in ((_PENDING_APPROVALS, awaiting_approval), (_OUTCOME_UNKNOWN_CALLS, outcome_unknown)):
+        if wanted is not None:
+            conds.append(f"({count}) {'>' if wanted else '='} 0")
+    return conds, params
+
 
 def _by_name(cls: Any, row: sqlite3.Row, **converted: Any) -> Any:
     """An instance of the dataclass `cls` from a row whose columns are named as its fields
@@ -144,6 +180,11 @@ class Queries:
     def applied_index(self) -> int:
         """The last log index applied (stored with the changes it covers)."""
         return self._store.meta(APPLIED_INDEX)
+
+    def cluster_version(self) -> int:
+        """The cluster's state-machine version: the newest every member runs, as the
+        latest SetClusterVersion said (the first version before any)."""
+        return self._store.meta(CLUSTER_VERSION, FIRST_STATE_MACHINE_VERSION)
 
     def consistency_alarms(self) -> dict[str, int]:
         """The members under the consistency alarm: node id -> the index of the check
@@ -253,36 +294,51 @@ class Queries:
         outcome_unknown: bool | None = None,
         namespace: str | None = None,
         max_bytes: int | None = None,
+        id_contains: str | None = None,
+        metadata: tuple[str, str] | None = None,
+        older_than: tuple[int, str] | None = None,
+        newest_first: bool = False,
     ) -> Page:
-        """Sessions ordered by id; pass the last id seen as `after` for the next page.
+        """Sessions ordered by id; pass the last id seen as `after` for the next page. With
+        `newest_first`, ordered by creation time, newest first (ties by id, descending); pass
+        the last session's (created_at, session_id) as `older_than` for the next page.
         `namespace`: only that namespace's sessions (None: every namespace's).
 
         Each row counts the session's pending approvals and its outcome_unknown tool calls
         (what an operator acts on); `awaiting_approval` and `outcome_unknown` filter on
-        those counts (True: at least one; False: none; None: no filter).
+        those counts (True: at least one; False: none; None: no filter). `id_contains`: only
+        ids with that text in them; `metadata` (key, value): only sessions whose metadata
+        has that top-level key with that value (a string as it is; a number, true, false
+        or null as its JSON text).
 
         The page ends after `limit` sessions, or once they hold `max_bytes` (their stored
         metadata and a fixed amount per row; the first session is always in, however big),
         so a page's size stays about the budget whatever the sessions' metadata. Rows are
         read one at a time, so the ones after the budget are never read.
         """
-        conds, params = [], []
-        for column, value in (("namespace", namespace), ("agent", agent), ("status", status)):
-            if value is not None:
-                conds.append(f"{column} = ?")
-                params.append(value)
-        for count, wanted in ((_PENDING_APPROVALS, awaiting_approval), (_OUTCOME_UNKNOWN_CALLS, outcome_unknown)):
-            if wanted is not None:
-                conds.append(f"({count}) {'>' if wanted else '='} 0")
+        conds, params = _session_filters(agent, status, awaiting_approval, outcome_unknown, namespace)
+        if id_contains is not None:
+            conds.append("instr(session_id, ?) > 0")
+            params.append(id_contains)
+        if metadata is not None:
+            conds.append(_METADATA_MATCH)
+            params.extend(metadata)
         if after is not None:
             conds.append("session_id > ?")
             params.append(after)
+        if older_than is not None:
+            conds.append("(created_at, session_id) < (?, ?)")
+            params.extend(older_than)
         where = f"WHERE {' AND '.join(conds)}" if conds else ""
+        order = "created_at DESC, session_id DESC" if newest_first else "session_id"
+        # The page's ids first, then their counts: the counts are read for the page's rows
+        # only, not for every session that the newest-first order has to sort.
         rows = self._store.conn.execute(
             f"SELECT session_id, namespace, agent, status, current_turn_id, turn_count, created_at, updated_at, "
             f"metadata, ({_PENDING_APPROVALS}) AS pending_approvals, "
             f"({_OUTCOME_UNKNOWN_CALLS}) AS outcome_unknown_calls "
-            f"FROM sessions {where} ORDER BY session_id LIMIT ?",
+            f"FROM sessions WHERE session_id IN (SELECT session_id FROM sessions {where} ORDER BY {order} LIMIT ?) "
+            f"ORDER BY {order}",
             (*params, limit),
         )
         page = _PageBuilder(limit, max_bytes)
@@ -486,6 +542,21 @@ class Queries:
             "steps": steps,
         }
 
+    def session_namespace(self, session_id: str) -> str | None:
+        """The session's namespace; None once it does not exist (or was deleted)."""
+        found: str | None = self._store.scalar("SELECT namespace FROM sessions WHERE session_id = ?", (session_id,))
+        return found
+
+    def expired_sessions(self, cutoff_at: int, limit: int) -> list[str]:
+        """Retention: up to `limit` ids of idle sessions (no running turn) last active
+        (updated_at) before `cutoff_at`, the oldest first."""
+        rows = self._store.rows(
+            "SELECT session_id FROM sessions WHERE status = 'idle' AND updated_at < ? "
+            "ORDER BY updated_at, session_id LIMIT ?",
+            (cutoff_at, limit),
+        )
+        return [r[0] for r in rows]
+
     # ---------------------------------------------------------- metrics and tests
 
     def stats(self) -> dict[str, Any]:
@@ -500,6 +571,15 @@ class Queries:
             "timers_pending": self._store.scalar("SELECT COUNT(*) FROM timers WHERE status = 'pending'"),
             "sessions": {r[0]: r[1] for r in self._store.rows("SELECT status, COUNT(*) FROM sessions GROUP BY status")},
             "attempts_running": self._store.scalar("SELECT COUNT(*) FROM attempts WHERE status = 'running'"),
+            # Sessions deleted, by how (deleted: by a request; expired: by retention).
+            "sessions_deleted": {
+                r[0].removeprefix("sessions."): r[1]
+                for r in self._store.rows(
+                    "SELECT name, value FROM counters WHERE name IN ('sessions.deleted', 'sessions.expired')"
+                )
+            },
+            # Pages inside the database file that hold nothing (reclaimed after deletions).
+            "free_bytes": self._store.scalar("PRAGMA freelist_count") * self._store.scalar("PRAGMA page_size"),
             # Outcomes recorded (only grows; replicated, so it survives failovers).
             "tool_calls": {
                 r[0].removeprefix("tool_calls."): r[1]

@@ -31,7 +31,8 @@ class ApplyResult:
     `value` carries what the proposer needs back (the id of a created session, the
     attempts a StartAttempts handed out, ...). `noop=True` marks an accepted command that
     changed nothing (a repeated message id, decision, answer or timer). `event_sessions`
-    are the sessions the entry added events to: the server wakes only their event streams.
+    are the sessions the entry added events to or deleted: the server wakes only their event
+    streams.
     """
 
     index: int

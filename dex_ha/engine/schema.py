@@ -35,6 +35,23 @@ MIGRATIONS: dict[int, str] = {
     f"ALTER TABLE agents ADD COLUMN {NAMESPACE_COLUMN}; {SESSIONS_BY_NAMESPACE}",
 }
 
+# The tables whose rows belong to one session, each by its session_id column: deleting a
+# session deletes its rows in every one of them, and its attempts through its steps
+# (Store.delete_session). tests/engine/test_delete.py checks that no table is left out.
+SESSION_TABLES = (
+    "messages",
+    "turns",
+    "history",
+    "held_notes",
+    "tool_calls",
+    "steps",
+    "timers",
+    "approvals",
+    "questions",
+    "events",
+    "sessions",
+)
+
 SCHEMA = (
     HELD_NOTES
     + """

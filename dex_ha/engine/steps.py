@@ -238,10 +238,19 @@ def complete_attempt(ctx: ApplyContext, step_id: str, number: int, term: int, di
 
 
 def fail_attempt(
-    ctx: ApplyContext, step: sqlite3.Row, number: int, error: str, retryable: bool, *, not_started: bool = False
+    ctx: ApplyContext,
+    step: sqlite3.Row,
+    number: int,
+    error: str,
+    retryable: bool,
+    *,
+    not_started: bool = False,
+    backoff_spent_ms: int = 0,
 ) -> Exhausted | None:
     """The attempt failed, NOT_COMPLETED unless its Worker reports it never called the tool
-    (`not_started`); the step retries after a backoff, or is exhausted and returned."""
+    (`not_started`); the step retries after a backoff, or is exhausted and returned. The
+    backoff counts from when the attempt stopped: `backoff_spent_ms` of it passed already
+    (a Worker found silent that long)."""
     progress = NOT_STARTED if not_started else NOT_COMPLETED
     ctx.store.update(
         "attempts",
@@ -275,7 +284,7 @@ def fail_attempt(
     )
     if decision.retry:
         ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.BACKOFF)
-        set_timer(ctx, step, "backoff", ctx.at + decision.delay_ms)
+        set_timer(ctx, step, "backoff", ctx.at + max(0, decision.delay_ms - backoff_spent_ms))
         _watch_retry_window(ctx, step)
         return None
     return exhaust(ctx, step, f"{error} ({decision.why_not})")

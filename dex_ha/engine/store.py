@@ -29,11 +29,13 @@ import msgpack  # type: ignore[import-untyped, unused-ignore]  # msgpack ships n
 from dex_ha.diskspace import is_disk_full
 from dex_ha.engine.history_cache import ENTRY_OVERHEAD_CHARS, HistoryCache, SessionHistory
 from dex_ha.engine.results import Rejected
-from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from dex_ha.engine.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, SESSION_TABLES
 
 log = logging.getLogger("dex_ha.engine")
 
 APPLIED_INDEX = "applied_index"
+# The cluster's state-machine version (SetClusterVersion); absent: the first version.
+CLUSTER_VERSION = "cluster_state_machine_version"
 WAL_SIZE_LIMIT_BYTES = 64 << 20
 WAL_RESTART_AFTER_FRAMES = 4096  # 16 MB of 4 KB pages: a few seconds of writes at full load
 # A member under the consistency alarm: meta key prefix + node id -> the index of the check.
@@ -79,6 +81,10 @@ def connect(path: str, durable: bool) -> sqlite3.Connection:
     # serialise access (the Engine is not thread-safe).
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, cached_statements=512)
     conn.row_factory = sqlite3.Row
+    # A new database frees the pages of deleted rows on request (Engine.reclaim_space). It
+    # must be set before anything is written (WAL mode writes the header); on an existing
+    # database it changes nothing (see Engine.__init__ for those made before it).
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'NORMAL' if durable else 'OFF'}")
     conn.execute("PRAGMA temp_store=MEMORY")
@@ -177,6 +183,31 @@ class WalCheckpointer:
         self._conn.close()
 
 
+AUTO_VACUUM_INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
+
+
+def make_reclaimable(conn: sqlite3.Connection, what: str) -> bool:
+    """Make a database made before deletions existed (auto_vacuum NONE) give the pages of
+    deleted rows back to the file system: SQLite changes that setting only by rewriting the
+    whole file (VACUUM), once. It changes no row: the state hash stays the same. Returns
+    whether it had to."""
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == AUTO_VACUUM_INCREMENTAL:
+        return False
+    log.info("%s: rewriting the database once so that deleted sessions free disk space (VACUUM)", what)
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    conn.execute("VACUUM")
+    return True
+
+
+def reclaim_free_pages(conn: sqlite3.Connection, most: int) -> int:
+    """Give up to `most` free pages back to the file system (outside a transaction); the
+    free pages left. In WAL mode the file shrinks at the next checkpoint."""
+    # executescript steps the pragma to its end: one execute() frees a single page.
+    conn.executescript(f"PRAGMA incremental_vacuum({int(most)});")
+    left: int = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    return left
+
+
 def init_schema(conn: sqlite3.Connection) -> None:
     """Create the schema in a new database, or migrate an older one to SCHEMA_VERSION."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -214,6 +245,8 @@ class Store:
         # `buffer_entry_writes`. Empty outside a transaction.
         self._event_rows: list[tuple[str, int, int, str]] = []
         self._counts: dict[str, int] = {}
+        # Sessions deleted since the engine last asked (take_deleted): their pages are free.
+        self._deleted_sessions = 0
 
     # ------------------------------------------------------------- generic helpers
 
@@ -314,6 +347,28 @@ class Store:
     def discard_buffered(self) -> None:
         """Forget what was buffered: the transaction it belonged to is rolled back."""
         self._event_rows, self._counts = [], {}
+
+    # ------------------------------------------------------------- deletion
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete every row of the session, in every table (inside an apply), and what this
+        store holds of it: its history in the cache, its events not yet written."""
+        self.conn.execute(
+            "DELETE FROM attempts WHERE step_id IN (SELECT step_id FROM steps WHERE session_id = ?)", (session_id,)
+        )
+        for table in SESSION_TABLES:
+            self.conn.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+        # Events of earlier entries of this transaction are still buffered: written after
+        # this, they would outlive their session (and only on the nodes that batched them so).
+        self._event_rows = [row for row in self._event_rows if row[0] != session_id]
+        if self.history_cache is not None:
+            self.history_cache.deleted(session_id)
+        self._deleted_sessions += 1
+
+    def take_deleted(self) -> int:
+        """How many sessions were deleted since the last call (the engine then reclaims space)."""
+        deleted, self._deleted_sessions = self._deleted_sessions, 0
+        return deleted
 
     # ------------------------------------------------------------- reads by key
 

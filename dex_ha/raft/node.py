@@ -80,6 +80,7 @@ from .types import (
     HardState,
     Message,
     MessageType,
+    NodeVersion,
     Ready,
     Role,
     SnapshotMeta,
@@ -201,6 +202,8 @@ class NodeConfig:
     ssl_server: ssl.SSLContext | None = None
     ssl_client: ssl.SSLContext | None = None
     seed: int | None = None  # election-timeout randomness; None: from os.urandom
+    # What this node runs (sent on every message); the peers' show in status().versions.
+    version: NodeVersion | None = None
 
     def __post_init__(self) -> None:
         check_timing(
@@ -418,6 +421,8 @@ class RaftNode:
         self._members: dict[str, Member] = dict(config.members)
         self._last_leader = ""
         self._snapshot_index = 0  # the log (core and storage) starts after this index
+        # What each peer runs, from its latest message (None: a release before versions).
+        self._peer_versions: dict[str, NodeVersion | None] = {}
         self._taken = SnapshotMeta(0, 0, ConfState())  # the newest snapshot file written
         self._snapshot_task: asyncio.Task[None] | None = None
         self._snapshot_repair = False  # a snapshot file was found damaged: take a new one now
@@ -461,6 +466,7 @@ class RaftNode:
             on_snapshot_sent=self._on_snapshot_sent,
             identity=self.identity,
             check_identity=self._check_peer_identity,
+            version=config.version,
         )
 
     # ------------------------------------------------------------------ setup
@@ -587,6 +593,7 @@ class RaftNode:
             self.core.status(),
             snapshot_index=self._snapshot_index,
             snapshots_sending=self.transport.snapshots_in_flight(),
+            versions={**self._peer_versions, self.config.id: self.config.version},
         )
 
     async def propose(self, data: bytes) -> Any:
@@ -662,6 +669,7 @@ class RaftNode:
     def _on_message(self, msg: Message) -> None:
         if not self._same_cluster(msg):
             return
+        self._peer_versions[msg.frm] = msg.version
         if msg.type == MessageType.NOTE:
             if self._on_note is not None:
                 self._on_note(msg.frm, msg.data)

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .types import NodeVersion
+
 
 @dataclass(frozen=True, slots=True)
 class MemberStatus:
@@ -87,6 +89,9 @@ class Status:
     members: Mapping[str, MemberStatus]
     snapshot_index: int | None = None
     snapshots_sending: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # What each node runs, by id, as its latest message said (this node's own included);
+    # None: a node of a release before versions. A node not heard from is absent.
+    versions: Mapping[str, NodeVersion | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The status as plain JSON-able values (the node-loop fields only when set)."""

@@ -55,7 +55,7 @@ from .peer import (
     PeerSender,
 )
 from .snapshot_stream import Reassembly, parse_chunk
-from .types import MalformedMessage, Message, MessageType, decode_message
+from .types import MalformedMessage, Message, MessageType, NodeVersion, decode_message
 from .wire import (
     DEFAULT_MAX_FRAME_BYTES,
     KIND_CHUNK,
@@ -123,6 +123,7 @@ class RaftTransport:
         logger: logging.Logger | None = None,
         identity: Callable[[], Identity] | None = None,
         check_identity: IdentityCheck | None = None,
+        version: NodeVersion | None = None,
     ) -> None:
         """Beyond the obvious: `max_snapshot_bytes` bounds a reassembled snapshot (it is
         held in memory); `max_queue_messages` / `max_queue_bytes` bound each peer's send
@@ -130,7 +131,7 @@ class RaftTransport:
         the handshake, in seconds. Peers equal to node_id are ignored. `listen` None: no
         listener (see the module docstring). `identity()` is what the handshake says of
         this node (identity.py); `check_identity(peer, theirs)` sees each peer's and may
-        refuse it (HandshakeError)."""
+        refuse it (HandshakeError). `version` goes on every message sent (Message.version)."""
         if (ssl_server is None) != (ssl_client is None):
             raise ValueError("mutual TLS needs both ssl_server and ssl_client (or neither)")
         if snapshot_chunk_bytes + 64 * 1024 > max_frame_bytes:
@@ -145,6 +146,7 @@ class RaftTransport:
         self.on_snapshot_sent = on_snapshot_sent
         self.identity = identity or _no_identity
         self.check_identity = check_identity
+        self.version = version
         self.secret = secret
         self.ssl_server = ssl_server
         self.ssl_client = ssl_client
@@ -218,6 +220,7 @@ class RaftTransport:
             self.stats.messages_dropped += 1
             self.log.debug("raft message %s to unknown peer %r dropped", msg.type.name, msg.to)
             return
+        msg.version = self.version
         sender.enqueue(msg)
 
     def flush(self) -> None:

@@ -130,6 +130,34 @@ class Message:
     # SNAP: the sender's cluster id (identity.py), so that a node installing a snapshot
     # learns it or refuses a snapshot of another cluster. A 15th slot, SNAP only.
     cluster_id: str = ""
+    # Every message: the sender's release and state-machine version (the transport sets
+    # it on sending). None from a peer of a release before this field (0.1.0).
+    version: NodeVersion | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVersion:
+    """What a node runs: its release (the package version) and the newest state-machine
+    version it can apply (the application's number; Raft only carries it)."""
+
+    package: str
+    state_machine: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.package, self.state_machine]
+
+    @classmethod
+    def from_wire(cls, raw: object) -> NodeVersion:
+        if not (
+            isinstance(raw, list)
+            and len(raw) >= 2
+            and isinstance(raw[0], str)
+            and len(raw[0]) <= 64
+            and isinstance(raw[1], int)
+            and raw[1] >= 0
+        ):
+            raise MalformedMessage("version must be [package, state machine]")
+        return cls(raw[0], raw[1])
 
 
 @dataclass(slots=True)
@@ -275,9 +303,6 @@ def _array_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-_FIXARRAY_14 = b"\x9e"  # the header of a message's 14-slot array
-
-
 def _head_slots(m: Message) -> list[Any]:
     """A message's 7 slots before its entries."""
     return [WIRE_VERSION, int(m.type), m.to, m.frm, m.term, m.log_term, _index_slot(m)]
@@ -289,19 +314,29 @@ def _tail_slots(m: Message) -> list[Any]:
     return [_commit_slot(m), m.reject, m.reject_hint, m.context, snapshot, m.data]
 
 
+def _extra_slots(m: Message) -> list[Any]:
+    """The slots after the 14 every peer reads: a SNAP's cluster id (slot 14, "" when
+    none), then the sender's version (slot 14 of other messages, 15 of a SNAP). Peers of
+    0.1.0 ignore what is beyond the 14, and read slot 14 of a SNAP only."""
+    version = [m.version.to_wire()] if m.version is not None else []
+    if m.type == MessageType.SNAP and (m.cluster_id or version):
+        return [m.cluster_id, *version]
+    return version
+
+
 def encode_message(m: Message) -> bytes:
     """A message's msgpack. With entries, the message is put together around each entry's
     encode_entry() bytes (the same bytes as packing the whole message at once), so an
     entry sent to several followers, and written to the leader's log, is encoded once."""
+    extra = _extra_slots(m)
     if not m.entries:
-        extra = [m.cluster_id] if m.type == MessageType.SNAP and m.cluster_id else []
         return pack([*_head_slots(m), [], *_tail_slots(m), *extra])
     # Two packed arrays (7 and 6 slots, one-byte headers) with their headers cut off,
     # the entries in between: msgpack arrays are their header followed by their items.
     head = pack(_head_slots(m))[1:]
-    tail = pack(_tail_slots(m))[1:]
+    tail = pack([*_tail_slots(m), *extra])[1:]
     entries = b"".join([encode_entry(e) for e in m.entries])
-    return b"".join((_FIXARRAY_14, head, _array_header(len(m.entries)), entries, tail))
+    return b"".join((_array_header(14 + len(extra)), head, _array_header(len(m.entries)), entries, tail))
 
 
 class MalformedMessage(ValueError):
@@ -325,9 +360,11 @@ def decode_message(buf: bytes | memoryview) -> Message:
             raise MalformedMessage("data must be bytes")
         mtype = MessageType(typ)
         heartbeat = mtype == MessageType.HEARTBEAT
-        cluster_id = raw[14] if mtype == MessageType.SNAP and len(raw) > 14 else ""
+        extra = raw[14:]
+        cluster_id = extra.pop(0) if mtype == MessageType.SNAP and extra else ""
         if not isinstance(cluster_id, str) or len(cluster_id) > 64:
             raise MalformedMessage("cluster_id must be a short string")
+        version = NodeVersion.from_wire(extra[0]) if extra else None
         response = mtype in _RESPONSES_WITH_APPLIED
         return Message(
             type=mtype,
@@ -346,6 +383,7 @@ def decode_message(buf: bytes | memoryview) -> Message:
             snapshot=snapshot_meta_from_wire(snap) if snap is not None else None,
             data=data,
             cluster_id=cluster_id,
+            version=version,
         )
     except MalformedMessage:
         raise

@@ -32,9 +32,14 @@ FORMATS = ("id", "host-port", "uri")
 # or a log line must escape). Other ids (calls, questions, messages, Workers) stay any
 # printable text, as do the ids in paths, so sessions created before this rule stay reachable.
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
+METADATA_FILTER_PATTERN = r"[^=]+=.*"  # GET /v1/sessions?metadata=key=value
 # What validation.py says of a value that does not match a pattern, by pattern.
-PATTERN_RULES = {NAME_PATTERN: "must start with a letter or digit and hold only letters, digits, '.', '_', ':' and '-'"}
+PATTERN_RULES = {
+    NAME_PATTERN: "must start with a letter or digit and hold only letters, digits, '.', '_', ':' and '-'",
+    METADATA_FILTER_PATTERN: "must be key=value (a top-level key of the metadata, then its value)",
+}
 MAX_ID_LENGTH = 200
+SESSION_ORDERS = ("newest", "id")  # the orders of GET /v1/sessions; the first is the default
 MAX_MEMBER_ID_LENGTH = 64
 MAX_REASON_LENGTH = 4096
 MAX_ERROR_LENGTH = 65_536
@@ -367,12 +372,35 @@ _SESSIONS = (
         "GET",
         "/v1/sessions",
         CLIENT,
-        "List sessions, filtered and paginated.",
+        "List sessions, newest first (or by id), filtered and paginated.",
         headers=(NAMESPACE,),
         success={200: "a page of sessions and the cursor for the next page"},
         query=(
             FieldSpec("agent", "string", max_length=MAX_ID_LENGTH, description="Only this agent's sessions."),
             FieldSpec("status", "string", enum=("idle", "running"), description="Only sessions in this status."),
+            FieldSpec(
+                "order",
+                "string",
+                enum=SESSION_ORDERS,
+                default="newest",
+                description="newest: by creation time, newest first (sessions created in the same millisecond "
+                "by id, descending); id: by session id.",
+            ),
+            FieldSpec(
+                "id_contains",
+                "string",
+                min_length=1,
+                max_length=MAX_ID_LENGTH,
+                description="Only sessions whose id contains this text (case matters).",
+            ),
+            FieldSpec(
+                "metadata",
+                "string",
+                max_length=MAX_ID_LENGTH,
+                pattern=METADATA_FILTER_PATTERN,
+                description="key=value: only sessions whose metadata has this top-level key with this value "
+                "(a string as it is; a number, true, false or null as written in JSON).",
+            ),
             FieldSpec(
                 "limit",
                 "integer",
@@ -385,8 +413,9 @@ _SESSIONS = (
             FieldSpec(
                 "after",
                 "string",
-                max_length=MAX_ID_LENGTH,
-                description="The cursor from the previous page: sessions after it.",
+                max_length=MAX_ID_LENGTH + 21,
+                description="The cursor from the previous page (its next_after): sessions after it. Pass it with "
+                "the same order and filters.",
             ),
             FieldSpec(
                 "awaiting_approval",
@@ -412,6 +441,22 @@ _SESSIONS = (
         success={200: "the agent snapshot"},
         errors={404: "not_found: no such session in the namespace"},
         path_params=(SESSION_ID,),
+    ),
+    _route(
+        "delete_session",
+        "DELETE",
+        "/v1/sessions/{session_id}",
+        CLIENT,
+        "Delete an ended session and everything of it: messages, turns, history, tool calls, steps, "
+        "attempts, events. A session with a running turn is 409: cancel the turn first.",
+        headers=(NAMESPACE,),
+        success={200: "deleted (the body holds session_id and deleted: true); its open event streams end"},
+        errors={
+            404: "not_found: no such session in the namespace (deleted already, or never created)",
+            409: "conflict: the session has a running turn (the message names it); cancel it, then delete",
+        },
+        path_params=(SESSION_ID,),
+        proposes=True,
     ),
     _route(
         "send_message",
@@ -624,7 +669,11 @@ _WORKER = (
         "(the frames are in docs/worker-protocol.md).",
         headers=(NAMESPACE,),
         success={101: "switching to the WebSocket protocol: the channel is open"},
-        errors={400: "invalid: a parameter is missing or wrong, or the request is not a WebSocket upgrade"},
+        errors={
+            400: "invalid: a parameter is missing or wrong, or the request is not a WebSocket upgrade",
+            404: "not_found: no channel while a member of the cluster runs a release without it (a rolling "
+            "upgrade): the Worker polls over HTTP",
+        },
         query=(
             _id("worker_id", "The Worker's id, recorded on each attempt handed to it over this channel."),
             FieldSpec(
@@ -749,7 +798,9 @@ _CLUSTER = (
         "/v1/cluster",
         ANY_ROLE,
         "This node's view of the cluster: its cluster id, role, term, leader, indexes, lease, alarms (no_space), "
-        "members (each with its URL, Raft address and consistency alarm).",
+        "its release (version) and state machine (state_machine_version), the cluster's state machine "
+        "(cluster_state_machine_version), members (each with its URL, Raft address, consistency alarm, and "
+        "release and state machine as this node last heard them).",
         success={200: "the cluster table"},
         active_only=False,
     ),

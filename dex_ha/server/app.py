@@ -25,6 +25,7 @@ from aiohttp.typedefs import Middleware
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+import dex_ha
 from dex_ha.engine import (
     AnswerQuestion,
     ApplyResult,
@@ -33,10 +34,12 @@ from dex_ha.engine import (
     CompleteAttempt,
     CreateSession,
     DecideApproval,
+    DeleteSession,
     EngineReader,
     FailAttempt,
     ReconcileToolCall,
     RegisterAgent,
+    ReportResults,
     SendMessage,
 )
 from dex_ha.raft.core import ConfChangeRefused
@@ -49,6 +52,7 @@ from dex_ha.server.cluster_nodes import every_node_view
 from dex_ha.server.config import ConfigError, ServerConfig, parse_address
 from dex_ha.server.console import add_console_routes
 from dex_ha.server.errors import RAFT_ERRORS, ApiError, HttpError, NotActive, NotServing, from_raft
+from dex_ha.server.forwarding import forward, wants_forwarding
 from dex_ha.server.http_limits import SERVER_NAME, client_gone, name_the_server, read_body
 from dex_ha.server.leader import LeaderTerm
 from dex_ha.server.memory import MemoryReleaser
@@ -128,7 +132,7 @@ def _value(result: ApplyResult) -> dict[str, Any]:
 
 def build_app(node: NodeServer) -> web.Application:
     auth = TokenAuth(node.config.tokens, node.config.scoped_tokens)
-    api = Api(node, openapi_document(version=_version()))
+    api = Api(node, openapi_document(version=dex_ha.__version__))
     # Bodies are read by read_body (http_limits.py) with their route's limit; aiohttp's own
     # cap (client_max_size, for request.read()) is the largest of them, should anything call it.
     config = node.config
@@ -166,15 +170,6 @@ async def _cors_headers(guard: BrowserGuard, request: web.Request, response: web
     response.headers.update(guard.cors_headers(request.headers.get("Origin")))
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("dex-ha")
-    except PackageNotFoundError:
-        return "0.0.0"
-
-
 def _pipeline(
     api: Api, auth: TokenAuth, route: RouteSpec, handler: Handler
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -204,7 +199,12 @@ async def _handle(
     caller = _authenticate(api, auth, route, request.headers.get("Authorization"))
     check_content_type(route.method, request.headers.get("Content-Type"))
     if route.active_only:
-        api.node.serving()  # raises NotServing: 503 with leader_url
+        try:
+            api.node.serving()  # raises NotServing: 503 with leader_url
+        except NotServing as not_active:
+            if not wants_forwarding(route.name, request):
+                raise
+            return await _forward_to_active(api, route, request, not_active)
     args = {
         **validate_path(route, request.match_info),
         **validate_query(route, request.query),
@@ -229,6 +229,19 @@ async def _handle(
         return answer
     status, body = answer
     return web.json_response(body, status=status, dumps=_dumps)
+
+
+async def _forward_to_active(
+    api: Api, route: RouteSpec, request: web.Request, not_active: NotServing
+) -> web.StreamResponse:
+    """The console's call, passed on to the active node (forwarding.py); `not_active`, this
+    node's own 503, when it knows no other node to pass it to."""
+    leader_url = api.node.redirect_url()
+    if leader_url is None:
+        raise not_active
+    with api.node.admission.body(_body_size(route, request)):
+        raw = await _read_body(api, route, request) if route.body is not None else None
+        return await forward(request, raw, leader_url)
 
 
 def _body_size(route: RouteSpec, request: web.Request) -> int:
@@ -523,19 +536,44 @@ async def create_session(api: Api, args: dict[str, Any], request: web.Request) -
 
 
 async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    newest_first = args["order"] == "newest"
+    cursor = args.get("after")
+    metadata = args.get("metadata")
     page = api.engine.sessions_page(
         args.get("agent"),
         args.get("status"),
         args["limit"],
-        args.get("after"),
+        None if newest_first else cursor,
         awaiting_approval=args.get("awaiting_approval"),
         outcome_unknown=args.get("outcome_unknown"),
         namespace=args["namespace"],
         max_bytes=api.node.config.page_max_bytes,
+        id_contains=args.get("id_contains"),
+        metadata=None if metadata is None else _key_and_value(metadata),
+        older_than=_newest_first_cursor(cursor) if newest_first and cursor else None,
+        newest_first=newest_first,
     )
     sessions = page.items
-    next_after = sessions[-1]["session_id"] if page.more else None
+    next_after = _sessions_cursor(sessions[-1], newest_first) if page.more else None
     return await _stream_json(request, {"sessions": sessions, "next_after": next_after})
+
+
+def _sessions_cursor(last: dict[str, Any], newest_first: bool) -> str:
+    """Where the next page of sessions starts: after the last session's id, or, newest first,
+    after its creation time and id (a time alone would not do: several sessions may share it)."""
+    return f"{last['created_at']}:{last['session_id']}" if newest_first else last["session_id"]
+
+
+def _key_and_value(key_is_value: str) -> tuple[str, str]:
+    key, _, value = key_is_value.partition("=")
+    return key, value
+
+
+def _newest_first_cursor(cursor: str) -> tuple[int, str]:
+    created_at, _, session_id = cursor.partition(":")
+    if not (created_at.isascii() and created_at.isdigit() and session_id):
+        raise InvalidRequest("after", "is not a cursor of order=newest: pass the next_after of the previous page")
+    return int(created_at), session_id
 
 
 async def get_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -605,6 +643,13 @@ async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> A
     return 200, {"session_id": args["session_id"], **_value(result)}
 
 
+async def delete_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
+    result = await api.propose(
+        DeleteSession(at=api.node.clock.now_ms(), session_id=args["session_id"], namespace=args["namespace"])
+    )
+    return 200, _value(result)
+
+
 async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
         ReconcileToolCall(
@@ -624,7 +669,8 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     """SSE: committed events from `after` (or Last-Event-ID) on, then live ones and deltas.
 
     The stream ends when this node stops being the active node; the client resumes from
-    the last id it saw on whichever node is active then.
+    the last id it saw on whichever node is active then. It also ends, after an event
+    `session_deleted`, once the session is deleted.
     """
     session_id = args["session_id"]
     _snapshot(api, session_id, args["namespace"])  # 404 before the stream starts
@@ -638,6 +684,10 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
         await response.prepare(request)
         await _stream_events(api, response, session_id, after)
     return response
+
+
+# The last event of the stream of a session that was deleted (it has no id: nothing follows).
+SESSION_DELETED = "session_deleted"
 
 
 async def _stream_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> None:
@@ -655,6 +705,10 @@ async def _stream_events(api: Api, response: web.StreamResponse, session_id: str
             try:
                 still_active(api)  # the stream has begun: it ends instead of a 503
             except NotServing:
+                break
+            if api.engine.session_namespace(session_id) is None:  # deleted: say so, and end
+                deleted = {"type": SESSION_DELETED, "data": {"session_id": session_id}}
+                await response.write(_sse(None, SESSION_DELETED, deleted))
                 break
             after = await _write_committed_events(api, response, session_id, after)
             while not deltas.empty():
@@ -750,6 +804,7 @@ async def worker_channel(api: Api, args: dict[str, Any], request: web.Request) -
     leader = api.node.serving()
     agents = args["agents"].split(",")
     _check_agents_namespace(api, agents, args["namespace"])
+    await _check_channel_version(api.node)
     config = api.node.config
     ws = web.WebSocketResponse(
         heartbeat=config.worker_channel_ping_ms / 1000,  # no pong within half of it: closed
@@ -773,6 +828,19 @@ async def worker_channel(api: Api, args: dict[str, Any], request: web.Request) -
     )
     await channel.serve()
     return ws
+
+
+async def _check_channel_version(node: NodeServer) -> None:
+    """The channel's frames are ReportResults entries: while a member runs a state machine
+    without it (a rolling upgrade), 404, as a node without the channel answers, so that a
+    Worker polls over HTTP instead. A new cluster whose members all have it moves to it
+    first (the version moves within a second by itself; a Worker must not wait for that)."""
+    probe = ReportResults(at=0, reports=[])
+    await node.move_version_for(probe)
+    try:
+        node.check_version_gate(probe)
+    except ApiError as refused:
+        raise ApiError(404, "not_found", f"no Worker channel yet: {refused}; poll over HTTP") from None
 
 
 def _attempt_of(api: Api, args: dict[str, Any]) -> tuple[TaskToken, AttemptState]:
@@ -940,6 +1008,7 @@ HANDLERS: dict[str, Handler] = {
     "decide_approval": decide_approval,
     "answer_question": answer_question,
     "cancel_turn": cancel_turn,
+    "delete_session": delete_session,
     "reconcile_tool_call": reconcile_tool_call,
     "session_events": session_events,
     "register_agent": register_agent,

@@ -34,6 +34,8 @@ Example `node.toml` (every key; `deploy/` has a three-node set):
     http_max_connections = 0              # open HTTP connections; 0: derived from the open-files limit
     allowed_hosts = ["dex-ha.example.com"]  # Host names served besides loopback, IPs, http_listen's and url's
     allowed_origins = []                  # web pages of other sites that may call the API ("https://app.example")
+    retention_days = 0                    # delete ended sessions idle this many days (fractions too); 0: keep forever
+    retention_check_interval_ms = 600000  # how often the active node looks for sessions past retention_days
     log_json = false
 
     [tokens]                              # role -> list of bearer tokens (≥ 16 characters each);
@@ -59,7 +61,7 @@ DEX_HA_PAGE_MAX_BYTES, DEX_HA_MAX_STREAMS,
 DEX_HA_MAX_STREAMS_PER_TOKEN, DEX_HA_ELECTION_TIMEOUT_MIN_MS,
 DEX_HA_ELECTION_TIMEOUT_MAX_MS, DEX_HA_RAFT_HEARTBEAT_INTERVAL_MS, DEX_HA_LEASE_DRIFT_MARGIN_MS,
 DEX_HA_HTTP_HEADER_TIMEOUT_MS, DEX_HA_HTTP_BODY_TIMEOUT_MS, DEX_HA_HTTP_KEEPALIVE_TIMEOUT_MS,
-DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_ALLOWED_HOSTS, DEX_HA_ALLOWED_ORIGINS (comma-separated), DEX_HA_LOG_JSON,
+DEX_HA_HTTP_MAX_CONNECTIONS, DEX_HA_RETENTION_DAYS, DEX_HA_RETENTION_CHECK_INTERVAL_MS, DEX_HA_ALLOWED_HOSTS, DEX_HA_ALLOWED_ORIGINS (comma-separated), DEX_HA_LOG_JSON,
 DEX_HA_TOKENS_CLIENT / _WORKER / _ADMIN (comma-separated), DEX_HA_SCOPED_TOKENS (comma-separated
 `role:namespace+namespace=token` entries, added to those of the file).
 """
@@ -167,6 +169,11 @@ class ServerConfig:
     # The replica check (consistency.py): how often the active node has every node hash its
     # state at one log index and compares the hashes. 0: never.
     consistency_check_interval_ms: int = 60_000
+    # Retention (retention.py): the active node deletes ended (idle) sessions whose last
+    # activity is older than this many days, checking every retention_check_interval_ms.
+    # 0: sessions are kept until deleted (DELETE /v1/sessions/{id}).
+    retention_days: float = 0.0
+    retention_check_interval_ms: int = 600_000
     # HTTP connections (dex_ha.server.http_limits): read timeouts for the request (never for
     # the answer: long polls and event streams last), and a cap on open connections.
     http_header_timeout_ms: int = 10_000
@@ -202,6 +209,7 @@ class ServerConfig:
             "raft_heartbeat_interval_ms",
             "lease_drift_margin_ms",
             "consistency_check_interval_ms",
+            "retention_days",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
@@ -210,6 +218,8 @@ class ServerConfig:
             raise ConfigError("worker_channel_ping_ms: must be positive")
         if self.proposal_timeout_ms <= 0:
             raise ConfigError("proposal_timeout_ms: must be positive")
+        if self.retention_check_interval_ms <= 0:
+            raise ConfigError("retention_check_interval_ms: must be positive")
         for name in ("max_inflight_requests", "max_streams", "max_streams_per_token"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be at least 1")
@@ -370,6 +380,8 @@ ENV_KEYS = {
     "http_keepalive_timeout_ms": int,
     "http_max_connections": int,
     "consistency_check_interval_ms": int,
+    "retention_days": float,
+    "retention_check_interval_ms": int,
     "allowed_hosts": list,
     "allowed_origins": list,
 }
@@ -390,6 +402,11 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
                 raw[key] = int(value)
             except ValueError:
                 raise ConfigError(f"DEX_HA_{key.upper()}: must be an integer, got {value!r}") from None
+        elif kind is float:
+            try:
+                raw[key] = float(value)
+            except ValueError:
+                raise ConfigError(f"DEX_HA_{key.upper()}: must be a number, got {value!r}") from None
         else:
             raw[key] = value
     tokens = {**(raw.get("tokens") or {}), **tokens_from_env(env)}
@@ -427,6 +444,9 @@ LIMIT_KEYS = (
     "max_streams_per_token",
 )
 
+# How long ended sessions are kept: set the same way by a node's file and by `dex-ha dev`'s environment.
+RETENTION_KEYS = ("retention_days", "retention_check_interval_ms")
+
 # What `dex-ha dev` takes from DEX_HA_* (its other keys are fixed: one voter on loopback).
 DEV_ENV_KEYS = (
     "probe_listen",
@@ -436,6 +456,7 @@ DEV_ENV_KEYS = (
     "drain_timeout_ms",
     "proposal_timeout_ms",
     *LIMIT_KEYS,
+    *RETENTION_KEYS,
     "http_header_timeout_ms",
     "http_body_timeout_ms",
     "http_keepalive_timeout_ms",
@@ -503,6 +524,7 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
             "lease_drift_margin_ms",
             "snapshot_every_entries",
             "consistency_check_interval_ms",
+            *RETENTION_KEYS,
             "log_json",
             "http_header_timeout_ms",
             "http_body_timeout_ms",
@@ -513,6 +535,8 @@ def _from_raw(raw: dict[str, Any], *, insecure: bool) -> ServerConfig:
     }
     for key, value in simple.items():
         expected = type(getattr(_DEFAULTS, key))
+        if expected is float and type(value) is int:  # `retention_days = 30` is a number too
+            simple[key] = value = float(value)
         if type(value) is not expected:
             raise ConfigError(f"{key}: must be {expected.__name__}, got {value!r}")
     return ServerConfig(

@@ -462,6 +462,9 @@ class LeaderTerm:
 
     # ------------------------------------------------------------------ Worker channels
 
+    def channels_open(self) -> int:
+        return len(self._channels)
+
     def channel_opened(self, channel: WorkerChannel) -> dict[tuple[str, int], str]:
         """A Worker opened a channel; the attempts its previous channel held, if that one
         closed less than the grace period ago (they are this one's now), else none. A second
@@ -487,8 +490,9 @@ class LeaderTerm:
         if self._channels.get(worker_id) is not channel or self._stopped:
             return  # replaced by a newer channel, which holds its attempts; or the term ended
         del self._channels[worker_id]
+        closed_at = time.monotonic()
         timer = asyncio.get_running_loop().call_later(
-            self.channel_grace_ms / 1000, lambda: self._spawn(self._fail_channel_attempts(worker_id))
+            self.channel_grace_ms / 1000, lambda: self._spawn(self._fail_channel_attempts(worker_id, closed_at))
         )
         self._closed_channels[worker_id] = (channel.held, timer)
 
@@ -497,7 +501,7 @@ class LeaderTerm:
         self._tasks = [task for task in self._tasks if not task.done()]
         self._tasks.append(asyncio.create_task(work))
 
-    async def _fail_channel_attempts(self, worker_id: str) -> None:
+    async def _fail_channel_attempts(self, worker_id: str, closed_at: float) -> None:
         self._closed_channels.pop(worker_id, None)
         lost = [a for a in self.running.values() if a.worker_id == worker_id]
         if lost:
@@ -510,7 +514,13 @@ class LeaderTerm:
         await asyncio.gather(
             *(
                 self._fail_attempt(
-                    HeartbeatLost(at=self.clock.now_ms(), step_id=a.step_id, attempt=a.attempt, term=self.term),
+                    HeartbeatLost(
+                        at=self.clock.now_ms(),
+                        step_id=a.step_id,
+                        attempt=a.attempt,
+                        term=self.term,
+                        silent_ms=int((time.monotonic() - closed_at) * 1000),
+                    ),
                     a.kind,
                     "channel_closed",
                 )
@@ -544,7 +554,13 @@ class LeaderTerm:
             elif silent_s > timeout_s:
                 commands.append(
                     (
-                        HeartbeatLost(at=now_wall, step_id=a.step_id, attempt=a.attempt, term=a.term),
+                        HeartbeatLost(
+                            at=now_wall,
+                            step_id=a.step_id,
+                            attempt=a.attempt,
+                            term=a.term,
+                            silent_ms=int(silent_s * 1000),
+                        ),
                         a.kind,
                         "heartbeat_timeout",
                     )

@@ -136,6 +136,16 @@ class _StateCollector:
                 "Size of the engine database's write-ahead log; it should stay at tens of MB. "
                 "Steady growth means checkpoints do not keep up (see the node's log).",
             ),
+            (
+                "dex_state_bytes",
+                "Size of the engine database file (the state), without its write-ahead log; it shrinks "
+                "after sessions are deleted (by DELETE or by retention_days).",
+            ),
+            (
+                "dex_state_free_bytes",
+                "Bytes of free pages inside the engine database file, not yet given back to the file system "
+                "(they are, within moments of a deletion).",
+            ),
             ("dex_http_requests_in_flight", "Requests being worked on, of those admission control bounds."),
             (
                 "dex_http_request_body_bytes_in_flight",
@@ -143,6 +153,7 @@ class _StateCollector:
             ),
             ("dex_sse_streams", "SSE event streams open (capped by max_streams and max_streams_per_token)."),
             ("dex_workers_connected", "Workers seen polling or heartbeating recently."),
+            ("dex_worker_channels_open", "Workers connected over the Worker channel (on the active node)."),
             (
                 "dex_disk_full",
                 "1 while this node's disk is full: it writes nothing, answers writes 503 no_space "
@@ -179,10 +190,19 @@ class _StateCollector:
         for (agent, kind), n in sorted(s["steps_queued"].items()):
             queued.add_metric([agent, kind], n)
         yield queued
-        sessions = GaugeMetricFamily("dex_sessions", "Sessions by status.", labels=["status"])
+        sessions = GaugeMetricFamily("dex_sessions", "Sessions stored, by status.", labels=["status"])
         for status, n in sorted(s["sessions"].items()):
             sessions.add_metric([status], n)
         yield sessions
+        deleted = CounterMetricFamily(
+            "dex_sessions_deleted",
+            "Sessions deleted, by how: deleted (DELETE /v1/sessions/{id}) or expired (retention_days). "
+            "Replicated, so it does not restart from zero on the node that takes over.",
+            labels=["how"],
+        )
+        for how in ("deleted", "expired"):
+            deleted.add_metric([how], s["sessions_deleted"].get(how, 0))
+        yield deleted
         yield from _follower_families(s["followers"])
         alarm = GaugeMetricFamily(
             "dex_consistency_alarm",

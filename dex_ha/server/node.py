@@ -11,20 +11,20 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
-from dex_ha.engine import ApplyResult, Command, Engine, encode_command
+from dex_ha.engine import ApplyResult, Command, Engine, SetClusterVersion, command_since, encode_command
 from dex_ha.failpoints import Failpoints
 from dex_ha.raft.clock import now_ms
 from dex_ha.raft.core import NotLeader
 from dex_ha.raft.node import Member, NodeConfig, member_context
 from dex_ha.raft.status import MemberStatus, Status
 from dex_ha.raft.threaded import RaftThread
-from dex_ha.raft.types import ConfChange, ConfChangeType, Role
+from dex_ha.raft.types import ConfChange, ConfChangeType, NodeVersion, Role
 from dex_ha.server.admission import Admission, StreamAdmission
 from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
@@ -37,8 +37,10 @@ from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.node_credential import NodeCredential
 from dex_ha.server.probes import ProbeServer
 from dex_ha.server.replica import Replica
+from dex_ha.server.retention import Retention
 from dex_ha.server.roles import NodeRole
 from dex_ha.server.streams import DeltaRelay
+from dex_ha.server.versions import GATE_OFF_FAILPOINT, ClusterVersionUpgrade, check_command, own_version, version_of
 
 log = logging.getLogger("dex_ha.server")
 
@@ -84,7 +86,13 @@ class NodeServer:
             self.probes = ProbeServer(_bind(config.probe_listen, "probes"), self.liveness, self.readiness)
         self.config = config = _with_bound_port(config, self.http_port)
         self.failpoints = Failpoints()
-        engine = Engine(str(config.data_dir / STATE_DB), durable=True, checkpoint_every_s=ENGINE_CHECKPOINT_EVERY_S)
+        self.version = own_version()
+        engine = Engine(
+            str(config.data_dir / STATE_DB),
+            durable=True,
+            checkpoint_every_s=ENGINE_CHECKPOINT_EVERY_S,
+            state_machine_version=self.version.state_machine,
+        )
         self.replica = Replica(engine, self.failpoints)
         self.metrics = ServerMetrics()
         self.admission = Admission(
@@ -104,11 +112,21 @@ class NodeServer:
         self.consistency = ConsistencyCheck(
             config.node_id, self.raft, self.metrics, self.propose, config.consistency_check_interval_ms
         )
+        self.cluster_version_upgrade = ClusterVersionUpgrade(
+            config.node_id, self._versions_now, self.propose, gate_off=self.failpoints.armed(GATE_OFF_FAILPOINT)
+        )
         self.replica.on_state_hash = self.consistency.on_own_hash
         self.replica.on_alarms = self.consistency.on_alarms
         self.consistency.on_alarms(engine.consistency_alarms())  # barred from leading before it starts
         self.metrics.add_state_gauges(self.metrics_state)
         self.clock = ActiveClock()  # every command's `at`: see ActiveClock
+        self.retention = Retention(
+            self.replica.reads,
+            self.propose,
+            self.clock.now_ms,
+            config.retention_days,
+            config.retention_check_interval_ms,
+        )
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
@@ -131,6 +149,7 @@ class NodeServer:
             lease_drift_margin_ms=c.lease_drift_margin_ms,
             snapshot_every_entries=c.snapshot_every_entries,
             secret=secret,
+            version=self.version,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -143,6 +162,8 @@ class NodeServer:
         self.replica.notify_on(asyncio.get_running_loop())
         await self.raft.start()
         self.consistency.start(self.is_serving)
+        self.cluster_version_upgrade.start(self.is_serving)
+        self.retention.start(self.is_serving)
         limits = HttpLimits.from_config(self.config)
         self._runner = ApiRunner(build_app(self), access_log=None, handle_signals=False, **limits.handler_args())
         await self._runner.setup()
@@ -173,6 +194,8 @@ class NodeServer:
             await self.probes.stop()
         await self._stop_leader_services()
         await self.consistency.stop()
+        await self.cluster_version_upgrade.stop()
+        await self.retention.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         self._http_socket.close()
@@ -299,6 +322,8 @@ class NodeServer:
         With `timeout_ms` (a client's write: proposal_timeout_ms), NotCommitted once it has
         not applied for that long. The entry stays in the log and may still commit; its
         outcome then goes nowhere. Without it (the leader's own services), it waits."""
+        await self.move_version_for(cmd)
+        self.check_version_gate(cmd)
         started = time.perf_counter()
         try:
             async with asyncio.timeout(None if timeout_ms is None else timeout_ms / 1000):
@@ -309,6 +334,23 @@ class NodeServer:
             raise NotCommitted(timeout_ms) from None
         self.metrics.proposal_seconds.observe(time.perf_counter() - started)
         return result
+
+    async def move_version_for(self, cmd: Command) -> None:
+        """Before a command newer than the cluster's state machine: move the cluster now if
+        every member runs it (a new cluster's first minute would otherwise answer 503 until
+        the upgrade loop's next round). SetClusterVersion is what moving proposes."""
+        if isinstance(cmd, SetClusterVersion) or command_since(type(cmd)) <= self.replica.cluster_version:
+            return
+        await self.cluster_version_upgrade.check_once()
+
+    def check_version_gate(self, cmd: Command) -> None:
+        """No command newer than the cluster's state-machine version (versions.py): 503."""
+        check_command(cmd, self.replica.cluster_version, self.failpoints.armed(GATE_OFF_FAILPOINT))
+
+    async def _versions_now(self) -> tuple[list[str], Mapping[str, NodeVersion | None], int]:
+        """(the members, what each runs, the cluster's state-machine version) for the upgrade."""
+        status = await self.raft.status()
+        return list(status.members), status.versions, self.replica.cluster_version
 
     def _note_proposal_timeout(self, timeout_ms: int) -> None:
         self.metrics.proposals_timed_out.inc()
@@ -463,6 +505,9 @@ class NodeServer:
             "lease_remaining_ms": view.lease_remaining_ms(),
             "insecure": self.config.insecure or not self.config.auth_enabled,
             "durability": self.config.durability,
+            "version": self.version.package,
+            "state_machine_version": self.version.state_machine,
+            "cluster_state_machine_version": self.replica.cluster_version,
             "alarms": self.alarms(),
             **self.consistency.view(),
             "members": self._member_views(status),
@@ -488,6 +533,7 @@ class NodeServer:
         return [
             {
                 **self._member_view(node_id, info, known.get(node_id), status.snapshots_sending.get(node_id)),
+                **_member_version(status.versions, node_id),
                 "consistency_alarm": node_id in self.consistency.alarms,
             }
             for node_id, info in sorted(status.members.items())
@@ -533,7 +579,10 @@ class NodeServer:
             "dex_raft_leader_contact_gap_max_seconds": self.raft.node.metrics.leader_contact_gap_max_ms / 1000,
             "dex_timers_pending": stats["timers_pending"],
             "dex_engine_wal_bytes": self.replica.engine.wal_bytes(),
+            "dex_state_bytes": self.replica.engine.state_bytes(),
+            "dex_state_free_bytes": stats["free_bytes"],
             "dex_workers_connected": leader.workers_connected() if leader is not None else 0,
+            "dex_worker_channels_open": leader.channels_open() if leader is not None else 0,
             "dex_disk_full": int(self.raft.node.disk_full is not None),
             "dex_raft_leader_changes_total": self.raft.node.metrics.leader_changes,
             "dex_raft_follower_lost_entries_total": self._follower_lost_entries(),
@@ -548,6 +597,7 @@ class NodeServer:
             "dex_sse_streams_shed_total": self.streams.shed_total,
             "steps_queued": stats["steps_queued"],
             "sessions": stats["sessions"],
+            "sessions_deleted": stats["sessions_deleted"],
             "tool_calls": stats["tool_calls"],
             "followers": self._follower_progress(view.commit),
             "consistency_alarms": self.consistency.alarms,
@@ -598,3 +648,12 @@ def _with_bound_port(config: ServerConfig, port: int) -> ServerConfig:
     url = f"http://{host}:{port}"
     peers = tuple(replace(p, url=url) if p.id == config.node_id else p for p in config.peers)
     return replace(config, http_listen=(host, port), url=url, peers=peers)
+
+
+def _member_version(versions: Mapping[str, NodeVersion | None], node_id: str) -> dict[str, Any]:
+    """A member's release and state machine as its latest message said; None when this
+    node has not heard from it."""
+    if node_id not in versions:
+        return {"version": None, "state_machine_version": None}
+    version = version_of(versions[node_id])
+    return {"version": version.package, "state_machine_version": version.state_machine}

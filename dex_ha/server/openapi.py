@@ -39,7 +39,9 @@ def openapi_document(routes: Iterable[RouteSpec] = ROUTES, *, title: str = "dex-
             "version": version,
             "description": "Durable execution server for AI agent sessions, run as a highly available "
             "Raft cluster. Only the active node serves /v1 routes (except /v1/cluster); "
-            "the others answer 503 not_active with leader_url and Retry-After.",
+            "the others answer 503 not_active with leader_url and Retry-After, or, for a call marked "
+            "`Dex-Forward: active` (the web console's) to a session or membership route, pass it on to "
+            "the active node and relay its answer.",
         },
         "paths": paths,
         "components": {

@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from dex_ha.engine import NeedsUpgrade
 from dex_ha.raft.identity import IdentityRefused
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.node import NodeServer
@@ -58,7 +59,8 @@ def use_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-# A node whose Raft loop died (e.g. fsync failed with EIO) exits with this code.
+# A node whose Raft loop died (e.g. fsync failed with EIO), or that met an entry of a newer
+# state machine than it runs (it must be upgraded), exits with this code.
 FATAL_EXIT_CODE = 70
 # A node that must not run as configured (its peers belong to another cluster, or it lost
 # its data and must be replaced): restarting it will not help (EX_CONFIG).
@@ -74,6 +76,10 @@ def exit_on_fatal(exc: BaseException) -> None:
     if isinstance(exc, IdentityRefused):
         logging.shutdown()
         os._exit(REFUSED_EXIT_CODE)
+    if isinstance(exc, NeedsUpgrade):  # an entry of a newer release: unapplied, until this node is upgraded
+        log.critical("%s (exiting with code %d)", exc, FATAL_EXIT_CODE)
+        logging.shutdown()
+        os._exit(FATAL_EXIT_CODE)
     log.critical("the Raft loop stopped (%s: %s): exiting with code %d", type(exc).__name__, exc, FATAL_EXIT_CODE)
     logging.shutdown()
     os._exit(FATAL_EXIT_CODE)

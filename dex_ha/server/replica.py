@@ -33,6 +33,8 @@ from dex_ha.failpoints import Failpoints
 WAIT_ENDED_FAILPOINT = "server.wait.after-commit"
 # The key of a SetConsistencyAlarm's result value (handlers.set_consistency_alarm).
 ALARM_RESULT_KEY = "consistency_alarm"
+# The key of a SetClusterVersion's result value (handlers.set_cluster_version).
+CLUSTER_VERSION_RESULT_KEY = "cluster_version"
 
 log = logging.getLogger("dex_ha.server")
 
@@ -133,6 +135,9 @@ class Replica:
         self.on_alarms: Callable[[dict[str, int]], None] | None = None
         self._hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="state-hash")
         engine.on_state_check = self._hash_state_at
+        # The cluster's state-machine version as applied here (versions.py), kept in memory:
+        # every proposal checks it. Set on the Raft thread, read anywhere (one int).
+        self.cluster_version = engine.cluster_version()
 
     def notify_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """Changes are signalled on `loop` (the HTTP side's), whichever thread applied them."""
@@ -144,6 +149,8 @@ class Replica:
             self._failpoints.hit(WAIT_ENDED_FAILPOINT)
         if any(result.value is not None and ALARM_RESULT_KEY in result.value for result in results):
             self._alarms_changed()
+        if any(result.value is not None and CLUSTER_VERSION_RESULT_KEY in result.value for result in results):
+            self.cluster_version = self.engine.cluster_version()
         self._signal_change(frozenset().union(*(result.event_sessions for result in results)))
         return results
 
@@ -214,6 +221,7 @@ class Replica:
 
     def restore(self, data: bytes | memoryview, index: int) -> None:
         self.engine.restore(data, index)
+        self.cluster_version = self.engine.cluster_version()
         self._alarms_changed()
         self._signal_change(None)  # a whole new state: which sessions changed is not known
 

@@ -58,6 +58,7 @@ class ChannelPeer(Protocol):
     def on_tasks(self, tasks: list[Any]) -> None: ...
     def on_ack(self, report: Report, ack: dict[str, Any]) -> None: ...
     def on_cancel(self, task_token: str, reason: str) -> None: ...
+    def on_welcome(self, held: list[str]) -> None: ...
 
 
 class ChannelLink:
@@ -197,6 +198,7 @@ class ChannelLink:
     def _on_frame(self, frame: dict[str, Any]) -> None:
         kind = frame["type"]
         if kind == WELCOME:
+            self._peer.on_welcome(list(frame.get("held") or []))
             self.connected.set()
             self._wake.set()
         elif kind == TASKS:

@@ -188,8 +188,10 @@ class ChannelAttempt(AttemptSink):
         self._link.send_deltas(self._task.task_token, deltas)
 
     def first_message(self) -> None:
-        """Before anything of this attempt goes to the server (a delta, progress, its report):
-        the moment of the failpoint that HTTP hits before the first heartbeat."""
+        """Before the first delta or progress of this attempt goes to the server, or one
+        heartbeat interval into an attempt that sent nothing (see
+        Worker._first_message_deadline): the moment of the failpoint that HTTP hits before
+        the first heartbeat."""
         if self._first:
             self._first = False
             if self._failpoints is not None:
@@ -474,6 +476,14 @@ class Worker:
         else:
             attempt._stop("the attempt is no longer current", cancelled_by_server=False)
 
+    def on_welcome(self, held: list[str]) -> None:
+        """A channel opened: the attempts still running here that the node does not list as
+        held are no longer this Worker's (a takeover failed them, or the channel stayed closed
+        past its grace). Stop them and send nothing, as an HTTP Worker does on a 409."""
+        for token, attempt in list(self._attempts.items()):
+            if token not in held and not attempt.stopped:
+                attempt._stop("the node no longer holds this attempt", cancelled_by_server=False)
+
     def on_ack(self, report: Report, ack: dict[str, Any]) -> None:
         task, outcome = self._reported.pop(report.task_token, (None, None))
         if task is None or outcome is None:
@@ -525,6 +535,7 @@ class Worker:
         attempt = self._attempts[task.task_token] = ChannelAttempt(task, link, self._failpoints)
         attempt.on_stop = lambda: _cancel_from_outside(me)
         slot_given = False
+        first_message_due = self._first_message_deadline(task, attempt)
         try:
             try:
                 outcome: Outcome | None = await self._execute(task, attempt)
@@ -535,15 +546,27 @@ class Worker:
             if attempt.stopped:
                 outcome = self._stopped_outcome(task, attempt)
             if outcome is not None:
-                attempt.first_message()
+                # No failpoint here: an HTTP Worker's report is no heartbeat either, so an
+                # attempt that ends before its first heartbeat reports on both transports.
                 self._tasks.discard(me)  # its slot is free now: the credit rides with the report
                 slot_given = True
                 self._report_on_channel(task, outcome, credit=0 if self._stop_requested.is_set() else 1)
         finally:
+            if first_message_due is not None:
+                first_message_due.cancel()
             self._attempts.pop(task.task_token, None)
             if not slot_given and not self._stop_requested.is_set():
                 self._tasks.discard(me)
                 link.add_credit(1)
+
+    def _first_message_deadline(self, task: Task, attempt: ChannelAttempt) -> asyncio.TimerHandle | None:
+        """With the first-heartbeat failpoint armed (crash tests only), reach it one heartbeat
+        interval into an attempt that sent nothing yet: the moment an HTTP Worker's first
+        heartbeat would leave, so a tool that hangs silently is killed mid-run on both
+        transports. Unarmed, nothing is scheduled."""
+        if self._failpoints is None or not self._failpoints.armed(first_heartbeat_failpoint(task.kind)):
+            return None
+        return asyncio.get_running_loop().call_later(self._interval_for(task), attempt.first_message)
 
     # ------------------------------------------------------------ registration and polling
 

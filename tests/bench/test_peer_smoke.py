@@ -70,7 +70,9 @@ def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: P
     result = json.loads(out.read_text())
     [phase] = result["steps"]
     rows = {row["system"]: row for row in phase["rows"]}
-    assert set(rows) == {"dex-ha", "restate"}
+    assert set(rows) == {"dex-ha", "dex-ha/http", "restate"}
+    assert rows["dex-ha"]["steps_bench_row"]["transport"] == "channel"
+    assert rows["dex-ha/http"]["steps_bench_row"]["transport"] == "http"
     for system, row in rows.items():
         assert row["concurrency"] == 4
         assert row["steps"] > 0 and row["steps_per_second"] > 0, f"{system}: {row}"
@@ -79,6 +81,9 @@ def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: P
     expected = round(rows["dex-ha"]["steps_per_second"] / rows["restate"]["steps_per_second"], 2)
     assert summary["ratio"]["best_steps_per_second"] == expected
     assert "(dex-ha / Restate)" in done.stdout
+    http_ratio = round(rows["dex-ha"]["steps_per_second"] / rows["dex-ha/http"]["steps_per_second"], 2)
+    assert summary["ratio_http"]["best_steps_per_second"] == http_ratio
+    assert "(dex-ha / dex-ha on HTTP)" in done.stdout
     assert result["versions"]["restate_server"] == manifest["restate_version"]
     if manifest.get("etcd"):
         [etcd_row] = result["etcd"]["rows"]

@@ -320,6 +320,32 @@ def test_status_names_a_member_under_the_consistency_alarm() -> None:
     assert "CONSISTENCY" not in format_status(answers[1:])
 
 
+def test_status_shows_each_nodes_version_and_the_cluster_state_machine_during_an_upgrade() -> None:
+    """Mid rolling upgrade: n1 (new, active) says its version; n2 runs 0.1.0, whose view
+    says none, so its version is the one the active node heard; n3 does not answer."""
+    members = [
+        {"id": "n1", "voter": True, "url": "http://h1:8801", "version": "0.2.0", "state_machine_version": 2},
+        {"id": "n2", "voter": True, "url": "http://h2:8801", "version": "0.1.0", "state_machine_version": 1},
+        {"id": "n3", "voter": True, "url": "http://h3:8801", "version": "0.2.0", "state_machine_version": 2},
+    ]
+    new = {"version": "0.2.0", "state_machine_version": 2, "cluster_state_machine_version": 1}
+    answers = [
+        NodeAnswer("http://h1:8801", view={**_view("n1", "active", "n1", members), **new}),
+        NodeAnswer("http://h2:8801", view=_view("n2", "standby", "n1", members)),
+        NodeAnswer("http://h3:8801", error="no answer"),
+    ]
+    assert [row[-1] for row in status_rows(answers)] == ["0.2.0 (sm v2)", "0.1.0 (sm v1)", "0.2.0 (sm v2)"]
+    text = format_status(answers)
+    assert "cluster state machine: v1 (it moves to v2 once every member runs it" in text
+    members[1] = {**members[1], "version": "0.2.0", "state_machine_version": 2}
+    done = [
+        NodeAnswer(
+            "http://h1:8801", view={**_view("n1", "active", "n1", members), **new, "cluster_state_machine_version": 2}
+        )
+    ]
+    assert "cluster state machine: v2\n" in format_status(done) + "\n"
+
+
 def test_status_table_warns_when_no_node_is_active() -> None:
     answers = [
         NodeAnswer("http://h1:8801", view=_view("n1", "candidate", None)),

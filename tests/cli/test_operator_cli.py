@@ -366,12 +366,14 @@ async def test_sessions_commands_drive_a_session_through_approval_question_deny_
         after = await client.get_session(sid)
         assert call_status(after, "charge-2") == "succeeded"
 
-    # Listing: a page of one says where the next page starts; --all follows the cursor.
+    # Listing, newest first (s-ops-0 was created last): a page of one says where the next
+    # page starts (after s-ops-0's creation time and id); --all follows the cursor.
     first = cli("sessions", "list", "--agent", "ops", "--limit", "1", env=env)
     assert first.returncode == 0, first.stderr
     assert re.search(r"^s-ops-0\s+ops\s+idle\s+0\s", first.stdout, re.MULTILINE)
-    assert "more: dex-ha sessions list --after s-ops-0" in first.stdout
-    second = cli("sessions", "list", "--agent", "ops", "--limit", "1", "--after", "s-ops-0", env=env)
+    cursor = re.search(r"more: dex-ha sessions list --after (\d+:s-ops-0)\b", first.stdout)
+    assert cursor, first.stdout
+    second = cli("sessions", "list", "--agent", "ops", "--limit", "1", "--after", cursor[1], env=env)
     assert re.search(rf"^{sid}\s+ops\s+idle\s+2\s", second.stdout, re.MULTILINE)
     every = json.loads(cli("sessions", "list", "--agent", "ops", "--limit", "1", "--all", "--json", env=env).stdout)
     assert [s["session_id"] for s in every["sessions"]] == ["s-ops-0", sid] and every["next_after"] is None

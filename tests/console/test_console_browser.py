@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -254,6 +255,129 @@ async def test_the_page_loads_without_a_token_and_ships_no_outside_resource(dev:
     assert "http://" not in html and "https://" not in html
 
 
+async def test_a_finished_sessions_page_shows_the_whole_conversation_after_a_reload(
+    dev: DevProcess, page, tmp_path: Path
+):
+    """The page is built from the stored session, not from the stream it saw: loaded (and
+    reloaded) after both turns ended, it shows what the user said, the model's answers, the
+    tool's input and output, and every turn with its steps."""
+    with worker_process(dev.url, tmp_path / "ledger.db", tmp_path / "worker.log"):
+        async with DexClient(dev.url) as client:
+            await client.create_session(AGENT, "whole-1")
+            await client.send_message("whole-1", "refund order A17")
+            await eventually(lambda: _pending_approval(client, "whole-1"), "the refund to wait for approval")
+            refund = await call_of(client, "whole-1", "refund")
+            await client.approve("whole-1", refund["call_id"])
+            await client.wait_until_idle("whole-1", timeout_s=20)
+            await client.send_message("whole-1", "hello there")
+            await client.wait_until_idle("whole-1", timeout_s=20)
+
+    await open_console(page, dev.url, "#/session/whole-1")
+    await page.reload()
+    conversation = page.get_by_test_id("conversation")
+    users = conversation.get_by_test_id("msg-user").locator(".text")
+    await expect(users).to_have_text(["refund order A17", "hello there"])
+    answers = conversation.get_by_test_id("msg-assistant")
+    await expect(answers).to_have_count(3)
+    await expect(answers.nth(0)).to_contain_text("I will refund order A17 once you approve.")
+    await expect(answers.nth(0).get_by_test_id("msg-tool-call")).to_contain_text(
+        'refund({"cents":500,"order_id":"A17"})'
+    )
+    await expect(conversation.get_by_test_id("msg-tool_result")).to_contain_text("refunded 500 cents on A17")
+    await expect(answers.nth(1)).to_contain_text("The refund call ended: succeeded.")
+    await expect(answers.nth(2)).to_contain_text("Hello from the console agent.")
+    # Every turn, each with its steps and their attempts (not only the latest turn).
+    await expect(page.locator("[data-turn]")).to_have_count(2)
+    first_turn_steps = page.locator("[data-turn]").nth(0).locator("[data-step] > div:first-child strong")
+    await expect(first_turn_steps).to_have_text(["RunModel", "AwaitToolApproval", "CallSingleAttemptTool", "RunModel"])
+    await expect(page.locator("[data-turn]").nth(1).locator("[data-attempt]")).to_have_count(1)
+    await expect(page.get_by_test_id("live-text")).to_have_count(0)  # nothing came from a stream
+    await expect(page.locator("main")).not_to_contain_text("null")
+    await page.screenshot(path=str(tmp_path / "conversation.png"), full_page=True)
+
+
+async def test_a_long_sessions_page_shows_the_latest_first_and_pages_back(dev: DevProcess, page, tmp_path: Path):
+    """31 turns of one message and one answer each: 62 items, past a page of history (50), and
+    past a page of turns (20). The page shows the latest of each, and pages back on demand."""
+    turns = 31
+    with worker_process(dev.url, tmp_path / "ledger.db", tmp_path / "worker.log"):
+        async with DexClient(dev.url) as client:
+            await client.create_session(AGENT, "long-1")
+            for n in range(turns):
+                await client.send_message("long-1", f"message {n}")
+                await client.wait_until_idle("long-1", timeout_s=20)
+
+    await open_console(page, dev.url, "#/session/long-1")
+    users = page.get_by_test_id("msg-user").locator(".text")
+    await expect(page.locator("[data-turn]")).to_have_count(20)
+    await expect(page.locator("[data-turn]").last).to_contain_text(f"Turn {turns}")
+    await expect(users).to_have_count(25)  # the latest 50 items: messages 6 to 30 and their answers
+    await expect(users.first).to_have_text("message 6")
+    await expect(users.last).to_have_text(f"message {turns - 1}")
+
+    await page.get_by_test_id("history-earlier").click()
+    await expect(users).to_have_count(turns)
+    await expect(users.first).to_have_text("message 0")
+    await expect(page.get_by_test_id("history-earlier")).to_have_count(0)
+    await page.get_by_test_id("turns-earlier").click()
+    await expect(page.locator("[data-turn]")).to_have_count(turns)
+    await expect(page.get_by_test_id("turns-earlier")).to_have_count(0)
+
+
+async def test_sessions_list_searches_sorts_and_refreshes_itself(dev: DevProcess, page):
+    async with DexClient(dev.url) as client:
+        await client.create_session("alpha", "alpha-1", metadata={"customer": "acme"})
+        await client.create_session("beta", "beta-2", metadata={"customer": "globex"})
+        await client.create_session("alpha", "alpha-3", metadata={"customer": "globex"})
+        await open_console(page, dev.url, "#/sessions")
+        rows = page.locator("[data-session]")
+        await expect(rows).to_have_count(3)
+        assert await _listed(page) == ["alpha-3", "beta-2", "alpha-1"]  # newest first
+        await expect(page.get_by_test_id("created").first).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d .* UTC$"))
+
+        # Filters apply as they change: no Apply button, no Enter.
+        await expect(page.get_by_role("button", name="Apply")).to_have_count(0)
+        await page.get_by_test_id("filter-q").fill("alpha")
+        await expect(rows).to_have_count(2)
+        await page.get_by_test_id("filter-metadata").fill("customer=acme")
+        await expect(rows).to_have_count(1)
+        await expect(rows).to_have_attribute("data-session", "alpha-1")
+        assert "q=alpha" in await page.evaluate("location.hash")  # the filters are in the URL
+        await page.get_by_test_id("filter-metadata").fill("")
+        await page.get_by_test_id("filter-q").fill("")
+        await page.get_by_test_id("filter-agent").fill("beta")
+        await expect(rows).to_have_count(1)
+        await page.get_by_test_id("filter-agent").fill("")
+        await page.get_by_test_id("filter-order").select_option("id")
+        await expect(rows.first).to_have_attribute("data-session", "alpha-1")
+        assert await _listed(page) == ["alpha-1", "alpha-3", "beta-2"]
+        await page.get_by_test_id("filter-status").select_option("running")
+        await expect(page.get_by_test_id("sessions-table")).to_contain_text("No sessions match.")
+        await page.get_by_test_id("filter-status").select_option("")
+
+        # A session created meanwhile shows up without a reload.
+        await client.create_session("alpha", "alpha-4")
+        await expect(page.locator("[data-session=alpha-4]")).to_be_visible()
+
+
+async def _listed(page) -> list[str]:
+    return await page.locator("[data-session]").evaluate_all("rows => rows.map(r => r.dataset.session)")
+
+
+async def test_the_bare_address_leads_to_the_console_which_has_an_icon(dev: DevProcess, page):
+    async with aiohttp.ClientSession() as http:
+        async with http.get(dev.url + "/", allow_redirects=False) as resp:
+            assert resp.status == 302 and resp.headers["Location"] == "/ui"
+        async with http.get(dev.url + "/ui/static/favicon.svg") as resp:
+            assert resp.status == 200 and resp.content_type == "image/svg+xml"
+            assert (await resp.text()).startswith("<svg")
+    await page.goto(dev.url + "/")
+    assert page.url == dev.url + "/ui"
+    icon = await page.locator("link[rel=icon]").get_attribute("href")
+    async with aiohttp.ClientSession() as http, http.get(dev.url + icon) as resp:
+        assert resp.status == 200
+
+
 # ---------------------------------------------------------------- the cluster view
 
 
@@ -291,5 +415,50 @@ async def test_cluster_view_follows_a_step_down_and_a_sigkill(tmp_path: Path, pa
         third = await cluster.active_node(not_=standby)
         await expect(page.get_by_test_id(f"role-{third}")).to_have_text("active")
         await page.screenshot(path=str(tmp_path / "after-sigkill.png"), full_page=True)
+    finally:
+        cluster.down()
+
+
+async def test_a_standbys_console_shows_the_active_nodes_sessions_with_one_token(tmp_path: Path, page):
+    """Opened on a standby's address with one token: the sessions of the active node, their
+    pages, and the Cancel button all work through the standby (the page never leaves it)."""
+    cluster = LocalCluster(tmp_path / "cluster")
+    try:
+        cluster.up()
+        token = cluster.tokens["admin"]
+        active = await cluster.active_node()
+        standby = next(n for n in cluster.urls if n != active)
+        async with DexClient(cluster.urls[active], token) as client:
+            await client.create_session("nobody-serves-it", "on-active-1")
+            await client.send_message("on-active-1", "start a turn no Worker takes")
+            await client.send_message("on-active-1", "then this one")  # waits for the running turn
+
+        await open_console(page, cluster.urls[standby], "#/sessions", token=token)
+        await expect(page.locator("[data-session=on-active-1]")).to_be_visible()
+        await expect(page.get_by_test_id("this-node")).to_contain_text(f"node {standby} (standby)")
+        await expect(page.get_by_test_id("active-link")).to_have_attribute("href", f"{cluster.urls[active]}/ui")
+        await expect(page.get_by_test_id("error-banner")).to_be_hidden()
+        await page.get_by_role("link", name="on-active-1").click()
+        await expect(page.get_by_test_id("session-status")).to_contain_text("running")
+        await expect(page.get_by_test_id("msg-user").locator(".text")).to_have_text("start a turn no Worker takes")
+        await expect(page.get_by_test_id("msg-waiting").locator(".text")).to_have_text("then this one")
+
+        # Cancel the running turn, from the standby: the waiting message starts the next one,
+        # which is cancelled too.
+        await page.get_by_test_id("cancel-turn").click()
+        await confirm(page)
+        await expect(page.locator("[data-turn]").first).to_contain_text("Turn 1 cancelled")
+        await expect(page.get_by_test_id("msg-user").locator(".text")).to_have_text(
+            ["start a turn no Worker takes", "then this one"]
+        )
+        await expect(page.get_by_test_id("msg-waiting")).to_have_count(0)
+        await page.get_by_test_id("cancel-turn").click()
+        await confirm(page)
+        await expect(page.get_by_test_id("session-status")).to_contain_text("idle")
+        await expect(page.get_by_test_id("cancel-turn")).to_have_count(0)
+        async with DexClient(cluster.urls[active], token) as client:
+            assert (await client.get_session("on-active-1")).status == "idle"
+        assert page.url.startswith(cluster.urls[standby])  # never sent to the other node
+        await page.screenshot(path=str(tmp_path / "standby-session.png"), full_page=True)
     finally:
         cluster.down()

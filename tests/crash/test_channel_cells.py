@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
+from harness.waiting import eventually
 from tests.crash.cell import COMPLETED, FAILED, Cell, attempts, call_of
 from tests.crash.harness import Column
 from tests.crash.test_matrix import assert_ran_again_with_the_key
@@ -22,17 +23,21 @@ from tests.crash.test_matrix import assert_ran_again_with_the_key
 ROW = "R19"  # the model calls `lookup` (a read) once, then answers "done"
 
 
-async def requests_by_route(url: str) -> dict[str, float]:
-    """`dex_http_requests_total` of one node, summed by route."""
+async def node_metrics(url: str) -> tuple[dict[str, float], float]:
+    """One node's `dex_http_requests_total` summed by route (a request is counted once
+    answered, so an open channel is not), and its `dex_worker_channels_open`."""
     async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
         text = await resp.text()
     counts: dict[str, float] = {}
+    channels = 0.0
     for line in text.splitlines():
         if line.startswith("dex_http_requests_total{"):
             labels, value = line.rsplit(" ", 1)
             route = labels.split('route="', 1)[1].split('"', 1)[0]
             counts[route] = counts.get(route, 0) + float(value)
-    return counts
+        elif line.startswith("dex_worker_channels_open "):
+            channels = float(line.split()[1])
+    return counts, channels
 
 
 async def test_a_channel_dropped_before_its_result_frame_is_sent(columns: dict[str, Column], tmp_path: Path) -> None:
@@ -69,12 +74,20 @@ async def test_a_worker_reconnects_its_channel_to_the_new_active_node(
         await cell.idle()
         await cell.fail()  # SIGKILL of the active node
         await cell.recover()
-        await cell.send("again")
-        snap = await cell.idle()
-        assert [t["status"] for t in snap["turns"]] == ["completed", "completed"]
+        # A second session (the row's model calls `c1` in its first turn, and a call id is
+        # used once per session): its steps can only reach the Worker over the new channel.
+        other = await cell.open_another()
+        await cell.client.send_message(other, "again")
+        snap = await cell.idle(other)
+        assert [t["status"] for t in snap["turns"]] == ["completed"], snap["turns"]
         active = await column.cluster.active_node()  # type: ignore[attr-defined]
-        counts = await requests_by_route(column.cluster.urls[active])  # type: ignore[attr-defined]
-        assert counts.get("worker_channel", 0) >= 1, counts
+        url = column.cluster.urls[active]  # type: ignore[attr-defined]
+
+        async def one_channel_open() -> bool:  # /metrics is rendered at most once a second
+            return (await node_metrics(url))[1] == 1
+
+        await eventually(one_channel_open, "the Worker's channel open on the new active node", 10)
+        counts, _ = await node_metrics(url)
         assert counts.get("worker_poll", 0) == 0, counts  # the Worker stayed on the channel
     finally:
         await cell.close()

@@ -40,7 +40,7 @@ def sample_value(key: str) -> str:
     if key == "scoped_tokens":
         return "client:team-a=a-scoped-token-0123"
     kind = config_module.ENV_KEYS.get(key, str)
-    return {bool: "true", int: "7"}.get(kind, "x")
+    return {bool: "true", int: "7", float: "0.5"}.get(kind, "x")
 
 
 def accepted_keys(name: str, value: str) -> set[str]:

@@ -141,6 +141,8 @@ def test_every_command_round_trips_through_its_encoding():
         c.RegisterAgent(at=1, name="a", definition={"tools": []}),
         c.SendMessage(at=1, session_id="s", text="t", message_id="m", mode="steer"),
         c.CancelTurn(at=1, session_id="s", reason="r"),
+        c.DeleteSession(at=1, session_id="s", namespace="team"),
+        c.ExpireSessions(at=1, cutoff_at=0, session_ids=["s", "t"]),
         c.StartAttempts(at=1, handouts=[Handout(step_id="st", worker_id="w", term=3, token_secret="ab12")]),
         c.StartQueuedAttempts(at=1, worker_id="w", term=3, agents=["a", "b"], token_secrets=["ab12", "ef56"]),
         c.CompleteAttempt(
@@ -166,7 +168,7 @@ def test_every_command_round_trips_through_its_encoding():
             next_token_secrets=["ef56"],
             namespace="team",
         ),
-        c.HeartbeatLost(at=1, step_id="st", attempt=1, term=1),
+        c.HeartbeatLost(at=1, step_id="st", attempt=1, term=1, silent_ms=1000),
         c.AttemptTimedOut(at=1, step_id="st", attempt=1, term=1),
         c.FailHeldAttempts(at=1, term=2),
         c.FireTimer(at=1, timer_id="tm"),
@@ -175,6 +177,7 @@ def test_every_command_round_trips_through_its_encoding():
         c.ReconcileToolCall(at=1, session_id="s", call_id="c", outcome="succeeded", result=1),
         c.CheckStateHash(at=1),
         c.SetConsistencyAlarm(at=1, node_id="n2", index=7, raised=True, found="ab", expected="cd"),
+        c.SetClusterVersion(at=1, version=2),
     ]
     assert {type(s).__name__ for s in samples} == set(COMMAND_TYPES)
     for cmd in samples:

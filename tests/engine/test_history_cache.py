@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dex_ha.engine import ApplyResult, CreateSession, Engine, SendMessage, Task, encode_command
+from dex_ha.engine import ApplyResult, CreateSession, DeleteSession, Engine, SendMessage, Task, encode_command
 from dex_ha.engine import handlers as engine_handlers
 from dex_ha.engine.kinds import DEFAULT_HEARTBEAT_TIMEOUT_MS
 from tests.engine.driver import AGENT, Driver
@@ -142,3 +142,18 @@ def test_a_restored_snapshot_replaces_what_the_cache_held(tmp_path) -> None:
     d.index = index
     step = d.hand_out("RunModel")
     assert [item["type"] for item in d.engine.task_for(step).input["history"]] == ["user"]
+
+
+def test_a_session_deleted_and_created_again_starts_from_an_empty_history() -> None:
+    d = ComparingDriver(":memory:")
+    d.register()
+    d.create("s1")
+    d.send("before")
+    d.run_model(calls=[("c1", "lookup", {})])  # the history is cached here
+    d.cancel("s1")
+    d.ok(DeleteSession(at=d.at, session_id="s1"))
+    assert d.engine._store.history_cache.session("s1") is None
+    d.create("s1")
+    d.send("after")
+    task = d.engine.task_for(d.hand_out("RunModel"))
+    assert task.input["history"] == [{"type": "user", "text": "after"}]

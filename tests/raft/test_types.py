@@ -17,6 +17,7 @@ from dex_ha.raft.types import (
     MalformedMessage,
     Message,
     MessageType,
+    NodeVersion,
     SnapshotMeta,
     decode_conf_change,
     decode_entry,
@@ -104,9 +105,23 @@ def test_a_responses_applied_index_travels_in_a_slot_old_peers_ignore(mtype: Mes
 
 
 def test_slots_a_newer_peer_appends_are_ignored() -> None:
-    msg = Message(MessageType.APP, "n2", "n1", term=3, index=4, log_term=2, commit=4)
+    msg = Message(MessageType.APP, "n2", "n1", term=3, index=4, log_term=2, commit=4, version=NodeVersion("9.0", 7))
     raw = msgpack.unpackb(encode_message(msg), raw=False)
     assert decode_message(msgpack.packb(raw + [123, "future"], use_bin_type=True)) == msg
+
+
+@pytest.mark.parametrize("kind", [MessageType.APP, MessageType.SNAP, MessageType.HEARTBEAT_RESP])
+def test_the_senders_version_travels_and_a_peer_without_one_sends_none(kind: MessageType) -> None:
+    entries = [Entry(2, 5, EntryType.NORMAL, b"x")] if kind == MessageType.APP else []
+    msg = Message(kind, "n2", "n1", term=3, entries=entries, version=NodeVersion("0.2.0", 2))
+    assert decode_message(encode_message(msg)) == msg
+    # A 0.1.0 peer's message: 14 slots, and 15 for a SNAP with its cluster id.
+    unversioned = Message(
+        kind, "n2", "n1", term=3, entries=entries, cluster_id="c1" if kind == MessageType.SNAP else ""
+    )
+    raw = msgpack.unpackb(encode_message(unversioned), raw=False)
+    assert len(raw) == (15 if kind == MessageType.SNAP else 14)
+    assert decode_message(encode_message(unversioned)).version is None
 
 
 def test_hard_state_and_conf_change_round_trip() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from dex_ha.server.config import ConfigError, ServerConfig, dev_config, load_config, replace
 from dex_ha.server.node import NodeServer
+from dex_ha.server.versions import own_version
 
 TOML = """
 node_id = "n1"
@@ -85,7 +86,7 @@ def test_defaults_and_dev_config_pass_the_check(tmp_path: Path) -> None:
 
 def test_the_node_hands_the_margin_to_raft(tmp_path: Path) -> None:
     config = load_config(_config_file(tmp_path), env={}, insecure=True)
-    raft = NodeServer._raft_config(SimpleNamespace(config=config))  # type: ignore[arg-type]
+    raft = NodeServer._raft_config(SimpleNamespace(config=config, version=own_version()))  # type: ignore[arg-type]
     assert (raft.election_timeout_min_ms, raft.lease_drift_margin_ms) == (600, 80)
 
 

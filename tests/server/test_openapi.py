@@ -28,6 +28,7 @@ CONTRACT = [
     ("create_session", "POST", "/v1/sessions", C, True, False),
     ("list_sessions", "GET", "/v1/sessions", C, True, False),
     ("get_session", "GET", "/v1/sessions/{session_id}", C, True, False),
+    ("delete_session", "DELETE", "/v1/sessions/{session_id}", C, True, False),
     ("send_message", "POST", "/v1/sessions/{session_id}/messages", C, True, False),
     ("decide_approval", "POST", "/v1/sessions/{session_id}/approvals/{call_id}", C, True, False),
     ("answer_question", "POST", "/v1/sessions/{session_id}/questions/{question_id}/answer", C, True, False),

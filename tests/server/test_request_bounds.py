@@ -180,7 +180,7 @@ async def test_a_page_of_sessions_stops_at_its_byte_budget_and_says_where_to_go_
         f"a page holds more than the budget and one more: {sizes}"
     )
     listed = [s["session_id"] for page in pages for s in page["sessions"]]
-    assert listed == ids, "every session once, in order, across the pages"
+    assert listed == ids[::-1], "every session once, newest first, across the pages"
 
 
 async def test_a_session_bigger_than_the_page_budget_comes_alone(nodes: NodeFactory, http: HttpFactory, tmp_path: Path):
@@ -189,7 +189,7 @@ async def test_a_session_bigger_than_the_page_budget_comes_alone(nodes: NodeFact
     ids = await create_sessions(api, 3, metadata_bytes=150_000)
     pages = await all_pages(api, limit=100)
     listed = [[s["session_id"] for s in page["sessions"]] for page in pages]
-    assert listed == [[i] for i in ids] + [[]], "one session a page (a full page may be followed by an empty one)"
+    assert listed == [[i] for i in ids[::-1]] + [[]], "one session a page (a full page may be followed by an empty one)"
 
 
 async def test_an_event_stream_sends_every_event_across_reads_of_the_page_budget(
@@ -344,6 +344,6 @@ async def test_snapshots_and_pages_are_streamed_and_whole(nodes: NodeFactory, ht
         await api.send_message("s000", f"{i}" * 600_000, message_id=f"m{i}")
     snapshot = expect(await api.get("/v1/sessions/s000"), 200)
     assert snapshot == json.loads(json.dumps(node.replica.reads.get_agent_snapshot("s000")))
-    reply = await api.get("/v1/sessions", params={"limit": "2"})
+    reply = await api.get("/v1/sessions", params={"limit": "2", "order": "id"})
     assert reply.headers.get("Transfer-Encoding") == "chunked"
     assert [s["session_id"] for s in reply.body["sessions"]] == ["s000", "s001"] and reply.body["next_after"] == "s001"

@@ -617,6 +617,9 @@ def test_list_sessions_query_defaults_and_conversion():
         "after": None,
         "awaiting_approval": None,
         "outcome_unknown": None,
+        "order": "newest",
+        "id_contains": None,
+        "metadata": None,
     }
     assert validate_query(route, {"agent": "support", "status": "running", "limit": "50", "after": "s-9"}) == {
         "agent": "support",
@@ -625,6 +628,9 @@ def test_list_sessions_query_defaults_and_conversion():
         "after": "s-9",
         "awaiting_approval": None,
         "outcome_unknown": None,
+        "order": "newest",
+        "id_contains": None,
+        "metadata": None,
     }
 
 
@@ -642,8 +648,15 @@ def test_list_sessions_query_defaults_and_conversion():
             {"page": "2"},
             "page",
             "unknown query parameter; this route accepts: after, agent, "
-            "awaiting_approval, limit, outcome_unknown, status",
+            "awaiting_approval, id_contains, limit, metadata, order, outcome_unknown, status",
         ),
+        ({"order": "oldest"}, "order", "must be one of: newest, id (got 'oldest')"),
+        (
+            {"metadata": "customer"},
+            "metadata",
+            "must be key=value (a top-level key of the metadata, then its value) (got 'customer')",
+        ),
+        ({"id_contains": ""}, "id_contains", "must not be empty"),
     ],
 )
 def test_bad_list_sessions_queries(query, field, message):

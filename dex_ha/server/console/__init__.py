@@ -1,9 +1,10 @@
-"""The web console at /ui: a page, a stylesheet and a script, served as they are.
+"""The web console at /ui: a page, a stylesheet, a script and an icon, served as they are.
 
 Nothing is built: the files in `static/` are what the browser gets, so the console works
 offline and needs no Node toolchain. The page itself needs no token (it asks for one and
 keeps it in the tab's sessionStorage); every API call the script makes carries it, and the
-API checks it as it checks any other caller's.
+API checks it as it checks any other caller's. Every node serves it: on a standby its calls
+go on to the active node (dex_ha/server/forwarding.py). `GET /` leads to it.
 """
 
 from __future__ import annotations
@@ -23,14 +24,20 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
-CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 
 
 def add_console_routes(app: web.Application) -> None:
-    """GET /ui (the page) and GET /ui/static/{name} (its script and stylesheet)."""
+    """GET /ui (the page), GET /ui/static/{name} (its script, stylesheet and icon), and
+    GET / (a redirect to the page: a node's bare address in a browser opens the console)."""
+    app.router.add_get("/", _to_console)
     app.router.add_get(CONSOLE_PATH, _page)
     app.router.add_get(CONSOLE_PATH + "/", _page)
     app.router.add_get(CONSOLE_PATH + "/static/{name}", _static_file)
+
+
+async def _to_console(request: web.Request) -> web.Response:
+    raise web.HTTPFound(CONSOLE_PATH)
 
 
 async def _page(request: web.Request) -> web.Response:

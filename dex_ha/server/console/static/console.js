@@ -1,14 +1,20 @@
 // dex-ha web console: the cluster, the sessions, and one session's timeline, live.
 //
 // Plain JavaScript, no build step and no outside files. It calls the node that served it
-// (the page's own origin) with the token kept in this tab's sessionStorage. Every piece of
-// text from the server goes into the page as text (textContent), never as HTML.
+// (the page's own origin) with the token kept in this tab's sessionStorage, and marks its
+// calls `Dex-Forward: active`: on a standby, the node passes them on to the active node, so
+// the console works from any node's address with the one token. Every piece of text from
+// the server goes into the page as text (textContent), never as HTML.
 "use strict";
 
 const TOKEN_KEY = "dex-ha-token";
 const NAMESPACE_KEY = "dex-ha-namespace"; // empty: name none (the token's only one, else default)
 const CLUSTER_POLL_MS = 1000;
+const SESSIONS_POLL_MS = 2000; // the sessions list refreshes itself this often
+const FILTER_TYPING_MS = 300; // a filter typed into applies once the typing pauses this long
 const STREAM_RETRY_MS = 1000;
+const HISTORY_PAGE = 50; // conversation items shown at first, and added by "earlier"
+const TURNS_PAGE = 20; // turns shown at first, and added by "earlier"
 
 // ------------------------------------------------------------------ small helpers
 
@@ -32,8 +38,9 @@ function fill(el, ...children) {
   el.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined));
 }
 
+/** A time in UTC, saying so (every node and every operator reads the same clock). */
 function timeOf(ms) {
-  return ms ? new Date(ms).toISOString().replace("T", " ").replace("Z", "") : "";
+  return ms ? new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") : "";
 }
 
 function duration(start, end) {
@@ -61,9 +68,11 @@ function namespace() {
   return sessionStorage.getItem(NAMESPACE_KEY) || "";
 }
 
-/** The token and the namespace of every request (the session routes read Dex-Namespace). */
+/** The token and the namespace of every request (the session routes read Dex-Namespace), and
+ * the ask to pass it on to the active node when this node is a standby. */
 function authHeaders() {
-  const headers = token() ? { Authorization: `Bearer ${token()}` } : {};
+  const headers = { "Dex-Forward": "active" };
+  if (token()) headers.Authorization = `Bearer ${token()}`;
   if (namespace()) headers["Dex-Namespace"] = namespace();
   return headers;
 }
@@ -167,23 +176,25 @@ async function poll(tick, ms, signal) {
   }
 }
 
-/** The banner that says whether this node is the active one, with a link to the one that is. */
-function showActiveNode(nodes, thisNodeId) {
-  document.getElementById("this-node").textContent = `node ${thisNodeId}`;
-  const banner = document.getElementById("active-banner");
-  const me = nodes.find((n) => n.id === thisNodeId);
-  if (me && me.view && me.view.role === "active") {
-    banner.hidden = true;
-    return;
+/** The header's note on this node: its id and role, and, on a standby, the active node its
+ * calls go to (with a link to that node's own console). Read from this node's /v1/cluster. */
+async function watchThisNode() {
+  const note = document.getElementById("this-node");
+  for (;;) {
+    try {
+      const view = await api("GET", "/v1/cluster");
+      const active = view.role === "active";
+      fill(note, `node ${view.node_id} (${view.role})`,
+        active ? null
+          : view.leader_url
+            ? h("span", {}, " · your requests go to the active node ",
+              h("a", { href: `${view.leader_url}/ui`, "data-testid": "active-link" }, view.leader_id || view.leader_url))
+            : h("span", { class: "unreachable" }, " · no node is active right now"));
+    } catch (err) {
+      fill(note, h("span", { class: "unreachable" }, `this node does not answer: ${err.message}`));
+    }
+    await new Promise((resolve) => setTimeout(resolve, CLUSTER_POLL_MS));
   }
-  const active = nodes.find((n) => n.view && n.view.role === "active");
-  fill(banner,
-    `This node (${thisNodeId}) is ${me && me.view ? me.view.role : "not active"}: sessions are served by the active node. `,
-    active && active.url
-      ? h("a", { href: `${active.url}/ui`, "data-testid": "active-link" }, `Open the console on ${active.id} (the active node)`)
-      : "No node is active right now.",
-  );
-  banner.hidden = false;
 }
 
 // ------------------------------------------------------------------ cluster view
@@ -197,7 +208,6 @@ function clusterView(main, signal) {
       const answer = await api("GET", "/v1/cluster/nodes");
       if (signal.aborted) return;
       renderClusterTable(table, answer.nodes, refresh);
-      showActiveNode(answer.nodes, answer.node_id);
       if (!controls.firstChild) controls.append(...clusterControls(refresh));
       fillStepDownTargets(controls.querySelector("[data-testid=step-down-to]"), answer.nodes);
     } catch (err) {
@@ -315,55 +325,92 @@ function clusterControls(refresh) {
 }
 
 // ------------------------------------------------------------------ sessions list
+//
+// The filters live in the URL (#/sessions?q=..&agent=..), apply as they change, and the list
+// reads its page again every SESSIONS_POLL_MS. The server filters and orders (newest first).
+
+/** The list's filters: [URL parameter, API parameter]. */
+const SESSION_FILTERS = [["q", "id_contains"], ["agent", "agent"], ["status", "status"], ["metadata", "metadata"],
+  ["order", "order"], ["awaiting_approval", "awaiting_approval"], ["outcome_unknown", "outcome_unknown"]];
 
 function sessionsView(main, params, signal) {
+  const text = (name, placeholder, size) => h("input", { name, placeholder, size, value: params.get(name) || "", "data-testid": `filter-${name}` });
+  const search = text("q", "session id contains", 20);
+  const agent = text("agent", "agent", 12);
+  const metadata = text("metadata", "metadata key=value", 20);
   const status = h("select", { name: "status", "data-testid": "filter-status" },
     ["", "idle", "running"].map((s) => h("option", { value: s, selected: params.get("status") === s }, s || "any status")));
-  const agent = h("input", { name: "agent", placeholder: "agent", value: params.get("agent") || "", "data-testid": "filter-agent" });
+  const order = h("select", { name: "order", "data-testid": "filter-order" },
+    [["newest", "newest first"], ["id", "by id"]].map(([v, label]) => h("option", { value: v, selected: (params.get("order") || "newest") === v }, label)));
   const approval = h("input", { type: "checkbox", name: "awaiting_approval", checked: params.get("awaiting_approval") === "true", "data-testid": "filter-approval" });
   const unknown = h("input", { type: "checkbox", name: "outcome_unknown", checked: params.get("outcome_unknown") === "true", "data-testid": "filter-unknown" });
-  const filters = h("form", { class: "inline", "data-testid": "filters" }, status, agent,
-    h("label", {}, approval, "waiting for approval"), h("label", {}, unknown, "has outcome_unknown"),
-    h("button", { type: "submit" }, "Apply"));
-  filters.addEventListener("submit", (event) => {
-    event.preventDefault();
-    const query = new URLSearchParams();
-    if (status.value) query.set("status", status.value);
-    if (agent.value.trim()) query.set("agent", agent.value.trim());
-    if (approval.checked) query.set("awaiting_approval", "true");
-    if (unknown.checked) query.set("outcome_unknown", "true");
-    location.hash = `#/sessions?${query}`;
-  });
+  const filters = h("form", { class: "inline", "data-testid": "filters" }, search, agent, status, metadata, order,
+    h("label", {}, approval, "waiting for approval"), h("label", {}, unknown, "has outcome_unknown"));
   const table = h("table", { "data-testid": "sessions-table" });
   const pager = h("div", {});
-  main.append(h("h2", {}, "Sessions"), filters, table, pager);
+  const refreshed = h("p", { class: "muted", "data-testid": "sessions-refreshed" });
+  main.append(h("h2", {}, "Sessions"), filters, table, pager, refreshed);
+
   // Cursors of the pages seen, so "Previous" can go back: the API pages forward only.
-  const cursors = [null];
+  let cursors = [null];
+  let generation = 0; // an answer to a read that a newer one overtook is dropped
+  let rendered = ""; // the page on show: a refresh that changed nothing leaves the table be
+  const current = () => {
+    const query = new URLSearchParams();
+    if (search.value.trim()) query.set("q", search.value.trim());
+    if (agent.value.trim()) query.set("agent", agent.value.trim());
+    if (status.value) query.set("status", status.value);
+    if (metadata.value.trim()) query.set("metadata", metadata.value.trim());
+    if (order.value !== "newest") query.set("order", order.value);
+    if (approval.checked) query.set("awaiting_approval", "true");
+    if (unknown.checked) query.set("outcome_unknown", "true");
+    return query;
+  };
   const load = async () => {
-    const query = new URLSearchParams(params);
-    query.set("limit", "50");
+    const shown = current();
+    const query = new URLSearchParams({ limit: "50" });
+    for (const [name, apiName] of SESSION_FILTERS) if (shown.has(name)) query.set(apiName, shown.get(name));
     const after = cursors[cursors.length - 1];
     if (after) query.set("after", after);
+    const mine = ++generation;
     try {
       const page = await api("GET", `/v1/sessions?${query}`);
-      if (!signal.aborted) renderSessions(table, pager, page, cursors, load);
+      if (signal.aborted || mine !== generation) return;
+      showError("");
+      const seen = JSON.stringify([page, cursors]);
+      if (seen !== rendered) renderSessions(table, pager, page, cursors, load);
+      rendered = seen;
+      refreshed.textContent = `Refreshed ${timeOf(Date.now())}; the list refreshes itself every ${SESSIONS_POLL_MS / 1000} s.`;
     } catch (err) {
-      showError(err.leaderUrl ? `This node is not active; the active node is ${err.leaderUrl}/ui` : `cannot list sessions: ${err.message}`);
+      if (!signal.aborted && mine === generation) showError(`cannot list sessions: ${err.message}`);
     }
   };
-  load();
+  // A change of filter starts again from the first page, and shows in the URL (no new view).
+  const apply = () => {
+    history.replaceState(null, "", `#/sessions?${current()}`);
+    cursors = [null];
+    load();
+  };
+  let typing = null;
+  for (const field of [search, agent, metadata]) {
+    field.addEventListener("input", () => { clearTimeout(typing); typing = setTimeout(apply, FILTER_TYPING_MS); });
+  }
+  for (const field of [status, order, approval, unknown]) field.addEventListener("change", apply);
+  filters.addEventListener("submit", (event) => { event.preventDefault(); clearTimeout(typing); apply(); });
+  poll(load, SESSIONS_POLL_MS, signal);
 }
 
 function renderSessions(table, pager, page, cursors, load) {
-  const header = h("tr", {}, ["session", "agent", "status", "turns", "waiting approvals", "outcome_unknown", "updated"].map((t) => h("th", {}, t)));
+  const header = h("tr", {}, ["session", "agent", "status", "turns", "waiting approvals", "outcome_unknown", "created", "updated", "metadata"].map((t) => h("th", {}, t)));
   const rows = page.sessions.map((s) => h("tr", { "data-session": s.session_id },
     h("td", {}, h("a", { href: `#/session/${encodeURIComponent(s.session_id)}` }, s.session_id)),
     h("td", {}, s.agent), h("td", {}, s.status), h("td", {}, s.turn_count),
     h("td", {}, s.pending_approvals || ""),
     h("td", { class: s.outcome_unknown_calls ? "status-outcome_unknown" : "" }, s.outcome_unknown_calls || ""),
-    h("td", {}, timeOf(s.updated_at))));
+    h("td", { "data-testid": "created" }, timeOf(s.created_at)), h("td", {}, timeOf(s.updated_at)),
+    h("td", { class: "mono" }, s.metadata ? json(s.metadata) : "")));
   fill(table, header, ...rows);
-  if (!rows.length) table.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No sessions match.")));
+  if (!rows.length) table.append(h("tr", {}, h("td", { colspan: 9, class: "muted" }, "No sessions match.")));
   fill(pager,
     h("button", { type: "button", disabled: cursors.length < 2, onclick: () => { cursors.pop(); load(); } }, "Previous page"),
     h("button", { type: "button", disabled: !page.next_after, "data-testid": "next-page", onclick: () => { cursors.push(page.next_after); load(); } }, "Next page"));
@@ -457,6 +504,8 @@ function parseSse(block) {
 
 function sessionView(main, sessionId, signal) {
   const live = new LiveText();
+  // How much of a long session is on show; "earlier" buttons add to it, refreshes keep it.
+  const shown = { history: HISTORY_PAGE, turns: TURNS_PAGE };
   const body = h("div", {});
   main.append(h("p", {}, h("a", { href: "#/sessions" }, "← sessions")), body);
   let snapshot = null;
@@ -464,9 +513,9 @@ function sessionView(main, sessionId, signal) {
   const refresh = async () => {
     try {
       snapshot = await api("GET", `/v1/sessions/${encodeURIComponent(sessionId)}`);
-      if (!signal.aborted) renderSession(body, snapshot, live, refresh);
+      if (!signal.aborted) renderSession(body, snapshot, live, shown, refresh);
     } catch (err) {
-      showError(err.leaderUrl ? `This node is not active; the active node is ${err.leaderUrl}/ui` : `cannot read session ${sessionId}: ${err.message}`);
+      if (!signal.aborted) showError(`cannot read session ${sessionId}: ${err.message}`);
     }
   };
   // A committed event changes the snapshot: read it again (one read at a time, coalesced).
@@ -493,22 +542,90 @@ function sessionView(main, sessionId, signal) {
   });
 }
 
-function renderSession(body, s, live, refresh) {
+function renderSession(body, s, live, shown, refresh) {
   const typed = typedValues(body);
+  const rerender = () => renderSession(body, s, live, shown, refresh);
   fill(body,
     h("h2", {}, `Session ${s.session_id}`),
     h("p", { "data-testid": "session-status" }, `namespace ${s.namespace || "default"} · agent ${s.agent} · status `,
       h("strong", {}, s.status),
-      s.waiting_for ? ` · waiting for ${s.waiting_for}` : ""),
+      s.waiting_for ? ` · waiting for ${s.waiting_for}` : "",
+      ` · created ${timeOf(s.created_at)}`),
+    s.metadata ? h("p", { class: "muted" }, "metadata ", h("code", {}, json(s.metadata))) : null,
+    cancelButton(s, refresh),
     pendingApprovals(s, refresh),
     pendingQuestions(s, refresh),
     unknownCalls(s, refresh),
     messageForm(s, refresh),
-    h("h3", {}, "Timeline"),
-    ...s.turns.map((turn) => turnCard(turn, s)),
+    h("h3", {}, "Conversation"),
+    conversation(s, shown, rerender),
+    h("h3", {}, `Turns (${s.turns.length})`),
+    earlierButton("turns-earlier", s.turns.length - shown.turns, "turns", () => { shown.turns += TURNS_PAGE; rerender(); }),
+    ...s.turns.slice(-shown.turns).map((turn) => turnCard(turn, s)),
   );
   restoreTyped(body, typed);
   renderLiveText(body, live);
+}
+
+/** A button that shows more of what is hidden before the items on show (nothing when none is). */
+function earlierButton(testId, hidden, what, onclick) {
+  if (hidden <= 0) return null;
+  return h("button", { type: "button", "data-testid": testId, onclick }, `Show earlier ${what} (${hidden} more)`);
+}
+
+/** The running turn's Cancel button (POST /cancel): the turn ends, its open calls record how far they got. */
+function cancelButton(s, refresh) {
+  if (!s.current_turn) return null;
+  const cancel = async () => {
+    if (await confirmAction(`Cancel the running turn ${s.current_turn.number} of ${s.session_id}?`)) {
+      await act("cancelling the turn", () => api("POST", `/v1/sessions/${encodeURIComponent(s.session_id)}/cancel`,
+        { reason: "cancelled from the console" }), refresh);
+    }
+  };
+  return h("p", {}, h("button", { type: "button", "data-testid": "cancel-turn", onclick: cancel }, `Cancel turn ${s.current_turn.number}`));
+}
+
+/** The session's history as it is stored: what the user said, what the model answered and
+ * which tools it called with what, and what each tool returned. The latest items first on
+ * show; "Show earlier" pages back. */
+function conversation(s, shown, rerender) {
+  const items = s.history || [];
+  const box = h("div", { class: "conversation", "data-testid": "conversation" });
+  if (s.summary) {
+    box.append(h("div", { class: "card msg note", "data-testid": "summary" },
+      h("div", { class: "who" }, `Summary of the items up to ${s.summary.upto_seq} (${timeOf(s.summary.at)})`), s.summary.text));
+  }
+  // Messages sent but not yet taken up by a turn are not history yet: shown after it, marked.
+  const waiting = (s.waiting_messages || []).map((m) => h("div", { class: "card msg user waiting", "data-testid": "msg-waiting" },
+    h("div", { class: "who" }, `User · waiting (${m.mode}) since ${timeOf(m.at)}`), h("div", { class: "text" }, m.text)));
+  box.append(
+    earlierButton("history-earlier", items.length - shown.history, "messages", () => { shown.history += HISTORY_PAGE; rerender(); }) || "",
+    ...items.slice(-shown.history).map(historyItem),
+    ...waiting,
+  );
+  if (!items.length && !waiting.length) box.append(h("p", { class: "muted" }, "No messages yet."));
+  return box;
+}
+
+function historyItem(item) {
+  const card = (kind, who, ...children) => h("div", { class: `card msg ${kind}`, "data-seq": item.seq, "data-testid": `msg-${kind}` },
+    h("div", { class: "who" }, who), ...children);
+  if (item.type === "user") return card("user", "User", h("div", { class: "text" }, item.text));
+  if (item.type === "assistant") {
+    return card("assistant", "Assistant",
+      item.content ? h("div", { class: "text" }, typeof item.content === "string" ? item.content : json(item.content)) : null,
+      (item.tool_calls || []).map((c) => h("div", { "data-testid": "msg-tool-call" }, "calls ",
+        h("code", {}, `${c.name}(${json(c.arguments)})`), c.id ? h("span", { class: "muted" }, ` · id ${c.id}`) : null)));
+  }
+  if (item.type === "tool_result") {
+    return card("tool_result", h("span", {}, `Tool ${item.name} · `, h("span", { class: `status-${item.status}` }, item.status),
+      h("span", { class: "muted" }, ` · call ${item.call_id}`)),
+      item.error !== undefined && item.error !== null ? h("div", { class: "status-failed" }, `error: ${item.error}`)
+        : item.output === undefined || item.output === null ? h("div", { class: "muted" }, "no output")
+          : h("pre", { class: "output" }, typeof item.output === "string" ? item.output : json(item.output)));
+  }
+  if (item.type === "note") return card("note", "Note", h("div", { class: "text" }, item.text));
+  return card("other", item.type || "item", h("code", {}, json(item)));
 }
 
 /** What the operator has typed or chosen so far, so that a refresh does not wipe it. */
@@ -657,4 +774,5 @@ window.addEventListener("DOMContentLoaded", () => {
   setUpTokenDialog();
   setUpNamespaceField();
   route();
+  watchThisNode();
 });
