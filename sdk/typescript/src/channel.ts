@@ -11,7 +11,17 @@ import type WebSocket from "ws";
 import { type Connection, sleep } from "./connection.js";
 import { DexError } from "./errors.js";
 import type { Failpoints } from "./failpoints.js";
-import { type Ack, CHANNEL_PATH, CLOSE_NOT_ACTIVE, MAX_BATCH, type Report } from "./protocol.js";
+import {
+  type Ack,
+  CHANNEL_PATH,
+  CLOSE_NOT_ACTIVE,
+  MAX_BATCH,
+  type Report,
+  type ServerFrame,
+  type WorkerFrameParts,
+  decodeFrame,
+  encodeFrame,
+} from "./protocol.js";
 
 /** After a delta, wait this long before the frame that carries it (a burst travels in one). */
 export const DELTA_BATCH_MS = 30;
@@ -159,7 +169,8 @@ export class ChannelLink {
       alive = true;
       try {
         if (isBinary) throw new Error("this channel speaks JSON: frames must be text messages");
-        this.onFrame(JSON.parse(data.toString()));
+        const frame = decodeFrame(data.toString());
+        if (frame !== null) this.onFrame(frame); // null: a type from a newer node, ignored
       } catch (exc) {
         this.conn.logger.error(
           `worker ${this.workerId}: a frame from the node does not fit the protocol (${String(exc)}); reconnecting`,
@@ -180,7 +191,7 @@ export class ChannelLink {
     return closed;
   }
 
-  private onFrame(frame: Record<string, any>): void {
+  private onFrame(frame: ServerFrame): void {
     switch (frame.type) {
       case "welcome":
         // The node's credit for this Worker starts at 0 with each channel; reports it may
@@ -196,12 +207,11 @@ export class ChannelLink {
         this.peer.onTasks(frame.tasks);
         break;
       case "acks":
-        for (const ack of frame.acks as Ack[]) this.onAck(ack);
+        for (const ack of frame.acks) this.onAck(ack);
         break;
       case "cancel":
         this.peer.onCancel(frame.task_token, frame.reason);
         break;
-      default: // from a newer node: ignored, as the protocol says
     }
   }
 
@@ -241,12 +251,12 @@ export class ChannelLink {
     if (ws === null || !this.welcomed) return;
     const frame = this.takeFrame();
     if (frame === null) return;
-    if (frame.results) this.failpoints.hit("worker.channel.before-results");
-    ws.send(JSON.stringify(frame));
+    if (frame.reports.length) this.failpoints.hit("worker.channel.before-results");
+    ws.send(encodeFrame(frame));
     if (this.reports.length || this.deltas.size) this.wake();
   }
 
-  private takeFrame(): Record<string, unknown> | null {
+  private takeFrame(): WorkerFrameParts | null {
     const reports = this.reports.splice(0, MAX_BATCH);
     const tokens = [...this.deltas.keys()].slice(0, MAX_BATCH);
     const deltas = tokens.map((token) => {
@@ -258,11 +268,7 @@ export class ChannelLink {
     this.credit = 0;
     if (!reports.length && !deltas.length && !credit && this.tasksSeq <= this.ackSent) return null;
     for (const report of reports) this.unacked.set(report.task_token, report);
-    const frame: Record<string, unknown> = { type: reports.length || deltas.length ? "results" : "credit", ack: this.tasksSeq };
     this.ackSent = this.tasksSeq;
-    if (reports.length) frame.results = reports;
-    if (deltas.length) frame.deltas = deltas;
-    if (credit) frame.credit = credit;
-    return frame;
+    return { reports, deltas, credit, ack: this.tasksSeq };
   }
 }

@@ -15,7 +15,7 @@
 import { randomUUID } from "node:crypto";
 import { Connection, type ConnectionOptions, sleep } from "./connection.js";
 import { CLIENT_TOKEN_VAR, TOKEN_VAR, namespaceFromEnv, tokenFromEnv, urlsFromEnv } from "./env.js";
-import { type Cancelled, type Decision, type MessageAccepted, type Session, type SessionEvent, isIdle } from "./results.js";
+import { type Cancelled, type Decision, type MessageAccepted, type Session, type SessionEvent, isIdle, parseSession } from "./results.js";
 import { type RawEvent, SSEParser } from "./sse.js";
 
 /** The server sends a keep-alive every 15 s: three missed ones mean the stream is dead. */
@@ -52,12 +52,12 @@ export class DexClient {
     const body: Record<string, unknown> = { agent, session_id: options.sessionId ?? `s-${randomUUID().replaceAll("-", "")}` };
     segment(body.session_id, "sessionId");
     if (options.metadata !== undefined) body.metadata = options.metadata;
-    return this.connection.request("POST", "/v1/sessions", body);
+    return parseSession(await this.connection.request("POST", "/v1/sessions", body));
   }
 
   /** The agent snapshot: status, turns, history, tool calls, pending waits. */
   async getSession(sessionId: string): Promise<Session> {
-    return this.connection.request("GET", `/v1/sessions/${segment(sessionId, "sessionId")}`);
+    return parseSession(await this.connection.request("GET", `/v1/sessions/${segment(sessionId, "sessionId")}`));
   }
 
   /** Send a user message. The message id is chosen here when not given: a retry after a

@@ -16,8 +16,9 @@ export {
 export type { Logger } from "./log.js";
 export { ScriptedModel, ScriptExhausted, coerceResponse, responsesSoFar } from "./model.js";
 export type { DeltaSink, HistoryItem, Model, ModelRequest, ModelResponse, ModelResponseLike, ToolCall } from "./model.js";
-export type { Task } from "./protocol.js";
-export { isIdle } from "./results.js";
+export { decodeFrame, encodeFrame, parseTask } from "./protocol.js";
+export type { Report, ServerFrame, Task, WorkerFrameParts } from "./protocol.js";
+export { isIdle, parseSession } from "./results.js";
 export type * from "./results.js";
 export { WORKER_FAILPOINTS, Worker } from "./worker.js";
 export type { Outcome, WorkerOptions } from "./worker.js";

@@ -65,3 +65,60 @@ export interface Ack {
   error?: string;
   message?: string;
 }
+
+/** A frame from the server, checked: the fields the Worker relies on have their types.
+ * `null` stands for a frame type this Worker does not know (a newer node): ignored. */
+export type ServerFrame =
+  | { type: "welcome"; worker_id: string; held: string[] }
+  | { type: "tasks"; seq: number; tasks: unknown[] }
+  | { type: "acks"; acks: Ack[] }
+  | { type: "cancel"; task_token: string; reason: string };
+
+/** A JSON frame of the channel (a text message) as a ServerFrame; TypeError naming the
+ * field that does not fit, null for an unknown type. */
+export function decodeFrame(text: string): ServerFrame | null {
+  const frame: unknown = JSON.parse(text);
+  if (frame === null || typeof frame !== "object" || Array.isArray(frame)) throw new TypeError("a frame must be a JSON object");
+  const f = frame as Record<string, any>;
+  if (typeof f.type !== "string") throw new TypeError("frame.type must be a string");
+  switch (f.type) {
+    case "welcome":
+      return { type: "welcome", worker_id: String(f.worker_id ?? ""), held: Array.isArray(f.held) ? f.held.map(String) : [] };
+    case "tasks":
+      if (!Number.isInteger(f.seq)) throw new TypeError("tasks.seq must be an integer");
+      if (!Array.isArray(f.tasks)) throw new TypeError("tasks.tasks must be an array");
+      return { type: "tasks", seq: f.seq, tasks: f.tasks };
+    case "acks":
+      if (!Array.isArray(f.acks)) throw new TypeError("acks.acks must be an array");
+      for (const [i, ack] of f.acks.entries()) {
+        if (typeof ack?.task_token !== "string") throw new TypeError(`acks.acks[${i}].task_token must be a string`);
+        if (!Number.isInteger(ack.status)) throw new TypeError(`acks.acks[${i}].status must be an integer`);
+      }
+      return { type: "acks", acks: f.acks };
+    case "cancel":
+      if (typeof f.task_token !== "string") throw new TypeError("cancel.task_token must be a string");
+      return { type: "cancel", task_token: f.task_token, reason: String(f.reason ?? "") };
+    default:
+      return null;
+  }
+}
+
+/** What one frame from the Worker carries. */
+export interface WorkerFrameParts {
+  reports: Report[];
+  deltas: Array<{ task_token: string; deltas: Record<string, unknown>[] }>;
+  credit: number;
+  /** The `seq` of the last `tasks` frame received. */
+  ack: number;
+}
+
+/** The JSON text of a Worker frame: `results` when it carries reports or deltas, else
+ * `credit`; empty parts are left out. */
+export function encodeFrame(parts: WorkerFrameParts): string {
+  const carries = parts.reports.length > 0 || parts.deltas.length > 0;
+  const frame: Record<string, unknown> = { type: carries ? "results" : "credit", ack: parts.ack };
+  if (parts.reports.length) frame.results = parts.reports;
+  if (parts.deltas.length) frame.deltas = parts.deltas;
+  if (parts.credit) frame.credit = parts.credit;
+  return JSON.stringify(frame);
+}

@@ -131,3 +131,35 @@ export interface SessionEvent {
 export function isIdle(session: Session): boolean {
   return session.status === "idle" && (session.waiting_messages ?? []).length === 0;
 }
+
+/** The list fields of a snapshot: an older node may leave one out; it reads as empty. */
+const SESSION_LISTS = [
+  "turns",
+  "history",
+  "tool_calls",
+  "pending_approvals",
+  "pending_questions",
+  "pending_timers",
+  "waiting_messages",
+] as const;
+
+/** A Session from the JSON of a snapshot: the fields every caller reads are checked (a
+ * TypeError names the one that does not fit), missing lists read as empty and missing
+ * optional fields as null, so code written against the types does not meet `undefined`. */
+export function parseSession(raw: unknown): Session {
+  if (raw === null || typeof raw !== "object" || Array.isArray(raw)) throw new TypeError("a session snapshot must be an object");
+  const s = raw as Record<string, any>;
+  for (const key of ["session_id", "agent", "status"]) {
+    if (typeof s[key] !== "string") throw new TypeError(`session.${key} must be a string`);
+  }
+  const session: Record<string, any> = { ...s };
+  for (const key of SESSION_LISTS) {
+    if (s[key] === undefined || s[key] === null) session[key] = [];
+    else if (!Array.isArray(s[key])) throw new TypeError(`session.${key} must be an array`);
+  }
+  for (const key of ["metadata", "created_at", "updated_at", "waiting_for", "current_turn", "summary"]) {
+    session[key] = s[key] ?? null;
+  }
+  session.namespace = typeof s.namespace === "string" ? s.namespace : "default";
+  return session as Session;
+}
