@@ -28,7 +28,9 @@ class Cell:
         a file of JSON lines)."""
         self.row, self.column, self.dir, self.language = row, column, directory, language
         self.agent = f"{row.lower()}-{column.name.replace('_', '-')}-{secrets.token_hex(3)}"
-        self.ledger = Ledger(directory / "ledger.db") if language == "python" else JsonLedger(directory / "ledger.jsonl")
+        self.ledger = (
+            Ledger(directory / "ledger.db") if language == "python" else JsonLedger(directory / "ledger.jsonl")
+        )
         self.client = DexClient(column.urls, column.client_token, backoff_max_s=0.2)
         self.worker: WorkerProcess | None = None
         self.sid = ""

@@ -79,7 +79,9 @@ class WorkerProcess:
         max_concurrency: int | None = None,
         language: str = "python",
     ) -> None:
-        program = [sys.executable, "-m", "tests.crash.worker_proc"] if language == "python" else ["node", str(CRASH_WORKER)]
+        program = (
+            [sys.executable, "-m", "tests.crash.worker_proc"] if language == "python" else ["node", str(CRASH_WORKER)]
+        )
         self.command = [
             *program,
             "--urls",

@@ -292,7 +292,8 @@ export class Worker implements ChannelPeer {
       link.addCredit(credit);
       return;
     }
-    attempt.firstMessage();
+    // No failpoint here: an HTTP Worker's report is no heartbeat either, so an attempt that
+    // ends before its first heartbeat reports (as the Python Worker does).
     this.report(task, outcome, credit);
   }
 
