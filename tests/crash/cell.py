@@ -15,7 +15,7 @@ from dex_ha.client import DexClient
 from dex_ha.client.client import SessionEvent
 from harness.waiting import eventually
 from tests.crash.harness import DEADLINE_S, Column, WorkerProcess
-from tests.crash.ledger import Ledger, Run
+from tests.crash.ledger import JsonLedger, Ledger, Run
 
 # The Worker's heartbeat interval in server-failure cells "before the first heartbeat":
 # the failure comes well within it after the tool started, so no heartbeat reached Dex.
@@ -23,10 +23,14 @@ SLOW_HEARTBEAT_S = 10.0
 
 
 class Cell:
-    def __init__(self, row: str, column: Column, directory: Path) -> None:
-        self.row, self.column, self.dir = row, column, directory
+    def __init__(self, row: str, column: Column, directory: Path, language: str = "python") -> None:
+        """`language`: the Worker's, "python" or "ts" (the TypeScript Worker, whose ledger is
+        a file of JSON lines)."""
+        self.row, self.column, self.dir, self.language = row, column, directory, language
         self.agent = f"{row.lower()}-{column.name.replace('_', '-')}-{secrets.token_hex(3)}"
-        self.ledger = Ledger(directory / "ledger.db")
+        self.ledger = (
+            Ledger(directory / "ledger.db") if language == "python" else JsonLedger(directory / "ledger.jsonl")
+        )
         self.client = DexClient(column.urls, column.client_token, backoff_max_s=0.2)
         self.worker: WorkerProcess | None = None
         self.sid = ""
@@ -56,6 +60,7 @@ class Cell:
             failpoints=failpoints,
             heartbeat_interval_s=heartbeat_interval_s,
             max_concurrency=max_concurrency,
+            language=self.language,
         )
         self.worker.start()
         return self.worker

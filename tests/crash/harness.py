@@ -29,6 +29,7 @@ from harness.cluster_process import LocalCluster
 from harness.cluster_state import observe_settled
 from harness.dev_process import DevProcess
 from harness.processes import stop
+from harness.typescript_sdk import CRASH_WORKER
 from harness.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +60,9 @@ async def died_at_failpoint(proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 class WorkerProcess:
-    """`python -m tests.crash.worker_proc` for one cell's agent; killed by pid."""
+    """`python -m tests.crash.worker_proc` for one cell's agent (`language="ts"`: the
+    TypeScript Worker, `node sdk/typescript/dist/test/crash/worker_proc.js`, with the same
+    arguments); killed by pid."""
 
     def __init__(
         self,
@@ -74,11 +77,13 @@ class WorkerProcess:
         failpoints: str = "",
         heartbeat_interval_s: float | None = None,
         max_concurrency: int | None = None,
+        language: str = "python",
     ) -> None:
+        program = (
+            [sys.executable, "-m", "tests.crash.worker_proc"] if language == "python" else ["node", str(CRASH_WORKER)]
+        )
         self.command = [
-            sys.executable,
-            "-m",
-            "tests.crash.worker_proc",
+            *program,
             "--urls",
             ",".join(urls),
             "--ledger",

@@ -1,0 +1,75 @@
+"""The TypeScript SDK (sdk/typescript) for the tests that run it: installing its packages
+(`npm ci` from the committed lockfile), building it (`npm run build`) and running npm in it.
+
+`npm ci` runs only when node_modules is missing or the lockfile changed since the last one
+(its hash is kept in node_modules), so a test run on a warm checkout costs a build only."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SDK_DIR = REPO / "sdk" / "typescript"
+BUILD_DIR = SDK_DIR / "dist"
+CRASH_WORKER = BUILD_DIR / "test" / "crash" / "worker_proc.js"
+NPM_TIMEOUT_S = 300.0
+MIN_NODE_MAJOR = 20
+LOCKFILE = SDK_DIR / "package-lock.json"
+# Where the hash of the lockfile that node_modules was installed from is kept.
+INSTALLED_LOCK_HASH = SDK_DIR / "node_modules" / ".dex-ha-lock-sha256"
+
+
+def node_missing() -> str | None:
+    """Why the TypeScript tests cannot run here (None when they can)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        return "node and npm are not installed (scripts/test installs them with apt-get when it can)"
+    version = subprocess.run(["node", "--version"], capture_output=True, text=True, check=False).stdout.strip()
+    major = version.lstrip("v").split(".", 1)[0]
+    if not major.isdigit() or int(major) < MIN_NODE_MAJOR:
+        return f"the TypeScript SDK needs Node >= {MIN_NODE_MAJOR}; this machine has {version or 'an unknown node'}"
+    return None
+
+
+class NpmFailed(RuntimeError):
+    """An npm command failed; the message holds its output."""
+
+
+def run_npm(*args: str) -> str:
+    """Run `npm ARGS` in sdk/typescript; its output, or NpmFailed with the output."""
+    env = {**os.environ, "DEX_HA_PYTHON": sys.executable}  # the unit tests compare with dex_ha
+    command = ["npm", *args]
+    done = subprocess.run(
+        command, cwd=SDK_DIR, capture_output=True, text=True, timeout=NPM_TIMEOUT_S, env=env, check=False
+    )
+    output = f"$ {' '.join(command)}  (in {SDK_DIR})\n{done.stdout}\n{done.stderr}"
+    if done.returncode != 0:
+        raise NpmFailed(f"{' '.join(command)} exited with {done.returncode}:\n{output}")
+    return output
+
+
+def install_packages() -> None:
+    """`npm ci` when node_modules is missing or was installed from another lockfile."""
+    wanted = hashlib.sha256(LOCKFILE.read_bytes()).hexdigest()
+    if INSTALLED_LOCK_HASH.exists() and INSTALLED_LOCK_HASH.read_text() == wanted:
+        return
+    run_npm("ci", "--no-audit", "--no-fund")
+    INSTALLED_LOCK_HASH.write_text(wanted)
+
+
+def _newest_source() -> float:
+    sources = [*SDK_DIR.glob("src/**/*.ts"), *SDK_DIR.glob("test/**/*.ts"), SDK_DIR / "tsconfig.json", LOCKFILE]
+    return max(path.stat().st_mtime for path in sources)
+
+
+def ensure_built() -> None:
+    """Install the packages if needed, and build when a source is newer than the build."""
+    install_packages()
+    if CRASH_WORKER.exists() and CRASH_WORKER.stat().st_mtime >= _newest_source():
+        return
+    run_npm("run", "build")
+    CRASH_WORKER.touch()  # tsc leaves an unchanged output file's time alone

@@ -1,0 +1,54 @@
+"""The crash matrix's Worker-kill column with the TypeScript Worker (sdk/typescript): rows
+R01–R16, the R16 busy variant and R19 (a result in flight, with its write variant), each
+cell the Python one's scenario (test_matrix.py) with the row's TypeScript agent
+(sdk/typescript/test/crash/agents.ts) in a `node` process that is SIGKILLed, or exits at a
+Worker failpoint, where the Python Worker would. The assertions are the Python cells' own,
+from outside the server: the ledger of tool runs, the snapshot and the event stream.
+
+Cell ids: `test_cell[R07-worker_kill-ts]`, a variant's `test_cell[R16-worker_kill-busy-ts]`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.typescript_sdk import ensure_built, node_missing
+from tests.crash.cell import Cell
+from tests.crash.harness import Column
+from tests.crash.rows import ROWS
+from tests.crash.test_matrix import SCENARIOS, VARIANTS
+
+COLUMN = "worker_kill"
+ROW_IDS = [f"R{n:02d}" for n in range(1, 17)] + ["R19"]  # R17, R18, R20, R21: Python only for now
+
+pytestmark = pytest.mark.skipif(node_missing() is not None, reason=str(node_missing()))
+
+
+def ts_cell_params() -> list[object]:
+    params = []
+    for row_id in ROW_IDS:
+        row = ROWS[row_id]
+        params.append(pytest.param(row_id, id=f"{row_id}-{COLUMN}-ts"))
+        for variant in row.variants:
+            if COLUMN in variant.cells:
+                params.append(pytest.param(f"{row_id}-{variant.suffix}", id=f"{row_id}-{COLUMN}-{variant.suffix}-ts"))
+    return params
+
+
+@pytest.fixture(scope="module")
+def ts_worker_built() -> None:
+    ensure_built()
+
+
+@pytest.mark.parametrize("row_id", ts_cell_params())
+async def test_cell(row_id: str, ts_worker_built: None, columns: dict[str, Column], tmp_path: Path) -> None:
+    column = columns[COLUMN]
+    await column.ready()
+    cell = Cell(row_id, column, tmp_path, language="ts")
+    try:
+        await cell.open()
+        await (SCENARIOS | VARIANTS)[row_id](cell)
+    finally:
+        await cell.close()
