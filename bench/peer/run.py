@@ -58,6 +58,7 @@ from bench.peer import etcd_side, restate_side, temporal_side  # noqa: E402
 from bench.peer.install import default_dir, load_manifest  # noqa: E402
 from bench.steps_worker import bench_agent, register  # noqa: E402
 from dex_ha import __version__ as dex_ha_version  # noqa: E402
+from harness.processes import pid_alive  # noqa: E402
 
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "peer_bench.json"
 DEPLOYMENTS = {"one": "one node", "three": "three nodes"}
@@ -135,7 +136,7 @@ async def dex_row(
     registered_before = len(registry.pids)
 
     def worker_pids() -> list[int]:  # started by this row (Restate's pids are in the registry too)
-        return [p for p in registry.pids[registered_before:] if steps_bench.is_running(p)]
+        return [p for p in registry.pids[registered_before:] if pid_alive(p)]
 
     async with PeakRss(lambda: deployment.node_pids, worker_pids) as rss:
         row = await steps_bench.measure(deployment, concurrency, args, root, registry, transport=transport)

@@ -24,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.peer.install import default_dir, load_manifest  # noqa: E402
-from bench.steps_bench import is_running  # noqa: E402
+from harness.processes import pid_alive  # noqa: E402
 
 RUN = REPO_ROOT / "bench" / "peer" / "run.py"
 SMOKE_DEADLINE_S = 55.0  # the run takes ~15 s; it must stay under a minute on a loaded machine
@@ -88,7 +88,7 @@ def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: P
     if manifest.get("etcd"):
         [etcd_row] = result["etcd"]["rows"]
         assert etcd_row["commits_per_second"] > 0
-    assert [pid for pid in result["pids"] if is_running(pid)] == []
+    assert [pid for pid in result["pids"] if pid_alive(pid)] == []
 
 
 @pytest.mark.skipif(
@@ -141,4 +141,4 @@ def test_one_short_run_measures_temporal_activities_and_stops_every_process(tmp_
     assert summary["ratio_temporal"]["best_steps_per_second"] == expected
     assert "(dex-ha / Temporal)" in done.stdout
     assert result["versions"]["temporalio"] == manifest["temporalio_version"]
-    assert [pid for pid in result["pids"] if is_running(pid)] == []
+    assert [pid for pid in result["pids"] if pid_alive(pid)] == []

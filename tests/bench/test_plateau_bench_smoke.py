@@ -7,6 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
+from harness.processes import pid_alive
 from tests.bench.run_bench import assert_exited_0, run_bench
 from tests.bench.test_steps_bench_smoke import load_module
 
@@ -44,7 +45,7 @@ def test_smoke_run_measures_both_concurrencies_each_round_swapping_the_nodes(tmp
     assert result["summary"]["steps_per_second_ratio"] == round(median, 3)
     # Two nodes and two Workers a round, all stopped by the bench before it exited.
     assert len(result["pids"]) == 2 + 2 * len(rounds)
-    assert [pid for pid in result["pids"] if steps_bench.is_running(pid)] == []
+    assert [pid for pid in result["pids"] if pid_alive(pid)] == []
 
 
 def test_the_ratios_are_high_over_low_and_the_summary_takes_their_median() -> None:

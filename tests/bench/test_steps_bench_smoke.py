@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
+from harness.processes import pid_alive
 from tests.bench.run_bench import assert_exited_0, run_bench
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +108,7 @@ def test_smoke_run_counts_steps_prints_the_table_and_stops_every_process(tmp_pat
     assert len(pids) == 1 + len(all_rows) + 3
     assert set(result["dev"]["node_pids"]) <= set(pids)
     assert {r["worker_pid"] for r in all_rows} <= set(pids)
-    assert [pid for pid in pids if steps_bench.is_running(pid)] == []
+    assert [pid for pid in pids if pid_alive(pid)] == []
 
 
 def completion(session: str, kind: str, at_ms: float) -> object:
