@@ -29,7 +29,7 @@ from dex_ha.engine.kinds import (
     spec_of,
     tool_outcome_on_exhaustion,
 )
-from dex_ha.engine.statuses import CallStatus, TurnStatus
+from dex_ha.engine.statuses import CallStatus, TimerPurpose, TurnStatus
 from dex_ha.engine.tasks import task_input
 
 
@@ -111,15 +111,15 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> None:
     """A due timer fires once: close a retry window, requeue after a backoff, end a sleep, or poll."""
     step = steps.fire_timer(ctx, timer)
     purpose = timer["purpose"]
-    if purpose == steps.RETRY_WINDOW:
+    if purpose == TimerPurpose.RETRY_WINDOW:
         follow_exhaustion(ctx, steps.close_retry_window(ctx, step))
         return
-    if purpose == "backoff":
+    if purpose == TimerPurpose.BACKOFF:
         steps.requeue(ctx, step)
         return
     steps.end_wait_step(ctx, step["step_id"])
     call = ctx.store.require_call(step["session_id"], step["call_id"])
-    if purpose == "sleep":
+    if purpose == TimerPurpose.SLEEP:
         calls.finish_call(ctx, call, CallStatus.SUCCEEDED, output={"slept_ms": timer["due_at"] - step["created_at"]})
     else:  # poll: the task's next poll, on the same handle
         calls.queue_poll(ctx, call)

@@ -20,7 +20,7 @@ from dex_ha.engine.kinds import (
     TASK_KINDS,
     idempotency_key,
 )
-from dex_ha.engine.statuses import StepStatus
+from dex_ha.engine.statuses import AttemptStatus, StepStatus
 from dex_ha.engine.store import (
     APPLIED_INDEX,
     CLUSTER_VERSION,
@@ -100,7 +100,7 @@ class AttemptState:
     """For a Worker's report on an attempt: whose is it, is (step, attempt, term) still
     current, and should it stop?"""
 
-    status: str  # running | completed | failed
+    status: AttemptStatus
     current: bool
     cancel_requested: bool
     worker_id: str  # the Worker it was handed to: the only one that may report on it
@@ -273,8 +273,8 @@ class Queries:
         row = self._store.attempt(step_id, attempt)
         if row is None or not same_token_secret(row["token_secret"], token_secret):
             return None
-        current = row["status"] == "running" and row["term"] == term
-        return AttemptState(row["status"], current, bool(row["cancel_requested"]), row["worker_id"])
+        current = row["status"] == AttemptStatus.RUNNING and row["term"] == term
+        return AttemptState(AttemptStatus(row["status"]), current, bool(row["cancel_requested"]), row["worker_id"])
 
     @read_transaction
     def next_timer(self) -> Timer | None:

@@ -26,12 +26,8 @@ from dex_ha.engine.kinds import (
     window_closed,
 )
 from dex_ha.engine.results import Rejected
-from dex_ha.engine.statuses import OPEN_STEP_STATUSES, StepStatus
+from dex_ha.engine.statuses import OPEN_STEP_STATUSES, AttemptStatus, StepStatus, TimerPurpose, TimerStatus
 from dex_ha.engine.store import FENCED_TERM, STEP_COLUMNS, to_json
-
-# Timer purposes: backoff (requeue for a retry), sleep, poll, and RETRY_WINDOW (the end of
-# a kind's retry window while a retry waits for a Worker).
-RETRY_WINDOW = "retry_window"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +114,7 @@ def start_attempt(
     if number > 1:
         if _retry_window_over(ctx, step):
             return exhaust(ctx, step, f"attempt {number} was not handed out in time ({window_closed(step['kind'])})")
-        _cancel_timers(ctx, step, purpose=RETRY_WINDOW)  # the retry starts in time
+        _cancel_timers(ctx, step, purpose=TimerPurpose.RETRY_WINDOW)  # the retry starts in time
     ctx.store.update(
         "steps",
         {"step_id": step_id},
@@ -155,7 +151,7 @@ def _record_attempt(
         term=term,
         worker_id=worker_id,
         idempotency_key=key,
-        status="running",
+        status=AttemptStatus.RUNNING,
         started_at=ctx.at,
         deadline_at=deadline,
         token_secret=token_secret,
@@ -208,7 +204,7 @@ def current_attempt(ctx: ApplyContext, step_id: str, number: int, term: int) -> 
         raise Rejected(
             "stale_attempt", f"attempt {number} of step {step_id} belongs to term {step['attempt_term']}, not {term}"
         )
-    if step["attempt_status"] != "running":
+    if step["attempt_status"] != AttemptStatus.RUNNING:
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} already {step['attempt_status']}")
     return step
 
@@ -255,7 +251,7 @@ def fail_attempt(
     ctx.store.update(
         "attempts",
         {"step_id": step["step_id"], "number": number},
-        status="failed",
+        status=AttemptStatus.FAILED,
         ended_at=ctx.at,
         error=error,
         attempt_progress=progress,
@@ -284,7 +280,7 @@ def fail_attempt(
     )
     if decision.retry:
         ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.BACKOFF)
-        set_timer(ctx, step, "backoff", ctx.at + max(0, decision.delay_ms - backoff_spent_ms))
+        set_timer(ctx, step, TimerPurpose.BACKOFF, ctx.at + max(0, decision.delay_ms - backoff_spent_ms))
         _watch_retry_window(ctx, step)
         return None
     return exhaust(ctx, step, f"{error} ({decision.why_not})")
@@ -317,10 +313,10 @@ def _watch_retry_window(ctx: ApplyContext, step: sqlite3.Row) -> None:
     hand-out of the retry cancels the timer."""
     end = retry_window_end(step["kind"], step["first_handout_at"])
     if end is not None:
-        set_timer(ctx, step, RETRY_WINDOW, end + 1)  # a hand-out at `end` itself is still in time
+        set_timer(ctx, step, TimerPurpose.RETRY_WINDOW, end + 1)  # a hand-out at `end` itself is still in time
 
 
-def _cancel_timers(ctx: ApplyContext, step: sqlite3.Row, purpose: str | None = None) -> None:
+def _cancel_timers(ctx: ApplyContext, step: sqlite3.Row, purpose: TimerPurpose | None = None) -> None:
     """Cancel the step's pending timers (of one purpose, or all). The session is in the
     condition so the lookup uses the index of pending timers by session."""
     sql = "UPDATE timers SET status = 'cancelled' WHERE session_id = ? AND step_id = ? AND status = 'pending'"
@@ -353,7 +349,7 @@ def fence_term(ctx: ApplyContext, term: int) -> list[sqlite3.Row]:
 # ---------------------------------------------------------------- timers
 
 
-def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: str, due_at: int) -> str:
+def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: TimerPurpose, due_at: int) -> str:
     timer_id = ctx.ids.new("tm")
     ctx.store.insert(
         "timers",
@@ -363,7 +359,7 @@ def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: st
         step_id=step["step_id"],
         purpose=purpose,
         due_at=due_at,
-        status="pending",
+        status=TimerStatus.PENDING,
     )
     ctx.emit(
         step["session_id"], "timer_set", timer_id=timer_id, step_id=step["step_id"], purpose=purpose, due_at=due_at
@@ -374,7 +370,7 @@ def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: st
 def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> sqlite3.Row:
     """A due timer fires once; returns its step. What the firing does (requeue after a
     backoff, end a sleep, poll, close a retry window) is by purpose, in `outcomes.py`."""
-    ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status="fired", fired_at=ctx.at)
+    ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status=TimerStatus.FIRED, fired_at=ctx.at)
     ctx.emit(
         timer["session_id"],
         "timer_fired",

@@ -1,0 +1,151 @@
+"""The status enums and the database cannot drift apart, and the engine spells no status
+as a bare string: each enum's values are exactly the set the schema documents for its
+table's `status` column, and an AST scan of the engine finds no string constant equal to
+a status used as a value (compared, assigned, passed, returned) outside statuses.py."""
+
+from __future__ import annotations
+
+import ast
+import enum
+import re
+from pathlib import Path
+
+import pytest
+
+from dex_ha.engine import schema
+from dex_ha.engine.statuses import (
+    ApprovalStatus,
+    AttemptStatus,
+    CallStatus,
+    MessageStatus,
+    QuestionStatus,
+    SessionStatus,
+    StepStatus,
+    TimerPurpose,
+    TimerStatus,
+    TurnStatus,
+)
+
+ENGINE = Path(schema.__file__).parent
+
+STATUS_OF_TABLE: dict[str, type[enum.StrEnum]] = {
+    "sessions": SessionStatus,
+    "messages": MessageStatus,
+    "turns": TurnStatus,
+    "steps": StepStatus,
+    "attempts": AttemptStatus,
+    "tool_calls": CallStatus,
+    "approvals": ApprovalStatus,
+    "questions": QuestionStatus,
+    "timers": TimerStatus,
+}
+
+
+def documented_values(table: str, column: str) -> set[str]:
+    """The values the schema's comment lists for `column` of `table`: `-- a | b | c`."""
+    body = re.search(rf"CREATE TABLE IF NOT EXISTS {table} \((.*?)\n\)", schema.SCHEMA, re.S)
+    assert body is not None, f"no table {table} in the schema"
+    line = re.search(rf"^\s*{column}\s+TEXT[^\n]*--\s*([^\n]*)$", body.group(1), re.M)
+    assert line is not None, f"{table}.{column} documents no values"
+    return {value.strip() for value in line.group(1).split("|")}
+
+
+@pytest.mark.parametrize("table", sorted(STATUS_OF_TABLE))
+def test_each_status_enum_is_exactly_what_its_table_stores(table: str) -> None:
+    assert {member.value for member in STATUS_OF_TABLE[table]} == documented_values(table, "status")
+
+
+def test_timer_purposes_are_exactly_what_timers_store() -> None:
+    assert {member.value for member in TimerPurpose} == documented_values("timers", "purpose")
+
+
+def test_every_status_column_of_the_schema_has_an_enum() -> None:
+    """A new table with a status column needs an enum (and a row above) too."""
+    tables = set(
+        re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((?:(?!\n\)).)*?\n\s*status\s+TEXT", schema.SCHEMA, re.S)
+    )
+    assert tables == set(STATUS_OF_TABLE)
+
+
+def test_the_documented_values_are_read_as_they_stand() -> None:
+    """The reader of schema comments itself: a wrong parse would make the test above vacuous."""
+    assert documented_values("steps", "status") == {
+        "queued",
+        "running",
+        "backoff",
+        "waiting",
+        "done",
+        "failed",
+        "cancelled",
+    }
+
+
+# ---------------------------------------------------------------- no bare statuses
+
+STATUS_VALUES = frozenset(
+    member.value for enum_type in (*STATUS_OF_TABLE.values(), TimerPurpose) for member in enum_type
+)
+
+
+def _value_positions(tree: ast.AST) -> list[ast.expr]:
+    """The expressions a status would stand in as a value: compared, assigned, passed as an
+    argument, put in a dict or a sequence, returned, or a branch of a conditional. Not a dict
+    key, a subscript, an annotation or a docstring (a response field named `cancelled` or a
+    row's `["status"]` is a name, not a status)."""
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            found += [node.left, *node.comparators]
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.Return)) and node.value is not None:
+            found.append(node.value)
+        elif isinstance(node, ast.Call):
+            found += [*node.args, *(k.value for k in node.keywords)]
+        elif isinstance(node, ast.Dict):
+            found += node.values
+        elif isinstance(node, ast.arguments):
+            found += [*node.defaults, *(d for d in node.kw_defaults if d is not None)]
+    expanded: list[ast.expr] = []
+    while found:
+        expr = found.pop()
+        if isinstance(expr, (ast.Tuple, ast.List, ast.Set)):
+            found += expr.elts
+        elif isinstance(expr, ast.IfExp):
+            found += [expr.body, expr.orelse]
+        else:
+            expanded.append(expr)
+    return expanded
+
+
+def bare_statuses(source: str, values: frozenset[str] = STATUS_VALUES) -> list[tuple[int, str]]:
+    return sorted(
+        (expr.lineno, expr.value)
+        for expr in _value_positions(ast.parse(source))
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str) and expr.value in values
+    )
+
+
+def test_the_scan_finds_a_bare_status_and_nothing_else() -> None:
+    source = '''
+"""A docstring that says pending and failed."""
+def f(row, ctx):
+    """pending"""
+    if row["status"] == "pending":
+        ctx.update("t", status="fired")
+    answer = {"cancelled": None, "status": "answered"}
+    sql = "SELECT 1 FROM timers WHERE status = 'pending'"
+    ok = row["status"] in ("idle", Status.RUNNING)
+    return "done" if ok else row["failed"]
+'''
+    assert bare_statuses(source) == [(5, "pending"), (6, "fired"), (7, "answered"), (9, "idle"), (10, "done")]
+
+
+# The same word with another meaning: (module, line's value) -> what it is there.
+NOT_A_STATUS = {("agents.py", "sleep"): "the name of the built-in sleep tool"}
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in ENGINE.glob("*.py") if p.name != "statuses.py"))
+def test_no_engine_module_spells_a_status_as_a_bare_string(path: str) -> None:
+    found = [
+        (line, value) for line, value in bare_statuses((ENGINE / path).read_text()) if (path, value) not in NOT_A_STATUS
+    ]
+    assert found == []
