@@ -20,13 +20,10 @@ from dex_ha.engine import steps, turns
 from dex_ha.engine.agents import ASK_USER, SLEEP, ToolPolicy, tool_policy
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    AWAIT_QUESTION_ANSWER,
-    AWAIT_TIMER,
-    AWAIT_TOOL_APPROVAL,
     MAX_DURATION_MS,
     NOT_COMPLETED,
     NOT_STARTED,
-    POLL_TOOL_TASK,
+    StepKind,
     max_attempts_for,
     not_run_error,
     tool_outcome_on_exhaustion,
@@ -174,7 +171,7 @@ def _start_sleep(ctx: ApplyContext, call: CallRow, arguments: dict[str, Any]) ->
             error=not_run_error(f"sleep needs `ms`, an integer from 0 to {MAX_DURATION_MS} (ten years)"),
         )
         return
-    step_id = _create_call_step(ctx, call, AWAIT_TIMER)
+    step_id = _create_call_step(ctx, call, StepKind.AWAIT_TIMER)
     steps.set_timer(ctx, _step_ref(call, step_id), TimerPurpose.SLEEP, ctx.at + ms)
 
 
@@ -191,7 +188,7 @@ def _record_inline_result(ctx: ApplyContext, call: CallRow, result: Any) -> None
 
 
 def _request_approval(ctx: ApplyContext, call: CallRow) -> None:
-    step_id = _create_call_step(ctx, call, AWAIT_TOOL_APPROVAL)
+    step_id = _create_call_step(ctx, call, StepKind.AWAIT_TOOL_APPROVAL)
     ctx.store.insert(
         "approvals",
         session_id=call["session_id"],
@@ -233,11 +230,11 @@ def queue_tool_step(ctx: ApplyContext, call: CallRow, answer: Any = NO_ANSWER) -
 
 def queue_poll(ctx: ApplyContext, call: CallRow) -> str:
     params = {"call_id": call["call_id"], "name": call["name"], "handle": from_json(call["handle"])}
-    return _create_call_step(ctx, call, POLL_TOOL_TASK, params=params)
+    return _create_call_step(ctx, call, StepKind.POLL_TOOL_TASK, params=params)
 
 
 def ask_question(ctx: ApplyContext, call: CallRow, source: str, question: Any) -> None:
-    step_id = _create_call_step(ctx, call, AWAIT_QUESTION_ANSWER)
+    step_id = _create_call_step(ctx, call, StepKind.AWAIT_QUESTION_ANSWER)
     question_id = ctx.ids.new("q")
     ctx.store.insert(
         "questions",
@@ -260,7 +257,7 @@ def ask_question(ctx: ApplyContext, call: CallRow, source: str, question: Any) -
     )
 
 
-def _create_call_step(ctx: ApplyContext, call: CallRow, kind: str, **kwargs: Any) -> str:
+def _create_call_step(ctx: ApplyContext, call: CallRow, kind: StepKind, **kwargs: Any) -> str:
     return steps.create_step(
         ctx,
         session_id=call["session_id"],
@@ -331,7 +328,7 @@ def _poll_after(result: dict[str, Any], default: int) -> int:
 
 
 def _wait_before_poll(ctx: ApplyContext, call: CallRow, delay_ms: int) -> None:
-    step_id = _create_call_step(ctx, call, AWAIT_TIMER)
+    step_id = _create_call_step(ctx, call, StepKind.AWAIT_TIMER)
     steps.set_timer(ctx, _step_ref(call, step_id), TimerPurpose.POLL, ctx.at + delay_ms)
 
 

@@ -39,13 +39,7 @@ from dex_ha.engine.commands import (
     StartQueuedAttempts,
 )
 from dex_ha.engine.context import ApplyContext, NeedsSavepoints
-from dex_ha.engine.kinds import (
-    CALL_SINGLE_ATTEMPT_TOOL,
-    CALL_TOOL,
-    COMPACT_CONTEXT,
-    POLL_TOOL_TASK,
-    RUN_MODEL,
-)
+from dex_ha.engine.kinds import StepKind
 from dex_ha.engine.results import HTTP_STATUS_BY_CODE, Rejected
 from dex_ha.engine.statuses import AttemptStatus, MessageStatus, SessionStatus, TimerStatus
 from dex_ha.engine.store import CLUSTER_VERSION, CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
@@ -323,11 +317,11 @@ def _hand_out_from_queue_heads(
 
 # What a completed task step does with its result, by kind.
 RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] = {
-    RUN_MODEL: calls.record_model_response,
-    COMPACT_CONTEXT: turns.record_summary,
-    CALL_TOOL: calls.record_tool_result,
-    CALL_SINGLE_ATTEMPT_TOOL: calls.record_tool_result,
-    POLL_TOOL_TASK: calls.record_poll_result,
+    StepKind.RUN_MODEL: calls.record_model_response,
+    StepKind.COMPACT_CONTEXT: turns.record_summary,
+    StepKind.CALL_TOOL: calls.record_tool_result,
+    StepKind.CALL_SINGLE_ATTEMPT_TOOL: calls.record_tool_result,
+    StepKind.POLL_TOOL_TASK: calls.record_poll_result,
 }
 
 

@@ -23,8 +23,8 @@ from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
     NOT_COMPLETED,
     NOT_STARTED,
-    RUN_MODEL,
     OnExhaustion,
+    StepKind,
     not_run_error,
     spec_of,
     tool_outcome_on_exhaustion,
@@ -61,7 +61,7 @@ def hand_out(
     if isinstance(attempt, steps.Exhausted):
         follow_exhaustion(ctx, attempt)
         return None
-    if attempt["kind"] == RUN_MODEL:
+    if attempt["kind"] == StepKind.RUN_MODEL:
         # Steered messages join the history at the model call that will see them, before
         # the attempt is announced: clients see them in the order the model does.
         turns.deliver_steered_messages(ctx, attempt["session_id"], attempt["turn_id"])

@@ -19,6 +19,7 @@ from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
     NOT_COMPLETED,
     NOT_STARTED,
+    StepKind,
     idempotency_key,
     retry_decision,
     retry_window_end,
@@ -45,7 +46,7 @@ def create_step(
     session_id: str,
     turn_id: str,
     agent: str,
-    kind: str,
+    kind: StepKind,
     call_id: str | None = None,
     params: dict[str, Any] | None = None,
     max_attempts: int | None = None,

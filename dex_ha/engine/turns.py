@@ -11,7 +11,7 @@ from typing import Any
 
 from dex_ha.engine import steps
 from dex_ha.engine.context import ApplyContext
-from dex_ha.engine.kinds import COMPACT_CONTEXT, RUN_MODEL
+from dex_ha.engine.kinds import StepKind
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.statuses import MessageStatus, SessionStatus, TurnStatus
 from dex_ha.engine.store import from_json, to_json
@@ -104,7 +104,7 @@ def schedule_model_round(ctx: ApplyContext, session_id: str, turn_id: str) -> No
             session_id=session_id,
             turn_id=turn_id,
             agent=session["agent"],
-            kind=COMPACT_CONTEXT,
+            kind=StepKind.COMPACT_CONTEXT,
             params={"upto_seq": seq, "upto_tokens": tokens},
             start_to_close_ms=model_timeout,
         )
@@ -114,7 +114,7 @@ def schedule_model_round(ctx: ApplyContext, session_id: str, turn_id: str) -> No
             session_id=session_id,
             turn_id=turn_id,
             agent=session["agent"],
-            kind=RUN_MODEL,
+            kind=StepKind.RUN_MODEL,
             start_to_close_ms=model_timeout,
         )
 

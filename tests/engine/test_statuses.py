@@ -1,7 +1,8 @@
-"""The status enums and the database cannot drift apart, and the engine spells no status
-as a bare string: each enum's values are exactly the set the schema documents for its
-table's `status` column, and an AST scan of the engine finds no string constant equal to
-a status used as a value (compared, assigned, passed, returned) outside statuses.py."""
+"""The status and step-kind enums cannot drift from the database, and the engine spells none
+of their values as a bare string: each status enum's values are exactly the set the schema
+documents for its table's column, the kind table has an entry for every StepKind, and an
+AST scan of the engine finds no string constant equal to one of these values used as a value
+(compared, assigned, passed, returned) outside the enums' own definitions."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dex_ha.engine import schema
+from dex_ha.engine.kinds import STEP_KINDS, TASK_KINDS, StepKind
 from dex_ha.engine.statuses import (
     ApprovalStatus,
     AttemptStatus,
@@ -25,6 +27,7 @@ from dex_ha.engine.statuses import (
     TimerStatus,
     TurnStatus,
 )
+from dex_ha.worker import runner
 
 ENGINE = Path(schema.__file__).parent
 
@@ -80,10 +83,30 @@ def test_the_documented_values_are_read_as_they_stand() -> None:
     }
 
 
+def test_the_kind_table_is_keyed_by_every_step_kind() -> None:
+    assert len(STEP_KINDS) == len(StepKind) and set(STEP_KINDS) == set(StepKind)
+    assert all(type(kind) is StepKind and spec.kind is kind for kind, spec in STEP_KINDS.items())
+
+
+def test_a_stored_kind_finds_its_entry_as_the_plain_string() -> None:
+    assert STEP_KINDS["RunModel"].kind is StepKind.RUN_MODEL and "PollToolTask" in TASK_KINDS
+
+
+def test_the_python_worker_names_the_task_kinds_as_the_engine_does() -> None:
+    """The Worker SDK may not import the engine: its own constants must stay equal."""
+    assert {
+        runner.RUN_MODEL,
+        runner.CALL_TOOL,
+        runner.CALL_SINGLE_ATTEMPT_TOOL,
+        runner.POLL_TOOL_TASK,
+        runner.COMPACT_CONTEXT,
+    } == set(TASK_KINDS)
+
+
 # ---------------------------------------------------------------- no bare statuses
 
 STATUS_VALUES = frozenset(
-    member.value for enum_type in (*STATUS_OF_TABLE.values(), TimerPurpose) for member in enum_type
+    member.value for enum_type in (*STATUS_OF_TABLE.values(), TimerPurpose, StepKind) for member in enum_type
 )
 
 
@@ -91,9 +114,17 @@ def _value_positions(tree: ast.AST) -> list[ast.expr]:
     """The expressions a status would stand in as a value: compared, assigned, passed as an
     argument, put in a dict or a sequence, returned, or a branch of a conditional. Not a dict
     key, a subscript, an annotation or a docstring (a response field named `cancelled` or a
-    row's `["status"]` is a name, not a status)."""
+    row's `["status"]` is a name, not a status), nor a member of a StrEnum's definition."""
+    members = {
+        id(statement)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(base).endswith("StrEnum") for base in node.bases)
+        for statement in node.body
+    }
     found: list[ast.expr] = []
     for node in ast.walk(tree):
+        if id(node) in members:
+            continue
         if isinstance(node, ast.Compare):
             found += [node.left, *node.comparators]
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.Return)) and node.value is not None:
@@ -127,6 +158,8 @@ def bare_statuses(source: str, values: frozenset[str] = STATUS_VALUES) -> list[t
 def test_the_scan_finds_a_bare_status_and_nothing_else() -> None:
     source = '''
 """A docstring that says pending and failed."""
+class Status(enum.StrEnum):
+    RUNNING = "running"
 def f(row, ctx):
     """pending"""
     if row["status"] == "pending":
@@ -134,16 +167,24 @@ def f(row, ctx):
     answer = {"cancelled": None, "status": "answered"}
     sql = "SELECT 1 FROM timers WHERE status = 'pending'"
     ok = row["status"] in ("idle", Status.RUNNING)
+    step = create(kind="RunModel")
     return "done" if ok else row["failed"]
 '''
-    assert bare_statuses(source) == [(5, "pending"), (6, "fired"), (7, "answered"), (9, "idle"), (10, "done")]
+    assert bare_statuses(source) == [
+        (7, "pending"),
+        (8, "fired"),
+        (9, "answered"),
+        (11, "idle"),
+        (12, "RunModel"),
+        (13, "done"),
+    ]
 
 
 # The same word with another meaning: (module, line's value) -> what it is there.
 NOT_A_STATUS = {("agents.py", "sleep"): "the name of the built-in sleep tool"}
 
 
-@pytest.mark.parametrize("path", sorted(p.name for p in ENGINE.glob("*.py") if p.name != "statuses.py"))
+@pytest.mark.parametrize("path", sorted(p.name for p in ENGINE.glob("*.py")))
 def test_no_engine_module_spells_a_status_as_a_bare_string(path: str) -> None:
     found = [
         (line, value) for line, value in bare_statuses((ENGINE / path).read_text()) if (path, value) not in NOT_A_STATUS
