@@ -1,8 +1,8 @@
-"""The status and step-kind enums cannot drift from the database, and the engine spells none
-of their values as a bare string: each status enum's values are exactly the set the schema
+"""The status and step-kind enums cannot drift from the database, and no module spells
+their values as bare strings: each status enum's values are exactly the set the schema
 documents for its table's column, the kind table has an entry for every StepKind, and an
-AST scan of the engine finds no string constant equal to one of these values used as a value
-(compared, assigned, passed, returned) outside the enums' own definitions."""
+AST scan of the engine and the server finds no string constant equal to one of these values
+used as a value (compared, assigned, passed, returned) outside the enums' own definitions."""
 
 from __future__ import annotations
 
@@ -180,13 +180,30 @@ def f(row, ctx):
     ]
 
 
-# The same word with another meaning: (module, line's value) -> what it is there.
-NOT_A_STATUS = {("agents.py", "sleep"): "the name of the built-in sleep tool"}
+# The same word with another meaning: (module, value) -> what it is there.
+NOT_A_STATUS = {
+    ("engine/agents.py", "sleep"): "the name of the built-in sleep tool",
+    ("server/api_spec.py", "outcome_unknown"): "the name of a session list's query field",
+    ("server/api_spec.py", "approved"): "the name of an approval decision's body field",
+    ("server/app.py", "outcome_unknown"): "the name of a session list's query field",
+}
+PACKAGE = ENGINE.parent
+MODULES = sorted(
+    str(p.relative_to(PACKAGE)) for folder in ("engine", "server") for p in (PACKAGE / folder).rglob("*.py")
+)
 
 
-@pytest.mark.parametrize("path", sorted(p.name for p in ENGINE.glob("*.py")))
-def test_no_engine_module_spells_a_status_as_a_bare_string(path: str) -> None:
+@pytest.mark.parametrize("path", MODULES)
+def test_no_engine_or_server_module_spells_a_status_as_a_bare_string(path: str) -> None:
     found = [
-        (line, value) for line, value in bare_statuses((ENGINE / path).read_text()) if (path, value) not in NOT_A_STATUS
+        (line, value)
+        for line, value in bare_statuses((PACKAGE / path).read_text())
+        if (path, value) not in NOT_A_STATUS
     ]
     assert found == []
+
+
+def test_each_exception_to_the_scan_is_still_needed() -> None:
+    """An exception whose word has gone would later hide a real bare status."""
+    for path, value in NOT_A_STATUS:
+        assert value in {found for _, found in bare_statuses((PACKAGE / path).read_text())}, (path, value)
