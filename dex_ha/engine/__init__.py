@@ -64,7 +64,7 @@ from dex_ha.engine.commands import (
 )
 from dex_ha.engine.engine import Engine, EngineReader, copy_to_bytes
 from dex_ha.engine.handlers import MAX_EXPIRED_PER_ENTRY
-from dex_ha.engine.kinds import NOT_COMPLETED, NOT_STARTED, STEP_KINDS, StepKind, StepKindSpec, idempotency_key
+from dex_ha.engine.kinds import STEP_KINDS, StepKind, StepKindSpec, idempotency_key
 from dex_ha.engine.queries import (
     AttemptState,
     Page,
@@ -80,9 +80,7 @@ from dex_ha.worker_protocol import Task
 __all__ = [
     "DEFAULT_NAMESPACE",
     "MAX_EXPIRED_PER_ENTRY",
-    "NOT_COMPLETED",
     "FIRST_STATE_MACHINE_VERSION",
-    "NOT_STARTED",
     "STATE_MACHINE_VERSION",
     "STEP_KINDS",
     "StepKind",

@@ -21,8 +21,6 @@ from dex_ha.engine.agents import ASK_USER, SLEEP, ToolPolicy, tool_policy
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
     MAX_DURATION_MS,
-    NOT_COMPLETED,
-    NOT_STARTED,
     StepKind,
     max_attempts_for,
     not_run_error,
@@ -33,6 +31,7 @@ from dex_ha.engine.results import Rejected
 from dex_ha.engine.statuses import (
     FINAL_CALL_STATUSES,
     ApprovalStatus,
+    AttemptProgress,
     CallStatus,
     QuestionStatus,
     TimerPurpose,
@@ -145,7 +144,7 @@ def _route_call(ctx: ApplyContext, call: dict[str, Any], policy: ToolPolicy | No
             ctx,
             call,
             CallStatus.FAILED,
-            progress=NOT_STARTED,
+            progress=AttemptProgress.NOT_STARTED,
             error=not_run_error(f"no registered agent defines the tool {name!r}"),
         )
     elif name == ASK_USER:
@@ -167,7 +166,7 @@ def _start_sleep(ctx: ApplyContext, call: CallRow, arguments: dict[str, Any]) ->
             ctx,
             call,
             CallStatus.FAILED,
-            progress=NOT_STARTED,
+            progress=AttemptProgress.NOT_STARTED,
             error=not_run_error(f"sleep needs `ms`, an integer from 0 to {MAX_DURATION_MS} (ten years)"),
         )
         return
@@ -342,7 +341,7 @@ def finish_call(
     *,
     output: Any = None,
     error: str | None = None,
-    progress: str | None = None,
+    progress: AttemptProgress | None = None,
 ) -> None:
     """Record the call's one final outcome; the last call of a response moves the turn on.
     `call` needs only its key (session_id, call_id): the rest comes back from the UPDATE."""
@@ -405,16 +404,20 @@ def cancel_pending_calls(ctx: ApplyContext, turn_id: str) -> None:
         (turn_id,),
     ):
         if call["ran"]:
-            status = tool_outcome_on_exhaustion(call["effect"], NOT_COMPLETED)
+            status = tool_outcome_on_exhaustion(call["effect"], AttemptProgress.NOT_COMPLETED)
             error = (
                 "the turn was cancelled while the tool ran"
                 if status == CallStatus.FAILED
                 else "the outcome is unknown: the turn was cancelled while the tool ran; it will not run again"
             )
-            finish_call(ctx, call, status, error=error, progress=NOT_COMPLETED)
+            finish_call(ctx, call, status, error=error, progress=AttemptProgress.NOT_COMPLETED)
         else:
             finish_call(
-                ctx, call, CallStatus.FAILED, error=not_run_error("the turn was cancelled"), progress=NOT_STARTED
+                ctx,
+                call,
+                CallStatus.FAILED,
+                error=not_run_error("the turn was cancelled"),
+                progress=AttemptProgress.NOT_STARTED,
             )
 
 
@@ -450,7 +453,7 @@ def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: 
             ctx,
             call,
             CallStatus.FAILED,
-            progress=NOT_STARTED,
+            progress=AttemptProgress.NOT_STARTED,
             # It never ran, so it carries the not-run prefix as every NOT_STARTED call does;
             # the reason follows, so the model sees why the user refused it.
             error=not_run_error("the user denied the tool call" + (f": {reason}" if reason else "")),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
-from dex_ha.engine.statuses import CallStatus
+from dex_ha.engine.statuses import AttemptProgress, CallStatus
 
 
 class StepKind(enum.StrEnum):
@@ -33,9 +33,6 @@ class StepKind(enum.StrEnum):
     COMPACT_CONTEXT = "CompactContext"
     AWAIT_USER_MESSAGE = "AwaitUserMessage"
 
-
-NOT_STARTED = "NOT_STARTED"
-NOT_COMPLETED = "NOT_COMPLETED"
 
 # How long a Worker may stay silent before the leader fails its attempt. The server's
 # configuration overrides it; the engine only reports it in the task.
@@ -290,7 +287,7 @@ def window_closed(kind: str) -> str:
 
 def tool_outcome_on_exhaustion(effect: str, progress: str) -> CallStatus:
     """The status a tool call records when its step can run no more."""
-    if progress == NOT_STARTED:
+    if progress == AttemptProgress.NOT_STARTED:
         return CallStatus.FAILED
     return CallStatus.FAILED if effect == "read" else CallStatus.OUTCOME_UNKNOWN
 

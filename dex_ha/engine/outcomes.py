@@ -21,15 +21,13 @@ from typing import Any
 from dex_ha.engine import calls, steps, turns
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED,
-    NOT_STARTED,
     OnExhaustion,
     StepKind,
     not_run_error,
     spec_of,
     tool_outcome_on_exhaustion,
 )
-from dex_ha.engine.statuses import CallStatus, TimerPurpose, TurnStatus
+from dex_ha.engine.statuses import AttemptProgress, CallStatus, TimerPurpose, TurnStatus
 from dex_ha.engine.tasks import task_input
 
 
@@ -43,9 +41,9 @@ def follow_exhaustion(ctx: ApplyContext, exhausted: steps.Exhausted | None) -> N
         turns.fail_turn(ctx, step["session_id"], step["turn_id"], f"{step['kind']} failed: {error}")
     elif rule is OnExhaustion.TOOL_OUTCOME:
         call = ctx.store.require_call(step["session_id"], step["call_id"])
-        progress = NOT_COMPLETED if call["ran"] else NOT_STARTED
+        progress = AttemptProgress.NOT_COMPLETED if call["ran"] else AttemptProgress.NOT_STARTED
         status = tool_outcome_on_exhaustion(call["effect"], progress)
-        if progress == NOT_STARTED:
+        if progress == AttemptProgress.NOT_STARTED:
             error = not_run_error(error)
         elif status == CallStatus.OUTCOME_UNKNOWN:
             error = f"the outcome is unknown: the tool may have run and will not run again ({error})"

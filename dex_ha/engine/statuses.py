@@ -77,6 +77,13 @@ class AttemptStatus(enum.StrEnum):
     FAILED = "failed"  # reported failed, timed out, or lost with its Worker
 
 
+class AttemptProgress(enum.StrEnum):
+    """How far a failed attempt (and a tool call that did not succeed) got."""
+
+    NOT_STARTED = "NOT_STARTED"  # the tool never ran: running it later cannot repeat an effect
+    NOT_COMPLETED = "NOT_COMPLETED"  # the tool may have run
+
+
 class ApprovalStatus(enum.StrEnum):
     PENDING = "pending"
     APPROVED = "approved"

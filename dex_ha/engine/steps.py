@@ -17,8 +17,6 @@ from typing import Any
 
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED,
-    NOT_STARTED,
     StepKind,
     idempotency_key,
     retry_decision,
@@ -27,7 +25,14 @@ from dex_ha.engine.kinds import (
     window_closed,
 )
 from dex_ha.engine.results import Rejected
-from dex_ha.engine.statuses import OPEN_STEP_STATUSES, AttemptStatus, StepStatus, TimerPurpose, TimerStatus
+from dex_ha.engine.statuses import (
+    OPEN_STEP_STATUSES,
+    AttemptProgress,
+    AttemptStatus,
+    StepStatus,
+    TimerPurpose,
+    TimerStatus,
+)
 from dex_ha.engine.store import FENCED_TERM, STEP_COLUMNS, to_json
 
 
@@ -248,7 +253,7 @@ def fail_attempt(
     (`not_started`); the step retries after a backoff, or is exhausted and returned. The
     backoff counts from when the attempt stopped: `backoff_spent_ms` of it passed already
     (a Worker found silent that long)."""
-    progress = NOT_STARTED if not_started else NOT_COMPLETED
+    progress = AttemptProgress.NOT_STARTED if not_started else AttemptProgress.NOT_COMPLETED
     ctx.store.update(
         "attempts",
         {"step_id": step["step_id"], "number": number},
@@ -297,7 +302,7 @@ def _recheck_call_ran(ctx: ApplyContext, step: sqlite3.Row) -> None:
         "SELECT 1 FROM attempts a JOIN steps s ON s.step_id = a.step_id "
         "WHERE s.session_id = ? AND s.call_id = ? "
         "AND NOT (a.status = 'failed' AND a.attempt_progress = ?) LIMIT 1",
-        (step["session_id"], step["call_id"], NOT_STARTED),
+        (step["session_id"], step["call_id"], AttemptProgress.NOT_STARTED),
     )
     if not may_have_run:
         ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=0)

@@ -17,6 +17,7 @@ from dex_ha.engine import schema
 from dex_ha.engine.kinds import STEP_KINDS, TASK_KINDS, StepKind
 from dex_ha.engine.statuses import (
     ApprovalStatus,
+    AttemptProgress,
     AttemptStatus,
     CallStatus,
     MessageStatus,
@@ -45,12 +46,13 @@ STATUS_OF_TABLE: dict[str, type[enum.StrEnum]] = {
 
 
 def documented_values(table: str, column: str) -> set[str]:
-    """The values the schema's comment lists for `column` of `table`: `-- a | b | c`."""
+    """The values the schema's comment lists for `column` of `table`: `-- a | b | c`, each
+    value perhaps followed by words that explain it."""
     body = re.search(rf"CREATE TABLE IF NOT EXISTS {table} \((.*?)\n\)", schema.SCHEMA, re.S)
     assert body is not None, f"no table {table} in the schema"
     line = re.search(rf"^\s*{column}\s+TEXT[^\n]*--\s*([^\n]*)$", body.group(1), re.M)
     assert line is not None, f"{table}.{column} documents no values"
-    return {value.strip() for value in line.group(1).split("|")}
+    return {re.split(r"[\s,]", value.strip())[0] for value in line.group(1).split("|")}
 
 
 @pytest.mark.parametrize("table", sorted(STATUS_OF_TABLE))
@@ -60,6 +62,10 @@ def test_each_status_enum_is_exactly_what_its_table_stores(table: str) -> None:
 
 def test_timer_purposes_are_exactly_what_timers_store() -> None:
     assert {member.value for member in TimerPurpose} == documented_values("timers", "purpose")
+
+
+def test_attempt_progress_is_exactly_what_tool_calls_store() -> None:
+    assert {member.value for member in AttemptProgress} == documented_values("tool_calls", "attempt_progress")
 
 
 def test_every_status_column_of_the_schema_has_an_enum() -> None:
@@ -72,6 +78,7 @@ def test_every_status_column_of_the_schema_has_an_enum() -> None:
 
 def test_the_documented_values_are_read_as_they_stand() -> None:
     """The reader of schema comments itself: a wrong parse would make the test above vacuous."""
+    assert documented_values("tool_calls", "attempt_progress") == {"NOT_STARTED", "NOT_COMPLETED"}
     assert documented_values("steps", "status") == {
         "queued",
         "running",
@@ -106,7 +113,9 @@ def test_the_python_worker_names_the_task_kinds_as_the_engine_does() -> None:
 # ---------------------------------------------------------------- no bare statuses
 
 STATUS_VALUES = frozenset(
-    member.value for enum_type in (*STATUS_OF_TABLE.values(), TimerPurpose, StepKind) for member in enum_type
+    member.value
+    for enum_type in (*STATUS_OF_TABLE.values(), TimerPurpose, AttemptProgress, StepKind)
+    for member in enum_type
 )
 
 
