@@ -1,5 +1,6 @@
 """The statuses of sessions, messages, turns, steps, attempts, tool calls, approvals,
-questions and timers, as the state machine stores them.
+questions and timers, as the state machine stores them; and the other closed sets of words
+a row stores (timer purposes, attempt progress) or a Worker reports (a tool result's status).
 
 Each is a StrEnum: a member is its string (`StepStatus.QUEUED == "queued"`), so it
 serialises, binds into SQL and compares with a stored row exactly as the bare string did;
