@@ -64,22 +64,7 @@ from dex_ha.engine.commands import (
 )
 from dex_ha.engine.engine import Engine, EngineReader, copy_to_bytes
 from dex_ha.engine.handlers import MAX_EXPIRED_PER_ENTRY
-from dex_ha.engine.kinds import (
-    AWAIT_QUESTION_ANSWER,
-    AWAIT_TIMER,
-    AWAIT_TOOL_APPROVAL,
-    AWAIT_USER_MESSAGE,
-    CALL_SINGLE_ATTEMPT_TOOL,
-    CALL_TOOL,
-    COMPACT_CONTEXT,
-    NOT_COMPLETED,
-    NOT_STARTED,
-    POLL_TOOL_TASK,
-    RUN_MODEL,
-    STEP_KINDS,
-    StepKindSpec,
-    idempotency_key,
-)
+from dex_ha.engine.kinds import STEP_KINDS, StepKind, StepKindSpec, idempotency_key
 from dex_ha.engine.queries import (
     AttemptState,
     Page,
@@ -93,22 +78,12 @@ from dex_ha.engine.results import ApplyResult
 from dex_ha.worker_protocol import Task
 
 __all__ = [
-    "AWAIT_QUESTION_ANSWER",
-    "AWAIT_TIMER",
-    "AWAIT_TOOL_APPROVAL",
-    "AWAIT_USER_MESSAGE",
-    "CALL_SINGLE_ATTEMPT_TOOL",
-    "CALL_TOOL",
-    "COMPACT_CONTEXT",
     "DEFAULT_NAMESPACE",
     "MAX_EXPIRED_PER_ENTRY",
-    "NOT_COMPLETED",
     "FIRST_STATE_MACHINE_VERSION",
-    "NOT_STARTED",
     "STATE_MACHINE_VERSION",
-    "POLL_TOOL_TASK",
-    "RUN_MODEL",
     "STEP_KINDS",
+    "StepKind",
     "AnswerQuestion",
     "ApplyResult",
     "AttemptState",

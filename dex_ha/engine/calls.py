@@ -20,20 +20,24 @@ from dex_ha.engine import steps, turns
 from dex_ha.engine.agents import ASK_USER, SLEEP, ToolPolicy, tool_policy
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    AWAIT_QUESTION_ANSWER,
-    AWAIT_TIMER,
-    AWAIT_TOOL_APPROVAL,
     MAX_DURATION_MS,
-    NOT_COMPLETED,
-    NOT_STARTED,
-    POLL_TOOL_TASK,
+    StepKind,
     max_attempts_for,
     not_run_error,
     tool_outcome_on_exhaustion,
     tool_step_kind,
 )
 from dex_ha.engine.results import Rejected
-from dex_ha.engine.statuses import FINAL_CALL_STATUSES, CallStatus, TurnStatus
+from dex_ha.engine.statuses import (
+    FINAL_CALL_STATUSES,
+    ApprovalStatus,
+    AttemptProgress,
+    CallStatus,
+    QuestionStatus,
+    TimerPurpose,
+    ToolResultStatus,
+    TurnStatus,
+)
 from dex_ha.engine.store import from_json, to_json
 
 DEFAULT_POLL_AFTER_MS = 1_000
@@ -140,7 +144,7 @@ def _route_call(ctx: ApplyContext, call: dict[str, Any], policy: ToolPolicy | No
             ctx,
             call,
             CallStatus.FAILED,
-            progress=NOT_STARTED,
+            progress=AttemptProgress.NOT_STARTED,
             error=not_run_error(f"no registered agent defines the tool {name!r}"),
         )
     elif name == ASK_USER:
@@ -162,34 +166,34 @@ def _start_sleep(ctx: ApplyContext, call: CallRow, arguments: dict[str, Any]) ->
             ctx,
             call,
             CallStatus.FAILED,
-            progress=NOT_STARTED,
+            progress=AttemptProgress.NOT_STARTED,
             error=not_run_error(f"sleep needs `ms`, an integer from 0 to {MAX_DURATION_MS} (ten years)"),
         )
         return
-    step_id = _create_call_step(ctx, call, AWAIT_TIMER)
-    steps.set_timer(ctx, _step_ref(call, step_id), "sleep", ctx.at + ms)
+    step_id = _create_call_step(ctx, call, StepKind.AWAIT_TIMER)
+    steps.set_timer(ctx, _step_ref(call, step_id), TimerPurpose.SLEEP, ctx.at + ms)
 
 
 def _record_inline_result(ctx: ApplyContext, call: CallRow, result: Any) -> None:
     """An inline tool ran inside the model call (at-least-once); it has no step of its own."""
     ctx.store.update("tool_calls", _key(call), ran=1, step_id=call["response_step_id"])
     status = result.get("status") if isinstance(result, dict) else None
-    if status == "ok":
+    if status == ToolResultStatus.OK:
         finish_call(ctx, call, CallStatus.SUCCEEDED, output=result.get("output"))
-    elif status == "error":
+    elif status == ToolResultStatus.ERROR:
         finish_call(ctx, call, CallStatus.FAILED, error=str(result.get("error")))
     else:
         finish_call(ctx, call, CallStatus.FAILED, error="the Worker reported no result for this inline tool")
 
 
 def _request_approval(ctx: ApplyContext, call: CallRow) -> None:
-    step_id = _create_call_step(ctx, call, AWAIT_TOOL_APPROVAL)
+    step_id = _create_call_step(ctx, call, StepKind.AWAIT_TOOL_APPROVAL)
     ctx.store.insert(
         "approvals",
         session_id=call["session_id"],
         call_id=call["call_id"],
         step_id=step_id,
-        status="pending",
+        status=ApprovalStatus.PENDING,
         requested_at=ctx.at,
     )
     ctx.emit(
@@ -225,11 +229,11 @@ def queue_tool_step(ctx: ApplyContext, call: CallRow, answer: Any = NO_ANSWER) -
 
 def queue_poll(ctx: ApplyContext, call: CallRow) -> str:
     params = {"call_id": call["call_id"], "name": call["name"], "handle": from_json(call["handle"])}
-    return _create_call_step(ctx, call, POLL_TOOL_TASK, params=params)
+    return _create_call_step(ctx, call, StepKind.POLL_TOOL_TASK, params=params)
 
 
 def ask_question(ctx: ApplyContext, call: CallRow, source: str, question: Any) -> None:
-    step_id = _create_call_step(ctx, call, AWAIT_QUESTION_ANSWER)
+    step_id = _create_call_step(ctx, call, StepKind.AWAIT_QUESTION_ANSWER)
     question_id = ctx.ids.new("q")
     ctx.store.insert(
         "questions",
@@ -239,7 +243,7 @@ def ask_question(ctx: ApplyContext, call: CallRow, source: str, question: Any) -
         step_id=step_id,
         source=source,
         question=to_json(question),
-        status="pending",
+        status=QuestionStatus.PENDING,
         asked_at=ctx.at,
     )
     ctx.emit(
@@ -252,7 +256,7 @@ def ask_question(ctx: ApplyContext, call: CallRow, source: str, question: Any) -
     )
 
 
-def _create_call_step(ctx: ApplyContext, call: CallRow, kind: str, **kwargs: Any) -> str:
+def _create_call_step(ctx: ApplyContext, call: CallRow, kind: StepKind, **kwargs: Any) -> str:
     return steps.create_step(
         ctx,
         session_id=call["session_id"],
@@ -278,13 +282,13 @@ def _key(call: CallRow) -> dict[str, Any]:
 def record_tool_result(ctx: ApplyContext, step: sqlite3.Row, result: dict[str, Any]) -> None:
     """A CallTool / CallSingleAttemptTool result: ok, error, question or task."""
     status = result.get("status")
-    if status == "ok":  # the step names the call: finish_call needs no more of it
+    if status == ToolResultStatus.OK:  # the step names the call: finish_call needs no more of it
         finish_call(ctx, step, CallStatus.SUCCEEDED, output=result.get("output"))
-    elif status == "error":
+    elif status == ToolResultStatus.ERROR:
         finish_call(ctx, step, CallStatus.FAILED, error=str(result.get("error")))
-    elif status == "question":
+    elif status == ToolResultStatus.QUESTION:
         ask_question(ctx, ctx.store.require_call(step["session_id"], step["call_id"]), "tool", result.get("question"))
-    elif status == "task":
+    elif status == ToolResultStatus.TASK:
         _start_task(ctx, ctx.store.require_call(step["session_id"], step["call_id"]), result)
     else:
         raise Rejected("invalid", "result.status must be ok, error, question or task")
@@ -303,13 +307,13 @@ def record_poll_result(ctx: ApplyContext, step: sqlite3.Row, result: dict[str, A
     """A PollToolTask result: pending (poll again later), ok or error."""
     call = ctx.store.require_call(step["session_id"], step["call_id"])
     status = result.get("status")
-    if status == "pending":
+    if status == ToolResultStatus.PENDING:
         poll_after = _poll_after(result, call["poll_after_ms"] or DEFAULT_POLL_AFTER_MS)
         ctx.store.update("tool_calls", _key(call), poll_after_ms=poll_after)
         _wait_before_poll(ctx, call, poll_after)
-    elif status == "ok":
+    elif status == ToolResultStatus.OK:
         finish_call(ctx, call, CallStatus.SUCCEEDED, output=result.get("output"))
-    elif status == "error":
+    elif status == ToolResultStatus.ERROR:
         finish_call(ctx, call, CallStatus.FAILED, error=str(result.get("error")))
     else:
         raise Rejected("invalid", "a poll result's status must be pending, ok or error")
@@ -323,8 +327,8 @@ def _poll_after(result: dict[str, Any], default: int) -> int:
 
 
 def _wait_before_poll(ctx: ApplyContext, call: CallRow, delay_ms: int) -> None:
-    step_id = _create_call_step(ctx, call, AWAIT_TIMER)
-    steps.set_timer(ctx, _step_ref(call, step_id), "poll", ctx.at + delay_ms)
+    step_id = _create_call_step(ctx, call, StepKind.AWAIT_TIMER)
+    steps.set_timer(ctx, _step_ref(call, step_id), TimerPurpose.POLL, ctx.at + delay_ms)
 
 
 # ---------------------------------------------------------------- outcomes
@@ -337,7 +341,7 @@ def finish_call(
     *,
     output: Any = None,
     error: str | None = None,
-    progress: str | None = None,
+    progress: AttemptProgress | None = None,
 ) -> None:
     """Record the call's one final outcome; the last call of a response moves the turn on.
     `call` needs only its key (session_id, call_id): the rest comes back from the UPDATE."""
@@ -400,16 +404,20 @@ def cancel_pending_calls(ctx: ApplyContext, turn_id: str) -> None:
         (turn_id,),
     ):
         if call["ran"]:
-            status = tool_outcome_on_exhaustion(call["effect"], NOT_COMPLETED)
+            status = tool_outcome_on_exhaustion(call["effect"], AttemptProgress.NOT_COMPLETED)
             error = (
                 "the turn was cancelled while the tool ran"
                 if status == CallStatus.FAILED
                 else "the outcome is unknown: the turn was cancelled while the tool ran; it will not run again"
             )
-            finish_call(ctx, call, status, error=error, progress=NOT_COMPLETED)
+            finish_call(ctx, call, status, error=error, progress=AttemptProgress.NOT_COMPLETED)
         else:
             finish_call(
-                ctx, call, CallStatus.FAILED, error=not_run_error("the turn was cancelled"), progress=NOT_STARTED
+                ctx,
+                call,
+                CallStatus.FAILED,
+                error=not_run_error("the turn was cancelled"),
+                progress=AttemptProgress.NOT_STARTED,
             )
 
 
@@ -421,8 +429,8 @@ def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: 
     approval = ctx.store.approval(session_id, call_id)
     if approval is None:
         raise Rejected("not_found", f"call {call_id} of session {session_id} awaits no approval")
-    decided = {"approved": True, "denied": False}.get(approval["status"])
-    if approval["status"] == "cancelled":
+    decided = {ApprovalStatus.APPROVED: True, ApprovalStatus.DENIED: False}.get(approval["status"])
+    if approval["status"] == ApprovalStatus.CANCELLED:
         raise Rejected("conflict", f"call {call_id}: its turn was cancelled")
     if decided is not None:
         if decided == approved:
@@ -431,7 +439,7 @@ def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: 
     ctx.store.update(
         "approvals",
         {"session_id": session_id, "call_id": call_id},
-        status="approved" if approved else "denied",
+        status=ApprovalStatus.APPROVED if approved else ApprovalStatus.DENIED,
         reason=reason,
         decided_at=ctx.at,
     )
@@ -445,7 +453,7 @@ def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: 
             ctx,
             call,
             CallStatus.FAILED,
-            progress=NOT_STARTED,
+            progress=AttemptProgress.NOT_STARTED,
             # It never ran, so it carries the not-run prefix as every NOT_STARTED call does;
             # the reason follows, so the model sees why the user refused it.
             error=not_run_error("the user denied the tool call" + (f": {reason}" if reason else "")),
@@ -458,14 +466,18 @@ def answer_question(ctx: ApplyContext, session_id: str, question_id: str, answer
     question = ctx.store.question(question_id)
     if question is None or question["session_id"] != session_id:
         raise Rejected("not_found", f"session {session_id} has no question {question_id}")
-    if question["status"] == "cancelled":
+    if question["status"] == QuestionStatus.CANCELLED:
         raise Rejected("conflict", f"question {question_id}: its turn was cancelled")
-    if question["status"] == "answered":
+    if question["status"] == QuestionStatus.ANSWERED:
         if question["answer"] == to_json(answer):
             return False
         raise Rejected("conflict", f"question {question_id} already has a different answer")
     ctx.store.update(
-        "questions", {"question_id": question_id}, status="answered", answer=to_json(answer), answered_at=ctx.at
+        "questions",
+        {"question_id": question_id},
+        status=QuestionStatus.ANSWERED,
+        answer=to_json(answer),
+        answered_at=ctx.at,
     )
     steps.end_wait_step(ctx, question["step_id"])
     ctx.emit(session_id, "question_answered", question_id=question_id, call_id=question["call_id"], answer=answer)

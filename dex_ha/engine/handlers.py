@@ -39,14 +39,9 @@ from dex_ha.engine.commands import (
     StartQueuedAttempts,
 )
 from dex_ha.engine.context import ApplyContext, NeedsSavepoints
-from dex_ha.engine.kinds import (
-    CALL_SINGLE_ATTEMPT_TOOL,
-    CALL_TOOL,
-    COMPACT_CONTEXT,
-    POLL_TOOL_TASK,
-    RUN_MODEL,
-)
+from dex_ha.engine.kinds import StepKind
 from dex_ha.engine.results import HTTP_STATUS_BY_CODE, Rejected
+from dex_ha.engine.statuses import AttemptStatus, MessageStatus, SessionStatus, TimerStatus
 from dex_ha.engine.store import CLUSTER_VERSION, CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
 
 T = TypeVar("T")
@@ -93,7 +88,7 @@ def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
         session_id=session_id,
         namespace=cmd.namespace,
         agent=cmd.agent,
-        status="idle",
+        status=SessionStatus.IDLE,
         metadata=None if cmd.metadata is None else to_json(cmd.metadata),
         created_at=ctx.at,
         updated_at=ctx.at,
@@ -165,7 +160,7 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
         seq=seq,
         text=cmd.text,
         mode=cmd.mode,
-        status="waiting",
+        status=MessageStatus.WAITING,
         at=ctx.at,
     )
     ctx.emit(cmd.session_id, "message_received", message_id=message_id, text=cmd.text, mode=cmd.mode)
@@ -186,7 +181,7 @@ def delete_session(ctx: ApplyContext, cmd: DeleteSession) -> Handled:
     """Only an ended session (idle: no running turn) may go: deleting a running one would
     drop the record of tool calls that may still be running on a Worker. Cancel it first."""
     session = ctx.store.require_session(cmd.session_id, cmd.namespace)
-    if session["status"] != "idle":
+    if session["status"] != SessionStatus.IDLE:
         raise Rejected(
             "conflict",
             f"session {cmd.session_id} is {session['status']} (turn {session['current_turn_id']}); "
@@ -205,7 +200,7 @@ def expire_sessions(ctx: ApplyContext, cmd: ExpireSessions) -> Handled:
     deleted = []
     for session_id in dict.fromkeys(cmd.session_ids):  # a repeated id counts once
         session = ctx.store.session(session_id)
-        if session is None or session["status"] != "idle" or session["updated_at"] >= cmd.cutoff_at:
+        if session is None or session["status"] != SessionStatus.IDLE or session["updated_at"] >= cmd.cutoff_at:
             continue
         ctx.store.delete_session(session_id)
         deleted.append(session_id)
@@ -268,7 +263,7 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
         done = ctx.store.attempt(cmd.step_id, cmd.attempt)
         if (
             done is not None
-            and done["status"] == "completed"
+            and done["status"] == AttemptStatus.COMPLETED
             and done["term"] == cmd.term
             and done["result_digest"] == digest
         ):
@@ -322,11 +317,11 @@ def _hand_out_from_queue_heads(
 
 # What a completed task step does with its result, by kind.
 RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] = {
-    RUN_MODEL: calls.record_model_response,
-    COMPACT_CONTEXT: turns.record_summary,
-    CALL_TOOL: calls.record_tool_result,
-    CALL_SINGLE_ATTEMPT_TOOL: calls.record_tool_result,
-    POLL_TOOL_TASK: calls.record_poll_result,
+    StepKind.RUN_MODEL: calls.record_model_response,
+    StepKind.COMPACT_CONTEXT: turns.record_summary,
+    StepKind.CALL_TOOL: calls.record_tool_result,
+    StepKind.CALL_SINGLE_ATTEMPT_TOOL: calls.record_tool_result,
+    StepKind.POLL_TOOL_TASK: calls.record_poll_result,
 }
 
 
@@ -435,12 +430,12 @@ def fail_held_attempts(ctx: ApplyContext, cmd: FailHeldAttempts) -> Handled:
 
 def fire_timer(ctx: ApplyContext, cmd: FireTimer) -> Handled:
     timer = ctx.store.require_timer(cmd.timer_id)
-    if timer["status"] != "pending":  # fires once; a cancelled one never fires
+    if timer["status"] != TimerStatus.PENDING:  # fires once; a cancelled one never fires
         return Handled({"timer_id": cmd.timer_id, "status": timer["status"]}, noop=True)
     if cmd.at < timer["due_at"]:
         raise Rejected("conflict", f"timer {cmd.timer_id} is not due until {timer['due_at']}")
     outcomes.fire_timer(ctx, timer)
-    return Handled({"timer_id": cmd.timer_id, "status": "fired", "purpose": timer["purpose"]})
+    return Handled({"timer_id": cmd.timer_id, "status": TimerStatus.FIRED, "purpose": timer["purpose"]})
 
 
 def decide_approval(ctx: ApplyContext, cmd: DecideApproval) -> Handled:

@@ -16,21 +16,23 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
-from dex_ha.engine.statuses import CallStatus
+from dex_ha.engine.statuses import AttemptProgress, CallStatus
 
-# Contract: the `kind` strings.
-RUN_MODEL = "RunModel"
-CALL_TOOL = "CallTool"
-CALL_SINGLE_ATTEMPT_TOOL = "CallSingleAttemptTool"
-AWAIT_TOOL_APPROVAL = "AwaitToolApproval"
-AWAIT_QUESTION_ANSWER = "AwaitQuestionAnswer"
-AWAIT_TIMER = "AwaitTimer"
-POLL_TOOL_TASK = "PollToolTask"
-COMPACT_CONTEXT = "CompactContext"
-AWAIT_USER_MESSAGE = "AwaitUserMessage"
 
-NOT_STARTED = "NOT_STARTED"
-NOT_COMPLETED = "NOT_COMPLETED"
+class StepKind(enum.StrEnum):
+    """Contract: the `kind` strings. A member is its string, as stored in `steps.kind` and
+    sent to Workers and clients, so a stored kind finds its `STEP_KINDS` entry as it is."""
+
+    RUN_MODEL = "RunModel"
+    CALL_TOOL = "CallTool"
+    CALL_SINGLE_ATTEMPT_TOOL = "CallSingleAttemptTool"
+    AWAIT_TOOL_APPROVAL = "AwaitToolApproval"
+    AWAIT_QUESTION_ANSWER = "AwaitQuestionAnswer"
+    AWAIT_TIMER = "AwaitTimer"
+    POLL_TOOL_TASK = "PollToolTask"
+    COMPACT_CONTEXT = "CompactContext"
+    AWAIT_USER_MESSAGE = "AwaitUserMessage"
+
 
 # How long a Worker may stay silent before the leader fails its attempt. The server's
 # configuration overrides it; the engine only reports it in the task.
@@ -57,8 +59,8 @@ class OnExhaustion(enum.StrEnum):
 class StepKindSpec:
     """How the engine runs the steps of one kind: retries, timeouts, and what exhaustion means."""
 
-    kind: str
-    """The contract's `kind` string (RUN_MODEL, CALL_TOOL, ...)."""
+    kind: StepKind
+    """The contract's `kind` string."""
     runs_in: RunsIn
     """WORKER: a task step, handed out as attempts; SERVER: a wait step that an event ends."""
     max_attempts: int | None
@@ -87,12 +89,13 @@ class StepKindSpec:
 
 MINUTE = 60_000
 
+# Keyed by the StepKind members; typed by str, as a kind read from a row is a plain string.
 STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
     {
         s.kind: s
         for s in [
             StepKindSpec(
-                kind=RUN_MODEL,
+                kind=StepKind.RUN_MODEL,
                 runs_in=RunsIn.WORKER,
                 max_attempts=3,
                 retry_window_ms=30 * MINUTE,
@@ -106,7 +109,7 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 rows=("R01", "R02", "R20", "R21"),
             ),
             StepKindSpec(
-                kind=CALL_TOOL,
+                kind=StepKind.CALL_TOOL,
                 runs_in=RunsIn.WORKER,
                 max_attempts=3,
                 retry_window_ms=None,
@@ -119,7 +122,7 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 rows=("R03", "R04", "R05", "R06", "R17"),
             ),
             StepKindSpec(
-                kind=CALL_SINGLE_ATTEMPT_TOOL,
+                kind=StepKind.CALL_SINGLE_ATTEMPT_TOOL,
                 runs_in=RunsIn.WORKER,
                 max_attempts=1,
                 retry_window_ms=None,
@@ -132,7 +135,7 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 rows=("R07", "R08"),
             ),
             StepKindSpec(
-                kind=POLL_TOOL_TASK,
+                kind=StepKind.POLL_TOOL_TASK,
                 runs_in=RunsIn.WORKER,
                 max_attempts=3,
                 retry_window_ms=None,
@@ -145,7 +148,7 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 rows=("R12", "R13", "R17"),
             ),
             StepKindSpec(
-                kind=COMPACT_CONTEXT,
+                kind=StepKind.COMPACT_CONTEXT,
                 runs_in=RunsIn.WORKER,
                 max_attempts=3,
                 retry_window_ms=30 * MINUTE,
@@ -158,7 +161,7 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 rows=("R14", "R17"),
             ),
             StepKindSpec(
-                kind=AWAIT_TOOL_APPROVAL,
+                kind=StepKind.AWAIT_TOOL_APPROVAL,
                 runs_in=RunsIn.SERVER,
                 max_attempts=None,
                 retry_window_ms=None,
@@ -171,7 +174,7 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 rows=("R09", "R18"),
             ),
             StepKindSpec(
-                kind=AWAIT_QUESTION_ANSWER,
+                kind=StepKind.AWAIT_QUESTION_ANSWER,
                 runs_in=RunsIn.SERVER,
                 max_attempts=None,
                 retry_window_ms=None,
@@ -184,7 +187,7 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 rows=("R10", "R18"),
             ),
             StepKindSpec(
-                kind=AWAIT_TIMER,
+                kind=StepKind.AWAIT_TIMER,
                 runs_in=RunsIn.SERVER,
                 max_attempts=None,
                 retry_window_ms=None,
@@ -197,7 +200,7 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 rows=("R11", "R18"),
             ),
             StepKindSpec(
-                kind=AWAIT_USER_MESSAGE,
+                kind=StepKind.AWAIT_USER_MESSAGE,
                 runs_in=RunsIn.SERVER,
                 max_attempts=None,
                 retry_window_ms=None,
@@ -284,7 +287,7 @@ def window_closed(kind: str) -> str:
 
 def tool_outcome_on_exhaustion(effect: str, progress: str) -> CallStatus:
     """The status a tool call records when its step can run no more."""
-    if progress == NOT_STARTED:
+    if progress == AttemptProgress.NOT_STARTED:
         return CallStatus.FAILED
     return CallStatus.FAILED if effect == "read" else CallStatus.OUTCOME_UNKNOWN
 
@@ -299,6 +302,6 @@ def idempotency_key(session_id: str, call_id: str) -> str:
     return f"{session_id}:{call_id}"
 
 
-def tool_step_kind(effect: str) -> str:
+def tool_step_kind(effect: str) -> StepKind:
     """A write runs at most once; reads and idempotent writes may be retried."""
-    return CALL_SINGLE_ATTEMPT_TOOL if effect == "write" else CALL_TOOL
+    return StepKind.CALL_SINGLE_ATTEMPT_TOOL if effect == "write" else StepKind.CALL_TOOL

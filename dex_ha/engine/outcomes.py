@@ -21,15 +21,13 @@ from typing import Any
 from dex_ha.engine import calls, steps, turns
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED,
-    NOT_STARTED,
-    RUN_MODEL,
     OnExhaustion,
+    StepKind,
     not_run_error,
     spec_of,
     tool_outcome_on_exhaustion,
 )
-from dex_ha.engine.statuses import CallStatus, TurnStatus
+from dex_ha.engine.statuses import AttemptProgress, CallStatus, TimerPurpose, TurnStatus
 from dex_ha.engine.tasks import task_input
 
 
@@ -43,9 +41,9 @@ def follow_exhaustion(ctx: ApplyContext, exhausted: steps.Exhausted | None) -> N
         turns.fail_turn(ctx, step["session_id"], step["turn_id"], f"{step['kind']} failed: {error}")
     elif rule is OnExhaustion.TOOL_OUTCOME:
         call = ctx.store.require_call(step["session_id"], step["call_id"])
-        progress = NOT_COMPLETED if call["ran"] else NOT_STARTED
+        progress = AttemptProgress.NOT_COMPLETED if call["ran"] else AttemptProgress.NOT_STARTED
         status = tool_outcome_on_exhaustion(call["effect"], progress)
-        if progress == NOT_STARTED:
+        if progress == AttemptProgress.NOT_STARTED:
             error = not_run_error(error)
         elif status == CallStatus.OUTCOME_UNKNOWN:
             error = f"the outcome is unknown: the tool may have run and will not run again ({error})"
@@ -61,7 +59,7 @@ def hand_out(
     if isinstance(attempt, steps.Exhausted):
         follow_exhaustion(ctx, attempt)
         return None
-    if attempt["kind"] == RUN_MODEL:
+    if attempt["kind"] == StepKind.RUN_MODEL:
         # Steered messages join the history at the model call that will see them, before
         # the attempt is announced: clients see them in the order the model does.
         turns.deliver_steered_messages(ctx, attempt["session_id"], attempt["turn_id"])
@@ -111,15 +109,15 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> None:
     """A due timer fires once: close a retry window, requeue after a backoff, end a sleep, or poll."""
     step = steps.fire_timer(ctx, timer)
     purpose = timer["purpose"]
-    if purpose == steps.RETRY_WINDOW:
+    if purpose == TimerPurpose.RETRY_WINDOW:
         follow_exhaustion(ctx, steps.close_retry_window(ctx, step))
         return
-    if purpose == "backoff":
+    if purpose == TimerPurpose.BACKOFF:
         steps.requeue(ctx, step)
         return
     steps.end_wait_step(ctx, step["step_id"])
     call = ctx.store.require_call(step["session_id"], step["call_id"])
-    if purpose == "sleep":
+    if purpose == TimerPurpose.SLEEP:
         calls.finish_call(ctx, call, CallStatus.SUCCEEDED, output={"slept_ms": timer["due_at"] - step["created_at"]})
     else:  # poll: the task's next poll, on the same handle
         calls.queue_poll(ctx, call)

@@ -13,14 +13,8 @@ from itertools import groupby
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from dex_ha.engine.commands import FIRST_STATE_MACHINE_VERSION
-from dex_ha.engine.kinds import (
-    AWAIT_USER_MESSAGE,
-    DEFAULT_HEARTBEAT_TIMEOUT_MS,
-    RUN_MODEL,
-    TASK_KINDS,
-    idempotency_key,
-)
-from dex_ha.engine.statuses import StepStatus
+from dex_ha.engine.kinds import DEFAULT_HEARTBEAT_TIMEOUT_MS, TASK_KINDS, StepKind, idempotency_key
+from dex_ha.engine.statuses import AttemptStatus, StepStatus
 from dex_ha.engine.store import (
     APPLIED_INDEX,
     CLUSTER_VERSION,
@@ -100,7 +94,7 @@ class AttemptState:
     """For a Worker's report on an attempt: whose is it, is (step, attempt, term) still
     current, and should it stop?"""
 
-    status: str  # running | completed | failed
+    status: AttemptStatus
     current: bool
     cancel_requested: bool
     worker_id: str  # the Worker it was handed to: the only one that may report on it
@@ -273,8 +267,8 @@ class Queries:
         row = self._store.attempt(step_id, attempt)
         if row is None or not same_token_secret(row["token_secret"], token_secret):
             return None
-        current = row["status"] == "running" and row["term"] == term
-        return AttemptState(row["status"], current, bool(row["cancel_requested"]), row["worker_id"])
+        current = row["status"] == AttemptStatus.RUNNING and row["term"] == term
+        return AttemptState(AttemptStatus(row["status"]), current, bool(row["cancel_requested"]), row["worker_id"])
 
     @read_transaction
     def next_timer(self) -> Timer | None:
@@ -426,7 +420,7 @@ class Queries:
             "updated_at": s["updated_at"],
             "current_turn": self._turn_view(s["current_turn_id"]) if s["current_turn_id"] else None,
             # An idle session is in the AwaitUserMessage state: the next message starts a turn.
-            "waiting_for": None if s["current_turn_id"] else AWAIT_USER_MESSAGE,
+            "waiting_for": None if s["current_turn_id"] else StepKind.AWAIT_USER_MESSAGE,
             "turns": self._turns_with_steps(session_id),
             "history": [
                 {"seq": r[0], **from_json(r[1])}
@@ -575,7 +569,7 @@ class Queries:
             "output": from_json(call["output"]),
             "error": call["error"],
             "attempt_progress": call["attempt_progress"],
-            "step_kind": RUN_MODEL if inline else (current["kind"] if current else None),
+            "step_kind": StepKind.RUN_MODEL if inline else (current["kind"] if current else None),
             "step_status": current["status"] if current else None,
             "handle": from_json(call["handle"]),
             "reconciled_at": call["reconciled_at"],

@@ -17,8 +17,7 @@ from typing import Any
 
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
-    NOT_COMPLETED,
-    NOT_STARTED,
+    StepKind,
     idempotency_key,
     retry_decision,
     retry_window_end,
@@ -26,12 +25,15 @@ from dex_ha.engine.kinds import (
     window_closed,
 )
 from dex_ha.engine.results import Rejected
-from dex_ha.engine.statuses import OPEN_STEP_STATUSES, StepStatus
+from dex_ha.engine.statuses import (
+    OPEN_STEP_STATUSES,
+    AttemptProgress,
+    AttemptStatus,
+    StepStatus,
+    TimerPurpose,
+    TimerStatus,
+)
 from dex_ha.engine.store import FENCED_TERM, STEP_COLUMNS, to_json
-
-# Timer purposes: backoff (requeue for a retry), sleep, poll, and RETRY_WINDOW (the end of
-# a kind's retry window while a retry waits for a Worker).
-RETRY_WINDOW = "retry_window"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,7 @@ def create_step(
     session_id: str,
     turn_id: str,
     agent: str,
-    kind: str,
+    kind: StepKind,
     call_id: str | None = None,
     params: dict[str, Any] | None = None,
     max_attempts: int | None = None,
@@ -118,7 +120,7 @@ def start_attempt(
     if number > 1:
         if _retry_window_over(ctx, step):
             return exhaust(ctx, step, f"attempt {number} was not handed out in time ({window_closed(step['kind'])})")
-        _cancel_timers(ctx, step, purpose=RETRY_WINDOW)  # the retry starts in time
+        _cancel_timers(ctx, step, purpose=TimerPurpose.RETRY_WINDOW)  # the retry starts in time
     ctx.store.update(
         "steps",
         {"step_id": step_id},
@@ -155,7 +157,7 @@ def _record_attempt(
         term=term,
         worker_id=worker_id,
         idempotency_key=key,
-        status="running",
+        status=AttemptStatus.RUNNING,
         started_at=ctx.at,
         deadline_at=deadline,
         token_secret=token_secret,
@@ -208,7 +210,7 @@ def current_attempt(ctx: ApplyContext, step_id: str, number: int, term: int) -> 
         raise Rejected(
             "stale_attempt", f"attempt {number} of step {step_id} belongs to term {step['attempt_term']}, not {term}"
         )
-    if step["attempt_status"] != "running":
+    if step["attempt_status"] != AttemptStatus.RUNNING:
         raise Rejected("stale_attempt", f"attempt {number} of step {step_id} already {step['attempt_status']}")
     return step
 
@@ -251,11 +253,11 @@ def fail_attempt(
     (`not_started`); the step retries after a backoff, or is exhausted and returned. The
     backoff counts from when the attempt stopped: `backoff_spent_ms` of it passed already
     (a Worker found silent that long)."""
-    progress = NOT_STARTED if not_started else NOT_COMPLETED
+    progress = AttemptProgress.NOT_STARTED if not_started else AttemptProgress.NOT_COMPLETED
     ctx.store.update(
         "attempts",
         {"step_id": step["step_id"], "number": number},
-        status="failed",
+        status=AttemptStatus.FAILED,
         ended_at=ctx.at,
         error=error,
         attempt_progress=progress,
@@ -284,7 +286,7 @@ def fail_attempt(
     )
     if decision.retry:
         ctx.store.update("steps", {"step_id": step["step_id"]}, status=StepStatus.BACKOFF)
-        set_timer(ctx, step, "backoff", ctx.at + max(0, decision.delay_ms - backoff_spent_ms))
+        set_timer(ctx, step, TimerPurpose.BACKOFF, ctx.at + max(0, decision.delay_ms - backoff_spent_ms))
         _watch_retry_window(ctx, step)
         return None
     return exhaust(ctx, step, f"{error} ({decision.why_not})")
@@ -300,7 +302,7 @@ def _recheck_call_ran(ctx: ApplyContext, step: sqlite3.Row) -> None:
         "SELECT 1 FROM attempts a JOIN steps s ON s.step_id = a.step_id "
         "WHERE s.session_id = ? AND s.call_id = ? "
         "AND NOT (a.status = 'failed' AND a.attempt_progress = ?) LIMIT 1",
-        (step["session_id"], step["call_id"], NOT_STARTED),
+        (step["session_id"], step["call_id"], AttemptProgress.NOT_STARTED),
     )
     if not may_have_run:
         ctx.store.update("tool_calls", {"session_id": step["session_id"], "call_id": step["call_id"]}, ran=0)
@@ -317,10 +319,10 @@ def _watch_retry_window(ctx: ApplyContext, step: sqlite3.Row) -> None:
     hand-out of the retry cancels the timer."""
     end = retry_window_end(step["kind"], step["first_handout_at"])
     if end is not None:
-        set_timer(ctx, step, RETRY_WINDOW, end + 1)  # a hand-out at `end` itself is still in time
+        set_timer(ctx, step, TimerPurpose.RETRY_WINDOW, end + 1)  # a hand-out at `end` itself is still in time
 
 
-def _cancel_timers(ctx: ApplyContext, step: sqlite3.Row, purpose: str | None = None) -> None:
+def _cancel_timers(ctx: ApplyContext, step: sqlite3.Row, purpose: TimerPurpose | None = None) -> None:
     """Cancel the step's pending timers (of one purpose, or all). The session is in the
     condition so the lookup uses the index of pending timers by session."""
     sql = "UPDATE timers SET status = 'cancelled' WHERE session_id = ? AND step_id = ? AND status = 'pending'"
@@ -353,7 +355,7 @@ def fence_term(ctx: ApplyContext, term: int) -> list[sqlite3.Row]:
 # ---------------------------------------------------------------- timers
 
 
-def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: str, due_at: int) -> str:
+def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: TimerPurpose, due_at: int) -> str:
     timer_id = ctx.ids.new("tm")
     ctx.store.insert(
         "timers",
@@ -363,7 +365,7 @@ def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: st
         step_id=step["step_id"],
         purpose=purpose,
         due_at=due_at,
-        status="pending",
+        status=TimerStatus.PENDING,
     )
     ctx.emit(
         step["session_id"], "timer_set", timer_id=timer_id, step_id=step["step_id"], purpose=purpose, due_at=due_at
@@ -374,7 +376,7 @@ def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: st
 def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> sqlite3.Row:
     """A due timer fires once; returns its step. What the firing does (requeue after a
     backoff, end a sleep, poll, close a retry window) is by purpose, in `outcomes.py`."""
-    ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status="fired", fired_at=ctx.at)
+    ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status=TimerStatus.FIRED, fired_at=ctx.at)
     ctx.emit(
         timer["session_id"],
         "timer_fired",

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from dex_ha.engine.agents import model_tools
-from dex_ha.engine.kinds import CALL_SINGLE_ATTEMPT_TOOL, CALL_TOOL, COMPACT_CONTEXT, POLL_TOOL_TASK, RUN_MODEL
+from dex_ha.engine.kinds import StepKind
 from dex_ha.engine.store import Store, from_json
 
-TOOL_KINDS = (CALL_TOOL, CALL_SINGLE_ATTEMPT_TOOL, POLL_TOOL_TASK)
+TOOL_KINDS = (StepKind.CALL_TOOL, StepKind.CALL_SINGLE_ATTEMPT_TOOL, StepKind.POLL_TOOL_TASK)
 
 
 def task_input(store: Store, step: Any, *, warm: bool) -> dict[str, Any]:
@@ -26,11 +26,11 @@ def task_input(store: Store, step: Any, *, warm: bool) -> dict[str, Any]:
     session_id = step["session_id"]
     history = store.warm_session_history(session_id) if warm else store.session_history(session_id)
     task: dict[str, Any]
-    if kind == RUN_MODEL:
+    if kind == StepKind.RUN_MODEL:
         definition = store.warm_agent_definition(step["agent"]) if warm else store.agent_definition(step["agent"])
         # A copy: the cached list grows with the session, the task must not.
         task = {"history": list(history.items), "tools": model_tools(definition)}
-    elif kind == COMPACT_CONTEXT:
+    elif kind == StepKind.COMPACT_CONTEXT:
         upto = from_json(step["params"])["upto_seq"]
         task = {"history": history.items[: max(0, upto - history.summary_upto_seq)]}
     else:  # pragma: no cover - only task kinds are handed out

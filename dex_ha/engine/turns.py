@@ -11,9 +11,9 @@ from typing import Any
 
 from dex_ha.engine import steps
 from dex_ha.engine.context import ApplyContext
-from dex_ha.engine.kinds import COMPACT_CONTEXT, RUN_MODEL
+from dex_ha.engine.kinds import StepKind
 from dex_ha.engine.results import Rejected
-from dex_ha.engine.statuses import TurnStatus
+from dex_ha.engine.statuses import MessageStatus, SessionStatus, TurnStatus
 from dex_ha.engine.store import from_json, to_json
 
 # What delivering a message reads of it.
@@ -36,7 +36,7 @@ def start_next_turn_if_idle(ctx: ApplyContext, session: Any) -> None:
     ctx.store.update(
         "sessions",
         {"session_id": session_id},
-        status="running",
+        status=SessionStatus.RUNNING,
         current_turn_id=turn_id,
         turn_count=number,
         updated_at=ctx.at,
@@ -70,7 +70,7 @@ def _deliver_message(ctx: ApplyContext, message: Any, turn_id: str, announce: bo
     ctx.store.update(
         "messages",
         {"session_id": message["session_id"], "message_id": message["message_id"]},
-        status="delivered",
+        status=MessageStatus.DELIVERED,
         turn_id=turn_id,
     )
     seq = ctx.store.append_history(message["session_id"], turn_id, {"type": "user", "text": message["text"]}, ctx.at)
@@ -104,7 +104,7 @@ def schedule_model_round(ctx: ApplyContext, session_id: str, turn_id: str) -> No
             session_id=session_id,
             turn_id=turn_id,
             agent=session["agent"],
-            kind=COMPACT_CONTEXT,
+            kind=StepKind.COMPACT_CONTEXT,
             params={"upto_seq": seq, "upto_tokens": tokens},
             start_to_close_ms=model_timeout,
         )
@@ -114,7 +114,7 @@ def schedule_model_round(ctx: ApplyContext, session_id: str, turn_id: str) -> No
             session_id=session_id,
             turn_id=turn_id,
             agent=session["agent"],
-            kind=RUN_MODEL,
+            kind=StepKind.RUN_MODEL,
             start_to_close_ms=model_timeout,
         )
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from dex_ha.engine.statuses import CallStatus, SessionStatus
+
 FIELD_TYPES = ("string", "integer", "number", "boolean", "object", "array", "any")
 
 # String formats checked by validation.py and named in the OpenAPI document.
@@ -377,7 +379,7 @@ _SESSIONS = (
         success={200: "a page of sessions and the cursor for the next page"},
         query=(
             FieldSpec("agent", "string", max_length=MAX_ID_LENGTH, description="Only this agent's sessions."),
-            FieldSpec("status", "string", enum=("idle", "running"), description="Only sessions in this status."),
+            FieldSpec("status", "string", enum=tuple(SessionStatus), description="Only sessions in this status."),
             FieldSpec(
                 "order",
                 "string",
@@ -559,7 +561,11 @@ _SESSIONS = (
         path_params=(SESSION_ID, CALL_ID),
         body=(
             FieldSpec(
-                "outcome", "string", required=True, enum=("succeeded", "failed"), description="What really happened."
+                "outcome",
+                "string",
+                required=True,
+                enum=(CallStatus.SUCCEEDED, CallStatus.FAILED),
+                description="What really happened.",
             ),
             FieldSpec("result", "any", max_bytes=RESULT_CAP, description="The tool's output, when it succeeded."),
             FieldSpec("error", "string", nullable=True, description="The error, when it failed."),

@@ -42,6 +42,7 @@ from dex_ha.engine import (
     ReportResults,
     SendMessage,
 )
+from dex_ha.engine.statuses import AttemptStatus
 from dex_ha.raft.core import ConfChangeRefused
 from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, NAMESPACE, NAMESPACE_HEADER, ROUTES, RouteSpec
 from dex_ha.server.auth import NODE_CALLER, Caller, TokenAuth, token_digest
@@ -933,7 +934,7 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
     tasks = [leader.task_for_handout(s, worker_id) for s in started] if worker_id is not None else []
     if tasks:
         api.node.failpoints.hit("server.handout.after-commit")
-    return 200, {"step_id": step_id, "attempt": attempt, "status": "completed", "tasks": tasks}
+    return 200, {"step_id": step_id, "attempt": attempt, "status": AttemptStatus.COMPLETED, "tasks": tasks}
 
 
 async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -952,7 +953,7 @@ async def task_fail(api: Api, args: dict[str, Any], request: web.Request) -> Ans
         )
     )
     leader.worker_failed(step_id, attempt, args["error"])
-    return 200, {"step_id": step_id, "attempt": attempt, "status": "failed"}
+    return 200, {"step_id": step_id, "attempt": attempt, "status": AttemptStatus.FAILED}
 
 
 # ---------------------------------------------------------------- backup

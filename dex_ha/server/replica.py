@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dex_ha.engine import AnswerQuestion, ApplyResult, DecideApproval, Engine, EngineReader, FireTimer, decode_command
+from dex_ha.engine.statuses import TimerPurpose
 from dex_ha.failpoints import Failpoints
 
 # Crash-matrix row R18: an entry that ended a wait (approval decided, question answered, a
@@ -241,5 +242,5 @@ def _ended_a_wait(entry: tuple[int, bytes], result: ApplyResult) -> bool:
         return False
     cmd = decode_command(entry[1])
     if isinstance(cmd, FireTimer):
-        return (result.value or {}).get("purpose") != "backoff"  # a backoff ends no wait
+        return (result.value or {}).get("purpose") != TimerPurpose.BACKOFF  # a backoff ends no wait
     return isinstance(cmd, (DecideApproval, AnswerQuestion))

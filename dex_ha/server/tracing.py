@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dex_ha.engine import EngineReader, SessionEvent
+from dex_ha.engine.statuses import AttemptStatus, CallStatus, TurnStatus
 from dex_ha.engine.store import EVENT_ID_SHIFT
 
 try:  # the optional extra, imported once
@@ -259,7 +260,7 @@ class TurnTracer:
             # A call's wait step (an approval, a question) ends when its tool step is queued.
             waited = state.step_of_call.get(call_id)
             if waited is not None and waited != d["step_id"] and waited in state.steps:
-                self._end_step(sid, state.steps.pop(waited), ev, "completed", None)
+                self._end_step(sid, state.steps.pop(waited), ev, AttemptStatus.COMPLETED, None)
             state.step_of_call[call_id] = d["step_id"]
 
     def _attempt_started(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
@@ -276,16 +277,16 @@ class TurnTracer:
             attempt.events.append(
                 Event("takeover", {"dex.node": self.sink.node_id, "dex.term": self.term}, ev.at * NS_PER_MS)
             )
-        self._end_attempt(sid, step, attempt, ev, "failed", d.get("attempt_progress"), d.get("error"))
+        self._end_attempt(sid, step, attempt, ev, AttemptStatus.FAILED, d.get("attempt_progress"), d.get("error"))
 
     def _assistant_message(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         step = state.steps.pop(d.get("step_id") or "", None)
         if step is not None:
-            self._end_step(sid, step, ev, "completed", None)
+            self._end_step(sid, step, ev, AttemptStatus.COMPLETED, None)
 
     def _tool_call_finished(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         step = state.steps.pop(state.step_of_call.pop(d["call_id"], ""), None)
-        if d.get("status") == "outcome_unknown" and step is not None:
+        if d.get("status") == CallStatus.OUTCOME_UNKNOWN and step is not None:
             state.unknown_calls[d["call_id"]] = step.turn_id
         if step is not None:
             self._end_step(sid, step, ev, d.get("status") or "finished", d.get("attempt_progress"))
@@ -321,7 +322,7 @@ class TurnTracer:
             ev.at,
             {"dex.session_id": sid, "dex.turn_id": turn.turn_id, "dex.status": status},
             turn.events,
-            ok=status == "completed",
+            ok=status == TurnStatus.COMPLETED,
             error=d.get("error"),
         )
 
@@ -334,7 +335,7 @@ class TurnTracer:
                 step,
                 attempt,
                 ev,
-                "completed" if outcome in ("completed", "succeeded") else outcome,
+                AttemptStatus.COMPLETED if _succeeded(outcome) else outcome,
                 progress,
                 None,
             )
@@ -444,7 +445,7 @@ class TurnTracer:
 
 def _succeeded(outcome: str) -> bool | None:
     """A step's or attempt's outcome as a span status: True, False, or None (not known)."""
-    if outcome in ("completed", "succeeded"):
+    if outcome in (AttemptStatus.COMPLETED, CallStatus.SUCCEEDED):
         return True
     if outcome.startswith("turn_"):
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
-from dex_ha.engine import CALL_TOOL, Handout, RegisterAgent, StartAttempts
+from dex_ha.engine import Handout, RegisterAgent, StartAttempts, StepKind
 from dex_ha.engine.kinds import MAX_DURATION_MS, retry_decision
 from tests.engine.driver import AGENT, Driver
 
@@ -67,10 +67,17 @@ def test_backoff_stays_a_storable_duration_however_many_attempts_a_tool_allows()
     at = 1_700_000_000_000
     for attempts_used in (1, 2, 40, 80, 10_000):
         decision = retry_decision(
-            CALL_TOOL, max_attempts=10**9, attempts_used=attempts_used, retryable=True, first_handout_at=at, at=at
+            StepKind.CALL_TOOL,
+            max_attempts=10**9,
+            attempts_used=attempts_used,
+            retryable=True,
+            first_handout_at=at,
+            at=at,
         )
         assert decision.retry and at + decision.delay_ms <= INT64_MAX
     assert (
-        retry_decision(CALL_TOOL, max_attempts=3, attempts_used=2, retryable=True, first_handout_at=at, at=at).delay_ms
+        retry_decision(
+            StepKind.CALL_TOOL, max_attempts=3, attempts_used=2, retryable=True, first_handout_at=at, at=at
+        ).delay_ms
         == 2_000
     )  # the usual backoff is unchanged
