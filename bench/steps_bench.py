@@ -197,16 +197,23 @@ async def wait_ready(urls: list[str], deadline_s: float) -> str:
     raise TimeoutError(f"no node answered /readyz 200 within {deadline_s:.0f} s ({', '.join(urls)})")
 
 
-def cli_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dex_ha.cli", *args]
+def cli_command(*args: str, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "dex_ha.cli", *args]
 
 
-async def start_dev(root: Path, registry: ProcessRegistry) -> Deployment:
-    """`dex-ha dev` (strict durability) on a free port; its URL from its start line."""
+async def start_dev(
+    root: Path, registry: ProcessRegistry, python: str = sys.executable, env: dict[str, str] | None = None
+) -> Deployment:
+    """`dex-ha dev` (strict durability) on a free port; its URL from its start line. `python`
+    and `env` (default: this interpreter and this environment) let a bench run the node in
+    another environment, e.g. a venv without an optional extra (bench/tracing_cost_bench.py);
+    it runs this checkout's code either way (`-m` from the repository root)."""
     log_path = root / "dev.log"
-    command = cli_command("dev", "--data-dir", str(root / "dev-data"), "--port", "0")
+    command = cli_command("dev", "--data-dir", str(root / "dev-data"), "--port", "0", python=python)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
     registry.add(proc.pid)
 
     def stop() -> list[int]:

@@ -1,5 +1,5 @@
 """OpenTelemetry traces of turns, end to end: a real `dex-ha dev` exports over OTLP/HTTP to a
-local receiver (tests/support/otlp_receiver.py) that decodes the protobuf with
+local receiver (harness/otlp_receiver.py) that decodes the protobuf with
 opentelemetry-proto, and the test checks the tree of one turn: the turn span, a span per
 step under it, a span per attempt under its step, with their attributes; and a tool's own
 span, exported by the Worker's process, under its attempt's span (the task's traceparent)."""
@@ -29,10 +29,10 @@ from dex_ha.server.tracing import trace_id
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from harness.cluster_process import LocalCluster
 from harness.dev_process import DevProcess
+from harness.otlp_receiver import OtlpReceiver, ReceivedSpan
 from harness.waiting import eventually
 from tests.e2e.conftest import running
 from tests.support import failover_agent
-from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 AGENT = "traced"
 DEADLINE_S = 30.0

@@ -1,6 +1,8 @@
-"""A local OTLP/HTTP trace receiver for tests: an aiohttp server on 127.0.0.1 that accepts
-`POST /v1/traces` (application/x-protobuf), decodes each request with opentelemetry-proto
-and keeps the spans, flattened into `ReceivedSpan`s."""
+"""A local OTLP/HTTP trace receiver for tests and benches: an aiohttp server on 127.0.0.1
+that accepts `POST /v1/traces` (application/x-protobuf), decodes each request with
+opentelemetry-proto and keeps the spans, flattened into `ReceivedSpan`s. With
+`keep_spans=False` it only counts the requests and their bytes (a bench's collector that
+must cost the bench's process as little as it can)."""
 
 from __future__ import annotations
 
@@ -45,10 +47,13 @@ def _attributes(pairs: Any) -> dict[str, Any]:
 class OtlpReceiver:
     """Start with `await start()`; `spans` grows as exports arrive; `await stop()`."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_spans: bool = True) -> None:
         self.port = free_ports(1)[0]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.keep_spans = keep_spans
         self.spans: list[ReceivedSpan] = []
+        self.requests = 0  # exports accepted
+        self.bytes_received = 0
         self.bad_requests: list[str] = []
         self._runner: web.AppRunner | None = None
 
@@ -67,8 +72,16 @@ class OtlpReceiver:
         if request.content_type != PROTOBUF:
             self.bad_requests.append(request.content_type)
             return web.Response(status=415, text=f"expected {PROTOBUF}")
+        body = await request.read()
+        self.requests += 1
+        self.bytes_received += len(body)
+        if self.keep_spans:
+            self._keep(body)
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type=PROTOBUF)
+
+    def _keep(self, body: bytes) -> None:
         message = ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
+        message.ParseFromString(body)
         for resource_spans in message.resource_spans:
             resource = _attributes(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:
@@ -87,7 +100,6 @@ class OtlpReceiver:
                             scope=scope_spans.scope.name,
                         )
                     )
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type=PROTOBUF)
 
     def trace(self, trace_id: str) -> list[ReceivedSpan]:
         return [s for s in self.spans if s.trace_id == trace_id]
