@@ -112,6 +112,7 @@ import random
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from .errors import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped
 from .lease import lease_holds
 from .progress import Inflights, Progress, ProgressState
 from .status import LostEntries, MemberStatus, Status
@@ -133,10 +134,7 @@ from .types import (
 )
 
 __all__ = [
-    "EntryTooLarge",
     "MAX_LEASE_WINDOW_MS",
-    "NotLeader",
-    "ProposalDropped",
     "RaftConfig",
     "RaftCore",
     "RaftLog",
@@ -153,36 +151,6 @@ _MT = MessageType
 _FROM_LEADER = (_MT.APP, _MT.HEARTBEAT, _MT.SNAP)
 _MESSAGE_TYPES = frozenset(int(t) for t in MessageType if t != MessageType.NOTE)  # notes are the node's
 _ENTRY_TYPES = frozenset(int(t) for t in EntryType)
-
-
-class NotLeader(Exception):
-    """The request needs the leader; `leader_id` is the leader we know of ("" if none)."""
-
-    def __init__(self, leader_id: str) -> None:
-        super().__init__(f"not the leader (leader: {leader_id or 'unknown'})")
-        self.leader_id = leader_id
-
-
-class ProposalDropped(Exception):
-    """The leader cannot take this proposal now (not leader yet in lease, transfer, being removed)."""
-
-
-class EntryTooLarge(ValueError):
-    """A proposal above `max_entry_bytes`. Nothing was appended; the same data will never
-    fit (a server answers 413). The cap keeps every entry small enough to travel in one
-    AppendEntries frame: a larger one would stall replication for good."""
-
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"entry of {size} bytes is above the limit of {limit} bytes")
-        self.size = size
-        self.limit = limit
-
-
-class ConfChangeRefused(ValueError):
-    """The configuration change cannot be made now: another one is pending, or it does
-    not fit the current configuration (adding a member twice, promoting a voter, removing
-    the last voter, ...). Nothing was appended; unlike ProposalDropped, retrying the same
-    change will not help until the configuration changes."""
 
 
 # The longest vote-refusal window a heartbeat may ask for. A peer asking for more is

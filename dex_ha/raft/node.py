@@ -43,14 +43,11 @@ from .core import (
     DEFAULT_ELECTION_TIMEOUT_MIN_MS,
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_LEASE_DRIFT_MARGIN_MS,
-    ConfChangeRefused,
-    EntryTooLarge,
-    NotLeader,
-    ProposalDropped,
     RaftConfig,
     RaftCore,
     check_timing,
 )
+from .errors import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped
 from .handshake import HandshakeError
 from .identity import (
     CLUSTER_ID_ENTRY_PREFIX,

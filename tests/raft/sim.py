@@ -35,7 +35,8 @@ from typing import Any
 import msgpack
 
 from dex_ha.raft import node as raft_node
-from dex_ha.raft.core import TRANSFER_CONTEXT, ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore
+from dex_ha.raft.core import TRANSFER_CONTEXT, RaftConfig, RaftCore
+from dex_ha.raft.errors import ConfChangeRefused, NotLeader, ProposalDropped
 from dex_ha.raft.node import NodeConfig, RaftView
 from dex_ha.raft.types import (
     ConfChange,

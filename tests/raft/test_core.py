@@ -9,15 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from dex_ha.raft.core import (
-    MAX_LEASE_WINDOW_MS,
-    ConfChangeRefused,
-    EntryTooLarge,
-    NotLeader,
-    ProposalDropped,
-    RaftConfig,
-    RaftCore,
-)
+from dex_ha.raft.core import MAX_LEASE_WINDOW_MS, RaftConfig, RaftCore
+from dex_ha.raft.errors import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped
 from dex_ha.raft.types import (
     NO_NODE,
     ConfChange,
