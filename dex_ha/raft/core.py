@@ -112,8 +112,9 @@ import random
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from . import lease
 from .errors import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped
-from .lease import lease_holds
+from .lease import HeartbeatRounds
 from .progress import Inflights, Progress, ProgressState
 from .status import LostEntries, MemberStatus, Status
 from .types import (
@@ -193,11 +194,11 @@ def check_timing(
             f"lease_drift_margin_ms ({lease_drift_margin_ms}) must be in "
             f"0..election_timeout_min_ms ({election_timeout_min_ms}) - 1"
         )
-    lease = election_timeout_min_ms - lease_drift_margin_ms
-    if not 0 < heartbeat_interval_ms < lease:
+    lease_ms = election_timeout_min_ms - lease_drift_margin_ms
+    if not 0 < heartbeat_interval_ms < lease_ms:
         raise ValueError(
             f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be positive and below "
-            f"election_timeout_min_ms - lease_drift_margin_ms ({lease})"
+            f"election_timeout_min_ms - lease_drift_margin_ms ({lease_ms})"
         )
 
 
@@ -665,8 +666,7 @@ class RaftCore:
         self._prs: dict[str, Progress] = {}
         self._transfer: _Transfer | None = None
         self._lease_given_up = False
-        self._round = 0
-        self._round_sent_ms: dict[int, int] = {}
+        self._rounds = HeartbeatRounds()
         self._term_start_index = 0
         self._pending_conf_index = 0
         self._next_heartbeat_ms = 0
@@ -1062,7 +1062,7 @@ class RaftCore:
             # stored there: the way an idle leader, which sends no probe, finds it out.
             hint = self._log.find_conflict_by_term(m.reject_hint, m.log_term) if m.log_term > 0 else m.reject_hint
             self._follower_lost_entries(m, pr, hint + 1)
-        sent = self._round_sent_ms.get(m.context)
+        sent = self._rounds.sent_ms(m.context)
         if sent is not None and (pr.lease_ack_ms is None or sent > pr.lease_ack_ms):
             pr.lease_ack_ms = sent
         pr.probe_sent = False  # the peer is alive: allow the next probe
@@ -1125,19 +1125,14 @@ class RaftCore:
         return True
 
     def _bcast_heartbeat(self) -> None:
-        self._round += 1
-        self._round_sent_ms[self._round] = self._now
-        # Acks of rounds older than an election timeout cannot extend the lease.
-        horizon = self._now - self._cfg.election_timeout_min_ms
-        for r in [r for r, t in self._round_sent_ms.items() if t < horizon]:
-            del self._round_sent_ms[r]
+        round_number = self._rounds.start(self._now, keep_ms=self._cfg.election_timeout_min_ms)
         for peer, pr in self._prs.items():
             commit = min(pr.match, self._log.commit)
             self._send(
                 _MT.HEARTBEAT,
                 peer,
                 commit=commit,
-                context=self._round,
+                context=round_number,
                 lease_window_ms=self._cfg.election_timeout_min_ms,
             )
 
@@ -1308,32 +1303,13 @@ class RaftCore:
         (ourselves: the latest round). Empty while we may not hold a lease."""
         if self._role != Role.LEADER or self._lease_given_up or not self._cfg.check_quorum:
             return {}
-        if self._applied < self._term_start_index or self._round == 0:
+        if self._applied < self._term_start_index or self._rounds.latest == 0:
             return {}  # not active before our own-term entry is committed and applied
-        acks: dict[str, int] = {}
-        for v in self._conf.voters:
-            if v == self.id:
-                acks[v] = self._round_sent_ms[self._round]
-            else:
-                pr = self._prs.get(v)
-                if pr is not None and pr.lease_ack_ms is not None:
-                    acks[v] = pr.lease_ack_ms
-        return acks
-
-    def _lease_start_ms(self, acks: dict[str, int]) -> int | None:
-        """Send time of the newest round a quorum of the voters acknowledged."""
-        quorum = len(self._conf.voters) // 2 + 1
-        if not self._conf.voters or len(acks) < quorum:
-            return None
-        return sorted(acks.values(), reverse=True)[quorum - 1]
+        return lease.voter_acks(self._conf.voters, self.id, self._rounds.latest_sent_ms, self._prs)
 
     def _lease_end_ms(self) -> int | None:
-        start = self._lease_start_ms(self._lease_acks())
-        if start is None:
-            return None
-        # Every acknowledging voter promised to refuse votes for at least the window our
-        # heartbeats carry (election_timeout_min) after it received the round.
-        return start + self._cfg.election_timeout_min_ms - self._cfg.lease_drift_margin_ms
+        start = lease.start_ms(self._lease_acks(), self._conf.voters)
+        return lease.end_ms(start, self._cfg.election_timeout_min_ms, self._cfg.lease_drift_margin_ms)
 
     def lease_end_ms(self) -> int | None:
         """When this leader's lease ends (its own clock), or None when it holds none: not
@@ -1345,15 +1321,12 @@ class RaftCore:
         included): each promised to refuse votes until after the lease ends. Empty
         without a lease. For checkers."""
         acks = self._lease_acks()
-        start = self._lease_start_ms(acks)
-        if start is None:
-            return ()
-        return tuple(v for v in sorted(acks) if acks[v] >= start)
+        return lease.supporters(acks, lease.start_ms(acks, self._conf.voters))
 
     def lease_valid(self, now_ms: int) -> bool:
         """May this node act as the active node at `now_ms` (its own clock)? The rule of
         lease.py, which the node's published view applies too."""
-        return lease_holds(self._lease_end_ms(), self.sole_voter(), now_ms)
+        return lease.lease_holds(self._lease_end_ms(), self.sole_voter(), now_ms)
 
     def sole_voter(self) -> bool:
         """This node is the only voter (`dex-ha dev`)."""
