@@ -108,11 +108,13 @@ Two exceptions, both made safe by the leader giving its lease up first:
 from __future__ import annotations
 
 import enum
+import itertools
 import random
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from . import lease
+from .confchange import bootstrap_changes, canonical_conf, check_fits, conf_after
 from .errors import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped
 from .lease import HeartbeatRounds
 from .progress import Inflights, Progress, ProgressState
@@ -120,7 +122,6 @@ from .status import LostEntries, MemberStatus, Status
 from .types import (
     NO_NODE,
     ConfChange,
-    ConfChangeType,
     ConfState,
     Entry,
     EntryType,
@@ -130,7 +131,6 @@ from .types import (
     Ready,
     Role,
     SnapshotMeta,
-    decode_conf_change,
     encode_conf_change,
 )
 
@@ -139,7 +139,6 @@ __all__ = [
     "RaftConfig",
     "RaftCore",
     "RaftLog",
-    "apply_conf_change",
     "check_timing",
     "TRANSFER_CONTEXT",
 ]
@@ -228,56 +227,6 @@ class RaftConfig:
         )
         if self.max_entry_bytes < 1:
             raise ValueError(f"max_entry_bytes must be positive, not {self.max_entry_bytes}")
-
-
-# ---------------------------------------------------------------------------------
-# Configuration
-
-
-def canonical_conf(cs: ConfState) -> ConfState:
-    """Sorted, de-duplicated form, so equal configurations compare equal."""
-    voters = tuple(sorted(set(cs.voters)))
-    learners = tuple(sorted(set(cs.learners) - set(voters)))
-    return ConfState(voters, learners)
-
-
-def apply_conf_change(cs: ConfState, cc: ConfChange) -> ConfState | None:
-    """The configuration after `cc`, or None if `cc` is not valid in `cs`.
-
-    Every node replays the same entries from the same base, so an invalid change is a
-    no-op everywhere alike.
-    """
-    voters, learners = set(cs.voters), set(cs.learners)
-    node = cc.node_id
-    if not isinstance(node, str) or not node:
-        return None
-    if cc.type == ConfChangeType.ADD_LEARNER:
-        if node in voters or node in learners:
-            return None
-        learners.add(node)
-    elif cc.type == ConfChangeType.PROMOTE:
-        if node not in learners:
-            return None
-        learners.discard(node)
-        voters.add(node)
-    elif cc.type == ConfChangeType.REMOVE:
-        if node in learners:
-            learners.discard(node)
-        elif node in voters and len(voters) > 1:
-            voters.discard(node)
-        else:
-            return None
-    else:
-        return None
-    return canonical_conf(ConfState(tuple(voters), tuple(learners)))
-
-
-def _decode_change(data: bytes) -> ConfChange | None:
-    try:
-        cc = decode_conf_change(data)
-    except Exception:  # an undecodable change is a no-op on every node alike
-        return None
-    return cc
 
 
 # ---------------------------------------------------------------------------------
@@ -764,11 +713,7 @@ class RaftCore:
         (no snapshot yet), must be able to rebuild it from the log alone. For the
         initial members these entries are no-ops (the members already exist).
         """
-        changes = []
-        for v in self._base_conf.voters:
-            changes.append(ConfChange(ConfChangeType.ADD_LEARNER, v))
-            changes.append(ConfChange(ConfChangeType.PROMOTE, v))
-        changes += [ConfChange(ConfChangeType.ADD_LEARNER, n) for n in self._base_conf.learners]
+        changes = bootstrap_changes(self._base_conf)
         entries = [
             Entry(self._term, i + 1, EntryType.CONF_CHANGE, encode_conf_change(cc)) for i, cc in enumerate(changes)
         ]
@@ -1189,11 +1134,7 @@ class RaftCore:
         """Raise ConfChangeRefused unless `cc` could be proposed now."""
         if self._log.commit < self._pending_conf_index:
             raise ConfChangeRefused("a configuration change (or the leader's no-op) is pending")
-        if apply_conf_change(self._conf, cc) is None:
-            raise ConfChangeRefused(
-                f"{cc.type.name.lower()} {cc.node_id!r} does not fit the configuration "
-                f"(voters {sorted(self._conf.voters)}, learners {sorted(self._conf.learners)})"
-            )
+        check_fits(self._conf, cc)
 
     def _check_can_propose(self) -> None:
         if self._role != Role.LEADER:
@@ -1227,15 +1168,9 @@ class RaftCore:
                 self._sync_progress()
 
     def _conf_at(self, index: int) -> ConfState:
-        conf = self._base_conf
-        for i in self._conf_entries:
-            if i > index:
-                break
-            e = self._log.entry(i)
-            cc = _decode_change(e.data) if e is not None else None
-            if cc is not None:
-                conf = apply_conf_change(conf, cc) or conf
-        return conf
+        """The configuration as of `index`: the snapshot's plus the log's changes up to it."""
+        upto = itertools.takewhile(lambda i: i <= index, self._conf_entries)
+        return conf_after(self._base_conf, (self._log.entry(i) for i in upto))
 
     def _sync_progress(self) -> None:
         members = self._conf.members()
