@@ -31,8 +31,8 @@ from typing import Any, Generic, TypeVar
 
 from .errors import NotLeader
 from .loop_thread import LoopThread
-from .node import Member, NodeConfig, RaftNode, RaftView, StateMachine
-from .status import Status
+from .node import Member, NodeConfig, RaftNode, StateMachine
+from .status import RaftView, Status
 from .types import ConfChange
 
 T = TypeVar("T")
