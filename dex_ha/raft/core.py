@@ -13,6 +13,12 @@ The node loop drives a `RaftCore`:
 
 Same configuration, same `rng` seed and same inputs give the same outputs.
 
+The core's parts that need no Raft roles or messages live beside it, pure like it: the
+in-memory log (raft_log.py), what a membership change does to a configuration
+(confchange.py), the lease arithmetic and its rule (lease.py), the errors it raises
+(errors.py) and what it reports (status.py). This module keeps the state machine: roles,
+elections, replication, and the Ready cycle.
+
 Conventions worth knowing:
 
 * The first leader of a brand-new cluster (empty log, no snapshot) writes the bootstrap
