@@ -26,7 +26,7 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
-from dex_ha.raft.core import NotLeader, ProposalDropped
+from dex_ha.raft.errors import NotLeader, ProposalDropped
 from dex_ha.raft.node import Member, NodeConfig, RaftNode
 
 

@@ -13,6 +13,12 @@ The node loop drives a `RaftCore`:
 
 Same configuration, same `rng` seed and same inputs give the same outputs.
 
+The core's parts that need no Raft roles or messages live beside it, pure like it: the
+in-memory log (raft_log.py), what a membership change does to a configuration
+(confchange.py), the lease arithmetic and its rule (lease.py), the errors it raises
+(errors.py) and what it reports (status.py). This module keeps the state machine: roles,
+elections, replication, and the Ready cycle.
+
 Conventions worth knowing:
 
 * The first leader of a brand-new cluster (empty log, no snapshot) writes the bootstrap
@@ -108,17 +114,21 @@ Two exceptions, both made safe by the leader giving its lease up first:
 from __future__ import annotations
 
 import enum
+import itertools
 import random
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from .lease import lease_holds
+from . import lease
+from .confchange import bootstrap_changes, canonical_conf, check_fits, conf_after
+from .errors import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped
+from .lease import HeartbeatRounds
 from .progress import Inflights, Progress, ProgressState
+from .raft_log import RaftLog
 from .status import LostEntries, MemberStatus, Status
 from .types import (
     NO_NODE,
     ConfChange,
-    ConfChangeType,
     ConfState,
     Entry,
     EntryType,
@@ -128,19 +138,13 @@ from .types import (
     Ready,
     Role,
     SnapshotMeta,
-    decode_conf_change,
     encode_conf_change,
 )
 
 __all__ = [
-    "EntryTooLarge",
     "MAX_LEASE_WINDOW_MS",
-    "NotLeader",
-    "ProposalDropped",
     "RaftConfig",
     "RaftCore",
-    "RaftLog",
-    "apply_conf_change",
     "check_timing",
     "TRANSFER_CONTEXT",
 ]
@@ -153,36 +157,6 @@ _MT = MessageType
 _FROM_LEADER = (_MT.APP, _MT.HEARTBEAT, _MT.SNAP)
 _MESSAGE_TYPES = frozenset(int(t) for t in MessageType if t != MessageType.NOTE)  # notes are the node's
 _ENTRY_TYPES = frozenset(int(t) for t in EntryType)
-
-
-class NotLeader(Exception):
-    """The request needs the leader; `leader_id` is the leader we know of ("" if none)."""
-
-    def __init__(self, leader_id: str) -> None:
-        super().__init__(f"not the leader (leader: {leader_id or 'unknown'})")
-        self.leader_id = leader_id
-
-
-class ProposalDropped(Exception):
-    """The leader cannot take this proposal now (not leader yet in lease, transfer, being removed)."""
-
-
-class EntryTooLarge(ValueError):
-    """A proposal above `max_entry_bytes`. Nothing was appended; the same data will never
-    fit (a server answers 413). The cap keeps every entry small enough to travel in one
-    AppendEntries frame: a larger one would stall replication for good."""
-
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"entry of {size} bytes is above the limit of {limit} bytes")
-        self.size = size
-        self.limit = limit
-
-
-class ConfChangeRefused(ValueError):
-    """The configuration change cannot be made now: another one is pending, or it does
-    not fit the current configuration (adding a member twice, promoting a voter, removing
-    the last voter, ...). Nothing was appended; unlike ProposalDropped, retrying the same
-    change will not help until the configuration changes."""
 
 
 # The longest vote-refusal window a heartbeat may ask for. A peer asking for more is
@@ -225,11 +199,11 @@ def check_timing(
             f"lease_drift_margin_ms ({lease_drift_margin_ms}) must be in "
             f"0..election_timeout_min_ms ({election_timeout_min_ms}) - 1"
         )
-    lease = election_timeout_min_ms - lease_drift_margin_ms
-    if not 0 < heartbeat_interval_ms < lease:
+    lease_ms = election_timeout_min_ms - lease_drift_margin_ms
+    if not 0 < heartbeat_interval_ms < lease_ms:
         raise ValueError(
             f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be positive and below "
-            f"election_timeout_min_ms - lease_drift_margin_ms ({lease})"
+            f"election_timeout_min_ms - lease_drift_margin_ms ({lease_ms})"
         )
 
 
@@ -259,171 +233,6 @@ class RaftConfig:
         )
         if self.max_entry_bytes < 1:
             raise ValueError(f"max_entry_bytes must be positive, not {self.max_entry_bytes}")
-
-
-# ---------------------------------------------------------------------------------
-# Configuration
-
-
-def canonical_conf(cs: ConfState) -> ConfState:
-    """Sorted, de-duplicated form, so equal configurations compare equal."""
-    voters = tuple(sorted(set(cs.voters)))
-    learners = tuple(sorted(set(cs.learners) - set(voters)))
-    return ConfState(voters, learners)
-
-
-def apply_conf_change(cs: ConfState, cc: ConfChange) -> ConfState | None:
-    """The configuration after `cc`, or None if `cc` is not valid in `cs`.
-
-    Every node replays the same entries from the same base, so an invalid change is a
-    no-op everywhere alike.
-    """
-    voters, learners = set(cs.voters), set(cs.learners)
-    node = cc.node_id
-    if not isinstance(node, str) or not node:
-        return None
-    if cc.type == ConfChangeType.ADD_LEARNER:
-        if node in voters or node in learners:
-            return None
-        learners.add(node)
-    elif cc.type == ConfChangeType.PROMOTE:
-        if node not in learners:
-            return None
-        learners.discard(node)
-        voters.add(node)
-    elif cc.type == ConfChangeType.REMOVE:
-        if node in learners:
-            learners.discard(node)
-        elif node in voters and len(voters) > 1:
-            voters.discard(node)
-        else:
-            return None
-    else:
-        return None
-    return canonical_conf(ConfState(tuple(voters), tuple(learners)))
-
-
-def _decode_change(data: bytes) -> ConfChange | None:
-    try:
-        cc = decode_conf_change(data)
-    except Exception:  # an undecodable change is a no-op on every node alike
-        return None
-    return cc
-
-
-# ---------------------------------------------------------------------------------
-# The in-memory log
-
-
-class RaftLog:
-    """Entries after a snapshot boundary, plus the commit / persistence bookkeeping.
-
-    * `snap_index`/`snap_term`: the last entry covered by the snapshot (0/0 if none);
-    * `persisted`: entries up to here are durable (caller advanced a Ready with them);
-    * `handed`: entries up to here were given to the caller to persist;
-    * `commit`: highest index known committed.
-    """
-
-    def __init__(self, snap_index: int, snap_term: int, entries: list[Entry]) -> None:
-        self.snap_index = snap_index
-        self.snap_term = snap_term
-        self._ents: list[Entry] = list(entries)
-        self.commit = snap_index
-        self.persisted = self.last_index
-        self.handed = self.last_index
-
-    @property
-    def first_index(self) -> int:
-        return self.snap_index + 1
-
-    @property
-    def last_index(self) -> int:
-        return self.snap_index + len(self._ents)
-
-    @property
-    def last_term(self) -> int:
-        return self._ents[-1].term if self._ents else self.snap_term
-
-    def term(self, index: int) -> int | None:
-        """Term of the entry at `index`; None if compacted away or beyond the end."""
-        if index == self.snap_index:
-            return self.snap_term
-        if self.snap_index < index <= self.last_index:
-            return self._ents[index - self.snap_index - 1].term
-        return None
-
-    def entry(self, index: int) -> Entry | None:
-        if self.snap_index < index <= self.last_index:
-            return self._ents[index - self.snap_index - 1]
-        return None
-
-    def slice(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-        """Entries [lo, hi) up to `max_bytes` (always at least one if any)."""
-        lo = max(lo, self.first_index)
-        hi = min(hi, self.last_index + 1)
-        out: list[Entry] = []
-        size = 0
-        base = self.snap_index + 1
-        for i in range(lo, hi):
-            e = self._ents[i - base]
-            size += e.size()
-            if out and size > max_bytes:
-                break
-            out.append(e)
-        return out
-
-    def is_up_to_date(self, index: int, term: int) -> bool:
-        """Is a log ending at (index, term) at least as up to date as ours (§5.4.1)?"""
-        return term > self.last_term or (term == self.last_term and index >= self.last_index)
-
-    def find_conflict_by_term(self, index: int, term: int) -> int:
-        """Largest index <= `index` whose entry term is <= `term` (fast backtracking).
-
-        Returns `index` unchanged when it is beyond our log, and the snapshot index when
-        the search runs into the compacted prefix.
-        """
-        if index > self.last_index:
-            return index
-        i = index
-        while i > self.snap_index:
-            t = self.term(i)
-            if t is not None and t <= term:
-                return i
-            i -= 1
-        return min(index, self.snap_index)
-
-    def append(self, entries: list[Entry]) -> None:
-        """Write `entries` from entries[0].index on, dropping whatever was there."""
-        first = entries[0].index
-        del self._ents[first - self.snap_index - 1 :]
-        self._ents.extend(entries)
-        self.handed = min(self.handed, first - 1)
-        self.persisted = min(self.persisted, first - 1)
-
-    def unhanded(self) -> list[Entry]:
-        return self._ents[self.handed - self.snap_index :]
-
-    def commit_to(self, index: int) -> bool:
-        if index > self.commit:
-            self.commit = index
-            return True
-        return False
-
-    def stable_to(self, index: int, term: int) -> None:
-        """The caller persisted entries up to (index, term) unless the log moved on."""
-        if self.term(index) == term and index > self.persisted:
-            self.persisted = index
-
-    def compact(self, index: int, term: int) -> None:
-        del self._ents[: index - self.snap_index]
-        self.snap_index, self.snap_term = index, term
-
-    def restore(self, index: int, term: int) -> None:
-        """Replace everything with a snapshot at (index, term)."""
-        self._ents = []
-        self.snap_index, self.snap_term = index, term
-        self.commit = max(self.commit, index)
-        self.persisted = self.handed = index
 
 
 # ---------------------------------------------------------------------------------
@@ -472,9 +281,6 @@ class RaftCore:
         self._rng = rng
         snap_index = snapshot.index if snapshot is not None else 0
         snap_term = snapshot.term if snapshot is not None else 0
-        for i, e in enumerate(entries):
-            if e.index != snap_index + 1 + i:
-                raise ValueError(f"entries must follow the snapshot contiguously (at {e.index})")
         self._log = RaftLog(snap_index, snap_term, entries)
         self._snapshot = snapshot
         # Configuration: the base as of the snapshot, plus CONF_CHANGE entries in the log.
@@ -697,8 +503,7 @@ class RaftCore:
         self._prs: dict[str, Progress] = {}
         self._transfer: _Transfer | None = None
         self._lease_given_up = False
-        self._round = 0
-        self._round_sent_ms: dict[int, int] = {}
+        self._rounds = HeartbeatRounds()
         self._term_start_index = 0
         self._pending_conf_index = 0
         self._next_heartbeat_ms = 0
@@ -796,11 +601,7 @@ class RaftCore:
         (no snapshot yet), must be able to rebuild it from the log alone. For the
         initial members these entries are no-ops (the members already exist).
         """
-        changes = []
-        for v in self._base_conf.voters:
-            changes.append(ConfChange(ConfChangeType.ADD_LEARNER, v))
-            changes.append(ConfChange(ConfChangeType.PROMOTE, v))
-        changes += [ConfChange(ConfChangeType.ADD_LEARNER, n) for n in self._base_conf.learners]
+        changes = bootstrap_changes(self._base_conf)
         entries = [
             Entry(self._term, i + 1, EntryType.CONF_CHANGE, encode_conf_change(cc)) for i, cc in enumerate(changes)
         ]
@@ -1094,7 +895,7 @@ class RaftCore:
             # stored there: the way an idle leader, which sends no probe, finds it out.
             hint = self._log.find_conflict_by_term(m.reject_hint, m.log_term) if m.log_term > 0 else m.reject_hint
             self._follower_lost_entries(m, pr, hint + 1)
-        sent = self._round_sent_ms.get(m.context)
+        sent = self._rounds.sent_ms(m.context)
         if sent is not None and (pr.lease_ack_ms is None or sent > pr.lease_ack_ms):
             pr.lease_ack_ms = sent
         pr.probe_sent = False  # the peer is alive: allow the next probe
@@ -1157,19 +958,14 @@ class RaftCore:
         return True
 
     def _bcast_heartbeat(self) -> None:
-        self._round += 1
-        self._round_sent_ms[self._round] = self._now
-        # Acks of rounds older than an election timeout cannot extend the lease.
-        horizon = self._now - self._cfg.election_timeout_min_ms
-        for r in [r for r, t in self._round_sent_ms.items() if t < horizon]:
-            del self._round_sent_ms[r]
+        round_number = self._rounds.start(self._now, keep_ms=self._cfg.election_timeout_min_ms)
         for peer, pr in self._prs.items():
             commit = min(pr.match, self._log.commit)
             self._send(
                 _MT.HEARTBEAT,
                 peer,
                 commit=commit,
-                context=self._round,
+                context=round_number,
                 lease_window_ms=self._cfg.election_timeout_min_ms,
             )
 
@@ -1226,11 +1022,7 @@ class RaftCore:
         """Raise ConfChangeRefused unless `cc` could be proposed now."""
         if self._log.commit < self._pending_conf_index:
             raise ConfChangeRefused("a configuration change (or the leader's no-op) is pending")
-        if apply_conf_change(self._conf, cc) is None:
-            raise ConfChangeRefused(
-                f"{cc.type.name.lower()} {cc.node_id!r} does not fit the configuration "
-                f"(voters {sorted(self._conf.voters)}, learners {sorted(self._conf.learners)})"
-            )
+        check_fits(self._conf, cc)
 
     def _check_can_propose(self) -> None:
         if self._role != Role.LEADER:
@@ -1264,15 +1056,9 @@ class RaftCore:
                 self._sync_progress()
 
     def _conf_at(self, index: int) -> ConfState:
-        conf = self._base_conf
-        for i in self._conf_entries:
-            if i > index:
-                break
-            e = self._log.entry(i)
-            cc = _decode_change(e.data) if e is not None else None
-            if cc is not None:
-                conf = apply_conf_change(conf, cc) or conf
-        return conf
+        """The configuration as of `index`: the snapshot's plus the log's changes up to it."""
+        upto = itertools.takewhile(lambda i: i <= index, self._conf_entries)
+        return conf_after(self._base_conf, (self._log.entry(i) for i in upto))
 
     def _sync_progress(self) -> None:
         members = self._conf.members()
@@ -1340,32 +1126,13 @@ class RaftCore:
         (ourselves: the latest round). Empty while we may not hold a lease."""
         if self._role != Role.LEADER or self._lease_given_up or not self._cfg.check_quorum:
             return {}
-        if self._applied < self._term_start_index or self._round == 0:
+        if self._applied < self._term_start_index or self._rounds.latest == 0:
             return {}  # not active before our own-term entry is committed and applied
-        acks: dict[str, int] = {}
-        for v in self._conf.voters:
-            if v == self.id:
-                acks[v] = self._round_sent_ms[self._round]
-            else:
-                pr = self._prs.get(v)
-                if pr is not None and pr.lease_ack_ms is not None:
-                    acks[v] = pr.lease_ack_ms
-        return acks
-
-    def _lease_start_ms(self, acks: dict[str, int]) -> int | None:
-        """Send time of the newest round a quorum of the voters acknowledged."""
-        quorum = len(self._conf.voters) // 2 + 1
-        if not self._conf.voters or len(acks) < quorum:
-            return None
-        return sorted(acks.values(), reverse=True)[quorum - 1]
+        return lease.voter_acks(self._conf.voters, self.id, self._rounds.latest_sent_ms, self._prs)
 
     def _lease_end_ms(self) -> int | None:
-        start = self._lease_start_ms(self._lease_acks())
-        if start is None:
-            return None
-        # Every acknowledging voter promised to refuse votes for at least the window our
-        # heartbeats carry (election_timeout_min) after it received the round.
-        return start + self._cfg.election_timeout_min_ms - self._cfg.lease_drift_margin_ms
+        start = lease.start_ms(self._lease_acks(), self._conf.voters)
+        return lease.end_ms(start, self._cfg.election_timeout_min_ms, self._cfg.lease_drift_margin_ms)
 
     def lease_end_ms(self) -> int | None:
         """When this leader's lease ends (its own clock), or None when it holds none: not
@@ -1377,15 +1144,12 @@ class RaftCore:
         included): each promised to refuse votes until after the lease ends. Empty
         without a lease. For checkers."""
         acks = self._lease_acks()
-        start = self._lease_start_ms(acks)
-        if start is None:
-            return ()
-        return tuple(v for v in sorted(acks) if acks[v] >= start)
+        return lease.supporters(acks, lease.start_ms(acks, self._conf.voters))
 
     def lease_valid(self, now_ms: int) -> bool:
         """May this node act as the active node at `now_ms` (its own clock)? The rule of
         lease.py, which the node's published view applies too."""
-        return lease_holds(self._lease_end_ms(), self.sole_voter(), now_ms)
+        return lease.lease_holds(self._lease_end_ms(), self.sole_voter(), now_ms)
 
     def sole_voter(self) -> bool:
         """This node is the only voter (`dex-ha dev`)."""

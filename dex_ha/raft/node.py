@@ -43,14 +43,11 @@ from .core import (
     DEFAULT_ELECTION_TIMEOUT_MIN_MS,
     DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_LEASE_DRIFT_MARGIN_MS,
-    ConfChangeRefused,
-    EntryTooLarge,
-    NotLeader,
-    ProposalDropped,
     RaftConfig,
     RaftCore,
     check_timing,
 )
+from .errors import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped
 from .handshake import HandshakeError
 from .identity import (
     CLUSTER_ID_ENTRY_PREFIX,
@@ -65,10 +62,9 @@ from .identity import (
     mismatch_line,
     new_id,
 )
-from .lease import lease_holds
 from .peer import LogBudget
 from .snapshot_file import SnapshotCorruptionError, seal_file, verify
-from .status import LostEntries, Status
+from .status import LostEntries, RaftView, Status, view_of
 from .storage import RaftStorage, fsync_dir
 from .transport import DEFAULT_MAX_FRAME_BYTES, RaftTransport
 from .turn_watch import TurnWatch
@@ -305,54 +301,6 @@ class NodeMetrics:
     # On a leader: by member, the times its answers showed it lost entries it had
     # acknowledged (RaftCore.take_lost_entries); each is logged as an error.
     follower_lost_entries: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RaftView:
-    """What the node's loop publishes of the core after every change that matters, so that
-    code on another thread (the HTTP side) reads it without touching the core.
-
-    Published before each Ready is handled (before any message of it leaves) and at the end
-    of each turn: a lease given up for a transfer is gone from the view before TimeoutNow is
-    sent, so the HTTP side never acts on a lease the core has already given away.
-    """
-
-    term: int
-    role: Role
-    leader_id: str
-    lease_end_ms: int | None  # on the `now_ms()` clock; None: no valid lease
-    commit: int
-    voter: bool  # this node is a voting member
-    # The only voter (`dex-ha dev`): no other node can be elected without a membership
-    # change that this leader commits itself, so its lease, once established in its term,
-    # does not run out with time. (A starved thread must not make a lone node inactive.)
-    sole_voter: bool = False
-
-    @property
-    def is_leader(self) -> bool:
-        return self.role == Role.LEADER
-
-    def lease_valid(self, at_ms: int | None = None) -> bool:
-        if not self.is_leader:
-            return False
-        return lease_holds(self.lease_end_ms, self.sole_voter, now_ms() if at_ms is None else at_ms)
-
-    def lease_remaining_ms(self) -> int:
-        return 0 if self.lease_end_ms is None else max(0, self.lease_end_ms - now_ms())
-
-
-def view_of(core: RaftCore) -> RaftView:
-    """The view the node loop publishes of `core` (the simulator publishes the same)."""
-    voters = core.conf_state.voters
-    return RaftView(
-        term=core.term,
-        role=core.role,
-        leader_id=core.leader_id,
-        lease_end_ms=core.lease_end_ms(),
-        commit=core.commit_index,
-        voter=core.id in voters,
-        sole_voter=core.sole_voter(),
-    )
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,26 @@
-"""What a Raft node reports about itself: `RaftCore.status()` and `RaftNode.status()`.
+"""What a Raft node reports about itself: `RaftCore.status()` and `RaftNode.status()`, and
+`RaftView`, the small view of the core the node loop publishes for the HTTP side.
 
 Typed and frozen, like etcd's `Status{BasicStatus, Config, Progress}`: a reader gets
 attributes a type checker knows instead of dict keys, and cannot change what the node
 reported. `to_json()` gives the plain dict the node used to return, for logs and tools.
+They are apart from the core and the node loop so that a reader (the server, the
+simulator, tools) can name what a node reports without importing the machinery that
+produces it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .types import NodeVersion
+from .clock import now_ms
+from .lease import lease_holds
+from .types import NodeVersion, Role
+
+if TYPE_CHECKING:  # the core builds its Status from this module: no import at run time
+    from .core import RaftCore
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +122,51 @@ class Status:
             out["snapshot_index"] = self.snapshot_index
             out["snapshots_sending"] = {peer: list(sent) for peer, sent in self.snapshots_sending.items()}
         return out
+
+
+@dataclass(frozen=True)
+class RaftView:
+    """What the node's loop publishes of the core after every change that matters, so that
+    code on another thread (the HTTP side) reads it without touching the core.
+
+    Published before each Ready is handled (before any message of it leaves) and at the end
+    of each turn: a lease given up for a transfer is gone from the view before TimeoutNow is
+    sent, so the HTTP side never acts on a lease the core has already given away.
+    """
+
+    term: int
+    role: Role
+    leader_id: str
+    lease_end_ms: int | None  # on the `now_ms()` clock; None: no valid lease
+    commit: int
+    voter: bool  # this node is a voting member
+    # The only voter (`dex-ha dev`): no other node can be elected without a membership
+    # change that this leader commits itself, so its lease, once established in its term,
+    # does not run out with time. (A starved thread must not make a lone node inactive.)
+    sole_voter: bool = False
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == Role.LEADER
+
+    def lease_valid(self, at_ms: int | None = None) -> bool:
+        if not self.is_leader:
+            return False
+        return lease_holds(self.lease_end_ms, self.sole_voter, now_ms() if at_ms is None else at_ms)
+
+    def lease_remaining_ms(self) -> int:
+        return 0 if self.lease_end_ms is None else max(0, self.lease_end_ms - now_ms())
+
+
+def view_of(core: RaftCore) -> RaftView:
+    """The view the node loop publishes of `core` (the simulator publishes the same)."""
+    voters = core.conf_state.voters
+    return RaftView(
+        term=core.term,
+        role=core.role,
+        leader_id=core.leader_id,
+        lease_end_ms=core.lease_end_ms(),
+        commit=core.commit_index,
+        voter=core.id in voters,
+        sole_voter=core.sole_voter(),
+    )

@@ -29,10 +29,10 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from .core import NotLeader
+from .errors import NotLeader
 from .loop_thread import LoopThread
-from .node import Member, NodeConfig, RaftNode, RaftView, StateMachine
-from .status import Status
+from .node import Member, NodeConfig, RaftNode, StateMachine
+from .status import RaftView, Status
 from .types import ConfChange
 
 T = TypeVar("T")

@@ -43,7 +43,7 @@ from dex_ha.engine import (
     SendMessage,
 )
 from dex_ha.engine.statuses import AttemptStatus
-from dex_ha.raft.core import ConfChangeRefused
+from dex_ha.raft.errors import ConfChangeRefused
 from dex_ha.server.api_spec import FIELD_CAP_CEILINGS, NAMESPACE, NAMESPACE_HEADER, ROUTES, RouteSpec
 from dex_ha.server.auth import NODE_CALLER, Caller, TokenAuth, token_digest
 from dex_ha.server.backup import BackupNotPossible, backup_bytes, take_backup

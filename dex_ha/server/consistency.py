@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from dex_ha.engine import ApplyResult, CheckStateHash, Command, SetConsistencyAlarm
-from dex_ha.raft.core import NotLeader, ProposalDropped
+from dex_ha.raft.errors import NotLeader, ProposalDropped
 
 if TYPE_CHECKING:
     from dex_ha.raft.threaded import RaftThread

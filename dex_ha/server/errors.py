@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dex_ha.raft.core import EntryTooLarge, NotLeader, ProposalDropped
+from dex_ha.raft.errors import EntryTooLarge, NotLeader, ProposalDropped
 from dex_ha.raft.node import NoSpace as RaftNoSpace
 
 # Seconds a client told to come back (503) waits; the SDKs add jitter and cap their backoff.

@@ -43,7 +43,7 @@ from dex_ha.engine import (
     Task,
     same_token_secret,
 )
-from dex_ha.raft.core import NotLeader, ProposalDropped
+from dex_ha.raft.errors import NotLeader, ProposalDropped
 from dex_ha.server.errors import NotServing
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.replica import Replica

@@ -20,7 +20,7 @@ from aiohttp import web
 from dex_ha.engine import ApplyResult, Command, Engine, SetClusterVersion, command_since, encode_command
 from dex_ha.failpoints import Failpoints
 from dex_ha.raft.clock import now_ms
-from dex_ha.raft.core import NotLeader
+from dex_ha.raft.errors import NotLeader
 from dex_ha.raft.node import Member, NodeConfig, member_context
 from dex_ha.raft.status import MemberStatus, Status
 from dex_ha.raft.threaded import RaftThread

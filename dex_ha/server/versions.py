@@ -32,7 +32,7 @@ from dex_ha.engine import (
     SetClusterVersion,
     command_since,
 )
-from dex_ha.raft.core import NotLeader, ProposalDropped
+from dex_ha.raft.errors import NotLeader, ProposalDropped
 from dex_ha.raft.types import NodeVersion
 from dex_ha.server.errors import ApiError
 

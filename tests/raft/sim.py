@@ -35,8 +35,10 @@ from typing import Any
 import msgpack
 
 from dex_ha.raft import node as raft_node
-from dex_ha.raft.core import TRANSFER_CONTEXT, ConfChangeRefused, NotLeader, ProposalDropped, RaftConfig, RaftCore
-from dex_ha.raft.node import NodeConfig, RaftView
+from dex_ha.raft.core import TRANSFER_CONTEXT, RaftConfig, RaftCore
+from dex_ha.raft.errors import ConfChangeRefused, NotLeader, ProposalDropped
+from dex_ha.raft.node import NodeConfig
+from dex_ha.raft.status import RaftView, view_of
 from dex_ha.raft.types import (
     ConfChange,
     ConfChangeType,
@@ -236,7 +238,7 @@ class SimNode:
         self.completeness_checked_term = -1
         self.checked_commit = 0  # commit scanned by the checker (this incarnation)
         self.seen_commit = 0
-        # What the node loop publishes for the HTTP side (dex_ha.raft.node.view_of): the
+        # What the node loop publishes for the HTTP side (dex_ha.raft.status.view_of): the
         # server answers as the active node while this view's lease is valid.
         self.view: RaftView | None = None
         # The committed entries per Ready, paced as the node loop paces them.
@@ -274,7 +276,7 @@ class SimNode:
         self.outstanding = None
         self.checked_commit = 0
         self.seen_commit = 0
-        self.view = raft_node.view_of(self.core)
+        self.view = view_of(self.core)
 
     @property
     def stalled(self) -> bool:
@@ -555,7 +557,7 @@ class Simulation:
         core = node.core
         if core is None or node.stalled:
             return
-        node.view = raft_node.view_of(core)  # before any message of a new Ready leaves
+        node.view = view_of(core)  # before any message of a new Ready leaves
         if node.outstanding is not None or not core.has_ready():
             return
         rd = core.ready(max_committed_entries=node.apply_pace.limit())

@@ -9,15 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from dex_ha.raft.core import (
-    MAX_LEASE_WINDOW_MS,
-    ConfChangeRefused,
-    EntryTooLarge,
-    NotLeader,
-    ProposalDropped,
-    RaftConfig,
-    RaftCore,
-)
+from dex_ha.raft.core import MAX_LEASE_WINDOW_MS, RaftConfig, RaftCore
+from dex_ha.raft.errors import ConfChangeRefused, EntryTooLarge, NotLeader, ProposalDropped
 from dex_ha.raft.types import (
     NO_NODE,
     ConfChange,
@@ -1473,7 +1466,7 @@ def test_the_core_and_its_published_view_judge_the_lease_alike_on_one_node_and_o
     """One lease rule (raft/lease.py): the core's own check and the view the HTTP side reads
     agree, for a lone voter (whose established lease does not run out with time: a starved
     thread must not make `dex-ha dev` inactive) and for a leader of three (whose does)."""
-    from dex_ha.raft.node import view_of
+    from dex_ha.raft.status import view_of
 
     for voters, holds_later in ((["n1"], True), (["n1", "n2", "n3"], False)):
         c = Cluster(voters)

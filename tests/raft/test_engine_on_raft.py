@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dex_ha.engine import CreateSession, Engine, SendMessage, encode_command
-from dex_ha.raft.core import NotLeader
+from dex_ha.raft.errors import NotLeader
 from dex_ha.raft.node import Member, NodeConfig, RaftNode, member_context
 from dex_ha.raft.types import ConfChange, ConfChangeType
 from harness.ports import free_ports

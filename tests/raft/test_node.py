@@ -17,7 +17,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from dex_ha.raft.core import EntryTooLarge, NotLeader
+from dex_ha.raft.errors import EntryTooLarge, NotLeader
 from dex_ha.raft.node import MAX_ENTRY_BYTES_LIMIT, ApplyPace, Member, NodeConfig, RaftNode, member_context
 from dex_ha.raft.storage import RaftStorage
 from dex_ha.raft.threaded import RaftThread

@@ -308,7 +308,7 @@ def _break_lease_start(mp: pytest.MonkeyPatch) -> None:
 
     def handle(self: RaftCore, m: object, pr: object) -> None:
         original(self, m, pr)  # type: ignore[arg-type]
-        if m.context in self._round_sent_ms:  # type: ignore[attr-defined]
+        if self._rounds.sent_ms(m.context) is not None:  # type: ignore[attr-defined]
             pr.lease_ack_ms = self._now  # type: ignore[attr-defined]
 
     mp.setattr(RaftCore, "_handle_heartbeat_response", handle)
@@ -351,10 +351,9 @@ def _break_heartbeat_commit(mp: pytest.MonkeyPatch) -> None:
     """Heartbeats carry the leader's commit instead of min(match, commit)."""
 
     def bcast(self: RaftCore) -> None:
-        self._round += 1
-        self._round_sent_ms[self._round] = self._now
+        round_number = self._rounds.start(self._now, keep_ms=self._cfg.election_timeout_min_ms)
         for peer in self._prs:
-            self._send(raft_core.MessageType.HEARTBEAT, peer, commit=self._log.commit, context=self._round)
+            self._send(raft_core.MessageType.HEARTBEAT, peer, commit=self._log.commit, context=round_number)
 
     mp.setattr(RaftCore, "_bcast_heartbeat", bcast)
 

@@ -19,7 +19,7 @@ import msgpack
 import pytest
 
 from dex_ha.engine import CreateSession, Engine, encode_command
-from dex_ha.raft.core import NotLeader
+from dex_ha.raft.errors import NotLeader
 from dex_ha.raft.node import Member, NodeConfig, RaftNode
 from dex_ha.raft.snapshot_file import SnapshotCorruptionError, seal_bytes, seal_file, verify, verify_file
 from dex_ha.raft.storage import LogCorruptionError

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dex_ha.raft.node import RaftView, now_ms
+from dex_ha.raft.clock import now_ms
+from dex_ha.raft.status import RaftView
 from dex_ha.raft.types import Role
 
 LEADER = RaftView(term=3, role=Role.LEADER, leader_id="n1", lease_end_ms=1_000, commit=7, voter=True)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dex_ha.raft.core import EntryTooLarge, NotLeader, ProposalDropped
+from dex_ha.raft.errors import EntryTooLarge, NotLeader, ProposalDropped
 from dex_ha.server.admission import Admission
 from dex_ha.server.auth import AuthError
 from dex_ha.server.errors import (
