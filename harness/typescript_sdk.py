@@ -1,5 +1,6 @@
 """The TypeScript SDK (sdk/typescript) for the tests that run it: installing its packages
-(`npm ci` from the committed lockfile), building it (`npm run build`) and running npm in it.
+(`npm ci` from the committed lockfile), building it (`npm run build`) and running npm in it;
+the same for the TypeScript example (examples/typescript), which links the SDK.
 
 `npm ci` runs only when node_modules is missing or the lockfile changed since the last one
 (its hash is kept in node_modules), so a test run on a warm checkout costs a build only."""
@@ -17,11 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 SDK_DIR = REPO / "sdk" / "typescript"
 BUILD_DIR = SDK_DIR / "dist"
 CRASH_WORKER = BUILD_DIR / "test" / "crash" / "worker_proc.js"
+EXAMPLE_DIR = REPO / "examples" / "typescript"
 NPM_TIMEOUT_S = 300.0
 MIN_NODE_MAJOR = 20
 LOCKFILE = SDK_DIR / "package-lock.json"
-# Where the hash of the lockfile that node_modules was installed from is kept.
-INSTALLED_LOCK_HASH = SDK_DIR / "node_modules" / ".dex-ha-lock-sha256"
+# Where the hash of the lockfile that node_modules was installed from is kept (in node_modules).
+INSTALLED_LOCK_HASH_NAME = ".dex-ha-lock-sha256"
 
 
 def node_missing() -> str | None:
@@ -39,26 +41,26 @@ class NpmFailed(RuntimeError):
     """An npm command failed; the message holds its output."""
 
 
-def run_npm(*args: str) -> str:
-    """Run `npm ARGS` in sdk/typescript; its output, or NpmFailed with the output."""
+def run_npm(*args: str, cwd: Path = SDK_DIR) -> str:
+    """Run `npm ARGS` in `cwd` (sdk/typescript); its output, or NpmFailed with the output."""
     env = {**os.environ, "DEX_HA_PYTHON": sys.executable}  # the unit tests compare with dex_ha
     command = ["npm", *args]
-    done = subprocess.run(
-        command, cwd=SDK_DIR, capture_output=True, text=True, timeout=NPM_TIMEOUT_S, env=env, check=False
-    )
-    output = f"$ {' '.join(command)}  (in {SDK_DIR})\n{done.stdout}\n{done.stderr}"
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=NPM_TIMEOUT_S, env=env, check=False)
+    output = f"$ {' '.join(command)}  (in {cwd})\n{done.stdout}\n{done.stderr}"
     if done.returncode != 0:
         raise NpmFailed(f"{' '.join(command)} exited with {done.returncode}:\n{output}")
     return output
 
 
-def install_packages() -> None:
-    """`npm ci` when node_modules is missing or was installed from another lockfile."""
-    wanted = hashlib.sha256(LOCKFILE.read_bytes()).hexdigest()
-    if INSTALLED_LOCK_HASH.exists() and INSTALLED_LOCK_HASH.read_text() == wanted:
+def install_packages(directory: Path = SDK_DIR) -> None:
+    """`npm ci` in `directory` when its node_modules is missing or was installed from
+    another lockfile."""
+    wanted = hashlib.sha256((directory / "package-lock.json").read_bytes()).hexdigest()
+    installed = directory / "node_modules" / INSTALLED_LOCK_HASH_NAME
+    if installed.exists() and installed.read_text() == wanted:
         return
-    run_npm("ci", "--no-audit", "--no-fund")
-    INSTALLED_LOCK_HASH.write_text(wanted)
+    run_npm("ci", "--no-audit", "--no-fund", cwd=directory)
+    installed.write_text(wanted)
 
 
 def _newest_source() -> float:
