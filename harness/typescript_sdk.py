@@ -24,17 +24,47 @@ MIN_NODE_MAJOR = 20
 LOCKFILE = SDK_DIR / "package-lock.json"
 # Where the hash of the lockfile that node_modules was installed from is kept (in node_modules).
 INSTALLED_LOCK_HASH_NAME = ".dex-ha-lock-sha256"
+# Where scripts/install-node puts Node from the npm registry (the `node` package's binary)
+# when the machine's node is older than MIN_NODE_MAJOR (Debian bookworm's nodejs is 18).
+CACHED_NODE_BIN = REPO / ".cache" / "node" / "node_modules" / ".bin"
 
 
 def node_missing() -> str | None:
-    """Why the TypeScript tests cannot run here (None when they can)."""
+    """Why the TypeScript tests cannot run here (None when they can). First puts the Node
+    that scripts/install-node fetched on PATH when the machine's is missing or too old."""
+    use_cached_node()
     if shutil.which("node") is None or shutil.which("npm") is None:
         return "node and npm are not installed (scripts/test installs them with apt-get when it can)"
-    version = subprocess.run(["node", "--version"], capture_output=True, text=True, check=False).stdout.strip()
-    major = version.lstrip("v").split(".", 1)[0]
-    if not major.isdigit() or int(major) < MIN_NODE_MAJOR:
-        return f"the TypeScript SDK needs Node >= {MIN_NODE_MAJOR}; this machine has {version or 'an unknown node'}"
+    version = _node_version("node")
+    if _major(version) < MIN_NODE_MAJOR:
+        return (
+            f"the TypeScript SDK needs Node >= {MIN_NODE_MAJOR}; this machine has {version or 'an unknown node'} "
+            "(scripts/install-node fetches a newer one from the npm registry)"
+        )
     return None
+
+
+def use_cached_node() -> None:
+    """Put CACHED_NODE_BIN first on this process's PATH (which the node and npm processes the
+    tests start inherit) when the node on PATH is missing or older than MIN_NODE_MAJOR and
+    scripts/install-node has put a newer one there."""
+    if _major(_node_version("node")) >= MIN_NODE_MAJOR:
+        return
+    cached = CACHED_NODE_BIN / "node"
+    if cached.exists() and _major(_node_version(str(cached))) >= MIN_NODE_MAJOR:
+        os.environ["PATH"] = f"{CACHED_NODE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def _node_version(node: str) -> str:
+    """`node --version` ("v22.23.3"), or "" when there is no such node."""
+    if shutil.which(node) is None:
+        return ""
+    return subprocess.run([node, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def _major(version: str) -> int:
+    major = version.lstrip("v").split(".", 1)[0]
+    return int(major) if major.isdigit() else 0
 
 
 class NpmFailed(RuntimeError):
