@@ -1,5 +1,6 @@
 """The TypeScript SDK (sdk/typescript) for the tests that run it: installing its packages
-(`npm ci` from the committed lockfile), building it (`npm run build`) and running npm in it.
+(`npm ci` from the committed lockfile), building it (`npm run build`) and running npm in it;
+the same for the TypeScript example (examples/typescript), which links the SDK.
 
 `npm ci` runs only when node_modules is missing or the lockfile changed since the last one
 (its hash is kept in node_modules), so a test run on a warm checkout costs a build only."""
@@ -17,48 +18,79 @@ REPO = Path(__file__).resolve().parents[1]
 SDK_DIR = REPO / "sdk" / "typescript"
 BUILD_DIR = SDK_DIR / "dist"
 CRASH_WORKER = BUILD_DIR / "test" / "crash" / "worker_proc.js"
+EXAMPLE_DIR = REPO / "examples" / "typescript"
 NPM_TIMEOUT_S = 300.0
 MIN_NODE_MAJOR = 20
 LOCKFILE = SDK_DIR / "package-lock.json"
-# Where the hash of the lockfile that node_modules was installed from is kept.
-INSTALLED_LOCK_HASH = SDK_DIR / "node_modules" / ".dex-ha-lock-sha256"
+# Where the hash of the lockfile that node_modules was installed from is kept (in node_modules).
+INSTALLED_LOCK_HASH_NAME = ".dex-ha-lock-sha256"
+# Where scripts/install-node puts Node from the npm registry (the `node` package's binary)
+# when the machine's node is older than MIN_NODE_MAJOR (Debian bookworm's nodejs is 18).
+CACHED_NODE_BIN = REPO / ".cache" / "node" / "node_modules" / ".bin"
 
 
 def node_missing() -> str | None:
-    """Why the TypeScript tests cannot run here (None when they can)."""
+    """Why the TypeScript tests cannot run here (None when they can). First puts the Node
+    that scripts/install-node fetched on PATH when the machine's is missing or too old."""
+    use_cached_node()
     if shutil.which("node") is None or shutil.which("npm") is None:
         return "node and npm are not installed (scripts/test installs them with apt-get when it can)"
-    version = subprocess.run(["node", "--version"], capture_output=True, text=True, check=False).stdout.strip()
-    major = version.lstrip("v").split(".", 1)[0]
-    if not major.isdigit() or int(major) < MIN_NODE_MAJOR:
-        return f"the TypeScript SDK needs Node >= {MIN_NODE_MAJOR}; this machine has {version or 'an unknown node'}"
+    version = _node_version("node")
+    if _major(version) < MIN_NODE_MAJOR:
+        return (
+            f"the TypeScript SDK needs Node >= {MIN_NODE_MAJOR}; this machine has {version or 'an unknown node'} "
+            "(scripts/install-node fetches a newer one from the npm registry)"
+        )
     return None
+
+
+def use_cached_node() -> None:
+    """Put CACHED_NODE_BIN first on this process's PATH (which the node and npm processes the
+    tests start inherit) when the node on PATH is missing or older than MIN_NODE_MAJOR and
+    scripts/install-node has put a newer one there."""
+    if _major(_node_version("node")) >= MIN_NODE_MAJOR:
+        return
+    cached = CACHED_NODE_BIN / "node"
+    if cached.exists() and _major(_node_version(str(cached))) >= MIN_NODE_MAJOR:
+        os.environ["PATH"] = f"{CACHED_NODE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def _node_version(node: str) -> str:
+    """`node --version` ("v22.23.3"), or "" when there is no such node."""
+    if shutil.which(node) is None:
+        return ""
+    return subprocess.run([node, "--version"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def _major(version: str) -> int:
+    major = version.lstrip("v").split(".", 1)[0]
+    return int(major) if major.isdigit() else 0
 
 
 class NpmFailed(RuntimeError):
     """An npm command failed; the message holds its output."""
 
 
-def run_npm(*args: str) -> str:
-    """Run `npm ARGS` in sdk/typescript; its output, or NpmFailed with the output."""
+def run_npm(*args: str, cwd: Path = SDK_DIR) -> str:
+    """Run `npm ARGS` in `cwd` (sdk/typescript); its output, or NpmFailed with the output."""
     env = {**os.environ, "DEX_HA_PYTHON": sys.executable}  # the unit tests compare with dex_ha
     command = ["npm", *args]
-    done = subprocess.run(
-        command, cwd=SDK_DIR, capture_output=True, text=True, timeout=NPM_TIMEOUT_S, env=env, check=False
-    )
-    output = f"$ {' '.join(command)}  (in {SDK_DIR})\n{done.stdout}\n{done.stderr}"
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=NPM_TIMEOUT_S, env=env, check=False)
+    output = f"$ {' '.join(command)}  (in {cwd})\n{done.stdout}\n{done.stderr}"
     if done.returncode != 0:
         raise NpmFailed(f"{' '.join(command)} exited with {done.returncode}:\n{output}")
     return output
 
 
-def install_packages() -> None:
-    """`npm ci` when node_modules is missing or was installed from another lockfile."""
-    wanted = hashlib.sha256(LOCKFILE.read_bytes()).hexdigest()
-    if INSTALLED_LOCK_HASH.exists() and INSTALLED_LOCK_HASH.read_text() == wanted:
+def install_packages(directory: Path = SDK_DIR) -> None:
+    """`npm ci` in `directory` when its node_modules is missing or was installed from
+    another lockfile."""
+    wanted = hashlib.sha256((directory / "package-lock.json").read_bytes()).hexdigest()
+    installed = directory / "node_modules" / INSTALLED_LOCK_HASH_NAME
+    if installed.exists() and installed.read_text() == wanted:
         return
-    run_npm("ci", "--no-audit", "--no-fund")
-    INSTALLED_LOCK_HASH.write_text(wanted)
+    run_npm("ci", "--no-audit", "--no-fund", cwd=directory)
+    installed.write_text(wanted)
 
 
 def _newest_source() -> float:

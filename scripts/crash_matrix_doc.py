@@ -20,11 +20,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.crash.rows import COLUMNS, KEEPS_RUNNING, NEVER_RAN, ROWS, Case, Failure  # noqa: E402
+from tests.crash.rows import COLUMNS, KEEPS_RUNNING, NEVER_RAN, ROWS, TS_COLUMN, Case, Failure, ts_cells  # noqa: E402
 
 DOC = REPO / "docs" / "crash-matrix.md"
 RUN_HEADING = "## Last run"
 TEST_FILE = "tests/crash/test_matrix.py"
+TS_TEST_FILE = "tests/crash/test_ts_cells.py"
 
 
 def cell_id(row_id: str, column: str, suffix: str = "") -> str:
@@ -134,11 +135,29 @@ def render_table() -> str:
             for variant in row.variants:
                 if column in variant.cells:
                     failure = variant.cells[column]
-                    checks = f"{variant.what}: {variant.checks}" + (f"; {failure.checks}" if failure.checks else "")
-                    lines.append(cell_line(cell_id(row.id, column, variant.suffix), failure, checks))
+                    lines.append(cell_line(cell_id(row.id, column, variant.suffix), failure, variant.checks_in(column)))
+    lines += ["", *ts_cell_table()]
     lines += ["", *NEVER_RAN_TEXT, *case_table(NEVER_RAN), "", *KEEPS_RUNNING_TEXT, *case_table(KEEPS_RUNNING)]
     lines += ["", *SOAK]
     return "\n".join(lines) + "\n"
+
+
+def ts_cell_table() -> list[str]:
+    """The Worker-kill cells that run with the TypeScript Worker too."""
+    lines = [
+        "## The Worker-kill column in TypeScript",
+        "",
+        f"These {TS_COLUMN} cells run again with the TypeScript SDK's Worker (sdk/typescript) in a `node`",
+        "process, which dies where the Python Worker would (SIGKILL, or its exit at the same Worker",
+        "failpoint). Each runs the Python cell's scenario and checks, from outside the server (the",
+        "ledger of tool runs, the snapshot, the event stream). They skip when Node 20 or newer is missing.",
+        "",
+        f"Run one cell: `python -m pytest {TS_TEST_FILE} -k R07`.",
+        "",
+        "| test id | how the process dies | also checked | expected |",
+        "|---|---|---|---|",
+    ]
+    return lines + [cell_line(cell.test_id, cell.failure, cell.checks) for cell in ts_cells()]
 
 
 def cell_line(test_id: str, failure: Failure, checks: str | None = None) -> str:
@@ -151,26 +170,33 @@ def render_run(results: list[dict]) -> str:
     lines = ["", RUN_HEADING, ""]
     if not results:
         return "\n".join(lines + ["No results were given.", ""])
-    passed = sum(1 for r in results if r["outcome"] in ("passed", "xfailed"))
     lines += [
-        f"{passed} of {len(results)} cells as expected.",
+        f"{as_expected(results)} of {len(results)} cells as expected.",
         "",
         "| column | cells | as expected |",
         "|---|---|---|",
     ]
     for column in COLUMNS:
         cells = [by_cell[c] for c in cell_ids_of(column) if c in by_cell]
-        ok = sum(1 for c in cells if c["outcome"] in ("passed", "xfailed"))
-        lines.append(f"| {column} | {len(cells)} | {ok} |")
+        lines.append(f"| {column} | {len(cells)} | {as_expected(cells)} |")
+    ts_results = [by_cell[cell.test_id] for cell in ts_cells() if cell.test_id in by_cell]
+    if ts_results:
+        lines.append(f"| {TS_COLUMN} (TypeScript) | {len(ts_results)} | {as_expected(ts_results)} |")
     # No timings: the page changes only when an outcome does (seconds differ every run).
     lines += ["", "| cell | outcome |", "|---|---|"]
-    for test_id in [c for column in COLUMNS for c in cell_ids_of(column)] + [
-        c.id for c in (*NEVER_RAN, *KEEPS_RUNNING)
+    for test_id in [
+        *(c for column in COLUMNS for c in cell_ids_of(column)),
+        *(cell.test_id for cell in ts_cells()),
+        *(c.id for c in (*NEVER_RAN, *KEEPS_RUNNING)),
     ]:
         result = by_cell.get(test_id)
         if result is not None:
             lines.append(f"| {test_id} | {result['outcome']} |")
     return "\n".join(lines) + "\n"
+
+
+def as_expected(results: list[dict]) -> int:
+    return sum(1 for r in results if r["outcome"] in ("passed", "xfailed"))
 
 
 def cell_ids_of(column: str) -> list[str]:

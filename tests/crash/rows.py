@@ -35,6 +35,11 @@ class Variant:
     checks: str
     cells: dict[str, Failure]
 
+    def checks_in(self, column: str) -> str:
+        """What the variant's cell in `column` checks: its own checks, then the cell's."""
+        failure = self.cells[column]
+        return f"{self.what}: {self.checks}" + (f"; {failure.checks}" if failure.checks else "")
+
 
 @dataclass(frozen=True)
 class Row:
@@ -422,3 +427,34 @@ KEEPS_RUNNING: tuple[Case, ...] = (
     ),
 )
 CASES: dict[str, Case] = {case.id: case for case in (*NEVER_RAN, *KEEPS_RUNNING)}
+
+# The Worker-kill cells that also run with the TypeScript Worker (tests/crash/test_ts_cells.py):
+# the Python cell's scenario with the row's TypeScript agent. R17, R18, R20, R21: Python only.
+TS_COLUMN = "worker_kill"
+TS_ROW_IDS: tuple[str, ...] = (*(f"R{n:02d}" for n in range(1, 17)), "R19")
+
+
+@dataclass(frozen=True)
+class TsCell:
+    """One TypeScript cell: `scenario` names the Python cell's scenario (a row id, or
+    `{row}-{suffix}` for a variant); `test_id` is its pytest id (`R16-worker_kill-busy-ts`)."""
+
+    scenario: str
+    test_id: str
+    failure: Failure
+    checks: str
+
+
+def ts_cells() -> list[TsCell]:
+    """The TypeScript cells in order: each row's, then its Worker-kill variants'."""
+    cells = []
+    for row_id in TS_ROW_IDS:
+        row = ROWS[row_id]
+        failure = row.failure(TS_COLUMN)
+        cells.append(TsCell(row_id, f"{row_id}-{TS_COLUMN}-ts", failure, failure.checks))
+        for variant in row.variants:
+            if TS_COLUMN in variant.cells:
+                test_id = f"{row_id}-{TS_COLUMN}-{variant.suffix}-ts"
+                scenario = f"{row_id}-{variant.suffix}"
+                cells.append(TsCell(scenario, test_id, variant.cells[TS_COLUMN], variant.checks_in(TS_COLUMN)))
+    return cells

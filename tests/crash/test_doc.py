@@ -65,3 +65,27 @@ def test_a_run_lists_variant_cells_and_cases(tmp_path: Path) -> None:
     assert "| R19-takeover-write | passed |" in run and "| denied | passed |" in run
     assert "| takeover | 1 | 1 |" in run
     assert "1.0" not in run  # no timings: the page changes only when an outcome does
+
+
+def test_every_typescript_cell_has_a_line_with_its_test_id() -> None:
+    doc = load_script()
+    table = doc.render_table()
+    cells = doc.ts_cells()
+    assert [cell.test_id for cell in cells][:2] == ["R01-worker_kill-ts", "R02-worker_kill-ts"]
+    assert "R16-worker_kill-busy-ts" in [cell.test_id for cell in cells]
+    for cell in cells:
+        assert f"`test_cell[{cell.test_id}]`" in table
+
+
+def test_a_run_lists_typescript_cells_without_timings(tmp_path: Path) -> None:
+    doc = load_script()
+    results = tmp_path / "cells.jsonl"
+    lines = [{"cell": "R07-worker_kill-ts", "outcome": "passed", "seconds": 2.5}]
+    lines.append({"cell": "R07-worker_kill", "outcome": "passed", "seconds": 1.5})
+    results.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "crash-matrix.md"
+    assert doc.main(["--results", str(results), "--out", str(out)]) == 0
+    run = out.read_text().split(doc.RUN_HEADING, 1)[1]
+    assert "| R07-worker_kill-ts | passed |" in run
+    assert "| worker_kill (TypeScript) | 1 | 1 |" in run and "| worker_kill | 1 | 1 |" in run
+    assert "2.5" not in run and "1.5" not in run

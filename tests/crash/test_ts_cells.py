@@ -17,24 +17,14 @@ import pytest
 from harness.typescript_sdk import ensure_built, node_missing
 from tests.crash.cell import Cell
 from tests.crash.harness import Column
-from tests.crash.rows import ROWS
+from tests.crash.rows import TS_COLUMN, ts_cells
 from tests.crash.test_matrix import SCENARIOS, VARIANTS
-
-COLUMN = "worker_kill"
-ROW_IDS = [f"R{n:02d}" for n in range(1, 17)] + ["R19"]  # R17, R18, R20, R21: Python only for now
 
 pytestmark = pytest.mark.skipif(node_missing() is not None, reason=str(node_missing()))
 
 
 def ts_cell_params() -> list[object]:
-    params = []
-    for row_id in ROW_IDS:
-        row = ROWS[row_id]
-        params.append(pytest.param(row_id, id=f"{row_id}-{COLUMN}-ts"))
-        for variant in row.variants:
-            if COLUMN in variant.cells:
-                params.append(pytest.param(f"{row_id}-{variant.suffix}", id=f"{row_id}-{COLUMN}-{variant.suffix}-ts"))
-    return params
+    return [pytest.param(cell.scenario, id=cell.test_id) for cell in ts_cells()]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +34,7 @@ def ts_worker_built() -> None:
 
 @pytest.mark.parametrize("row_id", ts_cell_params())
 async def test_cell(row_id: str, ts_worker_built: None, columns: dict[str, Column], tmp_path: Path) -> None:
-    column = columns[COLUMN]
+    column = columns[TS_COLUMN]
     await column.ready()
     cell = Cell(row_id, column, tmp_path, language="ts")
     try:
