@@ -43,6 +43,8 @@ export interface ChannelPeer {
   onTasks(tasks: unknown[]): void;
   onAck(report: Report, ack: Ack): void;
   onCancel(taskToken: string, reason: string): void;
+  /** A channel opened; `held`: the tasks the node still counts as this Worker's. */
+  onWelcome(held: string[]): void;
 }
 
 export class ChannelLink {
@@ -197,6 +199,7 @@ export class ChannelLink {
         // The node's credit for this Worker starts at 0 with each channel; reports it may
         // not have seen go again.
         this.welcomed = true;
+        this.peer.onWelcome(frame.held);
         this.credit = this.stopping() ? 0 : this.peer.freeSlots();
         this.reports = [...this.unacked.values(), ...this.reports];
         this.unacked.clear();

@@ -238,6 +238,16 @@ export class Worker implements ChannelPeer {
     else attempt.stop("the attempt is no longer current", false);
   }
 
+  /** A channel opened: the attempts still running here that the node does not list as held
+   * are no longer this Worker's (a takeover failed them, or the channel stayed closed past
+   * its grace). Stop them and send nothing, as for a cancel "not current". */
+  onWelcome(held: string[]): void {
+    const stillOurs = new Set(held);
+    for (const [token, attempt] of this.attempts) {
+      if (!stillOurs.has(token) && !attempt.stopped) attempt.stop("the node no longer holds this attempt", false);
+    }
+  }
+
   onAck(report: Report, ack: Ack): void {
     const entry = this.reported.get(report.task_token);
     if (entry === undefined) return;
