@@ -4,12 +4,13 @@ a deadline on every wait, stopped by pid."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -88,3 +89,18 @@ class DevProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return "(no log)"
+
+
+@contextlib.asynccontextmanager
+async def running_dev(
+    directory: Path, *, relaxed: bool = True, extra_env: dict[str, str] | None = None
+) -> AsyncIterator[DevProcess]:
+    """A `dex-ha dev` node with its data and log under `directory`, ready when entered,
+    stopped by pid when left (the tests' fixtures are this, with their own options)."""
+    node = DevProcess(directory / "data", directory / "dev.log", relaxed=relaxed, extra_env=extra_env)
+    node.start()
+    try:
+        await node.wait_ready()
+        yield node
+    finally:
+        node.stop()

@@ -22,7 +22,7 @@ import pytest
 
 from dex_ha.client import DexClient
 from dex_ha.worker import Worker
-from harness.dev_process import DevProcess
+from harness.dev_process import DevProcess, running_dev
 from harness.processes import pid_alive
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
@@ -59,13 +59,8 @@ def mcp(name: str) -> str:
 
 @pytest.fixture
 async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
-    server = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True)
-    server.start()
-    try:
-        await server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    async with running_dev(tmp_path) as node:
+        yield node
 
 
 async def test_a_turn_runs_the_cli_inline_and_the_custom_tool_as_its_own_step(dev: DevProcess, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from dex_ha.client import DexClient
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
-from harness.dev_process import DevProcess
+from harness.dev_process import DevProcess, running_dev
 from tests.cli import run_cli
 from tests.e2e.conftest import running
 
@@ -41,13 +41,8 @@ def make_agent() -> Agent:
 
 @pytest.fixture
 async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
-    process = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True)
-    process.start()
-    try:
-        await process.wait_ready()
-        yield process
-    finally:
-        process.stop()
+    async with running_dev(tmp_path) as node:
+        yield node
 
 
 async def show(url: str, *args: str) -> str:

@@ -20,7 +20,7 @@ from dex_ha.cli.watch import EventLines
 from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from harness.cluster_process import LocalCluster
-from harness.dev_process import DevProcess
+from harness.dev_process import DevProcess, running_dev
 from harness.processes import stop
 from harness.waiting import eventually
 from tests.cli import clean_env, run_cli
@@ -50,13 +50,8 @@ def make_worker(url: str) -> Worker:
 
 @pytest.fixture
 async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
-    node = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True)
-    node.start()
-    try:
-        await node.wait_ready()
+    async with running_dev(tmp_path) as node:
         yield node
-    finally:
-        node.stop()
 
 
 def watch_lines(output: str) -> list[tuple[str, str]]:

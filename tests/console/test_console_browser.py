@@ -23,7 +23,7 @@ import pytest
 
 from dex_ha.client import DexClient, DexError
 from harness.cluster_process import LocalCluster
-from harness.dev_process import DevProcess
+from harness.dev_process import DevProcess, running_dev
 from harness.processes import stop
 from harness.waiting import eventually
 from tests.console.console_worker import AGENT, STORY
@@ -60,15 +60,8 @@ async def page(tmp_path: Path) -> AsyncIterator[object]:
 @pytest.fixture
 async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
     """A `dex-ha dev` node (no tokens) whose killed Worker's attempt fails in ~2 s."""
-    node = DevProcess(
-        tmp_path / "data", tmp_path / "dev.log", relaxed=True, extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": "2000"}
-    )
-    node.start()
-    try:
-        await node.wait_ready()
+    async with running_dev(tmp_path, extra_env={"DEX_HA_HEARTBEAT_TIMEOUT_MS": "2000"}) as node:
         yield node
-    finally:
-        node.stop()
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dex_ha.client import DexClient
-from harness.dev_process import DevProcess
+from harness.dev_process import DevProcess, running_dev
 from harness.processes import stop
 from harness.typescript_sdk import BUILD_DIR, ensure_built, node_missing
 
@@ -33,13 +33,8 @@ def built() -> None:
 
 @pytest.fixture
 async def dev(tmp_path: Path, built: None) -> AsyncIterator[DevProcess]:
-    server = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True)
-    server.start()
-    try:
-        await server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    async with running_dev(tmp_path) as node:
+        yield node
 
 
 @pytest.fixture
