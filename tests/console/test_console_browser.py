@@ -339,9 +339,12 @@ async def test_sessions_list_searches_sorts_and_refreshes_itself(dev: DevProcess
         await page.get_by_test_id("filter-metadata").fill("")
         await page.get_by_test_id("filter-q").fill("")
         await page.get_by_test_id("filter-agent").fill("beta")
+        # (The list on show already has one row, alpha-1: wait for beta's, not for a count.)
         await expect(rows).to_have_count(1)
+        await expect(rows).to_have_attribute("data-session", "beta-2")
         await page.get_by_test_id("filter-agent").fill("")
         await page.get_by_test_id("filter-order").select_option("id")
+        await expect(rows).to_have_count(3)  # the unfiltered list, not a stale filtered one
         await expect(rows.first).to_have_attribute("data-session", "alpha-1")
         assert await _listed(page) == ["alpha-1", "alpha-3", "beta-2"]
         await page.get_by_test_id("filter-status").select_option("running")
