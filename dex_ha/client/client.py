@@ -25,7 +25,6 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -41,37 +40,15 @@ from dex_ha.client.results import (
     SessionSummary,
 )
 from dex_ha.client.sse import RawEvent, read_events
+from dex_ha.session_protocol import EventType, SessionEvent
 
 log = logging.getLogger("dex_ha.client")
 
 MESSAGE_MODES = ("queue", "steer")
 RECONCILE_OUTCOMES = ("succeeded", "failed")
-# The event that ends the stream of a session that was deleted.
-SESSION_DELETED = "session_deleted"
 # wait_until_idle re-reads the snapshot this often (growing from the first to the last).
 IDLE_POLL_FIRST_S = 0.05
 IDLE_POLL_MAX_S = 0.5
-
-
-@dataclass(frozen=True)
-class SessionEvent:
-    """One event of a session's event stream.
-
-    Committed events have an ``id`` (resume after it with ``events(after=id)``) and
-    ``at`` (the leader's wall clock, ms). Live ``delta`` events (model output while a
-    step runs) have id None, are never replayed, and carry ``step_id`` and ``attempt``
-    so that a client can drop the deltas of an attempt that failed; their ``data`` is
-    what the Worker sent. Committed events about one attempt (``attempt_started``,
-    ``attempt_failed``) carry ``step_id`` and ``attempt`` too (also in ``data``), so
-    they can be matched with the deltas: see :class:`~dex_ha.client.StreamText`.
-    """
-
-    id: str | None
-    type: str
-    data: dict[str, Any]
-    at: int | None
-    step_id: str | None = None
-    attempt: int | None = None
 
 
 class IdleTimeoutError(asyncio.TimeoutError):
@@ -360,7 +337,7 @@ class DexClient:
                             continue  # already yielded before a reconnect
                         last_id = event.id
                     yield event
-                    if event.type == SESSION_DELETED:
+                    if event.type == EventType.SESSION_DELETED:
                         return  # the server's last word: the session is gone
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 log.info("dex-ha client: event stream of %s dropped (%s); reconnecting", path, exc)
@@ -424,29 +401,7 @@ def _decode_event(raw: RawEvent) -> SessionEvent | None:
     if not isinstance(payload, dict):
         log.warning("dex-ha client: skipping an event whose data is not a JSON object: %.200r", raw.data)
         return None
-    data = payload.get("data")
-    data = data if isinstance(data, dict) else {} if data is None else {"value": data}
-    at = payload.get("at")
-    if raw.id is None:  # a live delta
-        attempt = payload.get("attempt")
-        return SessionEvent(
-            id=None,
-            type=str(payload.get("type") or raw.event),
-            data=data,
-            at=at if isinstance(at, int) else None,
-            step_id=payload.get("step_id"),
-            attempt=attempt if isinstance(attempt, int) else None,
-        )
-    step_id, attempt = data.get("step_id"), data.get("attempt")
-    names_attempt = isinstance(step_id, str) and isinstance(attempt, int) and not isinstance(attempt, bool)
-    return SessionEvent(
-        id=raw.id,
-        type=str(payload.get("type") or raw.event),
-        data=data,
-        at=at if isinstance(at, int) else None,
-        step_id=step_id if names_attempt else None,
-        attempt=attempt if names_attempt else None,
-    )
+    return SessionEvent.from_json(raw.id, raw.event, payload)
 
 
 def _is_newer(event_id: str, last_id: str) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dex_ha.client.client import SessionEvent
+from dex_ha.session_protocol import SessionEvent
 
 
 @dataclass

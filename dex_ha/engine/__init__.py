@@ -70,11 +70,11 @@ from dex_ha.engine.queries import (
     Page,
     QueuedStep,
     RunningAttempt,
-    SessionEvent,
     Timer,
     same_token_secret,
 )
 from dex_ha.engine.results import ApplyResult
+from dex_ha.session_protocol import SessionEvent
 from dex_ha.worker_protocol import Task
 
 __all__ = [

@@ -39,6 +39,16 @@ from dex_ha.engine.statuses import (
     TurnStatus,
 )
 from dex_ha.engine.store import from_json, to_json
+from dex_ha.session_protocol import (
+    ApprovalDecided,
+    ApprovalRequested,
+    AssistantMessage,
+    QuestionAnswered,
+    QuestionAsked,
+    ToolCallFinished,
+    ToolCallReconciled,
+    ToolTaskStarted,
+)
 
 DEFAULT_POLL_AFTER_MS = 1_000
 MAX_TOOL_CALLS_PER_RESPONSE = 1_000  # keeps one entry's events within its event-id range
@@ -63,11 +73,9 @@ def record_model_response(ctx: ApplyContext, step: sqlite3.Row, result: dict[str
     ctx.store.append_history(step["session_id"], step["turn_id"], message, ctx.at)
     ctx.emit(
         step["session_id"],
-        "assistant_message",
-        turn_id=step["turn_id"],
-        step_id=step["step_id"],
-        content=content,
-        tool_calls=message["tool_calls"],
+        AssistantMessage(
+            turn_id=step["turn_id"], step_id=step["step_id"], content=content, tool_calls=message["tool_calls"]
+        ),
     )
     if not tool_calls:
         turns.end_turn(ctx, step["session_id"], step["turn_id"], TurnStatus.COMPLETED)
@@ -198,10 +206,7 @@ def _request_approval(ctx: ApplyContext, call: CallRow) -> None:
     )
     ctx.emit(
         call["session_id"],
-        "approval_requested",
-        call_id=call["call_id"],
-        name=call["name"],
-        arguments=from_json(call["arguments"]),
+        ApprovalRequested(call_id=call["call_id"], name=call["name"], arguments=from_json(call["arguments"])),
     )
 
 
@@ -248,11 +253,7 @@ def ask_question(ctx: ApplyContext, call: CallRow, source: str, question: Any) -
     )
     ctx.emit(
         call["session_id"],
-        "question_asked",
-        question_id=question_id,
-        call_id=call["call_id"],
-        source=source,
-        question=question,
+        QuestionAsked(question_id=question_id, call_id=call["call_id"], source=source, question=question),
     )
 
 
@@ -299,7 +300,7 @@ def _start_task(ctx: ApplyContext, call: CallRow, result: dict[str, Any]) -> Non
         raise Rejected("invalid", "result.handle is required when status is task")
     poll_after = _poll_after(result, DEFAULT_POLL_AFTER_MS)
     ctx.store.update("tool_calls", _key(call), handle=to_json(result["handle"]), poll_after_ms=poll_after)
-    ctx.emit(call["session_id"], "tool_task_started", call_id=call["call_id"], handle=result["handle"])
+    ctx.emit(call["session_id"], ToolTaskStarted(call_id=call["call_id"], handle=result["handle"]))
     _wait_before_poll(ctx, call, poll_after)
 
 
@@ -364,13 +365,14 @@ def finish_call(
     ctx.bump(f"tool_calls.{status}")
     ctx.emit(
         call["session_id"],
-        "tool_call_finished",
-        call_id=call["call_id"],
-        name=finished["name"],
-        status=status,
-        output=output,
-        error=error,
-        attempt_progress=progress,
+        ToolCallFinished(
+            call_id=call["call_id"],
+            name=finished["name"],
+            status=status,
+            output=output,
+            error=error,
+            attempt_progress=progress,
+        ),
     )
     _finish_response_if_done(ctx, finished["response_step_id"], call["session_id"], finished["turn_id"])
 
@@ -444,7 +446,7 @@ def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: 
         decided_at=ctx.at,
     )
     steps.end_wait_step(ctx, approval["step_id"])
-    ctx.emit(session_id, "approval_decided", call_id=call_id, approved=approved, reason=reason)
+    ctx.emit(session_id, ApprovalDecided(call_id=call_id, approved=approved, reason=reason))
     call = ctx.store.require_call(session_id, call_id)
     if approved:
         queue_tool_step(ctx, call)
@@ -480,7 +482,7 @@ def answer_question(ctx: ApplyContext, session_id: str, question_id: str, answer
         answered_at=ctx.at,
     )
     steps.end_wait_step(ctx, question["step_id"])
-    ctx.emit(session_id, "question_answered", question_id=question_id, call_id=question["call_id"], answer=answer)
+    ctx.emit(session_id, QuestionAnswered(question_id=question_id, call_id=question["call_id"], answer=answer))
     call = ctx.store.require_call(session_id, question["call_id"])
     if question["source"] == "ask_user":
         finish_call(ctx, call, CallStatus.SUCCEEDED, output=answer)
@@ -511,5 +513,5 @@ def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, re
         f"by an operator: {outcome}" + (f" ({error})" if outcome == CallStatus.FAILED else "") + "."
     )
     turns.add_note(ctx, session_id, note)
-    ctx.emit(session_id, "tool_call_reconciled", call_id=call_id, outcome=outcome, result=result, error=error)
+    ctx.emit(session_id, ToolCallReconciled(call_id=call_id, outcome=outcome, result=result, error=error))
     return True

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dex_ha.engine.store import Store
+from dex_ha.session_protocol import Event
 
 
 @dataclass
@@ -46,9 +47,11 @@ class ApplyContext:
     def __post_init__(self) -> None:
         self.ids = IdGen(self.index)
 
-    def emit(self, session_id: str, type_: str, **data: Any) -> None:
-        """A session event (streamed over SSE with its increasing id); stored by `hand_over_writes`."""
-        self.events.append((session_id, type_, data))
+    def emit(self, session_id: str, event: Event) -> None:
+        """A session event (streamed over SSE with its increasing id); stored by `hand_over_writes`.
+        Its type and data come from its class (dex_ha.session_protocol), so an unknown type
+        or a misspelt field does not type-check."""
+        self.events.append((session_id, event.type.value, event.as_json()))
 
     def bump(self, counter: str, by: int = 1) -> None:
         """Add `by` to a counter of the `counters` table (written by `hand_over_writes`)."""

@@ -43,6 +43,7 @@ from dex_ha.engine.kinds import StepKind
 from dex_ha.engine.results import HTTP_STATUS_BY_CODE, Rejected
 from dex_ha.engine.statuses import AttemptStatus, MessageStatus, SessionStatus, TimerStatus
 from dex_ha.engine.store import CLUSTER_VERSION, CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
+from dex_ha.session_protocol import MessageReceived, SessionCreated
 
 T = TypeVar("T")
 
@@ -94,7 +95,7 @@ def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
         updated_at=ctx.at,
     )
     ctx.store.session_created(session_id)
-    ctx.emit(session_id, "session_created", agent=cmd.agent, metadata=cmd.metadata)
+    ctx.emit(session_id, SessionCreated(agent=cmd.agent, metadata=cmd.metadata))
     return Handled({"session_id": session_id, "created": True})
 
 
@@ -163,7 +164,7 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
         status=MessageStatus.WAITING,
         at=ctx.at,
     )
-    ctx.emit(cmd.session_id, "message_received", message_id=message_id, text=cmd.text, mode=cmd.mode)
+    ctx.emit(cmd.session_id, MessageReceived(message_id=message_id, text=cmd.text, mode=cmd.mode))
     turns.start_next_turn_if_idle(ctx, session)  # the message changed none of what it reads
     return Handled({"message_id": message_id, "duplicate": False})
 

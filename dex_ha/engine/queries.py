@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from itertools import groupby
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from dex_ha.engine.commands import FIRST_STATE_MACHINE_VERSION
 from dex_ha.engine.kinds import DEFAULT_HEARTBEAT_TIMEOUT_MS, TASK_KINDS, StepKind, idempotency_key
@@ -24,6 +24,16 @@ from dex_ha.engine.store import (
     from_json,
 )
 from dex_ha.engine.tasks import task_input
+from dex_ha.session_protocol import (  # the shapes a client sees, shared with the Client SDK
+    CurrentTurnView,
+    PendingTimerView,
+    SessionEvent,
+    SessionSnapshot,
+    StepView,
+    ToolCallView,
+    TurnView,
+    WaitingMessageView,
+)
 from dex_ha.worker_protocol import Task  # the one shape of a task, shared with the Worker SDK
 
 # What a row of a session list costs besides its metadata: ids, status, counts and keys.
@@ -109,15 +119,6 @@ class Timer:
     purpose: str  # backoff | sleep | poll | retry_window
 
 
-@dataclass(frozen=True, slots=True)
-class SessionEvent:
-    event_id: int  # increasing; the SSE id (Last-Event-ID resume)
-    session_id: str
-    type: str
-    data: dict[str, Any]
-    at: int
-
-
 # Per-session counts for sessions_page (correlated on the outer `sessions` row).
 _PENDING_APPROVALS = (
     "SELECT COUNT(*) FROM approvals a WHERE a.session_id = sessions.session_id AND a.status = 'pending'"
@@ -160,6 +161,11 @@ def _by_name(cls: Any, row: sqlite3.Row, **converted: Any) -> Any:
     (alias them in the SELECT), so the column order of the query does not matter;
     `converted` gives the fields that need a conversion (SQLite has no booleans)."""
     return cls(**{f.name: converted[f.name] if f.name in converted else row[f.name] for f in fields(cls)})
+
+
+def _call_id_of(step: StepView) -> str:
+    """The call of a tool call's step (only those are grouped by call)."""
+    return step["call_id"] or ""
 
 
 def same_token_secret(stored: str | None, given: str) -> bool:
@@ -395,7 +401,7 @@ class Queries:
             (session_id, after >> EVENT_ID_SHIFT),
         ):
             found = [
-                SessionEvent((index << EVENT_ID_SHIFT) + n, session_id, type_, data, at)
+                SessionEvent.committed(str((index << EVENT_ID_SHIFT) + n), type_, data, at)
                 for n, (type_, data) in enumerate(from_json(events))
                 if (index << EVENT_ID_SHIFT) + n > after
             ]
@@ -404,7 +410,7 @@ class Queries:
         return page.done()
 
     @read_transaction
-    def get_agent_snapshot(self, session_id: str) -> dict[str, Any] | None:
+    def get_agent_snapshot(self, session_id: str) -> SessionSnapshot | None:
         """Everything a client sees of a session (`GET /v1/sessions/{sid}`)."""
         s = self._store.session(session_id)
         if s is None:
@@ -467,7 +473,7 @@ class Queries:
                 )
             ],
             "pending_timers": [
-                dict(r)
+                cast(PendingTimerView, dict(r))  # the SELECT names its columns
                 for r in self._store.rows(
                     "SELECT timer_id, step_id, purpose, due_at FROM timers WHERE session_id = ? "
                     "AND status = 'pending' ORDER BY due_at, timer_id",
@@ -475,7 +481,7 @@ class Queries:
                 )
             ],
             "waiting_messages": [
-                dict(r)
+                cast(WaitingMessageView, dict(r))
                 for r in self._store.rows(
                     "SELECT message_id, text, mode, at FROM messages WHERE session_id = ? "
                     "AND status = 'waiting' ORDER BY seq",
@@ -484,9 +490,9 @@ class Queries:
             ],
         }
 
-    def _turns_with_steps(self, session_id: str) -> list[dict[str, Any]]:
+    def _turns_with_steps(self, session_id: str) -> list[TurnView]:
         """Every turn with its steps and their attempts: the session's timeline."""
-        steps_by_turn: dict[str, list[dict[str, Any]]] = {}
+        steps_by_turn: dict[str, list[StepView]] = {}
         # By turn (the steps_by_turn index), not by session: steps has no session index.
         for step in self._steps_with_attempts(
             "WHERE s.turn_id IN (SELECT turn_id FROM turns WHERE session_id = ?)", (session_id,)
@@ -497,21 +503,19 @@ class Queries:
             "WHERE session_id = ? ORDER BY number",
             (session_id,),
         )
-        return [{**dict(r), "steps": steps_by_turn.get(r["turn_id"], [])} for r in rows]
+        # The row's columns are TurnView's: the SELECT names them.
+        return [cast(TurnView, {**dict(r), "steps": steps_by_turn.get(r["turn_id"], [])}) for r in rows]
 
-    def _turn_view(self, turn_id: str) -> dict[str, Any]:
-        turn = dict(self._store.require_turn(turn_id))
+    def _turn_view(self, turn_id: str) -> CurrentTurnView:
+        turn = dict(self._store.require_turn(turn_id))  # every column of turns: CurrentTurnView's
         turn["steps"] = self._steps_with_attempts("WHERE s.turn_id = ?", (turn_id,))
-        return turn
+        return cast(CurrentTurnView, turn)
 
-    def _call_steps(self, session_id: str) -> dict[str, list[dict[str, Any]]]:
+    def _call_steps(self, session_id: str) -> dict[str, list[StepView]]:
         steps = self._steps_with_attempts("WHERE s.session_id = ? AND s.call_id IS NOT NULL", (session_id,))
-        return {
-            call_id: list(group)
-            for call_id, group in groupby(sorted(steps, key=lambda st: st["call_id"]), key=lambda st: st["call_id"])
-        }
+        return {call_id: list(group) for call_id, group in groupby(sorted(steps, key=_call_id_of), key=_call_id_of)}
 
-    def _steps_with_attempts(self, where: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+    def _steps_with_attempts(self, where: str, params: tuple[Any, ...]) -> list[StepView]:
         rows = self._store.rows(
             "SELECT s.step_id, s.turn_id, s.kind, s.status AS step_status, s.call_id, s.attempts_used, s.max_attempts, "
             "s.created_at, s.error AS step_error, a.number, a.term, a.worker_id, a.idempotency_key, "
@@ -520,7 +524,7 @@ class Queries:
             f"LEFT JOIN attempts a ON a.step_id = s.step_id {where} ORDER BY s.created_at, s.step_id, a.number",
             params,
         )
-        steps = []
+        steps: list[StepView] = []
         for step_id, grouped in groupby(rows, key=lambda r: r["step_id"]):
             group = list(grouped)
             first = group[0]
@@ -554,7 +558,7 @@ class Queries:
             )
         return steps
 
-    def _call_view(self, call: Any, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    def _call_view(self, call: Any, steps: list[StepView]) -> ToolCallView:
         current = next((st for st in steps if st["step_id"] == call["step_id"]), None)
         inline = call["step_id"] is not None and call["step_id"] == call["response_step_id"]
         return {

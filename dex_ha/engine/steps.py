@@ -34,6 +34,7 @@ from dex_ha.engine.statuses import (
     TimerStatus,
 )
 from dex_ha.engine.store import FENCED_TERM, STEP_COLUMNS, to_json
+from dex_ha.session_protocol import AttemptFailed, AttemptStarted, StepQueued, StepWaiting, TimerFired, TimerSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +79,8 @@ def create_step(
     )
     if call_id is not None:
         ctx.store.update("tool_calls", {"session_id": session_id, "call_id": call_id}, step_id=step_id)
-    ctx.emit(
-        session_id,
-        "step_queued" if spec.is_task else "step_waiting",
-        step_id=step_id,
-        kind=kind,
-        turn_id=turn_id,
-        call_id=call_id,
-    )
+    event = StepQueued if spec.is_task else StepWaiting
+    ctx.emit(session_id, event(step_id=step_id, kind=kind, turn_id=turn_id, call_id=call_id))
     return step_id
 
 
@@ -190,13 +185,14 @@ def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, An
     clients: it names the Worker but never carries the token secret."""
     ctx.emit(
         attempt["session_id"],
-        "attempt_started",
-        step_id=attempt["step_id"],
-        kind=attempt["kind"],
-        attempt=attempt["attempt"],
-        term=attempt["term"],
-        worker_id=attempt["worker_id"],
-        call_id=attempt["call_id"],
+        AttemptStarted(
+            step_id=attempt["step_id"],
+            kind=attempt["kind"],
+            attempt=attempt["attempt"],
+            term=attempt["term"],
+            worker_id=attempt["worker_id"],
+            call_id=attempt["call_id"],
+        ),
     )
     return {k: v for k, v in attempt.items() if k not in ("call_id", "params")}
 
@@ -264,13 +260,14 @@ def fail_attempt(
     )
     ctx.emit(
         step["session_id"],
-        "attempt_failed",
-        step_id=step["step_id"],
-        kind=step["kind"],
-        attempt=number,
-        error=error,
-        attempt_progress=progress,
-        call_id=step["call_id"],
+        AttemptFailed(
+            step_id=step["step_id"],
+            kind=step["kind"],
+            attempt=number,
+            error=error,
+            attempt_progress=progress,
+            call_id=step["call_id"],
+        ),
     )
     if step["status"] != StepStatus.RUNNING:  # cancelled: the call's outcome is recorded already
         return None
@@ -367,9 +364,7 @@ def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: Ti
         due_at=due_at,
         status=TimerStatus.PENDING,
     )
-    ctx.emit(
-        step["session_id"], "timer_set", timer_id=timer_id, step_id=step["step_id"], purpose=purpose, due_at=due_at
-    )
+    ctx.emit(step["session_id"], TimerSet(timer_id=timer_id, step_id=step["step_id"], purpose=purpose, due_at=due_at))
     return timer_id
 
 
@@ -379,10 +374,7 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> sqlite3.Row:
     ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status=TimerStatus.FIRED, fired_at=ctx.at)
     ctx.emit(
         timer["session_id"],
-        "timer_fired",
-        timer_id=timer["timer_id"],
-        step_id=timer["step_id"],
-        purpose=timer["purpose"],
+        TimerFired(timer_id=timer["timer_id"], step_id=timer["step_id"], purpose=timer["purpose"]),
     )
     return ctx.store.require_step(timer["step_id"])
 
@@ -408,11 +400,7 @@ def requeue(ctx: ApplyContext, step: sqlite3.Row) -> None:
     )
     ctx.emit(
         step["session_id"],
-        "step_queued",
-        step_id=step["step_id"],
-        kind=step["kind"],
-        turn_id=step["turn_id"],
-        call_id=step["call_id"],
+        StepQueued(step_id=step["step_id"], kind=step["kind"], turn_id=step["turn_id"], call_id=step["call_id"]),
     )
 
 

@@ -15,6 +15,7 @@ from dex_ha.engine.kinds import StepKind
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.statuses import MessageStatus, SessionStatus, TurnStatus
 from dex_ha.engine.store import from_json, to_json
+from dex_ha.session_protocol import TURN_ENDED, MessageDelivered, SummaryUpdated, TurnStarted
 
 # What delivering a message reads of it.
 _MESSAGE_COLUMNS = "session_id, message_id, text, mode"
@@ -52,7 +53,7 @@ def start_next_turn_if_idle(ctx: ApplyContext, session: Any) -> None:
         first_seq=first_seq,
         started_at=ctx.at,
     )
-    ctx.emit(session_id, "turn_started", turn_id=turn_id, number=number, message_id=message["message_id"])
+    ctx.emit(session_id, TurnStarted(turn_id=turn_id, number=number, message_id=message["message_id"]))
     schedule_model_round(ctx, session_id, turn_id)
 
 
@@ -77,10 +78,7 @@ def _deliver_message(ctx: ApplyContext, message: Any, turn_id: str, announce: bo
     if announce:
         ctx.emit(
             message["session_id"],
-            "message_delivered",
-            message_id=message["message_id"],
-            turn_id=turn_id,
-            mode=message["mode"],
+            MessageDelivered(message_id=message["message_id"], turn_id=turn_id, mode=message["mode"]),
         )
     return seq
 
@@ -172,10 +170,7 @@ def record_summary(ctx: ApplyContext, step: Any, result: dict[str, Any]) -> None
     ctx.store.set_summary(step["session_id"], summary, params["upto_seq"], params["upto_tokens"], ctx.at)
     ctx.emit(
         step["session_id"],
-        "summary_updated",
-        turn_id=step["turn_id"],
-        step_id=step["step_id"],
-        upto_seq=params["upto_seq"],
+        SummaryUpdated(turn_id=step["turn_id"], step_id=step["step_id"], upto_seq=params["upto_seq"]),
     )
     schedule_model_round(ctx, step["session_id"], step["turn_id"])
 
@@ -233,5 +228,5 @@ def end_turn(ctx: ApplyContext, session_id: str, turn_id: str, status: TurnStatu
         "WHERE session_id = ? RETURNING session_id, current_turn_id, turn_count",
         (ctx.at, session_id),
     )
-    ctx.emit(session_id, f"turn_{status}", turn_id=turn_id, error=error)
+    ctx.emit(session_id, TURN_ENDED[status](turn_id=turn_id, error=error))
     start_next_turn_if_idle(ctx, session)

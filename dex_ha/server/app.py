@@ -70,6 +70,7 @@ from dex_ha.server.validation import (
     validate_path,
     validate_query,
 )
+from dex_ha.session_protocol import SessionDeleted, SessionSnapshot
 
 if TYPE_CHECKING:  # node.py builds the app: importing it here at run time would be a circle
     from dex_ha.server.node import NodeServer
@@ -582,7 +583,7 @@ async def get_session(api: Api, args: dict[str, Any], request: web.Request) -> A
     return await _stream_json(request, _snapshot(api, args["session_id"], args["namespace"]))
 
 
-def _snapshot(api: Api, session_id: str, namespace: str) -> dict[str, Any]:
+def _snapshot(api: Api, session_id: str, namespace: str) -> SessionSnapshot:
     """The session's snapshot; 404 when it does not exist or belongs to another namespace
     (the same answer: a caller must not learn that it exists)."""
     snapshot = api.engine.get_agent_snapshot(session_id)
@@ -687,10 +688,6 @@ async def session_events(api: Api, args: dict[str, Any], request: web.Request) -
     return response
 
 
-# The last event of the stream of a session that was deleted (it has no id: nothing follows).
-SESSION_DELETED = "session_deleted"
-
-
 async def _stream_events(api: Api, response: web.StreamResponse, session_id: str, after: int) -> None:
     """Write the session's events from `after` on, and then each as it commits, until this
     node stops serving or the client goes away. A commit wakes the stream only when it added
@@ -708,8 +705,10 @@ async def _stream_events(api: Api, response: web.StreamResponse, session_id: str
             except NotServing:
                 break
             if api.engine.session_namespace(session_id) is None:  # deleted: say so, and end
-                deleted = {"type": SESSION_DELETED, "data": {"session_id": session_id}}
-                await response.write(_sse(None, SESSION_DELETED, deleted))
+                # The last event of a deleted session's stream; it has no id: nothing follows.
+                deleted = SessionDeleted(session_id=session_id)
+                kind = deleted.type.value
+                await response.write(_sse(None, kind, {"type": kind, "data": deleted.as_json()}))
                 break
             after = await _write_committed_events(api, response, session_id, after)
             while not deltas.empty():
@@ -730,8 +729,7 @@ async def _write_committed_events(api: Api, response: web.StreamResponse, sessio
     while True:
         page = api.engine.events_page(session_id, after, SSE_EVENTS_PER_READ, api.node.config.page_max_bytes)
         for e in page.items:
-            body = {"id": str(e.event_id), "type": e.type, "at": e.at, "data": e.data}
-            await response.write(_sse(str(e.event_id), e.type, body))
+            await response.write(_sse(e.id, e.type, e.as_json()))
             after = e.event_id
         if not page.more:
             return after

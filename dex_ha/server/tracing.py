@@ -236,7 +236,7 @@ class TurnTracer:
                 Event(
                     "failover",
                     {"dex.node": self.sink.node_id, "dex.term": self.term},
-                    ev.at * NS_PER_MS,
+                    ev.committed_at * NS_PER_MS,
                 )
             )
         handler = _HANDLERS.get(ev.type)
@@ -248,13 +248,13 @@ class TurnTracer:
     # -- event handlers
 
     def _turn_started(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
-        state.turn = _Turn(d["turn_id"], ev.at, opened_before_term=not self._ours(ev))
+        state.turn = _Turn(d["turn_id"], ev.committed_at, opened_before_term=not self._ours(ev))
         state.steps.clear()
         state.step_of_call.clear()
 
     def _step_queued(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         if d["step_id"] not in state.steps:  # queued again after a backoff: the same step
-            state.steps[d["step_id"]] = _Step(d["step_id"], d["turn_id"], d["kind"], d.get("call_id"), ev.at)
+            state.steps[d["step_id"]] = _Step(d["step_id"], d["turn_id"], d["kind"], d.get("call_id"), ev.committed_at)
         call_id = d.get("call_id")
         if call_id:
             # A call's wait step (an approval, a question) ends when its tool step is queued.
@@ -266,7 +266,7 @@ class TurnTracer:
     def _attempt_started(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         step = state.steps.get(d["step_id"])
         if step is not None:
-            step.attempts[d["attempt"]] = _Attempt(d["attempt"], d["term"], d.get("worker_id") or "", ev.at)
+            step.attempts[d["attempt"]] = _Attempt(d["attempt"], d["term"], d.get("worker_id") or "", ev.committed_at)
 
     def _attempt_failed(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         step = state.steps.get(d["step_id"])
@@ -275,7 +275,7 @@ class TurnTracer:
             return
         if self._ours(ev) and attempt.term < self.term:  # only the takeover fails attempts of earlier terms
             attempt.events.append(
-                Event("takeover", {"dex.node": self.sink.node_id, "dex.term": self.term}, ev.at * NS_PER_MS)
+                Event("takeover", {"dex.node": self.sink.node_id, "dex.term": self.term}, ev.committed_at * NS_PER_MS)
             )
         self._end_attempt(sid, step, attempt, ev, AttemptStatus.FAILED, d.get("attempt_progress"), d.get("error"))
 
@@ -294,14 +294,25 @@ class TurnTracer:
     def _tool_call_reconciled(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         turn_id = state.unknown_calls.pop(d["call_id"], None)
         attributes = {"dex.call_id": d["call_id"], "dex.outcome": d.get("outcome") or ""}
-        event = Event("reconcile", attributes, ev.at * NS_PER_MS)
+        event = Event("reconcile", attributes, ev.committed_at * NS_PER_MS)
         if state.turn is not None and turn_id in (None, state.turn.turn_id):
             state.turn.events.append(event)
         elif turn_id is not None and self._ours(ev):  # its turn ended: a span of its own in that trace
             span_attributes = {"dex.session_id": sid, "dex.turn_id": turn_id, **attributes}
             parent = turn_span_id(sid, turn_id)
             span = _hashed_id(8, "reconcile", sid, d["call_id"])
-            self._export("reconcile", sid, turn_id, span, parent, ev.at, ev.at, span_attributes, [event], ok=True)
+            self._export(
+                "reconcile",
+                sid,
+                turn_id,
+                span,
+                parent,
+                ev.committed_at,
+                ev.committed_at,
+                span_attributes,
+                [event],
+                ok=True,
+            )
 
     def _turn_ended(self, sid: str, state: _SessionSpans, ev: SessionEvent, d: dict[str, Any]) -> None:
         status = ev.type.removeprefix("turn_")
@@ -319,7 +330,7 @@ class TurnTracer:
             turn_span_id(sid, turn.turn_id),
             None,
             turn.start_at,
-            ev.at,
+            ev.committed_at,
             {"dex.session_id": sid, "dex.turn_id": turn.turn_id, "dex.status": status},
             turn.events,
             ok=status == TurnStatus.COMPLETED,
@@ -358,7 +369,7 @@ class TurnTracer:
             step_span_id(sid, step.step_id),
             turn_span_id(sid, step.turn_id),
             step.start_at,
-            ev.at,
+            ev.committed_at,
             attributes,
             [],
             ok=_succeeded(outcome),
@@ -396,7 +407,7 @@ class TurnTracer:
             attempt_span_id(sid, step.step_id, attempt.number),
             step_span_id(sid, step.step_id),
             attempt.start_at,
-            ev.at,
+            ev.committed_at,
             attributes,
             attempt.events,
             ok=_succeeded(outcome),
