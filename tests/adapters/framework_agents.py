@@ -37,7 +37,7 @@ class ToolKit:
         from dex_ha.adapters import tool_context
 
         ctx = tool_context()
-        record = dict(call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt, data=arguments)
+        record: dict[str, Any] = dict(call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt, data=arguments)
         self.ledger.record("tool", name, "started", **record)
         if name == self.hang and ctx.attempt == 1:
             while True:  # until SIGKILL
@@ -60,6 +60,7 @@ async def warm_up(framework: str, ledger_path: Path) -> None:
 
     async with FakeOpenAI(lambda request: Reply("warm", [Call("lookup", {"order": "W"})])) as fake:
         agent = build(framework, "warm-up", fake.base_url, ToolKit(Ledger(ledger_path)))
+        assert agent.model is not None
         await agent.model.respond(ModelRequest([{"type": "user", "text": "warm up"}], None, []), _NoSink())
 
 

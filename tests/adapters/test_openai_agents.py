@@ -103,7 +103,7 @@ async def test_a_model_call_gets_the_agents_instructions_tools_and_the_history()
     dex = durable_agent(
         make_agent(model, tools=[lookup, put_note, refund, WebSearchTool()]), context={"customer": "Ann"}
     )
-    history = [
+    history: list[dict[str, Any]] = [
         {"type": "user", "text": "Where is A17?"},
         {
             "type": "assistant",
@@ -114,12 +114,13 @@ async def test_a_model_call_gets_the_agents_instructions_tools_and_the_history()
         {"type": "tool_result", "call_id": "call_1", "name": "put_note", "status": "failed", "error": "x"},
     ]
     deltas = Deltas()
+    assert dex.model is not None
     response = await dex.model.respond(ModelRequest(history, "Earlier: hello.", BUILTINS), deltas)
 
     assert response.content == "Checking " and deltas.texts == ["Checking "]
     assert [(c.id, c.name, c.arguments) for c in response.tool_calls] == [("call_2", "lookup", {"order": "A17"})]
     call = model.last_call
-    assert call.streamed and call.system_instructions == "Help Ann."
+    assert call is not None and call.streamed and call.system_instructions == "Help Ann."
     assert [tool.name for tool in call.tools] == ["lookup", "put_note", "refund", "web_search", "ask_user"]
     # A call's result comes right after it, and the note after the pair.
     assert call.input == [
@@ -147,7 +148,11 @@ def test_effects_come_from_the_decorator_the_mapping_and_the_default() -> None:
     policies = {tool["name"]: (tool["effect"], tool["approval"]) for tool in dex.definition()["tools"]}
     assert policies == {"lookup": ("read", False), "put_note": ("idempotent_write", False), "refund": ("write", False)}
     schema = dex.tools["lookup"].input_schema
-    assert schema["properties"] == {"order": {"title": "Order", "type": "string"}} and schema["required"] == ["order"]
+    assert (
+        schema is not None
+        and schema["properties"] == {"order": {"title": "Order", "type": "string"}}
+        and schema["required"] == ["order"]
+    )
 
 
 def test_effect_above_the_sdks_decorator_and_needs_approval() -> None:
@@ -178,7 +183,7 @@ def test_bad_effect_declarations_are_refused_naming_the_tool() -> None:
         durable_agent(agent, effects={"refund": "once"})
 
 
-def nothing(*_: Any) -> Any:
+def nothing(*_: Any, **__: Any) -> Any:
     return None
 
 
@@ -196,7 +201,7 @@ def nothing(*_: Any) -> Any:
             {"tools": [LocalShellTool(executor=nothing)]},
             "tool 'local_shell' \\(LocalShellTool\\) runs in the agent's process",
         ),
-        ({"tools": [ComputerTool(computer=object())]}, "tool .* \\(ComputerTool\\) runs in the agent's process"),
+        ({"tools": [ComputerTool(computer=nothing)]}, "tool .* \\(ComputerTool\\) runs in the agent's process"),
     ],
 )
 def test_what_cannot_run_durably_is_refused_with_the_reason(options: dict[str, Any], reason: str) -> None:
@@ -240,6 +245,7 @@ async def test_an_api_error_is_retryable_unless_another_attempt_gets_it_again(st
     response = httpx2.Response(status, request=httpx2.Request("POST", "http://127.0.0.1/v1/responses"))
     error = openai.OpenAI(api_key="x", max_retries=0)._make_status_error("the message", body=None, response=response)
     dex = durable_agent(make_agent(ScriptedModel([ModelStep.raise_error(error)])), context={"customer": "Ann"})
+    assert dex.model is not None
     with pytest.raises(error_type, match="the message"):
         await dex.model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
 
@@ -247,6 +253,8 @@ async def test_an_api_error_is_retryable_unless_another_attempt_gets_it_again(st
 async def test_the_summary_is_asked_of_the_agents_model() -> None:
     model = ScriptedModel([[assistant_message("They said hi.")]])
     dex = durable_agent(make_agent(model), context={"customer": "Ann"})
+    assert dex.model is not None
     summary = await dex.model.summarize([{"type": "user", "text": "hi"}], None)
     assert summary == "They said hi."
+    assert model.last_call is not None
     assert model.last_call.tools == [] and "User: hi" in model.last_call.input[0]["content"]

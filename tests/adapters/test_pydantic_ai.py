@@ -70,7 +70,7 @@ def make_agent(recorder: Recorder) -> Agent[str, str]:
         return f"The customer is {ctx.deps}."
 
     @agent.tool
-    def lookup(ctx: RunContext[str], order: str) -> dict[str, str]:
+    def lookup(ctx: RunContext[str], order: str) -> dict[str, str | None]:
         """Find an order by its id."""
         return {"order": order, "customer": ctx.deps, "key": tool_context().idempotency_key}
 
@@ -93,7 +93,7 @@ def make_agent(recorder: Recorder) -> Agent[str, str]:
 async def test_a_model_call_runs_the_agent_up_to_its_answer() -> None:
     recorder = Recorder("Checking ", "now.", DeltaToolCall("lookup", '{"order": "A17"}', tool_call_id="call_2"))
     dex = durable_agent(make_agent(recorder), deps="Ann")
-    history = [
+    history: list[dict[str, Any]] = [
         {"type": "user", "text": "Where is A17?"},
         {
             "type": "assistant",
@@ -109,6 +109,7 @@ async def test_a_model_call_runs_the_agent_up_to_its_answer() -> None:
         },
     ]
     deltas = Deltas()
+    assert dex.model is not None
     response = await dex.model.respond(ModelRequest(history, "Earlier: hello.", BUILTINS), deltas)
 
     assert response.content == "Checking now." and "".join(deltas.texts) == "Checking now."
@@ -124,8 +125,10 @@ async def test_a_model_call_runs_the_agent_up_to_its_answer() -> None:
     ]
     assert [type(m).__name__ for m in messages] == ["ModelRequest", "ModelResponse", "ModelRequest"]
     call = messages[1].parts[1]
+    assert isinstance(call, pm.ToolCallPart)
     assert (call.tool_name, call.args, call.tool_call_id) == ("put_note", {"text": "asked"}, "call_1")
     [result] = messages[2].parts
+    assert isinstance(result, pm.ToolReturnPart)
     assert (result.tool_name, result.content, result.tool_call_id) == ("put_note", "noted: asked", "call_1")
 
 
@@ -145,7 +148,9 @@ def test_the_history_maps_notes_and_failed_results() -> None:
         ["ToolReturnPart"],
         ["SystemPromptPart"],
     ]
-    assert messages[2].parts[0].content == '{"status": "outcome_unknown", "error": "lost"}'
+    failed = messages[2].parts[0]
+    assert isinstance(failed, pm.ToolReturnPart)
+    assert failed.content == '{"status": "outcome_unknown", "error": "lost"}'
 
 
 async def test_a_tool_step_runs_the_agents_tool_with_its_deps_and_the_key() -> None:
@@ -171,7 +176,8 @@ def test_effects_come_from_the_decorator_the_mapping_and_the_default() -> None:
     dex = durable_agent(make_agent(Recorder()), effects={"lookup": "read"})
     policies = {tool["name"]: (tool["effect"], tool["approval"]) for tool in dex.definition()["tools"]}
     assert policies == {"lookup": ("read", False), "put_note": ("idempotent_write", False), "refund": ("write", True)}
-    assert dex.tools["lookup"].input_schema["required"] == ["order"]
+    schema = dex.tools["lookup"].input_schema
+    assert schema is not None and schema["required"] == ["order"]
 
 
 def test_bad_declarations_are_refused_naming_the_tool() -> None:
@@ -212,6 +218,7 @@ async def test_an_api_error_another_attempt_would_get_again_is_not_retried() -> 
         yield  # an async generator, as FunctionModel's stream_function must be
 
     dex = durable_agent(Agent(FunctionModel(stream_function=refuse), name="a"))
+    assert dex.model is not None
     with pytest.raises(NonRetryableError, match="model API error 401 .*bad key"):
         await dex.model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
 
@@ -224,8 +231,10 @@ async def test_the_summary_is_asked_of_the_agents_model() -> None:
         return pm.ModelResponse(parts=[pm.TextPart("They said hi.")])
 
     dex = durable_agent(Agent(FunctionModel(summarise), name="a"))
+    assert dex.model is not None
     assert await dex.model.summarize([{"type": "user", "text": "hi"}], None) == "They said hi."
-    assert "User: hi" in seen[0][0].parts[0].content
+    transcript = seen[0][0].parts[0]
+    assert isinstance(transcript, pm.UserPromptPart) and "User: hi" in transcript.content
 
 
 async def test_any_other_exception_of_a_tool_fails_its_step() -> None:

@@ -56,6 +56,7 @@ async def test_a_segment_agent_declares_its_deferred_tools_and_relays_the_segmen
     tools = agent.definition()["tools"]
     assert [(t["name"], t["effect"]) for t in tools] == [("deploy", "idempotent_write")]
     sink = Sink()
+    assert agent.model is not None
     first = await agent.model.respond(request([{"type": "user", "text": "go"}], tools), sink)
     assert (first.content, [c.name for c in first.tool_calls], sink.texts) == ("checked", ["deploy"], ["checking "])
     after = await agent.model.respond(request([{"type": "tool_result", "call_id": "d1"}], tools), sink)
@@ -66,6 +67,7 @@ async def test_a_segment_agent_declares_its_deferred_tools_and_relays_the_segmen
 
 async def test_a_segment_that_returns_a_call_of_no_deferred_tool_fails_the_attempt() -> None:
     agent = segment_agent("ops", FakeFramework(deferred_name="Bash"), [DeferredTool("deploy", deploy)])
+    assert agent.model is not None
     with pytest.raises(ValueError, match="'Bash', which is not a deferred tool"):
         await agent.model.respond(request([{"type": "user", "text": "go"}], agent.definition()["tools"]), Sink())
 

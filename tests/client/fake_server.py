@@ -202,14 +202,16 @@ class FakeNode:
     # ------------------------------------------------------------------ sessions
 
     async def _create_session(self, request: web.Request) -> web.Response:
-        body = self.requests[-1].body or {}
-        sid, agent = body.get("session_id"), body.get("agent")
+        body: dict[str, Any] = self.requests[-1].body or {}
+        # The Client always sends a session id (it makes one up when the caller gives none).
+        sid: str = body["session_id"]
+        agent = body.get("agent")
         existing = self.cluster.sessions.get(sid)
         if existing is not None:
             if existing["agent"] != agent:
                 return web.json_response({"error": "conflict", "message": "another agent"}, status=409)
             return web.json_response(existing, status=200)
-        session = {
+        session: dict[str, Any] = {
             "session_id": sid,
             "agent": agent,
             "status": "idle",

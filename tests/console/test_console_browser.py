@@ -15,8 +15,9 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -65,7 +66,7 @@ async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
 
 
 @contextlib.contextmanager
-def worker_process(url: str, ledger: Path, log: Path) -> subprocess.Popen[bytes]:
+def worker_process(url: str, ledger: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.console.console_worker", url, str(ledger)],
@@ -91,7 +92,7 @@ async def confirm(page) -> None:
     await page.get_by_test_id("confirm-yes").click()
 
 
-async def call_of(client: DexClient, session_id: str, name: str) -> dict | None:
+async def call_of(client: DexClient, session_id: str, name: str) -> dict[str, Any] | None:
     """The JSON of the session's first call of tool `name` (the page shows its fields by name)."""
     snapshot = await client.get_session(session_id)
     return next((c.raw for c in snapshot.tool_calls if c.name == name), None)
@@ -113,6 +114,7 @@ async def test_approve_stream_and_reconcile_from_the_console(dev: DevProcess, pa
             await expect(page.locator("[data-session=refund-1]")).to_be_visible()
             await page.get_by_role("link", name="refund-1").click()
             refund = await call_of(client, "refund-1", "refund")
+            assert refund is not None
             await page.get_by_test_id(f"approve-{refund['call_id']}").click()
             await confirm(page)
             await expect(page.get_by_test_id(f"call-status-{refund['call_id']}")).to_have_text("succeeded")
@@ -142,6 +144,7 @@ async def test_approve_stream_and_reconcile_from_the_console(dev: DevProcess, pa
             await expect(page.locator("[data-session]")).to_have_count(1)
             await page.get_by_role("link", name="charge-1").click()
             charge = await call_of(client, "charge-1", "charge")
+            assert charge is not None
             call_id = charge["call_id"]
             assert charge["attempt_progress"] == "NOT_COMPLETED"
             await expect(page.locator(f"[data-step='{charge['steps'][0]['step_id']}'] .attempt")).to_contain_text(
@@ -154,6 +157,7 @@ async def test_approve_stream_and_reconcile_from_the_console(dev: DevProcess, pa
             await page.screenshot(path=str(tmp_path / "reconciled.png"), full_page=True)
             await expect(page.locator("main")).not_to_contain_text("null")  # nothing empty rendered as text
             settled = await call_of(client, "charge-1", "charge")
+            assert settled is not None
             assert settled["output"] == "charged once: seen in the PSP dashboard" and settled["reconciled_at"]
             assert ledger.count("tool", "charge") == 1  # never run again
 
@@ -260,6 +264,7 @@ async def test_a_finished_sessions_page_shows_the_whole_conversation_after_a_rel
             await client.send_message("whole-1", "refund order A17")
             await eventually(lambda: _pending_approval(client, "whole-1"), "the refund to wait for approval")
             refund = await call_of(client, "whole-1", "refund")
+            assert refund is not None
             await client.approve("whole-1", refund["call_id"])
             await client.wait_until_idle("whole-1", timeout_s=20)
             await client.send_message("whole-1", "hello there")

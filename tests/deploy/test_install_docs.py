@@ -13,9 +13,15 @@ UNIT = REPO / "deploy" / "dex-ha.service"
 DOC_DIR = "/usr/share/doc/dex-ha"
 
 
+class CaseKeepingParser(configparser.ConfigParser):
+    """systemd keys are case-sensitive (Documentation=), so keep them as written."""
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
+
+
 def documentation_paths() -> list[str]:
-    unit = configparser.ConfigParser(strict=False, interpolation=None)
-    unit.optionxform = str
+    unit = CaseKeepingParser(strict=False, interpolation=None)
     unit.read(UNIT)
     urls = unit["Unit"]["Documentation"].split()
     assert urls and all(u.startswith(("file://", "https://", "http://", "man:")) for u in urls), urls

@@ -5,18 +5,13 @@ page, the page names no route that does not exist, and its generated part is cur
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from scripts import api_doc
 from tests.server.node_fixture import base_url, single_node_config, start_node
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import api_doc  # noqa: E402  (scripts/api_doc.py)
 
 # "`POST /v1/sessions`", "GET /readyz": a method, a space and an absolute path.
 ROUTE_MENTION = re.compile(r"\b(GET|POST|PUT|PATCH|DELETE) (/[^\s`)|,;:]*)")

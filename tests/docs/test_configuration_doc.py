@@ -90,7 +90,11 @@ def test_the_default_column_is_server_configs_default(field_name: str) -> None:
             f"{field_name}: has no default in ServerConfig; the page says {cell!r}"
         )
         return
-    default: Any = spec.default if spec.default is not MISSING else spec.default_factory()
+    if spec.default is not MISSING:
+        default: Any = spec.default
+    else:
+        assert spec.default_factory is not MISSING
+        default = spec.default_factory()
     if default is None or default == {} or default == ():
         assert cell == "none", f"{field_name}: the default is empty; the page says {cell!r}"
         return

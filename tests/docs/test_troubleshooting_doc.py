@@ -49,7 +49,9 @@ def templates() -> tuple[re.Pattern[str], ...]:
     for path in (REPO / "dex_ha").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.JoinedStr):
-                pieces = [v.value if isinstance(v, ast.Constant) else None for v in node.values]
+                pieces = [
+                    v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else None for v in node.values
+                ]
                 found.append(_regex([p for p in pieces if p != ""]))
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 found.append(_regex(_percent_pieces(node.value)))

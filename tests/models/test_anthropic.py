@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import anthropic
 import pytest
@@ -27,8 +28,8 @@ TOOLS = [
     },
     {"name": "refund", "effect": "write", "approval": True, "inline": False},
 ]
-USER = {"type": "user", "text": "Where are A17 and B2?"}
-TWO_CALLS = {
+USER: dict[str, Any] = {"type": "user", "text": "Where are A17 and B2?"}
+TWO_CALLS: dict[str, Any] = {
     "type": "assistant",
     "content": "Let me look.",
     "tool_calls": [
@@ -38,8 +39,10 @@ TWO_CALLS = {
 }
 
 
-def result(call_id: str, output: object = "found", status: str = "succeeded", error: str | None = None) -> dict:
-    item = {"type": "tool_result", "call_id": call_id, "name": "lookup", "status": status}
+def result(
+    call_id: str, output: object = "found", status: str = "succeeded", error: str | None = None
+) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": "tool_result", "call_id": call_id, "name": "lookup", "status": status}
     item.update({"output": output} if status == "succeeded" else {"error": error})
     return item
 
@@ -66,7 +69,7 @@ class Sink:
         raise AssertionError("AnthropicModel streams text only")
 
 
-def model_for(fake: FakeAnthropic, **kwargs: object) -> AnthropicModel:
+def model_for(fake: FakeAnthropic, **kwargs: Any) -> AnthropicModel:
     return AnthropicModel("claude-test", api_key="sk-test", base_url=fake.base_url, **kwargs)
 
 

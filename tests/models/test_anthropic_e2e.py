@@ -14,6 +14,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dex_ha.client import DexClient, SessionEvent, StreamText
 from dex_ha.models.anthropic import AnthropicModel
@@ -40,7 +41,7 @@ class Stack:
     lookups: list[str]  # the orders the lookup tool was called for, in order
 
 
-def orders_agent(fake: FakeAnthropic, lookups: list[str], **agent_kwargs: object) -> Agent:
+def orders_agent(fake: FakeAnthropic, lookups: list[str], **agent_kwargs: Any) -> Agent:
     agent = Agent(
         AGENT,
         model=AnthropicModel(
@@ -185,7 +186,7 @@ async def test_compaction_asks_the_fake_for_the_summary_and_the_next_call_carrie
         snapshot = await s.client.get_session(sid)
 
     assert events[-1].type == "turn_completed" and any(e.type == "summary_updated" for e in events)
-    assert snapshot.summary["text"] == summary
+    assert snapshot.summary is not None and snapshot.summary["text"] == summary
     summary_call, after = s.fake.bodies()[2:]
     transcript = summary_call["messages"][0]["content"][0]["text"]
     assert "Where is A17?" in transcript and "A17 has shipped." in transcript and "tools" not in summary_call
@@ -258,6 +259,7 @@ async def test_r02_a_worker_killed_mid_stream_leaves_only_attempt_twos_text(tmp_
             # The new Worker starts now: its imports take seconds, as the heartbeat timeout does.
             second = start_worker_process(dev.url, fake, ledger_path, tmp_path / "worker2.log")
             [step_id] = {e.step_id for e in raw if e.type == "delta"}
+            assert step_id is not None  # a delta names its step
             await eventually(lambda: any(e.type == "attempt_failed" for e in raw), "attempt 1 failing", DEADLINE_S)
             assert text.text(step_id) == ""  # attempt 1's text is dropped as soon as its failure is known
             await asyncio.wait_for(reader, DEADLINE_S)

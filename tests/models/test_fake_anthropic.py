@@ -4,19 +4,34 @@ the SDK parses from it is what the fake was scripted to say."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import anthropic
 import pytest
+from anthropic.types import Message, MessageParam, ToolParam, ToolResultBlockParam
 
 from harness.waiting import eventually
 from tests.support.fake_anthropic import ApiError, FakeAnthropic, Reply, tool_use
 
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[MessageParam] = [{"role": "user", "content": "hi"}]
 DEADLINE_S = 10.0
 
 
-def sdk(fake: FakeAnthropic, **kwargs: object) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(api_key="sk-test", base_url=fake.base_url, max_retries=0, **kwargs)
+def sdk(fake: FakeAnthropic) -> anthropic.AsyncAnthropic:
+    return anthropic.AsyncAnthropic(api_key="sk-test", base_url=fake.base_url, max_retries=0)
+
+
+def first_text(message: Message) -> str:
+    """The text of the message's first content block, which the test expects to be text."""
+    block = message.content[0]
+    assert block.type == "text", block
+    return block.text
+
+
+def error_body(error: anthropic.APIStatusError) -> dict[str, Any]:
+    """The JSON error body the SDK parsed (the fake always sends one)."""
+    assert isinstance(error.body, dict), error.body
+    return error.body
 
 
 async def test_a_streamed_reply_is_parsed_by_the_sdk_with_text_and_tool_input() -> None:
@@ -33,8 +48,10 @@ async def test_a_streamed_reply_is_parsed_by_the_sdk_with_text_and_tool_input() 
             message = await stream.get_final_message()
     assert "".join(deltas) == "Let me look that up." and len(deltas) == 5
     assert len(json_pieces) == 2  # the tool input really arrives in pieces
-    assert message.content[0].text == "Let me look that up."
-    assert (message.content[1].id, message.content[1].name, message.content[1].input) == (
+    assert first_text(message) == "Let me look that up."
+    tool_block = message.content[1]
+    assert tool_block.type == "tool_use", tool_block
+    assert (tool_block.id, tool_block.name, tool_block.input) == (
         "toolu_1",
         "lookup",
         {"order": "A17", "deep": [1, 2]},
@@ -52,7 +69,8 @@ async def test_a_plain_request_gets_the_whole_message_and_tool_ids_are_made_up()
         [Reply.of(tool_use("a"), tool_use("b"), usage={"input_tokens": 3, "output_tokens": 4})]
     ) as fake:
         message = await sdk(fake).messages.create(model="m", max_tokens=10, messages=MESSAGES)
-    ids = [block.id for block in message.content]
+    ids = [block.id for block in message.content if block.type == "tool_use"]
+    assert len(ids) == len(message.content)  # only the two tool_use blocks
     assert len(set(ids)) == 2 and all(i.startswith("toolu_") for i in ids)
     assert (message.usage.input_tokens, message.usage.output_tokens) == (3, 4)
     assert not fake.requests[0].stream
@@ -68,17 +86,19 @@ async def test_a_plain_request_gets_the_whole_message_and_tool_ids_are_made_up()
         (ApiError.of_type("authentication_error", "invalid x-api-key"), anthropic.AuthenticationError),
     ],
 )
-async def test_injected_errors_carry_status_type_and_message(error: ApiError, sdk_error: type) -> None:
+async def test_injected_errors_carry_status_type_and_message(
+    error: ApiError, sdk_error: type[anthropic.APIStatusError]
+) -> None:
     async with FakeAnthropic([error, Reply.of("after")]) as fake:
         client = sdk(fake)
         with pytest.raises(sdk_error) as raised:
             await client.messages.create(model="m", max_tokens=10, messages=MESSAGES)
         assert raised.value.status_code == error.status
-        assert raised.value.body["error"] == {"type": error.type, "message": error.message}
+        assert error_body(raised.value)["error"] == {"type": error.type, "message": error.message}
         if error.retry_after is not None:
             assert raised.value.response.headers["retry-after"] == "7"
         # The failure used its queue item: the next request gets the next one.
-        assert (await client.messages.create(model="m", max_tokens=10, messages=MESSAGES)).content[0].text == "after"
+        assert first_text(await client.messages.create(model="m", max_tokens=10, messages=MESSAGES)) == "after"
 
 
 async def test_a_stream_stalls_after_some_deltas_until_the_client_gives_up() -> None:
@@ -89,6 +109,7 @@ async def test_a_stream_stalls_after_some_deltas_until_the_client_gives_up() -> 
             async with sdk(fake).messages.stream(model="m", max_tokens=10, messages=MESSAGES) as stream:
                 async for event in stream:
                     if event.type == "content_block_delta":
+                        assert event.delta.type == "text_delta", event.delta
                         received.append(event.delta.text)
 
         reader = asyncio.create_task(read())
@@ -104,14 +125,15 @@ async def test_a_stream_stalls_after_some_deltas_until_the_client_gives_up() -> 
 async def test_an_error_event_in_the_middle_of_a_stream_reaches_the_sdk() -> None:
     reply = Reply.of("partial answer here", error=ApiError.overloaded(), error_after_deltas=1)
     async with FakeAnthropic([reply]) as fake:
-        received = []
+        received: list[str] = []
         with pytest.raises(anthropic.APIStatusError) as raised:
             async with sdk(fake).messages.stream(model="m", max_tokens=10, messages=MESSAGES) as stream:
                 async for event in stream:
                     if event.type == "content_block_delta":
+                        assert event.delta.type == "text_delta", event.delta
                         received.append(event.delta.text)
     assert received == ["partial "]
-    assert raised.value.body["error"]["type"] == "overloaded_error"
+    assert error_body(raised.value)["error"]["type"] == "overloaded_error"
 
 
 async def test_a_responder_answers_from_the_request_and_nothing_scripted_is_a_500() -> None:
@@ -120,7 +142,7 @@ async def test_a_responder_answers_from_the_request_and_nothing_scripted_is_a_50
 
     async with FakeAnthropic(responder=echo) as fake:
         message = await sdk(fake).messages.create(model="m", max_tokens=10, messages=MESSAGES)
-        assert message.content[0].text == "you said hi"
+        assert first_text(message) == "you said hi"
         fake.responder = None
         with pytest.raises(anthropic.InternalServerError, match="no reply scripted"):
             await sdk(fake).messages.create(model="m", max_tokens=10, messages=MESSAGES)
@@ -138,9 +160,9 @@ def test_only_replies_and_errors_can_be_queued() -> None:
         FakeAnthropic(["hello"])  # type: ignore[list-item]
 
 
-TOOLS = [{"name": "lookup", "input_schema": {"type": "object", "properties": {}}}]
-CALL = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}]}
-RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
+TOOLS: list[ToolParam] = [{"name": "lookup", "input_schema": {"type": "object", "properties": {}}}]
+CALL: MessageParam = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {}}]}
+RESULT: ToolResultBlockParam = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
 
 
 @pytest.mark.parametrize(
@@ -163,13 +185,19 @@ RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
         ([{"role": "user", "content": [{"type": "text", "text": " "}]}], TOOLS, "non-whitespace text"),
     ],
 )
-async def test_the_fake_refuses_what_the_real_api_refuses(messages: list, tools: list | None, refusal: str) -> None:
+async def test_the_fake_refuses_what_the_real_api_refuses(
+    messages: list[MessageParam], tools: list[ToolParam] | None, refusal: str
+) -> None:
     async with FakeAnthropic([Reply.of("unused")]) as fake:
-        extra = {"tools": tools} if tools else {}
         with pytest.raises(anthropic.BadRequestError, match=refusal):
-            await sdk(fake).messages.create(model="m", max_tokens=10, messages=messages, **extra)
+            await sdk(fake).messages.create(
+                model="m", max_tokens=10, messages=messages, tools=tools if tools else anthropic.omit
+            )
         # A valid request (results first, text after them) gets the scripted answer.
-        valid = [*MESSAGES, CALL, {"role": "user", "content": [RESULT, {"type": "text", "text": "note"}]}]
-        assert (await sdk(fake).messages.create(model="m", max_tokens=10, messages=valid, tools=TOOLS)).content[
-            0
-        ].text == "unused"
+        valid: list[MessageParam] = [
+            *MESSAGES,
+            CALL,
+            {"role": "user", "content": [RESULT, {"type": "text", "text": "note"}]},
+        ]
+        answer = await sdk(fake).messages.create(model="m", max_tokens=10, messages=valid, tools=TOOLS)
+        assert first_text(answer) == "unused"

@@ -4,17 +4,23 @@ the SDK parses out of its answers is what was scripted, streamed or not, on both
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import openai
 import pytest
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionToolParam
+from openai.types.responses import FunctionToolParam
 
 from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
 
-TOOLS_RESPONSES = [{"type": "function", "name": "lookup", "parameters": {"type": "object"}, "strict": False}]
-TOOLS_CHAT = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+TOOLS_RESPONSES: list[FunctionToolParam] = [
+    {"type": "function", "name": "lookup", "parameters": {"type": "object"}, "strict": False}
+]
+TOOLS_CHAT: list[ChatCompletionToolParam] = [
+    {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+]
 
 
 @pytest.fixture
@@ -32,8 +38,12 @@ async def clients() -> AsyncIterator[list[AsyncOpenAI]]:
         await client.close()
 
 
+# An AsyncOpenAI on a fake (keyword arguments: more AsyncOpenAI options).
+ClientOf = Callable[..., AsyncOpenAI]
+
+
 @pytest.fixture
-def client_of(clients: list[AsyncOpenAI]) -> Any:
+def client_of(clients: list[AsyncOpenAI]) -> ClientOf:
     def make(fake: FakeOpenAI, **options: Any) -> AsyncOpenAI:
         client = AsyncOpenAI(api_key="sk-test", base_url=fake.base_url, max_retries=0, **options)
         clients.append(client)
@@ -43,7 +53,7 @@ def client_of(clients: list[AsyncOpenAI]) -> Any:
 
 
 async def test_a_streamed_response_gives_the_sdk_its_deltas_and_final_response(
-    client_of: Any, fake: FakeOpenAI
+    client_of: ClientOf, fake: FakeOpenAI
 ) -> None:
     fake.queue(
         Reply(
@@ -56,7 +66,7 @@ async def test_a_streamed_response_gives_the_sdk_its_deltas_and_final_response(
     deltas, names = [], []
     async with client_of(fake).responses.stream(
         model="gpt-test", input="where is A17?", tools=TOOLS_RESPONSES
-    ) as stream:  # type: ignore[arg-type]
+    ) as stream:
         async for event in stream:
             names.append(event.type)
             if event.type == "response.output_text.delta":
@@ -67,13 +77,14 @@ async def test_a_streamed_response_gives_the_sdk_its_deltas_and_final_response(
     assert final.output_text == "Let me look that up."
     [call] = [item for item in final.output if item.type == "function_call"]
     assert (call.call_id, call.name, call.arguments) == ("call_1", "lookup", '{"order": "A17"}')
+    assert final.usage is not None
     assert (final.usage.input_tokens, final.usage.output_tokens, final.usage.total_tokens) == (12, 7, 19)
     [request] = fake.requests
     assert request.path == RESPONSES_PATH and request.stream and request.body["input"] == "where is A17?"
     assert request.headers["Authorization"] == "Bearer sk-test"
 
 
-async def test_a_response_without_streaming(client_of: Any, fake: FakeOpenAI) -> None:
+async def test_a_response_without_streaming(client_of: ClientOf, fake: FakeOpenAI) -> None:
     fake.queue(Reply("Done.", incomplete=True))
     response = await client_of(fake).responses.create(model="gpt-test", input="hi")
     assert response.output_text == "Done." and response.status == "incomplete"
@@ -81,14 +92,16 @@ async def test_a_response_without_streaming(client_of: Any, fake: FakeOpenAI) ->
     assert not fake.requests[0].stream
 
 
-async def test_a_streamed_chat_completion_gives_content_tool_calls_and_usage(client_of: Any, fake: FakeOpenAI) -> None:
+async def test_a_streamed_chat_completion_gives_content_tool_calls_and_usage(
+    client_of: ClientOf, fake: FakeOpenAI
+) -> None:
     fake.queue(
         Reply(["Chec", "king"], [Call("lookup", {"order": "A17"}, call_id="call_9")], input_tokens=5, output_tokens=3)
     )
     stream = await client_of(fake).chat.completions.create(
         model="gpt-test",
         messages=[{"role": "user", "content": "hi"}],
-        tools=TOOLS_CHAT,  # type: ignore[list-item]
+        tools=TOOLS_CHAT,
         stream=True,
         stream_options={"include_usage": True},
     )
@@ -100,20 +113,22 @@ async def test_a_streamed_chat_completion_gives_content_tool_calls_and_usage(cli
             finish = choice.finish_reason or finish
             for call in choice.delta.tool_calls or []:
                 ids += [call.id] if call.id else []
-                arguments.append(call.function.arguments or "")  # type: ignore[union-attr]
+                assert call.function is not None  # every tool call chunk of the fake names its function
+                arguments.append(call.function.arguments or "")
     assert "".join(content) == "Checking" and ids == ["call_9"] and "".join(arguments) == '{"order": "A17"}'
     assert finish == "tool_calls" and usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (5, 3)
     assert fake.requests[0].path == CHAT_PATH
 
 
-async def test_a_chat_completion_without_streaming(client_of: Any, fake: FakeOpenAI) -> None:
+async def test_a_chat_completion_without_streaming(client_of: ClientOf, fake: FakeOpenAI) -> None:
     fake.queue(Reply(tool_calls=[Call("lookup", {"q": 1})]))
     completion = await client_of(fake).chat.completions.create(
         model="gpt-test", messages=[{"role": "user", "content": "hi"}]
     )
     message = completion.choices[0].message
     assert message.content is None and completion.choices[0].finish_reason == "tool_calls"
-    calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]  # type: ignore[union-attr]
+    assert [c.type for c in message.tool_calls or []] == ["function"]
+    calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or [] if c.type == "function"]
     assert calls == [("lookup", '{"q": 1}')]
 
 
@@ -127,7 +142,7 @@ async def test_a_chat_completion_without_streaming(client_of: Any, fake: FakeOpe
     ],
 )
 async def test_failures_reach_the_sdk_as_its_own_errors(
-    client_of: Any, fake: FakeOpenAI, failure: Failure, error_class: type[openai.APIStatusError]
+    client_of: ClientOf, fake: FakeOpenAI, failure: Failure, error_class: type[openai.APIStatusError]
 ) -> None:
     fake.queue(failure)
     with pytest.raises(error_class) as raised:
@@ -138,7 +153,7 @@ async def test_failures_reach_the_sdk_as_its_own_errors(
         assert raised.value.response.headers["Retry-After"] == "2"
 
 
-async def test_a_stalled_stream_sends_some_deltas_then_nothing(client_of: Any, fake: FakeOpenAI) -> None:
+async def test_a_stalled_stream_sends_some_deltas_then_nothing(client_of: ClientOf, fake: FakeOpenAI) -> None:
     fake.queue(Reply("one two three four", stall_after=2))
     seen: list[str] = []
     stream = await client_of(fake, timeout=0.5).responses.create(model="gpt-test", input="hi", stream=True)
@@ -151,7 +166,7 @@ async def test_a_stalled_stream_sends_some_deltas_then_nothing(client_of: Any, f
 
 
 async def test_the_script_function_answers_after_the_queue_and_nothing_scripted_is_a_400(
-    client_of: Any, fake: FakeOpenAI
+    client_of: ClientOf, fake: FakeOpenAI
 ) -> None:
     client = client_of(fake)
     with pytest.raises(openai.BadRequestError, match="no reply scripted"):
@@ -163,7 +178,7 @@ async def test_the_script_function_answers_after_the_queue_and_nothing_scripted_
     assert [body["input"] for body in fake.bodies(RESPONSES_PATH)] == ["first", "a", "b"]
 
 
-async def test_stop_ends_a_stalled_stream(client_of: Any, fake: FakeOpenAI) -> None:
+async def test_stop_ends_a_stalled_stream(client_of: ClientOf, fake: FakeOpenAI) -> None:
     fake.queue(Reply("one two", stall_after=1))
     stream = await client_of(fake).responses.create(model="gpt-test", input="hi", stream=True)
     reader = asyncio.create_task(_drain(stream))
@@ -178,7 +193,7 @@ async def _drain(stream: Any) -> None:
         pass
 
 
-async def test_an_error_in_the_middle_of_a_stream(client_of: Any, fake: FakeOpenAI) -> None:
+async def test_an_error_in_the_middle_of_a_stream(client_of: ClientOf, fake: FakeOpenAI) -> None:
     client = client_of(fake)
     fake.queue(
         Reply("one two three", error_after=1, error_message="boom"),
@@ -186,7 +201,8 @@ async def test_an_error_in_the_middle_of_a_stream(client_of: Any, fake: FakeOpen
     )
     events = [event async for event in await client.responses.create(model="gpt-test", input="hi", stream=True)]
     assert [e.type for e in events][-2:] == ["response.output_text.delta", "error"]
-    assert (events[-1].message, events[-1].code) == ("boom", "server_error")  # type: ignore[union-attr]
+    error = events[-1]
+    assert error.type == "error" and (error.message, error.code) == ("boom", "server_error")
     texts: list[str] = []
     with pytest.raises(openai.APIError, match="bang"):
         async for chunk in await client.chat.completions.create(

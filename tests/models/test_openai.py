@@ -116,7 +116,7 @@ def test_each_call_is_followed_by_its_result_and_a_note_that_came_between_goes_a
 
 
 def test_a_call_without_a_result_gets_one_and_a_result_without_its_call_becomes_a_note() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"type": "tool_result", "call_id": "old", "name": "lookup", "status": "succeeded", "output": "x"},
         {"type": "user", "text": "hi"},
         {"type": "assistant", "content": "", "tool_calls": [{"id": "c9", "name": "ping", "arguments": {}}]},

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dex_ha.client import DexClient, SessionEvent
+from dex_ha.client import DexClient, Session, SessionEvent
 from dex_ha.models.openai import DEFAULT_SUMMARY_INSTRUCTIONS, OpenAIModel
 from dex_ha.worker import Agent, ToolContext, Worker
 from harness.dev_process import DevProcess
@@ -68,7 +68,7 @@ def make_agent(model: OpenAIModel, tool_runs: ToolRuns, **options: Any) -> Agent
 
 async def run_turn(
     dev: DevProcess, agent: Agent, text: str, until: str = "turn_completed", session_id: str | None = None
-) -> tuple[str, list[SessionEvent], dict[str, Any]]:
+) -> tuple[str, list[SessionEvent], Session]:
     """Send `text` to a session of `agent` (a new one unless given) with a Worker running;
     the session's events until `until`, and the snapshot after."""
     worker = Worker(dev.url, agents=[agent], poll_wait_ms=1_000, drain_timeout_s=1.0)
@@ -181,6 +181,7 @@ async def test_a_rate_limit_fails_attempt_1_and_attempt_2_completes(dev: DevProc
     assert answer.data["step_id"] == failed.step_id and answer.data["content"] == "Here I am."
     started = [e.attempt for e in events if e.type == "attempt_started" and e.step_id == failed.step_id]
     assert started == [1, 2]
+    assert failed.step_id is not None  # an attempt event names its step
     assert streamed_text(events, failed.step_id, attempt=2) == "Here I am."
     assert snapshot.turns[-1].status == "completed"
     first, second = fake.requests  # one request per attempt: the SDK did not retry by itself
@@ -196,7 +197,8 @@ async def test_a_bad_request_fails_the_turn_with_the_providers_message(dev: DevP
 
     [turn_failed] = [e for e in events if e.type == "turn_failed"]
     assert message in turn_failed.data["error"]
-    assert snapshot.turns[-1].status == "failed" and message in snapshot.turns[-1].error
+    failed_turn = snapshot.turns[-1]
+    assert failed_turn.status == "failed" and failed_turn.error is not None and message in failed_turn.error
     assert [e.attempt for e in events if e.type == "attempt_started"] == [1]  # no retry
     assert len(fake.requests) == 1
 
@@ -214,7 +216,7 @@ async def test_compaction_asks_the_model_api_for_the_summary(dev: DevProcess, fa
     await model.aclose()
 
     assert "summary_updated" in [e.type for e in events]
-    assert snapshot.summary["text"] == "The user greeted the assistant."
+    assert snapshot.summary is not None and snapshot.summary["text"] == "The user greeted the assistant."
     _, summary_call, after = fake.requests
     assert summary_call.body["instructions"] == DEFAULT_SUMMARY_INSTRUCTIONS and not summary_call.stream
     transcript = summary_call.body["input"][0]["content"]

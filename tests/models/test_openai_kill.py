@@ -73,6 +73,7 @@ async def test_r02_a_worker_killed_mid_stream(tmp_path: Path) -> None:
             await fake.wait_stalled(DEADLINE_S)
             await eventually(lambda: len(texts_of(raw, 1).split()) == 3, "attempt 1's deltas", DEADLINE_S)
             [step_id] = {e.step_id for e in raw if e.type == "delta"}
+            assert step_id is not None  # a delta names its step
             assert stream.text(step_id) == "attempt one starts "
             sigkill(workers[0])
             await eventually(lambda: any(e.type == "attempt_failed" for e in raw), "attempt 1 failing", DEADLINE_S)

@@ -49,7 +49,7 @@ def cli_missing_reason() -> str | None:
 def tools_used(body: dict[str, Any]) -> set[str]:
     """The names of the tool_use blocks in a Messages request's assistant messages."""
     return {
-        block.get("name")
+        block["name"]
         for message in body.get("messages", [])
         if message.get("role") == "assistant" and isinstance(message.get("content"), list)
         for block in message["content"]
@@ -102,7 +102,10 @@ def coder_agent(name: str, *, api_url: str, work_dir: Path, ledger_path: Path) -
     ledger = Ledger(ledger_path)
 
     @tool(DEFERRED_TOOL, "Store a record", {"key": str, "value": str})
-    async def put_record(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    # The SDK types a handler as taking the arguments alone, so ctx needs a default to be
+    # accepted by @tool; dex-ha's tool step passes it to a handler that takes two.
+    async def put_record(args: dict[str, Any], ctx: ToolContext | None = None) -> dict[str, Any]:
+        assert ctx is not None, "dex-ha's tool step passes the ToolContext"
         ledger.record(
             "tool",
             DEFERRED_TOOL,

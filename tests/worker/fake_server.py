@@ -155,8 +155,8 @@ class FakeServer:
     def deltas_of(self, token: str) -> list[dict[str, Any]]:
         return [d for body in self.heartbeats[token] for d in body.get("deltas", [])]
 
-    async def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-        """Poll `condition` until it holds; fail the test after `timeout_s`."""
+    async def wait_for(self, condition: Callable[[], object], what: str, timeout_s: float = 5.0) -> None:
+        """Poll `condition` until it holds (returns something truthy); fail the test after `timeout_s`."""
         await eventually(condition, what, deadline_s=timeout_s, interval_s=0.005)
 
     # ------------------------------------------------------------ routes

@@ -121,8 +121,10 @@ def test_agent_without_options_sends_only_its_tools() -> None:
 
 
 def test_schema_of_unannotated_and_untyped_parameters_accepts_anything() -> None:
-    def tool(ctx, a, b: SomethingUnknown = None, *rest):  # noqa: F821 - deliberately unresolvable
+    def tool(ctx, a, b=None, *rest):
         return None
+
+    tool.__annotations__["b"] = "SomethingUnknown"  # a name that resolves nowhere, as a typo would
 
     assert infer_input_schema(tool) == {
         "type": "object",

@@ -35,7 +35,7 @@ def request(*history: dict[str, Any], summary: str | None = None) -> ModelReques
     return ModelRequest(history=list(history), summary=summary, tools=[])
 
 
-SCRIPT = [
+SCRIPT: list[ModelResponse | dict[str, Any]] = [
     {
         "content": "Let me look.",
         "tool_calls": [{"name": "lookup", "arguments": {"id": "7"}}, {"id": "mine", "name": "lookup", "arguments": {}}],

@@ -427,7 +427,11 @@ async def test_never_more_tasks_running_than_max_concurrency(fake: FakeServer) -
     worker = make_worker(fake, box.agent, max_concurrency=3)
     async with running(worker):
         for i in range(7):  # open the gates one by one, each only once its tool runs
-            await fake.wait_for(lambda name=f"g{i}": name in box.started, f"g{i} started")
+
+            def started(name: str = f"g{i}") -> bool:
+                return name in box.started
+
+            await fake.wait_for(started, f"g{i} started")
             assert worker.running <= 3 and box.active <= 3
             box.gates[f"g{i}"].set()
         await fake.wait_for(lambda: all(fake.completes[t] for t in tokens), "all results")
