@@ -90,6 +90,24 @@ class StepKindSpec:
 MINUTE = 60_000
 
 
+def _model_call_step(kind: StepKind, *, ends_when: str, rows: tuple[str, ...]) -> StepKindSpec:
+    """A step that asks the model (a turn's call, or the summary that compacts its
+    context): a few attempts within a window, and the turn fails once they are used up."""
+    return StepKindSpec(
+        kind=kind,
+        runs_in=RunsIn.WORKER,
+        max_attempts=3,
+        retry_window_ms=30 * MINUTE,
+        backoff_initial_ms=1_000,
+        backoff_factor=2,
+        start_to_close_ms=10 * MINUTE,
+        on_exhaustion=OnExhaustion.FAIL_TURN,
+        policy_may_override_attempts=False,
+        ends_when=ends_when,
+        rows=rows,
+    )
+
+
 def _wait_step(kind: StepKind, *, ends_when: str, rows: tuple[str, ...]) -> StepKindSpec:
     """A wait step: it lives in the state machine until an event ends it, so it has no
     attempts, no timeout and nothing to use up."""
@@ -113,16 +131,8 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
     {
         s.kind: s
         for s in [
-            StepKindSpec(
-                kind=StepKind.RUN_MODEL,
-                runs_in=RunsIn.WORKER,
-                max_attempts=3,
-                retry_window_ms=30 * MINUTE,
-                backoff_initial_ms=1_000,
-                backoff_factor=2,
-                start_to_close_ms=10 * MINUTE,
-                on_exhaustion=OnExhaustion.FAIL_TURN,
-                policy_may_override_attempts=False,
+            _model_call_step(
+                StepKind.RUN_MODEL,
                 ends_when="turn fails; a note lists the tools that already ran",
                 # R20, R21: inline tools and a Claude Agent SDK segment run inside RunModel.
                 rows=("R01", "R02", "R20", "R21"),
@@ -166,16 +176,8 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 ends_when="per poll; polls go on with the same handle, no second task starts",
                 rows=("R12", "R13", "R17"),
             ),
-            StepKindSpec(
-                kind=StepKind.COMPACT_CONTEXT,
-                runs_in=RunsIn.WORKER,
-                max_attempts=3,
-                retry_window_ms=30 * MINUTE,
-                backoff_initial_ms=1_000,
-                backoff_factor=2,
-                start_to_close_ms=10 * MINUTE,
-                on_exhaustion=OnExhaustion.FAIL_TURN,
-                policy_may_override_attempts=False,
+            _model_call_step(
+                StepKind.COMPACT_CONTEXT,
                 ends_when="turn fails; the next user message compacts again",
                 rows=("R14", "R17"),
             ),
