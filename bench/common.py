@@ -7,6 +7,7 @@ import argparse
 import os
 import re
 import time
+from collections.abc import Callable
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -57,7 +58,7 @@ def ratio(a: float | None, b: float | None, digits: int) -> float | None:
     return None if a is None or not b else round(a / b, digits)
 
 
-def positive_ints(flag: str):  # type: ignore[no-untyped-def]
+def positive_ints(flag: str) -> Callable[[str], list[int]]:
     """An argparse type: a comma-separated list of positive integers, errors naming `flag`."""
 
     def parse(text: str) -> list[int]:

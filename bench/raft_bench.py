@@ -148,7 +148,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 failover = await measure_failover(cluster, session, args.kills)
         finally:
             cluster.stop_all()
-    result = {
+    result: dict[str, Any] = {
         "load": load,
         "failover": {"seconds": failover, "median_s": statistics.median(failover), "max_s": max(failover)},
         "soak": soak,

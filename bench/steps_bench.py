@@ -499,6 +499,7 @@ class WorkerProcess:
             )
         registry.add(proc.pid)
         tracker = CompletionTracker()
+        assert proc.stdout is not None  # stdout=PIPE
         worker = cls(proc, tracker, asyncio.create_task(tracker.read(proc.stdout)), log_path)
         try:
             await worker.wait_ready()
@@ -566,7 +567,7 @@ class Row:
     p50_ms: float | None
     p99_ms: float | None
     gaps: int
-    p50_ms_by_kind: dict[str, float]
+    p50_ms_by_kind: dict[str, float | None]
     warmup_s: float  # how long the warm-up lasted (see `warm_up`)
     row_steps: int  # steps the Worker completed over the whole row, warm-up included
     row_attempts_started: float | None  # the server's hand-outs over the same row

@@ -112,7 +112,8 @@ class ReportingWorker(Worker):
     server answers `complete` only after the commit), through the SDK's `on_result`."""
 
     def __init__(self, *args: Any, completions: CompletionLog, turns_per_session: int, **kwargs: Any) -> None:
-        super().__init__(*args, on_result=self._report, **kwargs)
+        super().__init__(*args, **kwargs)
+        self.on_result = self._report
         self._completions = completions
         self._turns_per_session = turns_per_session
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 
 from dex_ha.raft.transport import RaftTransport
@@ -42,6 +41,7 @@ async def run(kind: str, n: int, secret: bytes | None) -> float:
     b = RaftTransport("b", ("127.0.0.1", 0), {}, on_message, secret=secret)
     await a.start()
     await b.start()
+    assert b.port is not None  # b listens: start() bound its port
     a.set_peers({"b": ("127.0.0.1", b.port)})
     a.max_queue_messages = 1 << 30  # measure the pipe, not the drop policy
     msgs = messages(kind, n)
@@ -85,4 +85,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,10 @@ async def start_restate(
 ) -> RestateDeployment:
     """Start `node_count` nodes and the service, register it; every pid goes into `pids`."""
     ports = free_ports(3 * node_count + 1)
-    nodes = [RestateNode(f"n{i + 1}", *ports[3 * i : 3 * i + 3]) for i in range(node_count)]
+    nodes = [
+        RestateNode(f"n{i + 1}", fabric_port=ports[3 * i], admin_port=ports[3 * i + 1], ingress_port=ports[3 * i + 2])
+        for i in range(node_count)
+    ]
     replication = 1 if node_count == 1 else 2
     deployment = RestateDeployment(name, replication, nodes, sdk_port=ports[-1])
     cluster = f"dexpeer-{uuid.uuid4().hex[:8]}"
@@ -224,9 +228,22 @@ async def wait_invocable(deployment: RestateDeployment) -> None:
 
 
 def check_alive(deployment: RestateDeployment) -> None:
-    for proc in [n.proc for n in deployment.nodes] + [deployment.sdk_proc]:
+    raise_if_exited([n.proc for n in deployment.nodes] + [deployment.sdk_proc], "logs under its directory")
+
+
+def raise_if_exited(procs: Iterable[subprocess.Popen[bytes] | None], logs: str) -> None:
+    """RuntimeError naming the first of `procs` that has exited (and where its logs are)."""
+    for proc in procs:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} (logs under its directory)")
+            raise RuntimeError(f"{_program(proc)} exited with {proc.returncode} ({logs})")
+
+
+def _program(proc: subprocess.Popen[bytes]) -> str:
+    """The program `proc` runs: the first word of its command."""
+    command = proc.args
+    if isinstance(command, (str, bytes, os.PathLike)):
+        return os.fsdecode(command)
+    return os.fsdecode(command[0])
 
 
 # ---------------------------------------------------------------- the load

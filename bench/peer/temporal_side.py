@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cpu_pressure_us, cpu_seconds
-from bench.peer.restate_side import STOP_DEADLINE_S, CpuSample, spawn
+from bench.peer.restate_side import STOP_DEADLINE_S, CpuSample, raise_if_exited, spawn
 from bench.steps_bench import Completion, machine_busy_seconds, steal_seconds
 from harness.ports import free_ports
 
@@ -140,9 +140,7 @@ async def wait_log_line(path: Path, word: str, deployment: TemporalDeployment) -
 
 
 def check_alive(deployment: TemporalDeployment) -> None:
-    for proc in (deployment.server_proc, deployment.worker_proc):
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} (logs in {deployment.home})")
+    raise_if_exited((deployment.server_proc, deployment.worker_proc), f"logs in {deployment.home}")
 
 
 # ---------------------------------------------------------------- the load

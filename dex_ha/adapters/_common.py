@@ -61,7 +61,7 @@ def declared_effect(*candidates: Any) -> str | None:
     object, then the function it wraps)."""
     for candidate in candidates:
         kind = getattr(candidate, EFFECT_ATTRIBUTE, None)
-        if kind is not None:
+        if isinstance(kind, str):  # @effect sets it, to a kind it checked
             return kind
     return None
 

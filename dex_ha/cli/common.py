@@ -6,7 +6,7 @@ import argparse
 import json
 import socket
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 from dex_ha.client.env import DEFAULT_URL, TOKEN_VAR, URLS_VAR
 
@@ -27,7 +27,8 @@ class CommandFailed(Exception):
 
 
 # argparse's type of the object that add_subparsers returns (private, so named once here).
-Subparsers = argparse._SubParsersAction
+# Generic only in typeshed, not at run time: hence the quoted alias.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def remote_options(default: Any = None) -> argparse.ArgumentParser:

@@ -38,6 +38,7 @@ from dex_ha.client.results import (
     Session,
     SessionPage,
     SessionSummary,
+    acknowledgement,
 )
 from dex_ha.client.sse import RawEvent, read_events
 from dex_ha.session_protocol import EventType, SessionEvent
@@ -246,7 +247,7 @@ class DexClient:
         body: dict[str, Any] = {"approved": approved}
         if reason is not None:
             body["reason"] = reason
-        return await self._conn.request("POST", f"/v1/sessions/{sid}/approvals/{cid}", body)
+        return acknowledgement(await self._conn.request("POST", f"/v1/sessions/{sid}/approvals/{cid}", body))
 
     async def deny(self, session_id: str, call_id: str, reason: str | None = None) -> dict[str, Any]:
         """Refuse a tool call that waits for approval; the call records ``failed`` with the reason."""
@@ -256,14 +257,16 @@ class DexClient:
         """Answer a pending question (asked by the model or by a tool)."""
         sid = _segment(session_id, "session_id")
         qid = _segment(question_id, "question_id")
-        return await self._conn.request("POST", f"/v1/sessions/{sid}/questions/{qid}/answer", {"answer": answer})
+        return acknowledgement(
+            await self._conn.request("POST", f"/v1/sessions/{sid}/questions/{qid}/answer", {"answer": answer})
+        )
 
     async def cancel(self, session_id: str, reason: str | None = None) -> dict[str, Any]:
         """Cancel the running turn of a session; `cancelled` in the answer is the turn's id,
         or None when no turn was running."""
         sid = _segment(session_id, "session_id")
         body = {} if reason is None else {"reason": reason}
-        return await self._conn.request("POST", f"/v1/sessions/{sid}/cancel", body)
+        return acknowledgement(await self._conn.request("POST", f"/v1/sessions/{sid}/cancel", body))
 
     async def delete(self, session_id: str) -> dict[str, Any]:
         """Delete an ended session and everything of it. A session with a running turn is
@@ -271,7 +274,7 @@ class DexClient:
         deleted already, is 404 (also a retry whose first try was deleted, but its answer
         lost)."""
         sid = _segment(session_id, "session_id")
-        return await self._conn.request("DELETE", f"/v1/sessions/{sid}")
+        return acknowledgement(await self._conn.request("DELETE", f"/v1/sessions/{sid}"))
 
     async def reconcile(
         self,
@@ -292,7 +295,7 @@ class DexClient:
             body["result"] = result
         if error is not None:
             body["error"] = error
-        return await self._conn.request("POST", f"/v1/sessions/{sid}/tool-calls/{cid}/reconcile", body)
+        return acknowledgement(await self._conn.request("POST", f"/v1/sessions/{sid}/tool-calls/{cid}/reconcile", body))
 
     # ----------------------------------------------------------------- cluster
 

@@ -474,7 +474,7 @@ class Connection:
         await self._sleep(self.retry_delay(failures))
 
     def _backoff_cap(self, failures: int) -> float:
-        return min(self._backoff_max_s, self._backoff_initial_s * 2 ** min(max(failures, 0), 60))
+        return min(self._backoff_max_s, self._backoff_initial_s * 2.0 ** min(max(failures, 0), 60))
 
     def _next_backoff_delay(self, retry_after_s: float | None) -> float:
         """The wait before the next try of a request; counts one more failure.

@@ -131,6 +131,12 @@ def _parse(answer: Any, parse: Callable[[_Fields], T]) -> T:
     return parse(_Fields(answer, "", answer))
 
 
+def acknowledgement(answer: Any) -> dict[str, Any]:
+    """The JSON object of an acknowledgement (approve, answer, cancel, delete, reconcile), as
+    sent; :class:`MalformedAnswer` when the answer is not an object."""
+    return _parse(answer, lambda f: f.raw)
+
+
 # ---------------------------------------------------------------- sessions
 
 

@@ -89,21 +89,50 @@ class StepKindSpec:
 
 MINUTE = 60_000
 
+
+def _model_call_step(kind: StepKind, *, ends_when: str, rows: tuple[str, ...]) -> StepKindSpec:
+    """A step that asks the model (a turn's call, or the summary that compacts its
+    context): a few attempts within a window, and the turn fails once they are used up."""
+    return StepKindSpec(
+        kind=kind,
+        runs_in=RunsIn.WORKER,
+        max_attempts=3,
+        retry_window_ms=30 * MINUTE,
+        backoff_initial_ms=1_000,
+        backoff_factor=2,
+        start_to_close_ms=10 * MINUTE,
+        on_exhaustion=OnExhaustion.FAIL_TURN,
+        policy_may_override_attempts=False,
+        ends_when=ends_when,
+        rows=rows,
+    )
+
+
+def _wait_step(kind: StepKind, *, ends_when: str, rows: tuple[str, ...]) -> StepKindSpec:
+    """A wait step: it lives in the state machine until an event ends it, so it has no
+    attempts, no timeout and nothing to use up."""
+    return StepKindSpec(
+        kind=kind,
+        runs_in=RunsIn.SERVER,
+        max_attempts=None,
+        retry_window_ms=None,
+        backoff_initial_ms=0,
+        backoff_factor=1,
+        start_to_close_ms=None,
+        on_exhaustion=OnExhaustion.NEVER,
+        policy_may_override_attempts=False,
+        ends_when=ends_when,
+        rows=rows,
+    )
+
+
 # Keyed by the StepKind members; typed by str, as a kind read from a row is a plain string.
 STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
     {
         s.kind: s
         for s in [
-            StepKindSpec(
-                kind=StepKind.RUN_MODEL,
-                runs_in=RunsIn.WORKER,
-                max_attempts=3,
-                retry_window_ms=30 * MINUTE,
-                backoff_initial_ms=1_000,
-                backoff_factor=2,
-                start_to_close_ms=10 * MINUTE,
-                on_exhaustion=OnExhaustion.FAIL_TURN,
-                policy_may_override_attempts=False,
+            _model_call_step(
+                StepKind.RUN_MODEL,
                 ends_when="turn fails; a note lists the tools that already ran",
                 # R20, R21: inline tools and a Claude Agent SDK segment run inside RunModel.
                 rows=("R01", "R02", "R20", "R21"),
@@ -147,68 +176,28 @@ STEP_KINDS: Mapping[str, StepKindSpec] = MappingProxyType(
                 ends_when="per poll; polls go on with the same handle, no second task starts",
                 rows=("R12", "R13", "R17"),
             ),
-            StepKindSpec(
-                kind=StepKind.COMPACT_CONTEXT,
-                runs_in=RunsIn.WORKER,
-                max_attempts=3,
-                retry_window_ms=30 * MINUTE,
-                backoff_initial_ms=1_000,
-                backoff_factor=2,
-                start_to_close_ms=10 * MINUTE,
-                on_exhaustion=OnExhaustion.FAIL_TURN,
-                policy_may_override_attempts=False,
+            _model_call_step(
+                StepKind.COMPACT_CONTEXT,
                 ends_when="turn fails; the next user message compacts again",
                 rows=("R14", "R17"),
             ),
-            StepKindSpec(
-                kind=StepKind.AWAIT_TOOL_APPROVAL,
-                runs_in=RunsIn.SERVER,
-                max_attempts=None,
-                retry_window_ms=None,
-                backoff_initial_ms=0,
-                backoff_factor=1,
-                start_to_close_ms=None,
-                on_exhaustion=OnExhaustion.NEVER,
-                policy_may_override_attempts=False,
+            _wait_step(
+                StepKind.AWAIT_TOOL_APPROVAL,
                 ends_when="approved: the tool step is queued; denied: the call records failed",
                 rows=("R09", "R18"),
             ),
-            StepKindSpec(
-                kind=StepKind.AWAIT_QUESTION_ANSWER,
-                runs_in=RunsIn.SERVER,
-                max_attempts=None,
-                retry_window_ms=None,
-                backoff_initial_ms=0,
-                backoff_factor=1,
-                start_to_close_ms=None,
-                on_exhaustion=OnExhaustion.NEVER,
-                policy_may_override_attempts=False,
+            _wait_step(
+                StepKind.AWAIT_QUESTION_ANSWER,
                 ends_when="the answer resumes the turn (ask_user) or the tool that asked",
                 rows=("R10", "R18"),
             ),
-            StepKindSpec(
-                kind=StepKind.AWAIT_TIMER,
-                runs_in=RunsIn.SERVER,
-                max_attempts=None,
-                retry_window_ms=None,
-                backoff_initial_ms=0,
-                backoff_factor=1,
-                start_to_close_ms=None,
-                on_exhaustion=OnExhaustion.NEVER,
-                policy_may_override_attempts=False,
+            _wait_step(
+                StepKind.AWAIT_TIMER,
                 ends_when="fires once; a timer due during an outage fires when a node is active",
                 rows=("R11", "R18"),
             ),
-            StepKindSpec(
-                kind=StepKind.AWAIT_USER_MESSAGE,
-                runs_in=RunsIn.SERVER,
-                max_attempts=None,
-                retry_window_ms=None,
-                backoff_initial_ms=0,
-                backoff_factor=1,
-                start_to_close_ms=None,
-                on_exhaustion=OnExhaustion.NEVER,
-                policy_may_override_attempts=False,
+            _wait_step(
+                StepKind.AWAIT_USER_MESSAGE,
                 ends_when="the session is idle; the next message starts a turn",
                 rows=("R15",),
             ),

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import openai
@@ -32,6 +32,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from dex_ha.worker.context import NonRetryableError
 from dex_ha.worker.model import DeltaSink, HistoryItem, ModelRequest, ModelResponse, ToolCall
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletion
+    from openai.types.responses import Response
 
 log = logging.getLogger("dex_ha.models.openai")
 
@@ -147,14 +151,16 @@ class OpenAIModel:
         text = transcript(history, summary)
         try:
             if self.api == "responses":
-                response = await self._client.responses.create(
+                # Typed by hand: with the options passed as **kwargs, the SDK's overloads
+                # (streamed or not) cannot pick one.
+                response: Response = await self._client.responses.create(
                     **self._common_options(),
                     instructions=self.summary_instructions,
                     input=[{"role": "user", "content": text}],
                     store=False,
                 )
                 return response.output_text
-            completion = await self._client.chat.completions.create(
+            completion: ChatCompletion = await self._client.chat.completions.create(
                 **self._common_options(),
                 messages=[{"role": "system", "content": self.summary_instructions}, {"role": "user", "content": text}],
             )

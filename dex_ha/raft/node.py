@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from dex_ha.background import cancel_and_wait
 from dex_ha.diskspace import free_bytes, is_disk_full
 
 from .clock import now_ms
@@ -501,14 +502,10 @@ class RaftNode:
             self._snapshot_task.cancel()
         for task in list(self._background):
             task.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            except Exception:  # the loop died of it earlier: logged then, and in `failure`
-                pass
+        try:
+            await cancel_and_wait(self._task)
+        except Exception:  # the loop died of it earlier: logged then, and in `failure`
+            pass
         await self.transport.stop()
         self._fail_all_pending(ProposalDropped("node stopped"))
         self.storage.close()

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from dex_ha.background import ActiveNodeTimer
 from dex_ha.engine import ApplyResult, CheckStateHash, Command, SetConsistencyAlarm
 from dex_ha.raft.errors import NotLeader, ProposalDropped
 
@@ -94,33 +95,24 @@ class ConsistencyCheck:
         self._reports: OrderedDict[int, dict[str, str]] = OrderedDict()  # on the leader: index -> {member: hash}
         self._handled: set[tuple[int, str]] = set()  # (index, member) verdicts already proposed
         self.alarms: dict[str, int] = {}  # the replicated alarms: member -> index of the check
-        self._task: asyncio.Task[None] | None = None
+        self._timer = ActiveNodeTimer("consistency-check", interval_ms / 1000, self._propose_check)
         self._pending: set[asyncio.Task[None]] = set()  # alarm proposals in flight
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, is_serving: Callable[[], bool]) -> None:
         if self._interval_ms > 0:
-            self._task = asyncio.create_task(self._propose_checks(is_serving), name="consistency-check")
+            self._timer.start(is_serving)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self._timer.stop()
 
-    async def _propose_checks(self, is_serving: Callable[[], bool]) -> None:
+    async def _propose_check(self) -> None:
         """On the active node, a CheckStateHash entry every interval (a timer, not a wait)."""
-        while True:
-            await asyncio.sleep(self._interval_ms / 1000)
-            if not is_serving():
-                continue
-            try:
-                await self._propose(CheckStateHash(at=int(time.time() * 1000)))
-            except (NotLeader, ProposalDropped):
-                continue  # the next active node proposes the next one
+        try:
+            await self._propose(CheckStateHash(at=int(time.time() * 1000)))
+        except (NotLeader, ProposalDropped):
+            pass  # the next active node proposes the next one
 
     # ------------------------------------------------------------------ hashes
 

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from dex_ha.background import ActiveNodeTimer
 from dex_ha.engine import MAX_EXPIRED_PER_ENTRY, ApplyResult, Command, EngineReader, ExpireSessions
 
 log = logging.getLogger("dex_ha.server")
@@ -42,32 +43,22 @@ class Retention:
         self._propose = propose
         self._now_ms = now_ms
         self.retention_days = retention_days
-        self._interval_ms = interval_ms
-        self._task: asyncio.Task[None] | None = None
+        self._timer = ActiveNodeTimer("retention", interval_ms / 1000, self._expire_round)
 
     def start(self, is_serving: Callable[[], bool]) -> None:
         if self.retention_days > 0:
-            self._task = asyncio.create_task(self._run(is_serving), name="retention")
+            self._timer.start(is_serving)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self._timer.stop()
 
-    async def _run(self, is_serving: Callable[[], bool]) -> None:
-        while True:
-            await asyncio.sleep(self._interval_ms / 1000)
-            if not is_serving():
-                continue
-            try:
-                await self.expire_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # not the active node any more, a write that timed out...
-                log.info("retention: stopped this round (%s); the next round goes on", exc)
+    async def _expire_round(self) -> None:
+        try:
+            await self.expire_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # not the active node any more, a write that timed out...
+            log.info("retention: stopped this round (%s); the next round goes on", exc)
 
     async def expire_once(self) -> int:
         """Delete every session past retention now, in entries of a bounded size; how many."""

@@ -32,7 +32,7 @@ from dex_ha.engine.store import EVENT_ID_SHIFT
 try:  # the optional extra, imported once
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
@@ -120,7 +120,7 @@ class SpanSink:
             Resource({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "dex-ha"})
         )
         self.scope = InstrumentationScope("dex_ha.server")
-        self._processor = BatchSpanProcessor(OTLPSpanExporter())
+        self._processor: SpanProcessor = BatchSpanProcessor(OTLPSpanExporter())
 
     def export(self, span: ReadableSpan) -> None:
         self._processor.on_end(span)

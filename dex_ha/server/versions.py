@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import dex_ha
+from dex_ha.background import ActiveNodeTimer
 from dex_ha.engine import (
     FIRST_STATE_MACHINE_VERSION,
     STATE_MACHINE_VERSION,
@@ -109,29 +110,20 @@ class ClusterVersionUpgrade:
         self._propose = propose
         self._gate_off = gate_off
         self._checking = asyncio.Lock()  # one check at a time: never two SetClusterVersion in flight
-        self._task: asyncio.Task[None] | None = None
+        self._timer = ActiveNodeTimer("cluster-version", UPGRADE_CHECK_INTERVAL_S, self._check_round)
         self._waiting_on: tuple[str, ...] = ()  # the members last logged as holding the version back
 
     def start(self, is_serving: Callable[[], bool]) -> None:
-        self._task = asyncio.create_task(self._run(is_serving), name="cluster-version")
+        self._timer.start(is_serving)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self._timer.stop()
 
-    async def _run(self, is_serving: Callable[[], bool]) -> None:
-        while True:
-            await asyncio.sleep(UPGRADE_CHECK_INTERVAL_S)
-            if not is_serving():
-                continue
-            try:
-                await self.check_once()
-            except Exception:  # a bug: say it, and look again at the next interval
-                log.exception("checking whether the cluster can move to a newer state machine failed")
+    async def _check_round(self) -> None:
+        try:
+            await self.check_once()
+        except Exception:  # a bug: say it, and look again at the next interval
+            log.exception("checking whether the cluster can move to a newer state machine failed")
 
     async def check_once(self) -> None:
         """Move the cluster now if every member runs a newer state machine (the loop calls

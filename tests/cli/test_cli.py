@@ -24,7 +24,8 @@ from dex_ha.cli.cluster import (
     write_cluster_files,
 )
 from dex_ha.cli.demo import WORKER_READY
-from dex_ha.cli.status import NodeAnswer, format_status, status_rows
+from dex_ha.cli.remote import NodeAnswer
+from dex_ha.cli.status import format_status, status_rows
 from dex_ha.server.config import load_config
 from tests.cli import (
     clean_env,

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from dex_ha.cli.members import contact_text_of, format_members, progress_text_of
-from dex_ha.cli.status import NodeAnswer, format_status
+from dex_ha.cli.remote import NodeAnswer
+from dex_ha.cli.status import format_status
 from dex_ha.client import DexClient, Session
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
 from harness.cluster_process import LocalCluster, joiner_config

@@ -379,3 +379,12 @@ async def test_a_malformed_answer_raises_the_sdk_error_naming_the_field(
     with pytest.raises(MalformedAnswer) as caught:
         await client.get_session("s-1")
     assert caught.value.field == "status" and "expected a string, got int" in caught.value.message
+
+
+async def test_an_acknowledgement_that_is_not_a_json_object_raises_the_sdk_error(
+    client: DexClient, nodes: list[FakeNode]
+) -> None:
+    nodes[0].add_faults(Fault("status", status=200, body=["cancelled"]))
+    with pytest.raises(MalformedAnswer) as caught:
+        await client.cancel("s-1")
+    assert caught.value.field == "answer" and "expected a JSON object, got list" in caught.value.message

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dex_ha.server import config as config_module
+from dex_ha.server.auth import ROLES
 from dex_ha.server.config import DEV_ENV_KEYS, ServerConfig, load_config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -77,7 +78,7 @@ def test_the_environment_column_is_what_the_loader_accepts(key: str) -> None:
 def test_every_variable_the_loader_accepts_is_on_the_page() -> None:
     documented = {name for row in ROWS.values() for name in env_names(row["env"])}
     accepted = {f"DEX_HA_{key.upper()}" for key in config_module.ENV_KEYS}
-    accepted |= {f"DEX_HA_TOKENS_{role.upper()}" for role in config_module.ROLES}
+    accepted |= {f"DEX_HA_TOKENS_{role.upper()}" for role in ROLES}
     assert accepted - documented == set(), f"variables the loader reads but the page omits: {accepted - documented}"
 
 
@@ -108,7 +109,7 @@ def test_the_dev_list_is_what_dex_ha_dev_reads() -> None:
     block = page.split("<!-- dev keys -->", 1)[1].split("<!-- end of dev keys -->", 1)[0]
     listed = set(env_names(block))
     expected = {f"DEX_HA_{key.upper()}" for key in DEV_ENV_KEYS}
-    expected |= {f"DEX_HA_TOKENS_{role.upper()}" for role in config_module.ROLES}
+    expected |= {f"DEX_HA_TOKENS_{role.upper()}" for role in ROLES}
     assert listed == expected
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks of dex-ha (README.md, "Benchmarks"); each *_bench.py runs as a script."""
