@@ -24,7 +24,7 @@ from dex_ha.engine.kinds import (
     spec_of,
     window_closed,
 )
-from dex_ha.engine.results import Rejected
+from dex_ha.engine.results import Rejected, StartedAttempt
 from dex_ha.engine.statuses import (
     OPEN_STEP_STATUSES,
     AttemptProgress,
@@ -184,10 +184,10 @@ def _record_attempt(
     }
 
 
-def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, Any]:
+def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any], task_input: dict[str, Any]) -> StartedAttempt:
     """Emit `attempt_started`; returns the hand-out as the leader reads it (the Worker's
-    task, its `input` included, is built from it: `Task.from_handout`). The event goes to
-    clients: it names the Worker but never carries the token secret."""
+    task, its `task_input` included, is built from it: `Task.from_handout`). The event goes
+    to clients: it names the Worker but never carries the token secret."""
     ctx.emit(
         attempt["session_id"],
         "attempt_started",
@@ -198,7 +198,21 @@ def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, An
         worker_id=attempt["worker_id"],
         call_id=attempt["call_id"],
     )
-    return {k: v for k, v in attempt.items() if k not in ("call_id", "params")}
+    return StartedAttempt(
+        step_id=attempt["step_id"],
+        attempt=attempt["attempt"],
+        term=attempt["term"],
+        worker_id=attempt["worker_id"],
+        session_id=attempt["session_id"],
+        turn_id=attempt["turn_id"],
+        agent=attempt["agent"],
+        kind=attempt["kind"],
+        idempotency_key=attempt["idempotency_key"],
+        deadline_at=attempt["deadline_at"],
+        queued_at=attempt["queued_at"],
+        token_secret=attempt["token_secret"],
+        input=task_input,
+    )
 
 
 def current_attempt(ctx: ApplyContext, step_id: str, number: int, term: int) -> sqlite3.Row:

@@ -27,12 +27,12 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from dex_ha.engine import ApplyResult, CheckStateHash, Command, SetConsistencyAlarm
+from dex_ha.engine import CheckStateHash, Propose, SetConsistencyAlarm
 from dex_ha.raft.errors import NotLeader, ProposalDropped
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class ConsistencyCheck:
         node_id: str,
         raft: RaftThread,
         metrics: ServerMetrics,
-        propose: Callable[[Command], Awaitable[ApplyResult]],
+        propose: Propose,
         interval_ms: int,
     ) -> None:
         self.node_id = node_id

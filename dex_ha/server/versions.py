@@ -27,8 +27,8 @@ import dex_ha
 from dex_ha.engine import (
     FIRST_STATE_MACHINE_VERSION,
     STATE_MACHINE_VERSION,
-    ApplyResult,
     Command,
+    Propose,
     SetClusterVersion,
     command_since,
 )
@@ -99,7 +99,7 @@ class ClusterVersionUpgrade:
         self,
         node_id: str,
         state: Callable[[], Awaitable[tuple[list[str], Mapping[str, NodeVersion | None], int]]],
-        propose: Callable[[Command], Awaitable[ApplyResult]],
+        propose: Propose,
         gate_off: bool = False,
     ) -> None:
         """`state()` gives (the members, what each runs, the cluster's version);
