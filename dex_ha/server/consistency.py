@@ -80,7 +80,7 @@ class ConsistencyCheck:
     def __init__(
         self,
         node_id: str,
-        raft: RaftThread,
+        raft: RaftThread[Any],
         metrics: ServerMetrics,
         propose: Propose,
         interval_ms: int,

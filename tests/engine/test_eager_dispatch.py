@@ -67,7 +67,7 @@ def test_the_head_of_the_queue_goes_first_whichever_session_it_belongs_to(tmp_pa
 
 def test_without_next_max_nothing_is_handed_out_and_the_limit_holds(tmp_path: Path) -> None:
     d, step = running_model_step(tmp_path / "e.db")
-    assert d.model(step, calls=[("c1", "lookup", {}), ("c2", "lookup", {})]).value.started == ()
+    assert d.model(step, calls=[("c1", "lookup", {}), ("c2", "lookup", {})]).accepted_value().started == ()
     assert len(d.queued()) == 2
 
     d2, step = running_model_step(tmp_path / "e2.db")

@@ -101,7 +101,7 @@ def test_each_handler_returns_the_value_its_commands_proposal_names() -> None:
     """What lets `propose` type its result: a command of Proposal[V] gets ApplyResult[V]
     back only if its handler returns Handled[V]."""
     for command, handler in HANDLERS.items():
-        [proposal] = [base for base in command.__orig_bases__ if typing.get_origin(base) is Proposal]
+        [proposal] = [base for base in getattr(command, "__orig_bases__", ()) if typing.get_origin(base) is Proposal]
         returned = typing.get_type_hints(handler)["return"]
         assert typing.get_origin(returned) is Handled, handler.__name__
         named = typing.get_args(proposal)[0]
