@@ -97,12 +97,14 @@ async def test_an_answer_is_the_json_the_dict_results_gave(
     assert app._stdlib_dumps(body) == expected
 
 
-def test_each_handler_returns_the_value_its_commands_proposal_names() -> None:
+def test_each_handler_takes_its_command_and_returns_the_value_its_proposal_names() -> None:
     """What lets `propose` type its result: a command of Proposal[V] gets ApplyResult[V]
-    back only if its handler returns Handled[V]."""
+    back only if its handler (HANDLERS, keyed by the command's class) returns Handled[V]."""
     for command, handler in HANDLERS.items():
         [proposal] = [base for base in getattr(command, "__orig_bases__", ()) if typing.get_origin(base) is Proposal]
-        returned = typing.get_type_hints(handler)["return"]
+        hints = typing.get_type_hints(handler)
+        assert hints["cmd"] is command, f"{handler.__name__} takes a {hints['cmd']}, not a {command.__name__}"
+        returned = hints["return"]
         assert typing.get_origin(returned) is Handled, handler.__name__
         named = typing.get_args(proposal)[0]
         assert typing.get_args(returned)[0] is (type(None) if named is None else named), command.__name__
