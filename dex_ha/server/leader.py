@@ -223,7 +223,8 @@ class LeaderTerm:
             except Exception as exc:  # a dropped proposal: this term may still be ours; retry
                 log.warning("takeover of term %d: FailHeldAttempts not applied (%s); retrying", self.term, exc)
                 await asyncio.sleep(0.05)
-        by_kind = result.accepted_value().by_kind
+        # Refused (an engine bug, the same on every node): none failed, the term goes on.
+        by_kind = result.value.by_kind if result.value is not None else {}
         for kind, n in by_kind.items():
             self.metrics.attempts_failed.labels(kind=kind, reason="takeover").inc(n)
         if self._span_sink is not None:
@@ -386,7 +387,8 @@ class LeaderTerm:
                     continue
                 if isinstance(outcome, BaseException):
                     raise outcome
-                started[index] += outcome.accepted_value().started
+                if outcome.value is not None:  # None: refused, nothing handed out
+                    started[index] += outcome.value.started
             for index, (poll, _) in enumerate(matched):
                 tasks = [self.task_for_handout(s, poll.worker_id) for s in started[index]]
                 if tasks or self._stopped:

@@ -79,7 +79,7 @@ class Retention:
             if not session_ids:
                 break
             result = await self._propose(ExpireSessions(at=now, cutoff_at=cutoff, session_ids=session_ids))
-            deleted = len(result.accepted_value().deleted)
+            deleted = len(result.value.deleted) if result.value is not None else 0  # None: refused
             total += deleted
             if deleted == 0:  # each one became active since the read: the next round looks again
                 break
