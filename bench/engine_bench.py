@@ -151,7 +151,7 @@ class Runner:
             n = min(HANDOUTS_PER_COMMAND, len(queued) - i)
             secrets = [f"{i + k:032x}" for k in range(n)]
             cmd = StartQueuedAttempts(at=self.at, worker_id="w1", term=1, agents=[AGENT], token_secrets=secrets)
-            steps += [s["step_id"] for s in (self.apply([cmd])[0].value or {})["started"]]
+            steps += [s.step_id for s in self.apply([cmd])[0].accepted_value().started]
         assert len(steps) == len(queued)
         return steps
 

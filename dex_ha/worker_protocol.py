@@ -4,16 +4,20 @@ One `Task` (what a Worker is handed, on HTTP and on the channel alike) and one `
 (what a Worker says about an attempt: its result or its failure), plus the frames of the
 Worker channel (`GET /v1/worker/channel`, a WebSocket) and their encoding. The contract in
 plain words is docs/worker-protocol.md; this module is its code. It imports nothing of
-dex_ha, so the engine, the server and the SDKs can all use it.
+dex_ha at run time, so the engine, the server and the SDKs can all use it (it names the
+engine's `StartedAttempt` for the type checker only).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]  # msgpack ships no type hints
+
+if TYPE_CHECKING:  # not an import at run time (the SDKs use this module without the engine)
+    from dex_ha.engine.results import StartedAttempt
 
 CHANNEL_PATH = "/v1/worker/channel"
 PROTOCOL_VERSION = 1
@@ -72,22 +76,22 @@ class Task:
         return body
 
     @classmethod
-    def from_handout(cls, started: dict[str, Any], heartbeat_timeout_ms: int) -> Task:
+    def from_handout(cls, started: StartedAttempt, heartbeat_timeout_ms: int) -> Task:
         """The task of a hand-out as the apply that started it reports it (an element of
         `started` in a StartAttempts, StartQueuedAttempts, CompleteAttempt or ReportResults
         result): its input was built there, where the state is warm, so nothing is read.
         The server sets `task_token` afterwards."""
         return cls(
-            session_id=started["session_id"],
-            turn_id=started["turn_id"],
-            step_id=started["step_id"],
-            kind=started["kind"],
-            attempt=started["attempt"],
-            idempotency_key=started["idempotency_key"],
-            input=started["input"],
+            session_id=started.session_id,
+            turn_id=started.turn_id,
+            step_id=started.step_id,
+            kind=started.kind,
+            attempt=started.attempt,
+            idempotency_key=started.idempotency_key,
+            input=started.input,
             heartbeat_timeout_ms=heartbeat_timeout_ms,
-            deadline_ms=started["deadline_at"],
-            agent=started["agent"],
+            deadline_ms=started.deadline_at,
+            agent=started.agent,
         )
 
     @classmethod

@@ -20,10 +20,14 @@ Public API (what a server and the Raft node call):
     ``queued_steps(agent, limit)`` (the queue in order) for tests and benches;
   ``agent_namespace(name)`` (the namespace an agent name belongs to).
 - Commands (dataclasses, each with ``at`` in leader wall-clock ms) and their wire format:
-  ``encode_command(cmd) -> bytes``, ``decode_command(data) -> Command``.
+  ``encode_command(cmd) -> bytes``, ``decode_command(data) -> Command``. Each command is a
+  ``Proposal[V]``: ``V`` is the dataclass of its result's ``value`` (``results.py``), and
+  ``Propose`` types a proposer that returns ``ApplyResult[V]`` for it.
 - ``MAX_EXPIRED_PER_ENTRY``: the most sessions one ExpireSessions may name.
 - ``STEP_KINDS``: the step-kind table (kind → StepKindSpec); kind name constants.
-- ``ApplyResult``; ``TOOL_CALL_NOT_RUN_ERROR_PREFIX`` lives in ``dex_ha``.
+- ``ApplyResult`` (generic over its value), ``StartedAttempt`` (a hand-out, as the leader
+  reads it) and the results the server looks for; ``TOOL_CALL_NOT_RUN_ERROR_PREFIX`` lives
+  in ``dex_ha``.
 
 The engine never imports ``dex_ha.server`` or ``dex_ha.raft``.
 """
@@ -58,6 +62,7 @@ from dex_ha.engine.commands import (
     SetConsistencyAlarm,
     StartAttempts,
     StartQueuedAttempts,
+    as_command,
     command_since,
     decode_command,
     encode_command,
@@ -73,7 +78,15 @@ from dex_ha.engine.queries import (
     Timer,
     same_token_secret,
 )
-from dex_ha.engine.results import ApplyResult
+from dex_ha.engine.results import (
+    ApplyResult,
+    ClusterVersionSet,
+    ConsistencyAlarmSet,
+    Proposal,
+    Propose,
+    StartedAttempt,
+    TimerFired,
+)
 from dex_ha.session_protocol import SessionEvent
 from dex_ha.worker_protocol import Task
 
@@ -86,6 +99,13 @@ __all__ = [
     "StepKind",
     "AnswerQuestion",
     "ApplyResult",
+    "ClusterVersionSet",
+    "ConsistencyAlarmSet",
+    "Proposal",
+    "Propose",
+    "StartedAttempt",
+    "TimerFired",
+    "as_command",
     "AttemptState",
     "AttemptTimedOut",
     "CancelTurn",

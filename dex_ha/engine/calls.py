@@ -16,6 +16,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from dex_ha import session_protocol as events
 from dex_ha.engine import steps, turns
 from dex_ha.engine.agents import ASK_USER, SLEEP, ToolPolicy, tool_policy
 from dex_ha.engine.context import ApplyContext
@@ -39,16 +40,6 @@ from dex_ha.engine.statuses import (
     TurnStatus,
 )
 from dex_ha.engine.store import from_json, to_json
-from dex_ha.session_protocol import (
-    ApprovalDecided,
-    ApprovalRequested,
-    AssistantMessage,
-    QuestionAnswered,
-    QuestionAsked,
-    ToolCallFinished,
-    ToolCallReconciled,
-    ToolTaskStarted,
-)
 
 DEFAULT_POLL_AFTER_MS = 1_000
 MAX_TOOL_CALLS_PER_RESPONSE = 1_000  # keeps one entry's events within its event-id range
@@ -73,7 +64,7 @@ def record_model_response(ctx: ApplyContext, step: sqlite3.Row, result: dict[str
     ctx.store.append_history(step["session_id"], step["turn_id"], message, ctx.at)
     ctx.emit(
         step["session_id"],
-        AssistantMessage(
+        events.AssistantMessage(
             turn_id=step["turn_id"], step_id=step["step_id"], content=content, tool_calls=message["tool_calls"]
         ),
     )
@@ -206,7 +197,7 @@ def _request_approval(ctx: ApplyContext, call: CallRow) -> None:
     )
     ctx.emit(
         call["session_id"],
-        ApprovalRequested(call_id=call["call_id"], name=call["name"], arguments=from_json(call["arguments"])),
+        events.ApprovalRequested(call_id=call["call_id"], name=call["name"], arguments=from_json(call["arguments"])),
     )
 
 
@@ -253,7 +244,7 @@ def ask_question(ctx: ApplyContext, call: CallRow, source: str, question: Any) -
     )
     ctx.emit(
         call["session_id"],
-        QuestionAsked(question_id=question_id, call_id=call["call_id"], source=source, question=question),
+        events.QuestionAsked(question_id=question_id, call_id=call["call_id"], source=source, question=question),
     )
 
 
@@ -300,7 +291,7 @@ def _start_task(ctx: ApplyContext, call: CallRow, result: dict[str, Any]) -> Non
         raise Rejected("invalid", "result.handle is required when status is task")
     poll_after = _poll_after(result, DEFAULT_POLL_AFTER_MS)
     ctx.store.update("tool_calls", _key(call), handle=to_json(result["handle"]), poll_after_ms=poll_after)
-    ctx.emit(call["session_id"], ToolTaskStarted(call_id=call["call_id"], handle=result["handle"]))
+    ctx.emit(call["session_id"], events.ToolTaskStarted(call_id=call["call_id"], handle=result["handle"]))
     _wait_before_poll(ctx, call, poll_after)
 
 
@@ -365,7 +356,7 @@ def finish_call(
     ctx.bump(f"tool_calls.{status}")
     ctx.emit(
         call["session_id"],
-        ToolCallFinished(
+        events.ToolCallFinished(
             call_id=call["call_id"],
             name=finished["name"],
             status=status,
@@ -446,7 +437,7 @@ def decide_approval(ctx: ApplyContext, session_id: str, call_id: str, approved: 
         decided_at=ctx.at,
     )
     steps.end_wait_step(ctx, approval["step_id"])
-    ctx.emit(session_id, ApprovalDecided(call_id=call_id, approved=approved, reason=reason))
+    ctx.emit(session_id, events.ApprovalDecided(call_id=call_id, approved=approved, reason=reason))
     call = ctx.store.require_call(session_id, call_id)
     if approved:
         queue_tool_step(ctx, call)
@@ -482,7 +473,7 @@ def answer_question(ctx: ApplyContext, session_id: str, question_id: str, answer
         answered_at=ctx.at,
     )
     steps.end_wait_step(ctx, question["step_id"])
-    ctx.emit(session_id, QuestionAnswered(question_id=question_id, call_id=question["call_id"], answer=answer))
+    ctx.emit(session_id, events.QuestionAnswered(question_id=question_id, call_id=question["call_id"], answer=answer))
     call = ctx.store.require_call(session_id, question["call_id"])
     if question["source"] == "ask_user":
         finish_call(ctx, call, CallStatus.SUCCEEDED, output=answer)
@@ -513,5 +504,5 @@ def reconcile(ctx: ApplyContext, session_id: str, call_id: str, outcome: str, re
         f"by an operator: {outcome}" + (f" ({error})" if outcome == CallStatus.FAILED else "") + "."
     )
     turns.add_note(ctx, session_id, note)
-    ctx.emit(session_id, ToolCallReconciled(call_id=call_id, outcome=outcome, result=result, error=error))
+    ctx.emit(session_id, events.ToolCallReconciled(call_id=call_id, outcome=outcome, result=result, error=error))
     return True

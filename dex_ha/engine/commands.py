@@ -2,6 +2,7 @@
 
 Every command is a frozen dataclass that carries `at`, the leader's wall-clock time in
 milliseconds when it proposed the command; the engine never reads a clock of its own.
+Each is a `Proposal[V]` (results.py): `V` is the value its handler returns.
 
 Wire format (versioned msgpack): ``[COMMAND_FORMAT_VERSION, "<ClassName>", {field: value}]``.
 Decoding checks the version, the command name and the type of every field, so a malformed
@@ -19,6 +20,27 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]  # msgpack ships no type hints
+
+from dex_ha.engine.results import (
+    AgentRegistered,
+    ApprovalDecided,
+    AttemptCompleted,
+    AttemptFailed,
+    AttemptsStarted,
+    ClusterVersionSet,
+    ConsistencyAlarmSet,
+    HeldAttemptsFailed,
+    MessageSent,
+    Proposal,
+    QuestionAnswered,
+    ResultsReported,
+    SessionCreated,
+    SessionDeleted,
+    SessionsExpired,
+    TimerFired,
+    ToolCallReconciled,
+    TurnCancelled,
+)
 
 COMMAND_FORMAT_VERSION = 1
 
@@ -62,7 +84,7 @@ class NeedsUpgrade(Exception):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class CreateSession:
+class CreateSession(Proposal[SessionCreated]):
     """Create a session; `session_id` None lets the engine derive one from the log index."""
 
     at: int
@@ -73,7 +95,7 @@ class CreateSession:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RegisterAgent:
+class RegisterAgent(Proposal[AgentRegistered]):
     """Register or change an agent definition (`PUT /v1/agents/{name}`) in `namespace`.
 
     `may_lower_approval` False (a Worker's token): a tool that needed approval must keep
@@ -89,7 +111,7 @@ class RegisterAgent:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SendMessage:
+class SendMessage(Proposal[MessageSent]):
     """A user message. `mode="steer"` delivers it at the next model call of a running turn."""
 
     at: int
@@ -101,7 +123,7 @@ class SendMessage:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class CancelTurn:
+class CancelTurn(Proposal[TurnCancelled]):
     """Cancel the session's running turn."""
 
     at: int
@@ -111,7 +133,7 @@ class CancelTurn:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class DeleteSession:
+class DeleteSession(Proposal[SessionDeleted]):
     """Delete an ended session and every row of it (`DELETE /v1/sessions/{id}`). A session
     with a running turn is refused (conflict): cancel the turn first."""
 
@@ -121,7 +143,7 @@ class DeleteSession:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ExpireSessions:
+class ExpireSessions(Proposal[SessionsExpired]):
     """Retention: delete each of `session_ids` that is still idle and whose last activity
     (its updated_at) is before `cutoff_at`; the others stay. The active node picks the ids
     (queries.expired_sessions) and sets the cutoff from its clock: the engine reads none."""
@@ -150,7 +172,7 @@ class Handout:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class StartAttempts:
+class StartAttempts(Proposal[AttemptsStarted]):
     """Hand-outs of named steps, many in one entry. The leader answered Worker polls with
     these until it proposed `StartQueuedAttempts` instead; the engine still applies them,
     as a log or snapshot may hold them."""
@@ -160,7 +182,7 @@ class StartAttempts:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class StartQueuedAttempts:
+class StartQueuedAttempts(Proposal[AttemptsStarted]):
     """A Worker poll answered: up to `len(token_secrets)` steps from the heads of the
     `agents`' queues (agent by agent, each in queue order, whichever session) go to
     `worker_id` in `term`, the n-th with `token_secrets[n]`.
@@ -180,7 +202,7 @@ class StartQueuedAttempts:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class CompleteAttempt:
+class CompleteAttempt(Proposal[AttemptCompleted]):
     """A Worker's result for attempt (`step_id`, `attempt`, `term`).
 
     Eager dispatch: with `next_max` > 0 the same entry also hands out to `next_worker_id`
@@ -202,7 +224,7 @@ class CompleteAttempt:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class FailAttempt:
+class FailAttempt(Proposal[AttemptFailed]):
     """A Worker's failure report; `retryable=False` uses up every attempt left.
 
     `not_started=True`: the Worker never called the tool function for this attempt (unknown
@@ -237,7 +259,7 @@ class ReportItem:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ReportResults:
+class ReportResults(Proposal[ResultsReported]):
     """The reports of one Worker channel frame, applied in order in one entry, each on its
     own: each is fenced as its CompleteAttempt or FailAttempt would be, and a refused one
     changes nothing and leaves the others be (its refusal is in the entry's value).
@@ -257,7 +279,7 @@ class ReportResults:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class HeartbeatLost:
+class HeartbeatLost(Proposal[AttemptFailed]):
     """The leader stopped hearing from the Worker: the attempt fails NOT_COMPLETED.
 
     `silent_ms`: how long before `at` the Worker was last heard from (its last heartbeat, or
@@ -273,7 +295,7 @@ class HeartbeatLost:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class AttemptTimedOut:
+class AttemptTimedOut(Proposal[AttemptFailed]):
     """The attempt ran past its start_to_close timeout: it fails NOT_COMPLETED."""
 
     at: int
@@ -283,7 +305,7 @@ class AttemptTimedOut:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class FailHeldAttempts:
+class FailHeldAttempts(Proposal[HeldAttemptsFailed]):
     """Takeover: every attempt handed out in a term before `term` fails NOT_COMPLETED."""
 
     at: int
@@ -294,13 +316,13 @@ class FailHeldAttempts:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class FireTimer:
+class FireTimer(Proposal[TimerFired]):
     at: int
     timer_id: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class DecideApproval:
+class DecideApproval(Proposal[ApprovalDecided]):
     """Approve or deny a tool call that waits in AwaitToolApproval."""
 
     at: int
@@ -312,7 +334,7 @@ class DecideApproval:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class AnswerQuestion:
+class AnswerQuestion(Proposal[QuestionAnswered]):
     at: int
     session_id: str
     question_id: str
@@ -321,7 +343,7 @@ class AnswerQuestion:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class ReconcileToolCall:
+class ReconcileToolCall(Proposal[ToolCallReconciled]):
     """An operator settles an `outcome_unknown` call as succeeded or failed."""
 
     at: int
@@ -337,7 +359,7 @@ class ReconcileToolCall:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class CheckStateHash:
+class CheckStateHash(Proposal[None]):
     """Every node hashes its state as of this entry's index (the consistency check): the
     engine ends its transaction right after this entry, so that a reader can see exactly
     that state (Engine.on_state_check). It changes nothing."""
@@ -346,7 +368,7 @@ class CheckStateHash:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SetConsistencyAlarm:
+class SetConsistencyAlarm(Proposal[ConsistencyAlarmSet]):
     """Raise (or clear) the consistency alarm of a member whose state hash at `index`
     differed from the majority's: replicated, so every node knows it, and a member under
     the alarm never becomes the leader."""
@@ -363,7 +385,7 @@ class SetConsistencyAlarm:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SetClusterVersion:
+class SetClusterVersion(Proposal[ClusterVersionSet]):
     """Every member runs state machine `version` or newer: from this entry on, the leader
     may propose the commands of that version (COMMAND_SINCE). The leader proposes it once
     the last member is upgraded; it only ever goes up."""
@@ -404,6 +426,14 @@ COMMAND_TYPES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(C
 # version it needs.
 COMMAND_SINCE: dict[type, int] = {ReportResults: 2, SetClusterVersion: 2, DeleteSession: 2, ExpireSessions: 2}
 SINCE_FIELD = "_sm"  # in a command's fields; short: ReportResults is on the hot path
+
+
+def as_command(proposal: Proposal[object]) -> Command:
+    """`proposal` as a member of the `Command` union, which every Proposal subclass is
+    (only commands are Proposals); TypeError for anything else."""
+    if COMMAND_TYPES.get(type(proposal).__name__) is not type(proposal):
+        raise TypeError(f"not a command: {proposal!r}")
+    return typing.cast(Command, proposal)  # the union names every Proposal subclass
 
 
 def command_since(cls: type) -> int:

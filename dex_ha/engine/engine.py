@@ -145,11 +145,11 @@ class Engine(Queries):
 
     # ---------------------------------------------------------- apply
 
-    def apply(self, index: int, data: bytes) -> ApplyResult:
+    def apply(self, index: int, data: bytes) -> ApplyResult[Any]:
         """Apply one committed entry (empty `data`: a leader's no-op, only the index moves)."""
         return self.apply_batch([(index, data)])[0]
 
-    def apply_batch(self, entries: Iterable[tuple[int, bytes]]) -> list[ApplyResult]:
+    def apply_batch(self, entries: Iterable[tuple[int, bytes]]) -> list[ApplyResult[Any]]:
         """Apply entries in log order in ONE transaction (the applied index is in it too).
 
         Fast path first: no savepoint per entry (a savepoint makes SQLite copy every page
@@ -159,7 +159,7 @@ class Engine(Queries):
         a savepoint around each entry: the same results, and a refused entry keeps nothing.
         """
         entries = list(entries)
-        results: list[ApplyResult] = []
+        results: list[ApplyResult[Any]] = []
         with self._write_lock:
             # A CheckStateHash entry ends its transaction (the rest go into the next one),
             # so that on_state_check sees the state exactly at its index.
@@ -186,17 +186,17 @@ class Engine(Queries):
         free: int = self._conn.execute("PRAGMA freelist_count").fetchone()[0]
         return free
 
-    def _apply_part(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult]:
+    def _apply_part(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult[Any]]:
         try:
             return self._apply_in_transaction(entries, careful=False)
         except _ReplayCarefully:
             return self._apply_in_transaction(entries, careful=True)
 
-    def _apply_in_transaction(self, entries: list[tuple[int, bytes]], careful: bool) -> list[ApplyResult]:
+    def _apply_in_transaction(self, entries: list[tuple[int, bytes]], careful: bool) -> list[ApplyResult[Any]]:
         """Apply `entries` up to the end or to the first CheckStateHash (included); one
         result per entry applied."""
         applied = self.applied_index()
-        results = []
+        results: list[ApplyResult[Any]] = []
         self._state_check_at = None
         self._conn.execute("BEGIN")
         try:
@@ -232,7 +232,7 @@ class Engine(Queries):
         if cluster > self.state_machine_version:
             raise NeedsUpgrade(self.applied_index(), SetClusterVersion.__name__, cluster, self.state_machine_version)
 
-    def _apply_entry(self, index: int, data: bytes, careful: bool) -> ApplyResult:
+    def _apply_entry(self, index: int, data: bytes, careful: bool) -> ApplyResult[Any]:
         if not data:
             return accepted(index, noop=True)
         try:
@@ -276,7 +276,7 @@ class Engine(Queries):
         if needs > self.state_machine_version:
             raise NeedsUpgrade(index, type(cmd).__name__, needs, self.state_machine_version)
 
-    def _run_in_savepoint(self, index: int, cmd: Command) -> ApplyResult:
+    def _run_in_savepoint(self, index: int, cmd: Command) -> ApplyResult[Any]:
         try:
             with self._store.savepoint("entry"):
                 return self._run(index, cmd, careful=True)
@@ -289,14 +289,14 @@ class Engine(Queries):
         except Exception as exc:  # a logic bug, the same on every node
             return self._internal_error(index, cmd, exc)
 
-    def _run(self, index: int, cmd: Command, careful: bool = False) -> ApplyResult:
+    def _run(self, index: int, cmd: Command, careful: bool = False) -> ApplyResult[Any]:
         ctx = ApplyContext(self._store, index, cmd.at, careful=careful)
         handled = HANDLERS[type(cmd)](ctx, cmd)
         event_sessions = frozenset(session_id for session_id, _, _ in ctx.events).union(handled.deleted)
         ctx.hand_over_writes()
         return accepted(index, handled.value, noop=handled.noop, event_sessions=event_sessions)
 
-    def _internal_error(self, index: int, cmd: object, exc: Exception) -> ApplyResult:
+    def _internal_error(self, index: int, cmd: object, exc: Exception) -> ApplyResult[Any]:
         log.exception("engine bug applying entry %d (%s)", index, type(cmd).__name__)
         return Rejected("internal", f"{type(exc).__name__}: {exc}").result(index)
 

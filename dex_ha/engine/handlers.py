@@ -9,8 +9,9 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
+from dex_ha import session_protocol as events
 from dex_ha.engine import calls, outcomes, steps, turns
 from dex_ha.engine.agents import lowered_approvals, normalize_definition, policy_changes
 from dex_ha.engine.commands import (
@@ -40,12 +41,35 @@ from dex_ha.engine.commands import (
 )
 from dex_ha.engine.context import ApplyContext, NeedsSavepoints
 from dex_ha.engine.kinds import StepKind
-from dex_ha.engine.results import HTTP_STATUS_BY_CODE, Rejected
+from dex_ha.engine.results import (
+    HTTP_STATUS_BY_CODE,
+    AgentRegistered,
+    ApprovalDecided,
+    AttemptCompleted,
+    AttemptFailed,
+    AttemptsStarted,
+    ClusterVersionSet,
+    ConsistencyAlarmSet,
+    HandoutRefused,
+    HeldAttemptsFailed,
+    MessageSent,
+    QuestionAnswered,
+    Rejected,
+    ReportAnswer,
+    ResultsReported,
+    SessionCreated,
+    SessionDeleted,
+    SessionsExpired,
+    StartedAttempt,
+    TimerFired,
+    ToolCallReconciled,
+    TurnCancelled,
+)
 from dex_ha.engine.statuses import AttemptStatus, MessageStatus, SessionStatus, TimerStatus
 from dex_ha.engine.store import CLUSTER_VERSION, CONSISTENCY_ALARM_PREFIX, FENCED_TERM, to_json
-from dex_ha.session_protocol import MessageReceived, SessionCreated
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 MAX_ID_LENGTH = 200
 MAX_EAGER_HANDOUTS = 16
@@ -58,8 +82,11 @@ MAX_EXPIRED_PER_ENTRY = 100
 
 
 @dataclass(frozen=True, slots=True)
-class Handled:
-    value: dict[str, Any] | None = None
+class Handled(Generic[V]):
+    """What a handler returns: `value` is the typed value of its command (results.py),
+    which the engine hands to the proposer in the entry's ApplyResult."""
+
+    value: V
     noop: bool = False  # accepted, but it changed nothing (a repeat)
     # Sessions deleted by the entry: their event streams must look again (and end).
     deleted: tuple[str, ...] = ()
@@ -68,7 +95,7 @@ class Handled:
 # ---------------------------------------------------------------- sessions and agents
 
 
-def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
+def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled[SessionCreated]:
     session_id = cmd.session_id if cmd.session_id is not None else f"s{ctx.index}"
     _check_id(session_id, "session_id")
     _check_id(cmd.agent, "agent")
@@ -82,7 +109,7 @@ def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
         # Omitted metadata matches any: a retry or a "create or attach" need not repeat it.
         if cmd.metadata is not None and existing["metadata"] != to_json(cmd.metadata):
             raise Rejected("conflict", f"metadata: session {session_id} exists with other metadata")
-        return Handled({"session_id": session_id, "created": False}, noop=True)
+        return Handled(SessionCreated(session_id, created=False), noop=True)
     _check_agent_owner(ctx, cmd.agent, cmd.namespace, "agent")
     ctx.store.insert(
         "sessions",
@@ -95,11 +122,11 @@ def create_session(ctx: ApplyContext, cmd: CreateSession) -> Handled:
         updated_at=ctx.at,
     )
     ctx.store.session_created(session_id)
-    ctx.emit(session_id, SessionCreated(agent=cmd.agent, metadata=cmd.metadata))
-    return Handled({"session_id": session_id, "created": True})
+    ctx.emit(session_id, events.SessionCreated(agent=cmd.agent, metadata=cmd.metadata))
+    return Handled(SessionCreated(session_id, created=True))
 
 
-def register_agent(ctx: ApplyContext, cmd: RegisterAgent) -> Handled:
+def register_agent(ctx: ApplyContext, cmd: RegisterAgent) -> Handled[AgentRegistered]:
     """The answer's `policy_changes` (agents.policy_changes) let the server log each change
     of a tool's policy; a caller that may not lower approval is refused before any."""
     _check_id(cmd.name, "name")
@@ -109,7 +136,7 @@ def register_agent(ctx: ApplyContext, cmd: RegisterAgent) -> Handled:
     definition = to_json(normalized)
     row = ctx.store.row("SELECT definition, version FROM agents WHERE name = ?", (cmd.name,))
     if row is not None and row["definition"] == definition:
-        return Handled({"name": cmd.name, "version": row["version"], "changed": False}, noop=True)
+        return Handled(AgentRegistered(cmd.name, row["version"], changed=False), noop=True)
     changes = policy_changes(ctx.store.parsed_definition(row["definition"]) if row else None, normalized)
     lowered = lowered_approvals(changes)
     if lowered and not cmd.may_lower_approval:
@@ -126,7 +153,7 @@ def register_agent(ctx: ApplyContext, cmd: RegisterAgent) -> Handled:
         (cmd.name, definition, version, ctx.at, cmd.namespace),
     )
     ctx.store.agent_changed(cmd.name)
-    return Handled({"name": cmd.name, "version": version, "changed": True, "policy_changes": changes})
+    return Handled(AgentRegistered(cmd.name, version, changed=True, policy_changes=changes))
 
 
 def _check_agent_owner(ctx: ApplyContext, name: str, namespace: str, field: str) -> None:
@@ -137,7 +164,7 @@ def _check_agent_owner(ctx: ApplyContext, name: str, namespace: str, field: str)
         raise Rejected("forbidden", f"{field}: agent {name!r} belongs to another namespace")
 
 
-def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
+def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled[MessageSent]:
     session = ctx.store.require_session(cmd.session_id, cmd.namespace)
     message_id = cmd.message_id if cmd.message_id is not None else f"m{ctx.index}"
     _check_id(message_id, "message_id")
@@ -151,7 +178,7 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
             raise Rejected(
                 "conflict", f"mode: message {message_id} was already sent with mode {existing['mode']} (got {cmd.mode})"
             )
-        return Handled({"message_id": message_id, "duplicate": True}, noop=True)
+        return Handled(MessageSent(message_id, duplicate=True), noop=True)
     seq = session["message_count"] + 1
     ctx.store.update("sessions", {"session_id": cmd.session_id}, message_count=seq, updated_at=ctx.at)
     ctx.store.insert(
@@ -164,21 +191,21 @@ def send_message(ctx: ApplyContext, cmd: SendMessage) -> Handled:
         status=MessageStatus.WAITING,
         at=ctx.at,
     )
-    ctx.emit(cmd.session_id, MessageReceived(message_id=message_id, text=cmd.text, mode=cmd.mode))
+    ctx.emit(cmd.session_id, events.MessageReceived(message_id=message_id, text=cmd.text, mode=cmd.mode))
     turns.start_next_turn_if_idle(ctx, session)  # the message changed none of what it reads
-    return Handled({"message_id": message_id, "duplicate": False})
+    return Handled(MessageSent(message_id, duplicate=False))
 
 
-def cancel_turn(ctx: ApplyContext, cmd: CancelTurn) -> Handled:
+def cancel_turn(ctx: ApplyContext, cmd: CancelTurn) -> Handled[TurnCancelled]:
     session = ctx.store.require_session(cmd.session_id, cmd.namespace)
     turn_id = session["current_turn_id"]
     if turn_id is None:
-        return Handled({"cancelled": None}, noop=True)
+        return Handled(TurnCancelled(None), noop=True)
     outcomes.cancel_turn(ctx, cmd.session_id, turn_id, cmd.reason)
-    return Handled({"cancelled": turn_id})
+    return Handled(TurnCancelled(turn_id))
 
 
-def delete_session(ctx: ApplyContext, cmd: DeleteSession) -> Handled:
+def delete_session(ctx: ApplyContext, cmd: DeleteSession) -> Handled[SessionDeleted]:
     """Only an ended session (idle: no running turn) may go: deleting a running one would
     drop the record of tool calls that may still be running on a Worker. Cancel it first."""
     session = ctx.store.require_session(cmd.session_id, cmd.namespace)
@@ -190,10 +217,10 @@ def delete_session(ctx: ApplyContext, cmd: DeleteSession) -> Handled:
         )
     ctx.store.delete_session(cmd.session_id)
     ctx.bump("sessions.deleted")
-    return Handled({"session_id": cmd.session_id, "deleted": True}, deleted=(cmd.session_id,))
+    return Handled(SessionDeleted(cmd.session_id), deleted=(cmd.session_id,))
 
 
-def expire_sessions(ctx: ApplyContext, cmd: ExpireSessions) -> Handled:
+def expire_sessions(ctx: ApplyContext, cmd: ExpireSessions) -> Handled[SessionsExpired]:
     """Each named session that is still idle and last active before the cutoff is deleted;
     one that became active meanwhile, or is gone, stays as it is (never a refusal)."""
     if len(cmd.session_ids) > MAX_EXPIRED_PER_ENTRY:
@@ -207,35 +234,37 @@ def expire_sessions(ctx: ApplyContext, cmd: ExpireSessions) -> Handled:
         deleted.append(session_id)
     if deleted:
         ctx.bump("sessions.expired", len(deleted))
-    return Handled({"deleted": deleted}, noop=not deleted, deleted=tuple(deleted))
+    return Handled(SessionsExpired(tuple(deleted)), noop=not deleted, deleted=tuple(deleted))
 
 
 # ---------------------------------------------------------------- attempts
 
 
-def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled:
+def start_attempts(ctx: ApplyContext, cmd: StartAttempts) -> Handled[AttemptsStarted]:
     """Each hand-out starts or is refused on its own; a refused one changes nothing."""
     if not cmd.handouts:
         raise Rejected("invalid", "handouts must not be empty")
-    started, refused, expired = [], [], []
+    started: list[StartedAttempt] = []
+    refused: list[HandoutRefused] = []
+    expired: list[str] = []
     fenced_term = ctx.store.meta(FENCED_TERM)
     for h in cmd.handouts:
         try:
             attempt = outcomes.hand_out(ctx, h.step_id, h.worker_id, h.term, fenced_term, h.token_secret)
         except Rejected as r:
-            refused.append({"step_id": h.step_id, "code": r.code, "reason": r.reason})
+            refused.append(HandoutRefused(h.step_id, r.code, r.reason))
             continue
         if attempt is None:  # its retry window was over: the step failed instead
-            expired.append({"step_id": h.step_id})
+            expired.append(h.step_id)
         else:
             started.append(attempt)
     if not started and not expired:
         first = refused[0]
-        raise Rejected(first["code"], "no hand-out started: " + "; ".join(r["reason"] for r in refused))
-    return Handled({"started": started, "refused": refused, "expired": expired})
+        raise Rejected(first.code, "no hand-out started: " + "; ".join(r.reason for r in refused))
+    return Handled(AttemptsStarted(tuple(started), tuple(refused), tuple(expired)))
 
 
-def start_queued_attempts(ctx: ApplyContext, cmd: StartQueuedAttempts) -> Handled:
+def start_queued_attempts(ctx: ApplyContext, cmd: StartQueuedAttempts) -> Handled[AttemptsStarted]:
     """A poll's hand-outs, taken from the heads of its agents' queues now (see the command).
     Fewer steps than asked may be queued by now (results took them): the rest is not handed
     out, and `started` may be empty."""
@@ -248,10 +277,10 @@ def start_queued_attempts(ctx: ApplyContext, cmd: StartQueuedAttempts) -> Handle
     # A Worker runs the steps of its namespace's agents only (the leader asks for no other).
     agents = [agent for agent in cmd.agents if ctx.store.agent_namespace(agent) == cmd.namespace]
     started = _hand_out_from_queue_heads(ctx, agents, cmd.worker_id, cmd.term, cmd.token_secrets)
-    return Handled({"started": started})
+    return Handled(AttemptsStarted(started))
 
 
-def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
+def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled[AttemptCompleted]:
     digest = hashlib.sha256(to_json(cmd.result).encode()).hexdigest()
     if not 0 <= cmd.next_max <= MAX_EAGER_HANDOUTS:
         raise Rejected("invalid", f"next_max must be between 0 and {MAX_EAGER_HANDOUTS}")
@@ -268,9 +297,9 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
             and done["term"] == cmd.term
             and done["result_digest"] == digest
         ):
-            return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt}, noop=True)
+            return Handled(AttemptCompleted(cmd.step_id, cmd.attempt), noop=True)
         raise
-    started: list[dict[str, Any]] = []
+    started: tuple[StartedAttempt, ...] = ()
     if step is not None:  # None: the turn was cancelled while the attempt ran
         RESULT_HANDLERS[step["kind"]](ctx, step, cmd.result)
         if cmd.next_max and cmd.next_worker_id:
@@ -280,12 +309,12 @@ def complete_attempt(ctx: ApplyContext, cmd: CompleteAttempt) -> Handled:
             # completed one of its steps. While a backlog waits, each result still brings
             # a step (no poll, no second entry).
             started = _hand_out_from_queue_heads(ctx, [step["agent"]], cmd.next_worker_id, cmd.term, token_secrets)
-    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt, "started": started})
+    return Handled(AttemptCompleted(cmd.step_id, cmd.attempt, started))
 
 
 def _hand_out_from_queue_heads(
     ctx: ApplyContext, agents: Sequence[str], worker_id: str, term: int, token_secrets: Sequence[str | None]
-) -> list[dict[str, Any]]:
+) -> tuple[StartedAttempt, ...]:
     """Hand the steps at the heads of the agents' queues (agent by agent, each in queue
     order, whichever session they belong to) to `worker_id`, one token secret each; the
     hand-outs that started. Eager dispatch and polls both take from the head, so first in,
@@ -295,7 +324,7 @@ def _hand_out_from_queue_heads(
     nothing and waits for a later hand-out; one whose retry window was over has failed
     instead (and left the queue)."""
     fenced_term = ctx.store.meta(FENCED_TERM)
-    started: list[dict[str, Any]] = []
+    started: list[StartedAttempt] = []
     for agent in agents:
         rows = ctx.store.rows(
             "SELECT step_id FROM steps WHERE agent = ? AND status = 'queued' ORDER BY queue_seq LIMIT ?",
@@ -307,13 +336,13 @@ def _hand_out_from_queue_heads(
                     ctx, row["step_id"], worker_id, term, fenced_term, token_secrets[len(started)]
                 )
             except Rejected:
-                return started
+                return tuple(started)
             if attempt is None:
-                return started
+                return tuple(started)
             started.append(attempt)
         if len(started) == len(token_secrets):
             break
-    return started
+    return tuple(started)
 
 
 # What a completed task step does with its result, by kind.
@@ -326,26 +355,26 @@ RESULT_HANDLERS: dict[str, Callable[[ApplyContext, Any, dict[str, Any]], None]] 
 }
 
 
-def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled:
+def fail_attempt(ctx: ApplyContext, cmd: FailAttempt) -> Handled[AttemptFailed]:
     step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(
         ctx, step, cmd.attempt, cmd.error or "the Worker reported a failure", cmd.retryable, not_started=cmd.not_started
     )
-    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
+    return Handled(AttemptFailed(cmd.step_id, cmd.attempt))
 
 
-def report_results(ctx: ApplyContext, cmd: ReportResults) -> Handled:
+def report_results(ctx: ApplyContext, cmd: ReportResults) -> Handled[ResultsReported]:
     """A channel frame's reports, in order, each fenced and refused on its own; then the
     hand-out of the frame's credit (see the command). The value holds one answer per
-    report (`{"status": 200}` or the refusal's HTTP status, code and reason) and the
-    hand-outs that started."""
+    report (HTTP status 200, or the refusal's status, code and reason) and the hand-outs
+    that started."""
     if not 1 <= len(cmd.reports) + len(cmd.next_token_secrets) <= 2 * MAX_QUEUED_HANDOUTS:
         raise Rejected("invalid", "a ReportResults carries 1 to 512 reports and token secrets")
     answers = []
     for item in cmd.reports:
         _, refused = _on_its_own(ctx, partial(_apply_report, ctx, cmd.at, item))
-        answers.append({"status": 200} if refused is None else _refusal(refused))
-    started: list[dict[str, Any]] = []
+        answers.append(ReportAnswer(200) if refused is None else _refusal(refused))
+    started: tuple[StartedAttempt, ...] = ()
     if cmd.next_token_secrets and cmd.next_worker_id is not None:
         hand_out = StartQueuedAttempts(
             at=cmd.at,
@@ -356,8 +385,8 @@ def report_results(ctx: ApplyContext, cmd: ReportResults) -> Handled:
             namespace=cmd.namespace,
         )
         handled, _ = _on_its_own(ctx, partial(start_queued_attempts, ctx, hand_out))
-        started = (handled.value or {}).get("started", []) if handled is not None else []
-    return Handled({"reports": answers, "started": started})
+        started = handled.value.started if handled is not None else ()
+    return Handled(ResultsReported(tuple(answers), started))
 
 
 def _apply_report(ctx: ApplyContext, at: int, item: ReportItem) -> None:
@@ -402,59 +431,59 @@ def _on_its_own(ctx: ApplyContext, part: Callable[[], T]) -> tuple[T | None, Rej
         return None, refused
 
 
-def _refusal(refused: Rejected) -> dict[str, Any]:
-    return {"status": HTTP_STATUS_BY_CODE[refused.code], "error": refused.code, "message": refused.reason}
+def _refusal(refused: Rejected) -> ReportAnswer:
+    return ReportAnswer(HTTP_STATUS_BY_CODE[refused.code], refused.code, refused.reason)
 
 
-def heartbeat_lost(ctx: ApplyContext, cmd: HeartbeatLost) -> Handled:
+def heartbeat_lost(ctx: ApplyContext, cmd: HeartbeatLost) -> Handled[AttemptFailed]:
     step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(
         ctx, step, cmd.attempt, "the Worker stopped sending heartbeats", True, backoff_spent_ms=max(0, cmd.silent_ms)
     )
-    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
+    return Handled(AttemptFailed(cmd.step_id, cmd.attempt))
 
 
-def attempt_timed_out(ctx: ApplyContext, cmd: AttemptTimedOut) -> Handled:
+def attempt_timed_out(ctx: ApplyContext, cmd: AttemptTimedOut) -> Handled[AttemptFailed]:
     step = steps.current_attempt(ctx, cmd.step_id, cmd.attempt, cmd.term)
     outcomes.fail_attempt(ctx, step, cmd.attempt, "the attempt ran past its start_to_close timeout", True)
-    return Handled({"step_id": cmd.step_id, "attempt": cmd.attempt})
+    return Handled(AttemptFailed(cmd.step_id, cmd.attempt))
 
 
-def fail_held_attempts(ctx: ApplyContext, cmd: FailHeldAttempts) -> Handled:
+def fail_held_attempts(ctx: ApplyContext, cmd: FailHeldAttempts) -> Handled[HeldAttemptsFailed]:
     by_kind = outcomes.fail_held_attempts(ctx, cmd.term)
     failed = sum(by_kind.values())
-    return Handled({"failed": failed, "by_kind": by_kind}, noop=failed == 0)
+    return Handled(HeldAttemptsFailed(failed, by_kind), noop=failed == 0)
 
 
 # ---------------------------------------------------------------- waits
 
 
-def fire_timer(ctx: ApplyContext, cmd: FireTimer) -> Handled:
+def fire_timer(ctx: ApplyContext, cmd: FireTimer) -> Handled[TimerFired]:
     timer = ctx.store.require_timer(cmd.timer_id)
     if timer["status"] != TimerStatus.PENDING:  # fires once; a cancelled one never fires
-        return Handled({"timer_id": cmd.timer_id, "status": timer["status"]}, noop=True)
+        return Handled(TimerFired(cmd.timer_id, timer["status"]), noop=True)
     if cmd.at < timer["due_at"]:
         raise Rejected("conflict", f"timer {cmd.timer_id} is not due until {timer['due_at']}")
     outcomes.fire_timer(ctx, timer)
-    return Handled({"timer_id": cmd.timer_id, "status": TimerStatus.FIRED, "purpose": timer["purpose"]})
+    return Handled(TimerFired(cmd.timer_id, TimerStatus.FIRED, timer["purpose"]))
 
 
-def decide_approval(ctx: ApplyContext, cmd: DecideApproval) -> Handled:
+def decide_approval(ctx: ApplyContext, cmd: DecideApproval) -> Handled[ApprovalDecided]:
     ctx.store.require_session(cmd.session_id, cmd.namespace)
     changed = calls.decide_approval(ctx, cmd.session_id, cmd.call_id, cmd.approved, cmd.reason)
-    return Handled({"call_id": cmd.call_id, "approved": cmd.approved}, noop=not changed)
+    return Handled(ApprovalDecided(cmd.call_id, cmd.approved), noop=not changed)
 
 
-def answer_question(ctx: ApplyContext, cmd: AnswerQuestion) -> Handled:
+def answer_question(ctx: ApplyContext, cmd: AnswerQuestion) -> Handled[QuestionAnswered]:
     ctx.store.require_session(cmd.session_id, cmd.namespace)
     changed = calls.answer_question(ctx, cmd.session_id, cmd.question_id, cmd.answer)
-    return Handled({"question_id": cmd.question_id}, noop=not changed)
+    return Handled(QuestionAnswered(cmd.question_id), noop=not changed)
 
 
-def reconcile_tool_call(ctx: ApplyContext, cmd: ReconcileToolCall) -> Handled:
+def reconcile_tool_call(ctx: ApplyContext, cmd: ReconcileToolCall) -> Handled[ToolCallReconciled]:
     ctx.store.require_session(cmd.session_id, cmd.namespace)
     changed = calls.reconcile(ctx, cmd.session_id, cmd.call_id, cmd.outcome, cmd.result, cmd.error)
-    return Handled({"call_id": cmd.call_id, "status": cmd.outcome}, noop=not changed)
+    return Handled(ToolCallReconciled(cmd.call_id, cmd.outcome), noop=not changed)
 
 
 # ---------------------------------------------------------------- helpers
@@ -463,28 +492,28 @@ def reconcile_tool_call(ctx: ApplyContext, cmd: ReconcileToolCall) -> Handled:
 # ---------------------------------------------------------------- replica checks
 
 
-def check_state_hash(ctx: ApplyContext, cmd: CheckStateHash) -> Handled:
-    return Handled(noop=True)  # the engine ends the transaction here (Engine.on_state_check)
+def check_state_hash(ctx: ApplyContext, cmd: CheckStateHash) -> Handled[None]:
+    return Handled(None, noop=True)  # the engine ends the transaction here (Engine.on_state_check)
 
 
-def set_consistency_alarm(ctx: ApplyContext, cmd: SetConsistencyAlarm) -> Handled:
+def set_consistency_alarm(ctx: ApplyContext, cmd: SetConsistencyAlarm) -> Handled[ConsistencyAlarmSet]:
     _check_id(cmd.node_id, "node_id")
     key = CONSISTENCY_ALARM_PREFIX + cmd.node_id
     if cmd.raised:
         ctx.store.set_meta(key, cmd.index)
     else:
         ctx.store.conn.execute("DELETE FROM meta WHERE key = ?", (key,))
-    return Handled(value={"consistency_alarm": {"node_id": cmd.node_id, "raised": cmd.raised, "index": cmd.index}})
+    return Handled(ConsistencyAlarmSet(cmd.node_id, cmd.raised, cmd.index))
 
 
-def set_cluster_version(ctx: ApplyContext, cmd: SetClusterVersion) -> Handled:
+def set_cluster_version(ctx: ApplyContext, cmd: SetClusterVersion) -> Handled[ClusterVersionSet]:
     # Never down: a member of the older version may be gone for good by now. (A version
     # above this node's never gets here: the engine stops on it, NeedsUpgrade.)
     current = ctx.store.meta(CLUSTER_VERSION, FIRST_STATE_MACHINE_VERSION)
     if cmd.version <= current:
-        return Handled(value={"cluster_version": current}, noop=True)
+        return Handled(ClusterVersionSet(current), noop=True)
     ctx.store.set_meta(CLUSTER_VERSION, cmd.version)
-    return Handled(value={"cluster_version": cmd.version})
+    return Handled(ClusterVersionSet(cmd.version))
 
 
 def _check_id(value: str, field: str) -> None:
@@ -492,7 +521,8 @@ def _check_id(value: str, field: str) -> None:
         raise Rejected("invalid", f"{field} must be 1 to {MAX_ID_LENGTH} printable characters")
 
 
-HANDLERS: dict[type, Callable[[ApplyContext, Any], Handled]] = {
+# Each handler returns the value its command's Proposal names (test_handlers_return_their_commands_value).
+HANDLERS: dict[type, Callable[[ApplyContext, Any], Handled[Any]]] = {
     CreateSession: create_session,
     RegisterAgent: register_agent,
     SendMessage: send_message,

@@ -16,7 +16,6 @@ kinds / store (an import-linter contract in pyproject.toml checks it).
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
 
 from dex_ha.engine import calls, steps, turns
 from dex_ha.engine.context import ApplyContext
@@ -27,6 +26,7 @@ from dex_ha.engine.kinds import (
     spec_of,
     tool_outcome_on_exhaustion,
 )
+from dex_ha.engine.results import StartedAttempt
 from dex_ha.engine.statuses import AttemptProgress, CallStatus, TimerPurpose, TurnStatus
 from dex_ha.engine.tasks import task_input
 
@@ -52,7 +52,7 @@ def follow_exhaustion(ctx: ApplyContext, exhausted: steps.Exhausted | None) -> N
 
 def hand_out(
     ctx: ApplyContext, step_id: str, worker_id: str, term: int, fenced_term: int, token_secret: str | None
-) -> dict[str, Any] | None:
+) -> StartedAttempt | None:
     """Start the next attempt of a queued step (see `steps.start_attempt`); None when its
     retry window was over and the step was exhausted instead."""
     attempt = steps.start_attempt(ctx, step_id, worker_id, term, fenced_term, token_secret)
@@ -65,8 +65,7 @@ def hand_out(
         turns.deliver_steered_messages(ctx, attempt["session_id"], attempt["turn_id"])
     # The Worker's task is built here, where the state is warm (the history cache), so the
     # leader answers the Worker without reading the database.
-    attempt["input"] = task_input(ctx.store, attempt, warm=True)
-    return steps.announce_attempt(ctx, attempt)
+    return steps.announce_attempt(ctx, attempt, task_input(ctx.store, attempt, warm=True))
 
 
 def fail_attempt(

@@ -15,6 +15,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from dex_ha import session_protocol as events
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import (
     StepKind,
@@ -24,7 +25,7 @@ from dex_ha.engine.kinds import (
     spec_of,
     window_closed,
 )
-from dex_ha.engine.results import Rejected
+from dex_ha.engine.results import Rejected, StartedAttempt
 from dex_ha.engine.statuses import (
     OPEN_STEP_STATUSES,
     AttemptProgress,
@@ -34,7 +35,6 @@ from dex_ha.engine.statuses import (
     TimerStatus,
 )
 from dex_ha.engine.store import FENCED_TERM, STEP_COLUMNS, to_json
-from dex_ha.session_protocol import AttemptFailed, AttemptStarted, StepQueued, StepWaiting, TimerFired, TimerSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,7 @@ def create_step(
     )
     if call_id is not None:
         ctx.store.update("tool_calls", {"session_id": session_id, "call_id": call_id}, step_id=step_id)
-    event = StepQueued if spec.is_task else StepWaiting
+    event = events.StepQueued if spec.is_task else events.StepWaiting
     ctx.emit(session_id, event(step_id=step_id, kind=kind, turn_id=turn_id, call_id=call_id))
     return step_id
 
@@ -179,13 +179,13 @@ def _record_attempt(
     }
 
 
-def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, Any]:
+def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any], task_input: dict[str, Any]) -> StartedAttempt:
     """Emit `attempt_started`; returns the hand-out as the leader reads it (the Worker's
-    task, its `input` included, is built from it: `Task.from_handout`). The event goes to
-    clients: it names the Worker but never carries the token secret."""
+    task, its `task_input` included, is built from it: `Task.from_handout`). The event goes
+    to clients: it names the Worker but never carries the token secret."""
     ctx.emit(
         attempt["session_id"],
-        AttemptStarted(
+        events.AttemptStarted(
             step_id=attempt["step_id"],
             kind=attempt["kind"],
             attempt=attempt["attempt"],
@@ -194,7 +194,21 @@ def announce_attempt(ctx: ApplyContext, attempt: dict[str, Any]) -> dict[str, An
             call_id=attempt["call_id"],
         ),
     )
-    return {k: v for k, v in attempt.items() if k not in ("call_id", "params")}
+    return StartedAttempt(
+        step_id=attempt["step_id"],
+        attempt=attempt["attempt"],
+        term=attempt["term"],
+        worker_id=attempt["worker_id"],
+        session_id=attempt["session_id"],
+        turn_id=attempt["turn_id"],
+        agent=attempt["agent"],
+        kind=attempt["kind"],
+        idempotency_key=attempt["idempotency_key"],
+        deadline_at=attempt["deadline_at"],
+        queued_at=attempt["queued_at"],
+        token_secret=attempt["token_secret"],
+        input=task_input,
+    )
 
 
 def current_attempt(ctx: ApplyContext, step_id: str, number: int, term: int) -> sqlite3.Row:
@@ -260,7 +274,7 @@ def fail_attempt(
     )
     ctx.emit(
         step["session_id"],
-        AttemptFailed(
+        events.AttemptFailed(
             step_id=step["step_id"],
             kind=step["kind"],
             attempt=number,
@@ -364,7 +378,9 @@ def set_timer(ctx: ApplyContext, step: sqlite3.Row | dict[str, Any], purpose: Ti
         due_at=due_at,
         status=TimerStatus.PENDING,
     )
-    ctx.emit(step["session_id"], TimerSet(timer_id=timer_id, step_id=step["step_id"], purpose=purpose, due_at=due_at))
+    ctx.emit(
+        step["session_id"], events.TimerSet(timer_id=timer_id, step_id=step["step_id"], purpose=purpose, due_at=due_at)
+    )
     return timer_id
 
 
@@ -374,7 +390,7 @@ def fire_timer(ctx: ApplyContext, timer: sqlite3.Row) -> sqlite3.Row:
     ctx.store.update("timers", {"timer_id": timer["timer_id"]}, status=TimerStatus.FIRED, fired_at=ctx.at)
     ctx.emit(
         timer["session_id"],
-        TimerFired(timer_id=timer["timer_id"], step_id=timer["step_id"], purpose=timer["purpose"]),
+        events.TimerFired(timer_id=timer["timer_id"], step_id=timer["step_id"], purpose=timer["purpose"]),
     )
     return ctx.store.require_step(timer["step_id"])
 
@@ -400,7 +416,7 @@ def requeue(ctx: ApplyContext, step: sqlite3.Row) -> None:
     )
     ctx.emit(
         step["session_id"],
-        StepQueued(step_id=step["step_id"], kind=step["kind"], turn_id=step["turn_id"], call_id=step["call_id"]),
+        events.StepQueued(step_id=step["step_id"], kind=step["kind"], turn_id=step["turn_id"], call_id=step["call_id"]),
     )
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from dex_ha import session_protocol as events
 from dex_ha.engine import steps
 from dex_ha.engine.context import ApplyContext
 from dex_ha.engine.kinds import StepKind
 from dex_ha.engine.results import Rejected
 from dex_ha.engine.statuses import MessageStatus, SessionStatus, TurnStatus
 from dex_ha.engine.store import from_json, to_json
-from dex_ha.session_protocol import TURN_ENDED, MessageDelivered, SummaryUpdated, TurnStarted
+from dex_ha.session_protocol import TURN_ENDED
 
 # What delivering a message reads of it.
 _MESSAGE_COLUMNS = "session_id, message_id, text, mode"
@@ -53,7 +54,7 @@ def start_next_turn_if_idle(ctx: ApplyContext, session: Any) -> None:
         first_seq=first_seq,
         started_at=ctx.at,
     )
-    ctx.emit(session_id, TurnStarted(turn_id=turn_id, number=number, message_id=message["message_id"]))
+    ctx.emit(session_id, events.TurnStarted(turn_id=turn_id, number=number, message_id=message["message_id"]))
     schedule_model_round(ctx, session_id, turn_id)
 
 
@@ -78,7 +79,7 @@ def _deliver_message(ctx: ApplyContext, message: Any, turn_id: str, announce: bo
     if announce:
         ctx.emit(
             message["session_id"],
-            MessageDelivered(message_id=message["message_id"], turn_id=turn_id, mode=message["mode"]),
+            events.MessageDelivered(message_id=message["message_id"], turn_id=turn_id, mode=message["mode"]),
         )
     return seq
 
@@ -170,7 +171,7 @@ def record_summary(ctx: ApplyContext, step: Any, result: dict[str, Any]) -> None
     ctx.store.set_summary(step["session_id"], summary, params["upto_seq"], params["upto_tokens"], ctx.at)
     ctx.emit(
         step["session_id"],
-        SummaryUpdated(turn_id=step["turn_id"], step_id=step["step_id"], upto_seq=params["upto_seq"]),
+        events.SummaryUpdated(turn_id=step["turn_id"], step_id=step["step_id"], upto_seq=params["upto_seq"]),
     )
     schedule_model_round(ctx, step["session_id"], step["turn_id"])
 

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgpack
 
@@ -134,10 +134,15 @@ class _HeldReady:
     applied_through: int = 0  # its committed entries up to this index are applied
 
 
-class StateMachine(Protocol):
+# What a state machine answers for one entry (the engine: an ApplyResult); the node hands
+# it to the entry's proposer as it is, so `RaftNode[R].propose` returns an R.
+R = TypeVar("R")
+
+
+class StateMachine(Protocol[R]):
     """What the node applies committed entries to (the engine implements this)."""
 
-    def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[Any]:
+    def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[R]:
         """Apply committed entries (index, data) in order; one result per entry goes
         back to its proposer. A durable machine stores the last index with the changes.
 
@@ -326,13 +331,14 @@ class Reply(Protocol):
     def set_exception(self, exc: BaseException) -> None: ...
 
 
-class RaftNode:
-    """One member of a Raft group, running its loop on the current event loop."""
+class RaftNode(Generic[R]):
+    """One member of a Raft group, running its loop on the current event loop; `R` is what
+    its state machine answers for an entry, and so what `propose` returns."""
 
     def __init__(
         self,
         config: NodeConfig,
-        state_machine: StateMachine,
+        state_machine: StateMachine[R],
         on_leader_change: Callable[[str], None] | None = None,
         on_fsync: Callable[[float], None] | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
@@ -542,14 +548,15 @@ class RaftNode:
             versions={**self._peer_versions, self.config.id: self.config.version},
         )
 
-    async def propose(self, data: bytes) -> Any:
+    async def propose(self, data: bytes) -> R:
         """Replicate `data`, apply it, and return the state machine's result.
 
         Raises NotLeader when this node is not the leader, ProposalDropped when the
         entry was lost to a leader change (it may or may not commit later: callers make
         commands idempotent), EntryTooLarge above max_entry_bytes (nothing appended).
         """
-        return await self._submit(data)
+        result: R = await self._submit(data)  # the apply_batch result of its entry (_settle)
+        return result
 
     async def change_membership(self, cc: ConfChange) -> None:
         """Add a learner, promote or remove a member; waits until the change applied.

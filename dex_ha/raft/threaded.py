@@ -36,6 +36,7 @@ from .status import RaftView, Status
 from .types import ConfChange
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class _Handoff(Generic[T]):
@@ -99,13 +100,14 @@ class _ReplyToLoop:
         self._outbox.put((self.future, None, exc))
 
 
-class RaftThread:
-    """Runs `RaftNode(config, state_machine)` on a thread of its own (see the module doc)."""
+class RaftThread(Generic[R]):
+    """Runs `RaftNode(config, state_machine)` on a thread of its own (see the module doc);
+    `R` is what the state machine answers for an entry, and so what `propose` returns."""
 
     def __init__(
         self,
         config: NodeConfig,
-        state_machine: StateMachine,
+        state_machine: StateMachine[R],
         *,
         on_leader_change: Callable[[str], None] | None = None,
         on_fsync: Callable[[float], None] | None = None,
@@ -116,7 +118,7 @@ class RaftThread:
         self._on_leader_change = on_leader_change
         self._on_fatal = on_fatal
         self._on_note = on_note
-        self.node = RaftNode(
+        self.node: RaftNode[R] = RaftNode(
             config,
             state_machine,
             on_leader_change=self._leader_changed,
@@ -171,13 +173,13 @@ class RaftThread:
 
     # ------------------------------------------------------------------ requests
 
-    async def propose(self, data: bytes) -> Any:
+    async def propose(self, data: bytes) -> R:
         """Replicate `data`, apply it, and return the state machine's result (see RaftNode.propose)."""
         view = self.view
         if not view.is_leader:
             raise NotLeader(view.leader_id)
         assert self._inbox is not None and self._outbox is not None and self._caller_loop is not None
-        future: asyncio.Future[Any] = self._caller_loop.create_future()
+        future: asyncio.Future[R] = self._caller_loop.create_future()
         self._inbox.put((data, _ReplyToLoop(future, self._outbox)))
         return await future
 

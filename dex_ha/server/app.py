@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -37,6 +37,7 @@ from dex_ha.engine import (
     DeleteSession,
     EngineReader,
     FailAttempt,
+    Proposal,
     ReconcileToolCall,
     RegisterAgent,
     ReportResults,
@@ -76,6 +77,7 @@ if TYPE_CHECKING:  # node.py builds the app: importing it here at run time would
     from dex_ha.server.node import NodeServer
 
 log = logging.getLogger("dex_ha.server.http")
+V = TypeVar("V")  # the value type of a proposed command (Proposal[V])
 
 # The handlers' argument that holds the request's Caller (auth.py); no route has an input
 # of this name (a name with a space cannot be one).
@@ -104,9 +106,11 @@ class Api:
         """The state, read-only (changes go through `propose`)."""
         return self.node.replica.reads
 
-    async def propose(self, cmd: Any) -> ApplyResult:
+    async def propose(self, cmd: Proposal[V]) -> ApplyResult[V]:
         """A client's write: answered 503 `unavailable` (NotCommitted) when it has not
-        committed within proposal_timeout_ms, rather than left hanging."""
+        committed within proposal_timeout_ms, rather than left hanging. An accepted
+        command's result carries its typed value (`ApplyResult[V]` for a `Proposal[V]`);
+        a refused one raises ApiError with its status and code."""
         result = await self.node.propose(cmd, timeout_ms=self.node.config.proposal_timeout_ms)
         if not result.ok:
             raise ApiError(result.http_status, result.code, result.reason)
@@ -123,13 +127,6 @@ def still_active(api: Api) -> LeaderTerm:
     Answers that rest on a commit (a proposal's result) need no second check: the commit
     itself proves the leadership."""
     return api.node.serving()
-
-
-def _value(result: ApplyResult) -> dict[str, Any]:
-    """What an accepted command returned; every command a handler proposes returns a value."""
-    if result.value is None:
-        raise RuntimeError(f"the command applied at index {result.index} returned no value")
-    return result.value
 
 
 def build_app(node: NodeServer) -> web.Application:
@@ -533,8 +530,8 @@ async def create_session(api: Api, args: dict[str, Any], request: web.Request) -
             namespace=args["namespace"],
         )
     )
-    value = _value(result)
-    return (201 if value["created"] else 200), api.engine.get_agent_snapshot(value["session_id"])
+    created = result.accepted_value()
+    return (201 if created.created else 200), api.engine.get_agent_snapshot(created.session_id)
 
 
 async def list_sessions(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -603,7 +600,8 @@ async def send_message(api: Api, args: dict[str, Any], request: web.Request) -> 
             namespace=args["namespace"],
         )
     )
-    return 202, {"session_id": args["session_id"], **_value(result)}
+    sent = result.accepted_value()
+    return 202, {"session_id": args["session_id"], "message_id": sent.message_id, "duplicate": sent.duplicate}
 
 
 async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -617,7 +615,8 @@ async def decide_approval(api: Api, args: dict[str, Any], request: web.Request) 
             namespace=args["namespace"],
         )
     )
-    return 200, {**_value(result), "noop": result.noop}
+    decided = result.accepted_value()
+    return 200, {"call_id": decided.call_id, "approved": decided.approved, "noop": result.noop}
 
 
 async def answer_question(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -630,7 +629,7 @@ async def answer_question(api: Api, args: dict[str, Any], request: web.Request) 
             namespace=args["namespace"],
         )
     )
-    return 200, {**_value(result), "noop": result.noop}
+    return 200, {"question_id": result.accepted_value().question_id, "noop": result.noop}
 
 
 async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -642,14 +641,14 @@ async def cancel_turn(api: Api, args: dict[str, Any], request: web.Request) -> A
             namespace=args["namespace"],
         )
     )
-    return 200, {"session_id": args["session_id"], **_value(result)}
+    return 200, {"session_id": args["session_id"], "cancelled": result.accepted_value().cancelled}
 
 
 async def delete_session(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     result = await api.propose(
         DeleteSession(at=api.node.clock.now_ms(), session_id=args["session_id"], namespace=args["namespace"])
     )
-    return 200, _value(result)
+    return 200, {"session_id": result.accepted_value().session_id, "deleted": True}
 
 
 async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -664,7 +663,8 @@ async def reconcile_tool_call(api: Api, args: dict[str, Any], request: web.Reque
             namespace=args["namespace"],
         )
     )
-    return 200, {**_value(result), "noop": result.noop}
+    reconciled = result.accepted_value()
+    return 200, {"call_id": reconciled.call_id, "status": reconciled.status, "noop": result.noop}
 
 
 async def session_events(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -759,8 +759,8 @@ async def register_agent(api: Api, args: dict[str, Any], request: web.Request) -
             may_lower_approval=role in (None, "admin"),
         )
     )
-    value = dict(_value(result))
-    for change in value.pop("policy_changes", []):  # for the log; the answer stays as it was
+    registered = result.accepted_value()
+    for change in registered.policy_changes:  # for the log only: the answer does not carry them
         log.info(
             "agent %r in namespace %r: tool %r policy %s -> %s (by a token of role %s)",
             args["name"],
@@ -770,7 +770,7 @@ async def register_agent(api: Api, args: dict[str, Any], request: web.Request) -
             _dumps(change["new"]),
             role or "none (no tokens configured)",
         )
-    return 200, value
+    return 200, {"name": registered.name, "version": registered.version, "changed": registered.changed}
 
 
 def _check_agents_namespace(api: Api, agents: list[str], namespace: str) -> None:
@@ -928,7 +928,7 @@ async def task_complete(api: Api, args: dict[str, Any], request: web.Request) ->
     )
     api.node.failpoints.hit("server.complete.after-commit")
     leader.forget(step_id, attempt)
-    started = (result.value or {}).get("started", [])
+    started = result.accepted_value().started
     tasks = [leader.task_for_handout(s, worker_id) for s in started] if worker_id is not None else []
     if tasks:
         api.node.failpoints.hit("server.handout.after-commit")

@@ -279,13 +279,12 @@ class WorkerChannel:
             self._reserved -= eager
             self._reporting -= keys
         self.api.node.failpoints.hit("server.complete.after-commit")
-        value = result.value or {}
-        for (i, key, item), answer in zip(items, value.get("reports", [])):
-            acks[i] = {"task_token": reports[i].task_token, **answer}
-            if answer["status"] in (200, 409):  # settled, or someone else's business now
-                self._settled(key, item, ok=answer["status"] == 200)
-        started = value.get("started", [])
-        await self._hand_over([leader.task_for_handout(s, self.worker_id) for s in started])
+        reported = result.accepted_value()
+        for (i, key, item), answer in zip(items, reported.reports):
+            acks[i] = {"task_token": reports[i].task_token, **answer.as_json()}
+            if answer.status in (200, 409):  # settled, or someone else's business now
+                self._settled(key, item, ok=answer.status == 200)
+        await self._hand_over([leader.task_for_handout(s, self.worker_id) for s in reported.started])
 
     def _settled(self, key: Key, item: ReportItem, *, ok: bool) -> None:
         if ok and item.outcome == "fail":

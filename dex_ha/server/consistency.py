@@ -27,13 +27,13 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from dex_ha.background import ActiveNodeTimer
-from dex_ha.engine import ApplyResult, CheckStateHash, Command, SetConsistencyAlarm
+from dex_ha.engine import CheckStateHash, Propose, SetConsistencyAlarm
 from dex_ha.raft.errors import NotLeader, ProposalDropped
 
 if TYPE_CHECKING:
@@ -81,9 +81,9 @@ class ConsistencyCheck:
     def __init__(
         self,
         node_id: str,
-        raft: RaftThread,
+        raft: RaftThread[Any],
         metrics: ServerMetrics,
-        propose: Callable[[Command], Awaitable[ApplyResult]],
+        propose: Propose,
         interval_ms: int,
     ) -> None:
         self.node_id = node_id

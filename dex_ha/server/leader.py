@@ -35,10 +35,11 @@ from dex_ha.engine import (
     DEFAULT_NAMESPACE,
     ApplyResult,
     AttemptTimedOut,
-    Command,
     FailHeldAttempts,
     FireTimer,
     HeartbeatLost,
+    Propose,
+    StartedAttempt,
     StartQueuedAttempts,
     Task,
     same_token_secret,
@@ -63,8 +64,6 @@ log = logging.getLogger("dex_ha.server.leader")
 HANDOUTS_PER_PROPOSAL = 32
 # A Worker's error in the log line of its failed attempt is cut to this many characters.
 LOGGED_ERROR_CHARS = 300
-
-Propose = Callable[[Command], Awaitable[ApplyResult]]
 
 
 class ActiveClock:
@@ -224,7 +223,8 @@ class LeaderTerm:
             except Exception as exc:  # a dropped proposal: this term may still be ours; retry
                 log.warning("takeover of term %d: FailHeldAttempts not applied (%s); retrying", self.term, exc)
                 await asyncio.sleep(0.05)
-        by_kind = (result.value or {}).get("by_kind", {})
+        # Refused (an engine bug, the same on every node): none failed, the term goes on.
+        by_kind = result.value.by_kind if result.value is not None else {}
         for kind, n in by_kind.items():
             self.metrics.attempts_failed.labels(kind=kind, reason="takeover").inc(n)
         if self._span_sink is not None:
@@ -237,7 +237,7 @@ class LeaderTerm:
             sum(by_kind.values()),
         )
 
-    def _start_tracing(self, sink: SpanSink, takeover: ApplyResult) -> None:
+    def _start_tracing(self, sink: SpanSink, takeover: ApplyResult[object]) -> None:
         """Build spans from the session events of this term's entries, from the takeover on
         (whose failed attempts show as takeover events)."""
         tracer = self.tracer = TurnTracer(sink, self.engine, self.term, takeover.index)
@@ -378,7 +378,7 @@ class LeaderTerm:
         ]
         try:
             outcomes = await asyncio.gather(*(self._propose(cmd) for _, cmd in proposals), return_exceptions=True)
-            started: list[list[dict[str, Any]]] = [[] for _ in matched]
+            started: list[list[StartedAttempt]] = [[] for _ in matched]
             uncommitted: set[int] = set()
             for (index, cmd), outcome in zip(proposals, outcomes):
                 if isinstance(outcome, (NotLeader, ProposalDropped)):  # that poll is answered 503 below
@@ -387,7 +387,8 @@ class LeaderTerm:
                     continue
                 if isinstance(outcome, BaseException):
                     raise outcome
-                started[index] += (outcome.value or {}).get("started", [])
+                if outcome.value is not None:  # None: refused, nothing handed out
+                    started[index] += outcome.value.started
             for index, (poll, _) in enumerate(matched):
                 tasks = [self.task_for_handout(s, poll.worker_id) for s in started[index]]
                 if tasks or self._stopped:
@@ -402,27 +403,30 @@ class LeaderTerm:
                 if poll.claimed and not poll.future.done():
                     poll.future.set_exception(NotServing("the hand-out was not committed; poll again"))
 
-    def task_for_handout(self, started: dict[str, Any], worker_id: str) -> dict[str, Any]:
+    def task_for_handout(self, started: StartedAttempt, worker_id: str) -> dict[str, Any]:
         """The task a Worker gets for a committed hand-out (`started`, as the engine
         reports it: the apply built the task's input, so nothing is read here); from now on
         the attempt's heartbeats are watched."""
-        step_id, attempt, kind = started["step_id"], started["attempt"], started["kind"]
+        step_id, attempt, kind = started.step_id, started.attempt, started.kind
         self.running[(step_id, attempt)] = HandedOutAttempt(
             step_id,
             attempt,
-            started["session_id"],
+            started.session_id,
             kind,
             worker_id,
             time.monotonic(),
-            started["token_secret"],
-            started["turn_id"],
+            started.token_secret,
+            started.turn_id,
         )
         started_total, schedule_to_start = self._handout_metrics.get(kind) or self._labelled_handout_metrics(kind)
         started_total.inc()
         now_ms = self.clock.now_ms()
-        schedule_to_start.observe(max(0.0, (now_ms - (started.get("queued_at") or now_ms)) / 1000))
+        schedule_to_start.observe(max(0.0, (now_ms - (started.queued_at or now_ms)) / 1000))
         body = Task.from_handout(started, self.heartbeat_timeout_ms).as_json()
-        body["task_token"] = str(TaskToken(step_id, attempt, started["term"], started["token_secret"]))
+        # This leader drew a secret for each of its hand-outs; only entries written before
+        # schema 2 lack one, and their results went to a proposer long gone.
+        assert started.token_secret is not None, f"hand-out of {step_id}/{attempt} without a token secret"
+        body["task_token"] = str(TaskToken(step_id, attempt, started.term, started.token_secret))
         if self.tracer is not None:  # the Worker continues the attempt's span
             body["traceparent"] = traceparent(started)
         return body

@@ -13,11 +13,20 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
-from dex_ha.engine import ApplyResult, Command, Engine, SetClusterVersion, command_since, encode_command
+from dex_ha.engine import (
+    ApplyResult,
+    Command,
+    Engine,
+    Proposal,
+    SetClusterVersion,
+    as_command,
+    command_since,
+    encode_command,
+)
 from dex_ha.failpoints import Failpoints
 from dex_ha.raft.clock import now_ms
 from dex_ha.raft.errors import NotLeader
@@ -44,6 +53,7 @@ from dex_ha.server.tracing import span_sink_from_environment
 from dex_ha.server.versions import GATE_OFF_FAILPOINT, ClusterVersionUpgrade, check_command, own_version, version_of
 
 log = logging.getLogger("dex_ha.server")
+V = TypeVar("V")  # the value type of a proposed command (Proposal[V])
 
 STATE_DB = "state.db"
 # The engine's WAL goes back into its database file this often, on a thread of its own
@@ -323,12 +333,14 @@ class NodeServer:
 
     # ------------------------------------------------------------------ proposals
 
-    async def propose(self, cmd: Command, *, timeout_ms: int | None = None) -> ApplyResult:
-        """Replicate a command and return the engine's result (raises NotLeader or ProposalDropped).
+    async def propose(self, proposal: Proposal[V], *, timeout_ms: int | None = None) -> ApplyResult[V]:
+        """Replicate a command and return the engine's result (raises NotLeader or ProposalDropped):
+        `ApplyResult[V]` for a command of `Proposal[V]` (see dex_ha.engine.results).
 
         With `timeout_ms` (a client's write: proposal_timeout_ms), NotCommitted once it has
         not applied for that long. The entry stays in the log and may still commit; its
         outcome then goes nowhere. Without it (the leader's own services), it waits."""
+        cmd = as_command(proposal)
         await self.move_version_for(cmd)
         self.check_version_gate(cmd)
         started = time.perf_counter()
@@ -340,7 +352,7 @@ class NodeServer:
             self._note_proposal_timeout(timeout_ms)
             raise NotCommitted(timeout_ms) from None
         self.metrics.proposal_seconds.observe(time.perf_counter() - started)
-        return result
+        return result  # the engine answers an entry with its command's value: a V
 
     async def move_version_for(self, cmd: Command) -> None:
         """Before a command newer than the cluster's state machine: move the cluster now if

@@ -23,7 +23,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from dex_ha.engine import AnswerQuestion, ApplyResult, DecideApproval, Engine, EngineReader, FireTimer, decode_command
+from dex_ha.engine import (
+    AnswerQuestion,
+    ApplyResult,
+    ClusterVersionSet,
+    ConsistencyAlarmSet,
+    DecideApproval,
+    Engine,
+    EngineReader,
+    FireTimer,
+    TimerFired,
+    decode_command,
+)
 from dex_ha.engine.statuses import TimerPurpose
 from dex_ha.failpoints import Failpoints
 
@@ -32,10 +43,6 @@ from dex_ha.failpoints import Failpoints
 # not been told yet, so nothing moves the turn on in this process (no hand-out of the
 # step the entry queued, no answer to the client).
 WAIT_ENDED_FAILPOINT = "server.wait.after-commit"
-# The key of a SetConsistencyAlarm's result value (handlers.set_consistency_alarm).
-ALARM_RESULT_KEY = "consistency_alarm"
-# The key of a SetClusterVersion's result value (handlers.set_cluster_version).
-CLUSTER_VERSION_RESULT_KEY = "cluster_version"
 
 log = logging.getLogger("dex_ha.server")
 
@@ -147,13 +154,13 @@ class Replica:
         """Changes are signalled on `loop` (the HTTP side's), whichever thread applied them."""
         self._loop = loop
 
-    def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult]:
+    def apply_batch(self, entries: list[tuple[int, bytes]]) -> list[ApplyResult[Any]]:
         results = self.engine.apply_batch(entries)
         if self._failpoints.armed(WAIT_ENDED_FAILPOINT) and any(map(_ended_a_wait, entries, results)):
             self._failpoints.hit(WAIT_ENDED_FAILPOINT)
-        if any(result.value is not None and ALARM_RESULT_KEY in result.value for result in results):
+        if any(isinstance(result.value, ConsistencyAlarmSet) for result in results):
             self._alarms_changed()
-        if any(result.value is not None and CLUSTER_VERSION_RESULT_KEY in result.value for result in results):
+        if any(isinstance(result.value, ClusterVersionSet) for result in results):
             self.cluster_version = self.engine.cluster_version()
         self._signal_change(frozenset().union(*(result.event_sessions for result in results)))
         return results
@@ -237,10 +244,11 @@ class Replica:
         self.engine.close()
 
 
-def _ended_a_wait(entry: tuple[int, bytes], result: ApplyResult) -> bool:
+def _ended_a_wait(entry: tuple[int, bytes], result: ApplyResult[Any]) -> bool:
     if not result.ok or result.noop or not entry[1]:
         return False
     cmd = decode_command(entry[1])
     if isinstance(cmd, FireTimer):
-        return (result.value or {}).get("purpose") != TimerPurpose.BACKOFF  # a backoff ends no wait
+        fired = result.value
+        return not (isinstance(fired, TimerFired) and fired.purpose == TimerPurpose.BACKOFF)  # a backoff ends no wait
     return isinstance(cmd, (DecideApproval, AnswerQuestion))

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from dex_ha.background import ActiveNodeTimer
-from dex_ha.engine import MAX_EXPIRED_PER_ENTRY, ApplyResult, Command, EngineReader, ExpireSessions
+from dex_ha.engine import MAX_EXPIRED_PER_ENTRY, EngineReader, ExpireSessions, Propose
 
 log = logging.getLogger("dex_ha.server")
 
@@ -34,7 +34,7 @@ class Retention:
     def __init__(
         self,
         reads: EngineReader,
-        propose: Callable[[Command], Awaitable[ApplyResult]],
+        propose: Propose,
         now_ms: Callable[[], int],
         retention_days: float,
         interval_ms: int,
@@ -70,7 +70,7 @@ class Retention:
             if not session_ids:
                 break
             result = await self._propose(ExpireSessions(at=now, cutoff_at=cutoff, session_ids=session_ids))
-            deleted = len((result.value or {}).get("deleted", []))
+            deleted = len(result.value.deleted) if result.value is not None else 0  # None: refused
             total += deleted
             if deleted == 0:  # each one became active since the read: the next round looks again
                 break

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dex_ha.engine import EngineReader, SessionEvent
+from dex_ha.engine import EngineReader, SessionEvent, StartedAttempt
 from dex_ha.engine.statuses import AttemptStatus, CallStatus, TurnStatus
 from dex_ha.engine.store import EVENT_ID_SHIFT
 
@@ -88,13 +88,13 @@ def attempt_log_fields(session_id: str, turn_id: str, step_id: str, attempt: int
     }
 
 
-def traceparent(started: Mapping[str, Any]) -> str:
+def traceparent(started: StartedAttempt) -> str:
     """The W3C traceparent of a hand-out (an element of an apply's `started`): the attempt's
     span, which the Worker SDK makes the parent of the tool's or model's own spans."""
-    sid = started["session_id"]
+    sid = started.session_id
     return (
-        f"00-{trace_id(sid, started['turn_id']):032x}-"
-        f"{attempt_span_id(sid, started['step_id'], started['attempt']):016x}-{SAMPLED:02x}"
+        f"00-{trace_id(sid, started.turn_id):032x}-"
+        f"{attempt_span_id(sid, started.step_id, started.attempt):016x}-{SAMPLED:02x}"
     )
 
 

@@ -28,8 +28,8 @@ from dex_ha.background import ActiveNodeTimer
 from dex_ha.engine import (
     FIRST_STATE_MACHINE_VERSION,
     STATE_MACHINE_VERSION,
-    ApplyResult,
     Command,
+    Propose,
     SetClusterVersion,
     command_since,
 )
@@ -100,7 +100,7 @@ class ClusterVersionUpgrade:
         self,
         node_id: str,
         state: Callable[[], Awaitable[tuple[list[str], Mapping[str, NodeVersion | None], int]]],
-        propose: Callable[[Command], Awaitable[ApplyResult]],
+        propose: Propose,
         gate_off: bool = False,
     ) -> None:
         """`state()` gives (the members, what each runs, the cluster's version);

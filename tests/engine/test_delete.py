@@ -7,6 +7,7 @@ import os
 import sqlite3
 
 from dex_ha.engine import MAX_EXPIRED_PER_ENTRY, DeleteSession, Engine, ExpireSessions, SendMessage
+from dex_ha.engine.results import SessionDeleted, SessionsExpired
 from dex_ha.engine.schema import SESSION_TABLES
 from dex_ha.engine.store import state_hash
 from tests.engine.driver import Driver
@@ -65,7 +66,7 @@ def test_deleting_an_ended_session_removes_every_row_of_it_and_nothing_else(tmp_
 
     result = delete(d, "s1")
 
-    assert result.ok and result.value == {"session_id": "s1", "deleted": True}
+    assert result.ok and result.value == SessionDeleted("s1")
     assert "s1" in result.event_sessions  # its event streams wake, and end
     assert set(session_rows(d.engine, "s1").values()) == {0}
     after = d.engine.logical_dump()
@@ -133,7 +134,7 @@ def test_retention_picks_only_idle_sessions_last_active_before_the_cutoff(tmp_pa
     assert d.engine.expired_sessions(cutoff, 100) == ["old-idle"]
     # Named anyway (a leader's stale read): the running and the recent one stay.
     result = expire(d, cutoff, ["old-idle", "old-running", "new-idle", "missing"])
-    assert result.ok and result.value == {"deleted": ["old-idle"]}
+    assert result.ok and result.value == SessionsExpired(("old-idle",))
     assert d.engine.get_agent_snapshot("old-running") is not None
     assert d.engine.get_agent_snapshot("new-idle") is not None
     assert d.engine.stats()["sessions_deleted"] == {"expired": 1}
@@ -152,7 +153,7 @@ def test_retention_batches_are_bounded_and_oldest_first(tmp_path):
     assert first == [f"s{n:03d}" for n in range(MAX_EXPIRED_PER_ENTRY)]
     too_many = expire(d, cutoff, [*first, "s100"])
     assert (too_many.ok, too_many.http_status) == (False, 400)
-    assert expire(d, cutoff, first).value == {"deleted": first}
+    assert expire(d, cutoff, first).value == SessionsExpired(tuple(first))
     assert d.engine.expired_sessions(cutoff, MAX_EXPIRED_PER_ENTRY) == [f"s{n:03d}" for n in range(100, 105)]
 
 

@@ -41,7 +41,7 @@ def test_the_longest_timeout_still_hands_out(d):
     d.run_model("", [("c1", "crawl", {})])
     step_id = d.next_step("CallTool")
     started = d.apply(StartAttempts(at=d.at, handouts=[Handout(step_id=step_id, worker_id="w1", term=d.term)]))
-    assert started.ok and started.value["started"][0]["deadline_at"] == d.at + MAX_DURATION_MS
+    assert started.ok and started.value.started[0].deadline_at == d.at + MAX_DURATION_MS
 
 
 def test_a_sleep_longer_than_ten_years_fails_the_call_not_the_command(d):

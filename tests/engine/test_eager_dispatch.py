@@ -40,13 +40,13 @@ def model_result(*calls: tuple[str, str]) -> dict:
 def test_the_next_steps_of_the_session_start_in_the_same_entry(tmp_path: Path) -> None:
     d, step = running_model_step(tmp_path / "e.db")
     result = complete_eagerly(d, step, model_result(("c1", "lookup"), ("c2", "put_item")), worker="w9")
-    started = result.value["started"]
-    assert [(s["kind"], s["worker_id"], s["attempt"], s["session_id"]) for s in started] == [
+    started = result.value.started
+    assert [(s.kind, s.worker_id, s.attempt, s.session_id) for s in started] == [
         ("CallTool", "w9", 1, "s1"),
         ("CallTool", "w9", 1, "s1"),
     ]
     assert d.queued() == []  # nothing left for a poll
-    assert {a.step_id for a in d.engine.running_attempts()} == {s["step_id"] for s in started}
+    assert {a.step_id for a in d.engine.running_attempts()} == {s.step_id for s in started}
 
 
 def test_the_head_of_the_queue_goes_first_whichever_session_it_belongs_to(tmp_path: Path) -> None:
@@ -60,19 +60,19 @@ def test_the_head_of_the_queue_goes_first_whichever_session_it_belongs_to(tmp_pa
     step = d.hand_out("RunModel")
     d.send(session_id="s2")  # s2's RunModel now waits at the head of the agent's queue
     result = complete_eagerly(d, step, model_result(("c1", "lookup")), worker="w7", limit=1)
-    assert [(s["session_id"], s["kind"], s["worker_id"]) for s in result.value["started"]] == [("s2", "RunModel", "w7")]
+    assert [(s.session_id, s.kind, s.worker_id) for s in result.value.started] == [("s2", "RunModel", "w7")]
     assert [(s.session_id, s.kind) for s in d.queued()] == [("s1", "CallTool")]
-    assert {a.step_id for a in d.engine.running_attempts()} == {result.value["started"][0]["step_id"]}
+    assert {a.step_id for a in d.engine.running_attempts()} == {result.value.started[0].step_id}
 
 
 def test_without_next_max_nothing_is_handed_out_and_the_limit_holds(tmp_path: Path) -> None:
     d, step = running_model_step(tmp_path / "e.db")
-    assert d.model(step, calls=[("c1", "lookup", {}), ("c2", "lookup", {})]).value["started"] == []
+    assert d.model(step, calls=[("c1", "lookup", {}), ("c2", "lookup", {})]).accepted_value().started == ()
     assert len(d.queued()) == 2
 
     d2, step = running_model_step(tmp_path / "e2.db")
     result = complete_eagerly(d2, step, model_result(("c1", "lookup"), ("c2", "lookup"), ("c3", "lookup")), limit=2)
-    assert len(result.value["started"]) == 2 and len(d2.queued()) == 1
+    assert len(result.value.started) == 2 and len(d2.queued()) == 1
 
 
 def test_a_bad_next_max_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
@@ -96,8 +96,8 @@ def test_a_bad_next_max_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
 
 def test_replaying_the_log_gives_the_same_state(tmp_path: Path) -> None:
     d, step = running_model_step(tmp_path / "e.db")
-    started = complete_eagerly(d, step, model_result(("c1", "lookup"))).value["started"]
-    complete_eagerly(d, started[0]["step_id"], {"status": "ok", "output": 1})
+    started = complete_eagerly(d, step, model_result(("c1", "lookup"))).value.started
+    complete_eagerly(d, started[0].step_id, {"status": "ok", "output": 1})
     replica = Engine(str(tmp_path / "replica.db"), durable=False)
     replica.apply_batch(d.log)
     assert replica.logical_dump() == d.engine.logical_dump()

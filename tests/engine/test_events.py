@@ -54,12 +54,13 @@ def emitted_events(path: Path) -> list[tuple[int, str]]:
 
 def test_the_engine_emits_only_typed_events() -> None:
     """No event type as a bare string: each emit builds an event of session_protocol (by its
-    class name, the class a variable holds, or TURN_ENDED). Fails on `ctx.emit(sid, "x", **kw)`."""
+    class name as `events.Name`, the class a variable holds, or TURN_ENDED). Fails on
+    `ctx.emit(sid, "x", **kw)`."""
     names = {cls.__name__ for cls in EVENT_CLASSES.values()} | {"TURN_ENDED"}
     emits = [(path.name, line, arg) for path in sorted(ENGINE.glob("*.py")) for line, arg in emitted_events(path)]
     assert len(emits) >= 20  # every module that emits was read
     for module, line, arg in emits:
-        called = arg.split("(", 1)[0].split("[", 1)[0]
+        called = arg.split("(", 1)[0].split("[", 1)[0].removeprefix("events.")
         assert called in names or called == "event", f"{module}:{line}: {arg}"
 
 

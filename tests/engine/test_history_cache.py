@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from dex_ha.engine import ApplyResult, CreateSession, DeleteSession, Engine, SendMessage, Task, encode_command
 from dex_ha.engine import handlers as engine_handlers
 from dex_ha.engine.kinds import DEFAULT_HEARTBEAT_TIMEOUT_MS
+from dex_ha.engine.results import AttemptCompleted, AttemptsStarted, ResultsReported
 from tests.engine.driver import AGENT, Driver
 from tests.engine.test_properties import PROPERTY, SESSIONS, RandomLeader
 
@@ -30,12 +31,14 @@ def cached_sessions_match_the_tables(engine: Engine) -> None:
         assert definition == store.agent_definition(name), name
 
 
-def handed_out_tasks_match_the_tables(engine: Engine, result: ApplyResult) -> int:
+def handed_out_tasks_match_the_tables(engine: Engine, result: ApplyResult[Any]) -> int:
     """Each hand-out of `result` carries the task `task_for` reads from the tables; how many."""
-    started: list[dict[str, Any]] = (result.value or {}).get("started", []) if result.ok else []
+    started = (
+        result.value.started if isinstance(result.value, (AttemptsStarted, AttemptCompleted, ResultsReported)) else ()
+    )
     for handout in started:
         from_apply = Task.from_handout(handout, DEFAULT_HEARTBEAT_TIMEOUT_MS)
-        assert from_apply == engine.task_for(handout["step_id"], DEFAULT_HEARTBEAT_TIMEOUT_MS)
+        assert from_apply == engine.task_for(handout.step_id, DEFAULT_HEARTBEAT_TIMEOUT_MS)
     return len(started)
 
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from dex_ha.engine import Engine, StartQueuedAttempts
+from dex_ha.engine import Engine, StartedAttempt, StartQueuedAttempts
 from dex_ha.engine.handlers import MAX_QUEUED_HANDOUTS
 from tests.engine.driver import AGENT, Driver
 from tests.engine.test_eager_dispatch import complete_eagerly, model_result
 
 
-def poll_handout(d: Driver, n: int, agents: list[str] | None = None, worker: str = "w2") -> list[dict]:
+def poll_handout(d: Driver, n: int, agents: list[str] | None = None, worker: str = "w2") -> list[StartedAttempt]:
     result = d.ok(
         StartQueuedAttempts(
             at=d.at,
@@ -28,8 +28,7 @@ def poll_handout(d: Driver, n: int, agents: list[str] | None = None, worker: str
             token_secrets=[f"secret-{d.index}-{i}" for i in range(n)],
         )
     )
-    started: list[dict] = result.value["started"]
-    return started
+    return list(result.accepted_value().started)
 
 
 def queue_model_steps(d: Driver, sessions: list[str]) -> None:
@@ -48,16 +47,16 @@ def test_a_poll_gets_the_steps_at_the_head_when_its_entry_applies(tmp_path: Path
     queue_model_steps(d, ["s1", "s2", "s3"])
     assert d.engine.count_queued(AGENT, 100) == 3  # what the leader read for the poll
     eager = complete_eagerly(d, running, {"content": "done", "tool_calls": []}, worker="w1", limit=1)
-    assert [s["session_id"] for s in eager.value["started"]] == ["s1"]
+    assert [s.session_id for s in eager.value.started] == ["s1"]
 
     started = poll_handout(d, 2)
-    assert [(s["session_id"], s["kind"], s["worker_id"]) for s in started] == [
+    assert [(s.session_id, s.kind, s.worker_id) for s in started] == [
         ("s2", "RunModel", "w2"),
         ("s3", "RunModel", "w2"),
     ]
-    assert [s["token_secret"] for s in started] == [f"secret-{d.index - 1}-0", f"secret-{d.index - 1}-1"]
+    assert [s.token_secret for s in started] == [f"secret-{d.index - 1}-0", f"secret-{d.index - 1}-1"]
     assert d.queued() == []
-    assert {a.step_id for a in d.engine.running_attempts()} == {s["step_id"] for s in eager.value["started"] + started}
+    assert {a.step_id for a in d.engine.running_attempts()} == {s.step_id for s in [*eager.value.started, *started]}
 
 
 def test_it_takes_the_agents_in_the_order_the_poll_names_them_and_no_more_than_asked(tmp_path: Path) -> None:
@@ -69,7 +68,7 @@ def test_it_takes_the_agents_in_the_order_the_poll_names_them_and_no_more_than_a
     d.send(session_id="b1")
 
     started = poll_handout(d, 2, agents=["other", AGENT])
-    assert [s["session_id"] for s in started] == ["b1", "a1"]
+    assert [s.session_id for s in started] == ["b1", "a1"]
     assert [s.session_id for s in d.queued()] == ["a2"]
 
 
@@ -77,7 +76,7 @@ def test_with_fewer_steps_queued_than_asked_it_starts_those_and_with_none_nothin
     d = Driver(str(tmp_path / "e.db"))
     d.register()
     queue_model_steps(d, ["s1"])
-    assert [s["session_id"] for s in poll_handout(d, 5)] == ["s1"]
+    assert [s.session_id for s in poll_handout(d, 5)] == ["s1"]
     before = d.engine.logical_dump(include_applied_index=False)
     assert poll_handout(d, 5) == []
     assert d.engine.logical_dump(include_applied_index=False) == before
@@ -111,7 +110,7 @@ def test_replaying_the_log_gives_the_same_state(tmp_path: Path) -> None:
     d.register()
     queue_model_steps(d, ["s1", "s2"])
     first = poll_handout(d, 1)
-    d.complete(first[0]["step_id"], model_result(("c1", "lookup")))
+    d.complete(first[0].step_id, model_result(("c1", "lookup")))
     poll_handout(d, 3)
     replica = Engine(str(tmp_path / "replica.db"), durable=False)
     replica.apply_batch(d.log)

@@ -100,8 +100,8 @@ def test_hand_out_past_the_window_fails_the_turn_instead(d: Driver) -> None:
     result = d.apply(
         StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term, token_secret="late")])
     )
-    assert result.ok and result.value["started"] == []
-    assert [e["step_id"] for e in result.value["expired"]] == [model]
+    assert result.ok and result.value.started == ()
+    assert list(result.value.expired) == [model]
     assert_failed_with_note(d, model)
     assert d.at > window_end("RunModel", first)
     again = d.apply(
@@ -117,7 +117,7 @@ def test_hand_out_one_ms_past_the_window_is_refused(d: Driver) -> None:
     result = d.apply(
         StartAttempts(at=d.at, handouts=[Handout(step_id=model, worker_id="w2", term=d.term, token_secret="x")])
     )
-    assert result.ok and result.value["started"] == []
+    assert result.ok and result.value.started == ()
     assert d.turn_status() == "failed"
 
 

@@ -18,6 +18,7 @@ from dex_ha.engine import (
     command_since,
     encode_command,
 )
+from dex_ha.engine.results import ClusterVersionSet
 
 AT = 1_000
 
@@ -70,7 +71,7 @@ def test_a_node_of_an_older_state_machine_stops_on_a_newer_command(tmp_path):
 def test_set_cluster_version_goes_up_only():
     engine = Engine(":memory:")
     assert engine.cluster_version() == 1
-    assert engine.apply(1, encode_command(SetClusterVersion(at=AT, version=2))).value == {"cluster_version": 2}
+    assert engine.apply(1, encode_command(SetClusterVersion(at=AT, version=2))).value == ClusterVersionSet(2)
     assert engine.cluster_version() == 2
     again = engine.apply(2, encode_command(SetClusterVersion(at=AT, version=1)))
     assert again.ok and again.noop and engine.cluster_version() == 2

@@ -32,8 +32,8 @@ def test_the_secret_in_the_hand_out_is_stored_and_checked(tmp_path: Path) -> Non
     result = d.ok(
         StartAttempts(at=d.at, handouts=[Handout(step_id=step, worker_id="w-a", term=d.term, token_secret="s3cret")])
     )
-    [started] = result.value["started"]
-    assert started["token_secret"] == "s3cret"  # what the leader builds the token from
+    [started] = result.value.started
+    assert started.token_secret == "s3cret"  # what the leader builds the token from
 
     state = d.engine.attempt_state(step, 1, d.term, "s3cret")
     assert state is not None and state.worker_id == "w-a" and state.current and state.status == "running"
@@ -68,12 +68,12 @@ def test_eager_hand_outs_take_the_secrets_of_the_complete_command(tmp_path: Path
             next_max=2,
             next_token_secrets=["first", "second"],
         )
-    ).value["started"]
-    assert [s["token_secret"] for s in started] == ["first", "second"]
+    ).value.started
+    assert [s.token_secret for s in started] == ["first", "second"]
     for s, secret in zip(started, ("first", "second")):
-        state = d.engine.attempt_state(s["step_id"], 1, d.term, secret)
+        state = d.engine.attempt_state(s.step_id, 1, d.term, secret)
         assert state is not None and state.worker_id == "w-b"
-        assert d.engine.attempt_state(s["step_id"], 1, d.term, "first" if secret == "second" else "second") is None
+        assert d.engine.attempt_state(s.step_id, 1, d.term, "first" if secret == "second" else "second") is None
 
 
 def test_a_complete_with_the_wrong_number_of_secrets_is_rejected_and_changes_nothing(tmp_path: Path) -> None:

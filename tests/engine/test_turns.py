@@ -14,6 +14,7 @@ from dex_ha.engine import (
     Handout,
     StartAttempts,
 )
+from dex_ha.engine.results import SessionCreated
 from tests.engine.driver import Driver
 
 
@@ -75,7 +76,7 @@ def test_a_steer_left_at_turn_end_starts_the_next_turn(d):
 def test_a_repeated_message_id_is_a_noop(d):
     first = d.send("hi", message_id="m-1")
     again = d.send("hi", message_id="m-1")
-    assert not first.noop and again.noop and again.value["duplicate"]
+    assert not first.noop and again.noop and again.value.duplicate
     assert len(d.snap()["turns"]) == 1 and len(d.snap()["history"]) == 1
     other = d.apply(d_send(d, "different", "m-1"))
     assert other.code == "conflict"
@@ -288,7 +289,7 @@ def test_cancel_flags_running_attempts_and_records_every_open_call(d):
     read = d.hand_out(call_id="read")
     attempt = d.running(single)
     result = d.cancel()
-    assert result.value["cancelled"] == d.snap()["turns"][-1]["turn_id"]
+    assert result.value.cancelled == d.snap()["turns"][-1]["turn_id"]
     calls = {c["call_id"]: c for c in d.snap()["tool_calls"]}
     assert calls["queued"]["status"] == "failed" and calls["queued"]["attempt_progress"] == "NOT_STARTED"
     assert calls["queued"]["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
@@ -371,8 +372,8 @@ def test_many_handouts_in_one_command_each_start_or_are_refused(d):
     handouts.append(Handout(step_id=steps[0], worker_id="w9", term=d.term))  # already started above
     handouts.append(Handout(step_id="st-nope", worker_id="w9", term=d.term))
     result = d.ok(StartAttempts(at=d.at, handouts=handouts))
-    assert [s["step_id"] for s in result.value["started"]] == steps
-    assert [r["code"] for r in result.value["refused"]] == ["conflict", "not_found"]
+    assert [s.step_id for s in result.value.started] == steps
+    assert [r.code for r in result.value.refused] == ["conflict", "not_found"]
     assert len(d.engine.running_attempts()) == 3
 
 
@@ -414,10 +415,10 @@ def test_reconcile_settles_only_outcome_unknown(d):
 
 def test_create_session_is_idempotent_per_agent(d):
     again = d.ok(CreateSession(at=d.at, session_id="s1", agent="helper"))
-    assert again.noop and again.value == {"session_id": "s1", "created": False}
+    assert again.noop and again.value == SessionCreated("s1", created=False)
     assert d.apply(CreateSession(at=d.at, session_id="s1", agent="other")).code == "conflict"
     generated = d.ok(CreateSession(at=d.at, agent="helper"))
-    assert generated.value["session_id"] == f"s{d.index}"
+    assert generated.value.session_id == f"s{d.index}"
 
 
 def test_list_sessions_filters_and_pages(d):

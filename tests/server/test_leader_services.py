@@ -159,7 +159,7 @@ async def test_a_poll_gets_a_step_when_a_result_took_the_one_it_was_counted(node
                 other = StartQueuedAttempts(
                     at=cmd.at, worker_id="worker-2", term=cmd.term, agents=cmd.agents, token_secrets=["ab" * 16]
                 )
-                taken_first.extend(s["session_id"] for s in (await propose(other)).value["started"])
+                taken_first.extend(s.session_id for s in (await propose(other)).value.started)
         return await propose(cmd)
 
     leader._propose = a_result_applies_first  # type: ignore[method-assign]

@@ -26,7 +26,7 @@ async def test_a_task_is_built_from_its_hand_out_without_reading_the_state() -> 
     d.create("s1")
     d.send("hello")
     result = d.ok(StartQueuedAttempts(at=d.at, worker_id="w1", term=d.term, agents=[AGENT], token_secrets=["sec"]))
-    [started] = result.value["started"]
+    [started] = result.value.started
 
     async def propose(cmd: Any) -> Any:
         raise AssertionError("nothing is proposed")
@@ -41,8 +41,8 @@ async def test_a_task_is_built_from_its_hand_out_without_reading_the_state() -> 
     )
     body = leader.task_for_handout(started, "w1")
 
-    from_tables = d.engine.task_for(started["step_id"], DEFAULT_HEARTBEAT_TIMEOUT_MS)
+    from_tables = d.engine.task_for(started.step_id, DEFAULT_HEARTBEAT_TIMEOUT_MS)
     assert from_tables is not None and from_tables.input["history"] == [{"type": "user", "text": "hello"}]
-    token = TaskToken(started["step_id"], 1, d.term, "sec")
+    token = TaskToken(started.step_id, 1, d.term, "sec")
     assert body == {**from_tables.as_json(), "task_token": str(token)}
-    assert (started["step_id"], 1) in leader.running  # its heartbeats are watched from now on
+    assert (started.step_id, 1) in leader.running  # its heartbeats are watched from now on

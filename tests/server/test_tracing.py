@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from dex_ha.engine import StartedAttempt
 from dex_ha.server import tracing
 from dex_ha.server.tracing import attempt_log_fields, span_sink_from_environment, tracing_wanted
 from dex_ha.worker_protocol import Task
@@ -42,7 +43,21 @@ def test_an_endpoint_without_the_extra_says_how_to_install_it(
 
 
 def test_the_traceparent_names_the_attempts_span_in_the_turns_trace() -> None:
-    started = {"session_id": "s1", "turn_id": "t1", "step_id": "st1", "attempt": 2}
+    started = StartedAttempt(
+        step_id="st1",
+        attempt=2,
+        term=1,
+        worker_id="w1",
+        session_id="s1",
+        turn_id="t1",
+        agent="helper",
+        kind="CallTool",
+        idempotency_key="s1:c1",
+        deadline_at=None,
+        queued_at=None,
+        token_secret="secret",
+        input={},
+    )
     version, trace, span, flags = tracing.traceparent(started).split("-")
     assert (version, flags) == ("00", "01")
     assert trace == attempt_log_fields("s1", "t1", "st1", 2)["trace_id"] == f"{tracing.trace_id('s1', 't1'):032x}"
