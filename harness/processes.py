@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 
-def stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
+def stop(proc: subprocess.Popen[Any], timeout: float = 20.0) -> int:
     """SIGTERM by pid, wait (deadline), SIGKILL if it did not stop; the exit code."""
     if proc.poll() is None:
         proc.terminate()

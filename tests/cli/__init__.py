@@ -65,7 +65,7 @@ def http_status(url: str, token: str | None = None, timeout: float = 2.0) -> int
         return None
 
 
-def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+def wait_until(condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
     """Poll `condition` until it returns something truthy; AssertionError naming `what` at the deadline."""
     value: T = eventually_sync(condition, what, deadline_s=timeout, interval_s=interval)
     return value

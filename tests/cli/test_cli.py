@@ -400,6 +400,13 @@ def run_demo_timed(demo_dir: Path, timeout: float) -> tuple[int, list[tuple[floa
         stop(proc)
 
 
+def _stopped_pids(output: str) -> list[int]:
+    """The pids the demo says it stopped when it exits."""
+    stopped = re.search(r"stopped every process the demo started \(pids ([\d, ]+)\)", output)
+    assert stopped is not None, f"the demo did not say which processes it stopped:\n{output}"
+    return [int(p) for p in stopped.group(1).split(", ")]
+
+
 def test_demo_runs_through_a_failover_prints_its_timeline_as_it_happens_and_stops_everything(
     tmp_path: Path,
 ) -> None:
@@ -427,10 +434,7 @@ def test_demo_runs_through_a_failover_prints_its_timeline_as_it_happens_and_stop
     assert len({e["idempotency_key"] for e in reserve}) == 1
     assert len([e for e in ledger if e["tool"] == "charge_card"]) == 1
     # Everything it started is stopped (by pid) when it exits.
-    pids = [
-        int(p)
-        for p in re.search(r"stopped every process the demo started \(pids ([\d, ]+)\)", out).group(1).split(", ")
-    ]
+    pids = _stopped_pids(out)
     assert len(pids) == 4  # three nodes and the Worker
     wait_until(lambda: all(pid_gone(pid) for pid in pids), 30, "every demo process gone")
 
@@ -462,8 +466,7 @@ def test_demo_interrupted_by_ctrl_c_stops_every_process_it_started(tmp_path: Pat
         stop(proc)
     output = log.read_text()
     assert "interrupted; stopping everything" in output and "Traceback" not in output
-    stopped = re.search(r"stopped every process the demo started \(pids ([\d, ]+)\)", output)
-    pids = {int(p) for p in stopped.group(1).split(", ")}
+    pids = set(_stopped_pids(output))
     assert set(node_pids) < pids and len(pids) == 4  # the nodes and the Worker
     wait_until(lambda: all(pid_gone(pid) for pid in pids), 30, "every demo process gone")
 

@@ -36,7 +36,9 @@ class LocalCluster:
 
     @property
     def admin_token(self) -> str:
-        return re.search(r"^export DEX_HA_TOKEN=(\S+)$", (self.dir / "tokens.env").read_text(), re.MULTILINE).group(1)
+        export = re.search(r"^export DEX_HA_TOKEN=(\S+)$", (self.dir / "tokens.env").read_text(), re.MULTILINE)
+        assert export is not None, "tokens.env exports no DEX_HA_TOKEN"
+        return export.group(1)
 
     def pids(self) -> dict[str, int]:
         path = self.dir / "pids"

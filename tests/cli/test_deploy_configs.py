@@ -52,6 +52,7 @@ def test_node_config_loads_and_passes_check_with_the_secrets_from_the_environmen
     assert config.cluster_secret == SECRETS_ENV["DEX_HA_CLUSTER_SECRET"]
     own = next(p for p in config.peers if p.id == config.node_id)
     assert own.url == config.url  # the address peers and clients are given is this node's own
+    assert config.raft_listen is not None  # a cluster node listens for its peers
     assert own.raft_addr[1] == config.raft_listen[1] and config.http_listen[1] == urlsplit(config.url).port
 
 
@@ -73,7 +74,9 @@ def test_the_three_configs_describe_one_cluster() -> None:
 
 def _haproxy_servers(text: str, backend: str) -> list[tuple[str, int]]:
     """(address, check port) of each server line of a backend."""
-    section = re.search(rf"^backend {backend}\n(.*?)(?=^\S|\Z)", text, re.MULTILINE | re.DOTALL).group(1)
+    found = re.search(rf"^backend {backend}\n(.*?)(?=^\S|\Z)", text, re.MULTILINE | re.DOTALL)
+    assert found is not None, f"no backend {backend} in haproxy.cfg"
+    section = found.group(1)
     return [
         (address, int(port))
         for address, port in re.findall(r"^\s+server \S+ (\S+) check port (\d+)", section, re.MULTILINE)
@@ -85,10 +88,14 @@ def test_haproxy_routes_to_the_node_that_answers_readyz_200_on_its_probe_port() 
     assert "option httpchk GET /readyz" in text
     assert "http-check expect status 200" in text
     # Traffic to the API port, checks to the probe port (answered on a thread of its own).
-    nodes = sorted((_host_port(c.url), c.probe_listen[1]) for c in _configs())
-    assert all(probe is not None for _, probe in nodes)
+    nodes = sorted((_host_port(c.url), _probe_port(c)) for c in _configs())
     assert sorted(_haproxy_servers(text, "dex_ha_active")) == nodes
     assert sorted(_haproxy_servers(text, "dex_ha_leader")) == nodes
+
+
+def _probe_port(config: ServerConfig) -> int:
+    assert config.probe_listen is not None, f"{config.node_id} has no probe listener"
+    return config.probe_listen[1]
 
 
 def test_haproxy_timeouts_outlast_a_long_poll_and_an_sse_keepalive() -> None:
@@ -96,9 +103,15 @@ def test_haproxy_timeouts_outlast_a_long_poll_and_an_sse_keepalive() -> None:
     from dex_ha.server.app import SSE_KEEPALIVE_S
 
     text = (DEPLOY / "haproxy.cfg").read_text()
-    max_wait_s = next(f.max for f in ROUTES_BY_NAME["worker_poll"].body if f.name == "wait_ms") / 1000
+    poll_body = ROUTES_BY_NAME["worker_poll"].body
+    assert poll_body is not None
+    max_wait_ms = next(f.max for f in poll_body if f.name == "wait_ms")
+    assert max_wait_ms is not None
+    max_wait_s = max_wait_ms / 1000
     for name in ("client", "server"):
-        seconds = int(re.search(rf"^\s+timeout {name} (\d+)s$", text, re.MULTILINE).group(1))
+        timeout = re.search(rf"^\s+timeout {name} (\d+)s$", text, re.MULTILINE)
+        assert timeout is not None, f"haproxy.cfg sets no timeout {name}"
+        seconds = int(timeout.group(1))
         assert seconds > max_wait_s and seconds > SSE_KEEPALIVE_S
 
 
@@ -115,9 +128,15 @@ def test_haproxy_accepts_the_config() -> None:
 # ---------------------------------------------------------------- systemd
 
 
+class _CaseSensitiveParser(configparser.ConfigParser):
+    """Keys are case-sensitive in systemd (ConfigParser lowercases them by default)."""
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
+
+
 def test_systemd_unit_runs_dex_ha_node_and_waits_longer_than_the_drain() -> None:
-    unit = configparser.ConfigParser(strict=False, interpolation=None)
-    unit.optionxform = str  # keys are case-sensitive in systemd
+    unit = _CaseSensitiveParser(strict=False, interpolation=None)
     unit.read(DEPLOY / "dex-ha.service")
     service = unit["Service"]
     assert re.search(r"\bdex-ha node --config /etc/dex-ha/node\.toml$", service["ExecStart"])
@@ -185,7 +204,7 @@ def test_k8s_probes_and_grace_period_match_the_node(k8s: dict, tmp_path: Path) -
     config = load_config(config_path, env=_pod_env(k8s, "dex-ha-0"))
     assert pod_spec["terminationGracePeriodSeconds"] > _stop_budget_s(config)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert config.probe_listen is not None
+    assert config.probe_listen is not None and config.raft_listen is not None
     assert ports == {"http": config.http_listen[1], "raft": config.raft_listen[1], "probes": config.probe_listen[1]}
     assert any(config.data_dir.is_relative_to(m["mountPath"]) for m in container["volumeMounts"] if m["name"] == "data")
 

@@ -46,6 +46,12 @@ class Run:
     at: float
 
 
+def _run_of(row: tuple[Any, ...]) -> Run:
+    """A Run from a row of the runs table, its JSON data decoded."""
+    seq, kind, name, moment, call_id, key, attempt, data, pid, at = row
+    return Run(seq, kind, name, moment, call_id, key, attempt, json.loads(data), pid, at)
+
+
 class Ledger:
     """One connection to the ledger file; every write commits at once (autocommit), so a
     SIGKILL loses nothing that was written before it."""
@@ -80,7 +86,7 @@ class Ledger:
                 where.append(f"{column} = ?")
                 params.append(value)
         sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY seq"
-        return [Run(*row[:7], json.loads(row[7]), *row[8:]) for row in self._db.execute(sql, params)]
+        return [_run_of(row) for row in self._db.execute(sql, params)]
 
     def count(self, kind: str, name: str | None = None, moment: str = "started") -> int:
         return len(self.runs(kind, name, moment))

@@ -6,11 +6,12 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "crash_matrix_doc.py"
 
 
-def load_script():  # type: ignore[no-untyped-def]
+def load_script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("crash_matrix_doc", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

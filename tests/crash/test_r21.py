@@ -82,8 +82,11 @@ class R21Cell(Cell):
         self.work_dir = directory / "work"
         self.work_dir.mkdir()
 
-    def start_worker(self, failpoints: str = "", heartbeat_interval_s: float | None = None) -> WorkerProcess:
+    def start_worker(
+        self, failpoints: str = "", heartbeat_interval_s: float | None = None, max_concurrency: int | None = None
+    ) -> WorkerProcess:
         assert not failpoints and heartbeat_interval_s is None, "R21 cells die by SIGKILL only"
+        assert max_concurrency is None, "the R21 Worker runs with its own concurrency"
         self.worker = R21WorkerProcess(
             self.column.urls,
             self.column.worker_token,

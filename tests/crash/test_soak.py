@@ -159,6 +159,7 @@ def check(snapshots: dict[str, dict[str, Any]], ledger: Ledger, totals: Totals) 
     started: dict[str, list[Any]] = {}
     finished: set[str] = set()
     for run in runs:
+        assert run.call_id is not None, run  # the soak's tools record the call they run
         if run.moment == "started":
             started.setdefault(run.call_id, []).append(run)
         elif run.moment == "finished":

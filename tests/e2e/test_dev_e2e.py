@@ -42,7 +42,7 @@ class Ledger:
     """What the tools did, recorded by the tools (outside the server)."""
 
     def __init__(self) -> None:
-        self.runs: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.runs: collections.Counter[tuple[str, str | None]] = collections.Counter()  # (tool, idempotency key)
         self.polls: collections.Counter[str] = collections.Counter()
         self.cancelled: list[str] = []
         self.blocking_started = asyncio.Event()
@@ -234,13 +234,13 @@ async def test_a_turn_through_every_route_of_a_tool_call(stack: tuple[DexClient,
 
     # Resume from the middle: exactly the events after that id, none twice.
     middle = ids[len(ids) // 2]
-    resumed: list[SessionEvent] = []
+    resumed: list[int] = []
     async for event in client.events(sid, after=str(middle)):
         if event.id is not None:
-            resumed.append(event)
+            resumed.append(int(event.id))
         if event.type == "turn_completed":
             break
-    assert [int(e.id) for e in resumed] == [i for i in ids if i > middle]
+    assert resumed == [i for i in ids if i > middle]
 
 
 async def test_cancel_stops_a_running_write_and_reconcile_settles_it(stack: tuple[DexClient, Ledger, Worker]) -> None:

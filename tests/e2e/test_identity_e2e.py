@@ -42,7 +42,11 @@ async def _kill_and_wait(cluster: LocalCluster, *node_ids: str) -> None:
     for node_id in node_ids:
         pid = cluster.pid(node_id)
         cluster.kill(node_id)
-        await eventually(lambda pid=pid: not pid_alive(pid), f"{node_id} (pid {pid}) gone", deadline_s=10)
+
+        def exited(pid: int = pid) -> bool:
+            return not pid_alive(pid)
+
+        await eventually(exited, f"{node_id} (pid {pid}) gone", deadline_s=10)
 
 
 async def _refused(cluster: LocalCluster, proc: subprocess.Popen[bytes], node_id: str, line: str) -> str:

@@ -42,7 +42,11 @@ async def _restart_all_with_slow_failover(cluster: LocalCluster) -> None:
     for node_id in cluster.urls:
         pid = cluster.pid(node_id)
         cluster.kill(node_id)
-        await eventually(lambda pid=pid: not pid_alive(pid), f"{node_id} to exit", deadline_s=10)
+
+        def exited(pid: int = pid) -> bool:
+            return not pid_alive(pid)
+
+        await eventually(exited, f"{node_id} to exit", deadline_s=10)
     for node_id in cluster.urls:
         cluster.restart(node_id, SLOW_FAILOVER_ENV)
 
@@ -90,8 +94,10 @@ async def test_a_wiped_standby_catches_up_members_say_so_and_a_stuck_quorum_answ
 
     async def wiped_has_acknowledged_all() -> bool:
         view = await cluster_view(leader_url, admin)
-        member = next(m for m in view["members"] if m["id"] == wiped) if view else None
-        return member is not None and member["match_index"] == view["commit_index"] > 0
+        if not view:
+            return False
+        member = next(m for m in view["members"] if m["id"] == wiped)
+        return member["match_index"] == view["commit_index"] > 0
 
     await eventually(wiped_has_acknowledged_all, f"{wiped} to store every entry", deadline_s=DEADLINE_S)
 

@@ -57,6 +57,8 @@ async def test_a_result_in_flight_when_the_node_dies_is_committed_or_its_attempt
     # The 2nd result is the tool's (the 1st is the model's call of it).
     server = DevProcess(tmp_path / "data", tmp_path / "dev.log", extra_env={FAILPOINT_ENV: f"{failpoint}@2"})
     server.start()
+    first = server.proc
+    assert first is not None
     worker = Worker(server.url, agents=[agent], poll_wait_ms=1_000, heartbeat_interval_s=0.2)
     try:
         async with running(worker), DexClient(server.url) as client:
@@ -64,12 +66,12 @@ async def test_a_result_in_flight_when_the_node_dies_is_committed_or_its_attempt
             sid = (await client.create_session("r19")).session_id
             await client.send_message(sid, "look it up")
             await eventually(
-                lambda: server.proc.poll() is not None,
+                lambda: first.poll() is not None,
                 "the server to exit at the failpoint",
                 DEADLINE_S,
                 interval_s=0.02,
             )
-            assert server.proc.poll() == FAILPOINT_EXIT_CODE, f"the failpoint was not reached\n{server.log_tail()}"
+            assert first.poll() == FAILPOINT_EXIT_CODE, f"the failpoint was not reached\n{server.log_tail()}"
             server.extra_env = {}
             server.start()  # same port and data dir; the Worker and the client were never told
             final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)

@@ -3,7 +3,7 @@ clock it moves by hand, and keeps the log so tests can replay it into another en
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from dex_ha.engine import (
     AnswerQuestion,
@@ -23,6 +23,8 @@ from dex_ha.engine import (
     RegisterAgent,
     SendMessage,
     StartAttempts,
+    Task,
+    Timer,
     encode_command,
 )
 
@@ -35,7 +37,7 @@ UNDO_SCHEMA_4 = (
     "ALTER TABLE agents DROP COLUMN namespace; PRAGMA user_version=3;"
 )
 
-DEFAULT_TOOLS = [
+DEFAULT_TOOLS: list[dict[str, Any]] = [
     {"name": "lookup", "effect": "read"},
     {"name": "put_item", "effect": "idempotent_write"},
     {"name": "send_email", "effect": "write"},
@@ -189,13 +191,29 @@ class Driver:
     def cancel(self, session_id: str = "s1") -> ApplyResult:
         return self.ok(CancelTurn(at=self.at, session_id=session_id))
 
-    def reconcile(self, call_id: str, outcome: str, session_id: str = "s1", **kw: Any) -> ApplyResult:
+    def reconcile(
+        self, call_id: str, outcome: Literal["succeeded", "failed"], session_id: str = "s1", **kw: Any
+    ) -> ApplyResult:
         return self.apply(ReconcileToolCall(at=self.at, session_id=session_id, call_id=call_id, outcome=outcome, **kw))
 
     # ------------------------------------------------------------- reads
 
     def snap(self, session_id: str = "s1") -> dict[str, Any]:
-        return self.engine.get_agent_snapshot(session_id)
+        snapshot = self.engine.get_agent_snapshot(session_id)
+        assert snapshot is not None, f"no session {session_id}"
+        return snapshot
+
+    def task(self, step_id: str) -> Task:
+        """The task a worker is given for the step, which must be queued or running."""
+        task = self.engine.task_for(step_id)
+        assert task is not None, f"no task for step {step_id}"
+        return task
+
+    def next_timer(self) -> Timer:
+        """The timer due first; there must be one."""
+        timer = self.engine.next_timer()
+        assert timer is not None, "no timer is set"
+        return timer
 
     def call(self, call_id: str, session_id: str = "s1") -> dict[str, Any]:
         return next(c for c in self.snap(session_id)["tool_calls"] if c["call_id"] == call_id)

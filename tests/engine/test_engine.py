@@ -323,7 +323,9 @@ def test_the_wal_goes_back_into_the_database_file_on_the_checkpoint_thread(tmp_p
     engine = Engine(str(path), durable=True, checkpoint_every_s=0.02)
     try:
         assert engine._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
-        checkpoints_before = engine._checkpointer.checkpoints
+        checkpointer = engine._checkpointer
+        assert checkpointer is not None  # checkpoint_every_s starts one
+        checkpoints_before = checkpointer.checkpoints
         for i in range(1, 201):
             engine.apply(i, encode_command(CreateSession(at=1, agent="helper", session_id=f"s{i}")))
         deadline = time.monotonic() + 10
@@ -341,10 +343,10 @@ def test_the_wal_goes_back_into_the_database_file_on_the_checkpoint_thread(tmp_p
                 break
             assert time.monotonic() < deadline, f"the database file holds applied index {row}, not 200"
             time.sleep(0.02)
-        assert engine._checkpointer.checkpoints > checkpoints_before
+        assert checkpointer.checkpoints > checkpoints_before
     finally:
         engine.close()
-    assert not engine._checkpointer._thread.is_alive()  # close() stopped it
+    assert not checkpointer._thread.is_alive()  # close() stopped it
 
 
 def _wal_restarts(wal_path) -> int:
@@ -421,7 +423,9 @@ def test_every_public_query_is_marked_to_run_in_a_read_transaction() -> None:
     assert not unmarked, f"queries without @read_transaction: {unmarked}"
 
 
-def test_a_reader_runs_each_query_in_one_read_transaction_and_the_engine_opens_none(tmp_path) -> None:
+def test_a_reader_runs_each_query_in_one_read_transaction_and_the_engine_opens_none(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dex_ha.engine import EngineReader
 
     path = str(tmp_path / "state.db")
@@ -438,7 +442,7 @@ def test_a_reader_runs_each_query_in_one_read_transaction_and_the_engine_opens_n
                 seen.append((_who, _engine._conn.in_transaction))
                 return _meta(*args)
 
-            engine._store.meta = meta
+            monkeypatch.setattr(engine._store, "meta", meta)
             assert engine.applied_index() == d.index
             assert engine.get_agent_snapshot("s1") is not None  # several statements, nested queries
         assert ("reader", True) in seen and ("reader", False) not in seen, seen

@@ -74,7 +74,7 @@ def test_the_property_test_hands_out_model_and_tool_tasks() -> None:
     d.complete(d.hand_out("CallTool"), {"status": "ok", "output": 1})
     d.send("two", mode="steer")
     d.complete(d.hand_out("CompactContext"), {"summary": "S"})  # three items are over the limit
-    task = d.engine.task_for(d.hand_out("RunModel"))
+    task = d.task(d.hand_out("RunModel"))
     assert d.handouts == 4
     assert task.input["summary"] == "S" and task.input["history"][-1] == {"type": "user", "text": "two"}
 
@@ -97,7 +97,7 @@ def test_a_changed_agent_definition_reaches_the_next_model_task() -> None:
     d.run_model(calls=[("c1", "lookup", {})])  # the definition is read (and cached) here
     d.register(tools=[{"name": "search", "effect": "read"}])
     d.complete(d.hand_out("CallTool"), {"status": "ok", "output": 1})
-    task = d.engine.task_for(d.hand_out("RunModel"))
+    task = d.task(d.hand_out("RunModel"))
     assert [tool["name"] for tool in task.input["tools"] if not tool.get("builtin")] == ["search"]
 
 
@@ -127,7 +127,8 @@ def test_a_transaction_rolled_back_whole_leaves_nothing_in_the_cache(monkeypatch
     _send_fails_after_its_writes(monkeypatch, sqlite3.OperationalError("database or disk is full"))
     with pytest.raises(sqlite3.OperationalError):
         d.engine.apply(d.index + 1, encode_command(SendMessage(at=d.at, session_id="s9", text="lost")))
-    assert len(d.engine._store.history_cache) == 0  # s9 was cached, and touched by the batch
+    cache = d.engine._store.history_cache
+    assert cache is not None and len(cache) == 0  # s9 was cached, and touched by the batch
     cached_sessions_match_the_tables(d.engine)
 
 
@@ -144,7 +145,7 @@ def test_a_restored_snapshot_replaces_what_the_cache_held(tmp_path) -> None:
     cached_sessions_match_the_tables(d.engine)
     d.index = index
     step = d.hand_out("RunModel")
-    assert [item["type"] for item in d.engine.task_for(step).input["history"]] == ["user"]
+    assert [item["type"] for item in d.task(step).input["history"]] == ["user"]
 
 
 def test_a_session_deleted_and_created_again_starts_from_an_empty_history() -> None:
@@ -155,8 +156,9 @@ def test_a_session_deleted_and_created_again_starts_from_an_empty_history() -> N
     d.run_model(calls=[("c1", "lookup", {})])  # the history is cached here
     d.cancel("s1")
     d.ok(DeleteSession(at=d.at, session_id="s1"))
-    assert d.engine._store.history_cache.session("s1") is None
+    cache = d.engine._store.history_cache
+    assert cache is not None and cache.session("s1") is None
     d.create("s1")
     d.send("after")
-    task = d.engine.task_for(d.hand_out("RunModel"))
+    task = d.task(d.hand_out("RunModel"))
     assert task.input["history"] == [{"type": "user", "text": "after"}]

@@ -38,7 +38,7 @@ def lost_write_then_a_running_call(d: Driver) -> str:
 
 
 def model_input(d: Driver) -> list[dict]:
-    return d.engine.task_for(d.next_step("RunModel")).input["history"]
+    return d.task(d.next_step("RunModel")).input["history"]
 
 
 def test_reconcile_during_a_running_call_waits_for_its_result(d: Driver) -> None:
@@ -140,7 +140,7 @@ def test_every_model_input_keeps_calls_next_to_their_results(data) -> None:
         random_action(d, data, action)
         for step in d.queued():
             if step.kind == "RunModel":
-                history = d.engine.task_for(step.step_id).input["history"]
+                history = d.task(step.step_id).input["history"]
                 assert calls_split_from_results(history) is None, history
     d.engine.close()
 

@@ -154,7 +154,8 @@ def test_a_schema_3_data_dir_and_snapshot_migrate_to_default(tmp_path: Path) -> 
     fresh = Engine(str(tmp_path / "fresh.db"), durable=False)
     for engine in (restored, d.engine):
         assert engine._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        assert engine.get_agent_snapshot("s1")["namespace"] == "default"
+        session = engine.get_agent_snapshot("s1")
+        assert session is not None and session["namespace"] == "default"
         assert engine.agent_namespace(AGENT) == "default"
         for table in ("sessions", "agents"):
             columns = f"SELECT name, type, \"notnull\", dflt_value FROM pragma_table_info('{table}') ORDER BY cid"

@@ -16,6 +16,13 @@ from dex_ha.engine.commands import COMMAND_FORMAT_VERSION
 from tests.engine.driver import Driver
 
 
+def call_tool_attempts() -> int:
+    """How many attempts a CallTool step may use (without a tool policy of its own)."""
+    attempts = STEP_KINDS["CallTool"].max_attempts
+    assert attempts is not None, "CallTool steps have a bounded number of attempts"
+    return attempts
+
+
 @pytest.fixture
 def d(tmp_path):
     driver = Driver(str(tmp_path / "engine.db"))
@@ -46,9 +53,9 @@ def not_started(d: Driver, step_id: str, retryable: bool = True) -> None:
 
 
 def retry(d: Driver, step_id: str) -> None:
-    d.tick(d.engine.next_timer().due_at - d.at)
+    d.tick(d.next_timer().due_at - d.at)
     assert d.fire_due() == 1
-    d.hand_out(call_id=d.engine.task_for(step_id).input["call_id"])
+    d.hand_out(call_id=d.task(step_id).input["call_id"])
 
 
 def assert_not_run(call: dict) -> None:
@@ -63,7 +70,7 @@ def test_single_attempt_write_never_started_records_failed(d: Driver) -> None:
     call = d.call("c1")
     assert_not_run(call)
     assert [a["attempt_progress"] for a in call["steps"][0]["attempts"]] == ["NOT_STARTED"]
-    history = d.engine.task_for(d.next_step("RunModel")).input["history"]
+    history = d.task(d.next_step("RunModel")).input["history"]
     assert history[-1]["status"] == "failed" and history[-1]["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
 
 
@@ -71,7 +78,7 @@ def test_idempotent_write_no_attempt_started(d: Driver) -> None:
     """Every attempt of the step says not started: the call never ran."""
     tool_turn(d, "put_item")
     step = d.hand_out("CallTool")
-    for attempt in range(1, STEP_KINDS["CallTool"].max_attempts + 1):
+    for attempt in range(1, call_tool_attempts() + 1):
         if attempt > 1:
             retry(d, step)
         not_started(d, step)
@@ -84,7 +91,7 @@ def test_one_attempt_that_may_have_run_keeps_the_outcome_unknown(d: Driver) -> N
     tool_turn(d, "put_item")
     step = d.hand_out("CallTool")
     d.worker_kill(step)
-    for _ in range(STEP_KINDS["CallTool"].max_attempts - 1):
+    for _ in range(call_tool_attempts() - 1):
         retry(d, step)
         not_started(d, step)
     call = d.call("c1")

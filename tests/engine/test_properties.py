@@ -282,14 +282,16 @@ def check_invariants(engine: Engine) -> None:
     assert q("SELECT session_id FROM turns WHERE status = 'running' GROUP BY session_id HAVING COUNT(*) > 1") == []
     # What a model sees keeps every assistant tool call next to its results.
     for (step_id,) in q("SELECT step_id FROM steps WHERE kind = 'RunModel' AND status IN ('queued', 'running')"):
-        history = engine.task_for(step_id).input["history"]
+        model_task = engine.task_for(step_id)
+        assert model_task is not None, step_id  # a queued or running step has a task
+        history = model_task.input["history"]
         assert calls_split_from_results(history) is None, (step_id, calls_split_from_results(history), history)
     # A queued step has an attempt left; a running tool attempt carries the contract key.
     assert q("SELECT step_id FROM steps WHERE status = 'queued' AND attempts_used >= max_attempts") == []
     for a in engine.running_attempts():
         task = engine.task_for(a.step_id)
         call_id = engine._store.scalar("SELECT call_id FROM steps WHERE step_id = ?", (a.step_id,))
-        assert task.idempotency_key == (f"{a.session_id}:{call_id}" if call_id else None)
+        assert task is not None and task.idempotency_key == (f"{a.session_id}:{call_id}" if call_id else None)
 
 
 def calls_split_from_results(history: list[dict]) -> str | None:

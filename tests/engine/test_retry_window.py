@@ -25,9 +25,9 @@ def d(tmp_path):
     driver.engine.close()
 
 
-def turn_after_a_tool(d: Driver, **agent: object) -> str:
+def turn_after_a_tool(d: Driver) -> str:
     """A turn whose first model round called a tool that ran; returns the next RunModel step."""
-    d.register(**agent)
+    d.register()
     d.create()
     d.send("please help")
     d.run_model("look first", [("c1", "lookup", {"q": "x"})])
@@ -49,7 +49,9 @@ def fail_once_and_requeue(d: Driver, step_id: str, kind: str) -> int:
 
 
 def window_end(kind: str, first_handout_at: int) -> int:
-    return first_handout_at + STEP_KINDS[kind].retry_window_ms
+    window_ms = STEP_KINDS[kind].retry_window_ms
+    assert window_ms is not None, f"{kind} steps have no retry window"
+    return first_handout_at + window_ms
 
 
 def assert_failed_with_note(d: Driver, step_id: str) -> None:
@@ -57,7 +59,7 @@ def assert_failed_with_note(d: Driver, step_id: str) -> None:
     assert d.turn_status() == "failed" and d.snap()["status"] == "idle"
     assert d.queued() == [] and d.engine.running_attempts() == []
     step = d.engine._store.step(step_id)  # the step row itself: no query shows an ended turn's steps
-    assert (step["status"], step["attempts_used"]) == ("failed", 1)
+    assert step is not None and (step["status"], step["attempts_used"]) == ("failed", 1)
     assert "30 min" in d.snap()["turns"][-1]["error"]
     note = d.snap()["history"][-1]
     assert note["type"] == "note" and "c1" in note["text"] and "do not repeat" in note["text"]

@@ -112,11 +112,8 @@ def test_the_python_worker_names_the_task_kinds_as_the_engine_does() -> None:
 
 # ---------------------------------------------------------------- no bare statuses
 
-STATUS_VALUES = frozenset(
-    member.value
-    for enum_type in (*STATUS_OF_TABLE.values(), TimerPurpose, AttemptProgress, StepKind)
-    for member in enum_type
-)
+STATUS_ENUMS: tuple[type[enum.StrEnum], ...] = (*STATUS_OF_TABLE.values(), TimerPurpose, AttemptProgress, StepKind)
+STATUS_VALUES = frozenset(member.value for enum_type in STATUS_ENUMS for member in enum_type)
 
 
 def _value_positions(tree: ast.AST) -> list[ast.expr]:

@@ -30,7 +30,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import msgpack
 
@@ -511,7 +511,7 @@ class Simulation:
         self._schedule(self.sc.chaos_ms, "heal")
         if self.sc.election_timeouts:
             self._schedule(self.rng.uniform(1000, self.sc.chaos_ms / 2), "rolling_change")
-        handlers = {
+        handlers: dict[str, Callable[..., None]] = {
             "tick": self._on_tick,
             "deliver": self._on_deliver,
             "io_done": self._on_io_done,
@@ -564,6 +564,7 @@ class Simulation:
         if rd.entries:
             self.check.on_persist(node, rd, core.term_at(rd.entries[0].index - 1))
         node.outstanding = rd
+        early: list[Message]
         early, node.late_messages = [], rd.messages
         if self.sc.sends_early:
             # The node loop's own rule: what may leave before this Ready is on disk.
@@ -1165,7 +1166,7 @@ class Simulation:
         """Simulated real time at which `node`'s clock reads `local_ms`."""
         return (local_ms - node.clock.offset) / node.clock.rate
 
-    def _fail(self, what: str) -> None:
+    def _fail(self, what: str) -> NoReturn:
         lines = [f"seed {self.sc.seed} at t={self.now:.1f} ms (event {self.events}): {what}"]
         lines.append(f"replay: {REPLAY.format(seed=self.sc.seed)}")
         lines.append(f"scenario: {self.sc}")

@@ -4,8 +4,9 @@ network: messages are delivered in order unless a test drops or holds them)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import pytest
 
@@ -31,9 +32,20 @@ from dex_ha.raft.types import (
 MT = MessageType
 ETMIN = 1000
 MARGIN = 100
+
+
+class Timing(TypedDict):
+    """RaftConfig's timing fields, as keyword arguments for it."""
+
+    election_timeout_min_ms: int
+    election_timeout_max_ms: int
+    heartbeat_interval_ms: int
+    lease_drift_margin_ms: int
+
+
 # The timing these tests are written for (slower than the product's default, so that
 # ten heartbeats fit in the lease): every RaftConfig here is made with it.
-TIMING = dict(
+TIMING = Timing(
     election_timeout_min_ms=ETMIN,
     election_timeout_max_ms=2 * ETMIN,
     heartbeat_interval_ms=100,
@@ -79,9 +91,9 @@ class Cluster:
     def __init__(
         self,
         voters: list[str],
-        learners: list[str] = (),
+        learners: Sequence[str] = (),
         seed: int = 0,
-        node_cfg: dict[str, dict[str, object]] | None = None,
+        node_cfg: dict[str, Timing] | None = None,
         **cfg: object,
     ) -> None:
         self.conf = ConfState(tuple(voters), tuple(learners))
@@ -440,7 +452,14 @@ def test_lease_counts_from_round_send_not_ack_arrival() -> None:
     leader = c.elect("n1")
     c.run(300)
     held: list[Message] = []
-    c.drop = lambda m: m.type == MT.HEARTBEAT_RESP and (held.append(m) or True)
+
+    def hold_acks(m: Message) -> bool:
+        if m.type != MT.HEARTBEAT_RESP:
+            return False
+        held.append(m)
+        return True
+
+    c.drop = hold_acks
     sent_at = run_to_heartbeat_round(c, "n1")
     late_acks = list(held)
     c.run(300)  # later rounds go unanswered too
@@ -466,10 +485,10 @@ def test_single_node_lease() -> None:
 
 
 # Timeouts that differ between nodes (as during a rolling change of the setting).
-SLOW = dict(
+SLOW = Timing(
     election_timeout_min_ms=1000, election_timeout_max_ms=2000, heartbeat_interval_ms=100, lease_drift_margin_ms=100
 )
-FAST = dict(
+FAST = Timing(
     election_timeout_min_ms=500, election_timeout_max_ms=1000, heartbeat_interval_ms=50, lease_drift_margin_ms=50
 )
 SLOW_LEADER = {"n1": SLOW, "n2": FAST, "n3": FAST}
@@ -545,9 +564,9 @@ def test_after_a_restart_the_same_leaders_appends_do_not_shrink_the_promise() ->
     assert c.stores["n2"].hs.vote_refusal_ms == 1000
 
 
-def _follower(nid: str = "n2", term: int = 2, **cfg: object) -> RaftCore:
+def _follower(nid: str = "n2", term: int = 2) -> RaftCore:
     return RaftCore(
-        RaftConfig(id=nid, **{**FAST, **cfg}),
+        RaftConfig(id=nid, **FAST),
         hard_state=HardState(term=term),
         conf_state=ConfState(("n1", "n2", "n3")),
         snapshot=None,
@@ -772,8 +791,8 @@ def test_follower_conflicting_suffix_is_truncated() -> None:
     seen: list[Ready] = []
     original = n1.ready
 
-    def spy() -> Ready:
-        rd = original()
+    def spy(max_committed_entries: int = 0) -> Ready:
+        rd = original(max_committed_entries)
         seen.append(rd)
         return rd
 
@@ -890,8 +909,8 @@ def test_snapshot_sent_when_follower_lags_behind_compaction() -> None:
     installed: list[Ready] = []
     original = n3.ready
 
-    def spy() -> Ready:
-        rd = original()
+    def spy(max_committed_entries: int = 0) -> Ready:
+        rd = original(max_committed_entries)
         if rd.snapshot is not None:
             installed.append(rd)
         return rd
@@ -899,8 +918,10 @@ def test_snapshot_sent_when_follower_lags_behind_compaction() -> None:
     n3.ready = spy  # type: ignore[method-assign]
     c.run(300)
     snaps = [m for m in c.sent if m.type == MT.SNAP]
-    assert snaps and snaps[0].snapshot.index == idx and snaps[0].to == "n3"
-    assert installed and installed[0].snapshot.index == idx
+    assert snaps and snaps[0].to == "n3" and installed
+    sent, got = snaps[0].snapshot, installed[0].snapshot
+    assert sent is not None and sent.index == idx
+    assert got is not None and got.index == idx
     assert n3.conf_state == n1.conf_state
     assert n3.last_index == n1.last_index
     n1.propose(b"after")
@@ -1139,7 +1160,7 @@ def test_hostile_messages_never_raise() -> None:
                 Entry(
                     rng.choice([1, 2, 5]),
                     start + 1 + i,
-                    rng.choice([0, 1, 7]),
+                    rng.choice([0, 1, 7]),  # type: ignore[arg-type]  # junk on purpose: 7 is no EntryType
                     rng.choice([b"", b"\xff\xfe", b"garbage"]),
                 )
                 for i in range(rng.randint(1, 3))
@@ -1363,7 +1384,8 @@ def test_a_follower_that_lost_acknowledged_entries_is_reported_and_catches_up() 
     n3 = n1.status().members["n3"]
     # Its old match no longer counts: the new entry is not committed on the strength of it,
     # and the commit index never moves back.
-    assert n3.match == 0 and n3.lost_acknowledged == acknowledged and n3.lost_entries >= 1
+    assert n3.match == 0 and n3.lost_acknowledged == acknowledged
+    assert n3.lost_entries is not None and n3.lost_entries >= 1
     assert n1.commit_index == commit
     c.drop = lambda m: False
     c.run(300)
@@ -1371,7 +1393,9 @@ def test_a_follower_that_lost_acknowledged_entries_is_reported_and_catches_up() 
     assert data_of(c.stores["n3"])[-1] == b"after the wipe"
     n3 = n1.status().members["n3"]
     assert n3.match == n1.last_index and n3.applied == n1.commit_index
-    assert n3.lost_acknowledged is None and n3.lost_entries >= 1  # recovered; the count stays for this term
+    assert (
+        n3.lost_acknowledged is None and n3.lost_entries is not None and n3.lost_entries >= 1
+    )  # recovered; the count stays for this term
 
 
 def test_a_follower_that_lost_only_its_tail_is_probed_from_what_it_still_has() -> None:
@@ -1412,7 +1436,7 @@ def test_a_rejection_below_the_match_in_replicate_is_stale_not_a_loss() -> None:
         n1.propose(b"p%d" % i)
     c.flush()
     before = n1.status().members["n2"]
-    assert before.state == "replicate"
+    assert before.state == "replicate" and before.match is not None
     n1.step(Message(MT.APP_RESP, "n1", "n2", term=n1.term, index=before.match - 1, reject=True, reject_hint=1))
     after = n1.status().members["n2"]
     assert n1.take_lost_entries() == []

@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import msgpack
 import pytest
@@ -319,15 +320,29 @@ class SlowKVStateMachine(KVStateMachine):
         return super().apply_batch(entries)
 
 
-async def _burst_of_400(tmp_path: Path, leader_s: float, follower_s: float, **config: object) -> None:
+class Timing(TypedDict):
+    """The election timeouts a test sets (keyword arguments of NodeConfig)."""
+
+    election_timeout_min_ms: int
+    election_timeout_max_ms: int
+
+
+class BurstConfig(TypedDict, total=False):
+    """NodeConfig settings a burst test changes."""
+
+    max_apply_entries_per_ready: int
+    apply_budget_ms: int
+
+
+async def _burst_of_400(tmp_path: Path, leader_s: float, follower_s: float, **config: Unpack[BurstConfig]) -> None:
     """Three RaftThreads (each node on its own thread, as in the server); once a leader is
     up, its state machine takes `leader_s` an entry and the others `follower_s`; 400
     proposals at once. Fails unless every node applied them all under the first leader."""
     ports = free_ports(3)
     members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
-    timing = dict(election_timeout_min_ms=800, election_timeout_max_ms=1200)
+    timing = Timing(election_timeout_min_ms=800, election_timeout_max_ms=1200)
     sms = {nid: SlowKVStateMachine(per_entry_s=0.0) for nid in members}
-    nodes = {nid: RaftThread(_config(nid, tmp_path, members, **{**timing, **config}), sms[nid]) for nid in members}
+    nodes = {nid: RaftThread(_config(nid, tmp_path, members, **timing, **config), sms[nid]) for nid in members}
     for n in nodes.values():
         await n.start()
     try:
@@ -377,7 +392,7 @@ async def test_a_follower_acks_heartbeats_while_its_disk_is_slow(tmp_path: Path)
     busy machine (with 500 ms writes and a 770 ms lease, 220 ms did not always)."""
     ports = free_ports(3)
     members = {f"n{i + 1}": Member(("127.0.0.1", ports[i])) for i in range(3)}
-    timing = dict(election_timeout_min_ms=1530, election_timeout_max_ms=2000)  # lease 1500 ms (drift 30)
+    timing = Timing(election_timeout_min_ms=1530, election_timeout_max_ms=2000)  # lease 1500 ms (drift 30)
     nodes = {nid: RaftThread(_config(nid, tmp_path, members, **timing), KVStateMachine()) for nid in members}
     for n in nodes.values():
         await n.start()

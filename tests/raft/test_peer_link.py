@@ -19,6 +19,7 @@ import os
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TypedDict
 
 import msgpack
 import pytest
@@ -62,7 +63,7 @@ async def relayed(tamper: Tamper) -> AsyncIterator[tuple[Node, Node, Relay]]:
     a, b = make_node("a", secret=SECRET), make_node("b", secret=SECRET)
     await a.transport.start()
     await b.transport.start()
-    relay = Relay(b.transport.port, tamper)
+    relay = Relay(b.port, tamper)
     port = await relay.start()
     a.transport.set_peers({"b": (LOOPBACK, port)})
     b.transport.set_peers({"a": a.addr})
@@ -214,7 +215,7 @@ async def test_a_flood_of_forged_frames_is_counted_but_not_all_logged(caplog) ->
     try:
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             for i in range(flood):
-                raw = await RawPeer.connect(b.transport.port)
+                raw = await RawPeer.connect(b.port)
                 await raw.handshake("a", SECRET)
                 raw.send_raw(frame(KIND_MESSAGE, encode_message(app("a", "b", i))))  # no tag
                 assert await raw.closed_by_peer()
@@ -247,7 +248,7 @@ def _node_config(nid: str, root: Path, members: dict[str, Member], listen: tuple
 async def test_a_forged_heartbeat_does_not_change_the_term_of_a_raft_node(tmp_path: Path, caplog) -> None:
     """Three Raft nodes; every connection to n2 runs through the relay. Armed, the relay
     injects a HEARTBEAT with term 999 into one of them: n2 keeps its term."""
-    armed, injected = False, []
+    armed, injected = False, list[str]()
 
     def inject_once(conn: RelayConnection, n: int, f: bytes) -> list[bytes]:
         if armed and n >= 1 and not injected:
@@ -308,7 +309,7 @@ async def pair() -> AsyncIterator[tuple[Node, Node]]:
 async def test_a_short_or_empty_handshake_mac_is_refused(pair: tuple[Node, Node], caplog, answer: str) -> None:
     """With a real node id. A check that compared only the bytes sent would take them."""
     _, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         hello_kind, hello = await raw.read_frame()
         assert hello_kind == KIND_HELLO
@@ -337,7 +338,7 @@ async def test_a_handshake_recorded_on_one_connection_fails_on_the_next(caplog) 
         assert (auth[4], acceptor_bytes[4]) == (17, KIND_HELLO)  # AUTH; HELLO then AUTH_OK
 
         # 1. The AUTH again, to the acceptor.
-        raw = await RawPeer.connect(b.transport.port)
+        raw = await RawPeer.connect(b.port)
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             assert (await raw.read_frame())[0] == KIND_HELLO
             raw.send_raw(auth)
@@ -376,7 +377,7 @@ async def test_insecure_mode_frames_carry_no_mac() -> None:
     b = make_node("b")
     await b.transport.start()
     try:
-        raw = await RawPeer.connect(b.transport.port)
+        raw = await RawPeer.connect(b.port)
         await raw.handshake("a", None)
         raw.send_raw(frame(KIND_MESSAGE, encode_message(app("a", "b", 5))))
         assert (await b.recv()).index == 5
@@ -419,10 +420,21 @@ def test_hkdf_matches_rfc_5869_test_case_1() -> None:
     assert okm.hex() == ("3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865")
 
 
+class LinkKeyArgs(TypedDict):
+    """The arguments of link_key."""
+
+    secret: bytes
+    dialer_challenge: bytes
+    acceptor_challenge: bytes
+    dialer_id: str
+    acceptor_id: str
+    direction: bytes
+
+
 def test_link_keys_differ_by_direction_and_by_every_input() -> None:
     from dex_ha.raft.transport import ACCEPTOR_TO_DIALER, DIALER_TO_ACCEPTOR, link_key
 
-    base = dict(
+    base = LinkKeyArgs(
         secret=SECRET,
         dialer_challenge=b"d" * 32,
         acceptor_challenge=b"a" * 32,
@@ -430,17 +442,17 @@ def test_link_keys_differ_by_direction_and_by_every_input() -> None:
         acceptor_id="n2",
         direction=DIALER_TO_ACCEPTOR,
     )
-    variants = [
-        {},
-        {"direction": ACCEPTOR_TO_DIALER},
-        {"secret": SECRET + b"x"},
-        {"dialer_challenge": b"D" * 32},
-        {"acceptor_challenge": b"A" * 32},
-        {"dialer_id": "n3"},
-        {"acceptor_id": "n3"},
-        {"dialer_id": "n1n", "acceptor_id": "2"},
+    variants: list[LinkKeyArgs] = [
+        base,
+        base | {"direction": ACCEPTOR_TO_DIALER},
+        base | {"secret": SECRET + b"x"},
+        base | {"dialer_challenge": b"D" * 32},
+        base | {"acceptor_challenge": b"A" * 32},
+        base | {"dialer_id": "n3"},
+        base | {"acceptor_id": "n3"},
+        base | {"dialer_id": "n1n", "acceptor_id": "2"},
     ]  # the ids are length-prefixed
-    keys = [link_key(**{**base, **v}) for v in variants]
+    keys = [link_key(**v) for v in variants]
     assert len(set(keys)) == len(keys) and all(len(k) == 32 for k in keys)
 
 

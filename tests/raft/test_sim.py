@@ -31,7 +31,8 @@ import pytest
 
 from dex_ha.raft import core as raft_core
 from dex_ha.raft.core import RaftCore
-from dex_ha.raft.types import Entry
+from dex_ha.raft.progress import Progress
+from dex_ha.raft.types import NO_NODE, Entry, Message, MessageType, Ready, Role
 from harness.long_runs import long_runs
 
 from .sim import REPLAY, Checker, SimFailure, Simulation, run_seed
@@ -50,7 +51,8 @@ REGRESSION_SEEDS = (679, 1010)
 
 def _family_seeds(first: int, n: int) -> list[int]:
     """`n` seeds from `first` on that share its bit 7 (the mixed-timeout family or not)."""
-    out, seed = [], first
+    out: list[int] = []
+    seed = first
     while len(out) < n:
         if seed & MIXED_TIMEOUT_FAMILY == first & MIXED_TIMEOUT_FAMILY:
             out.append(seed)
@@ -284,7 +286,7 @@ def _break_leader_window(mp: pytest.MonkeyPatch) -> None:
     carried the leader's window)."""
     original = RaftCore._heard_from_leader
 
-    def heard(self: RaftCore, m: raft_core.Message) -> None:
+    def heard(self: RaftCore, m: Message) -> None:
         original(self, dataclasses.replace(m, lease_window_ms=0))
 
     mp.setattr(RaftCore, "_heard_from_leader", heard)
@@ -293,7 +295,7 @@ def _break_leader_window(mp: pytest.MonkeyPatch) -> None:
 def _break_heard_timestamp(mp: pytest.MonkeyPatch) -> None:
     """Timestamp "heard from the leader" at the previous tick instead of the next."""
 
-    def heard(self: RaftCore, m: raft_core.Message) -> None:
+    def heard(self: RaftCore, m: Message) -> None:
         window = max(self._cfg.election_timeout_min_ms, m.lease_window_ms)
         self._promise(window)
         self._refuse_until_ms = max(self._refuse_until_ms, self._now + window)
@@ -326,7 +328,7 @@ def _break_transfer_lease(mp: pytest.MonkeyPatch) -> None:
         t, pr = self._transfer, self._prs.get(peer)
         if t is None or t.target != peer or pr is None or pr.match != self._log.last_index:
             return False
-        self._send(raft_core.MessageType.TIMEOUT_NOW, peer)
+        self._send(MessageType.TIMEOUT_NOW, peer)
         return True
 
     mp.setattr(RaftCore, "_start_transfer", start)
@@ -353,7 +355,7 @@ def _break_heartbeat_commit(mp: pytest.MonkeyPatch) -> None:
     def bcast(self: RaftCore) -> None:
         round_number = self._rounds.start(self._now, keep_ms=self._cfg.election_timeout_min_ms)
         for peer in self._prs:
-            self._send(raft_core.MessageType.HEARTBEAT, peer, commit=self._log.commit, context=round_number)
+            self._send(MessageType.HEARTBEAT, peer, commit=self._log.commit, context=round_number)
 
     mp.setattr(RaftCore, "_bcast_heartbeat", bcast)
 
@@ -375,7 +377,7 @@ def _break_vote_sync(mp: pytest.MonkeyPatch) -> None:
     """Do not fsync a changed term/vote."""
     original = RaftCore.ready
 
-    def ready(self: RaftCore, max_committed_entries: int = 0) -> raft_core.Ready:
+    def ready(self: RaftCore, max_committed_entries: int = 0) -> Ready:
         rd = original(self, max_committed_entries)
         if not rd.entries and rd.snapshot is None:
             rd.must_sync = False
@@ -399,9 +401,9 @@ def _break_single_vote_only(mp: pytest.MonkeyPatch) -> None:
     original = RaftCore._handle_vote_request
 
     def handle(self: RaftCore, m: object) -> None:
-        if m.type == raft_core.MessageType.VOTE:  # type: ignore[attr-defined]
-            self._vote = raft_core.NO_NODE
-            self._leader = raft_core.NO_NODE
+        if m.type == MessageType.VOTE:  # type: ignore[attr-defined]
+            self._vote = NO_NODE
+            self._leader = NO_NODE
         original(self, m)  # type: ignore[arg-type]
 
     mp.setattr(RaftCore, "_handle_vote_request", handle)
@@ -422,7 +424,7 @@ def _break_apply_order(mp: pytest.MonkeyPatch) -> None:
     original = RaftCore.ready
     calls = Counter[str]()
 
-    def ready(self: RaftCore, max_committed_entries: int = 0) -> raft_core.Ready:
+    def ready(self: RaftCore, max_committed_entries: int = 0) -> Ready:
         rd = original(self, max_committed_entries)
         if len(rd.committed_entries) > 1:
             calls["n"] += 1
@@ -448,17 +450,17 @@ def _break_heartbeat_match(mp: pytest.MonkeyPatch) -> None:
     """Heartbeat acks carry the follower's last index, and the leader advances the
     follower's match from it (a heartbeat checks no log, and its ack leaves early)."""
 
-    def heartbeat(self: RaftCore, m: raft_core.Message) -> None:
+    def heartbeat(self: RaftCore, m: Message) -> None:
         self._leader = m.frm
         self._heard_from_leader(m)
         self._log.commit_to(min(m.commit, self._log.last_index))
-        self._send(raft_core.MessageType.HEARTBEAT_RESP, m.frm, context=m.context, index=self._log.last_index)
+        self._send(MessageType.HEARTBEAT_RESP, m.frm, context=m.context, index=self._log.last_index)
 
     original = RaftCore._handle_heartbeat_response
 
-    def heartbeat_response(self: RaftCore, m: raft_core.Message, pr: raft_core.Progress) -> None:
+    def heartbeat_response(self: RaftCore, m: Message, pr: Progress) -> None:
         if m.index <= self._log.last_index and pr.maybe_update(m.index) and self._maybe_commit():
-            if self._role == raft_core.Role.LEADER:
+            if self._role == Role.LEADER:
                 self._commit_pending = True
         original(self, m, pr)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from dex_ha.engine import CreateSession, Engine, encode_command
+from dex_ha.engine import ApplyResult, CreateSession, Engine, encode_command
 from dex_ha.raft.errors import NotLeader
 from dex_ha.raft.node import Member, NodeConfig, RaftNode
 from dex_ha.raft.snapshot_file import SnapshotCorruptionError, seal_bytes, seal_file, verify, verify_file
@@ -55,7 +55,7 @@ async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None
         await asyncio.sleep(0.01)
 
 
-async def _propose(nodes: dict[str, RaftNode], data: bytes) -> object:
+async def _propose(nodes: dict[str, RaftNode], data: bytes) -> ApplyResult:
     t0 = time.monotonic()
     while True:
         leader = next((n for n in nodes.values() if n.is_leader and n.lease_valid()), None)

@@ -17,8 +17,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
 from dex_ha.raft import storage as storage_mod
-from dex_ha.raft.storage import FAILPOINT_ENV, FAILPOINT_EXIT_CODE, LogCorruptionError, RaftStorage
+from dex_ha.raft.storage import LogCorruptionError, RaftStorage
 from dex_ha.raft.types import ConfState, Entry, HardState, SnapshotMeta
 from tests.raft.storage_workload import Compact, Model, Save, Snapshot, explain_crash_state, generate, run_op
 
@@ -553,14 +554,16 @@ class _Child:
             cwd=REPO,
             env=env,
         )
+        assert self.proc.stdout is not None  # stdout=PIPE
+        self._stdout = self.proc.stdout
         self._poll = select.poll()
-        self._poll.register(self.proc.stdout.fileno(), select.POLLIN)
+        self._poll.register(self._stdout.fileno(), select.POLLIN)
         self._buf = b""
         self.acked = 0  # number of operations acknowledged
 
     def read_line(self, deadline: float) -> str | None:
         """The next line, or None at end of output."""
-        fd = self.proc.stdout.fileno()
+        fd = self._stdout.fileno()
         while b"\n" not in self._buf:
             remaining = deadline - time.monotonic()
             assert remaining > 0, "crash child too slow"
@@ -577,7 +580,7 @@ class _Child:
         return text
 
     def wait(self, timeout: float = 60) -> int:
-        self.proc.stdout.close()
+        self._stdout.close()
         return self.proc.wait(timeout)
 
 

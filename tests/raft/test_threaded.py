@@ -14,7 +14,12 @@ def test_items_put_before_the_target_loop_runs_are_delivered_in_one_batch() -> N
     try:
         batches: list[list[int]] = []
         handoff: _Handoff[int] = _Handoff(loop, batches.append)
-        putter = threading.Thread(target=lambda: [handoff.put(i) for i in range(100)])
+
+        def put_all() -> None:
+            for i in range(100):
+                handoff.put(i)
+
+        putter = threading.Thread(target=put_all)
         putter.start()
         putter.join(timeout=10)
         assert not putter.is_alive()

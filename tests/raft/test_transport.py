@@ -80,7 +80,7 @@ async def test_reconnect_after_the_peer_restarts(pair: tuple[Node, Node]) -> Non
     a, b = pair
     a.transport.send(app("a", "b", 1))
     assert (await b.recv()).index == 1
-    port = b.transport.port
+    port = b.port
     await b.transport.stop()
     await eventually(
         lambda: "b" in a.unreachable or a.transport.stats.connect_failures > 0 or _send_and_count_drop(a),
@@ -95,7 +95,7 @@ async def test_reconnect_after_the_peer_restarts(pair: tuple[Node, Node]) -> Non
         later = [app("a", "b", 10_000 + i) for i in range(20)]
         for m in later:
             a.transport.send(m)
-        received = []
+        received: list[Message] = []
         while len(received) < 20:
             m = await b2.recv()
             if m.index >= 10_000:
@@ -130,7 +130,7 @@ async def test_messages_are_dropped_and_reported_when_a_peer_is_down() -> None:
     await a.transport.start()
     dead = make_node("dead")
     await dead.transport.start()
-    port = dead.transport.port
+    port = dead.port
     await dead.transport.stop()  # nothing listens there now
     a.transport.set_peers({"b": (LOOPBACK, port)})
     try:
@@ -150,7 +150,7 @@ async def test_while_unreachable_send_drops_at_once() -> None:
     await a.transport.start()
     dead = make_node("dead")
     await dead.transport.start()
-    port = dead.transport.port
+    port = dead.port
     await dead.transport.stop()
     a.transport.set_peers({"b": (LOOPBACK, port)})
     try:
@@ -276,7 +276,7 @@ async def test_a_snapshot_chunk_that_does_not_continue_drops_the_connection(
     pair: tuple[Node, Node], caplog, second_offset: int
 ) -> None:
     a, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     await raw.handshake("a", SECRET)
     header = encode_message(Message(MessageType.SNAP, "b", "a", snapshot=SNAP_META))
     raw.send_frame(KIND_CHUNK, msgpack.packb([0, 10, False, header, b"01234"], use_bin_type=True))
@@ -292,7 +292,7 @@ async def test_a_snapshot_chunk_that_does_not_continue_drops_the_connection(
 async def test_a_snapshot_in_raw_chunks_is_reassembled(pair: tuple[Node, Node]) -> None:
     """The control for the test above: the same chunks in order deliver the snapshot."""
     _, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     await raw.handshake("a", SECRET)
     header = encode_message(Message(MessageType.SNAP, "b", "a", snapshot=SNAP_META))
     raw.send_frame(KIND_CHUNK, msgpack.packb([0, 10, False, header, b"01234"], use_bin_type=True))
@@ -307,7 +307,7 @@ async def test_a_snapshot_in_raw_chunks_is_reassembled(pair: tuple[Node, Node]) 
 
 async def test_a_peer_without_the_secret_is_refused_and_logged(pair: tuple[Node, Node], caplog) -> None:
     a, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         await raw.handshake("mallory", None)  # no MAC at all
         assert await raw.closed_by_peer()
@@ -319,12 +319,12 @@ async def test_a_peer_without_the_secret_is_refused_and_logged(pair: tuple[Node,
 
 async def test_a_wrong_hmac_is_refused_even_with_a_real_node_id(pair: tuple[Node, Node], caplog) -> None:
     a, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         await raw.handshake("a", b"not-the-cluster-secret")
         assert await raw.closed_by_peer()
         await eventually(lambda: raw.local_addr in caplog.text, deadline_s=DEADLINE)
-    raw2 = await RawPeer.connect(b.transport.port)
+    raw2 = await RawPeer.connect(b.port)
     await raw2.handshake("a", None, mac_override=b"\0" * 32)
     assert await raw2.closed_by_peer()
     assert b.transport.stats.connections_rejected == 2 and b.inbox.empty()
@@ -334,7 +334,7 @@ async def test_a_wrong_hmac_is_refused_even_with_a_real_node_id(pair: tuple[Node
 async def test_a_good_raw_peer_is_accepted_and_the_acceptor_proves_itself(pair: tuple[Node, Node]) -> None:
     """The control for the tests above: the same raw peer with the secret gets through."""
     _, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     await raw.handshake("a", SECRET)
     await raw.expect_auth_ok("b", SECRET)
     raw.send_message(app("a", "b", 42))
@@ -383,7 +383,7 @@ async def test_a_silent_peer_times_out(caplog) -> None:
     b = make_node("b", secret=SECRET, handshake_timeout=0.3)
     await b.transport.start()
     try:
-        raw = await RawPeer.connect(b.transport.port)
+        raw = await RawPeer.connect(b.port)
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             assert await raw.closed_by_peer()  # it never answers the HELLO
         assert "timed out" in caplog.text and raw.local_addr in caplog.text
@@ -393,7 +393,7 @@ async def test_a_silent_peer_times_out(caplog) -> None:
 
 async def test_garbage_before_authentication_is_refused(pair: tuple[Node, Node], caplog) -> None:
     a, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         raw.send_raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert await raw.closed_by_peer()
@@ -403,7 +403,7 @@ async def test_garbage_before_authentication_is_refused(pair: tuple[Node, Node],
 
 async def test_garbage_after_authentication_drops_the_connection(pair: tuple[Node, Node], caplog) -> None:
     a, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     await raw.handshake("a", SECRET)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         raw.send_frame(1, b"\xc1\xc1 definitely not msgpack")
@@ -416,7 +416,7 @@ async def test_garbage_after_authentication_drops_the_connection(pair: tuple[Nod
 async def test_an_oversized_length_prefix_drops_the_connection_without_buffering(caplog) -> None:
     a, b = await started(make_node("a", secret=SECRET), make_node("b", secret=SECRET, max_frame_bytes=2 << 20))
     try:
-        raw = await RawPeer.connect(b.transport.port)
+        raw = await RawPeer.connect(b.port)
         await raw.handshake("a", SECRET)
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             raw.send_raw(struct.pack(">I", 3 << 30))  # announces 3 GiB, sends nothing more
@@ -431,7 +431,7 @@ async def test_an_oversized_length_prefix_drops_the_connection_without_buffering
 
 async def test_valid_msgpack_that_is_not_a_message_is_dropped(pair: tuple[Node, Node], caplog) -> None:
     a, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     await raw.handshake("a", SECRET)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         raw.send_frame(1, msgpack.packb({"type": "APP", "to": "b"}))
@@ -443,7 +443,7 @@ async def test_valid_msgpack_that_is_not_a_message_is_dropped(pair: tuple[Node, 
 
 async def test_an_unknown_frame_kind_is_dropped(pair: tuple[Node, Node], caplog) -> None:
     a, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     await raw.handshake("a", SECRET)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         raw.send_frame(99, b"hello")
@@ -454,7 +454,7 @@ async def test_an_unknown_frame_kind_is_dropped(pair: tuple[Node, Node], caplog)
 
 async def test_a_peer_claiming_another_frm_is_dropped(pair: tuple[Node, Node], caplog) -> None:
     a, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     await raw.handshake("c", SECRET)  # a real member, authenticated as c ...
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         raw.send_message(app("c", "b", 1))  # ... may speak as c
@@ -468,7 +468,7 @@ async def test_a_peer_claiming_another_frm_is_dropped(pair: tuple[Node, Node], c
 
 async def test_a_message_for_another_node_is_dropped_not_delivered(pair: tuple[Node, Node], caplog) -> None:
     a, b = pair
-    raw = await RawPeer.connect(b.transport.port)
+    raw = await RawPeer.connect(b.port)
     await raw.handshake("a", SECRET)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         raw.send_message(app("a", "zz", 1))
@@ -537,7 +537,7 @@ async def test_mutual_tls_refuses_a_client_without_a_valid_certificate(certs, ca
         ctx = certs.client_ctx() if client_cert == "none" else certs.client_ctx(certs.rogue_cert, certs.rogue_key)
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             try:
-                raw = await RawPeer.connect(b.transport.port, ssl_ctx=ctx)
+                raw = await RawPeer.connect(b.port, ssl_ctx=ctx)
             except ssl_errors():
                 raw = None  # refused during the TLS handshake itself
             if raw is not None:
@@ -597,7 +597,7 @@ async def test_a_flood_of_bad_connections_is_counted_but_not_all_logged(pair: tu
     flood = REJECTION_LOG_BURST * 3
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for _ in range(flood):
-            raw = await RawPeer.connect(b.transport.port)
+            raw = await RawPeer.connect(b.port)
             raw.send_raw(b"GET / HTTP/1.1\r\n\r\n")
             assert await raw.closed_by_peer()
         await eventually(lambda: b.transport.stats.connections_rejected >= flood, deadline_s=DEADLINE)
@@ -616,7 +616,7 @@ async def test_a_peer_that_dials_us_ends_our_backoff_towards_it(pair: tuple[Node
     a, b = pair
     a.transport.send(app("a", "b", 1))
     assert (await b.recv()).index == 1
-    port = b.transport.port
+    port = b.port
     await b.transport.stop()
     # Let a's backoff grow to its maximum: keep failing to dial b for a while.
     t0 = time.monotonic()

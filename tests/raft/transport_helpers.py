@@ -47,9 +47,14 @@ class Node:
         return self.transport.node_id
 
     @property
+    def port(self) -> int:
+        """The port the transport listens on (it must have been started with a listener)."""
+        assert self.transport.port is not None, f"{self.id} does not listen"
+        return self.transport.port
+
+    @property
     def addr(self) -> tuple[str, int]:
-        assert self.transport.port is not None
-        return (LOOPBACK, self.transport.port)
+        return (LOOPBACK, self.port)
 
     async def recv(self, timeout: float = DEADLINE) -> Message:
         return await asyncio.wait_for(self.inbox.get(), timeout)

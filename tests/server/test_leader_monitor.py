@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from dex_ha.engine import ApplyResult, AttemptTimedOut, HeartbeatLost, RunningAttempt
 from dex_ha.server.leader import ActiveClock, HandedOutAttempt, LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
+from dex_ha.server.replica import Replica
 
 TERM = 3
 
@@ -24,9 +25,8 @@ def leader_with(attempt: RunningAttempt, proposed: list[Any]) -> LeaderTerm:
         proposed.append(cmd)
         return ApplyResult(index=1, ok=True)
 
-    leader = LeaderTerm(
-        TERM, SimpleNamespace(reads=reads), propose, ServerMetrics(), clock=ActiveClock(), heartbeat_timeout_ms=1_000
-    )
+    replica = cast(Replica, SimpleNamespace(reads=reads))  # a stand-in: the monitor reads only `reads`
+    leader = LeaderTerm(TERM, replica, propose, ServerMetrics(), clock=ActiveClock(), heartbeat_timeout_ms=1_000)
     leader._started_mono = time.monotonic() - 60  # a leader of long standing
     return leader
 
@@ -66,7 +66,6 @@ async def test_a_wall_clock_step_on_the_active_node_changes_no_deadline(monkeypa
     handed_out = clock.now_ms()
     leader = leader_with(running(started_at=handed_out, deadline_at=handed_out + 60_000), proposed)
     leader.clock = clock
-    leader.task_for_handout = lambda *a: None  # type: ignore[method-assign]
     leader.running[("st1", 2)] = HandedOutAttempt("st1", 2, "s1", "CallTool", "w1", time.monotonic(), None, "t1")
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + step_s)

@@ -126,7 +126,7 @@ async def test_a_poll_for_many_tasks_is_handed_out_in_entries_of_a_bounded_size(
         proposed.append(cmd)
         return await propose(cmd)
 
-    leader._propose = recording_propose  # type: ignore[method-assign]
+    leader._propose = recording_propose
     async with asyncio.timeout(30):
         tasks = await leader.poll("worker-1", ["many"], max_tasks=count, wait_ms=10_000)
     assert len({t["step_id"] for t in tasks}) == count
@@ -162,7 +162,7 @@ async def test_a_poll_gets_a_step_when_a_result_took_the_one_it_was_counted(node
                 taken_first.extend(s.session_id for s in (await propose(other)).value.started)
         return await propose(cmd)
 
-    leader._propose = a_result_applies_first  # type: ignore[method-assign]
+    leader._propose = a_result_applies_first
     async with asyncio.timeout(10):
         tasks = await leader.poll("worker-1", ["race"], max_tasks=1, wait_ms=5_000)
     assert taken_first == ["s1"]

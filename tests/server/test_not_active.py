@@ -32,7 +32,7 @@ ELECTION_DEADLINE_S = 15.0
 
 
 async def request_route(api: HttpApi, route: RouteSpec) -> Any:
-    body = {} if route.body is not None else None
+    body: dict[str, Any] | None = {} if route.body is not None else None  # an empty JSON body where one is taken
     return await api.call(route.method, concrete_path(route), role=role_for(route), json_body=body)
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import copy
 import json
 import re
+from typing import Any
 
 import pytest
 
-from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, RouteSpec
+from dex_ha.server.api_spec import ROUTES, ROUTES_BY_NAME, FieldSpec, RouteSpec
 from dex_ha.server.openapi import FORMAT_PATTERNS, openapi_document
 from dex_ha.server.validation import InvalidRequest, validate_body
 
@@ -277,11 +278,12 @@ def _sample_bodies(route: RouteSpec) -> list[object]:
     leaves formats unchecked by default and JSON cannot carry NaN)."""
     good = {"string": "ok", "integer": 5, "number": 1.5, "boolean": True, "object": {}, "array": [], "any": [1]}
     wrong = {"string": 3, "integer": "5", "number": "x", "boolean": 1, "object": [], "array": {}, "any": None}
-    base: dict[str, object] = {}
+    assert route.body is not None
+    base: dict[str, Any] = {}  # a JSON body
     for spec in route.body:
         value = spec.enum[0] if spec.enum else good[spec.type]
         if spec.type == "array":
-            value = [good[spec.items.type]] * max(1, spec.min_length or 0)
+            value = [good[_item_type(spec)]] * max(1, spec.min_length or 0)
         if spec.type == "integer" and spec.min is not None:
             value = spec.min
         if spec.format is not None:
@@ -303,8 +305,13 @@ def _sample_bodies(route: RouteSpec) -> list[object]:
             too_long = "x" * over if spec.type == "string" else [base[spec.name][0]] * over
             samples.append({**base, spec.name: too_long})
         if spec.type == "array":
-            samples.append({**base, spec.name: [wrong[spec.items.type]]})
+            samples.append({**base, spec.name: [wrong[_item_type(spec)]]})
     return samples
+
+
+def _item_type(array: FieldSpec) -> str:
+    assert isinstance(array.items, FieldSpec)  # FieldSpec insists on it for arrays
+    return array.items.type
 
 
 @pytest.mark.parametrize("route", [r for r in ROUTES if r.body], ids=lambda r: r.name)

@@ -127,7 +127,8 @@ async def test_answers_and_reconciles_are_capped_too(nodes: NodeFactory, http: H
 )
 def test_bound_settings_are_checked(tmp_path: Path, setting: str, value: int, message: str):
     with pytest.raises(ConfigError, match=message):
-        single_node_config(tmp_path, **{setting: value}).check()
+        overrides: dict[str, Any] = {setting: value}  # a ServerConfig field, named by the parameter
+        single_node_config(tmp_path, **overrides).check()
 
 
 def test_the_bound_settings_load_from_the_environment(tmp_path: Path):

@@ -5,12 +5,13 @@ and those reads cost more than the rest of the hand-out."""
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from dex_ha.engine import StartQueuedAttempts
 from dex_ha.engine.kinds import DEFAULT_HEARTBEAT_TIMEOUT_MS
 from dex_ha.server.leader import ActiveClock, LeaderTerm
 from dex_ha.server.metrics import ServerMetrics
+from dex_ha.server.replica import Replica
 from dex_ha.server.task_tokens import TaskToken
 from tests.engine.driver import AGENT, Driver
 
@@ -31,9 +32,10 @@ async def test_a_task_is_built_from_its_hand_out_without_reading_the_state() -> 
     async def propose(cmd: Any) -> Any:
         raise AssertionError("nothing is proposed")
 
+    replica = cast(Replica, SimpleNamespace(reads=NoReads()))  # a stand-in whose every read fails the test
     leader = LeaderTerm(
         d.term,
-        SimpleNamespace(reads=NoReads()),
+        replica,
         propose,
         ServerMetrics(),
         clock=ActiveClock(),

@@ -40,7 +40,7 @@ async def report(api: HttpApi, token: str, action: str, worker_id: str, **body: 
     return await api.post(f"/v1/worker/tasks/{token}/{action}", {"worker_id": worker_id, **body}, role="worker")
 
 
-REPORTS = {  # action -> the rest of a valid body
+REPORTS: dict[str, dict[str, Any]] = {  # action -> the rest of a valid JSON body
     "heartbeat": {"deltas": [{"text": "forged"}]},
     "complete": {"result": model_result("the other Worker's answer")},
     "fail": {"error": "the other Worker says it failed", "retryable": False},
@@ -117,7 +117,8 @@ async def test_a_token_that_was_not_handed_out_is_404(api: HttpApi) -> None:
 def test_a_token_parses_back_and_malformed_ones_do_not_parse() -> None:
     token = TaskToken("st12.3", 2, 7, new_token_secret())
     assert TaskToken.parse(str(token)) == token
-    assert TaskToken.parse(str(TaskToken("st-with-dashes", 1, 1, MADE_UP_SECRET))).step_id == "st-with-dashes"
+    dashed = TaskToken.parse(str(TaskToken("st-with-dashes", 1, 1, MADE_UP_SECRET)))
+    assert dashed is not None and dashed.step_id == "st-with-dashes"
     for text in (
         "st12.3-2-7",
         f"-2-7-{MADE_UP_SECRET}",

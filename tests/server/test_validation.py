@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import pytest
 from multidict import MultiDict
@@ -58,7 +59,7 @@ MINIMAL = {
 }
 
 # route -> a body with every field set (none to its default); it must come back unchanged.
-FULL = {
+FULL: dict[str, dict[str, Any]] = {
     "create_session": {"agent": "support", "session_id": "s-1", "metadata": {"user": "ann"}},
     "send_message": {"text": "hello", "message_id": "m-1", "mode": "steer"},
     "decide_approval": {"approved": True, "reason": "looks fine"},

@@ -107,7 +107,7 @@ async def test_the_worst_requests_move_neither_the_raft_loop_nor_the_term(cluste
         deadline = time.monotonic() + ATTACK_S
 
         async def list_everything() -> None:
-            after = ""
+            after: str | None = ""
             while True:
                 async with http.get(
                     url + "/v1/sessions",
