@@ -11,8 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dex_ha.client import DexClient
-from dex_ha.client.client import SessionEvent
+from dex_ha.client import DexClient, SessionEvent
 from harness.waiting import eventually
 from tests.crash.harness import DEADLINE_S, Column, WorkerProcess
 from tests.crash.ledger import JsonLedger, Ledger, Run

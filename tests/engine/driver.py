@@ -3,7 +3,7 @@ clock it moves by hand, and keeps the log so tests can replay it into another en
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from dex_ha.engine import (
     AnswerQuestion,
@@ -19,14 +19,19 @@ from dex_ha.engine import (
     FireTimer,
     Handout,
     HeartbeatLost,
+    Proposal,
     ReconcileToolCall,
     RegisterAgent,
     SendMessage,
     StartAttempts,
     Task,
     Timer,
+    as_command,
     encode_command,
 )
+from dex_ha.session_protocol import SessionSnapshot, ToolCallView
+
+V = TypeVar("V")
 
 AGENT = "helper"
 
@@ -59,15 +64,15 @@ class Driver:
 
     # ------------------------------------------------------------- log
 
-    def apply(self, cmd: Any) -> ApplyResult:
-        return self.apply_raw(encode_command(cmd))
+    def apply(self, cmd: Proposal[V]) -> ApplyResult[V]:
+        return self.apply_raw(encode_command(as_command(cmd)))
 
-    def apply_raw(self, data: bytes) -> ApplyResult:
+    def apply_raw(self, data: bytes) -> ApplyResult[Any]:
         self.index += 1
         self.log.append((self.index, data))
         return self.engine.apply(self.index, data)
 
-    def ok(self, cmd: Any) -> ApplyResult:
+    def ok(self, cmd: Proposal[V]) -> ApplyResult[V]:
         result = self.apply(cmd)
         assert result.ok, result
         return result
@@ -198,7 +203,7 @@ class Driver:
 
     # ------------------------------------------------------------- reads
 
-    def snap(self, session_id: str = "s1") -> dict[str, Any]:
+    def snap(self, session_id: str = "s1") -> SessionSnapshot:
         snapshot = self.engine.get_agent_snapshot(session_id)
         assert snapshot is not None, f"no session {session_id}"
         return snapshot
@@ -215,7 +220,7 @@ class Driver:
         assert timer is not None, "no timer is set"
         return timer
 
-    def call(self, call_id: str, session_id: str = "s1") -> dict[str, Any]:
+    def call(self, call_id: str, session_id: str = "s1") -> ToolCallView:
         return next(c for c in self.snap(session_id)["tool_calls"] if c["call_id"] == call_id)
 
     def turn_status(self, session_id: str = "s1") -> str:

@@ -95,7 +95,7 @@ def test_a_poll_hands_out_only_the_steps_of_its_namespace() -> None:
         token_secrets=["x1", "x2"],
         namespace="a",
     )
-    started = d.ok(poll).value.started
+    started = d.ok(poll).accepted_value().started
     assert [s.session_id for s in started] == ["sa"]
     assert [s.session_id for s in d.engine.queued_steps("helper-b")] == ["sb"]  # b's step still waits
 
@@ -112,7 +112,7 @@ def test_a_worker_may_add_approval_but_not_remove_it() -> None:
         assert "tool 'pay' of agent 'helper' needs approval" in result.reason
     more = [{"name": "pay", "effect": "write", "approval": True}, {"name": "look", "effect": "read", "approval": True}]
     added = d.ok(RegisterAgent(at=d.at, name=AGENT, definition={"tools": more}, may_lower_approval=False))
-    assert added.value.policy_changes == [
+    assert added.accepted_value().policy_changes == [
         {
             "tool": "look",
             "old": {"effect": "read", "approval": False, "inline": False},
@@ -120,7 +120,9 @@ def test_a_worker_may_add_approval_but_not_remove_it() -> None:
         }
     ]
     by_admin = d.ok(RegisterAgent(at=d.at, name=AGENT, definition={"tools": lowered}))
-    assert [(c["tool"], c["old"]["approval"], c["new"]["approval"]) for c in by_admin.value.policy_changes] == [
+    assert [
+        (c["tool"], c["old"]["approval"], c["new"]["approval"]) for c in by_admin.accepted_value().policy_changes
+    ] == [
         ("look", True, False),
         ("pay", True, False),
     ]

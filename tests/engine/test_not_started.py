@@ -13,6 +13,7 @@ import pytest
 from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex_ha.engine import STEP_KINDS, FailAttempt, decode_command
 from dex_ha.engine.commands import COMMAND_FORMAT_VERSION
+from dex_ha.session_protocol import ToolCallView
 from tests.engine.driver import Driver
 
 
@@ -58,9 +59,9 @@ def retry(d: Driver, step_id: str) -> None:
     d.hand_out(call_id=d.task(step_id).input["call_id"])
 
 
-def assert_not_run(call: dict) -> None:
+def assert_not_run(call: ToolCallView) -> None:
     assert (call["status"], call["attempt_progress"]) == ("failed", "NOT_STARTED"), call
-    assert call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX), call["error"]
+    assert (call["error"] or "").startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX), call["error"]
 
 
 def test_single_attempt_write_never_started_records_failed(d: Driver) -> None:
@@ -116,7 +117,7 @@ def test_single_attempt_write_that_asked_a_question_ran_before(d: Driver) -> Non
     not_started(d, again, retryable=False)
     call = d.call("c1")
     assert (call["status"], call["attempt_progress"]) == ("outcome_unknown", "NOT_COMPLETED")
-    assert not call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
+    assert call["error"] is not None and not call["error"].startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
 
 
 def test_cancel_after_a_not_started_attempt(d: Driver) -> None:

@@ -31,7 +31,7 @@ def test_reports_apply_in_order_and_a_stale_one_is_refused_alone(tmp_path: Path)
     d, s1, s2 = two_running_models(tmp_path / "e.db")
     stale = item(d, s1, term=d.term + 5)  # not the attempt's term: fenced, 409
     reports = [item(d, s1), stale, item(d, s2, "fail", error="boom", retryable=False)]
-    value = d.ok(ReportResults(at=d.at, reports=reports)).value
+    value = d.ok(ReportResults(at=d.at, reports=reports)).accepted_value()
     assert [a.status for a in value.reports] == [200, 409, 200]
     assert value.reports[1].error == "stale_attempt"
     assert d.engine.running_attempts() == []
@@ -45,7 +45,7 @@ def test_a_report_that_wrote_before_it_was_refused_leaves_nothing_and_the_others
     savepoint around each report. Without it the refused report's attempt stayed completed."""
     d, s1, s2 = two_running_models(tmp_path / "e.db")
     bad = item(d, s1, result={"content": 7, "tool_calls": "no"})
-    value = d.ok(ReportResults(at=d.at, reports=[bad, item(d, s2)])).value
+    value = d.ok(ReportResults(at=d.at, reports=[bad, item(d, s2)])).accepted_value()
     assert [a.status for a in value.reports] == [400, 200]
     assert [a.step_id for a in d.engine.running_attempts()] == [s1]  # still running, as before
     assert d.snap("s2")["status"] == "idle"
@@ -65,7 +65,7 @@ def test_the_frame_credit_hands_out_queued_steps_in_the_same_entry(tmp_path: Pat
             next_agents=[AGENT],
             next_token_secrets=["x1", "x2", "x3"],
         )
-    ).value
+    ).accepted_value()
     started = [(s.session_id, s.kind, s.worker_id) for s in value.started]
     assert started == [("s3", "RunModel", "w2"), ("s1", "CallTool", "w2")]  # queue order, then no more queued
     assert d.queued() == []

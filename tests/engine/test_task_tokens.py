@@ -32,7 +32,7 @@ def test_the_secret_in_the_hand_out_is_stored_and_checked(tmp_path: Path) -> Non
     result = d.ok(
         StartAttempts(at=d.at, handouts=[Handout(step_id=step, worker_id="w-a", term=d.term, token_secret="s3cret")])
     )
-    [started] = result.value.started
+    [started] = result.accepted_value().started
     assert started.token_secret == "s3cret"  # what the leader builds the token from
 
     state = d.engine.attempt_state(step, 1, d.term, "s3cret")
@@ -57,18 +57,22 @@ def test_eager_hand_outs_take_the_secrets_of_the_complete_command(tmp_path: Path
     d, step = running_model_step(tmp_path / "e.db")
     a = d.running(step)
     result = {"content": "", "tool_calls": [{"id": f"c{i}", "name": "lookup", "arguments": {}} for i in (1, 2)]}
-    started = d.ok(
-        CompleteAttempt(
-            at=d.at,
-            step_id=step,
-            attempt=a.attempt,
-            term=a.term,
-            result=result,
-            next_worker_id="w-b",
-            next_max=2,
-            next_token_secrets=["first", "second"],
+    started = (
+        d.ok(
+            CompleteAttempt(
+                at=d.at,
+                step_id=step,
+                attempt=a.attempt,
+                term=a.term,
+                result=result,
+                next_worker_id="w-b",
+                next_max=2,
+                next_token_secrets=["first", "second"],
+            )
         )
-    ).value.started
+        .accepted_value()
+        .started
+    )
     assert [s.token_secret for s in started] == ["first", "second"]
     for s, secret in zip(started, ("first", "second")):
         state = d.engine.attempt_state(s.step_id, 1, d.term, secret)

@@ -27,7 +27,7 @@ async def test_a_task_is_built_from_its_hand_out_without_reading_the_state() -> 
     d.create("s1")
     d.send("hello")
     result = d.ok(StartQueuedAttempts(at=d.at, worker_id="w1", term=d.term, agents=[AGENT], token_secrets=["sec"]))
-    [started] = result.value.started
+    [started] = result.accepted_value().started
 
     async def propose(cmd: Any) -> Any:
         raise AssertionError("nothing is proposed")
