@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash.harness import COLUMNS, Column
+from tests.crash.columns import COLUMNS, Column
 
 RESULTS_ENV = "DEX_HA_CRASH_RESULTS"
 
@@ -21,7 +21,7 @@ def columns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Colu
     """Started on first use, stopped (by pid) at the end of the module."""
     started: dict[str, Column] = {}
 
-    class Lazy(dict):  # type: ignore[type-arg]
+    class Lazy(dict[str, Column]):
         def __missing__(self, name: str) -> Column:
             started[name] = COLUMNS[name](tmp_path_factory.mktemp(name))
             self[name] = started[name]
