@@ -96,14 +96,16 @@ class Case:
     cell: CellScenario
 
 
-def same(death_by_column: dict[str, str] | None = None, **checks: str) -> dict[str, Failure]:
+def same(death_by_column: dict[str, str] | None = None, checks: dict[str, str] | None = None) -> dict[str, Failure]:
+    """A cell per column, each dying the column's usual way unless `death_by_column` says
+    otherwise, and checking what `checks` names for its column beyond the row's checks."""
     deaths = {
         "worker_kill": SIGKILL_WORKER,
         "server_restart": SIGKILL_NODE,
         "takeover": SIGKILL_ACTIVE,
         **(death_by_column or {}),
     }
-    return {column: Failure(deaths[column], checks.get(column, "")) for column in COLUMNS}
+    return {column: Failure(deaths[column], (checks or {}).get(column, "")) for column in COLUMNS}
 
 
 BEFORE_FIRST_HEARTBEAT = {
