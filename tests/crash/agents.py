@@ -49,6 +49,12 @@ class Kit:
                 )
             await asyncio.sleep(HANG_TICK_S)
 
+    def tool_started(self, name: str, ctx: ToolContext, data: Any) -> None:
+        """Record that the tool `name` started, with the attempt's call id, key and number."""
+        self.ledger.record(
+            "tool", name, "started", call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt, data=data
+        )
+
     def tool(
         self,
         agent: Agent,
@@ -83,15 +89,7 @@ class Kit:
         handle, n)`, n counting the polls that ran before this one (in any attempt)."""
 
         async def start(ctx: ToolContext, **arguments: Any) -> Any:
-            self.ledger.record(
-                "tool",
-                name,
-                "started",
-                call_id=ctx.call_id,
-                key=ctx.idempotency_key,
-                attempt=ctx.attempt,
-                data=arguments,
-            )
+            self.tool_started(name, ctx, arguments)
             return ctx.task_handle(f"task-of-{ctx.idempotency_key}", poll_after_ms=poll_after_ms)
 
         async def poll_task(ctx: ToolContext, handle: Any) -> Any:
@@ -254,15 +252,7 @@ def r10(kit: Kit, name: str) -> Agent:
     script = calls_then_done(("ask", "ask_user", {"question": "which colour?"}), ("b", "build_branch", {"x": 1}))
 
     async def build_branch(ctx: ToolContext, **arguments: Any) -> Any:
-        kit.ledger.record(
-            "tool",
-            "build_branch",
-            "started",
-            call_id=ctx.call_id,
-            key=ctx.idempotency_key,
-            attempt=ctx.attempt,
-            data={"answer": ctx.answer, "has_answer": ctx.has_answer},
-        )
+        kit.tool_started("build_branch", ctx, {"answer": ctx.answer, "has_answer": ctx.has_answer})
         branch = await ctx.ask("which branch?")
         kit.ledger.record("tool", "build_branch", "finished", call_id=ctx.call_id, attempt=ctx.attempt)
         return f"built {branch}"
@@ -393,15 +383,7 @@ def r20(kit: Kit, name: str) -> Agent:
 
     async def search(ctx: ToolContext, **arguments: Any) -> Any:
         runs_before = kit.ledger.count("tool", "search")
-        kit.ledger.record(
-            "tool",
-            "search",
-            "started",
-            call_id=ctx.call_id,
-            key=ctx.idempotency_key,
-            attempt=ctx.attempt,
-            data=arguments,
-        )
+        kit.tool_started("search", ctx, arguments)
         if runs_before == 0:
             await kit.hang("tool", "search", ctx, beats=False)
         kit.ledger.record("tool", "search", "finished", call_id=ctx.call_id, attempt=ctx.attempt)

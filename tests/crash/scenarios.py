@@ -108,19 +108,25 @@ async def _eventually_delta(cell: Cell, attempt: int) -> SessionEvent:
 # ---------------------------------------------------------------- CallTool
 
 
+async def interrupt_the_tool(cell: Cell, kind: str, tool: str, before_first_heartbeat: bool) -> None:
+    """Start the worker, send "go", and interrupt the first run of `tool` (a step of `kind`):
+    before its first heartbeat reached the server, or once one did."""
+    if before_first_heartbeat:
+        start_before_first_heartbeat(cell, kind)
+    else:
+        cell.start_worker()
+    await cell.send("go")
+    started = (await cell.until_ledger("tool", tool))[0]
+    if before_first_heartbeat:
+        await interrupt_before_first_heartbeat(cell, started.at)
+    else:
+        await cell.until_ledger("tool", tool, "beat")  # a heartbeat of attempt 1 got through
+        await cell.interrupt()
+
+
 def runs_again(tool: str, before_first_heartbeat: bool) -> CellScenario:
     async def scenario(cell: Cell) -> None:
-        if before_first_heartbeat:
-            start_before_first_heartbeat(cell, "CallTool")
-        else:
-            cell.start_worker()
-        await cell.send("go")
-        started = (await cell.until_ledger("tool", tool))[0]
-        if before_first_heartbeat:
-            await interrupt_before_first_heartbeat(cell, started.at)
-        else:
-            await cell.until_ledger("tool", tool, "beat")  # a heartbeat of attempt 1 got through
-            await cell.interrupt()
+        await interrupt_the_tool(cell, "CallTool", tool, before_first_heartbeat)
         snap = await cell.idle()
         call = call_of(snap, "c1")
         assert (call["status"], call["output"]) == ("succeeded", "done")
@@ -163,17 +169,7 @@ async def _until_beat(cell: Cell, tool: str, attempt: int) -> None:
 
 def single_attempt(before_first_heartbeat: bool) -> CellScenario:
     async def scenario(cell: Cell) -> None:
-        if before_first_heartbeat:
-            start_before_first_heartbeat(cell, "CallSingleAttemptTool")
-        else:
-            cell.start_worker()
-        await cell.send("go")
-        started = (await cell.until_ledger("tool", "send_email"))[0]
-        if before_first_heartbeat:
-            await interrupt_before_first_heartbeat(cell, started.at)
-        else:
-            await cell.until_ledger("tool", "send_email", "beat")
-            await cell.interrupt()
+        await interrupt_the_tool(cell, "CallSingleAttemptTool", "send_email", before_first_heartbeat)
         snap = await cell.idle()
         call = call_of(snap, "c1")
         assert (call["status"], call["attempt_progress"]) == ("outcome_unknown", "NOT_COMPLETED")
