@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from harness.dev_process import DevProcess
-from tests.crash.harness import REPO, env_with_repo
+from tests.crash.columns import REPO, env_with_repo
 from tests.support.claude_segment import cli_missing_reason, tools_used
 from tests.support.fake_anthropic import FakeAnthropic, tool_use
 from tests.support.fake_anthropic import Reply as AnthropicReply

@@ -27,7 +27,7 @@ from harness.processes import stop
 from harness.waiting import eventually
 from tests.adapters.framework_agents import FRAMEWORKS, INSTRUCTIONS, ToolKit, build, warm_up
 from tests.crash.cell import attempts, call_of
-from tests.crash.harness import REPO, env_with_repo
+from tests.crash.columns import REPO, env_with_repo
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
 from tests.support.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply

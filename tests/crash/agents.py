@@ -18,21 +18,26 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from dex_ha.worker import Agent, DeltaSink, ModelRequest, ModelResponse, ScriptedModel, ToolContext
 from tests.crash.ledger import Ledger
+from tests.support.claude_segment import coder_agent
 
 HANG_TICK_S = 0.1
 LONG_TASK_POLL_MS = 100
 
 
 class Kit:
-    """What an agent's tools share: the ledger, and the failure column of the cell."""
+    """What an agent's tools share: the ledger, and the failure column of the cell; for the
+    R21 agent also the fake model API it calls and the work directory of its CLI."""
 
-    def __init__(self, ledger: Ledger, column: str) -> None:
+    def __init__(self, ledger: Ledger, column: str, api_url: str = "", work_dir: Path | None = None) -> None:
         self.ledger = ledger
         self.column = column
+        self.api_url = api_url
+        self.work_dir = work_dir
 
     async def hang(self, kind: str, name: str, ctx: ToolContext | None, beats: bool) -> None:
         """Never return: the failure ends this attempt (cancel, 409, or the process dies)."""
@@ -43,6 +48,12 @@ class Kit:
                     kind, name, "beat", call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt
                 )
             await asyncio.sleep(HANG_TICK_S)
+
+    def tool_started(self, name: str, ctx: ToolContext, data: Any) -> None:
+        """Record that the tool `name` started, with the attempt's call id, key and number."""
+        self.ledger.record(
+            "tool", name, "started", call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt, data=data
+        )
 
     def tool(
         self,
@@ -58,7 +69,7 @@ class Kit:
         """A tool `name(ctx, **arguments)` that records its runs and hangs on the attempts `hang_on` picks."""
 
         async def run(ctx: ToolContext, **arguments: Any) -> Any:
-            record = dict(call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt)
+            record: dict[str, Any] = dict(call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt)
             self.ledger.record("tool", name, "started", data=arguments, **record)
             if hang_on(ctx.attempt):
                 await self.hang("tool", name, ctx, beats)
@@ -78,15 +89,7 @@ class Kit:
         handle, n)`, n counting the polls that ran before this one (in any attempt)."""
 
         async def start(ctx: ToolContext, **arguments: Any) -> Any:
-            self.ledger.record(
-                "tool",
-                name,
-                "started",
-                call_id=ctx.call_id,
-                key=ctx.idempotency_key,
-                attempt=ctx.attempt,
-                data=arguments,
-            )
+            self.tool_started(name, ctx, arguments)
             return ctx.task_handle(f"task-of-{ctx.idempotency_key}", poll_after_ms=poll_after_ms)
 
         async def poll_task(ctx: ToolContext, handle: Any) -> Any:
@@ -159,11 +162,11 @@ def calls(*specs: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
     return {"content": "", "tool_calls": [{"id": i, "name": n, "arguments": a} for i, n, a in specs]}
 
 
-def one_call_then_done(call: tuple[str, str, dict[str, Any]]) -> Script:
-    """The model calls one tool, then answers "done" once it sees the result."""
+def calls_then_done(*specs: tuple[str, str, dict[str, Any]]) -> Script:
+    """The model calls the tools `specs` at once, then answers "done" once it sees a result."""
 
     async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
-        return calls(call) if results_in_turn(request) == 0 else answer("done")
+        return calls(*specs) if results_in_turn(request) == 0 else answer("done")
 
     return script
 
@@ -174,6 +177,10 @@ def first_attempt(attempt: int) -> bool:
 
 def every_attempt(attempt: int) -> bool:
     return True
+
+
+def never(attempt: int) -> bool:
+    return False
 
 
 # ---------------------------------------------------------------- one agent per row
@@ -215,7 +222,7 @@ def single_tool_row(
     """R03–R05, R07, R08, R19: the model calls `tool` once; the tool hangs where the row says."""
 
     def build(kit: Kit, name: str) -> Agent:
-        agent = Agent(name, LedgerModel(kit, name, one_call_then_done(("c1", tool, {"id": 7}))))
+        agent = Agent(name, LedgerModel(kit, name, calls_then_done(("c1", tool, {"id": 7}))))
         kit.tool(agent, tool, effect=effect, hang_on=hang_on, beats=beats, **policy)
         return agent
 
@@ -225,19 +232,16 @@ def single_tool_row(
 def r06(kit: Kit, name: str) -> Agent:
     """A read and an idempotent write in one response, both hanging on every attempt."""
 
-    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
-        if results_in_turn(request) == 0:
-            return calls(("r", "lookup", {"q": "x"}), ("w", "put_item", {"id": 7}))
-        return answer("done")
-
-    agent = Agent(name, LedgerModel(kit, name, script))
+    agent = Agent(
+        name, LedgerModel(kit, name, calls_then_done(("r", "lookup", {"q": "x"}), ("w", "put_item", {"id": 7})))
+    )
     kit.tool(agent, "lookup", effect="read", hang_on=every_attempt, beats=True)
     kit.tool(agent, "put_item", effect="idempotent_write", hang_on=every_attempt, beats=True)
     return agent
 
 
 def r09(kit: Kit, name: str) -> Agent:
-    agent = Agent(name, LedgerModel(kit, name, one_call_then_done(("c1", "wire_money", {"amount": 5}))))
+    agent = Agent(name, LedgerModel(kit, name, calls_then_done(("c1", "wire_money", {"amount": 5}))))
     kit.tool(agent, "wire_money", effect="write", approval=True, output="wired")
     return agent
 
@@ -245,21 +249,10 @@ def r09(kit: Kit, name: str) -> Agent:
 def r10(kit: Kit, name: str) -> Agent:
     """The model asks the user (ask_user) and a tool asks a question mid-run."""
 
-    async def script(request: ModelRequest, nth: int, stream: DeltaSink) -> dict[str, Any]:
-        if results_in_turn(request) == 0:
-            return calls(("ask", "ask_user", {"question": "which colour?"}), ("b", "build_branch", {"x": 1}))
-        return answer("done")
+    script = calls_then_done(("ask", "ask_user", {"question": "which colour?"}), ("b", "build_branch", {"x": 1}))
 
     async def build_branch(ctx: ToolContext, **arguments: Any) -> Any:
-        kit.ledger.record(
-            "tool",
-            "build_branch",
-            "started",
-            call_id=ctx.call_id,
-            key=ctx.idempotency_key,
-            attempt=ctx.attempt,
-            data={"answer": ctx.answer, "has_answer": ctx.has_answer},
-        )
+        kit.tool_started("build_branch", ctx, {"answer": ctx.answer, "has_answer": ctx.has_answer})
         branch = await ctx.ask("which branch?")
         kit.ledger.record("tool", "build_branch", "finished", call_id=ctx.call_id, attempt=ctx.attempt)
         return f"built {branch}"
@@ -273,7 +266,7 @@ SLEEP_MS = 1500
 
 
 def r11(kit: Kit, name: str) -> Agent:
-    return Agent(name, LedgerModel(kit, name, one_call_then_done(("z", "sleep", {"ms": SLEEP_MS}))))
+    return Agent(name, LedgerModel(kit, name, calls_then_done(("z", "sleep", {"ms": SLEEP_MS}))))
 
 
 def r12(kit: Kit, name: str) -> Agent:
@@ -282,7 +275,7 @@ def r12(kit: Kit, name: str) -> Agent:
     async def poll(ctx: ToolContext, handle: Any, before: int) -> Any:
         return ctx.pending(1500) if before == 0 else "artifact"
 
-    agent = Agent(name, LedgerModel(kit, name, one_call_then_done(("t", "build", {"target": "all"}))))
+    agent = Agent(name, LedgerModel(kit, name, calls_then_done(("t", "build", {"target": "all"}))))
     kit.long_running_tool(agent, "build", poll)
     return agent
 
@@ -296,7 +289,7 @@ def r13(kit: Kit, name: str) -> Agent:
             await kit.hang("poll", "build", ctx, beats=True)
         return "artifact"
 
-    agent = Agent(name, LedgerModel(kit, name, one_call_then_done(("t", "build", {"target": "all"}))))
+    agent = Agent(name, LedgerModel(kit, name, calls_then_done(("t", "build", {"target": "all"}))))
     kit.long_running_tool(agent, "build", poll)
     return agent
 
@@ -363,7 +356,7 @@ def r18(kit: Kit, name: str) -> Agent:
     response; otherwise one per model round, so each can end on a node armed to die: the
     timer first (the node is armed before the turn starts), then the two the test ends."""
 
-    waits = [
+    waits: list[tuple[str, str, dict[str, Any]]] = [
         ("z", "sleep", {"ms": R18_SLEEP_MS}),
         ("a", "wire_money", {"amount": 5}),
         ("q", "ask_user", {"question": "sure?"}),
@@ -390,15 +383,7 @@ def r20(kit: Kit, name: str) -> Agent:
 
     async def search(ctx: ToolContext, **arguments: Any) -> Any:
         runs_before = kit.ledger.count("tool", "search")
-        kit.ledger.record(
-            "tool",
-            "search",
-            "started",
-            call_id=ctx.call_id,
-            key=ctx.idempotency_key,
-            attempt=ctx.attempt,
-            data=arguments,
-        )
+        kit.tool_started("search", ctx, arguments)
         if runs_before == 0:
             await kit.hang("tool", "search", ctx, beats=False)
         kit.ledger.record("tool", "search", "finished", call_id=ctx.call_id, attempt=ctx.attempt)
@@ -468,7 +453,7 @@ def keeps_running(kit: Kit, name: str) -> Agent:
     def send_slowly(ctx: ToolContext, **arguments: Any) -> str:
         ledger = Ledger(kit.ledger.path)  # this thread's own connection
         try:
-            record = dict(call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt)
+            record: dict[str, Any] = dict(call_id=ctx.call_id, key=ctx.idempotency_key, attempt=ctx.attempt)
             ledger.record("tool", "send_slowly", "started", data=arguments, **record)
             wait_for_signal(ledger, RELEASE)
             ledger.record("tool", "send_slowly", "finished", data=arguments, **record)
@@ -516,7 +501,9 @@ def soak(kit: Kit, name: str) -> Agent:
 
 def soak_tool(kit: Kit, name: str) -> Callable[..., Awaitable[Any]]:
     async def run(ctx: ToolContext, **arguments: Any) -> Any:
-        record = dict(call_id=f"{ctx.session_id}:{ctx.call_id}", key=ctx.idempotency_key, attempt=ctx.attempt)
+        record: dict[str, Any] = dict(
+            call_id=f"{ctx.session_id}:{ctx.call_id}", key=ctx.idempotency_key, attempt=ctx.attempt
+        )
         kit.ledger.record("tool", name, "started", data=arguments, **record)
         loop = asyncio.get_running_loop()
         # Drawn from the call and the attempt, not from the process: the session ids carry the
@@ -557,7 +544,7 @@ def robustness(kit: Kit, name: str) -> Agent:
 
     agent = Agent(name, ScriptedModel(script))
     for step, (tool, effect) in ROBUSTNESS_STEPS.items():
-        policy = {"approval": True} if step == "approve" else {}
+        policy: dict[str, Any] = {"approval": True} if step == "approve" else {}
         agent.tool(effect=effect, name=tool, input_schema={"type": "object"}, **policy)(soak_tool(kit, tool))
     return agent
 
@@ -568,31 +555,16 @@ def robustness_call(message_id: str, step: str) -> tuple[str, str, dict[str, Any
     return (f"{message_id}-{step}", ROBUSTNESS_STEPS[step][0], {"text": message_id})
 
 
-AGENTS: dict[str, Callable[[Kit, str], Agent]] = {
-    "R01": r01,
-    "R02": r02,
-    "R03": single_tool_row("put_item", "idempotent_write", hang_on=first_attempt, beats=False),
-    "R04": single_tool_row("put_item", "idempotent_write", hang_on=first_attempt, beats=True),
-    "R05": single_tool_row("lookup", "read", hang_on=first_attempt, beats=True),
-    "R06": r06,
-    "R07": single_tool_row("send_email", "write", hang_on=first_attempt, beats=False),
-    "R08": single_tool_row("send_email", "write", hang_on=first_attempt, beats=True),
-    "R09": r09,
-    "R10": r10,
-    "R11": r11,
-    "R12": r12,
-    "R13": r13,
-    "R14": r14,
-    "R15": r15,
-    "R16": r15,
-    "R17": r17,
-    "R18": r18,
-    "R19": single_tool_row("lookup", "read", hang_on=lambda _: False, beats=False),
-    "R19-write": single_tool_row("send_email", "write", hang_on=lambda _: False, beats=False),
-    "R16-busy": r16_busy,
-    "NEVER_RAN": never_ran,
-    "KEEPS_RUNNING": keeps_running,
-    "R20": r20,
-    "SOAK": soak,
-    "ROBUSTNESS": robustness,
-}
+def r21(kit: Kit, name: str) -> Agent:
+    """The Claude Agent SDK coder (tests/support/claude_segment.py): its CLI runs Bash inline
+    and calls the deferred write put_record, which records its runs in the ledger."""
+    assert kit.api_url and kit.work_dir is not None, "the R21 agent needs --api-url and --work-dir"
+    agent: Agent = coder_agent(name, api_url=kit.api_url, work_dir=kit.work_dir, ledger_path=kit.ledger.path)
+    return agent
+
+
+AgentBuilder = Callable[[Kit, str], Agent]
+
+# The agents of the suites that are not crash cells; a cell's agent is named by its row
+# (tests/crash/rows.py).
+OTHER_AGENTS: dict[str, AgentBuilder] = {"SOAK": soak, "ROBUSTNESS": robustness}

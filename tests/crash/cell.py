@@ -13,7 +13,7 @@ from typing import Any
 
 from dex_ha.client import DexClient, SessionEvent
 from harness.waiting import eventually
-from tests.crash.harness import DEADLINE_S, Column, WorkerProcess
+from tests.crash.columns import DEADLINE_S, Column, WorkerProcess
 from tests.crash.ledger import JsonLedger, Ledger, Run
 
 # The Worker's heartbeat interval in server-failure cells "before the first heartbeat":
@@ -38,6 +38,7 @@ class Cell:
         self.failed_at: list[float] = []
         self._collectors: list[asyncio.Task[None]] = []
         self.other_events: dict[str, list[SessionEvent]] = {}  # sessions of open_another()
+        self.agent_args: list[str] = []  # more arguments of the Worker process, for the agent
 
     @property
     def worker_kill(self) -> bool:
@@ -60,6 +61,7 @@ class Cell:
             heartbeat_interval_s=heartbeat_interval_s,
             max_concurrency=max_concurrency,
             language=self.language,
+            agent_args=self.agent_args,
         )
         self.worker.start()
         return self.worker

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash.harness import COLUMNS, Column
+from tests.crash.columns import COLUMNS, Column
 
 RESULTS_ENV = "DEX_HA_CRASH_RESULTS"
 

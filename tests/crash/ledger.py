@@ -32,6 +32,10 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 
 
+# The fields of a record, in the order of the table's columns and of `Run` after `seq`.
+RECORD_FIELDS = ("kind", "name", "moment", "call_id", "key", "attempt", "data", "pid", "at")
+
+
 @dataclass(frozen=True)
 class Run:
     seq: int
@@ -46,63 +50,11 @@ class Run:
     at: float
 
 
-def _run_of(row: tuple[Any, ...]) -> Run:
-    """A Run from a row of the runs table, its JSON data decoded."""
-    seq, kind, name, moment, call_id, key, attempt, data, pid, at = row
-    return Run(seq, kind, name, moment, call_id, key, attempt, json.loads(data), pid, at)
+class LedgerFile:
+    """What both ledger formats share: a record's fields, and counting runs. A subclass
+    appends one record (`_append`) and reads them back (`runs`)."""
 
-
-class Ledger:
-    """One connection to the ledger file; every write commits at once (autocommit), so a
-    SIGKILL loses nothing that was written before it."""
-
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(SCHEMA)
-
-    def record(
-        self,
-        kind: str,
-        name: str,
-        moment: str,
-        *,
-        call_id: str | None = None,
-        key: str | None = None,
-        attempt: int | None = None,
-        data: Any = None,
-    ) -> None:
-        self._db.execute(
-            "INSERT INTO runs (kind, name, moment, call_id, key, attempt, data, pid, at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (kind, name, moment, call_id, key, attempt, json.dumps(data), os.getpid(), time.time()),
-        )
-
-    def runs(self, kind: str | None = None, name: str | None = None, moment: str | None = None) -> list[Run]:
-        where, params = [], []
-        for column, value in (("kind", kind), ("name", name), ("moment", moment)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY seq"
-        return [_run_of(row) for row in self._db.execute(sql, params)]
-
-    def count(self, kind: str, name: str | None = None, moment: str = "started") -> int:
-        return len(self.runs(kind, name, moment))
-
-    def close(self) -> None:
-        self._db.close()
-
-
-class JsonLedger:
-    """The same ledger as a file of JSON lines: what the TypeScript Worker writes (Node 20 has
-    no SQLite), with the same reads. Each line is one append of the whole line, so a SIGKILL
-    leaves at most a half-written last line, which is skipped."""
-
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self.path.touch()
+    path: Path
 
     def record(
         self,
@@ -116,7 +68,67 @@ class JsonLedger:
         data: Any = None,
     ) -> None:
         fields = dict(kind=kind, name=name, moment=moment, call_id=call_id, key=key, attempt=attempt, data=data)
-        line = json.dumps({**fields, "pid": os.getpid(), "at": time.time()}) + "\n"
+        self._append({**fields, "pid": os.getpid(), "at": time.time()})
+
+    def _append(self, fields: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def runs(self, kind: str | None = None, name: str | None = None, moment: str | None = None) -> list[Run]:
+        raise NotImplementedError
+
+    def count(self, kind: str, name: str | None = None, moment: str = "started") -> int:
+        return len(self.runs(kind, name, moment))
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Ledger(LedgerFile):
+    """One connection to the ledger file; every write commits at once (autocommit), so a
+    SIGKILL loses nothing that was written before it."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(SCHEMA)
+
+    def _append(self, fields: dict[str, Any]) -> None:
+        self._db.execute(
+            f"INSERT INTO runs ({', '.join(RECORD_FIELDS)}) VALUES ({', '.join('?' * len(RECORD_FIELDS))})",
+            tuple(json.dumps(fields[f]) if f == "data" else fields[f] for f in RECORD_FIELDS),
+        )
+
+    def runs(self, kind: str | None = None, name: str | None = None, moment: str | None = None) -> list[Run]:
+        where, params = [], []
+        for column, value in (("kind", kind), ("name", name), ("moment", moment)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "") + " ORDER BY seq"
+        return [
+            Run(
+                row[0],
+                *(json.loads(value) if field == "data" else value for field, value in zip(RECORD_FIELDS, row[1:])),
+            )
+            for row in self._db.execute(sql, params)
+        ]
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class JsonLedger(LedgerFile):
+    """The same ledger as a file of JSON lines: what the TypeScript Worker writes (Node 20 has
+    no SQLite), with the same reads. Each line is one append of the whole line, so a SIGKILL
+    leaves at most a half-written last line, which is skipped."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.touch()
+
+    def _append(self, fields: dict[str, Any]) -> None:
+        line = json.dumps(fields) + "\n"
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             os.write(fd, line.encode())
@@ -131,16 +143,8 @@ class JsonLedger:
                 continue  # the last line of a process that died while writing it
             row = json.loads(line)
             if all(value is None or row[column] == value for column, value in wanted.items()):
-                runs.append(
-                    Run(
-                        seq,
-                        *(row[f] for f in ("kind", "name", "moment", "call_id", "key", "attempt", "data", "pid", "at")),
-                    )
-                )
+                runs.append(Run(seq, *(row[f] for f in RECORD_FIELDS)))
         return runs
-
-    def count(self, kind: str, name: str | None = None, moment: str = "started") -> int:
-        return len(self.runs(kind, name, moment))
 
     def close(self) -> None:
         """Nothing to close: every write opens the file."""

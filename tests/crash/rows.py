@@ -1,13 +1,27 @@
-"""The crash matrix as data: one entry per row R01–R21, with what each failure column
-checks and how the process dies, the variants of some rows (another step or load at the
-same moment), and the cases of "a call that never ran" and of the one exception to
-at-most-once. The tests (test_matrix.py) take their ids, xfail marks and death notes from
-here, and scripts/crash_matrix_doc.py renders docs/crash-matrix.md from the same tables,
-so the document cannot say something the tests do not."""
+"""The crash matrix as data, the one definition of every row: one entry per row R01–R21,
+with its prose, what each failure column checks and how the process dies, and what runs
+it: the agent its Worker process runs (agents.py), its real-process scenario
+(scenarios.py, run by test_matrix.py) and its engine-level scenario
+(tests/engine/crash_scenarios.py, run by tests/engine/test_crash_rows.py). Then the
+variants of some rows (another step or load at the same moment), and the cases of "a call
+that never ran" and of the one exception to at-most-once, each with its agent and scenario.
+
+The tests take their ids, xfail marks and death notes from here, the Worker process
+(worker_proc.py) its agent, and scripts/crash_matrix_doc.py renders docs/crash-matrix.md
+from the same tables, so the document cannot say something the tests do not. The step
+kinds that decide a row are those whose entry of dex_ha.engine.kinds.STEP_KINDS claims it
+(`Row.kinds`), so the row does not restate them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from dex_ha.engine.kinds import STEP_KINDS, StepKind
+from tests.crash import agents, scenarios
+from tests.crash.agents import AgentBuilder
+from tests.crash.scenarios import HANDOUT_POINT, CellScenario
+from tests.engine import crash_scenarios as engine
+from tests.engine.crash_scenarios import EngineScenario
 
 COLUMNS = ("worker_kill", "server_restart", "takeover")
 SIGKILL_WORKER = "SIGKILL of the worker process"
@@ -34,6 +48,8 @@ class Variant:
     what: str  # what differs from the row's own cells
     checks: str
     cells: dict[str, Failure]
+    agent: AgentBuilder
+    cell: CellScenario
 
     def checks_in(self, column: str) -> str:
         """What the variant's cell in `column` checks: its own checks, then the cell's."""
@@ -50,9 +66,19 @@ class Row:
     checks: str  # what every column of the row checks (ledger and snapshot)
     cells: dict[str, Failure] = field(default_factory=dict)
     variants: tuple[Variant, ...] = ()
+    agent: AgentBuilder = field(kw_only=True)  # what the cell's Worker process runs
+    cell: CellScenario | None = field(kw_only=True)  # its real-process scenario; None: see `cells_in`
+    engine: EngineScenario | None = field(kw_only=True)  # its engine-level scenario; None: none
+    cells_in: str = field(default="tests/crash/test_matrix.py", kw_only=True)  # the file of its cells
 
     def failure(self, column: str) -> Failure:
         return self.cells[column]
+
+    @property
+    def kinds(self) -> tuple[StepKind, ...]:
+        """The step kinds whose entry of the step-kind table decides this row (none for a row
+        about any step: dex_ha.engine.kinds.CROSS_KIND_ROWS)."""
+        return tuple(spec.kind for spec in STEP_KINDS.values() if self.id in spec.rows)
 
 
 @dataclass(frozen=True)
@@ -66,16 +92,20 @@ class Case:
     how: str  # what the processes do
     progress: str  # the attempt_progress the call records
     records: str  # the call's status, the not-run prefix, what the model sees, the ledger
+    agent: AgentBuilder
+    cell: CellScenario
 
 
-def same(death_by_column: dict[str, str] | None = None, **checks: str) -> dict[str, Failure]:
+def same(death_by_column: dict[str, str] | None = None, checks: dict[str, str] | None = None) -> dict[str, Failure]:
+    """A cell per column, each dying the column's usual way unless `death_by_column` says
+    otherwise, and checking what `checks` names for its column beyond the row's checks."""
     deaths = {
         "worker_kill": SIGKILL_WORKER,
         "server_restart": SIGKILL_NODE,
         "takeover": SIGKILL_ACTIVE,
         **(death_by_column or {}),
     }
-    return {column: Failure(deaths[column], checks.get(column, "")) for column in COLUMNS}
+    return {column: Failure(deaths[column], (checks or {}).get(column, "")) for column in COLUMNS}
 
 
 BEFORE_FIRST_HEARTBEAT = {
@@ -109,6 +139,9 @@ ROWS: dict[str, Row] = {
             "the turn fails with a note naming the tool that ran; the tool ran once (ledger); the next turn's "
             "model saw the note",
             same(),
+            agent=agents.r01,
+            cell=scenarios.r01,
+            engine=engine.row_run_model_exhausts,
         ),
         Row(
             "R02",
@@ -119,6 +152,9 @@ ROWS: dict[str, Row] = {
             "the client's event stream saw deltas of attempt 1 and an attempt_failed event naming that step "
             "and attempt; attempt 2 answers; the model ran twice with the same input (ledger)",
             same(),
+            agent=agents.r02,
+            cell=scenarios.r02,
+            engine=engine.row_run_model_after_output,
         ),
         Row(
             "R03",
@@ -128,6 +164,9 @@ ROWS: dict[str, Row] = {
             "attempts failed NOT_COMPLETED then completed; the ledger has 2 runs (attempts 1 and 2), both "
             "with the key {session}:{call}; only attempt 2 finished; the call succeeded",
             same(BEFORE_FIRST_HEARTBEAT),
+            agent=agents.single_tool_row("put_item", "idempotent_write", hang_on=agents.first_attempt, beats=False),
+            cell=scenarios.runs_again("put_item", before_first_heartbeat=True),
+            engine=engine.row_call_tool_runs_again("put_item", 0),
         ),
         Row(
             "R04",
@@ -136,8 +175,21 @@ ROWS: dict[str, Row] = {
             "The same as R03.",
             "as R03, interrupted after a heartbeat of attempt 1 got through",
             same(),
+            agent=agents.single_tool_row("put_item", "idempotent_write", hang_on=agents.first_attempt, beats=True),
+            cell=scenarios.runs_again("put_item", before_first_heartbeat=False),
+            engine=engine.row_call_tool_runs_again("put_item", 20_000),
         ),
-        Row("R05", "CallTool, read", "while the tool runs", "The call runs again.", "as R04, for a read", same()),
+        Row(
+            "R05",
+            "CallTool, read",
+            "while the tool runs",
+            "The call runs again.",
+            "as R04, for a read",
+            same(),
+            agent=agents.single_tool_row("lookup", "read", hang_on=agents.first_attempt, beats=True),
+            cell=scenarios.runs_again("lookup", before_first_heartbeat=False),
+            engine=engine.row_call_tool_runs_again("lookup", 20_000),
+        ),
         Row(
             "R06",
             "CallTool",
@@ -147,6 +199,9 @@ ROWS: dict[str, Row] = {
             "failed, the write outcome_unknown, both NOT_COMPLETED and without the not-run prefix; 3 ledger "
             "runs each, one key each; the next model call saw failed and outcome_unknown",
             same(),
+            agent=agents.r06,
+            cell=scenarios.r06,
+            engine=engine.row_call_tool_every_attempt,
         ),
         Row(
             "R07",
@@ -156,6 +211,9 @@ ROWS: dict[str, Row] = {
             "one attempt, failed NOT_COMPLETED; the call records outcome_unknown without the not-run prefix; "
             "one ledger run that never finished; the next model call saw outcome_unknown",
             same(BEFORE_FIRST_HEARTBEAT),
+            agent=agents.single_tool_row("send_email", "write", hang_on=agents.first_attempt, beats=False),
+            cell=scenarios.single_attempt(before_first_heartbeat=True),
+            engine=engine.row_single_attempt(0),
         ),
         Row(
             "R08",
@@ -164,6 +222,9 @@ ROWS: dict[str, Row] = {
             "The same as R07.",
             "as R07, interrupted after a heartbeat of the attempt got through",
             same(),
+            agent=agents.single_tool_row("send_email", "write", hang_on=agents.first_attempt, beats=True),
+            cell=scenarios.single_attempt(before_first_heartbeat=False),
+            engine=engine.row_single_attempt(20_000),
         ),
         Row(
             "R09",
@@ -173,6 +234,9 @@ ROWS: dict[str, Row] = {
             "the approval is still pending after the failure and the tool has not run (ledger 0); after "
             "the approval it ran once with the call's key; approving again is a no-op",
             same(),
+            agent=agents.r09,
+            cell=scenarios.r09,
+            engine=engine.row_approval,
         ),
         Row(
             "R10",
@@ -183,6 +247,9 @@ ROWS: dict[str, Row] = {
             "failure; the tool ran once before (ledger); after the answers ask_user records the answer and "
             "the tool runs again with it, same key",
             same(),
+            agent=agents.r10,
+            cell=scenarios.r10,
+            engine=engine.row_question,
         ),
         Row(
             "R11",
@@ -199,6 +266,9 @@ ROWS: dict[str, Row] = {
                     "depends on timing)",
                 }
             ),
+            agent=agents.r11,
+            cell=scenarios.r11,
+            engine=engine.row_timer,
         ),
         Row(
             "R12",
@@ -208,6 +278,9 @@ ROWS: dict[str, Row] = {
             "the failure comes after the first poll (pending) was recorded; the task started once (ledger), "
             "both polls used its handle, no poll attempt failed",
             same(),
+            agent=agents.r12,
+            cell=scenarios.r12,
+            engine=engine.row_poll_between,
         ),
         Row(
             "R13",
@@ -222,6 +295,9 @@ ROWS: dict[str, Row] = {
                     "not delivered)"
                 }
             ),
+            agent=agents.r13,
+            cell=scenarios.r13,
+            engine=engine.row_poll_during,
         ),
         Row(
             "R14",
@@ -233,6 +309,9 @@ ROWS: dict[str, Row] = {
             "summary_updated event; the stored summary is the one the next model call saw. (Exhausting the "
             "3 attempts is covered by R01 and R06 for the retry rule and by the engine tests for compaction.)",
             same(),
+            agent=agents.r14,
+            cell=scenarios.r14,
+            engine=engine.row_compaction,
         ),
         Row(
             "R15",
@@ -242,6 +321,9 @@ ROWS: dict[str, Row] = {
             "the session is idle with no step running after the failure; the next message's turn completes; "
             "one model call per turn (ledger)",
             same({"worker_kill": "SIGKILL of the worker process while the session is idle"}),
+            agent=agents.r15,
+            cell=scenarios.r15,
+            engine=engine.row_idle,
         ),
         Row(
             "R16",
@@ -264,8 +346,13 @@ ROWS: dict[str, Row] = {
                             "write and two other sessions' model steps wait in the queue behind it"
                         )
                     },
+                    agents.r16_busy,
+                    scenarios.r16_busy,
                 ),
             ),
+            agent=agents.r15,
+            cell=scenarios.r16,
+            engine=engine.row_queued,
         ),
         Row(
             "R17",
@@ -275,6 +362,9 @@ ROWS: dict[str, Row] = {
             "a read, a poll and a summary call are each interrupted before their first heartbeat: each runs "
             "again once (same key for the read, same handle for the poll, one task, one summary)",
             same(BEFORE_FIRST_HEARTBEAT),
+            agent=agents.r17,
+            cell=scenarios.r17,
+            engine=engine.row_before_first_heartbeat,
         ),
         Row(
             "R18",
@@ -287,6 +377,9 @@ ROWS: dict[str, Row] = {
             "queued step). Each resolution stays recorded: the client's retried approval and answer are "
             "no-ops, the timer fired once, the approved tool ran once (ledger), the turn completes",
             same(WAIT_ENDED),
+            agent=agents.r18,
+            cell=scenarios.r18,
+            engine=engine.row_wait_ended,
         ),
         Row(
             "R19",
@@ -333,8 +426,13 @@ ROWS: dict[str, Row] = {
                             "accepted; the call succeeded, one completed attempt",
                         ),
                     },
+                    agents.single_tool_row("send_email", "write", hang_on=agents.never, beats=False),
+                    scenarios.r19_write,
                 ),
             ),
+            agent=agents.single_tool_row("lookup", "read", hang_on=agents.never, beats=False),
+            cell=scenarios.r19,
+            engine=engine.row_result_not_committed,
         ),
         Row(
             "R20",
@@ -344,6 +442,9 @@ ROWS: dict[str, Row] = {
             "the inline tool ran twice (ledger), the RunModel attempts failed NOT_COMPLETED then completed; "
             "the call succeeded with step kind RunModel",
             same(),
+            agent=agents.r20,
+            cell=scenarios.r20,
+            engine=engine.row_inline,
         ),
         Row(
             "R21",
@@ -357,12 +458,14 @@ ROWS: dict[str, Row] = {
             "CallSingleAttemptTool step with the call's key (ledger); no CLI process outlived its segment "
             "(tests/crash/test_r21.py)",
             same(),
+            agent=agents.r21,
+            cell=None,  # its cells need the fake model API and the Claude Code CLI
+            engine=None,  # to the engine a segment is a RunModel attempt: R20's scenario
+            cells_in="tests/crash/test_r21.py",
         ),
     )
 }
 
-
-HANDOUT_POINT = "server.handout.after-commit"
 
 # The seed's "a call that never ran": NOT_STARTED records failed with the not-run prefix
 # (dex_ha.TOOL_CALL_NOT_RUN_ERROR_PREFIX); a hand-out that was committed is NOT_COMPLETED,
@@ -376,6 +479,8 @@ NEVER_RAN: tuple[Case, ...] = (
         "NOT_STARTED",
         "failed, the error starts with the not-run prefix and says why the arguments were refused; the "
         "next model call saw that error; the tool never ran (ledger 0)",
+        agents.never_ran,
+        scenarios.worker_refused,
     ),
     *(
         Case(
@@ -387,6 +492,8 @@ NEVER_RAN: tuple[Case, ...] = (
             "outcome_unknown without the not-run prefix (the hand-out was committed: the server cannot know "
             "that the tool did not run); the next model call saw outcome_unknown; the tool never ran and "
             "never runs (ledger 0)",
+            agents.never_ran,
+            scenarios.handout_lost,
         )
         for column, who, after in (
             ("server_restart", "the node", "it restarts on its data directory"),
@@ -400,6 +507,8 @@ NEVER_RAN: tuple[Case, ...] = (
         "NOT_STARTED",
         "failed, the error is the not-run prefix, then the denial and its reason; the next model call "
         "saw that error; the tool never ran (ledger 0)",
+        agents.never_ran,
+        scenarios.denied,
     ),
 )
 
@@ -415,6 +524,8 @@ KEEPS_RUNNING: tuple[Case, ...] = (
         "outcome_unknown without the not-run prefix, the turn cancelled, the attempt failed; then the tool "
         "finishes anyway (ledger: one run, finished after the attempt failed) and its result is dropped in "
         "the Worker; the next turn's model saw outcome_unknown",
+        agents.keeps_running,
+        scenarios.cancel_heard,
     ),
     Case(
         "cancel-late-result",
@@ -424,6 +535,8 @@ KEEPS_RUNNING: tuple[Case, ...] = (
         "NOT_COMPLETED",
         "the late result is accepted (200) and the attempt records completed, but the call keeps the "
         "outcome_unknown it recorded at the cancel, without the output; ledger: one run, finished",
+        agents.keeps_running,
+        scenarios.cancel_late_result,
     ),
 )
 CASES: dict[str, Case] = {case.id: case for case in (*NEVER_RAN, *KEEPS_RUNNING)}
@@ -458,3 +571,28 @@ def ts_cells() -> list[TsCell]:
                 scenario = f"{row_id}-{variant.suffix}"
                 cells.append(TsCell(scenario, test_id, variant.cells[TS_COLUMN], variant.checks_in(TS_COLUMN)))
     return cells
+
+
+@dataclass(frozen=True)
+class CellRun:
+    """What a cell key runs: the agent of the cell's Worker process, and its scenario."""
+
+    agent: AgentBuilder
+    scenario: CellScenario | None
+
+
+def cell_runs() -> dict[str, CellRun]:
+    """Every cell key: a row id, `{row}-{suffix}` for a variant, or a case id. The key names
+    the scenario a test runs and the agent its Worker process builds (worker_proc.py's
+    `--row`; the TypeScript Worker's agents use the same keys)."""
+    runs = {}
+    for row in ROWS.values():
+        runs[row.id] = CellRun(row.agent, row.cell)
+        for variant in row.variants:
+            runs[f"{row.id}-{variant.suffix}"] = CellRun(variant.agent, variant.cell)
+    for case in CASES.values():
+        runs[case.id] = CellRun(case.agent, case.cell)
+    return runs
+
+
+CELL_RUNS: dict[str, CellRun] = cell_runs()

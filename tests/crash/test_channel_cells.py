@@ -17,8 +17,8 @@ import aiohttp
 
 from harness.waiting import eventually
 from tests.crash.cell import COMPLETED, FAILED, Cell, attempts, call_of
-from tests.crash.harness import Column
-from tests.crash.test_matrix import assert_ran_again_with_the_key
+from tests.crash.columns import Column
+from tests.crash.scenarios import assert_ran_again_with_the_key
 
 ROW = "R19"  # the model calls `lookup` (a read) once, then answers "done"
 

@@ -54,15 +54,19 @@ def test_every_variant_cell_and_case_has_a_line_with_its_test_id() -> None:
         assert f"`test_case[{case.id}]`" in table
 
 
-def test_a_run_lists_variant_cells_and_cases(tmp_path: Path) -> None:
+def last_run(tmp_path: Path, seconds_by_cell: dict[str, float]) -> str:
+    """The "last run" part of a document written from results in which every cell passed."""
     doc = load_script()
     results = tmp_path / "cells.jsonl"
-    lines = [{"cell": "R19-takeover-write", "outcome": "passed", "seconds": 1.0}]
-    lines.append({"cell": "denied", "outcome": "passed", "seconds": 1.0})
+    lines = [{"cell": cell, "outcome": "passed", "seconds": seconds} for cell, seconds in seconds_by_cell.items()]
     results.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "crash-matrix.md"
     assert doc.main(["--results", str(results), "--out", str(out)]) == 0
-    run = out.read_text().split(doc.RUN_HEADING, 1)[1]
+    return str(out.read_text().split(doc.RUN_HEADING, 1)[1])
+
+
+def test_a_run_lists_variant_cells_and_cases(tmp_path: Path) -> None:
+    run = last_run(tmp_path, {"R19-takeover-write": 1.0, "denied": 1.0})
     assert "| R19-takeover-write | passed |" in run and "| denied | passed |" in run
     assert "| takeover | 1 | 1 |" in run
     assert "1.0" not in run  # no timings: the page changes only when an outcome does
@@ -79,14 +83,7 @@ def test_every_typescript_cell_has_a_line_with_its_test_id() -> None:
 
 
 def test_a_run_lists_typescript_cells_without_timings(tmp_path: Path) -> None:
-    doc = load_script()
-    results = tmp_path / "cells.jsonl"
-    lines = [{"cell": "R07-worker_kill-ts", "outcome": "passed", "seconds": 2.5}]
-    lines.append({"cell": "R07-worker_kill", "outcome": "passed", "seconds": 1.5})
-    results.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    out = tmp_path / "crash-matrix.md"
-    assert doc.main(["--results", str(results), "--out", str(out)]) == 0
-    run = out.read_text().split(doc.RUN_HEADING, 1)[1]
+    run = last_run(tmp_path, {"R07-worker_kill-ts": 2.5, "R07-worker_kill": 1.5})
     assert "| R07-worker_kill-ts | passed |" in run
     assert "| worker_kill (TypeScript) | 1 | 1 |" in run and "| worker_kill | 1 | 1 |" in run
     assert "2.5" not in run and "1.5" not in run

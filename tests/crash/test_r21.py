@@ -1,6 +1,7 @@
 """Crash-matrix row R21: a Claude Agent SDK turn segment, interrupted while it runs, in the
 three failure columns (`test_cell[R21-worker_kill]`, `[R21-server_restart]`, `[R21-takeover]`:
 the ids of the matrix in test_matrix.py, so that docs/crash-matrix.md lists them with the rest).
+The row (tests/crash/rows.py) names its agent, which the crash cells' Worker process runs.
 
 The agent (tests/support/claude_segment.py) runs the real Claude Code CLI against the fake
 Anthropic API, which lives in this test process and records every request. Its first
@@ -17,14 +18,13 @@ segment outlives it (a killed Worker's CLI dies with it).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.waiting import eventually
 from tests.crash.cell import COMPLETED, FAILED, Cell, call_of
-from tests.crash.harness import Column, WorkerProcess
+from tests.crash.columns import Column
 from tests.crash.rows import COLUMNS
 from tests.support.claude_segment import (
     DEFERRED_TOOL,
@@ -42,62 +42,15 @@ ROW = "R21"
 DEADLINE_S = 60.0  # a segment starts a CLI (a second or two on a loaded machine) per attempt
 
 
-class R21WorkerProcess(WorkerProcess):
-    """`python -m tests.crash.r21_worker` (the Claude agent) instead of the rows' worker."""
-
-    def __init__(
-        self,
-        urls: list[str],
-        token: str | None,
-        *,
-        ledger: Path,
-        agent: str,
-        api_url: str,
-        work_dir: Path,
-        log_path: Path,
-    ) -> None:
-        super().__init__(urls, token, ledger=ledger, row=ROW, agent=agent, column="", log_path=log_path)
-        self.command = [
-            sys.executable,
-            "-m",
-            "tests.crash.r21_worker",
-            "--urls",
-            ",".join(urls),
-            "--ledger",
-            str(ledger),
-            "--agent",
-            agent,
-            "--api-url",
-            api_url,
-            "--work-dir",
-            str(work_dir),
-            *(["--token", token] if token else []),
-        ]
-
-
 class R21Cell(Cell):
+    """A cell whose Worker process runs the row's agent (the Claude coder) against the fake
+    Anthropic API at `api_url`, its CLI working in `work_dir`. It dies by SIGKILL only."""
+
     def __init__(self, column: Column, directory: Path, api_url: str) -> None:
         super().__init__(ROW, column, directory)
-        self.api_url = api_url
         self.work_dir = directory / "work"
         self.work_dir.mkdir()
-
-    def start_worker(
-        self, failpoints: str = "", heartbeat_interval_s: float | None = None, max_concurrency: int | None = None
-    ) -> WorkerProcess:
-        assert not failpoints and heartbeat_interval_s is None, "R21 cells die by SIGKILL only"
-        assert max_concurrency is None, "the R21 Worker runs with its own concurrency"
-        self.worker = R21WorkerProcess(
-            self.column.urls,
-            self.column.worker_token,
-            ledger=self.ledger.path,
-            agent=self.agent,
-            api_url=self.api_url,
-            work_dir=self.work_dir,
-            log_path=self.dir / "worker.log",
-        )
-        self.worker.start()
-        return self.worker
+        self.agent_args = ["--api-url", api_url, "--work-dir", str(self.work_dir)]
 
 
 async def r21(cell: R21Cell, fake: FakeAnthropic) -> None:

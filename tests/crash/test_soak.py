@@ -35,7 +35,7 @@ from dex_ha import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex_ha.client import DexClient, DexError
 from harness.cluster_process import LocalCluster
 from harness.cluster_state import observe_settled
-from tests.crash.harness import WorkerProcess
+from tests.crash.columns import WorkerProcess
 from tests.crash.ledger import Ledger
 
 pytestmark = [

@@ -22,7 +22,7 @@ from dex_ha.worker import Agent, ToolContext, Worker
 from harness.dev_process import DevProcess
 from harness.processes import stop
 from harness.waiting import eventually
-from tests.crash.harness import env_with_repo
+from tests.crash.columns import env_with_repo
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of

@@ -25,7 +25,7 @@ from dex_ha.models.openai import (
     responses_input,
 )
 from dex_ha.worker import Agent, ModelRequest, NonRetryableError, ToolCall, ToolContext
-from tests.crash.harness import env_with_repo
+from tests.crash.columns import env_with_repo
 from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
 
 APIS = ("responses", "chat")

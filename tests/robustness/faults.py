@@ -37,7 +37,7 @@ from harness.processes import pid_alive
 from harness.proxied_cluster import ProxiedCluster
 from harness.small_disk import fill, mount_tmpfs, unmount, unmount_keeping_files
 from tests.crash.agents import SOAK_TOOL_S
-from tests.crash.harness import WorkerProcess
+from tests.crash.columns import WorkerProcess
 from tests.crash.ledger import Ledger, Run
 from tests.robustness.checker import SINGLE_ATTEMPT_TOOLS
 

@@ -32,7 +32,7 @@ from typing import Any
 from harness.proxied_cluster import ProxiedCluster
 from harness.readiness_record import ReadinessRecorder
 from harness.scenario import all_caught_up
-from tests.crash.harness import WorkerProcess
+from tests.crash.columns import WorkerProcess
 from tests.crash.ledger import Ledger
 from tests.robustness.checker import INVARIANTS, Evidence, check_all, operations_checked
 from tests.robustness.faults import (

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
@@ -62,7 +63,8 @@ async def died_at_failpoint(proc: subprocess.Popen[bytes], what: str) -> None:
 class WorkerProcess:
     """`python -m tests.crash.worker_proc` for one cell's agent (`language="ts"`: the
     TypeScript Worker, `node sdk/typescript/dist/test/crash/worker_proc.js`, with the same
-    arguments); killed by pid."""
+    arguments); killed by pid. `row` is the cell key that names the agent (rows.CELL_RUNS);
+    `agent_args` are more arguments for that agent (R21: the fake model API, the work dir)."""
 
     def __init__(
         self,
@@ -78,6 +80,7 @@ class WorkerProcess:
         heartbeat_interval_s: float | None = None,
         max_concurrency: int | None = None,
         language: str = "python",
+        agent_args: Sequence[str] = (),
     ) -> None:
         program = (
             [sys.executable, "-m", "tests.crash.worker_proc"] if language == "python" else ["node", str(CRASH_WORKER)]
@@ -97,6 +100,7 @@ class WorkerProcess:
             *(["--token", token] if token else []),
             *(["--heartbeat-interval", str(heartbeat_interval_s)] if heartbeat_interval_s else []),
             *(["--max-concurrency", str(max_concurrency)] if max_concurrency else []),
+            *agent_args,
         ]
         self.failpoints = failpoints
         self.log_path = log_path
