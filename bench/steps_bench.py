@@ -81,8 +81,8 @@ from bench.common import (  # noqa: E402
     fmt_pct,
     positive_ints,
 )
-from dex_ha.cli.cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.client import DexClient  # noqa: E402
+from dex_ha.local_cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.server.metrics import RENDER_INTERVAL_S  # noqa: E402
 from harness.ports import free_port_range  # noqa: E402  (the one free-port helper)
 from harness.processes import pid_alive  # noqa: E402  (the one pid-alive check of tests and benches)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
-from dex_ha.cli.cluster import LAYOUT_FILE, NodePlan, free_port_range, read_pids, start_node, write_pids
+from dex_ha.local_cluster import LAYOUT_FILE, NodePlan, free_port_range, read_pids, start_node, write_pids
 
 
 class LocalCluster:
