@@ -112,6 +112,10 @@ class ClusterPlan:
     def urls(self) -> list[str]:
         return [node.url for node in self.nodes]
 
+    @property
+    def node_ids(self) -> list[str]:
+        return [node.node_id for node in self.nodes]
+
     def node(self, node_id: str) -> NodePlan:
         return next(n for n in self.nodes if n.node_id == node_id)
 

@@ -61,7 +61,7 @@ class ProxiedCluster(LocalCluster):
 
     @property
     def node_ids(self) -> list[str]:
-        return [n.node_id for n in self.plan.nodes]
+        return self.plan.node_ids
 
     @property
     def probe_urls(self) -> dict[str, str]:
