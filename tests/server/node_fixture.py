@@ -29,8 +29,8 @@ from dex_ha.local_cluster import ClusterPlan, plan_cluster, write_cluster_files
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.config import ServerConfig, dev_config, load_config
 from dex_ha.server.node import NodeServer
+from harness import readiness
 from harness.ports import free_ports
-from harness.waiting import eventually
 
 CLIENT_TOKEN = "client-token-routes-0123456789"
 WORKER_TOKEN = "worker-token-routes-0123456789"
@@ -51,22 +51,12 @@ def base_url(node: NodeServer) -> str:
     return f"http://127.0.0.1:{node.http_port}"
 
 
-async def is_ready(url: str) -> bool:
-    try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=2)) as response:
-                return response.status == 200
-    except (TimeoutError, aiohttp.ClientError):
-        return False
-
-
 async def start_node(config: ServerConfig, *, wait_ready: bool = True) -> NodeServer:
     """Start a node; with `wait_ready`, wait (deadline) until its /readyz answers 200."""
     node = NodeServer(config)
     await node.start()
     if wait_ready:
-        url = base_url(node)
-        await eventually(lambda: is_ready(url), deadline_s=READY_DEADLINE_S, what=f"{url}/readyz to answer 200")
+        await readiness.wait_ready([base_url(node)], READY_DEADLINE_S, request_timeout_s=2.0)
     return node
 
 
@@ -416,7 +406,6 @@ __all__ = [
     "concrete_path",
     "expect",
     "free_ports",
-    "is_ready",
     "model_result",
     "node_config",
     "open_sse",
