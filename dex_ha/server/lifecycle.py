@@ -7,7 +7,8 @@
 - `shutdown_gracefully`: SIGTERM, the same drain and handover, then stop;
 - `drain`: stop handing out work and wait for the running attempts, up to a timeout.
 
-Each takes the node (`NodeServer`, node.py), whose methods of the same names call them.
+Each takes the node (`NodeServer`, node.py); its `start`, `stop`, `shutdown_gracefully` and
+`step_down` call these.
 """
 
 from __future__ import annotations
