@@ -81,11 +81,12 @@ from bench.common import (  # noqa: E402
     fmt_pct,
     positive_ints,
 )
-from dex_ha.cli.cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.client import DexClient  # noqa: E402
+from dex_ha.local_cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.server.metrics import RENDER_INTERVAL_S  # noqa: E402
 from harness.ports import free_port_range  # noqa: E402  (the one free-port helper)
 from harness.processes import pid_alive  # noqa: E402  (the one pid-alive check of tests and benches)
+from harness.readiness import wait_ready  # noqa: E402  (the one readiness wait of tests and benches)
 
 WORKER_SCRIPT = REPO_ROOT / "bench" / "steps_worker.py"
 DEFAULT_JSON = REPO_ROOT / "bench" / "results" / "steps_bench.json"
@@ -179,22 +180,6 @@ class Deployment:
     client_token: str | None
     stop: Callable[[], list[int]]  # stops every node; returns the pids it had to SIGKILL
     command: str = ""
-
-
-async def wait_ready(urls: list[str], deadline_s: float) -> str:
-    """Poll /readyz on every URL until one answers 200; that URL."""
-    deadline = time.monotonic() + deadline_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            for url in urls:
-                try:
-                    async with http.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                        if resp.status == 200:
-                            return url
-                except (aiohttp.ClientError, TimeoutError):
-                    pass
-            await asyncio.sleep(0.05)
-    raise TimeoutError(f"no node answered /readyz 200 within {deadline_s:.0f} s ({', '.join(urls)})")
 
 
 def cli_command(*args: str, python: str = sys.executable) -> list[str]:

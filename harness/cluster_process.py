@@ -4,19 +4,19 @@ stopped by pid."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 
-from dex_ha.cli.cluster import LAYOUT_FILE, NodePlan, free_port_range, read_pids, start_node, write_pids
+from dex_ha.local_cluster import LAYOUT_FILE, NodePlan, free_port_range, read_pids, start_node, write_pids
+from harness.readiness import answers_ready
+from harness.waiting import eventually
 
 
 class LocalCluster:
@@ -90,24 +90,16 @@ class LocalCluster:
 
     async def active_node(self, deadline_s: float = 20.0, not_: str | None = None) -> str:
         """The one node whose /readyz answers 200 (other than `not_`), within the deadline."""
-        deadline = time.monotonic() + deadline_s
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                ready = []
-                for node_id, url in self.urls.items():
-                    if node_id == not_:
-                        continue
-                    try:
-                        async with session.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=0.5)) as r:
-                            if r.status == 200:
-                                ready.append(node_id)
-                    except (aiohttp.ClientError, OSError, TimeoutError):
-                        pass
+        async with aiohttp.ClientSession() as http:
+
+            async def the_active_node() -> str | None:
+                candidates = {node_id: url for node_id, url in self.urls.items() if node_id != not_}
+                ready = [node_id for node_id, url in candidates.items() if await answers_ready(http, url, 0.5)]
                 assert len(ready) <= 1, f"two nodes ready at once: {ready}"
-                if ready:
-                    return ready[0]
-                await asyncio.sleep(0.05)
-        raise AssertionError(f"no active node within {deadline_s} s")
+                return ready[0] if ready else None
+
+            active: str = await eventually(the_active_node, what="an active node", deadline_s=deadline_s)
+            return active
 
 
 def joiner_config(cluster: LocalCluster, http_port: int, raft_port: int, probe_port: int) -> Path:

@@ -3,20 +3,17 @@ a deadline on every wait, stopped by pid."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import aiohttp
-
 from harness.ports import free_ports
 from harness.processes import stop
+from harness.readiness import wait_ready
 
 
 class DevProcess:
@@ -61,18 +58,13 @@ class DevProcess:
             )
 
     async def wait_ready(self, deadline_s: float = 20.0) -> None:
-        deadline = time.monotonic() + deadline_s
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                assert self.proc is not None and self.proc.poll() is None, self.log_tail()
-                try:
-                    async with session.get(self.url + "/readyz", timeout=aiohttp.ClientTimeout(total=1)) as r:
-                        if r.status == 200:
-                            return
-                except (TimeoutError, aiohttp.ClientError):
-                    pass
-                await asyncio.sleep(0.05)
-        raise AssertionError(f"dex-ha dev not ready within {deadline_s} s\n{self.log_tail()}")
+        def still_running() -> None:
+            assert self.proc is not None and self.proc.poll() is None, "the process is not running"
+
+        try:
+            await wait_ready([self.url], deadline_s, still_running=still_running)
+        except AssertionError as exc:
+            raise AssertionError(f"dex-ha dev not ready: {exc}\n{self.log_tail()}") from None
 
     def kill(self) -> None:
         """SIGKILL: the crash the tests are about."""

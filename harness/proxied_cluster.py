@@ -1,6 +1,6 @@
 """A local cluster whose Raft links run through a fault proxy (harness/fault_proxy.py):
 real `dex-ha node` processes, configured by `dex-ha cluster up`'s own plan and TOML writer
-(dex_ha/cli/cluster.py), except that in each node's config every peer's Raft address is
+(dex_ha/local_cluster.py), except that in each node's config every peer's Raft address is
 the proxy of the directed link from this node to that peer. A test can then cut any link
 one way, isolate a node, kill it by pid and start it again on its data directory.
 
@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from dex_ha.cli.cluster import (
+from dex_ha.local_cluster import (
     ClusterError,
     ClusterPlan,
     NodePlan,
@@ -61,7 +61,7 @@ class ProxiedCluster(LocalCluster):
 
     @property
     def node_ids(self) -> list[str]:
-        return [n.node_id for n in self.plan.nodes]
+        return self.plan.node_ids
 
     @property
     def probe_urls(self) -> dict[str, str]:

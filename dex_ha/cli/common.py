@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
@@ -72,30 +71,6 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows)]
     lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [headers, *rows]]
     return "\n".join(lines)
-
-
-def port_in_use(host: str, port: int) -> str | None:
-    """Why nothing can listen on host:port now (the OS's words), None when it is free.
-
-    Binds as a node's own listeners do: with SO_REUSEADDR, so a port left in TIME_WAIT counts
-    as free. A host that does not resolve is not this check's to report (None): the server names it.
-    """
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except (OSError, UnicodeError):
-        return None
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(address)
-        except OSError as exc:
-            return exc.strerror or str(exc)
-    return None
-
-
-def port_taken_message(port: int, what: str, reason: str, options: str) -> str:
-    """The one line `cluster up` and `dev` print for a port in use: which, why, which option moves it."""
-    return f"port {port} ({what}) is taken ({reason}); choose {options}"
 
 
 def when(ms: Any) -> str:

@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from dex_ha.cli.cluster import (
+from dex_ha.cli.common import format_table
+from dex_ha.client import Connection, DexClient, Session, SessionEvent
+from dex_ha.local_cluster import (
     ClusterError,
     ClusterPlan,
     check_ports_free,
@@ -55,8 +57,6 @@ from dex_ha.cli.cluster import (
     write_cluster_files,
     write_pids,
 )
-from dex_ha.cli.common import format_table
-from dex_ha.client import Connection, DexClient, Session, SessionEvent
 from dex_ha.worker import (
     Agent,
     ModelResponse,

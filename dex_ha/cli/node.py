@@ -11,7 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dex_ha.cli.common import Subparsers, port_in_use, port_taken_message
+from dex_ha.cli.common import Subparsers
+from dex_ha.local_cluster import port_in_use, port_taken_message
 from dex_ha.server.auth import TokenAuth
 from dex_ha.server.config import (
     ConfigError,

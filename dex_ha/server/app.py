@@ -460,7 +460,8 @@ async def livez(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
 
 
 async def readyz(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
-    return api.node.readiness()
+    readiness = api.node.readiness()
+    return readiness.http_status, readiness.body()
 
 
 async def metrics(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
@@ -485,29 +486,29 @@ async def add_member(api: Api, args: dict[str, Any], request: web.Request) -> An
         raft_addr = parse_address(args["raft_addr"], "raft_addr")
     except ConfigError as exc:
         raise InvalidRequest("raft_addr", str(exc)) from None
-    await _membership(api.node.add_member(args["id"], raft_addr, args["url"]))
+    await _membership(api.node.membership.add_member(args["id"], raft_addr, args["url"]))
     return 200, {"id": args["id"], "voter": False, **await _members(api)}
 
 
 async def promote_member(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     await _known_member(api, args["member_id"])
-    await _membership(api.node.promote_member(args["member_id"]))
+    await _membership(api.node.membership.promote_member(args["member_id"]))
     return 200, {"id": args["member_id"], "voter": True, **await _members(api)}
 
 
 async def remove_member(api: Api, args: dict[str, Any], request: web.Request) -> Answer:
     await _known_member(api, args["member_id"])
-    await _membership(api.node.remove_member(args["member_id"]))
+    await _membership(api.node.membership.remove_member(args["member_id"]))
     return 200, {"id": args["member_id"], "removed": True, **await _members(api)}
 
 
 async def _known_member(api: Api, member_id: str) -> None:
-    if not await api.node.is_member(member_id):
+    if not await api.node.membership.is_member(member_id):
         raise ApiError(404, "not_found", f"no member {member_id!r} in the cluster")
 
 
 async def _members(api: Api) -> dict[str, Any]:
-    return {"members": await api.node.members()}
+    return {"members": await api.node.membership.members()}
 
 
 async def _membership(change: Awaitable[None]) -> None:

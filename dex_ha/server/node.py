@@ -3,6 +3,10 @@ and — while it is the active node — the leader services of its term.
 
 The role a node reports (`/v1/cluster`, `/readyz`) is a `NodeRole` (roles.py): active,
 draining, candidate, standby or learner.
+
+Around this core: lifecycle.py starts and stops the node's parts and hands the active role
+over (step down, drain, SIGTERM); readiness.py is what `/readyz` and `/livez` answer;
+membership.py changes and shows the members.
 """
 
 from __future__ import annotations
@@ -29,28 +33,27 @@ from dex_ha.engine import (
 )
 from dex_ha.failpoints import Failpoints
 from dex_ha.raft.clock import now_ms
-from dex_ha.raft.errors import NotLeader
-from dex_ha.raft.node import Member, NodeConfig, member_context
-from dex_ha.raft.status import MemberStatus, Status
+from dex_ha.raft.node import Member, NodeConfig
 from dex_ha.raft.threaded import RaftThread
-from dex_ha.raft.types import ConfChange, ConfChangeType, NodeVersion, Role
+from dex_ha.raft.types import NodeVersion
+from dex_ha.server import lifecycle
 from dex_ha.server.admission import Admission, StreamAdmission
-from dex_ha.server.app import ApiRunner, build_app
 from dex_ha.server.config import ServerConfig
 from dex_ha.server.consistency import ConsistencyCheck
 from dex_ha.server.data_dir import open_data_dir
-from dex_ha.server.errors import MemberNotCaughtUp, NoSpace, NotCommitted, NotServing, StepDownFailed, UnknownMember
-from dex_ha.server.http_limits import GuardedSite, HttpLimits
+from dex_ha.server.errors import NoSpace, NotCommitted, NotServing
 from dex_ha.server.leader import ActiveClock, LeaderTerm
+from dex_ha.server.membership import Membership
 from dex_ha.server.metrics import ServerMetrics
 from dex_ha.server.node_credential import NodeCredential
 from dex_ha.server.probes import ProbeServer
+from dex_ha.server.readiness import Readiness, liveness, node_role
 from dex_ha.server.replica import Replica
 from dex_ha.server.retention import Retention
 from dex_ha.server.roles import NodeRole
 from dex_ha.server.streams import DeltaRelay
 from dex_ha.server.tracing import span_sink_from_environment
-from dex_ha.server.versions import GATE_OFF_FAILPOINT, ClusterVersionUpgrade, check_command, own_version, version_of
+from dex_ha.server.versions import GATE_OFF_FAILPOINT, ClusterVersionUpgrade, check_command, own_version
 
 log = logging.getLogger("dex_ha.server")
 V = TypeVar("V")  # the value type of a proposed command (Proposal[V])
@@ -69,9 +72,6 @@ SERVER_FAILPOINTS = (
 )
 HTTP_BACKLOG = 4096
 
-
-# How far behind the commit index a learner may be, in entries, to be promoted.
-PROMOTE_MAX_LAG_ENTRIES = 1_000
 # Writes that time out (proposal_timeout_ms) are logged at most this often: while commits
 # stall, every write times out, and one line says it.
 PROPOSAL_TIMEOUT_LOG_EVERY_S = 10.0
@@ -90,8 +90,8 @@ class NodeServer:
         config.check()
         open_data_dir(config.data_dir)  # private (0700), or refused: before anything is written
         # Bind the HTTP port first: with port 0 the URL (our leader_url) is known only now.
-        self._http_socket = _bind(config.http_listen)
-        self.http_port: int = self._http_socket.getsockname()[1]
+        self.http_socket = _bind(config.http_listen)
+        self.http_port: int = self.http_socket.getsockname()[1]
         self.probes: ProbeServer | None = None
         if config.probe_listen is not None:
             self.probes = ProbeServer(_bind(config.probe_listen, "probes"), self.liveness, self.readiness)
@@ -123,6 +123,7 @@ class NodeServer:
         self.consistency = ConsistencyCheck(
             config.node_id, self.raft, self.metrics, self.propose, config.consistency_check_interval_ms
         )
+        self.membership = Membership(self.raft, config, self.consistency)
         self.cluster_version_upgrade = ClusterVersionUpgrade(
             config.node_id, self._versions_now, self.propose, gate_off=self.failpoints.armed(GATE_OFF_FAILPOINT)
         )
@@ -143,7 +144,7 @@ class NodeServer:
         self.span_sink = span_sink_from_environment(config.node_id)
         self.leader: LeaderTerm | None = None  # the services of the term we lead, if any
         self._leader_tasks: set[asyncio.Task[None]] = set()
-        self._runner: web.AppRunner | None = None
+        self.runner: web.AppRunner | None = None  # the HTTP app's, once started
         self.stopping = False
         self._proposal_timeout_logged_at = float("-inf")  # time.monotonic() of the last such line
 
@@ -166,57 +167,21 @@ class NodeServer:
             version=self.version,
         )
 
-    # ------------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------------ lifecycle (lifecycle.py)
 
     async def start(self) -> None:
-        if self.config.insecure:
-            log.warning("node %s runs INSECURE: no API tokens and no cluster secret (--insecure)", self.config.node_id)
-        elif not self.config.auth_enabled:
-            log.warning("node %s runs WITHOUT authentication (dev mode, no tokens configured)", self.config.node_id)
-        self.replica.notify_on(asyncio.get_running_loop())
-        await self.raft.start()
-        self.consistency.start(self.is_serving)
-        self.cluster_version_upgrade.start(self.is_serving)
-        self.retention.start(self.is_serving)
-        limits = HttpLimits.from_config(self.config)
-        self._runner = ApiRunner(build_app(self), access_log=None, handle_signals=False, **limits.handler_args())
-        await self._runner.setup()
-        # A deep accept queue (HTTP_BACKLOG, see _bind): Workers open a connection per task in
-        # flight, and a dropped SYN costs its request a 1 s retransmit. The site's guard accepts
-        # from it: it caps the connections (with a reserve for the probes) and closes slow ones.
-        await GuardedSite(self._runner, self._http_socket, limits, self.metrics).start()
-        if self.probes is not None:
-            await self.probes.start()
-            log.info("node %s answers probes (/livez, /readyz) on port %d", self.config.node_id, self.probes.port)
-        raft = (
-            "no Raft listener: a single voter"
-            if self.config.raft_listen is None
-            else "raft on {}:{}".format(*self.config.raft_listen)
-        )
-        log.info(
-            "node %s serves HTTP on %s:%d (%s, data in %s)",
-            self.config.node_id,
-            self.config.http_listen[0],
-            self.http_port,
-            raft,
-            self.config.data_dir,
-        )
+        await lifecycle.start(self)
 
     async def stop(self) -> None:
-        self.stopping = True
-        if self.probes is not None:
-            await self.probes.stop()
-        await self._stop_leader_services()
-        await self.consistency.stop()
-        await self.cluster_version_upgrade.stop()
-        await self.retention.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        self._http_socket.close()
-        await self.raft.stop()
-        self.replica.close()
-        if self.span_sink is not None:  # sends the spans still queued (bounded by the export timeout)
-            await asyncio.to_thread(self.span_sink.close)
+        await lifecycle.stop(self)
+
+    async def shutdown_gracefully(self) -> None:
+        """SIGTERM: drain, hand the leadership over (if active), then stop."""
+        await lifecycle.shutdown_gracefully(self)
+
+    async def step_down(self, to: str | None, drain_timeout_ms: int | None) -> dict[str, Any]:
+        """Planned step down: drain, then hand the leadership to `to` or the most caught-up voter."""
+        return await lifecycle.step_down(self, to, drain_timeout_ms)
 
     # ------------------------------------------------------------------ leadership
 
@@ -229,7 +194,7 @@ class NodeServer:
     async def _follow_leadership(self) -> None:
         view = self.raft.view
         if self.leader is not None and (self.leader.term != view.term or not view.is_leader):
-            await self._stop_leader_services()
+            await self.stop_leader_services()
         view = self.raft.view
         term = view.term
         if view.is_leader and self.leader is None and not self.stopping:
@@ -247,7 +212,7 @@ class NodeServer:
             self.leader.start()
             self.replica.wake_everyone()  # every waiter checks again under the new role
 
-    async def _stop_leader_services(self) -> None:
+    async def stop_leader_services(self) -> None:
         leader, self.leader = self.leader, None
         if leader is not None:
             log.info("node %s stops the leader services of term %d", self.config.node_id, leader.term)
@@ -293,33 +258,20 @@ class NodeServer:
 
     def liveness(self) -> dict[str, Any]:
         """`/livez`: the process serves."""
-        return {"status": "alive", "node_id": self.config.node_id}
+        return liveness(self.config.node_id)
 
-    def readiness(self) -> tuple[int, dict[str, Any]]:
-        """`/readyz`: (200, …) on the active node; (503, the role and leader_url) elsewhere.
+    def readiness(self) -> Readiness:
+        """`/readyz` (readiness.py): ready on the active node; elsewhere the role and leader_url.
 
         Reads only what other threads may read (the Raft view and plain attributes), so
         the probe listener (probes.py) answers it from its own thread."""
-        node_id = self.config.node_id
-        if self.is_ready():
-            return 200, {"status": "ready", "node_id": node_id, "role": NodeRole.ACTIVE}
         role = self.role()
-        return 503, {
-            "error": "not_ready",
-            "message": f"node {node_id} is {role}, not the active node",
-            "leader_url": self.leader_url(),
-            "role": role,
-        }
+        return Readiness(self.config.node_id, role, None if role is NodeRole.ACTIVE else self.leader_url())
 
     def role(self) -> NodeRole:
-        if self.is_ready():
-            return NodeRole.ACTIVE
-        if self.leader is not None and self.leader.draining:
-            return NodeRole.DRAINING
         view = self.raft.view
-        if view.role in (Role.PRE_CANDIDATE, Role.CANDIDATE, Role.LEADER):
-            return NodeRole.CANDIDATE
-        return NodeRole.STANDBY if view.voter else NodeRole.LEARNER
+        draining = self.leader is not None and self.leader.draining
+        return node_role(ready=self.is_ready(), draining=draining, raft_role=view.role, voter=view.voter)
 
     def leader_url(self) -> str | None:
         member = self.raft.members().get(self.raft.view.leader_id)
@@ -385,128 +337,7 @@ class NodeServer:
             timeout_ms,
         )
 
-    # ------------------------------------------------------------------ step down
-
-    async def step_down(self, to: str | None, drain_timeout_ms: int | None) -> dict[str, Any]:
-        """Planned step down: stop handing out work, let running attempts finish for up to
-        the drain timeout, then hand the leadership to `to` or the most caught-up voter."""
-        leader = self.serving()
-        if leader.draining:
-            raise StepDownFailed("a step down is already running")
-        target = to or await self._most_caught_up_voter()
-        if target is None:
-            raise StepDownFailed("no other voter to hand the leadership to")
-        if target == self.config.node_id:  # not "unknown": the operator named the wrong node
-            raise StepDownFailed(
-                f"{target} is already the active node: name another voter in `to`, or leave it out "
-                "to hand over to the most caught-up one"
-            )
-        members = (await self.raft.status()).members
-        if target not in members or not members[target].voter:
-            raise UnknownMember(f"{target!r} is not another voting member")
-        if target in self.consistency.alarms:
-            raise StepDownFailed(f"{target} is under the consistency alarm (its state differs): it may not lead")
-        timeout_ms = self.config.drain_timeout_ms if drain_timeout_ms is None else drain_timeout_ms
-        left = await self.drain(leader, timeout_ms)
-        try:
-            await self._transfer(target)
-        finally:
-            leader.end_drain()
-        return {"from": self.config.node_id, "to": self.raft.view.leader_id or target, "running_attempts_left": left}
-
-    async def drain(self, leader: LeaderTerm, timeout_ms: int) -> int:
-        """Stop handing out work and wait for this term's running attempts; how many are left."""
-        leader.begin_drain()
-        log.info(
-            "node %s drains: %d attempts running, up to %d ms",
-            self.config.node_id,
-            leader.running_in_term(),
-            timeout_ms,
-        )
-        deadline = time.monotonic() + timeout_ms / 1000
-        while (left := leader.running_in_term()) and time.monotonic() < deadline:
-            version = self.replica.changed.version
-            await self.replica.changed.wait_past(version, max(0.0, deadline - time.monotonic()))
-        if left:
-            log.warning("drain timeout: %d attempts still running; they follow their rows on the next leader", left)
-        return left
-
-    async def _transfer(self, target: str) -> None:
-        log.info("node %s hands the leadership to %s", self.config.node_id, target)
-        try:
-            await self.raft.transfer_leadership(target)
-        except NotLeader as exc:
-            raise StepDownFailed(f"lost the leadership before the transfer (leader now {exc.leader_id!r})") from None
-        deadline = time.monotonic() + 2 * self.config.election_timeout_max_ms / 1000
-        # The view is written by the Raft thread, which signals nothing to this loop: poll it.
-        while self.raft.view.is_leader and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.01)
-        if self.raft.view.is_leader:
-            raise StepDownFailed(f"{target} did not take the leadership in time; this node stays active")
-
-    async def _most_caught_up_voter(self) -> str | None:
-        members = (await self.raft.status()).members
-        others = [
-            (info.match or 0, -(info.last_contact_ms_ago or 0), node_id)
-            for node_id, info in members.items()
-            if info.voter and node_id != self.config.node_id and node_id not in self.consistency.alarms
-        ]
-        return max(others)[2] if others else None
-
-    async def shutdown_gracefully(self) -> None:
-        """SIGTERM: drain, hand the leadership over (if active), then stop."""
-        try:
-            leader = self.serving()
-        except NotServing:
-            leader = None
-        if leader is not None and not leader.draining:
-            await self.drain(leader, self.config.drain_timeout_ms)
-            target = await self._most_caught_up_voter()
-            if target is not None:
-                try:
-                    await self._transfer(target)
-                except StepDownFailed as exc:
-                    log.warning("graceful stop: %s", exc)
-        await self.stop()
-
-    # ------------------------------------------------------------------ membership
-
-    async def add_member(self, node_id: str, raft_addr: tuple[str, int], url: str) -> None:
-        await self.raft.change_membership(
-            ConfChange(ConfChangeType.ADD_LEARNER, node_id, member_context(raft_addr[0], raft_addr[1], url))
-        )
-
-    async def promote_member(self, node_id: str) -> None:
-        status = await self.raft.status()
-        info = status.members.get(node_id)
-        if info is not None and not info.voter:  # promoting a voter is refused by the core (409) below
-            match, contact = info.match, info.last_contact_ms_ago
-            # Caught up means applied, not only stored (a learner of the release before
-            # reports no applied index: its match index then).
-            done = match if not match or info.applied is None else min(match, info.applied)
-            if (
-                not done
-                or status.commit - done > PROMOTE_MAX_LAG_ENTRIES
-                or contact is None
-                or contact > self.config.election_timeout_max_ms
-            ):
-                raise MemberNotCaughtUp(
-                    f"learner {node_id!r} is not caught up (match index {match}, applied index {info.applied}, "
-                    f"commit index {status.commit}, last contact {contact} ms ago); promote it once it is"
-                )
-        await self.raft.change_membership(ConfChange(ConfChangeType.PROMOTE, node_id))
-
-    async def remove_member(self, node_id: str) -> None:
-        await self.raft.change_membership(ConfChange(ConfChangeType.REMOVE, node_id))
-
-    # ------------------------------------------------------------------ reads
-
-    async def is_member(self, node_id: str) -> bool:
-        return node_id in (await self.raft.status()).members
-
-    async def members(self) -> list[dict[str, Any]]:
-        """The members, ordered by id, as /v1/cluster shows them (see _member_view)."""
-        return self._member_views(await self.raft.status())
+    # ------------------------------------------------------------------ views
 
     async def cluster_view(self) -> dict[str, Any]:
         """`/v1/cluster`: this node's view of the cluster."""
@@ -529,7 +360,7 @@ class NodeServer:
             "cluster_state_machine_version": self.replica.cluster_version,
             "alarms": self.alarms(),
             **self.consistency.view(),
-            "members": self._member_views(status),
+            "members": self.membership.views(status),
         }
 
     def alarms(self) -> list[dict[str, Any]]:
@@ -546,43 +377,6 @@ class NodeServer:
                 "message": f"{alarm.describe()}: this node writes nothing until space is freed",
             }
         ]
-
-    def _member_views(self, status: Status) -> list[dict[str, Any]]:
-        known = self.raft.members()
-        return [
-            {
-                **self._member_view(node_id, info, known.get(node_id), status.snapshots_sending.get(node_id)),
-                **_member_version(status.versions, node_id),
-                "consistency_alarm": node_id in self.consistency.alarms,
-            }
-            for node_id, info in sorted(status.members.items())
-        ]
-
-    @staticmethod
-    def _member_view(
-        node_id: str, info: MemberStatus, member: Member | None, sending: tuple[int, int] | None
-    ) -> dict[str, Any]:
-        """One member as /v1/cluster shows it. `contacted` is False when this (leader) node never
-        heard from it, None when unknown (not the leader); `replication` is the leader's
-        progress state (probe, replicate, snapshot; self); `snapshot_bytes` is [sent, total]
-        while a snapshot streams to it (a learner catching up). `applied_index` is what the
-        member last said it applied; `lost_entries` counts the times in this leader's term
-        its answers showed it lacked entries it had acknowledged, and
-        `lost_acknowledged_index` is the match index it had before, until it has it again."""
-        return {
-            "id": node_id,
-            "voter": info.voter,
-            "url": member.url or None if member is not None else None,
-            "raft_addr": "{}:{}".format(*member.raft_addr) if member is not None else None,
-            "match_index": info.match,
-            "applied_index": info.applied,
-            "lost_entries": info.lost_entries,
-            "lost_acknowledged_index": info.lost_acknowledged,
-            "last_contact_ms_ago": info.last_contact_ms_ago,
-            "contacted": info.contacted,
-            "replication": info.state,
-            "snapshot_bytes": list(sending) if sending is not None else None,
-        }
 
     def metrics_state(self) -> dict[str, Any]:
         view = self.raft.view
@@ -667,12 +461,3 @@ def _with_bound_port(config: ServerConfig, port: int) -> ServerConfig:
     url = f"http://{host}:{port}"
     peers = tuple(replace(p, url=url) if p.id == config.node_id else p for p in config.peers)
     return replace(config, http_listen=(host, port), url=url, peers=peers)
-
-
-def _member_version(versions: Mapping[str, NodeVersion | None], node_id: str) -> dict[str, Any]:
-    """A member's release and state machine as its latest message said; None when this
-    node has not heard from it."""
-    if node_id not in versions:
-        return {"version": None, "state_machine_version": None}
-    version = version_of(versions[node_id])
-    return {"version": version.package, "state_machine_version": version.state_machine}

@@ -25,17 +25,17 @@ from aiohttp import web
 
 from dex_ha.raft.loop_thread import LoopThread
 from dex_ha.server.http_limits import PROBE_LISTENER_LIMITS, GuardedSite, name_the_server
+from dex_ha.server.readiness import Readiness
 
 log = logging.getLogger("dex_ha.server.probes")
 
-Readiness = Callable[[], tuple[int, dict[str, Any]]]
 Liveness = Callable[[], dict[str, Any]]
 
 
 class ProbeServer:
     """Serves GET /livez and GET /readyz on `sock` from a thread of its own."""
 
-    def __init__(self, sock: socket.socket, liveness: Liveness, readiness: Readiness) -> None:
+    def __init__(self, sock: socket.socket, liveness: Liveness, readiness: Callable[[], Readiness]) -> None:
         self._sock = sock
         self._liveness = liveness
         self._readiness = readiness
@@ -66,7 +66,8 @@ class ProbeServer:
         return _json(200, self._liveness())
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        return _json(*self._readiness())
+        readiness = self._readiness()
+        return _json(readiness.http_status, readiness.body())
 
 
 def _json(status: int, body: dict[str, Any]) -> web.Response:

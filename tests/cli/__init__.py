@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from dex_ha.cli.cluster import free_port_range, free_ports  # noqa: F401  (the tests import them from here)
+from harness.ports import free_port_range, free_ports  # noqa: F401  (the tests import them from here)
 from harness.processes import stop  # noqa: F401
 from harness.waiting import eventually_sync
 

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from dex_ha.cli.cluster import (
+from dex_ha.cli.demo import WORKER_READY
+from dex_ha.cli.remote import NodeAnswer
+from dex_ha.cli.status import format_status, status_rows
+from dex_ha.local_cluster import (
     ClusterError,
     check_ports_free,
     node_process_alive,
     plan_cluster,
     write_cluster_files,
 )
-from dex_ha.cli.demo import WORKER_READY
-from dex_ha.cli.remote import NodeAnswer
-from dex_ha.cli.status import format_status, status_rows
 from dex_ha.server.config import load_config
 from tests.cli import (
     clean_env,

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import aiohttp
 
-from dex_ha.cli.cluster import node_process_alive, read_pids
 from dex_ha.failpoints import FAILPOINT_ENV, FAILPOINT_EXIT_CODE
+from dex_ha.local_cluster import node_process_alive, read_pids
 from harness.cluster_process import LocalCluster
 from harness.cluster_state import observe_settled
 from harness.dev_process import DevProcess

@@ -12,7 +12,7 @@ import pytest
 
 from dex_ha.server.node import NodeServer
 from harness.waiting import eventually
-from tests.server.node_fixture import ClusterPlan, HttpApi, base_url, start_node, tool
+from tests.server.node_fixture import HttpApi, base_url, cluster_plan, node_config, start_node, tool
 
 
 def member_gauges(node: NodeServer, name: str) -> dict[str, float]:
@@ -26,11 +26,11 @@ def member_gauges(node: NodeServer, name: str) -> dict[str, float]:
 
 @pytest.fixture
 async def three_nodes(tmp_path: Path) -> AsyncIterator[dict[str, NodeServer]]:
-    plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    plan = cluster_plan(tmp_path)
     started: dict[str, NodeServer] = {}
     try:
-        for node_id in plan.http_ports:
-            started[node_id] = await start_node(plan.config(node_id), wait_ready=False)
+        for node_id in plan.node_ids:
+            started[node_id] = await start_node(node_config(plan, node_id), wait_ready=False)
         yield started
     finally:
         for node in started.values():

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from dex_ha.cli.cluster import node_process_alive
 from dex_ha.client import DexClient, Session, SessionEvent
+from dex_ha.local_cluster import node_process_alive
 from dex_ha.worker import Worker
 from harness.cluster_process import LocalCluster
 from harness.haproxy_process import haproxy_binary, haproxy_in_front_of

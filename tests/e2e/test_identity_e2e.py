@@ -17,8 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dex_ha.cli.cluster import read_pids, write_pids
 from dex_ha.client import DexClient
+from dex_ha.local_cluster import read_pids, write_pids
 from dex_ha.server.process import REFUSED_EXIT_CODE
 from harness.cluster_process import LocalCluster, cluster_view
 from harness.processes import pid_alive

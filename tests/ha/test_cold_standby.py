@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from dex_ha.cli.cluster import close_all, free_ports, ready_nodes
 from dex_ha.client import Connection, DexClient
+from dex_ha.local_cluster import close_all, ready_nodes
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, Worker
 from harness.cluster_process import cluster_view, joiner_config
+from harness.ports import free_ports
 from harness.processes import stop
 from harness.proxied_cluster import ProxiedCluster
 from harness.scenario import sessions_on_disk

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dex_ha.cli.cluster import stop_processes
+from dex_ha.local_cluster import stop_processes
 from dex_ha.server.config import ServerConfig
 from harness import wall_clock
 from harness.cluster_process import cluster_view

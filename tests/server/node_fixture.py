@@ -25,11 +25,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from dex_ha.local_cluster import ClusterPlan, plan_cluster, write_cluster_files
 from dex_ha.server.api_spec import ROUTES, RouteSpec
-from dex_ha.server.config import Peer, ServerConfig, dev_config
+from dex_ha.server.config import ServerConfig, dev_config, load_config
 from dex_ha.server.node import NodeServer
+from harness import readiness
 from harness.ports import free_ports
-from harness.waiting import eventually
 
 CLIENT_TOKEN = "client-token-routes-0123456789"
 WORKER_TOKEN = "worker-token-routes-0123456789"
@@ -50,22 +51,12 @@ def base_url(node: NodeServer) -> str:
     return f"http://127.0.0.1:{node.http_port}"
 
 
-async def is_ready(url: str) -> bool:
-    try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(url + "/readyz", timeout=aiohttp.ClientTimeout(total=2)) as response:
-                return response.status == 200
-    except (TimeoutError, aiohttp.ClientError):
-        return False
-
-
 async def start_node(config: ServerConfig, *, wait_ready: bool = True) -> NodeServer:
     """Start a node; with `wait_ready`, wait (deadline) until its /readyz answers 200."""
     node = NodeServer(config)
     await node.start()
     if wait_ready:
-        url = base_url(node)
-        await eventually(lambda: is_ready(url), deadline_s=READY_DEADLINE_S, what=f"{url}/readyz to answer 200")
+        await readiness.wait_ready([base_url(node)], READY_DEADLINE_S, request_timeout_s=2.0)
     return node
 
 
@@ -75,42 +66,23 @@ def single_node_config(data_dir: Path, *, auth: bool = True, **overrides: Any) -
     return replace(config, **overrides)
 
 
-@dataclass(frozen=True)
-class ClusterPlan:
-    """Addresses of a loopback cluster, chosen before any node starts (peers need them)."""
+def cluster_plan(root: Path, nodes: int = 3) -> ClusterPlan:
+    """The plan of a loopback cluster of `nodes` nodes (n1, n2, …) on free ports, with this
+    module's secret and tokens, and its files written under `root`: the same plan and node
+    files as `dex-ha cluster up`, for nodes run in the test's event loop (`node_config`)."""
+    ports = free_ports(3 * nodes)
+    plan = plan_cluster(root, ports[:nodes], ports[nodes : 2 * nodes], ports[2 * nodes :], durability="relaxed")
+    plan = replace(plan, cluster_secret=CLUSTER_SECRET, tokens={role: tokens[0] for role, tokens in TOKENS.items()})
+    write_cluster_files(plan)
+    return plan
 
-    root: Path
-    http_ports: dict[str, int]
-    raft_ports: dict[str, int]
 
-    @classmethod
-    def on_free_ports(cls, root: Path, node_ids: list[str]) -> ClusterPlan:
-        ports = free_ports(2 * len(node_ids))
-        return cls(
-            root,
-            {nid: ports[2 * i] for i, nid in enumerate(node_ids)},
-            {nid: ports[2 * i + 1] for i, nid in enumerate(node_ids)},
-        )
-
-    def url(self, node_id: str) -> str:
-        return f"http://127.0.0.1:{self.http_ports[node_id]}"
-
-    def config(self, node_id: str, **overrides: Any) -> ServerConfig:
-        peers = tuple(Peer(nid, ("127.0.0.1", port), self.url(nid)) for nid, port in self.raft_ports.items())
-        config = ServerConfig(
-            node_id=node_id,
-            data_dir=self.root / node_id,
-            http_listen=("127.0.0.1", self.http_ports[node_id]),
-            url=self.url(node_id),
-            raft_listen=("127.0.0.1", self.raft_ports[node_id]),
-            peers=peers,
-            durability="relaxed",
-            cluster_secret=CLUSTER_SECRET,
-            tokens=TOKENS,
-            election_timeout_min_ms=300,
-            election_timeout_max_ms=600,
-        )
-        return replace(config, **overrides)
+def node_config(plan: ClusterPlan, node_id: str, **overrides: Any) -> ServerConfig:
+    """A node's config as `dex-ha node` reads it from its file (no environment overrides),
+    with short election timeouts and no probe listener unless `overrides` say otherwise."""
+    config = load_config(plan.node(node_id).config_path, env={})
+    defaults: dict[str, Any] = {"probe_listen": None, "election_timeout_min_ms": 300, "election_timeout_max_ms": 600}
+    return replace(config, **{**defaults, **overrides})
 
 
 # ---------------------------------------------------------------- which route a request hits
@@ -421,7 +393,6 @@ async def open_sse(
 __all__ = [
     "ADMIN_TOKEN",
     "CLIENT_TOKEN",
-    "ClusterPlan",
     "HttpApi",
     "Reply",
     "SseEvent",
@@ -431,11 +402,12 @@ __all__ = [
     "assert_error",
     "base_url",
     "call_view",
+    "cluster_plan",
     "concrete_path",
     "expect",
     "free_ports",
-    "is_ready",
     "model_result",
+    "node_config",
     "open_sse",
     "role_for",
     "route_of",

@@ -11,8 +11,9 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from dex_ha.local_cluster import ClusterPlan
 from dex_ha.server.forwarding import FORWARD_HEADER
-from tests.server.node_fixture import ClusterPlan, HttpApi, assert_error, expect
+from tests.server.node_fixture import HttpApi, assert_error, cluster_plan, expect
 from tests.server.test_not_active import two_of_three, wait_for_leader_url, wait_for_one_active
 
 covers = pytest.mark.covers
@@ -21,7 +22,7 @@ FORWARD = {FORWARD_HEADER: "active"}
 
 @pytest.fixture
 def plan(tmp_path) -> ClusterPlan:
-    return ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    return cluster_plan(tmp_path)
 
 
 @covers("list_sessions", "get_session", "send_message", "session_events")
@@ -30,7 +31,7 @@ async def test_a_standby_forwards_the_consoles_calls_to_the_active_node(nodes, h
     apis = {nid: http(server) for nid, server in servers.items()}
     active = await wait_for_one_active(apis)
     standby = apis["n2" if active == "n1" else "n1"]
-    await wait_for_leader_url(standby, plan.url(active))
+    await wait_for_leader_url(standby, plan.node(active).url)
     await apis[active].create_session("support", "s-1")
 
     # Without the header: 503 not_active, as before (the SDKs follow leader_url themselves).
@@ -72,7 +73,7 @@ async def test_a_standby_whose_active_node_is_gone_answers_not_active(nodes, htt
     active = await wait_for_one_active(apis)
     standby_id = "n2" if active == "n1" else "n1"
     standby: HttpApi = apis[standby_id]
-    await wait_for_leader_url(standby, plan.url(active))
+    await wait_for_leader_url(standby, plan.node(active).url)
     await servers[active].stop()
 
     reply = await standby.get("/v1/sessions", headers=FORWARD, timeout_s=10)

@@ -21,12 +21,13 @@ from dex_ha.server.validation import InvalidRequest
 from harness.waiting import eventually
 from tests.server.node_fixture import (
     CLIENT_TOKEN,
-    ClusterPlan,
     HttpApi,
     assert_error,
     call_view,
+    cluster_plan,
     expect,
     model_result,
+    node_config,
     tool,
     tool_call,
 )
@@ -197,8 +198,8 @@ async def test_a_body_that_does_not_inflate_is_400(node: NodeServer, api: HttpAp
 
 
 async def test_the_not_active_message_says_it_once(nodes, http, tmp_path):
-    plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
-    api = http(await nodes(plan.config("n1"), wait_ready=False))  # n2 and n3 never start: no leader
+    plan = cluster_plan(tmp_path)
+    api = http(await nodes(node_config(plan, "n1"), wait_ready=False))  # n2 and n3 never start: no leader
 
     # A fresh voter whose peers never answer waits for them (it neither votes nor campaigns):
     # it serves /v1/cluster and is not active.

@@ -28,10 +28,11 @@ from dex_ha.server.metrics import RENDER_INTERVAL_S, ServerMetrics
 from harness.waiting import eventually
 from tests.server.node_fixture import (
     CLIENT_TOKEN,
-    ClusterPlan,
     assert_error,
     base_url,
+    cluster_plan,
     model_result,
+    node_config,
     single_node_config,
     tool,
 )
@@ -55,10 +56,10 @@ async def test_a_blocked_http_loop_keeps_the_lease_of_a_single_node(tmp_path: Pa
 
 
 async def test_a_blocked_http_loop_moves_neither_term_nor_leader_in_a_cluster(tmp_path: Path, nodes):
-    plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    plan = cluster_plan(tmp_path)
     # All three nodes share this test's event loop (each has its own Raft thread), so the
     # block below stalls every node's HTTP side at once.
-    cluster = [await nodes(plan.config(nid), wait_ready=False) for nid in plan.http_ports]
+    cluster = [await nodes(node_config(plan, nid), wait_ready=False) for nid in plan.node_ids]
 
     async def one_active():
         ready = [n for n in cluster if n.is_ready()]
@@ -284,9 +285,9 @@ async def test_probes_on_the_probe_port_answer_while_the_api_loop_is_busy(tmp_pa
 
 
 async def test_the_probe_port_says_not_ready_with_the_role_on_a_standby(tmp_path: Path, nodes):
-    plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    plan = cluster_plan(tmp_path)
     cluster = [
-        await nodes(plan.config(nid, probe_listen=("127.0.0.1", 0)), wait_ready=False) for nid in plan.http_ports
+        await nodes(node_config(plan, nid, probe_listen=("127.0.0.1", 0)), wait_ready=False) for nid in plan.node_ids
     ]
 
     async def one_active():
@@ -299,7 +300,7 @@ async def test_the_probe_port_says_not_ready_with_the_role_on_a_standby(tmp_path
         async with session.get(f"http://127.0.0.1:{standby.probes.port}/readyz") as r:
             body = await r.json()
     assert r.status == 503 and body["role"] == "standby", body
-    assert body["leader_url"] == plan.url(active.config.node_id)
+    assert body["leader_url"] == plan.node(active.config.node_id).url
 
 
 async def test_a_command_too_large_for_the_log_is_413_not_500(tmp_path: Path, nodes):

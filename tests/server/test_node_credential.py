@@ -18,8 +18,8 @@ from tests.server.node_fixture import (
     ADMIN_TOKEN,
     CLIENT_TOKEN,
     WORKER_TOKEN,
-    ClusterPlan,
     assert_error,
+    cluster_plan,
     expect,
     free_ports,
 )
@@ -74,12 +74,12 @@ async def hostile_member() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
 async def test_the_nodes_view_sends_no_caller_token_to_a_member_and_still_shows_every_node(
     nodes, http, tmp_path: Path, hostile_member: tuple[str, list[dict[str, str]]]
 ):
-    plan = ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    plan = cluster_plan(tmp_path)
     servers = await two_of_three(nodes, plan)
     apis = {nid: http(server) for nid, server in servers.items()}
     active = await wait_for_one_active(apis)
     standby = "n2" if active == "n1" else "n1"
-    await wait_for_leader_url(apis[standby], plan.url(active))
+    await wait_for_leader_url(apis[standby], plan.node(active).url)
     api = apis[active]
     hostile_url, received = hostile_member
     [raft_port] = free_ports(1)

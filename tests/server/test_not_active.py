@@ -12,15 +12,17 @@ from typing import Any
 
 import pytest
 
+from dex_ha.local_cluster import ClusterPlan
 from dex_ha.server.api_spec import ROUTES, RouteSpec
 from dex_ha.server.node import NodeServer
 from harness.waiting import eventually
 from tests.server.node_fixture import (
-    ClusterPlan,
     HttpApi,
     assert_error,
+    cluster_plan,
     concrete_path,
     expect,
+    node_config,
     role_for,
     start_node,
 )
@@ -45,12 +47,12 @@ def assert_not_active(reply: Any, route_name: str, leader_url: str | None) -> No
 
 @pytest.fixture
 def plan(tmp_path) -> ClusterPlan:
-    return ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    return cluster_plan(tmp_path)
 
 
 @covers("cluster", "livez")
 async def test_a_node_that_cannot_win_an_election_serves_no_v1_route(nodes, http, plan: ClusterPlan):
-    node: NodeServer = await nodes(plan.config("n1"), wait_ready=False)  # n2 and n3 never start
+    node: NodeServer = await nodes(node_config(plan, "n1"), wait_ready=False)  # n2 and n3 never start
     api = http(node)
 
     # A fresh voter whose peers never answer waits for them: it neither votes nor campaigns.
@@ -87,8 +89,8 @@ async def two_of_three(nodes, plan: ClusterPlan) -> dict[str, NodeServer]:
     """n1 and n2 of a three-node cluster, running; n3 stopped. A new cluster is founded by
     all its declared voters, so n3 runs until the cluster has its id; then two of three
     are a quorum."""
-    servers = {nid: await nodes(plan.config(nid), wait_ready=False) for nid in ("n1", "n2")}
-    founder = await start_node(plan.config("n3"), wait_ready=False)
+    servers = {nid: await nodes(node_config(plan, nid), wait_ready=False) for nid in ("n1", "n2")}
+    founder = await start_node(node_config(plan, "n3"), wait_ready=False)
     try:
         await eventually(
             lambda: all(server.raft.node.cluster_id for server in servers.values()),
@@ -113,13 +115,13 @@ async def test_two_of_three_nodes_elect_one_active_node_and_the_other_points_to_
     apis = {nid: http(server) for nid, server in servers.items()}
     active = await wait_for_one_active(apis)
     standby = "n2" if active == "n1" else "n1"
-    await wait_for_leader_url(apis[standby], plan.url(active))
+    await wait_for_leader_url(apis[standby], plan.node(active).url)
 
     for route in ACTIVE_ONLY:
-        assert_not_active(await request_route(apis[standby], route), route.name, leader_url=plan.url(active))
+        assert_not_active(await request_route(apis[standby], route), route.name, leader_url=plan.node(active).url)
     not_ready = await apis[standby].get("/readyz", role=None)
     assert_error(not_ready, 503, "not_ready")
-    assert not_ready.body["leader_url"] == plan.url(active)
+    assert not_ready.body["leader_url"] == plan.node(active).url
     view = expect(await apis[standby].get("/v1/cluster", role="client"), 200)
     assert view["role"] == "standby" and view["leader_id"] == active
 
@@ -128,8 +130,8 @@ async def test_two_of_three_nodes_elect_one_active_node_and_the_other_points_to_
     moved = expect(await apis[active].post("/v1/cluster/step-down", {"to": standby}, role="admin"), 200)
     assert moved["from"] == active and moved["to"] == standby
     assert await wait_for_one_active(apis) == standby
-    await wait_for_leader_url(apis[active], plan.url(standby))
-    assert_not_active(await apis[active].get("/v1/sessions/s1"), "get_session", leader_url=plan.url(standby))
+    await wait_for_leader_url(apis[active], plan.node(standby).url)
+    assert_not_active(await apis[active].get("/v1/sessions/s1"), "get_session", leader_url=plan.node(standby).url)
     # The session committed on the old active node is there on the new one.
     assert expect(await apis[standby].get("/v1/sessions/s1"), 200)["agent"] == "helper"
 

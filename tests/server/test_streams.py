@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from dex_ha.engine import CreateSession, Engine, SendMessage, encode_command
+from dex_ha.local_cluster import ClusterPlan
 from dex_ha.server.admission import StreamAdmission
 from dex_ha.server.errors import Overloaded
 from dex_ha.server.node import NodeServer
@@ -21,11 +22,11 @@ from dex_ha.server.replica import Replica
 from tests.server.node_fixture import (
     ADMIN_TOKEN,
     CLIENT_TOKEN,
-    ClusterPlan,
     HttpApi,
     SseEvent,
     SseStream,
     assert_error,
+    cluster_plan,
     expect,
     open_sse,
     single_node_config,
@@ -166,7 +167,7 @@ async def test_a_stream_sees_every_event_once_and_in_order_while_many_commits_la
 
 @pytest.fixture
 def plan(tmp_path: Path) -> ClusterPlan:
-    return ClusterPlan.on_free_ports(tmp_path, ["n1", "n2", "n3"])
+    return cluster_plan(tmp_path)
 
 
 async def test_a_stream_resumed_after_a_takeover_misses_no_event(nodes, http, plan: ClusterPlan):
@@ -174,7 +175,7 @@ async def test_a_stream_resumed_after_a_takeover_misses_no_event(nodes, http, pl
     apis = {nid: http(server) for nid, server in servers.items()}
     active = await wait_for_one_active(apis)
     standby = "n2" if active == "n1" else "n1"
-    await wait_for_leader_url(apis[standby], plan.url(active))
+    await wait_for_leader_url(apis[standby], plan.node(active).url)
     for sid in ("x", "quiet"):
         await apis[active].create_session("helper", sid)
     response, stream = await open_sse(apis[active], "x")
