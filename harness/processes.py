@@ -10,12 +10,20 @@ def stop(proc: subprocess.Popen[Any], timeout: float = 20.0) -> int:
     """SIGTERM by pid, wait (deadline), SIGKILL if it did not stop; the exit code."""
     if proc.poll() is None:
         proc.terminate()
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        wait_or_kill(proc, timeout)
     return proc.returncode
+
+
+def wait_or_kill(proc: subprocess.Popen[Any], timeout: float) -> bool:
+    """Wait until `proc` exits or the deadline passes, then SIGKILL it if it still runs.
+    True when it had to be killed (a stop that did not finish in time is worth reporting)."""
+    try:
+        proc.wait(timeout=timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+        return True
 
 
 def pid_alive(pid: int) -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 import aiohttp
 
 from harness.ports import free_ports
+from harness.processes import wait_or_kill
 
 START_DEADLINE_S = 30.0
 STOP_DEADLINE_S = 10.0
@@ -51,15 +52,7 @@ class EtcdCluster:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        killed = []
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=STOP_DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                killed.append(proc.pid)
-                proc.kill()
-                proc.wait(timeout=10)
-        return killed
+        return [proc.pid for proc in self.procs if wait_or_kill(proc, STOP_DEADLINE_S)]
 
 
 async def start_etcd(etcd: str, root: Path, pids: list[int], members: int = 3) -> EtcdCluster:

@@ -23,6 +23,7 @@ from bench.common import cpu_pressure_us, cpu_seconds
 from bench.peer.restate_side import STOP_DEADLINE_S, CpuSample, raise_if_exited, spawn
 from bench.steps_bench import Completion, machine_busy_seconds, steal_seconds
 from harness.ports import free_ports
+from harness.processes import wait_or_kill
 
 SERVICE = Path(__file__).resolve().parent / "temporal_service.py"
 START_DEADLINE_S = 90.0
@@ -57,12 +58,8 @@ class TemporalDeployment:
             if proc is None or proc.poll() is not None:
                 continue
             proc.terminate()
-            try:
-                proc.wait(timeout=STOP_DEADLINE_S)
-            except subprocess.TimeoutExpired:
+            if wait_or_kill(proc, STOP_DEADLINE_S):
                 killed.append(proc.pid)
-                proc.kill()
-                proc.wait(timeout=10)
         return killed
 
 
