@@ -4,9 +4,9 @@ Each adapter turns a framework agent into a dex_ha.worker.Agent: every model cal
 RunModel step and every function tool its own tool step, with the effect you declare.
 Import the one you use; this package imports none of them:
 
-    from dex_ha.adapters.openai_agents import durable_agent  # pip install 'dex-ha[openai-agents]'
-    from dex_ha.adapters.pydantic_ai import durable_agent    # pip install 'dex-ha[pydantic-ai]'
-    from dex_ha.adapters.claude_agent import durable_agent   # pip install 'dex-ha[claude-agent]'
+    from dex_ha.adapters.openai_agents import durable_agent  # pip install -e '.[openai-agents]'
+    from dex_ha.adapters.pydantic_ai import durable_agent    # pip install -e '.[pydantic-ai]'
+    from dex_ha.adapters.claude_agent import durable_agent   # pip install -e '.[claude-agent]'
 
 The adapters share how a tool's effect is declared (`effect`, or a mapping passed to
 `durable_agent`; undeclared tools are "write") and `tool_context()`, the dex-ha context of

@@ -1,4 +1,4 @@
-"""Run a Claude Agent SDK agent durably on dex-ha (pip install 'dex-ha[claude-agent]').
+"""Run a Claude Agent SDK agent durably on dex-ha (pip install -e '.[claude-agent]').
 
     from claude_agent_sdk import ClaudeAgentOptions, tool
     from dex_ha.adapters.claude_agent import durable_agent

@@ -1,4 +1,4 @@
-"""Run an OpenAI Agents SDK agent durably on dex-ha (pip install 'dex-ha[openai-agents]').
+"""Run an OpenAI Agents SDK agent durably on dex-ha (pip install -e '.[openai-agents]').
 
     from agents import Agent, function_tool
     from dex_ha.adapters.openai_agents import durable_agent, effect
@@ -54,7 +54,7 @@ try:
     from agents.tool_context import ToolContext as SDKToolContext
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        "dex_ha.adapters.openai_agents needs the openai-agents package: pip install 'dex-ha[openai-agents]'"
+        "dex_ha.adapters.openai_agents needs the openai-agents package: pip install -e '.[openai-agents]' in the dex-ha clone"
     ) from exc
 
 from dex_ha.adapters._common import (

@@ -1,4 +1,4 @@
-"""Run a Pydantic AI agent durably on dex-ha (pip install 'dex-ha[pydantic-ai]').
+"""Run a Pydantic AI agent durably on dex-ha (pip install -e '.[pydantic-ai]').
 
     from pydantic_ai import Agent
     from dex_ha.adapters.pydantic_ai import durable_agent, effect
@@ -46,7 +46,9 @@ try:
     from pydantic_ai.toolsets import ExternalToolset, FunctionToolset
     from pydantic_graph import End
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("dex_ha.adapters.pydantic_ai needs pydantic-ai: pip install 'dex-ha[pydantic-ai]'") from exc
+    raise ImportError(
+        "dex_ha.adapters.pydantic_ai needs pydantic-ai: pip install -e '.[pydantic-ai]' in the dex-ha clone"
+    ) from exc
 
 from dex_ha.adapters._common import (
     builtin_tools,

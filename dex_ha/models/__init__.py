@@ -4,6 +4,6 @@ Each provider implements the Worker's model protocol (`respond(request, stream)`
 `summarize(history, summary)`, see dex_ha.worker.model) on an official SDK. Import the one
 you use; this package imports none of them, so that no extra is needed to import it:
 
-    from dex_ha.models.openai import OpenAIModel        # pip install 'dex-ha[openai]'
-    from dex_ha.models.anthropic import AnthropicModel  # pip install 'dex-ha[anthropic]'
+    from dex_ha.models.openai import OpenAIModel        # pip install -e '.[openai]'
+    from dex_ha.models.anthropic import AnthropicModel  # pip install -e '.[anthropic]'
 """

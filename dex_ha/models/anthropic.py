@@ -1,5 +1,5 @@
 """AnthropicModel: a Worker model on Anthropic's Messages API, through the official
-`anthropic` SDK (pip install 'dex-ha[anthropic]').
+`anthropic` SDK (pip install -e '.[anthropic]').
 
     from dex_ha.models.anthropic import AnthropicModel
 
@@ -26,7 +26,9 @@ from typing import Any
 try:
     import anthropic
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("AnthropicModel needs the anthropic package: pip install 'dex-ha[anthropic]'") from exc
+    raise ImportError(
+        "AnthropicModel needs the anthropic package: pip install -e '.[anthropic]' in the dex-ha clone"
+    ) from exc
 
 from dex_ha.worker.context import NonRetryableError
 from dex_ha.worker.model import DeltaSink, HistoryItem, ModelRequest, ModelResponse, ToolCall

@@ -1,4 +1,4 @@
-"""OpenAIModel: a Worker model on the official `openai` SDK (pip install 'dex-ha[openai]').
+"""OpenAIModel: a Worker model on the official `openai` SDK (pip install -e '.[openai]').
 
     from dex_ha.models.openai import OpenAIModel
 
@@ -28,7 +28,9 @@ try:
     import openai
     from openai import AsyncOpenAI
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("dex_ha.models.openai needs the openai package: pip install 'dex-ha[openai]'") from exc
+    raise ImportError(
+        "dex_ha.models.openai needs the openai package: pip install -e '.[openai]' in the dex-ha clone"
+    ) from exc
 
 from dex_ha.worker.context import NonRetryableError
 from dex_ha.worker.model import DeltaSink, HistoryItem, ModelRequest, ModelResponse, ToolCall

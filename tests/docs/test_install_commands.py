@@ -9,7 +9,15 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "examples").glob("*.py")])
+# The product's own modules too: their ImportError messages tell a user what to install.
+PAGES = sorted(
+    [
+        REPO / "README.md",
+        *(REPO / "docs").rglob("*.md"),
+        *(REPO / "examples").glob("*.py"),
+        *(REPO / "dex_ha").rglob("*.py"),
+    ]
+)
 EXTRA = re.compile(r"pip install -e '\.\[([^\]]+)\]'")
 
 

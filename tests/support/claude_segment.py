@@ -33,7 +33,7 @@ MODEL = "claude-sonnet-4-5"
 def cli_missing_reason() -> str | None:
     """Why the Claude adapter cannot run here (None: it can)."""
     if importlib.util.find_spec("claude_agent_sdk") is None:
-        return "claude-agent-sdk is not installed (pip install 'dex-ha[claude-agent]')"
+        return "claude-agent-sdk is not installed (pip install -e '.[claude-agent]' in the dex-ha clone)"
     from claude_agent_sdk import ClaudeAgentOptions
 
     from dex_ha.adapters.claude_agent import cli_path_of
