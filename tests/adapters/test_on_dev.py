@@ -23,6 +23,7 @@ import pytest
 from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Worker
 from harness.dev_process import DevProcess
+from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
 from harness.processes import stop
 from harness.waiting import eventually
 from tests.adapters.framework_agents import FRAMEWORKS, INSTRUCTIONS, ToolKit, build, warm_up
@@ -30,7 +31,6 @@ from tests.crash.cell import attempts, call_of
 from tests.crash.harness import REPO, env_with_repo
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
-from tests.support.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
 
 DEADLINE_S = 30.0
 # A killed Worker's attempt fails after this long without heartbeats (default 30 s).

@@ -1,5 +1,5 @@
 """AnthropicModel end to end: a real `dex-ha dev`, a Worker running an agent on
-AnthropicModel, the fake Anthropic API (tests/support/fake_anthropic.py) and a client.
+AnthropicModel, the fake Anthropic API (harness/fake_models/anthropic_api.py) and a client.
 
 What the fake recorded (the requests the model sent) and what the tools recorded are the
 evidence from outside the server; the session's events and snapshot are what dex-ha says.
@@ -19,6 +19,7 @@ from dex_ha.client import DexClient, SessionEvent, StreamText
 from dex_ha.models.anthropic import AnthropicModel
 from dex_ha.worker import Agent, ToolContext, Worker
 from harness.dev_process import DevProcess
+from harness.fake_models.anthropic_api import ApiError, FakeAnthropic, Reply, tool_use
 from harness.processes import stop
 from harness.waiting import eventually
 from tests.crash.harness import env_with_repo
@@ -26,7 +27,6 @@ from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of
 from tests.models.anthropic_worker_proc import MODEL_NAME
-from tests.support.fake_anthropic import ApiError, FakeAnthropic, Reply, tool_use
 
 AGENT = "orders"
 DEADLINE_S = 30.0
@@ -100,7 +100,7 @@ async def turn(stack: Stack, session_id: str, text: str) -> list[SessionEvent]:
 
 async def test_a_turn_with_two_tool_calls_streams_and_sends_valid_requests(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
-        s.fake.push(
+        s.fake.queue(
             Reply.of(
                 "Let me check both orders.",
                 tool_use("lookup", {"order": "A17"}, id="toolu_a"),
@@ -140,7 +140,7 @@ async def test_a_turn_with_two_tool_calls_streams_and_sends_valid_requests(tmp_p
 
 async def test_a_429_fails_attempt_one_and_attempt_two_completes(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
-        s.fake.push(ApiError.rate_limited(retry_after=0), Reply.of("Here is your answer."))
+        s.fake.queue(ApiError.rate_limited(retry_after=0), Reply.of("Here is your answer."))
         sid = (await s.client.create_session(AGENT)).session_id
         events = await turn(s, sid, "hello")
 
@@ -157,7 +157,7 @@ async def test_a_429_fails_attempt_one_and_attempt_two_completes(tmp_path: Path)
 
 async def test_a_400_fails_the_turn_with_the_providers_message_and_no_retry(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
-        s.fake.push(
+        s.fake.queue(
             ApiError(400, "invalid_request_error", "prompt is too long: 250000 tokens > 200000 maximum"),
             Reply.of("never used"),
         )
@@ -173,7 +173,7 @@ async def test_a_400_fails_the_turn_with_the_providers_message_and_no_retry(tmp_
 async def test_compaction_asks_the_fake_for_the_summary_and_the_next_call_carries_it(tmp_path: Path) -> None:
     summary = "The user asked about order A17; lookup said it shipped."
     async with stack(tmp_path, compaction={"max_items": 3}) as s:
-        s.fake.push(
+        s.fake.queue(
             Reply.of(tool_use("lookup", {"order": "A17"})),
             Reply.of("A17 has shipped."),
             Reply.of(summary),

@@ -1,6 +1,6 @@
 """OpenAIModel: the mapping of history, summary and tools to each API's request and of the
 answers back, the pairing of tool calls with their results, the error mapping, and the
-summary call. Requests go to the fake OpenAI server (tests/support/fake_openai.py)."""
+summary call. Requests go to the fake OpenAI server (harness/fake_models/openai_api.py)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from dex_ha.models.openai import (
     responses_input,
 )
 from dex_ha.worker import Agent, ModelRequest, NonRetryableError, ToolCall, ToolContext
+from harness.fake_models.openai_api import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
 from tests.crash.harness import env_with_repo
-from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
 
 APIS = ("responses", "chat")
 

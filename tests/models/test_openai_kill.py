@@ -18,11 +18,11 @@ from pathlib import Path
 
 from dex_ha.client import DexClient, SessionEvent, StreamText
 from harness.dev_process import DevProcess
+from harness.fake_models.openai_api import FakeOpenAI, Reply
 from harness.waiting import eventually
 from tests.crash.harness import REPO, WORKER_KILL_HEARTBEAT_TIMEOUT_MS, env_with_repo
 from tests.crash.ledger import Ledger
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of
-from tests.support.fake_openai import FakeOpenAI, Reply
 
 AGENT = "streamer"
 LOST_TEXT = "attempt one starts to answer and is cut off"

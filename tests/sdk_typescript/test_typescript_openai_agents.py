@@ -1,7 +1,7 @@
 """The TypeScript adapter for the OpenAI Agents SDK for JS (`@dex-ha/sdk/openai-agents`) on a
 real `dex-ha dev`: a TypeScript Worker (a `node` process) serves an `@openai/agents` agent
 whose model is the SDK's own OpenAI model, pointed at the fake OpenAI API
-(tests/support/fake_openai.py) by the client's base URL; the Python DexClient drives a turn.
+(harness/fake_models/openai_api.py) by the client's base URL; the Python DexClient drives a turn.
 
 Evidence from outside the Worker: the turn's steps and tool calls in the snapshot, and the
 requests the fake received (what each model call saw)."""
@@ -17,9 +17,9 @@ import pytest
 
 from dex_ha.client import DexClient
 from harness.dev_process import DevProcess, running_dev
+from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
 from harness.processes import stop
 from harness.typescript_sdk import BUILD_DIR, ensure_built, node_missing
-from tests.support.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
 
 pytestmark = pytest.mark.skipif(node_missing() is not None, reason=str(node_missing()))
 
