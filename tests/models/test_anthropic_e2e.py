@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from harness.dev_process import DevProcess
 from harness.fake_models.anthropic_api import ApiError, FakeAnthropic, Reply, tool_use
 from harness.processes import stop
 from harness.waiting import eventually
+from harness.worker_process import WorkerOptions, start_worker
 from tests.crash.harness import env_with_repo
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
@@ -207,23 +207,14 @@ FINAL_TEXT = "attempt two gives the whole answer"
 
 def start_worker_process(url: str, fake: FakeAnthropic, ledger: Path, log_path: Path) -> subprocess.Popen[bytes]:
     env = env_with_repo({"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "sk-test"})
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.models.anthropic_worker_proc",
-                "--url",
-                url,
-                "--agent",
-                AGENT,
-                "--ledger",
-                str(ledger),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    return start_worker(
+        "tests.models.anthropic_worker_proc",
+        url,
+        ["--agent", AGENT, "--ledger", str(ledger)],
+        options=WorkerOptions(backoff_max_s=0.2),
+        log=log_path,
+        env=env,
+    )
 
 
 async def test_r02_a_worker_killed_mid_stream_leaves_only_attempt_twos_text(tmp_path: Path) -> None:
