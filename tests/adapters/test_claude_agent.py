@@ -37,6 +37,7 @@ from tests.support.claude_segment import (
     inline_runs,
     stage,
 )
+from tests.support.doubles import TextSink
 
 pytestmark = pytest.mark.skipif(cli_missing_reason() is not None, reason=str(cli_missing_reason()))
 
@@ -286,17 +287,7 @@ async def test_a_segment_returns_its_text_and_the_deferred_call_it_ended_on(tmp_
 
         tools = [t for t in agent.definition()["tools"]]
 
-        class Sink:
-            def __init__(self) -> None:
-                self.texts: list[str] = []
-
-            def send_text(self, text: str) -> None:
-                self.texts.append(text)
-
-            def send(self, delta: dict[str, Any]) -> None:
-                pass
-
-        sink = Sink()
+        sink = TextSink(other_deltas="ignore")
         response = await asyncio.wait_for(
             agent.model.respond(ModelRequest([{"type": "user", "text": "go"}], None, tools), sink), DEADLINE_S
         )

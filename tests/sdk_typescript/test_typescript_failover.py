@@ -25,7 +25,7 @@ import pytest
 from dex_ha.client import DexClient, SessionEvent
 from harness.cluster_process import LocalCluster
 from harness.processes import stop
-from harness.typescript_sdk import BUILD_DIR, ensure_built, node_missing
+from harness.typescript_sdk import BUILD_DIR, node_missing
 from harness.waiting import eventually
 from tests.crash.ledger import JsonLedger
 from tests.support.failover_agent import attempts_of
@@ -37,11 +37,6 @@ CALL_ID = "c-failover"
 DEADLINE_S = 45.0
 # After the takeover, the Worker's reconnect to the new node stops the attempt it no longer holds.
 STALE_ATTEMPT_STOPPED_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def built() -> None:
-    ensure_built()
 
 
 @pytest.fixture

@@ -16,26 +16,15 @@ from pathlib import Path
 import pytest
 
 from dex_ha.client import DexClient
-from harness.dev_process import DevProcess, running_dev
+from harness.dev_process import DevProcess
 from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
 from harness.processes import stop
-from harness.typescript_sdk import BUILD_DIR, ensure_built, node_missing
+from harness.typescript_sdk import BUILD_DIR, node_missing
 
 pytestmark = pytest.mark.skipif(node_missing() is not None, reason=str(node_missing()))
 
 AGENT = "ts-openai-agents"
 DEADLINE_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def built() -> None:
-    ensure_built()
-
-
-@pytest.fixture
-async def dev(tmp_path: Path, built: None) -> AsyncIterator[DevProcess]:
-    async with running_dev(tmp_path) as node:
-        yield node
 
 
 @pytest.fixture
