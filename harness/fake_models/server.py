@@ -15,6 +15,8 @@ from typing import Any, Generic, Self, TypeVar
 from aiohttp import web
 from multidict import CIMultiDict
 
+from harness.local_app import start_local_app
+
 # Seconds the server waits for running handlers when it stops; stalled streams are released
 # first, so this only bounds a handler of a subclass that never returns.
 SHUTDOWN_TIMEOUT_S = 2.0
@@ -104,11 +106,8 @@ class FakeModelServer(Generic[AnswerT]):
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> Self:
-        self._runner = web.AppRunner(self.app, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)  # port 0: the OS picks a free one
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, url = await start_local_app(self.app, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        self.port = int(url.rsplit(":", 1)[1])
         return self
 
     async def stop(self) -> None:
