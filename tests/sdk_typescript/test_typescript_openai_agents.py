@@ -18,8 +18,7 @@ import pytest
 from dex_ha.client import DexClient
 from harness.dev_process import DevProcess
 from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
-from harness.processes import stop
-from harness.typescript_sdk import BUILD_DIR, node_missing
+from harness.typescript_sdk import node_missing, running_node_program
 
 pytestmark = pytest.mark.skipif(node_missing() is not None, reason=str(node_missing()))
 
@@ -35,17 +34,9 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 @pytest.fixture
 def ts_worker(dev: DevProcess, fake: FakeOpenAI, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    script = BUILD_DIR / "test" / "e2e" / "openai_agents_worker.js"
-    with open(tmp_path / "worker.log", "wb") as log:  # the child keeps its own copy of the file
-        proc = subprocess.Popen(
-            ["node", str(script), "--url", dev.url, "--agent", AGENT, "--openai-base-url", fake.base_url],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    args = ["--url", dev.url, "--agent", AGENT, "--openai-base-url", fake.base_url]
+    with running_node_program("openai_agents_worker", args, tmp_path / "worker.log") as proc:
         yield proc
-    finally:
-        stop(proc, timeout=10)
 
 
 def has_tool_results(request: RecordedRequest) -> bool:
