@@ -145,10 +145,12 @@ class Driver:
 
     def complete(self, step_id: str, result: dict[str, Any], **eager: Any) -> ApplyResult:
         """Complete the running attempt of `step_id`; `eager`: CompleteAttempt's next_* fields."""
+        return self.apply(self.complete_command(step_id, result, **eager))
+
+    def complete_command(self, step_id: str, result: dict[str, Any], **eager: Any) -> CompleteAttempt:
+        """The CompleteAttempt of the running attempt of `step_id`, not applied."""
         a = self.running(step_id)
-        return self.apply(
-            CompleteAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term, result=result, **eager)
-        )
+        return CompleteAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term, result=result, **eager)
 
     def refused(self, cmd: Any) -> ApplyResult:
         """Apply `cmd`, which the engine must refuse without changing anything but the

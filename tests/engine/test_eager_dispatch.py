@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dex_ha.engine import CompleteAttempt, Engine
+from dex_ha.engine import Engine
 from tests.engine.driver import Driver, running_model_step
 
 
@@ -59,18 +59,7 @@ def test_without_next_max_nothing_is_handed_out_and_the_limit_holds(tmp_path: Pa
 
 def test_a_bad_next_max_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
     d, step = running_model_step(tmp_path / "e.db")
-    a = d.running(step)
-    result = d.refused(
-        CompleteAttempt(
-            at=d.at,
-            step_id=step,
-            attempt=a.attempt,
-            term=a.term,
-            result=model_result(("c1", "lookup")),
-            next_worker_id="w1",
-            next_max=10_000,
-        )
-    )
+    result = d.refused(d.complete_command(step, model_result(("c1", "lookup")), next_worker_id="w1", next_max=10_000))
     assert result.code == "invalid" and result.http_status == 400
 
 

@@ -70,18 +70,9 @@ def test_eager_hand_outs_take_the_secrets_of_the_complete_command(tmp_path: Path
 
 def test_a_complete_with_the_wrong_number_of_secrets_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
     d, step = running_model_step(tmp_path / "e.db")
-    a = d.running(step)
+    empty = {"content": "", "tool_calls": []}
     result = d.refused(
-        CompleteAttempt(
-            at=d.at,
-            step_id=step,
-            attempt=a.attempt,
-            term=a.term,
-            result={"content": "", "tool_calls": []},
-            next_worker_id="w1",
-            next_max=2,
-            next_token_secrets=["only-one"],
-        )
+        d.complete_command(step, empty, next_worker_id="w1", next_max=2, next_token_secrets=["only-one"])
     )
     assert result.code == "invalid"
 
