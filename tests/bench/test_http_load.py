@@ -110,7 +110,7 @@ async def test_every_answer_is_counted_by_kind_status_and_error_code(node_url: s
     assert result.unavailable_without_retry_after == {"not_active": kinds["list_sessions"]["not_active"]}
     assert result.transport_errors == {}
     assert result.clients_answered == 8 and result.connections_opened >= 1
-    assert result.p50_ms is not None and 0 < result.p50_ms <= result.p99_ms
+    assert result.p50_ms is not None and result.p99_ms is not None and 0 < result.p50_ms <= result.p99_ms
 
 
 async def test_a_connection_reset_is_a_transport_error_not_an_answer(resetting_node_url: str) -> None:

@@ -14,7 +14,7 @@ import os
 import re
 import signal
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -65,7 +65,7 @@ async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
 
 
 @contextlib.contextmanager
-def worker_process(url: str, ledger: Path, log: Path) -> subprocess.Popen[bytes]:
+def worker_process(url: str, ledger: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     options = WorkerOptions(drain_timeout_s=0.1, backoff_max_s=0.2)
     proc = start_worker("tests.console.console_worker", url, ["--ledger", str(ledger)], options=options, log=log)
     try:

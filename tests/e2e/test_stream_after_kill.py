@@ -74,6 +74,7 @@ async def test_a_killed_attempts_text_is_dropped(tmp_path: Path) -> None:
             await eventually(lambda: len(texts_of(raw, 1).split()) >= 3, "attempt 1's deltas", DEADLINE_S)
             sigkill(child)
             [step_id] = {e.step_id for e in raw if e.type == "delta"}
+            assert step_id is not None
             assert stream.text(step_id).strip() and LOST_TEXT.startswith(stream.text(step_id).strip())
             await eventually(lambda: any(e.type == "attempt_failed" for e in raw), "attempt 1 failing", DEADLINE_S)
             assert stream.text(step_id) == ""  # its text is gone as soon as the failure is known

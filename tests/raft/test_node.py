@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -40,10 +41,8 @@ from tests.raft.node_helpers import relaxed_config
 SECRET = b"test-cluster-secret-0123456789"
 
 
-def _config(
-    nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int] | None = None, **kw
-) -> NodeConfig:
-    return relaxed_config(nid, root, members, SECRET, **({"raft_listen": listen} if listen else {}), **kw)
+def _config(nid: str, root: Path, members: dict[str, Member], **kw: Any) -> NodeConfig:
+    return relaxed_config(nid, root, members, SECRET, **kw)
 
 
 def _leased_leaders(nodes: dict[str, RaftNode]) -> list[RaftNode]:
@@ -195,7 +194,7 @@ async def test_learner_joins_from_snapshot_then_promoted_and_removed(cluster) ->
 
     (port,) = free_ports(1)
     joiner_sm = KVStateMachine()
-    joiner = RaftNode(_config("n4", root, dict(members), listen=("127.0.0.1", port), join=True), joiner_sm)
+    joiner = RaftNode(_config("n4", root, dict(members), raft_listen=("127.0.0.1", port), join=True), joiner_sm)
     await joiner.start()
     nodes["n4"] = joiner  # the fixture stops it
     await leader.change_membership(ConfChange(ConfChangeType.ADD_LEARNER, "n4", member_context("127.0.0.1", port)))
