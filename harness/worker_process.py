@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -138,14 +138,7 @@ def parse_args(argv: Sequence[str]) -> tuple[ModuleType, argparse.Namespace, Wor
     if add_arguments is not None:
         add_arguments(parser)
     args = parser.parse_args(argv)
-    options = WorkerOptions(
-        token=args.token,
-        poll_wait_ms=args.poll_wait_ms,
-        drain_timeout_s=args.drain_timeout_s,
-        backoff_max_s=args.backoff_max_s,
-        heartbeat_interval_s=args.heartbeat_interval_s,
-        max_concurrency=args.max_concurrency,
-    )
+    options = WorkerOptions(**{option.name: getattr(args, option.name) for option in fields(WorkerOptions)})
     return module, args, options
 
 

@@ -5,11 +5,13 @@ fast loop.
 A test module starts processes when it imports something that does:
 - a module that starts processes itself (`subprocess`, `multiprocessing`, playwright, the
   CLI's local cluster), or uses `asyncio.create_subprocess_*`;
-- a name from our own modules (tests.*, harness.*) whose definition uses such a thing,
-  followed through the names it uses in its module and the names those import.
+- anything from a harness module that does, or imports one that does (harness.processes,
+  harness.dev_process, ...: the whole module counts);
+- a name from the test helpers (tests.*) whose definition uses such a thing, followed
+  through the names it uses in its module and the names those import: importing `running`
+  from tests/e2e/conftest.py, which also starts clusters, does not mark a test.
 A test also starts processes when one of its fixtures is such a name (a conftest fixture
-that starts a node). Names, not whole modules, are followed: importing `eventually` from a
-module that also starts a cluster does not mark a test.
+that starts a node).
 """
 
 from __future__ import annotations
@@ -39,11 +41,21 @@ def is_process_module(name: str) -> bool:
 def module_starts_processes(module: str) -> bool:
     """Whether the module `module` (a dotted name under tests/ or harness/) imports
     anything that starts a process (see the module doc)."""
+    return _module(module, frozenset())
+
+
+def _module(module: str, seen: frozenset[tuple[str, str]]) -> bool:
+    if (module, "") in seen:
+        return False  # a cycle of imports: the other imports decide
+    seen = seen | {(module, "")}
     parsed = _parse(module)
     if parsed is None:
-        return False
-    imports, _ = parsed
-    return any(_import_starts_processes(target, name) for target, name in imports.values())
+        return is_process_module(module)
+    imports, definitions = parsed
+    for definition in definitions.values():
+        if any(isinstance(node, ast.Attribute) and node.attr in SUBPROCESS_CALLS for node in ast.walk(definition)):
+            return True
+    return any(_import_starts_processes(target, name, seen) for target, name in imports.values())
 
 
 @functools.cache
@@ -78,10 +90,13 @@ def _symbol(module: str, name: str, seen: frozenset[tuple[str, str]]) -> bool:
 def _import_starts_processes(target: str, attr: str | None, seen: frozenset[tuple[str, str]] = frozenset()) -> bool:
     if is_process_module(target) or (attr is not None and is_process_module(f"{target}.{attr}")):
         return True
-    if target.split(".")[0] not in OUR_PACKAGES:
+    package = target.split(".")[0]
+    if package not in OUR_PACKAGES:
         return False
-    if attr is None or _parse(f"{target}.{attr}") is not None:  # a whole module of ours
-        return module_starts_processes(target if attr is None else f"{target}.{attr}")
+    if attr is not None and _parse(f"{target}.{attr}") is not None:  # `from harness import processes`
+        target, attr = f"{target}.{attr}", None
+    if attr is None or package == "harness":
+        return _module(target, seen)
     return _symbol(target, attr, seen)
 
 

@@ -61,11 +61,15 @@ def test_modules_that_start_processes_are_found_through_what_they_import() -> No
     assert module_starts_processes("tests.e2e.test_stream_after_kill")  # harness.worker_process
     assert module_starts_processes("tests.crash.test_matrix")  # tests.crash helpers start Workers
     assert not module_starts_processes("tests.raft.test_core")
-    assert not module_starts_processes("tests.support.test_waiting")
 
 
-def test_names_not_modules_are_followed_and_fixtures_count() -> None:
+def test_test_helpers_are_followed_by_name_and_fixtures_count() -> None:
     assert symbol_starts_processes("tests.e2e.conftest", "cluster")  # a fixture that starts a cluster
     assert not symbol_starts_processes("tests.e2e.conftest", "running")  # same module, an in-process Worker
-    assert symbol_starts_processes("harness.dev_process", "running_dev")
-    assert not symbol_starts_processes("harness.processes", "pid_alive")
+    assert symbol_starts_processes("tests.sdk_typescript.conftest", "dev")  # through harness.dev_process
+
+
+def test_a_harness_module_that_starts_processes_counts_whole() -> None:
+    # It imports only the launcher's option parsing, but from a module that starts Workers.
+    assert module_starts_processes("tests.support.test_worker_process")
+    assert not module_starts_processes("tests.support.test_waiting")  # harness.waiting starts nothing
