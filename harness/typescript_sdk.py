@@ -7,12 +7,16 @@ the same for the TypeScript example (examples/typescript), which links the SDK.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+from harness.processes import stop
 
 REPO = Path(__file__).resolve().parents[1]
 SDK_DIR = REPO / "sdk" / "typescript"
@@ -105,3 +109,24 @@ def ensure_built() -> None:
         return
     run_npm("run", "build")
     CRASH_WORKER.touch()  # tsc leaves an unchanged output file's time alone
+
+
+def start_node_program(script: str, args: list[str], log: Path, stdout: int | None = None) -> subprocess.Popen[bytes]:
+    """`node dist/test/e2e/<script>.js ARGS` of the built SDK, its stderr (and stdout
+    unless piped) to `log`."""
+    with open(log, "wb") as sink:  # the child keeps its own copy of the file
+        return subprocess.Popen(
+            ["node", str(BUILD_DIR / "test" / "e2e" / f"{script}.js"), *args],
+            stdout=sink if stdout is None else stdout,
+            stderr=sink,
+        )
+
+
+@contextlib.contextmanager
+def running_node_program(script: str, args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """`start_node_program` while inside, stopped by pid when left (a TypeScript Worker, say)."""
+    proc = start_node_program(script, args, log)
+    try:
+        yield proc
+    finally:
+        stop(proc, timeout=10)

@@ -56,7 +56,7 @@ async def warm_up(framework: str, ledger_path: Path) -> None:
     enough for the server to fail the first RunModel attempt of a Worker whose heartbeat
     timeout is 2 s. The tests warm the SDK up before their Worker starts."""
     from dex_ha.worker import ModelRequest
-    from tests.support.fake_openai import Call, FakeOpenAI, Reply
+    from harness.fake_models.openai_api import Call, FakeOpenAI, Reply
 
     async with FakeOpenAI(lambda request: Reply("warm", [Call("lookup", {"order": "W"})])) as fake:
         agent = build(framework, "warm-up", fake.base_url, ToolKit(Ledger(ledger_path)))

@@ -23,6 +23,7 @@ import pytest
 from dex_ha.client import DexClient
 from dex_ha.worker import Worker
 from harness.dev_process import DevProcess, running_dev
+from harness.fake_models.anthropic_api import FakeAnthropic
 from harness.processes import pid_alive
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
@@ -36,7 +37,7 @@ from tests.support.claude_segment import (
     inline_runs,
     stage,
 )
-from tests.support.fake_anthropic import FakeAnthropic
+from tests.support.doubles import TextSink
 
 pytestmark = pytest.mark.skipif(cli_missing_reason() is not None, reason=str(cli_missing_reason()))
 
@@ -286,17 +287,7 @@ async def test_a_segment_returns_its_text_and_the_deferred_call_it_ended_on(tmp_
 
         tools = [t for t in agent.definition()["tools"]]
 
-        class Sink:
-            def __init__(self) -> None:
-                self.texts: list[str] = []
-
-            def send_text(self, text: str) -> None:
-                self.texts.append(text)
-
-            def send(self, delta: dict[str, Any]) -> None:
-                pass
-
-        sink = Sink()
+        sink = TextSink(other_deltas="ignore")
         response = await asyncio.wait_for(
             agent.model.respond(ModelRequest([{"type": "user", "text": "go"}], None, tools), sink), DEADLINE_S
         )
@@ -310,7 +301,7 @@ async def test_a_segment_returns_its_text_and_the_deferred_call_it_ended_on(tmp_
 async def test_ask_user_is_deferred_like_the_agents_tools_and_a_summary_uses_no_tools(tmp_path: Path) -> None:
     from dex_ha.adapters.claude_agent import SUMMARY_PROMPT
     from dex_ha.worker.model import ModelRequest
-    from tests.support.fake_anthropic import Reply, tool_use
+    from harness.fake_models.anthropic_api import Reply, tool_use
 
     work_dir = tmp_path / "work"
     work_dir.mkdir()

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from harness.dev_process import DevProcess
+from harness.fake_models.anthropic_api import FakeAnthropic, tool_use
+from harness.fake_models.anthropic_api import Reply as AnthropicReply
+from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
 from tests.crash.columns import REPO, env_with_repo
 from tests.support.claude_segment import cli_missing_reason, tools_used
-from tests.support.fake_anthropic import FakeAnthropic, tool_use
-from tests.support.fake_anthropic import Reply as AnthropicReply
-from tests.support.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
 
 DEADLINE_S = 90.0  # the example's process imports the SDK and warms it up on its first call
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,14 +22,15 @@ import pytest
 from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Worker
 from harness.dev_process import DevProcess
+from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
 from harness.processes import stop
 from harness.waiting import eventually
+from harness.worker_process import WorkerOptions, start_worker
 from tests.adapters.framework_agents import FRAMEWORKS, INSTRUCTIONS, ToolKit, build, warm_up
 from tests.crash.cell import attempts, call_of
-from tests.crash.columns import REPO, env_with_repo
+from tests.crash.columns import REPO
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
-from tests.support.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
 
 DEADLINE_S = 30.0
 # A killed Worker's attempt fails after this long without heartbeats (default 30 s).
@@ -167,30 +167,19 @@ class WorkerProcess:
         log_path: Path,
         hang: str | None = None,
     ) -> None:
-        self.command = [
-            sys.executable,
-            "-m",
-            "tests.adapters.worker_proc",
-            "--framework",
-            framework,
-            "--url",
-            dev.url,
-            "--agent",
-            agent,
-            "--base-url",
-            fake.base_url,
-            "--ledger",
-            str(ledger.path),
-            *(["--hang", hang] if hang else []),
+        self.url = dev.url
+        self.args = [
+            *("--framework", framework, "--agent", agent, "--base-url", fake.base_url),
+            *("--ledger", str(ledger.path), *(["--hang", hang] if hang else [])),
         ]
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, env=env_with_repo(), cwd=REPO
-            )
+        options = WorkerOptions(backoff_max_s=0.2)
+        self.proc = start_worker(
+            "tests.adapters.worker_proc", self.url, self.args, options=options, log=self.log_path, cwd=REPO
+        )
 
     def kill(self) -> None:
         assert self.proc is not None and self.proc.poll() is None, "the worker process died before the kill"

@@ -29,26 +29,9 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message, function
 
 from dex_ha.adapters.openai_agents import durable_agent, effect, tool_context
 from dex_ha.worker import ModelRequest, NonRetryableError, ToolContext, ToolError
+from tests.support.doubles import ASK_USER_BUILTIN, TextSink
 
-BUILTINS = [
-    {
-        "name": "ask_user",
-        "builtin": True,
-        "description": "Ask the user.",
-        "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}},
-    }
-]
-
-
-class Deltas:
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def send_text(self, text: str) -> None:
-        self.texts.append(text)
-
-    def send(self, delta: dict[str, Any]) -> None:
-        raise AssertionError(f"unexpected delta {delta}")
+BUILTINS = [ASK_USER_BUILTIN]
 
 
 def ctx_for(call_id: str, attempt: int = 1) -> ToolContext:
@@ -113,7 +96,7 @@ async def test_a_model_call_gets_the_agents_instructions_tools_and_the_history()
         {"type": "note", "text": "An operator reconciled a call."},
         {"type": "tool_result", "call_id": "call_1", "name": "put_note", "status": "failed", "error": "x"},
     ]
-    deltas = Deltas()
+    deltas = TextSink()
     assert dex.model is not None
     response = await dex.model.respond(ModelRequest(history, "Earlier: hello.", BUILTINS), deltas)
 
@@ -247,7 +230,7 @@ async def test_an_api_error_is_retryable_unless_another_attempt_gets_it_again(st
     dex = durable_agent(make_agent(ScriptedModel([ModelStep.raise_error(error)])), context={"customer": "Ann"})
     assert dex.model is not None
     with pytest.raises(error_type, match="the message"):
-        await dex.model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
+        await dex.model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), TextSink())
 
 
 async def test_the_summary_is_asked_of_the_agents_model() -> None:

@@ -14,26 +14,9 @@ from pydantic_ai.toolsets import FunctionToolset
 
 from dex_ha.adapters.pydantic_ai import durable_agent, effect, history_messages, tool_context
 from dex_ha.worker import ModelRequest, NonRetryableError, ToolContext, ToolError
+from tests.support.doubles import ASK_USER_BUILTIN, TextSink
 
-BUILTINS = [
-    {
-        "name": "ask_user",
-        "builtin": True,
-        "description": "Ask the user.",
-        "input_schema": {"type": "object", "properties": {"question": {"type": "string"}}},
-    }
-]
-
-
-class Deltas:
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def send_text(self, text: str) -> None:
-        self.texts.append(text)
-
-    def send(self, delta: dict[str, Any]) -> None:
-        raise AssertionError(f"unexpected delta {delta}")
+BUILTINS = [ASK_USER_BUILTIN]
 
 
 class Recorder:
@@ -108,7 +91,7 @@ async def test_a_model_call_runs_the_agent_up_to_its_answer() -> None:
             "output": "noted: asked",
         },
     ]
-    deltas = Deltas()
+    deltas = TextSink()
     assert dex.model is not None
     response = await dex.model.respond(ModelRequest(history, "Earlier: hello.", BUILTINS), deltas)
 
@@ -220,7 +203,7 @@ async def test_an_api_error_another_attempt_would_get_again_is_not_retried() -> 
     dex = durable_agent(Agent(FunctionModel(stream_function=refuse), name="a"))
     assert dex.model is not None
     with pytest.raises(NonRetryableError, match="model API error 401 .*bad key"):
-        await dex.model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
+        await dex.model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), TextSink())
 
 
 async def test_the_summary_is_asked_of_the_agents_model() -> None:

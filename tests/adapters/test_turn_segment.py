@@ -10,6 +10,7 @@ import pytest
 from dex_ha.adapters.turn_segment import DeferredTool, SegmentModel, segment_agent
 from dex_ha.worker import ToolContext
 from dex_ha.worker.model import ModelRequest, ModelResponse, ToolCall
+from tests.support.doubles import TextSink
 
 
 class FakeFramework:
@@ -31,17 +32,6 @@ class FakeFramework:
         return f"{len(history)} items"
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def send_text(self, text: str) -> None:
-        self.texts.append(text)
-
-    def send(self, delta: dict[str, Any]) -> None:
-        pass
-
-
 async def deploy(ctx: ToolContext, service: str) -> str:
     return f"deployed {service}"
 
@@ -55,7 +45,7 @@ async def test_a_segment_agent_declares_its_deferred_tools_and_relays_the_segmen
     agent = segment_agent("ops", framework, [DeferredTool("deploy", deploy, effect="idempotent_write")])
     tools = agent.definition()["tools"]
     assert [(t["name"], t["effect"]) for t in tools] == [("deploy", "idempotent_write")]
-    sink = Sink()
+    sink = TextSink(other_deltas="ignore")
     assert agent.model is not None
     first = await agent.model.respond(request([{"type": "user", "text": "go"}], tools), sink)
     assert (first.content, [c.name for c in first.tool_calls], sink.texts) == ("checked", ["deploy"], ["checking "])
@@ -69,7 +59,9 @@ async def test_a_segment_that_returns_a_call_of_no_deferred_tool_fails_the_attem
     agent = segment_agent("ops", FakeFramework(deferred_name="Bash"), [DeferredTool("deploy", deploy)])
     assert agent.model is not None
     with pytest.raises(ValueError, match="'Bash', which is not a deferred tool"):
-        await agent.model.respond(request([{"type": "user", "text": "go"}], agent.definition()["tools"]), Sink())
+        await agent.model.respond(
+            request([{"type": "user", "text": "go"}], agent.definition()["tools"]), TextSink(other_deltas="ignore")
+        )
 
 
 def test_bad_arguments_are_refused_by_name() -> None:

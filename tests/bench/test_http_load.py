@@ -17,6 +17,7 @@ from aiohttp import web
 from harness import http_load
 from harness.cluster_state import ClusterSnapshot, FollowerGapSampler, NodeState, parse_gauge, term_changes
 from harness.http_load import LoadConfig, LoadSetupError, error_code, percentile_ms, run_load
+from harness.local_app import local_app
 from harness.waiting import eventually
 
 TOKEN = "t" * 24
@@ -74,27 +75,15 @@ def fake_node(session_answer: str = "overloaded") -> web.Application:
     return app
 
 
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
-
-
 @pytest.fixture
 async def node_url() -> AsyncIterator[str]:
-    async for url in serve(fake_node()):
+    async with local_app(fake_node()) as url:
         yield url
 
 
 @pytest.fixture
 async def resetting_node_url() -> AsyncIterator[str]:
-    async for url in serve(fake_node(session_answer="reset")):
+    async with local_app(fake_node(session_answer="reset")) as url:
         yield url
 
 
@@ -211,7 +200,7 @@ async def test_the_sampler_keeps_the_largest_gap_even_after_the_gauge_restarts()
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    async for url in serve(app):
+    async with local_app(app) as url:
         async with FollowerGapSampler({"n2": url}, interval_s=0.01) as sampler:
             # three values, then no gauge
             await eventually(lambda: sampler.samples >= 4, "four samples", 10, interval_s=0.01)

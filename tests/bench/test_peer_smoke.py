@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +33,21 @@ SMOKE_DEADLINE_S = 55.0  # the run takes ~15 s; it must stay under a minute on a
 TEMPORAL_SMOKE_DEADLINE_S = 120.0
 
 
+def run_peer_smoke(
+    peer_dir: Path, args: list[str], out: Path, deadline_s: float
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+    """One short run of bench/peer/run.py (one node, concurrency 4, no failover) with the
+    peer's `args`: the finished process, its JSON, its one steps phase and that phase's rows by system."""
+    fixed = ["--dir", str(peer_dir), "--deployments", "one", "--concurrency", "4", "--failover-runs", "0"]
+    done = run_bench(
+        RUN, [*fixed, *args, "--json", str(out)], deadline_s, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    )
+    assert_exited_0(done)
+    result = json.loads(out.read_text())
+    [phase] = result["steps"]
+    return done, result, phase, {row["system"]: row for row in phase["rows"]}
+
+
 def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: Path) -> None:
     peer_dir = default_dir()
     manifest = load_manifest(peer_dir)
@@ -39,37 +56,8 @@ def test_one_short_run_measures_both_systems_and_stops_every_process(tmp_path: P
             f"the peers are not installed in {peer_dir} (DEX_HA_PEER_DIR): run "
             f"`python bench/peer/install.py` to install Restate, its SDK and etcd there"
         )
-    out = tmp_path / "peer.json"
-    done = run_bench(
-        RUN,
-        [
-            "--dir",
-            str(peer_dir),
-            "--deployments",
-            "one",
-            "--peers",
-            "restate",
-            "--concurrency",
-            "4",
-            "--duration-s",
-            "2",
-            "--warmup-s",
-            "0.5",
-            "--turns-per-session",
-            "3",
-            "--failover-runs",
-            "0",
-            "--json",
-            str(out),
-        ],
-        SMOKE_DEADLINE_S,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
-    assert_exited_0(done)
-
-    result = json.loads(out.read_text())
-    [phase] = result["steps"]
-    rows = {row["system"]: row for row in phase["rows"]}
+    args = ["--peers", "restate", "--duration-s", "2", "--warmup-s", "0.5", "--turns-per-session", "3"]
+    done, result, phase, rows = run_peer_smoke(peer_dir, args, tmp_path / "peer.json", SMOKE_DEADLINE_S)
     assert set(rows) == {"dex-ha", "dex-ha/http", "restate"}
     assert rows["dex-ha"]["steps_bench_row"]["transport"] == "channel"
     assert rows["dex-ha/http"]["steps_bench_row"]["transport"] == "http"
@@ -100,36 +88,8 @@ def test_one_short_run_measures_temporal_activities_and_stops_every_process(tmp_
     manifest = load_manifest(peer_dir)
     if manifest is None:
         pytest.skip(f"the peers are not installed in {peer_dir}: run `python bench/peer/install.py`")
-    out = tmp_path / "peer.json"
-    done = run_bench(
-        RUN,
-        [
-            "--dir",
-            str(peer_dir),
-            "--deployments",
-            "one",
-            "--peers",
-            "temporal",
-            "--concurrency",
-            "4",
-            "--duration-s",
-            "3",
-            "--warmup-s",
-            "1",
-            "--failover-runs",
-            "0",
-            "--no-etcd",
-            "--json",
-            str(out),
-        ],
-        TEMPORAL_SMOKE_DEADLINE_S,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )
-    assert_exited_0(done)
-
-    result = json.loads(out.read_text())
-    [phase] = result["steps"]
-    rows = {row["system"]: row for row in phase["rows"]}
+    args = ["--peers", "temporal", "--duration-s", "3", "--warmup-s", "1", "--no-etcd"]
+    done, result, phase, rows = run_peer_smoke(peer_dir, args, tmp_path / "peer.json", TEMPORAL_SMOKE_DEADLINE_S)
     assert set(rows) == {"dex-ha", "temporal"}
     temporal = rows["temporal"]
     # 10 turns = 30 activities per workflow: at c=4 no workflow finishes within 3 s, so

@@ -26,6 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
+from harness.local_app import start_local_app
+
 
 @dataclass(frozen=True)
 class RecordedRequest:
@@ -128,12 +130,7 @@ class FakeNode:
         app.router.add_get("/v1/sessions/{sid}/events", self._events)
         app.router.add_get("/v1/cluster", self._cluster)
         app.router.add_route("*", "/v1/echo", self._echo)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
+        self._runner, self.url = await start_local_app(app, shutdown_timeout=0.5)
         return self
 
     async def stop(self) -> None:

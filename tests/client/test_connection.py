@@ -12,6 +12,7 @@ import pytest
 
 from dex_ha.client import Connection, DexError, DexUnavailable
 from dex_ha.client.sse import read_events
+from harness.local_app import start_local_app
 from tests.client.fake_server import (
     FakeCluster,
     FakeNode,
@@ -416,12 +417,8 @@ async def test_a_stream_that_goes_silent_times_out_instead_of_hanging() -> None:
 
     app = web.Application()
     app.router.add_get("/v1/sessions/s1/events", silent)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    conn = Connection(f"http://127.0.0.1:{port}")
+    runner, url = await start_local_app(app, shutdown_timeout=0.1)
+    conn = Connection(url)
     try:
         resp = await conn.open_stream("/v1/sessions/s1/events")
         started = asyncio.get_running_loop().time()

@@ -44,15 +44,9 @@ def snapshot_json() -> dict[str, Any]:
         "attempt_progress": None,
         "cancel_requested": False,
     }
-    return {
-        "session_id": "s-1",
-        "agent": "shop",
-        "status": "running",
-        "metadata": {"user": "u1"},
-        "created_at": 1,
-        "updated_at": 2,
-        "waiting_for": None,
-        "current_turn": {
+
+    def turn() -> dict[str, Any]:
+        return {
             "turn_id": "t-1",
             "number": 1,
             "status": "running",
@@ -61,19 +55,18 @@ def snapshot_json() -> dict[str, Any]:
             "ended_at": None,
             "error": None,
             "steps": [step()],
-        },
-        "turns": [
-            {
-                "turn_id": "t-1",
-                "number": 1,
-                "status": "running",
-                "message_id": "m-1",
-                "started_at": 5,
-                "ended_at": None,
-                "error": None,
-                "steps": [step()],
-            }
-        ],
+        }
+
+    return {
+        "session_id": "s-1",
+        "agent": "shop",
+        "status": "running",
+        "metadata": {"user": "u1"},
+        "created_at": 1,
+        "updated_at": 2,
+        "waiting_for": None,
+        "current_turn": turn(),
+        "turns": [turn()],
         "history": [{"seq": 1, "type": "message", "role": "user", "content": "hi"}],
         "summary": None,
         "tool_calls": [

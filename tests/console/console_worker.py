@@ -1,8 +1,9 @@
-"""A Worker as its own process for the console's browser tests; the tests SIGKILL it.
+"""The agent of a Worker process for the console's browser tests, which SIGKILL it
+(started with harness.worker_process.start_worker):
 
-    python -m tests.console.console_worker URL LEDGER [TOKEN]
+    python -m harness.worker_process tests.console.console_worker --urls URL --ledger FILE [--token T]
 
-It runs the agent `console`, whose model streams its words and answers by the last user
+The agent is `console`, whose model streams its words and answers by the last user
 message:
   - "refund ..." calls `refund`, a write that needs approval: it records its run in the
     ledger and returns;
@@ -15,11 +16,11 @@ message:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 from typing import Any
 
-from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext
 from tests.crash.ledger import Ledger
 
 AGENT = "console"
@@ -79,17 +80,9 @@ def console_agent(ledger: Ledger) -> Agent:
     return agent
 
 
-async def main(url: str, ledger_path: str, token: str | None = None) -> None:
-    worker = Worker(
-        url,
-        token,
-        agents=[console_agent(Ledger(ledger_path))],
-        poll_wait_ms=1_000,
-        drain_timeout_s=0.1,
-        backoff_max_s=0.2,
-    )
-    await worker.run()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ledger", required=True)
 
 
-if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+def agents(args: argparse.Namespace) -> list[Agent]:
+    return [console_agent(Ledger(args.ledger))]

@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from harness.cluster_process import LocalCluster
 from harness.dev_process import DevProcess, running_dev
 from harness.processes import stop
 from harness.waiting import eventually
+from harness.worker_process import WorkerOptions, start_worker
 from tests.console.console_worker import AGENT, STORY
 from tests.crash.ledger import Ledger
 
@@ -67,12 +67,8 @@ async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
 
 @contextlib.contextmanager
 def worker_process(url: str, ledger: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.console.console_worker", url, str(ledger)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    options = WorkerOptions(drain_timeout_s=0.1, backoff_max_s=0.2)
+    proc = start_worker("tests.console.console_worker", url, ["--ledger", str(ledger)], options=options, log=log)
     try:
         yield proc
     finally:

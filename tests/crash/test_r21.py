@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.fake_models.anthropic_api import FakeAnthropic
 from harness.waiting import eventually
 from tests.crash.cell import COMPLETED, FAILED, Cell, call_of
 from tests.crash.columns import Column
@@ -34,7 +35,6 @@ from tests.support.claude_segment import (
     inline_runs,
     stage,
 )
-from tests.support.fake_anthropic import FakeAnthropic
 
 pytestmark = pytest.mark.skipif(cli_missing_reason() is not None, reason=str(cli_missing_reason()))
 

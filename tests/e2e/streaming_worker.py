@@ -1,17 +1,18 @@
-"""A Worker in a process of its own, for tests that SIGKILL it mid-stream.
+"""The agent of a Worker process for tests that SIGKILL it mid-stream (started with
+harness.worker_process.start_worker):
 
-    python tests/e2e/streaming_worker.py URL AGENT TEXT
+    python -m harness.worker_process tests.e2e.streaming_worker --urls URL --agent AGENT --text TEXT
 
-It runs AGENT, whose model streams TEXT word by word and then waits forever: a test kills
+AGENT whose model streams TEXT word by word and then waits forever: a test kills
 this process once it saw the words arrive, so the kill lands while the model streams.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 
-from dex_ha.worker import Agent, DeltaSink, ModelRequest, ModelResponse, Worker
+from dex_ha.worker import Agent, DeltaSink, ModelRequest, ModelResponse
 
 
 class StreamThenWait:
@@ -31,12 +32,10 @@ class StreamThenWait:
         return "unused"
 
 
-async def main(url: str, agent_name: str, text: str) -> None:
-    worker = Worker(
-        url, agents=[Agent(agent_name, model=StreamThenWait(text))], poll_wait_ms=1_000, drain_timeout_s=0.1
-    )
-    await worker.run()
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agent", required=True)
+    parser.add_argument("--text", required=True, help="what the model streams before it waits")
 
 
-if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+def agents(args: argparse.Namespace) -> list[Agent]:
+    return [Agent(args.agent, model=StreamThenWait(args.text))]

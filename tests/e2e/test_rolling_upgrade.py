@@ -18,7 +18,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -32,6 +31,7 @@ from harness.cluster_process import LocalCluster, cluster_view
 from harness.processes import pid_alive, stop
 from harness.releases import RELEASE_0_1_0_COMMIT, REPO_ROOT, checkout_release, release_env
 from harness.waiting import eventually
+from harness.worker_process import WorkerOptions, start_worker
 from tests.e2e.conftest import running
 from tests.e2e.test_version_gate import _channel_status
 from tests.e2e.upgrade_worker import AGENT, make_agent
@@ -137,13 +137,13 @@ async def test_a_rolling_upgrade_from_0_1_0_under_load(tmp_path: Path, monkeypat
         views = await _views(cluster)
         assert all(v is not None and "version" not in v for v in views.values()), "the nodes do not run 0.1.0"
         urls = list(cluster.urls.values())
-        with open(tmp_path / "old-worker.log", "wb") as log:
-            old_worker = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("upgrade_worker.py")), cluster.tokens["worker"], *urls],
-                env=release_env(tree),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        old_worker = start_worker(
+            str(Path(__file__).with_name("upgrade_worker.py")),
+            urls,
+            options=WorkerOptions(token=cluster.tokens["worker"], drain_timeout_s=2.0),
+            log=tmp_path / "old-worker.log",
+            env=release_env(tree),
+        )
         new_worker = Worker(urls, token=cluster.tokens["worker"], agents=[make_agent()], poll_wait_ms=1_000)
         async with running(new_worker), DexClient(urls, token=cluster.tokens["client"]) as client:
             await eventually(lambda: _agent_registered(client), "the agent to be registered", deadline_s=DEADLINE_S)

@@ -14,13 +14,13 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from dex_ha.client import DexClient, SessionEvent, StreamText
 from dex_ha.worker import Agent, ScriptedModel, Worker
 from harness.dev_process import DevProcess
 from harness.waiting import eventually
+from harness.worker_process import WorkerOptions, start_worker
 from tests.e2e.conftest import running
 
 AGENT = "streamer"
@@ -31,14 +31,8 @@ DEADLINE_S = 30.0
 
 
 def start_streaming_worker(url: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    script = Path(__file__).with_name("streaming_worker.py")
-    return subprocess.Popen(
-        [sys.executable, str(script), url, AGENT, LOST_TEXT],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    args = ["--agent", AGENT, "--text", LOST_TEXT]
+    return start_worker("tests.e2e.streaming_worker", url, args, options=WorkerOptions(drain_timeout_s=0.1))
 
 
 def sigkill(proc: subprocess.Popen[bytes] | None) -> None:

@@ -1,7 +1,8 @@
-"""A Worker in a process of its own, run with whichever release's code PYTHONPATH names
-(the rolling-upgrade test runs it on 0.1.0 while the nodes are upgraded under it).
+"""The agent of a Worker process run with whichever release's code PYTHONPATH names (the
+rolling-upgrade test runs it on 0.1.0 while the nodes are upgraded under it), so the
+launcher loads this file by its path and it imports nothing but `dex_ha.worker`:
 
-    python tests/e2e/upgrade_worker.py TOKEN URL [URL ...]
+    python harness/worker_process.py tests/e2e/upgrade_worker.py --urls URL[,URL...] --token TOKEN
 
 Its agent (AGENT) answers each user message with one call of the `put` tool, then a final
 answer; `put` takes a moment, so that steps are running when a node stops.
@@ -9,11 +10,11 @@ answer; `put` takes a moment, so that steps are running when a node stops.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 from typing import Any
 
-from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
+from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext
 
 AGENT = "upgrade"
 
@@ -37,10 +38,5 @@ def make_agent() -> Agent:
     return agent
 
 
-async def main(token: str, urls: list[str]) -> None:
-    worker = Worker(urls, token=token, agents=[make_agent()], poll_wait_ms=1_000, drain_timeout_s=2.0)
-    await worker.run()
-
-
-if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2:]))
+def agents(args: argparse.Namespace) -> list[Agent]:
+    return [make_agent()]

@@ -3,6 +3,7 @@ clock it moves by hand, and keeps the log so tests can replay it into another en
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from dex_ha.engine import (
@@ -149,9 +150,23 @@ class Driver:
         assert len(found) == 1, found
         return found[0]
 
-    def complete(self, step_id: str, result: dict[str, Any]) -> ApplyResult:
+    def complete(self, step_id: str, result: dict[str, Any], **eager: Any) -> ApplyResult:
+        """Complete the running attempt of `step_id`; `eager`: CompleteAttempt's next_* fields."""
+        return self.apply(self.complete_command(step_id, result, **eager))
+
+    def complete_command(self, step_id: str, result: dict[str, Any], **eager: Any) -> CompleteAttempt:
+        """The CompleteAttempt of the running attempt of `step_id`, not applied."""
         a = self.running(step_id)
-        return self.apply(CompleteAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term, result=result))
+        return CompleteAttempt(at=self.at, step_id=step_id, attempt=a.attempt, term=a.term, result=result, **eager)
+
+    def refused(self, cmd: Any) -> ApplyResult:
+        """Apply `cmd`, which the engine must refuse without changing anything but the
+        applied index; the refusal."""
+        before = self.engine.logical_dump(include_applied_index=False)
+        result = self.apply(cmd)
+        assert not result.ok, result
+        assert self.engine.logical_dump(include_applied_index=False) == before
+        return result
 
     def fail(self, step_id: str, error: str = "boom", retryable: bool = True) -> ApplyResult:
         a = self.running(step_id)
@@ -225,3 +240,12 @@ class Driver:
 
     def turn_status(self, session_id: str = "s1") -> str:
         return self.snap(session_id)["turns"][-1]["status"]
+
+
+def running_model_step(path: Path, worker: str = "w1") -> tuple[Driver, str]:
+    """A session whose first RunModel step is handed out to `worker`; (driver, that step's id)."""
+    d = Driver(str(path))
+    d.register()
+    d.create()
+    d.send()
+    return d, d.hand_out("RunModel", worker=worker)

@@ -5,32 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dex_ha.engine import CompleteAttempt, Engine
-from tests.engine.driver import Driver
+from dex_ha.engine import Engine
+from tests.engine.driver import Driver, running_model_step
 
 
 def complete_eagerly(d: Driver, step_id: str, result: dict, worker: str = "w1", limit: int = 4):
-    a = d.running(step_id)
-    return d.ok(
-        CompleteAttempt(
-            at=d.at,
-            step_id=step_id,
-            attempt=a.attempt,
-            term=a.term,
-            result=result,
-            next_worker_id=worker,
-            next_max=limit,
-        )
-    )
-
-
-def running_model_step(path: Path) -> tuple[Driver, str]:
-    """A session whose first RunModel step is handed out; (driver, that step's id)."""
-    d = Driver(str(path))
-    d.register()
-    d.create()
-    d.send()
-    return d, d.hand_out("RunModel")
+    completed = d.complete(step_id, result, next_worker_id=worker, next_max=limit)
+    assert completed.ok, completed
+    return completed
 
 
 def model_result(*calls: tuple[str, str]) -> dict:
@@ -77,21 +59,8 @@ def test_without_next_max_nothing_is_handed_out_and_the_limit_holds(tmp_path: Pa
 
 def test_a_bad_next_max_is_rejected_and_changes_nothing(tmp_path: Path) -> None:
     d, step = running_model_step(tmp_path / "e.db")
-    a = d.running(step)
-    before = d.engine.logical_dump(include_applied_index=False)
-    result = d.apply(
-        CompleteAttempt(
-            at=d.at,
-            step_id=step,
-            attempt=a.attempt,
-            term=a.term,
-            result=model_result(("c1", "lookup")),
-            next_worker_id="w1",
-            next_max=10_000,
-        )
-    )
-    assert not result.ok and result.code == "invalid" and result.http_status == 400
-    assert d.engine.logical_dump(include_applied_index=False) == before
+    result = d.refused(d.complete_command(step, model_result(("c1", "lookup")), next_worker_id="w1", next_max=10_000))
+    assert result.code == "invalid" and result.http_status == 400
 
 
 def test_replaying_the_log_gives_the_same_state(tmp_path: Path) -> None:

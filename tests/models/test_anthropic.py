@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dex_ha.models.anthropic import NO_RESULT, NOTE_PREFIX, SUMMARY_HEADING, AnthropicModel, to_messages, to_tools
 from dex_ha.worker import ModelRequest, NonRetryableError, ToolCall
-from tests.support.fake_anthropic import ApiError, FakeAnthropic, Reply, request_problem, tool_use
+from harness.fake_models.anthropic_api import ApiError, FakeAnthropic, Reply, request_problem, tool_use
 
 TOOLS = [
     {

@@ -1,5 +1,5 @@
 """AnthropicModel end to end: a real `dex-ha dev`, a Worker running an agent on
-AnthropicModel, the fake Anthropic API (tests/support/fake_anthropic.py) and a client.
+AnthropicModel, the fake Anthropic API (harness/fake_models/anthropic_api.py) and a client.
 
 What the fake recorded (the requests the model sent) and what the tools recorded are the
 evidence from outside the server; the session's events and snapshot are what dex-ha says.
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,14 +19,15 @@ from dex_ha.client import DexClient, SessionEvent, StreamText
 from dex_ha.models.anthropic import AnthropicModel
 from dex_ha.worker import Agent, ToolContext, Worker
 from harness.dev_process import DevProcess
+from harness.fake_models.anthropic_api import ApiError, FakeAnthropic, Reply, tool_use
 from harness.processes import stop
 from harness.waiting import eventually
+from harness.worker_process import WorkerOptions, start_worker
 from tests.crash.columns import env_with_repo
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of
 from tests.models.anthropic_worker_proc import MODEL_NAME
-from tests.support.fake_anthropic import ApiError, FakeAnthropic, Reply, tool_use
 
 AGENT = "orders"
 DEADLINE_S = 30.0
@@ -101,7 +101,7 @@ async def turn(stack: Stack, session_id: str, text: str) -> list[SessionEvent]:
 
 async def test_a_turn_with_two_tool_calls_streams_and_sends_valid_requests(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
-        s.fake.push(
+        s.fake.queue(
             Reply.of(
                 "Let me check both orders.",
                 tool_use("lookup", {"order": "A17"}, id="toolu_a"),
@@ -141,7 +141,7 @@ async def test_a_turn_with_two_tool_calls_streams_and_sends_valid_requests(tmp_p
 
 async def test_a_429_fails_attempt_one_and_attempt_two_completes(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
-        s.fake.push(ApiError.rate_limited(retry_after=0), Reply.of("Here is your answer."))
+        s.fake.queue(ApiError.rate_limited(retry_after=0), Reply.of("Here is your answer."))
         sid = (await s.client.create_session(AGENT)).session_id
         events = await turn(s, sid, "hello")
 
@@ -158,7 +158,7 @@ async def test_a_429_fails_attempt_one_and_attempt_two_completes(tmp_path: Path)
 
 async def test_a_400_fails_the_turn_with_the_providers_message_and_no_retry(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
-        s.fake.push(
+        s.fake.queue(
             ApiError(400, "invalid_request_error", "prompt is too long: 250000 tokens > 200000 maximum"),
             Reply.of("never used"),
         )
@@ -174,7 +174,7 @@ async def test_a_400_fails_the_turn_with_the_providers_message_and_no_retry(tmp_
 async def test_compaction_asks_the_fake_for_the_summary_and_the_next_call_carries_it(tmp_path: Path) -> None:
     summary = "The user asked about order A17; lookup said it shipped."
     async with stack(tmp_path, compaction={"max_items": 3}) as s:
-        s.fake.push(
+        s.fake.queue(
             Reply.of(tool_use("lookup", {"order": "A17"})),
             Reply.of("A17 has shipped."),
             Reply.of(summary),
@@ -208,23 +208,14 @@ FINAL_TEXT = "attempt two gives the whole answer"
 
 def start_worker_process(url: str, fake: FakeAnthropic, ledger: Path, log_path: Path) -> subprocess.Popen[bytes]:
     env = env_with_repo({"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "sk-test"})
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.models.anthropic_worker_proc",
-                "--url",
-                url,
-                "--agent",
-                AGENT,
-                "--ledger",
-                str(ledger),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    return start_worker(
+        "tests.models.anthropic_worker_proc",
+        url,
+        ["--agent", AGENT, "--ledger", str(ledger)],
+        options=WorkerOptions(backoff_max_s=0.2),
+        log=log_path,
+        env=env,
+    )
 
 
 async def test_r02_a_worker_killed_mid_stream_leaves_only_attempt_twos_text(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The fake Anthropic API (tests/support/fake_anthropic.py) against the official SDK: what
+"""The fake Anthropic API (harness/fake_models/anthropic_api.py) against the official SDK: what
 the SDK parses from it is what the fake was scripted to say."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import anthropic
 import pytest
 from anthropic.types import Message, MessageParam, ToolParam, ToolResultBlockParam
 
+from harness.fake_models.anthropic_api import ApiError, FakeAnthropic, Reply, tool_use
 from harness.waiting import eventually
-from tests.support.fake_anthropic import ApiError, FakeAnthropic, Reply, tool_use
 
 MESSAGES: list[MessageParam] = [{"role": "user", "content": "hi"}]
 DEADLINE_S = 10.0

@@ -1,4 +1,4 @@
-"""The fake OpenAI server (tests/support/fake_openai.py) against the real `openai` SDK: what
+"""The fake OpenAI server (harness/fake_models/openai_api.py) against the real `openai` SDK: what
 the SDK parses out of its answers is what was scripted, streamed or not, on both APIs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionToolParam
 from openai.types.responses import FunctionToolParam
 
-from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
+from harness.fake_models.openai_api import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
 
 TOOLS_RESPONSES: list[FunctionToolParam] = [
     {"type": "function", "name": "lookup", "parameters": {"type": "object"}, "strict": False}

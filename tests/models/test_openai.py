@@ -1,6 +1,6 @@
 """OpenAIModel: the mapping of history, summary and tools to each API's request and of the
 answers back, the pairing of tool calls with their results, the error mapping, and the
-summary call. Requests go to the fake OpenAI server (tests/support/fake_openai.py)."""
+summary call. Requests go to the fake OpenAI server (harness/fake_models/openai_api.py)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ from dex_ha.models.openai import (
     responses_input,
 )
 from dex_ha.worker import Agent, ModelRequest, NonRetryableError, ToolCall, ToolContext
+from harness.fake_models.openai_api import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
 from tests.crash.columns import env_with_repo
-from tests.support.fake_openai import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
+from tests.support.doubles import TextSink
 
 APIS = ("responses", "chat")
 
@@ -66,19 +67,6 @@ def agent_tools() -> list[dict[str, Any]]:
         return "pong"
 
     return [*agent.definition()["tools"], *BUILTIN_TOOLS]
-
-
-class Deltas:
-    """A DeltaSink that keeps what was streamed."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def send_text(self, text: str) -> None:
-        self.texts.append(text)
-
-    def send(self, delta: dict[str, Any]) -> None:
-        raise AssertionError(f"only text is streamed, got {delta}")
 
 
 @pytest.fixture
@@ -209,7 +197,7 @@ async def test_respond_sends_the_whole_input_and_streams_the_answer(fake: FakeOp
         )
     )
     model = models(api, instructions="You help customers.", max_output_tokens=500, request_options={"temperature": 0.2})
-    sink = Deltas()
+    sink = TextSink()
     response = await model.respond(ModelRequest(HISTORY, "They talked about shoes.", agent_tools()), sink)
 
     assert sink.texts == ["Checking ", "both."]
@@ -255,7 +243,7 @@ async def test_respond_sends_the_whole_input_and_streams_the_answer(fake: FakeOp
 @pytest.mark.parametrize("api", APIS)
 async def test_a_reply_without_streaming_support_needs_no_tools(fake: FakeOpenAI, models: Any, api: str) -> None:
     fake.queue(Reply("Hello"))
-    response = await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
+    response = await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), TextSink())
     assert (response.content, response.tool_calls) == ("Hello", [])
     assert "tools" not in fake.requests[0].body and "instructions" not in fake.requests[0].body
 
@@ -267,7 +255,7 @@ async def test_answers_that_would_repeat_raise_non_retryable_with_openais_messag
 ) -> None:
     fake.queue(Failure(status, f"the provider says no ({status})"))
     with pytest.raises(NonRetryableError) as raised:
-        await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
+        await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), TextSink())
     assert f"the provider says no ({status})" in str(raised.value) and str(status) in str(raised.value)
     assert len(fake.requests) == 1
 
@@ -286,7 +274,7 @@ async def test_rate_limits_and_server_errors_stay_retryable_and_are_not_retried_
 ) -> None:
     fake.queue(failure)
     with pytest.raises(error_class) as raised:
-        await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
+        await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), TextSink())
     assert not isinstance(raised.value, NonRetryableError)
     assert len(fake.requests) == 1  # the SDK did not retry: the server owns retries
 
@@ -296,7 +284,7 @@ async def test_a_client_passed_in_gets_its_retries_turned_off(fake: FakeOpenAI) 
     fake.queue(Failure(429, "Rate limit reached", retry_after=0))
     model = OpenAIModel("gpt-test", client=client)
     with pytest.raises(openai.RateLimitError):
-        await model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
+        await model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), TextSink())
     assert len(fake.requests) == 1
     await client.close()
     with pytest.raises(ValueError, match="either a client or api_key"):
@@ -306,7 +294,7 @@ async def test_a_client_passed_in_gets_its_retries_turned_off(fake: FakeOpenAI) 
 @pytest.mark.parametrize("api", APIS)
 async def test_a_stream_that_stalls_times_out_as_retryable(fake: FakeOpenAI, models: Any, api: str) -> None:
     fake.queue(Reply("one two three", stall_after=1))
-    sink = Deltas()
+    sink = TextSink()
     with pytest.raises(openai.APITimeoutError):
         await models(api, timeout_s=0.5).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), sink)
     assert sink.texts == ["one "]
@@ -316,7 +304,7 @@ async def test_a_server_that_is_not_there_is_a_retryable_connection_error(models
     model = models()
     await fake.stop()
     with pytest.raises(openai.APIConnectionError):
-        await model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
+        await model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), TextSink())
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -324,10 +312,10 @@ async def test_arguments_that_are_not_a_json_object(fake: FakeOpenAI, models: An
     request = ModelRequest([{"type": "user", "text": "hi"}], None, [])
     fake.queue(Reply(tool_calls=[Call("lookup", '{"order": ')]))
     with pytest.raises(OpenAIStreamError, match="not a JSON object"):  # retryable: the model may do better
-        await models(api).respond(request, Deltas())
+        await models(api).respond(request, TextSink())
     fake.queue(Reply(tool_calls=[Call("lookup", '{"order": ')], incomplete=True))
     with pytest.raises(NonRetryableError, match="output token limit"):  # the same request would be cut again
-        await models(api).respond(request, Deltas())
+        await models(api).respond(request, TextSink())
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -371,7 +359,7 @@ async def test_the_key_and_address_come_from_the_environment(fake: FakeOpenAI, m
     monkeypatch.setenv("OPENAI_BASE_URL", fake.base_url)
     fake.queue(Reply("hi"))
     model = OpenAIModel("gpt-test")
-    await model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), Deltas())
+    await model.respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), TextSink())
     await model.aclose()
     assert fake.requests[0].headers["Authorization"] == "Bearer sk-from-env"
     assert json.loads(json.dumps(fake.requests[0].body))["input"] == [
@@ -388,7 +376,7 @@ def test_the_worker_sdk_does_not_import_openai() -> None:
 @pytest.mark.parametrize("api", APIS)
 async def test_an_error_in_the_middle_of_the_stream_is_retryable(fake: FakeOpenAI, models: Any, api: str) -> None:
     fake.queue(Reply("one two three", error_after=2, error_message="The server had an error"))
-    sink = Deltas()
+    sink = TextSink()
     with pytest.raises(Exception, match="The server had an error") as raised:
         await models(api).respond(ModelRequest([{"type": "user", "text": "hi"}], None, []), sink)
     assert not isinstance(raised.value, NonRetryableError)

@@ -18,8 +18,8 @@ from dex_ha.client import DexClient, Session, SessionEvent
 from dex_ha.models.openai import DEFAULT_SUMMARY_INSTRUCTIONS, OpenAIModel
 from dex_ha.worker import Agent, ToolContext, Worker
 from harness.dev_process import DevProcess
+from harness.fake_models.openai_api import Call, Failure, FakeOpenAI, Reply
 from tests.e2e.conftest import running
-from tests.support.fake_openai import Call, Failure, FakeOpenAI, Reply
 
 AGENT = "support"
 DEADLINE_S = 30.0

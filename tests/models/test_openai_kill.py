@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 
 from dex_ha.client import DexClient, SessionEvent, StreamText
 from harness.dev_process import DevProcess
+from harness.fake_models.openai_api import FakeOpenAI, Reply
 from harness.waiting import eventually
-from tests.crash.columns import REPO, WORKER_KILL_HEARTBEAT_TIMEOUT_MS, env_with_repo
+from harness.worker_process import start_worker
+from tests.crash.columns import REPO, WORKER_KILL_HEARTBEAT_TIMEOUT_MS
 from tests.crash.ledger import Ledger
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of
-from tests.support.fake_openai import FakeOpenAI, Reply
 
 AGENT = "streamer"
 LOST_TEXT = "attempt one starts to answer and is cut off"
@@ -30,22 +30,9 @@ FINAL_TEXT = "attempt two gives the whole answer"
 DEADLINE_S = 30.0
 
 
-def start_worker(dev: DevProcess, fake: FakeOpenAI, ledger: Path, log: Path) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "tests.models.openai_worker_proc",
-        "--url",
-        dev.url,
-        "--agent",
-        AGENT,
-        "--base-url",
-        fake.base_url,
-        "--ledger",
-        str(ledger),
-    ]
-    with open(log, "ab") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env_with_repo(), cwd=REPO)
+def start_openai_worker(dev: DevProcess, fake: FakeOpenAI, ledger: Path, log: Path) -> subprocess.Popen[bytes]:
+    args = ["--agent", AGENT, "--base-url", fake.base_url, "--ledger", str(ledger)]
+    return start_worker("tests.models.openai_worker_proc", dev.url, args, log=log, cwd=REPO)
 
 
 async def test_r02_a_worker_killed_mid_stream(tmp_path: Path) -> None:
@@ -67,7 +54,7 @@ async def test_r02_a_worker_killed_mid_stream(tmp_path: Path) -> None:
             stream = StreamText()
             reader = asyncio.create_task(follow(client, sid, raw, stream))
             await client.send_message(sid, "hello")
-            workers.append(start_worker(dev, fake, ledger_path, log))
+            workers.append(start_openai_worker(dev, fake, ledger_path, log))
 
             # Attempt 1's first three words reached the client; the model API hangs after them.
             await fake.wait_stalled(DEADLINE_S)
@@ -79,7 +66,7 @@ async def test_r02_a_worker_killed_mid_stream(tmp_path: Path) -> None:
             await eventually(lambda: any(e.type == "attempt_failed" for e in raw), "attempt 1 failing", DEADLINE_S)
             assert stream.text(step_id) == ""  # the failed attempt's text is dropped
 
-            workers.append(start_worker(dev, fake, ledger_path, log))
+            workers.append(start_openai_worker(dev, fake, ledger_path, log))
             await asyncio.wait_for(reader, DEADLINE_S)
 
             failed = next(e for e in raw if e.type == "attempt_failed")

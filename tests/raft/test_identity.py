@@ -26,7 +26,8 @@ from dex_ha.raft.snapshot_file import seal_bytes
 from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta, decode_message, encode_message
 from harness.kv_node import KVStateMachine
 from harness.ports import free_ports
-from tests.raft.test_node import _config, _leased_leaders, _put, _until
+from harness.waiting import eventually
+from tests.raft.test_node import _config, _leased_leaders, _put
 
 VOTERS = ("n1", "n2", "n3")
 
@@ -109,7 +110,7 @@ async def _found_cluster(root: Path) -> str:
     """Start three fresh nodes; the id they all wrote to their data dirs."""
     nodes = await _start(root, _members())
     try:
-        await _until(lambda: len(_leased_leaders(nodes)) == 1, 15, "a leader")
+        await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader", 15)
         on_disk = {json.loads((n.config.data_dir / IDENTITY_FILE).read_text())["cluster_id"] for n in nodes.values()}
         assert len(on_disk) == 1 and "" not in on_disk
         return on_disk.pop()
@@ -121,7 +122,7 @@ async def test_a_voter_that_lost_its_data_never_votes_and_stops(tmp_path: Path) 
     members = _members()
     nodes = await _start(tmp_path, members)
     try:
-        await _until(lambda: len(_leased_leaders(nodes)) == 1, 15, "a leader")
+        await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader", 15)
         await _put(nodes, "acknowledged", "1")
         wiped = next(nid for nid, n in nodes.items() if not n.is_leader)
         await nodes.pop(wiped).stop()
@@ -130,7 +131,7 @@ async def test_a_voter_that_lost_its_data_never_votes_and_stops(tmp_path: Path) 
         again = RaftNode(_config(wiped, tmp_path, members), KVStateMachine(), on_fatal=refused.append)
         nodes[wiped] = again
         await again.start()
-        await _until(lambda: bool(refused), 10, "the wiped node refusing to run")
+        await eventually(lambda: bool(refused), "the wiped node refusing to run", 10)
         assert isinstance(refused[0], IdentityRefused)
         assert "dex-ha members replace" in str(refused[0]) and wiped in str(refused[0])
         assert again.core.term == 0 and again.core.vote == ""  # it never voted, never campaigned
@@ -142,13 +143,13 @@ async def test_a_node_of_another_cluster_is_refused_by_both_sides(tmp_path: Path
     members = _members()
     nodes = await _start(tmp_path / "y", members)
     try:
-        await _until(lambda: len(_leased_leaders(nodes)) == 1, 15, "a leader")
+        await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader", 15)
         await _put(nodes, "y", "1")
         await nodes.pop("n2").stop()
         # n2's data dir is replaced by one of another cluster (founded alone), then n2 starts again.
         alone = await _start(tmp_path / "x", {"n2": members["n2"]})
         try:
-            await _until(lambda: len(_leased_leaders(alone)) == 1, 15, "the lone leader")
+            await eventually(lambda: len(_leased_leaders(alone)) == 1, "the lone leader", 15)
             await _put(alone, "x", "1")
         finally:
             await _stop(alone)
@@ -157,7 +158,7 @@ async def test_a_node_of_another_cluster_is_refused_by_both_sides(tmp_path: Path
         refused: list[BaseException] = []
         nodes["n2"] = RaftNode(_config("n2", tmp_path / "y", members), KVStateMachine(), on_fatal=refused.append)
         await nodes["n2"].start()
-        await _until(lambda: bool(refused), 15, "n2 refusing to run beside another cluster")
+        await eventually(lambda: bool(refused), "n2 refusing to run beside another cluster", 15)
         assert len(refused) == 1 and isinstance(refused[0], IdentityRefused)
         assert "belong to another cluster" in str(refused[0])
         theirs, ours = nodes["n2"].cluster_id, nodes["n1"].cluster_id
@@ -175,7 +176,7 @@ async def test_a_data_dir_from_before_ids_gets_one_from_its_leader(tmp_path: Pat
     members = _members()
     nodes = await _start(tmp_path, members)
     try:
-        await _until(lambda: len(_leased_leaders(nodes)) == 1, 15, "a leader")
+        await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader", 15)
         await _put(nodes, "k", "v")
     finally:
         await _stop(nodes)
@@ -183,9 +184,9 @@ async def test_a_data_dir_from_before_ids_gets_one_from_its_leader(tmp_path: Pat
         (tmp_path / nid / IDENTITY_FILE).unlink()  # as written by a version without ids
     nodes = await _start(tmp_path, members)
     try:
-        await _until(lambda: len(_leased_leaders(nodes)) == 1, 15, "a leader")
+        await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader", 15)
         await _put(nodes, "k2", "v")
-        await _until(lambda: len({n.cluster_id for n in nodes.values()} - {""}) == 1, 10, "one id everywhere")
+        await eventually(lambda: len({n.cluster_id for n in nodes.values()} - {""}) == 1, "one id everywhere", 10)
         assert all(n.cluster_id for n in nodes.values())
     finally:
         await _stop(nodes)
@@ -209,7 +210,7 @@ async def test_a_snapshot_of_another_cluster_is_dropped_and_one_of_this_cluster_
         snap.cluster_id = "X"
         joiner._on_message(snap)
         assert joiner.cluster_id == "X"  # a joining node learns it
-        await _until(lambda: len(joiner._inbox) == 1, 5, "the snapshot to pass its checksum")
+        await eventually(lambda: len(joiner._inbox) == 1, "the snapshot to pass its checksum", 5)
         snap.cluster_id = "Y"
         checks = len(joiner._background)
         joiner._on_message(snap)

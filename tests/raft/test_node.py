@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 import msgpack
 import pytest
@@ -35,33 +35,14 @@ from dex_ha.raft.types import (
 )
 from harness.kv_node import KVStateMachine
 from harness.ports import free_ports
+from harness.waiting import eventually
+from tests.raft.node_helpers import relaxed_config
 
 SECRET = b"test-cluster-secret-0123456789"
 
 
-def _config(
-    nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int] | None = None, **kw
-) -> NodeConfig:
-    timing = dict(
-        election_timeout_min_ms=300, election_timeout_max_ms=600, heartbeat_interval_ms=50, lease_drift_margin_ms=30
-    )
-    return NodeConfig(
-        id=nid,
-        data_dir=root / nid,
-        raft_listen=listen or members[nid].raft_addr,
-        members=members,
-        durability="relaxed",
-        secret=SECRET,
-        **{**timing, **kw},
-    )
-
-
-async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > deadline_s:
-            raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
+def _config(nid: str, root: Path, members: dict[str, Member], **kw: Any) -> NodeConfig:
+    return relaxed_config(nid, root, members, SECRET, **kw)
 
 
 def _leased_leaders(nodes: dict[str, RaftNode]) -> list[RaftNode]:
@@ -133,10 +114,10 @@ def test_a_node_starts_on_a_log_with_a_zero_filled_tail(tmp_path: Path) -> None:
 
 async def test_proposal_commits_on_every_node(cluster) -> None:
     nodes, sms, _, _ = cluster
-    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+    await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader with a lease", 10)
     index = await _put(nodes, "a", "1")
     assert index > 0
-    await _until(lambda: all(sm.kv.get("a") == "1" for sm in sms.values()), 5, "replication")
+    await eventually(lambda: all(sm.kv.get("a") == "1" for sm in sms.values()), "replication", 5)
     assert sum(n.is_leader for n in nodes.values()) == 1
 
 
@@ -151,7 +132,7 @@ async def test_a_too_large_entry_is_refused_and_the_largest_allowed_one_replicat
     """Unrefused, an entry above the transport's frame limit was appended, its
     AppendEntries dropped by the transport on every send, and replication stalled."""
     nodes, sms, _, _ = cluster
-    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+    await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader with a lease", 10)
     leader = _leased_leaders(nodes)[0]
     limit = leader.config.max_entry_bytes
     too_big = _kv_entry("big", DEFAULT_MAX_FRAME_BYTES + 1)
@@ -161,13 +142,13 @@ async def test_a_too_large_entry_is_refused_and_the_largest_allowed_one_replicat
     largest = _kv_entry("big", limit)
     assert len(largest) == limit
     await asyncio.wait_for(leader.propose(largest), timeout=10)
-    await _until(
+    await eventually(
         lambda: all(len(sm.kv.get("big", "")) > limit - 16 for sm in sms.values()),
-        10,
         "the largest entry on every node",
+        10,
     )
     await _put(nodes, "after", "1")
-    await _until(lambda: all(sm.kv.get("after") == "1" for sm in sms.values()), 5, "replication after it")
+    await eventually(lambda: all(sm.kv.get("after") == "1" for sm in sms.values()), "replication after it", 5)
 
 
 def test_an_append_with_the_largest_entry_fits_in_one_frame() -> None:
@@ -190,21 +171,21 @@ def test_an_append_with_the_largest_entry_fits_in_one_frame() -> None:
 
 async def test_transfer_moves_leadership_and_lease(cluster) -> None:
     nodes, sms, _, _ = cluster
-    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+    await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader with a lease", 10)
     old = _leased_leaders(nodes)[0]
     await _put(nodes, "before", "x")
     target = next(nid for nid in nodes if nid != old.id)
     old.transfer_leadership(target)
     assert not old.lease_valid(), "the old leader must give up its lease before TimeoutNow"
-    await _until(lambda: nodes[target].is_leader and nodes[target].lease_valid(), 5, "target leads")
+    await eventually(lambda: nodes[target].is_leader and nodes[target].lease_valid(), "target leads", 5)
     assert not old.is_leader
     await _put(nodes, "after", "y")
-    await _until(lambda: all(sm.kv.get("after") == "y" for sm in sms.values()), 5, "replication")
+    await eventually(lambda: all(sm.kv.get("after") == "y" for sm in sms.values()), "replication", 5)
 
 
 async def test_learner_joins_from_snapshot_then_promoted_and_removed(cluster) -> None:
     nodes, sms, members, root = cluster
-    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+    await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader with a lease", 10)
     for i in range(200):  # several snapshots; the log before them is compacted away
         await _put(nodes, f"k{i}", str(i))
     leader = _leased_leaders(nodes)[0]
@@ -213,27 +194,27 @@ async def test_learner_joins_from_snapshot_then_promoted_and_removed(cluster) ->
 
     (port,) = free_ports(1)
     joiner_sm = KVStateMachine()
-    joiner = RaftNode(_config("n4", root, dict(members), listen=("127.0.0.1", port), join=True), joiner_sm)
+    joiner = RaftNode(_config("n4", root, dict(members), raft_listen=("127.0.0.1", port), join=True), joiner_sm)
     await joiner.start()
     nodes["n4"] = joiner  # the fixture stops it
     await leader.change_membership(ConfChange(ConfChangeType.ADD_LEARNER, "n4", member_context("127.0.0.1", port)))
-    await _until(lambda: joiner_sm.kv.get("k199") == "199", 10, "the learner to catch up")
+    await eventually(lambda: joiner_sm.kv.get("k199") == "199", "the learner to catch up", 10)
     assert joiner.metrics.snapshots_installed >= 1, "the learner should have needed a snapshot"
     assert joiner.core.role == Role.LEARNER
     assert "n4" in leader.core.conf_state.learners
 
     await leader.change_membership(ConfChange(ConfChangeType.PROMOTE, "n4"))
-    await _until(lambda: "n4" in leader.core.conf_state.voters, 5, "promotion")
+    await eventually(lambda: "n4" in leader.core.conf_state.voters, "promotion", 5)
     await _put(nodes, "post-promote", "1")
-    await _until(lambda: joiner_sm.kv.get("post-promote") == "1", 5, "replication to n4")
+    await eventually(lambda: joiner_sm.kv.get("post-promote") == "1", "replication to n4", 5)
 
     leader = _leased_leaders(nodes)[0]
     victim = next(nid for nid in ("n1", "n2", "n3") if nid != leader.id)
     await leader.change_membership(ConfChange(ConfChangeType.REMOVE, victim))
-    await _until(lambda: victim not in leader.core.conf_state.members(), 5, "removal")
+    await eventually(lambda: victim not in leader.core.conf_state.members(), "removal", 5)
     await nodes.pop(victim).stop()
     await _put(nodes, "after-remove", "1")
-    await _until(lambda: joiner_sm.kv.get("after-remove") == "1", 5, "replication after removal")
+    await eventually(lambda: joiner_sm.kv.get("after-remove") == "1", "replication after removal", 5)
 
 
 async def test_restart_resumes_from_disk(tmp_path: Path) -> None:
@@ -248,16 +229,16 @@ async def test_restart_resumes_from_disk(tmp_path: Path) -> None:
         return nodes, sms
 
     nodes, sms = await boot()
-    await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader")
+    await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader", 10)
     for i in range(100):
         await _put(nodes, f"k{i}", str(i))
     for n in nodes.values():
         await n.stop()
     nodes, sms = await boot()
     try:
-        await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader after restart")
+        await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader after restart", 10)
         await _put(nodes, "after", "restart")
-        await _until(lambda: all(len(sm.kv) == 101 for sm in sms.values()), 5, "every node to replay")
+        await eventually(lambda: all(len(sm.kv) == 101 for sm in sms.values()), "every node to replay", 5)
         assert all(sm.kv["k99"] == "99" for sm in sms.values())
     finally:
         for n in nodes.values():
@@ -292,17 +273,17 @@ async def test_a_slow_snapshot_copy_does_not_cost_leadership(tmp_path: Path) -> 
     for n in nodes.values():
         await n.start()
     try:
-        await _until(lambda: len(_leased_leaders(nodes)) == 1, 10, "a leader with a lease")
+        await eventually(lambda: len(_leased_leaders(nodes)) == 1, "a leader with a lease", 10)
         leader = _leased_leaders(nodes)[0]
         term = leader.core.term
         for i in range(25):  # crosses the snapshot threshold on every node
             await _put(nodes, f"k{i}", str(i))
-        await _until(lambda: all(sm.copies_started for sm in sms.values()), 5, "copies to start")
+        await eventually(lambda: all(sm.copies_started for sm in sms.values()), "copies to start", 5)
         t0 = time.monotonic()
         while time.monotonic() - t0 < SlowCopyKV.COPY_SECONDS:  # while every copy runs
             await _put(nodes, f"during{time.monotonic()}", "x")
             assert leader.is_leader and leader.lease_valid() and leader.core.term == term
-        await _until(lambda: all(n.metrics.snapshots_taken >= 1 for n in nodes.values()), 5, "snapshots")
+        await eventually(lambda: all(n.metrics.snapshots_taken >= 1 for n in nodes.values()), "snapshots", 5)
     finally:
         for n in nodes.values():
             await n.stop()
@@ -346,14 +327,14 @@ async def _burst_of_400(tmp_path: Path, leader_s: float, follower_s: float, **co
     for n in nodes.values():
         await n.start()
     try:
-        await _until(lambda: [n.view.is_leader for n in nodes.values()].count(True) == 1, 10, "a leader")
+        await eventually(lambda: [n.view.is_leader for n in nodes.values()].count(True) == 1, "a leader", 10)
         [leader] = [n for n in nodes.values() if n.view.is_leader]
         term = leader.view.term
         for nid, sm in sms.items():
             sm.per_entry_s = leader_s if nid == leader.id else follower_s
         burst = [leader.propose(msgpack.packb([f"k{i}", "v"], use_bin_type=True)) for i in range(400)]
         await asyncio.wait_for(asyncio.gather(*burst), timeout=30)
-        await _until(lambda: all(len(sm.kv) == 400 for sm in sms.values()), 30, "every node to apply the burst")
+        await eventually(lambda: all(len(sm.kv) == 400 for sm in sms.values()), "every node to apply the burst", 30)
         assert [(n.view.term, n.view.leader_id) for n in nodes.values()] == [(term, leader.id)] * 3
     finally:
         for n in nodes.values():
@@ -397,9 +378,9 @@ async def test_a_follower_acks_heartbeats_while_its_disk_is_slow(tmp_path: Path)
     for n in nodes.values():
         await n.start()
     try:
-        await _until(lambda: [n.view.is_leader for n in nodes.values()].count(True) == 1, 10, "a leader")
+        await eventually(lambda: [n.view.is_leader for n in nodes.values()].count(True) == 1, "a leader", 10)
         [leader] = [n for n in nodes.values() if n.view.is_leader]
-        await _until(lambda: leader.view.lease_valid(), 5, "the leader's lease")
+        await eventually(lambda: leader.view.lease_valid(), "the leader's lease", 5)
         for follower in (n for n in nodes.values() if n is not leader):
             storage = follower.node.storage
             append = storage.append
@@ -451,13 +432,13 @@ async def test_a_slow_turn_is_logged_with_the_part_that_took_the_time(
     node = RaftNode(_config("n1", tmp_path, members), sm)
     await node.start()
     try:
-        await _until(lambda: node.is_leader, 5, "the lone node to lead")
+        await eventually(lambda: node.is_leader, "the lone node to lead", 5)
         await node.propose(msgpack.packb(["fast", "v"], use_bin_type=True))
         assert node.turn_watch.slow_turns == 0
         sm.per_entry_s = 0.2
         with caplog.at_level(logging.WARNING, logger="dex_ha.raft.turn_watch"):
             await node.propose(msgpack.packb(["slow", "v"], use_bin_type=True))
-            await _until(lambda: node.turn_watch.slow_turns == 1, 5, "the slow turn to end")
+            await eventually(lambda: node.turn_watch.slow_turns == 1, "the slow turn to end", 5)
         [warning] = [r.getMessage() for r in caplog.records if "Raft loop turn took" in r.getMessage()]
         took_ms, apply_ms = (int(x) for x in re.findall(r"took (\d+) ms.*apply (\d+) ms", warning)[0])
         assert 200 <= apply_ms <= took_ms, warning

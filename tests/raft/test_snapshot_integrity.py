@@ -9,63 +9,29 @@ is not installed, and a node whose snapshot or log is damaged refuses to start.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import msgpack
 import pytest
 
-from dex_ha.engine import ApplyResult, CreateSession, Engine, encode_command
-from dex_ha.raft.errors import NotLeader
+from dex_ha.engine import CreateSession, Engine, encode_command
 from dex_ha.raft.node import Member, NodeConfig, RaftNode
 from dex_ha.raft.snapshot_file import SnapshotCorruptionError, seal_bytes, seal_file, verify, verify_file
 from dex_ha.raft.storage import LogCorruptionError
 from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta
 from harness.kv_node import KVStateMachine
 from harness.ports import free_ports
+from harness.waiting import eventually
+from tests.raft.node_helpers import propose_to_leader, relaxed_config
 
 SECRET = b"snapshot-integrity-secret-012345"
 AT = 1_700_000_000_000
 
 
 def _config(nid: str, root: Path, members: dict[str, Member], every: int, join: bool = False) -> NodeConfig:
-    return NodeConfig(
-        id=nid,
-        data_dir=root / nid,
-        raft_listen=members[nid].raft_addr if len(members) > 1 else None,
-        members=members,
-        durability="relaxed",
-        election_timeout_min_ms=300,
-        election_timeout_max_ms=600,
-        heartbeat_interval_ms=50,
-        lease_drift_margin_ms=30,
-        snapshot_every_entries=every,
-        secret=SECRET,
-        join=join,
-    )
-
-
-async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None:
-    t0 = time.monotonic()
-    while not pred():
-        assert time.monotonic() - t0 < deadline_s, f"timed out after {deadline_s} s waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
-async def _propose(nodes: dict[str, RaftNode], data: bytes) -> ApplyResult:
-    t0 = time.monotonic()
-    while True:
-        leader = next((n for n in nodes.values() if n.is_leader and n.lease_valid()), None)
-        if leader is not None:
-            try:
-                return await asyncio.wait_for(leader.propose(data), timeout=5)
-            except NotLeader:
-                pass
-        assert time.monotonic() - t0 < 10, "no leader accepted the command"
-        await asyncio.sleep(0.02)
+    listen = members[nid].raft_addr if len(members) > 1 else None
+    return relaxed_config(nid, root, members, SECRET, raft_listen=listen, snapshot_every_entries=every, join=join)
 
 
 def _replace_in_file(path: Path, old: bytes, new: bytes) -> None:
@@ -96,15 +62,17 @@ async def test_a_lagging_follower_never_installs_a_damaged_snapshot_and_ends_wit
         await n.start()
     try:
         create = CreateSession(at=AT, agent="a", session_id="acct", metadata={"account": "account-1111"})
-        assert (await _propose(nodes, encode_command(create))).ok
+        assert (await propose_to_leader(nodes, encode_command(create))).ok
         leader = next(n for n in nodes.values() if n.is_leader)
         lagging = next(nid for nid in members if nid != leader.id)
         await nodes[lagging].stop()  # it misses what follows, and the log is compacted past it
         behind = engines[lagging].applied_index()
         for i in range(130):
-            assert (await _propose(nodes, encode_command(CreateSession(at=AT + i, agent="a", session_id=f"s{i}")))).ok
+            assert (
+                await propose_to_leader(nodes, encode_command(CreateSession(at=AT + i, agent="a", session_id=f"s{i}")))
+            ).ok
         snap_dir = tmp_path / leader.id / "snapshots"
-        await _until(lambda: _compacted_to_the_older_of_two(leader, snap_dir), 10, "snapshots to settle")
+        await eventually(lambda: _compacted_to_the_older_of_two(leader, snap_dir), "snapshots to settle", 10)
         snap_index = leader.status().snapshot_index
         assert snap_index is not None and snap_index > behind + 1
         snap_file = snap_dir / f"snapshot-{snap_index:020d}.bin"
@@ -114,7 +82,7 @@ async def test_a_lagging_follower_never_installs_a_damaged_snapshot_and_ends_wit
         nodes[lagging] = RaftNode(_config(lagging, tmp_path, members, every=40), engines[lagging])
         await nodes[lagging].start()
         target = leader.sm.applied_index()
-        await _until(lambda: engines[lagging].applied_index() >= target, 20, "the lagging follower to catch up")
+        await eventually(lambda: engines[lagging].applied_index() >= target, "the lagging follower to catch up", 20)
 
         dumps = {nid: e.logical_dump(include_applied_index=False) for nid, e in engines.items()}
         assert "account-1111" in repr(dumps[lagging]["sessions"])
@@ -142,7 +110,7 @@ async def _single_node_with_snapshot(root: Path) -> tuple[dict[str, Member], Pat
     node = RaftNode(_config("n1", root, members, every=5), KVStateMachine())
     await node.start()
     try:
-        await _until(lambda: node.is_leader, 10, "the lone node to lead")
+        await eventually(lambda: node.is_leader, "the lone node to lead", 10)
         for i in range(500):  # a snapshot is started by a write after the previous one ended
             await node.propose(msgpack.packb([f"k{i}", "account-1111"]))
             if node.status().snapshot_index:
@@ -174,7 +142,7 @@ async def test_a_node_whose_log_is_damaged_in_the_middle_refuses_to_start(tmp_pa
     node = RaftNode(_config("n1", tmp_path, members, every=10_000), KVStateMachine())
     await node.start()
     try:
-        await _until(lambda: node.is_leader, 10, "the lone node to lead")
+        await eventually(lambda: node.is_leader, "the lone node to lead", 10)
         for i in range(30):
             await node.propose(msgpack.packb([f"k{i}", f"value-{i:04d}"]))
     finally:
@@ -204,12 +172,12 @@ async def test_a_received_snapshot_that_fails_its_checksum_is_not_installed(
     damaged = good.replace(b"account-1111", b"account-9999")
     try:
         node._on_message(Message(MessageType.SNAP, to="n2", frm="n1", term=1, snapshot=meta, data=damaged))
-        await _until(lambda: node.metrics.snapshots_refused == 1, 5, "the check")
+        await eventually(lambda: node.metrics.snapshots_refused == 1, "the check", 5)
         node._turn()
         assert sm.applied_index() == 0 and "k" not in sm.kv
         assert any("refused the snapshot at index 7 from n1, NOT installed" in r.getMessage() for r in caplog.records)
         node._on_message(Message(MessageType.SNAP, to="n2", frm="n1", term=1, snapshot=meta, data=good))
-        await _until(lambda: bool(node._inbox), 5, "the good snapshot to pass its check")
+        await eventually(lambda: bool(node._inbox), "the good snapshot to pass its check", 5)
         node._turn()
         assert sm.kv == {"k": "account-1111"} and node.metrics.snapshots_installed == 1
         assert node.metrics.snapshots_refused == 1

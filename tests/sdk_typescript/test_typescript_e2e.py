@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dex_ha.client import DexClient
-from harness.dev_process import DevProcess, running_dev
-from harness.processes import stop
-from harness.typescript_sdk import BUILD_DIR, ensure_built, node_missing
+from harness.dev_process import DevProcess
+from harness.typescript_sdk import BUILD_DIR, node_missing, running_node_program
 
 pytestmark = pytest.mark.skipif(node_missing() is not None, reason=str(node_missing()))
 
@@ -26,29 +25,11 @@ AGENT = "ts-lookup"
 DEADLINE_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def built() -> None:
-    ensure_built()
-
-
-@pytest.fixture
-async def dev(tmp_path: Path, built: None) -> AsyncIterator[DevProcess]:
-    async with running_dev(tmp_path) as node:
-        yield node
-
-
 @pytest.fixture
 def ts_worker(dev: DevProcess, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with open(tmp_path / "worker.log", "wb") as log:  # the child keeps its own copy of the file
-        proc = subprocess.Popen(
-            ["node", str(BUILD_DIR / "test" / "e2e" / "lookup_worker.js"), "--url", dev.url, "--agent", AGENT],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    args = ["--url", dev.url, "--agent", AGENT]
+    with running_node_program("lookup_worker", args, tmp_path / "worker.log") as proc:
         yield proc
-    finally:
-        stop(proc, timeout=10)
 
 
 async def test_python_client_drives_a_turn_through_the_typescript_worker(

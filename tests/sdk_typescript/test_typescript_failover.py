@@ -25,7 +25,7 @@ import pytest
 from dex_ha.client import DexClient, SessionEvent
 from harness.cluster_process import LocalCluster
 from harness.processes import stop
-from harness.typescript_sdk import BUILD_DIR, ensure_built, node_missing
+from harness.typescript_sdk import node_missing, running_node_program, start_node_program
 from harness.waiting import eventually
 from tests.crash.ledger import JsonLedger
 from tests.support.failover_agent import attempts_of
@@ -37,11 +37,6 @@ CALL_ID = "c-failover"
 DEADLINE_S = 45.0
 # After the takeover, the Worker's reconnect to the new node stops the attempt it no longer holds.
 STALE_ATTEMPT_STOPPED_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def built() -> None:
-    ensure_built()
 
 
 @pytest.fixture
@@ -58,16 +53,6 @@ def node_urls(cluster: LocalCluster) -> str:
     return ",".join(cluster.urls.values())
 
 
-def start_node_program(script: str, args: list[str], log: Path, stdout: int | None = None) -> subprocess.Popen[bytes]:
-    """`node dist/test/e2e/<script>.js ARGS`, its stderr (and stdout unless piped) to `log`."""
-    with open(log, "wb") as sink:  # the child keeps its own copy of the file
-        return subprocess.Popen(
-            ["node", str(BUILD_DIR / "test" / "e2e" / f"{script}.js"), *args],
-            stdout=sink if stdout is None else stdout,
-            stderr=sink,
-        )
-
-
 @pytest.fixture
 def ledger(tmp_path: Path) -> JsonLedger:
     return JsonLedger(tmp_path / "ledger.jsonl")
@@ -76,11 +61,10 @@ def ledger(tmp_path: Path) -> JsonLedger:
 @pytest.fixture
 def ts_worker(cluster: LocalCluster, ledger: JsonLedger, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     args = ["--urls", node_urls(cluster), "--token", cluster.tokens["worker"], "--agent", AGENT]
-    proc = start_node_program("failover_worker", [*args, "--ledger", str(ledger.path)], tmp_path / "worker.log")
-    try:
+    with running_node_program(
+        "failover_worker", [*args, "--ledger", str(ledger.path)], tmp_path / "worker.log"
+    ) as proc:
         yield proc
-    finally:
-        stop(proc, timeout=10)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The TypeScript adapter for the OpenAI Agents SDK for JS (`@dex-ha/sdk/openai-agents`) on a
 real `dex-ha dev`: a TypeScript Worker (a `node` process) serves an `@openai/agents` agent
 whose model is the SDK's own OpenAI model, pointed at the fake OpenAI API
-(tests/support/fake_openai.py) by the client's base URL; the Python DexClient drives a turn.
+(harness/fake_models/openai_api.py) by the client's base URL; the Python DexClient drives a turn.
 
 Evidence from outside the Worker: the turn's steps and tool calls in the snapshot, and the
 requests the fake received (what each model call saw)."""
@@ -16,26 +16,14 @@ from pathlib import Path
 import pytest
 
 from dex_ha.client import DexClient
-from harness.dev_process import DevProcess, running_dev
-from harness.processes import stop
-from harness.typescript_sdk import BUILD_DIR, ensure_built, node_missing
-from tests.support.fake_openai import Call, FakeOpenAI, RecordedRequest, Reply
+from harness.dev_process import DevProcess
+from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
+from harness.typescript_sdk import node_missing, running_node_program
 
 pytestmark = pytest.mark.skipif(node_missing() is not None, reason=str(node_missing()))
 
 AGENT = "ts-openai-agents"
 DEADLINE_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def built() -> None:
-    ensure_built()
-
-
-@pytest.fixture
-async def dev(tmp_path: Path, built: None) -> AsyncIterator[DevProcess]:
-    async with running_dev(tmp_path) as node:
-        yield node
 
 
 @pytest.fixture
@@ -46,17 +34,9 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
 
 @pytest.fixture
 def ts_worker(dev: DevProcess, fake: FakeOpenAI, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    script = BUILD_DIR / "test" / "e2e" / "openai_agents_worker.js"
-    with open(tmp_path / "worker.log", "wb") as log:  # the child keeps its own copy of the file
-        proc = subprocess.Popen(
-            ["node", str(script), "--url", dev.url, "--agent", AGENT, "--openai-base-url", fake.base_url],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    args = ["--url", dev.url, "--agent", AGENT, "--openai-base-url", fake.base_url]
+    with running_node_program("openai_agents_worker", args, tmp_path / "worker.log") as proc:
         yield proc
-    finally:
-        stop(proc, timeout=10)
 
 
 def has_tool_results(request: RecordedRequest) -> bool:

@@ -1,7 +1,7 @@
 """A Claude Agent SDK agent for tests, and the fake Anthropic API's script for it.
 
 The agent (`coder_agent`) runs the real Claude Code CLI (the SDK's bundled one) against
-tests/support/fake_anthropic.py: its turn segment runs the CLI's Bash tool inline (it
+harness/fake_models/anthropic_api.py: its turn segment runs the CLI's Bash tool inline (it
 appends a line to `inline.log`) and calls the deferred tool `put_record`, which records
 each run in the crash ledger with its idempotency key.
 
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tests.support.fake_anthropic import Reply, tool_use
+from harness.fake_models.anthropic_api import Reply, tool_use
 
 DEFERRED_TOOL = "put_record"
 DEFERRED_TOOL_CLI_NAME = f"mcp__dex__{DEFERRED_TOOL}"

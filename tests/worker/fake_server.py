@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from harness.local_app import start_local_app
 from harness.waiting import eventually
 
 ROUTES = ("register", "poll", "heartbeat", "complete", "fail")
@@ -77,12 +78,7 @@ class FakeServer:
         app.router.add_post("/v1/worker/tasks/{token}/heartbeat", self._heartbeat)
         app.router.add_post("/v1/worker/tasks/{token}/complete", self._complete)
         app.router.add_post("/v1/worker/tasks/{token}/fail", self._fail)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await start_local_app(app, shutdown_timeout=0.1)
         return self.url
 
     async def close(self) -> None:

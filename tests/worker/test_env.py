@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from dex_ha.worker import Agent, ScriptedModel, Worker
+from harness.local_app import start_local_app
 from harness.waiting import eventually
 from tests.e2e.conftest import running
 
@@ -26,12 +27,7 @@ class RecordingServer:
         app = web.Application()
         app.router.add_put("/v1/agents/{name}", self._answer)
         app.router.add_post("/v1/worker/poll", self._answer)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._runner, self.url = await start_local_app(app, shutdown_timeout=0.1)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -1,4 +1,4 @@
-"""A fake OpenAI API on 127.0.0.1, for tests of anything built on the `openai` SDK.
+"""The OpenAI face of the fake model server, for tests of anything built on the `openai` SDK.
 
 It speaks the real wire format of the two endpoints agents use, streamed (server-sent
 events, the exact event sequence the SDK parses) and not:
@@ -7,7 +7,7 @@ events, the exact event sequence the SDK parses) and not:
     POST /v1/chat/completions    Chat Completions
 
 Replies are scripted per request, from a queue or from a function of the request; every
-request body is recorded. Nothing reaches the internet.
+request is recorded. Nothing reaches the internet.
 
     async with FakeOpenAI() as fake:
         fake.queue(Reply("Hello there"),                                   # text, streamed word by word
@@ -32,17 +32,17 @@ stream stays open until the Worker holding it dies (its socket closes) or the fa
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
-import re
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from harness.fake_models.server import FakeModelServer, RecordedRequest, SseEvent, StreamPlan, halves, words
+
+__all__ = ["CHAT_PATH", "RESPONSES_PATH", "Call", "Failure", "FakeOpenAI", "RecordedRequest", "Reply"]
 
 RESPONSES_PATH = "/v1/responses"
 CHAT_PATH = "/v1/chat/completions"
@@ -86,9 +86,7 @@ class Reply:
     incomplete: bool = False
 
     def deltas(self) -> list[str]:
-        if isinstance(self.text, list):
-            return list(self.text)
-        return re.findall(r"\S+\s*|\s+", self.text)
+        return list(self.text) if isinstance(self.text, list) else words(self.text)
 
     def full_text(self) -> str:
         return "".join(self.deltas())
@@ -130,88 +128,37 @@ class Failure:
             }
         }
 
-
-@dataclass(frozen=True)
-class RecordedRequest:
-    """One request as the fake received it."""
-
-    path: str
-    body: dict[str, Any]
-    headers: dict[str, str]
-
-    @property
-    def stream(self) -> bool:
-        return bool(self.body.get("stream"))
+    def response(self) -> web.Response:
+        headers = {"Retry-After": f"{self.retry_after:g}"} if self.retry_after is not None else None
+        return web.json_response(self.body(), status=self.status, headers=headers)
 
 
 Answer = Reply | Failure
 Script = Callable[[RecordedRequest], Answer]
 
 
-class FakeOpenAI:
-    """The fake server (see the module doc). `base_url` ends in /v1, as the SDK expects."""
+class FakeOpenAI(FakeModelServer[Answer]):
+    """The OpenAI face (see the module doc). `base_url` ends in /v1, as the SDK expects."""
 
     def __init__(self, script: Script | None = None) -> None:
+        super().__init__()
         self.script = script
-        self.requests: list[RecordedRequest] = []
-        self._queue: deque[Answer] = deque()
-        self._ids = itertools.count(1)
-        self._stalled = asyncio.Event()  # set when a stalled stream has sent its deltas
-        self._release = asyncio.Event()  # set on stop: stalled streams end
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    # ------------------------------------------------------------ lifecycle
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.origin}/v1"
 
-    async def start(self) -> FakeOpenAI:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_post(RESPONSES_PATH, self._handle)
         app.router.add_post(CHAT_PATH, self._handle)
-        self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)  # port 0: the OS picks a free one
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return self
 
-    async def stop(self) -> None:
-        self._release.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    def answer_types(self) -> tuple[type, ...]:
+        return (Reply, Failure)
 
-    async def __aenter__(self) -> FakeOpenAI:
-        return await self.start()
+    def unscripted(self, request: RecordedRequest) -> Answer | None:
+        return None if self.script is None else self.script(request)
 
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
-
-    # ------------------------------------------------------------ scripting
-
-    def queue(self, *answers: Answer) -> None:
-        """Answer the next requests with these, in order (before `script` is asked)."""
-        for answer in answers:
-            if not isinstance(answer, (Reply, Failure)):
-                raise TypeError(f"answers must be Reply or Failure, got {type(answer).__name__}")
-        self._queue.extend(answers)
-
-    def bodies(self, path: str | None = None) -> list[dict[str, Any]]:
-        """The request bodies received so far (at `path` only, when given)."""
-        return [r.body for r in self.requests if path is None or r.path == path]
-
-    async def wait_stalled(self, deadline_s: float = 10.0) -> None:
-        """Until a stalled stream has sent its deltas (TimeoutError after the deadline)."""
-        await asyncio.wait_for(self._stalled.wait(), deadline_s)
-
-    def _next_answer(self, request: RecordedRequest) -> Answer:
-        if self._queue:
-            return self._queue.popleft()
-        if self.script is not None:
-            return self.script(request)
+    def nothing_scripted(self, request: RecordedRequest) -> Answer:
         return Failure(
             400, f"the fake OpenAI server has no reply scripted for request #{len(self.requests)} ({request.path})"
         )
@@ -219,15 +166,13 @@ class FakeOpenAI:
     # ------------------------------------------------------------ HTTP
 
     async def _handle(self, http_request: web.Request) -> web.StreamResponse:
-        try:
-            body = await http_request.json()
-        except ValueError:
-            return _error_response(Failure(400, "We could not parse the JSON body of your request."))
-        request = RecordedRequest(http_request.path, body, dict(http_request.headers))
-        self.requests.append(request)
-        answer = self._next_answer(request)
+        request = await self.record(http_request)
+        body = request.body
+        if not isinstance(body, dict):
+            return Failure(400, "We could not parse the JSON body of your request.").response()
+        answer = await self.next_answer(request)
         if isinstance(answer, Failure):
-            return _error_response(answer)
+            return answer.response()
         responses_api = request.path == RESPONSES_PATH
         if not request.stream:
             document = (
@@ -240,48 +185,12 @@ class FakeOpenAI:
         error = Failure(500, answer.error_message, code="server_error").body()
         # The Responses API's `error` event has the fields of the error object, its own type.
         error_event = (
-            ("error", {**error["error"], "type": "error", "sequence_number": len(events)})
+            SseEvent("error", {**error["error"], "type": "error", "sequence_number": len(events)})
             if responses_api
-            else (None, error)
+            else SseEvent(None, error)
         )
-        return await self._stream(http_request, answer, events, error_event)
-
-    async def _stream(
-        self,
-        http_request: web.Request,
-        reply: Reply,
-        events: list[tuple[str | None, dict[str, Any] | str, bool]],
-        error_event: tuple[str | None, dict[str, Any]],
-    ) -> web.StreamResponse:
-        """Send the events as SSE. With `error_after`, send `error_event` after that many
-        text deltas and end; with `stall_after`, stop after that many text deltas and hold
-        the connection open until the fake stops (or the client goes away)."""
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(http_request)
-        sent_deltas = 0
-        try:
-            for event, data, is_text_delta in events:
-                if is_text_delta and reply.error_after is not None and sent_deltas >= reply.error_after:
-                    await response.write(_sse(*error_event))
-                    break
-                if is_text_delta and reply.stall_after is not None and sent_deltas >= reply.stall_after:
-                    self._stalled.set()
-                    await self._release.wait()
-                    # Cut the connection, as a server that dies mid-stream: the client sees
-                    # a broken stream, not one that ended.
-                    if http_request.transport is not None:
-                        http_request.transport.abort()
-                    return response
-                await response.write(_sse(event, data))
-                sent_deltas += is_text_delta
-                if reply.delta_delay_s:
-                    await asyncio.sleep(reply.delta_delay_s)
-            await response.write_eof()
-        except ConnectionResetError:  # the client went away (a killed Worker, say)
-            pass
-        return response
+        plan = StreamPlan(answer.stall_after, answer.error_after, error_event, answer.delta_delay_s)
+        return await self.stream(http_request, events, plan, {"Content-Type": "text/event-stream; charset=utf-8"})
 
     # ------------------------------------------------------------ the Responses API
 
@@ -293,7 +202,7 @@ class FakeOpenAI:
         if done:
             status = "incomplete" if reply.incomplete else status
         return {
-            "id": self._id("resp"),
+            "id": self.make_id("resp"),
             "object": "response",
             "created_at": int(time.time()),
             "status": status,
@@ -321,16 +230,16 @@ class FakeOpenAI:
     def _output_items(self, reply: Reply) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         if reply.full_text() or not reply.tool_calls:
-            items.append(_message_item(self._id("msg"), reply.full_text(), "completed"))
+            items.append(_message_item(self.make_id("msg"), reply.full_text(), "completed"))
         for call in reply.tool_calls:
             items.append(
-                _function_call_item(self._id("fc"), self._call_id(call), call.name, call.arguments_json(), "completed")
+                _function_call_item(
+                    self.make_id("fc"), self._call_id(call), call.name, call.arguments_json(), "completed"
+                )
             )
         return items
 
-    def _response_events(
-        self, body: dict[str, Any], reply: Reply
-    ) -> list[tuple[str | None, dict[str, Any] | str, bool]]:
+    def _response_events(self, body: dict[str, Any], reply: Reply) -> list[SseEvent]:
         """The event sequence of a streamed response: created, in_progress, each output
         item (added, its parts and deltas, done), completed."""
         final = self._response_object(body, reply, "completed")
@@ -352,7 +261,7 @@ class FakeOpenAI:
             )
         )
         return [
-            (name, {"type": name, "sequence_number": n, **data}, is_delta)
+            SseEvent(name, {"type": name, "sequence_number": n, **data}, is_delta)
             for n, (name, data, is_delta) in enumerate(events)
         ]
 
@@ -370,7 +279,7 @@ class FakeOpenAI:
                 for c in reply.tool_calls
             ]
         return {
-            "id": self._id("chatcmpl"),
+            "id": self.make_id("chatcmpl"),
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model", ""),
@@ -379,13 +288,13 @@ class FakeOpenAI:
             "usage": self._usage(body, reply, responses_api=False),
         }
 
-    def _chat_chunks(self, body: dict[str, Any], reply: Reply) -> list[tuple[str | None, dict[str, Any] | str, bool]]:
+    def _chat_chunks(self, body: dict[str, Any], reply: Reply) -> list[SseEvent]:
         """The chunks of a streamed chat completion: the role, content deltas, each tool
         call (id and name first, then its arguments), the finish reason, the usage chunk
         (when stream_options.include_usage), then `[DONE]`."""
         with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         base = {
-            "id": self._id("chatcmpl"),
+            "id": self.make_id("chatcmpl"),
             "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": body.get("model", ""),
@@ -394,13 +303,12 @@ class FakeOpenAI:
         if with_usage:
             base["usage"] = None
 
-        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-            return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> SseEvent:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return SseEvent(None, {**base, "choices": [choice]})
 
-        chunks: list[tuple[str | None, dict[str, Any] | str, bool]] = [
-            (None, chunk({"role": "assistant", "content": "", "refusal": None}), False)
-        ]
-        chunks += [(None, chunk({"content": piece}), True) for piece in reply.deltas()]
+        chunks = [chunk({"role": "assistant", "content": "", "refusal": None})]
+        chunks += [SseEvent(None, chunk({"content": piece}).data, True) for piece in reply.deltas()]
         for index, call in enumerate(reply.tool_calls):
             opening = {
                 "index": index,
@@ -408,17 +316,17 @@ class FakeOpenAI:
                 "type": "function",
                 "function": {"name": call.name, "arguments": ""},
             }
-            chunks.append((None, chunk({"tool_calls": [opening]}), False))
+            chunks.append(chunk({"tool_calls": [opening]}))
             chunks += [
-                (None, chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}), False)
-                for piece in _halves(call.arguments_json())
+                chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+                for piece in halves(call.arguments_json())
             ]
-        chunks.append((None, chunk({}, _finish_reason(reply)), False))
+        chunks.append(chunk({}, _finish_reason(reply)))
         if with_usage:
             chunks.append(
-                (None, {**base, "choices": [], "usage": self._usage(body, reply, responses_api=False)}, False)
+                SseEvent(None, {**base, "choices": [], "usage": self._usage(body, reply, responses_api=False)})
             )
-        chunks.append((None, "[DONE]", False))
+        chunks.append(SseEvent(None, "[DONE]"))
         return chunks
 
     # ------------------------------------------------------------ helpers
@@ -443,11 +351,8 @@ class FakeOpenAI:
             "total_tokens": input_tokens + output_tokens,
         }
 
-    def _id(self, prefix: str) -> str:
-        return f"{prefix}_fake{next(self._ids):06d}"
-
     def _call_id(self, call: Call) -> str:
-        return call.call_id or self._id("call")
+        return call.call_id or self.make_id("call")
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -492,7 +397,7 @@ def _function_call_events(item: dict[str, Any], index: int) -> list[tuple[str, d
         ("response.output_item.added", {"output_index": index, "item": opening}, False),
         *[
             ("response.function_call_arguments.delta", {**where, "delta": piece}, False)
-            for piece in _halves(item["arguments"])
+            for piece in halves(item["arguments"])
         ],
         (
             "response.function_call_arguments.done",
@@ -507,20 +412,3 @@ def _finish_reason(reply: Reply) -> str:
     if reply.incomplete:
         return "length"
     return "tool_calls" if reply.tool_calls else "stop"
-
-
-def _halves(text: str) -> list[str]:
-    """`text` in two pieces, as the API streams arguments in fragments (never an empty one)."""
-    middle = len(text) // 2
-    return [piece for piece in (text[:middle], text[middle:]) if piece]
-
-
-def _sse(event: str | None, data: dict[str, Any] | str) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data)
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
-
-
-def _error_response(failure: Failure) -> web.Response:
-    headers = {"Retry-After": f"{failure.retry_after:g}"} if failure.retry_after is not None else None
-    return web.json_response(failure.body(), status=failure.status, headers=headers)

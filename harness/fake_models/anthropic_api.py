@@ -1,6 +1,6 @@
-"""A fake Anthropic Messages API for tests: an aiohttp app on 127.0.0.1 (a free port) that
-speaks the real wire format, so the official `anthropic` SDK (or anything else that sets
-ANTHROPIC_BASE_URL, such as the Claude Code CLI) talks to it as to the real API, offline.
+"""The Anthropic face of the fake model server: the Messages API, so the official
+`anthropic` SDK (or anything else that sets ANTHROPIC_BASE_URL, such as the Claude Code CLI)
+talks to it as to the real API, offline.
 
     async with FakeAnthropic([Reply.of("Hello!"), ApiError.rate_limited()]) as fake:
         client = AsyncAnthropic(api_key="test", base_url=fake.base_url, max_retries=0)
@@ -14,7 +14,7 @@ message) and `POST /v1/messages/count_tokens` (a rough count). A query string su
 `?beta=true` is ignored.
 
 What each `/v1/messages` request gets, in this order:
-1. the next item of the queue (`replies=` at construction, `fake.push(...)` later);
+1. the next item of the queue (`replies=` at construction, `fake.queue(...)` later);
 2. otherwise `responder(body)`, a function of the request body (sync or async);
 3. otherwise a 500 `api_error` saying that nothing was scripted.
 Before that, with `validate=True` (the default), a body the real API would refuse for its
@@ -30,21 +30,28 @@ too. To extend it, subclass and override `add_routes` (call super), or call
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import itertools
 import json
-import re
-from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-# Seconds the server waits for running handlers when it stops; stalled streams are released
-# first, so this only bounds a handler of a subclass that never returns.
-SHUTDOWN_TIMEOUT_S = 2.0
+from harness.fake_models.server import FakeModelServer, RecordedRequest, SseEvent, StreamPlan, halves, words
+
+__all__ = [
+    "ERROR_STATUS",
+    "ApiError",
+    "FakeAnthropic",
+    "RecordedRequest",
+    "Reply",
+    "request_problem",
+    "rough_tokens",
+    "stream_events",
+    "text",
+    "tool_use",
+]
+
 # The HTTP status of each Anthropic error type, for ApiError.of_type.
 ERROR_STATUS = {
     "invalid_request_error": 400,
@@ -105,11 +112,11 @@ class ApiError:
     def body(self, request_id: str) -> dict[str, Any]:
         return {"type": "error", "error": {"type": self.type, "message": self.message}, "request_id": request_id}
 
-    def response_headers(self, request_id: str) -> dict[str, str]:
+    def response(self, request_id: str) -> web.Response:
         headers = {"request-id": request_id, **self.headers}
         if self.retry_after is not None:
             headers["retry-after"] = f"{self.retry_after:g}"
-        return headers
+        return web.json_response(self.body(request_id), status=self.status, headers=headers)
 
 
 @dataclass
@@ -137,25 +144,12 @@ class Reply:
         return cls([text(b) if isinstance(b, str) else b for b in blocks], **kwargs)
 
 
-@dataclass(frozen=True)
-class RecordedRequest:
-    method: str
-    path: str
-    query: dict[str, str]
-    headers: dict[str, str]  # names lower-cased
-    body: Any  # the parsed JSON, or the raw text when it is not JSON
-
-    @property
-    def stream(self) -> bool:
-        return isinstance(self.body, dict) and self.body.get("stream") is True
-
-
 Item = Reply | ApiError
 Responder = Callable[[dict[str, Any]], Item | Awaitable[Item]]
 
 
-class FakeAnthropic:
-    """The fake server (see the module doc). Use it as `async with`, or `start()`/`stop()`."""
+class FakeAnthropic(FakeModelServer[Item]):
+    """The Anthropic face (see the module doc). Use it as `async with`, or `start()`/`stop()`."""
 
     def __init__(
         self,
@@ -165,115 +159,62 @@ class FakeAnthropic:
         model: str | None = None,
         validate: bool = True,
     ) -> None:
+        super().__init__()
         self.validate = validate  # answer 400 to messages the real API refuses (see request_problem)
-        self.queue: deque[Item] = deque()
-        self.push(*replies)
+        self.queue(*replies)
         self.responder = responder
         self.model = model  # the model name in answers; default: the one the request names
-        self.requests: list[RecordedRequest] = []
-        self.stalls = 0  # streams that reached their stall point
-        self.app = web.Application()
-        self.add_routes(self.app)
-        self._ids = itertools.count(1)
-        self._release = asyncio.Event()  # set on stop: stalled streams end
-        self._runner: web.AppRunner | None = None
-        self.port: int | None = None
 
-    # ------------------------------------------------------------ lifecycle
+    @property
+    def base_url(self) -> str:
+        """What to give the SDK as base_url (or ANTHROPIC_BASE_URL); no /v1."""
+        return self.origin
 
     def add_routes(self, app: web.Application) -> None:
         """The routes; a subclass adds its own after calling this."""
         app.router.add_post("/v1/messages", self.handle_messages)
         app.router.add_post("/v1/messages/count_tokens", self.handle_count_tokens)
 
-    async def start(self) -> FakeAnthropic:
-        self._runner = web.AppRunner(self.app, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return self
+    def answer_types(self) -> tuple[type, ...]:
+        return (Reply, ApiError)
 
-    async def stop(self) -> None:
-        self._release.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    def unscripted(self, request: RecordedRequest) -> Item | Awaitable[Item] | None:
+        return None if self.responder is None else self.responder(request.body)
 
-    async def __aenter__(self) -> FakeAnthropic:
-        return await self.start()
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
-
-    @property
-    def base_url(self) -> str:
-        """What to give the SDK as base_url (or ANTHROPIC_BASE_URL); no /v1."""
-        if self.port is None:
-            raise RuntimeError("the fake is not started")
-        return f"http://127.0.0.1:{self.port}"
-
-    # ------------------------------------------------------------ scripting and records
-
-    def push(self, *items: Item) -> None:
-        """Queue answers for the next requests, in order."""
-        for item in items:
-            if not isinstance(item, (Reply, ApiError)):
-                raise TypeError(f"a scripted answer must be a Reply or an ApiError, got {type(item).__name__}")
-            self.queue.append(item)
-
-    def bodies(self, path: str = "/v1/messages") -> list[Any]:
-        """The bodies of the requests to `path`, in order."""
-        return [r.body for r in self.requests if r.path == path]
-
-    async def record(self, request: web.Request) -> RecordedRequest:
-        raw = await request.text()
-        try:
-            body: Any = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw
-        recorded = RecordedRequest(
-            request.method, request.path, dict(request.query), {k.lower(): v for k, v in request.headers.items()}, body
-        )
-        self.requests.append(recorded)
-        return recorded
-
-    async def next_item(self, body: dict[str, Any]) -> Item:
-        if self.queue:
-            return self.queue.popleft()
-        if self.responder is not None:
-            item = self.responder(body)
-            return await item if inspect.isawaitable(item) else item
+    def nothing_scripted(self, request: RecordedRequest) -> Item:
         return ApiError(500, "api_error", f"fake anthropic: no reply scripted for request #{len(self.requests)}")
 
     # ------------------------------------------------------------ handlers
 
     async def handle_messages(self, request: web.Request) -> web.StreamResponse:
         recorded = await self.record(request)
-        request_id = f"req_fake{next(self._ids)}"
+        request_id = self.make_id("req")
         if not isinstance(recorded.body, dict):
-            return self.error_response(
-                ApiError(400, "invalid_request_error", "the body must be a JSON object"), request_id
-            )
+            return ApiError(400, "invalid_request_error", "the body must be a JSON object").response(request_id)
         problem = request_problem(recorded.body) if self.validate else None
         if problem is not None:  # what the real API refuses, before any scripted answer is used
-            return self.error_response(ApiError(400, "invalid_request_error", problem), request_id)
-        item = await self.next_item(recorded.body)
+            return ApiError(400, "invalid_request_error", problem).response(request_id)
+        item = await self.next_answer(recorded)
         if isinstance(item, ApiError):
-            return self.error_response(item, request_id)
+            return item.response(request_id)
         message = self.message_json(item, recorded.body)
         if not recorded.stream:
             return web.json_response(message, headers={"request-id": request_id})
-        return await self.stream_message(request, item, message, request_id)
+        error_event = None
+        if item.error is not None:
+            error = {"type": "error", "error": {"type": item.error.type, "message": item.error.message}}
+            error_event = SseEvent("error", {**error, "request_id": request_id})
+        plan = StreamPlan(
+            stall_after=item.stall_after_deltas,
+            error_after=item.error_after_deltas if item.error is not None else None,
+            error_event=error_event,
+        )
+        headers = {"Content-Type": "text/event-stream", "request-id": request_id}
+        return await self.stream(request, stream_events(message), plan, headers)
 
     async def handle_count_tokens(self, request: web.Request) -> web.Response:
         recorded = await self.record(request)
         return web.json_response({"input_tokens": rough_tokens(recorded.body)})
-
-    def error_response(self, error: ApiError, request_id: str) -> web.Response:
-        return web.json_response(
-            error.body(request_id), status=error.status, headers=error.response_headers(request_id)
-        )
 
     def message_json(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
         """The complete message, as a non-streamed answer gives it."""
@@ -281,7 +222,7 @@ class FakeAnthropic:
         has_tool_use = any(block["type"] == "tool_use" for block in content)
         usage = reply.usage or {"input_tokens": rough_tokens(body), "output_tokens": rough_tokens(content)}
         return {
-            "id": f"msg_fake{next(self._ids)}",
+            "id": self.make_id("msg"),
             "type": "message",
             "role": "assistant",
             "model": self.model or body.get("model", "fake-model"),
@@ -293,38 +234,8 @@ class FakeAnthropic:
 
     def _with_id(self, block: dict[str, Any]) -> dict[str, Any]:
         if block.get("type") == "tool_use" and "id" not in block:
-            return {**block, "id": f"toolu_fake{next(self._ids)}"}
+            return {**block, "id": self.make_id("toolu")}
         return dict(block)
-
-    async def stream_message(
-        self, request: web.Request, reply: Reply, message: dict[str, Any], request_id: str
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"content-type": "text/event-stream", "cache-control": "no-cache", "request-id": request_id}
-        )
-        await response.prepare(request)
-        deltas_sent = 0
-        for event, data in stream_events(message):
-            if data["type"] == "content_block_delta":
-                if reply.stall_after_deltas is not None and deltas_sent >= reply.stall_after_deltas:
-                    self.stalls += 1
-                    await self._release.wait()  # hang until the fake stops (or the client leaves)
-                    return response
-                if reply.error is not None and deltas_sent >= reply.error_after_deltas:
-                    await send_event(
-                        response,
-                        "error",
-                        {
-                            "type": "error",
-                            "error": {"type": reply.error.type, "message": reply.error.message},
-                            "request_id": request_id,
-                        },
-                    )
-                    return response
-                deltas_sent += 1
-            await send_event(response, event, data)
-        await response.write_eof()
-        return response
 
 
 def request_problem(body: dict[str, Any]) -> str | None:
@@ -371,8 +282,8 @@ def request_problem(body: dict[str, Any]) -> str | None:
     return None
 
 
-def stream_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """The SSE events (name, data) of `message`, in the API's order."""
+def stream_events(message: dict[str, Any]) -> list[SseEvent]:
+    """The SSE events of `message`, in the API's order; the content deltas count as deltas."""
     usage = message["usage"]
     start = {
         **message,
@@ -380,30 +291,20 @@ def stream_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         "stop_reason": None,
         "usage": {"input_tokens": usage.get("input_tokens", 0), "output_tokens": 1},
     }
-    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
+    events = [SseEvent("message_start", {"type": "message_start", "message": start})]
     for index, block in enumerate(message["content"]):
-        events.append(
-            (
-                "content_block_start",
-                {"type": "content_block_start", "index": index, "content_block": _empty_block(block)},
-            )
-        )
+        start_block = {"type": "content_block_start", "index": index, "content_block": _empty_block(block)}
+        events.append(SseEvent("content_block_start", start_block))
         if index == 0:
-            events.append(("ping", {"type": "ping"}))
+            events.append(SseEvent("ping", {"type": "ping"}))
         for delta in _block_deltas(block):
-            events.append(("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
-        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
-    events.append(
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                "usage": {"output_tokens": usage.get("output_tokens", 0)},
-            },
-        )
-    )
-    events.append(("message_stop", {"type": "message_stop"}))
+            data = {"type": "content_block_delta", "index": index, "delta": delta}
+            events.append(SseEvent("content_block_delta", data, is_delta=True))
+        events.append(SseEvent("content_block_stop", {"type": "content_block_stop", "index": index}))
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    output = {"output_tokens": usage.get("output_tokens", 0)}
+    events.append(SseEvent("message_delta", {"type": "message_delta", "delta": delta, "usage": output}))
+    events.append(SseEvent("message_stop", {"type": "message_stop"}))
     return events
 
 
@@ -417,16 +318,10 @@ def _empty_block(block: dict[str, Any]) -> dict[str, Any]:
 
 def _block_deltas(block: dict[str, Any]) -> list[dict[str, Any]]:
     if block["type"] == "text":
-        return [{"type": "text_delta", "text": piece} for piece in re.findall(r"\S+\s*|\s+", block["text"])]
+        return [{"type": "text_delta", "text": piece} for piece in words(block["text"])]
     if block["type"] == "tool_use":
-        raw = json.dumps(block["input"])
-        middle = len(raw) // 2  # two pieces, so a client must join partial JSON
-        return [{"type": "input_json_delta", "partial_json": piece} for piece in (raw[:middle], raw[middle:]) if piece]
+        return [{"type": "input_json_delta", "partial_json": piece} for piece in halves(json.dumps(block["input"]))]
     return []
-
-
-async def send_event(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
-    await response.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
 
 
 def rough_tokens(value: Any) -> int:
