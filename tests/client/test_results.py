@@ -32,6 +32,18 @@ def snapshot_json() -> dict[str, Any]:
             "attempts": [dict(attempt)],
         }
 
+    def turn() -> dict[str, Any]:  # the current turn, and again in the list of turns
+        return {
+            "turn_id": "t-1",
+            "number": 1,
+            "status": "running",
+            "message_id": "m-1",
+            "started_at": 5,
+            "ended_at": None,
+            "error": None,
+            "steps": [step()],
+        }
+
     attempt = {
         "number": 1,
         "term": 3,
@@ -52,28 +64,8 @@ def snapshot_json() -> dict[str, Any]:
         "created_at": 1,
         "updated_at": 2,
         "waiting_for": None,
-        "current_turn": {
-            "turn_id": "t-1",
-            "number": 1,
-            "status": "running",
-            "message_id": "m-1",
-            "started_at": 5,
-            "ended_at": None,
-            "error": None,
-            "steps": [step()],
-        },
-        "turns": [
-            {
-                "turn_id": "t-1",
-                "number": 1,
-                "status": "running",
-                "message_id": "m-1",
-                "started_at": 5,
-                "ended_at": None,
-                "error": None,
-                "steps": [step()],
-            }
-        ],
+        "current_turn": turn(),
+        "turns": [turn()],
         "history": [{"seq": 1, "type": "message", "role": "user", "content": "hi"}],
         "summary": None,
         "tool_calls": [
