@@ -35,6 +35,7 @@ from dex_ha.raft.types import (
 )
 from harness.kv_node import KVStateMachine
 from harness.ports import free_ports
+from tests.raft.node_config import node_config
 
 SECRET = b"test-cluster-secret-0123456789"
 
@@ -42,18 +43,7 @@ SECRET = b"test-cluster-secret-0123456789"
 def _config(
     nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int] | None = None, **kw
 ) -> NodeConfig:
-    timing = dict(
-        election_timeout_min_ms=300, election_timeout_max_ms=600, heartbeat_interval_ms=50, lease_drift_margin_ms=30
-    )
-    return NodeConfig(
-        id=nid,
-        data_dir=root / nid,
-        raft_listen=listen or members[nid].raft_addr,
-        members=members,
-        durability="relaxed",
-        secret=SECRET,
-        **{**timing, **kw},
-    )
+    return node_config(nid, root, members, raft_listen=listen or members[nid].raft_addr, secret=SECRET, **kw)
 
 
 async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None:

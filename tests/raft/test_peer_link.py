@@ -29,6 +29,7 @@ from dex_ha.raft.types import Message, MessageType, encode_message
 from harness.kv_node import KVStateMachine
 from harness.ports import free_ports
 from harness.waiting import eventually
+from tests.raft.node_config import node_config
 from tests.raft.transport_helpers import (
     DEADLINE,
     KIND_HELLO,
@@ -231,18 +232,7 @@ async def test_a_flood_of_forged_frames_is_counted_but_not_all_logged(caplog) ->
 
 
 def _node_config(nid: str, root: Path, members: dict[str, Member], listen: tuple[str, int]) -> NodeConfig:
-    return NodeConfig(
-        id=nid,
-        data_dir=root / nid,
-        raft_listen=listen,
-        members=members,
-        durability="relaxed",
-        election_timeout_min_ms=300,
-        election_timeout_max_ms=600,
-        heartbeat_interval_ms=50,
-        lease_drift_margin_ms=30,
-        secret=SECRET,
-    )
+    return node_config(nid, root, members, raft_listen=listen, secret=SECRET)
 
 
 async def test_a_forged_heartbeat_does_not_change_the_term_of_a_raft_node(tmp_path: Path, caplog) -> None:

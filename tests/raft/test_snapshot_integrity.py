@@ -26,26 +26,15 @@ from dex_ha.raft.storage import LogCorruptionError
 from dex_ha.raft.types import ConfState, Message, MessageType, SnapshotMeta
 from harness.kv_node import KVStateMachine
 from harness.ports import free_ports
+from tests.raft.node_config import node_config
 
 SECRET = b"snapshot-integrity-secret-012345"
 AT = 1_700_000_000_000
 
 
 def _config(nid: str, root: Path, members: dict[str, Member], every: int, join: bool = False) -> NodeConfig:
-    return NodeConfig(
-        id=nid,
-        data_dir=root / nid,
-        raft_listen=members[nid].raft_addr if len(members) > 1 else None,
-        members=members,
-        durability="relaxed",
-        election_timeout_min_ms=300,
-        election_timeout_max_ms=600,
-        heartbeat_interval_ms=50,
-        lease_drift_margin_ms=30,
-        snapshot_every_entries=every,
-        secret=SECRET,
-        join=join,
-    )
+    listen = members[nid].raft_addr if len(members) > 1 else None
+    return node_config(nid, root, members, raft_listen=listen, secret=SECRET, snapshot_every_entries=every, join=join)
 
 
 async def _until(pred: Callable[[], bool], deadline_s: float, what: str) -> None:
