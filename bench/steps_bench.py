@@ -84,6 +84,7 @@ from bench.common import (  # noqa: E402
 from dex_ha.client import DexClient  # noqa: E402
 from dex_ha.local_cluster import read_pids as read_cluster_pids  # noqa: E402  (the `pids` file format)
 from dex_ha.server.metrics import RENDER_INTERVAL_S  # noqa: E402
+from harness.cluster_process import port_args  # noqa: E402  (the one layout of cluster up's ports)
 from harness.ports import free_port_range  # noqa: E402  (the one free-port helper)
 from harness.processes import pid_alive  # noqa: E402  (the one pid-alive check of tests and benches)
 from harness.readiness import wait_ready  # noqa: E402  (the one readiness wait of tests and benches)
@@ -262,20 +263,8 @@ async def start_cluster(root: Path, registry: ProcessRegistry, nodes: int = 3) -
         cluster_dir = root / f"cluster-{attempt}"  # a failed `up` leaves a layout that a retry may not reuse
         # One run of free ports cut in three, so the three ranges cannot overlap.
         http_base = free_port_range(3 * nodes)
-        raft_base, probe_base = http_base + nodes, http_base + 2 * nodes
         command = cli_command(
-            "cluster",
-            "up",
-            "--nodes",
-            str(nodes),
-            "--dir",
-            str(cluster_dir),
-            "--base-port",
-            str(http_base),
-            "--raft-base-port",
-            str(raft_base),
-            "--probe-base-port",
-            str(probe_base),
+            "cluster", "up", "--nodes", str(nodes), "--dir", str(cluster_dir), *port_args(http_base, nodes)
         )
         try:
             done = await asyncio.to_thread(

@@ -10,13 +10,30 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
 
 from dex_ha.local_cluster import LAYOUT_FILE, NodePlan, free_port_range, read_pids, start_node, write_pids
+from harness.ports import free_ports
 from harness.readiness import answers_ready
 from harness.waiting import eventually
+
+
+def port_args(http_base: int, nodes: int = 3) -> list[str]:
+    """The `cluster up` options for one range of 3 × `nodes` ports from `http_base`: the
+    nodes' HTTP ports first, then their Raft ports, then their probe ports."""
+    raft_base = http_base + nodes
+    return [
+        "--base-port",
+        str(http_base),
+        "--raft-base-port",
+        str(raft_base),
+        "--probe-base-port",
+        str(raft_base + nodes),
+    ]
 
 
 class LocalCluster:
@@ -43,12 +60,7 @@ class LocalCluster:
             str(self.nodes),
             "--dir",
             str(self.dir),
-            "--base-port",
-            str(self.http_base),
-            "--raft-base-port",
-            str(self.raft_base),
-            "--probe-base-port",
-            str(self.probe_base),
+            *port_args(self.http_base, self.nodes),
             *(["--relaxed"] if self.relaxed else []),
         )
         assert done.returncode == 0, f"cluster up failed:\n{done.stdout}\n{done.stderr}"
@@ -102,24 +114,44 @@ class LocalCluster:
             return active
 
 
-def joiner_config(cluster: LocalCluster, http_port: int, raft_port: int, probe_port: int) -> Path:
-    """n4's TOML: n1's file (secret, tokens, the peers it can reach) with n4's own keys."""
+@contextmanager
+def cluster_up(directory: Path, nodes: int = 3, relaxed: bool = True) -> Iterator[LocalCluster]:
+    """A LocalCluster up in `directory` for the body of the block, and down (by pid) after
+    it, also when `up` fails half-way."""
+    local = LocalCluster(directory, nodes, relaxed)
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
+
+
+def plan_joiner(cluster: LocalCluster) -> NodePlan:
+    """n4, a node to add to the running cluster, on free ports, its TOML written: n1's file
+    (secret, tokens, the peers it can reach) with n4's own keys and `join = true`.
+    `start_node` starts it; `add_member_args` adds it."""
+    http_port, raft_port, probe_port = free_ports(3)
+    n4 = NodePlan("n4", http_port, raft_port, cluster.dir, probe_port)
     text = (cluster.dir / "n1.toml").read_text()
     own = {
-        "node_id": '"n4"',
-        "data_dir": f'"{cluster.dir / "n4"}"',
+        "node_id": f'"{n4.node_id}"',
+        "data_dir": f'"{n4.data_dir}"',
         "http_listen": f'"127.0.0.1:{http_port}"',
-        "url": f'"http://127.0.0.1:{http_port}"',
-        "raft_listen": f'"127.0.0.1:{raft_port}"',
+        "url": f'"{n4.url}"',
+        "raft_listen": f'"{n4.raft_addr}"',
         "probe_listen": f'"127.0.0.1:{probe_port}"',
     }
     for key, value in own.items():
         text, n = re.subn(rf"^{key} = .*$", f"{key} = {value}", text, count=1, flags=re.M)  # top-level key
         assert n == 1, key
     text = text.replace("\n[tokens]", "join = true\n\n[tokens]", 1)
-    path = cluster.dir / "n4.toml"
-    path.write_text(text)
-    return path
+    n4.config_path.write_text(text)
+    return n4
+
+
+def add_member_args(node: NodePlan) -> list[str]:
+    """`dex-ha members` arguments that add `node` (as a learner)."""
+    return ["add", "--id", node.node_id, "--raft-addr", node.raft_addr, "--node-url", node.url]
 
 
 async def cluster_view(url: str, token: str) -> dict | None:

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack
 
 import msgpack
 
@@ -331,34 +331,36 @@ class Reply(Protocol):
     def set_exception(self, exc: BaseException) -> None: ...
 
 
+class NodeHooks(TypedDict, total=False):
+    """The optional callbacks of a RaftNode (and a RaftThread) into the layer above it.
+
+    `on_leader_change(leader_id)` and `on_fsync(seconds)` let the server layer feed its
+    metrics (a histogram of fsync time) without raft/ importing anything of ours.
+    `on_fatal(exc)` is called when the loop dies of an error it cannot go on from (a failed
+    fsync): the node then serves nothing, and a process should exit.
+    `on_note(sender, data)` gets the application's notes from other members (send_note)."""
+
+    on_leader_change: Callable[[str], None] | None
+    on_fsync: Callable[[float], None] | None
+    on_fatal: Callable[[BaseException], None] | None
+    on_note: Callable[[str, bytes], None] | None
+
+
 class RaftNode(Generic[R]):
     """One member of a Raft group, running its loop on the current event loop; `R` is what
     its state machine answers for an entry, and so what `propose` returns."""
 
-    def __init__(
-        self,
-        config: NodeConfig,
-        state_machine: StateMachine[R],
-        on_leader_change: Callable[[str], None] | None = None,
-        on_fsync: Callable[[float], None] | None = None,
-        on_fatal: Callable[[BaseException], None] | None = None,
-        on_note: Callable[[str, bytes], None] | None = None,
-    ) -> None:
-        """`on_leader_change(leader_id)` and `on_fsync(seconds)` let the server layer feed
-        its metrics (a histogram of fsync time) without raft/ importing anything of ours.
-        `on_fatal(exc)` is called when the loop dies of an error it cannot go on from (a
-        failed fsync): the node then serves nothing, and a process should exit.
-        `on_note(sender, data)` gets the application's notes from other members (send_note)."""
+    def __init__(self, config: NodeConfig, state_machine: StateMachine[R], **hooks: Unpack[NodeHooks]) -> None:
         self.config = config
         self.sm = state_machine
         self.metrics = NodeMetrics()
         # Slow turns and late turns are logged when they reach a quarter of the election timeout.
         self.turn_watch = TurnWatch(config.id, slow_ms=config.election_timeout_min_ms / 4)
         self.apply_pace = ApplyPace(config.apply_budget_ms / 1000, config.max_apply_entries_per_ready)
-        self._on_leader_change = on_leader_change
-        self._on_fsync = on_fsync
-        self._on_fatal = on_fatal
-        self._on_note = on_note
+        self._on_leader_change = hooks.get("on_leader_change")
+        self._on_fsync = hooks.get("on_fsync")
+        self._on_fatal = hooks.get("on_fatal")
+        self._on_note = hooks.get("on_note")
         self.failure: BaseException | None = None  # why the loop died, if it did
         self.disk_full: DiskFullAlarm | None = None  # set while a write waits for space
         self._held: _HeldReady | None = None

@@ -27,11 +27,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Unpack
 
 from .errors import NotLeader
 from .loop_thread import LoopThread
-from .node import Member, NodeConfig, RaftNode, StateMachine
+from .node import Member, NodeConfig, NodeHooks, RaftNode, StateMachine
 from .status import RaftView, Status
 from .types import ConfChange
 
@@ -104,25 +104,17 @@ class RaftThread(Generic[R]):
     """Runs `RaftNode(config, state_machine)` on a thread of its own (see the module doc);
     `R` is what the state machine answers for an entry, and so what `propose` returns."""
 
-    def __init__(
-        self,
-        config: NodeConfig,
-        state_machine: StateMachine[R],
-        *,
-        on_leader_change: Callable[[str], None] | None = None,
-        on_fsync: Callable[[float], None] | None = None,
-        on_fatal: Callable[[BaseException], None] | None = None,
-        on_note: Callable[[str, bytes], None] | None = None,
-    ) -> None:
-        """`on_note(sender, data)` is called on the caller's loop (see RaftNode.send_note)."""
-        self._on_leader_change = on_leader_change
-        self._on_fatal = on_fatal
-        self._on_note = on_note
+    def __init__(self, config: NodeConfig, state_machine: StateMachine[R], **hooks: Unpack[NodeHooks]) -> None:
+        """The hooks are RaftNode's; `on_leader_change` and `on_note(sender, data)` are called
+        on the caller's loop (see RaftNode.send_note), `on_fsync` and `on_fatal` on the Raft thread."""
+        self._on_leader_change = hooks.get("on_leader_change")
+        self._on_fatal = hooks.get("on_fatal")
+        self._on_note = hooks.get("on_note")
         self.node: RaftNode[R] = RaftNode(
             config,
             state_machine,
             on_leader_change=self._leader_changed,
-            on_fsync=on_fsync,
+            on_fsync=hooks.get("on_fsync"),
             on_fatal=self._fatal,
             on_note=self._note_received,
         )

@@ -27,6 +27,7 @@ from dex_ha.local_cluster import (
     write_cluster_files,
 )
 from dex_ha.server.config import load_config
+from harness.cluster_process import port_args
 from tests.cli import (
     clean_env,
     free_port_range,
@@ -203,12 +204,7 @@ def test_cluster_up_names_the_port_that_is_taken(tmp_path: Path) -> None:
             "up",
             "--dir",
             str(tmp_path / "c"),
-            "--base-port",
-            str(base),
-            "--raft-base-port",
-            str(base + 3),
-            "--probe-base-port",
-            str(base + 6),
+            *port_args(base),
             timeout=30,
         )
     assert result.returncode == 1

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cluster_process import port_args
 from tests.cli import (
     clean_env,
     free_port_range,
@@ -65,12 +66,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         "3",
         "--dir",
         str(cluster_dir),
-        "--base-port",
-        str(base),
-        "--raft-base-port",
-        str(base + 3),
-        "--probe-base-port",
-        str(base + 6),
+        *port_args(base),
         "--relaxed",
         timeout=90,
     )
@@ -117,12 +113,7 @@ def test_a_second_up_on_a_running_dir_is_refused(cluster: LocalCluster) -> None:
         "up",
         "--dir",
         str(cluster.dir),
-        "--base-port",
-        str(ports[0]),
-        "--raft-base-port",
-        str(ports[0] + 3),
-        "--probe-base-port",
-        str(ports[0] + 6),
+        *port_args(ports[0]),
         "--relaxed",
         timeout=30,
     )

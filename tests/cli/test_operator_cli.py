@@ -25,11 +25,12 @@ from dex_ha.cli.members import contact_text_of, format_members, progress_text_of
 from dex_ha.cli.remote import NodeAnswer
 from dex_ha.cli.status import format_status
 from dex_ha.client import DexClient, Session
+from dex_ha.local_cluster import start_node
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, ToolContext, Worker
-from harness.cluster_process import LocalCluster, joiner_config
+from harness.cluster_process import LocalCluster, add_member_args, cluster_up, plan_joiner
 from harness.dev_process import DevProcess
 from harness.waiting import eventually
-from tests.cli import clean_env, free_ports, run_cli, stop, wait_until
+from tests.cli import clean_env, run_cli, stop, wait_until
 from tests.e2e.conftest import running
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.py"
@@ -44,12 +45,8 @@ def tokens_env_vars(cluster_dir: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path_factory.mktemp("opcli") / "cluster")
-    try:
-        local.up()
+    with cluster_up(tmp_path_factory.mktemp("opcli") / "cluster") as local:
         yield local
-    finally:
-        local.down()
 
 
 @pytest.fixture
@@ -145,18 +142,8 @@ def test_members_without_a_subcommand_lists_them_and_list_does_too(cluster: Loca
 
 def test_a_member_added_but_never_started_shows_never_until_it_starts_and_catches_up(cluster: LocalCluster) -> None:
     env = tokens_env_vars(cluster.dir)
-    http_port, raft_port, probe_port = free_ports(3)
-    added = cli(
-        "members",
-        "add",
-        "--id",
-        "n4",
-        "--raft-addr",
-        f"127.0.0.1:{raft_port}",
-        "--node-url",
-        f"http://127.0.0.1:{http_port}",
-        env=env,
-    )
+    joiner = plan_joiner(cluster)
+    added = cli("members", *add_member_args(joiner), env=env)
     n4 = None
     try:
         assert added.returncode == 0, added.stderr
@@ -167,20 +154,7 @@ def test_a_member_added_but_never_started_shows_never_until_it_starts_and_catche
             row = member_rows(done.stdout)["n4"]
             assert " learner " in row and " never " in row and "ms ago" not in row, done.stdout
             assert row.endswith("not reached yet (is it running?)")
-        with open(cluster.dir / "n4.log", "ab") as out:
-            n4 = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "dex_ha.cli",
-                    "node",
-                    "--config",
-                    str(joiner_config(cluster, http_port, raft_port, probe_port)),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        n4 = start_node(joiner)
 
         def n4_caught_up() -> str | None:
             row = member_rows(cli("members", env=env).stdout).get("n4", "")

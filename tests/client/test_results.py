@@ -32,6 +32,18 @@ def snapshot_json() -> dict[str, Any]:
             "attempts": [dict(attempt)],
         }
 
+    def turn() -> dict[str, Any]:  # the current turn, and again in the list of turns
+        return {
+            "turn_id": "t-1",
+            "number": 1,
+            "status": "running",
+            "message_id": "m-1",
+            "started_at": 5,
+            "ended_at": None,
+            "error": None,
+            "steps": [step()],
+        }
+
     attempt = {
         "number": 1,
         "term": 3,
@@ -44,19 +56,6 @@ def snapshot_json() -> dict[str, Any]:
         "attempt_progress": None,
         "cancel_requested": False,
     }
-
-    def turn() -> dict[str, Any]:
-        return {
-            "turn_id": "t-1",
-            "number": 1,
-            "status": "running",
-            "message_id": "m-1",
-            "started_at": 5,
-            "ended_at": None,
-            "error": None,
-            "steps": [step()],
-        }
-
     return {
         "session_id": "s-1",
         "agent": "shop",

@@ -10,19 +10,15 @@ from typing import Protocol, TypeVar
 
 import pytest
 
-from harness.cluster_process import LocalCluster
+from harness.cluster_process import LocalCluster, cluster_up
 from harness.waiting import eventually  # noqa: F401  (the one polling helper; tests written against this name keep working)
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     """Three nodes from `dex-ha cluster up` (relaxed durability), stopped by pid afterwards."""
-    local = LocalCluster(tmp_path / "cluster")
-    try:
-        local.up()
+    with cluster_up(tmp_path / "cluster") as local:
         yield local
-    finally:
-        local.down()
 
 
 class Runnable(Protocol):

@@ -6,12 +6,10 @@ session."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 from dex_ha.client import DexClient
-from harness.cluster_process import LocalCluster, cluster_view, joiner_config
-from harness.ports import free_ports
+from dex_ha.local_cluster import start_node
+from harness.cluster_process import LocalCluster, add_member_args, cluster_view, plan_joiner
 from harness.processes import stop
 from harness.waiting import eventually
 
@@ -24,36 +22,12 @@ async def test_a_cold_standby_joins_catches_up_is_promoted_and_counts(cluster: L
     async with DexClient(urls, token=client_token) as client:
         sessions = [(await client.create_session("joined")).session_id for _ in range(5)]
 
-    http_port, raft_port, probe_port = free_ports(3)
-    n4_url = f"http://127.0.0.1:{http_port}"
-    log = cluster.dir / "n4.log"
-    with open(log, "ab") as out:
-        n4 = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dex_ha.cli",
-                "node",
-                "--config",
-                str(joiner_config(cluster, http_port, raft_port, probe_port)),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    joiner = plan_joiner(cluster)
+    n4_url = joiner.url
+    n4 = start_node(joiner)
     try:
         added = await asyncio.to_thread(
-            cluster.run_cli,
-            "members",
-            "add",
-            "--id",
-            "n4",
-            "--raft-addr",
-            f"127.0.0.1:{raft_port}",
-            "--node-url",
-            n4_url,
-            "--url",
-            urls[0],
-            f"--token={admin}",
+            cluster.run_cli, "members", *add_member_args(joiner), "--url", urls[0], f"--token={admin}"
         )
         assert added.returncode == 0, added.stdout + added.stderr
 

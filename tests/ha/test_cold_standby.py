@@ -12,17 +12,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from dex_ha.client import Connection, DexClient
-from dex_ha.local_cluster import close_all, ready_nodes
+from dex_ha.local_cluster import close_all, ready_nodes, start_node
 from dex_ha.worker import Agent, ModelRequest, ScriptedModel, Worker
-from harness.cluster_process import cluster_view, joiner_config
-from harness.ports import free_ports
+from harness.cluster_process import add_member_args, cluster_view, plan_joiner
 from harness.processes import stop
 from harness.proxied_cluster import ProxiedCluster
 from harness.scenario import sessions_on_disk
@@ -65,29 +63,14 @@ async def test_a_cold_standby_replaces_a_dead_node_and_the_cluster_survives_anot
     live = [u for n, u in urls.items() if n != dead]
     await cluster.active_node(DEADLINE_S, not_=dead)
 
-    http_port, raft_port, probe_port = free_ports(3)
-    n4_url = f"http://127.0.0.1:{http_port}"
-    config = joiner_config(cluster, http_port, raft_port, probe_port)
-    with open(cluster.dir / "n4.log", "ab") as out:
-        n4 = subprocess.Popen(
-            [sys.executable, "-m", "dex_ha.cli", "node", "--config", str(config)], stdout=out, stderr=subprocess.STDOUT
-        )
+    joiner = plan_joiner(cluster)
+    n4_url = joiner.url
+    n4 = start_node(joiner)
     try:
-        added = await asyncio.to_thread(
-            members_cli,
-            cluster,
-            live,
-            "add",
-            "--id",
-            "n4",
-            "--raft-addr",
-            f"127.0.0.1:{raft_port}",
-            "--node-url",
-            n4_url,
-        )
+        added = await asyncio.to_thread(members_cli, cluster, live, *add_member_args(joiner))
         assert added.returncode == 0, added.stdout + added.stderr
         await eventually(lambda: caught_up_learner(n4_url, cluster.tokens["admin"]), "n4 to catch up", DEADLINE_S)
-        installed = re.findall(r"n4: installed snapshot at index (\d+)", (cluster.dir / "n4.log").read_text())
+        installed = re.findall(r"n4: installed snapshot at index (\d+)", joiner.log_path.read_text())
         assert installed and int(installed[0]) >= SNAPSHOT_EVERY, "n4 did not catch up from a snapshot"
         assert written <= sessions_on_disk(cluster.dir / "n4")
 

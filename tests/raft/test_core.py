@@ -195,6 +195,34 @@ class Cluster:
         return leaders[0]
 
 
+def lone_core(
+    config: RaftConfig,
+    hard_state: HardState,
+    conf_state: ConfState,
+    entries: Sequence[Entry] = (),
+    applied: int = 0,
+    seed: int = 1,
+) -> RaftCore:
+    """A core outside any Cluster, started at 0 ms with no snapshot: its test steps it by hand."""
+    return RaftCore(
+        config,
+        hard_state=hard_state,
+        conf_state=conf_state,
+        snapshot=None,
+        entries=list(entries),
+        applied=applied,
+        now_ms=0,
+        rng=random.Random(seed),
+    )
+
+
+def campaign_alone(core: RaftCore, now: int = ETMIN) -> None:
+    """Tick `core` alone in 10 ms steps from `now` until it campaigns."""
+    while core.role != Role.CANDIDATE:
+        now += 10
+        core.tick(now)
+
+
 def data_of(st: Store) -> list[bytes]:
     return [e.data for e in st.applied if e.type == EntryType.NORMAL and e.data]
 
@@ -364,20 +392,8 @@ def test_learner_never_campaigns_and_its_vote_does_not_count() -> None:
     assert not any(m.frm == "n3" and m.type in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
     assert not any(m.to == "n3" and m.type in (MT.PRE_VOTE, MT.VOTE) for m in c.sent)
     # A candidate among voters {n1, n2} does not count a grant from the learner.
-    cand = RaftCore(
-        RaftConfig(id="n1", pre_vote=False, **TIMING),
-        hard_state=HardState(term=1),
-        conf_state=c.conf,
-        snapshot=None,
-        entries=[],
-        applied=0,
-        now_ms=0,
-        rng=random.Random(3),
-    )
-    t = ETMIN
-    while cand.role != Role.CANDIDATE:
-        t += 10
-        cand.tick(t)
+    cand = lone_core(RaftConfig(id="n1", pre_vote=False, **TIMING), HardState(term=1), c.conf, seed=3)
+    campaign_alone(cand)
     cand.step(Message(MT.VOTE_RESP, to="n1", frm="n3", term=cand.term))
     assert cand.role == Role.CANDIDATE
     cand.step(Message(MT.VOTE_RESP, to="n1", frm="n2", term=cand.term))
@@ -565,16 +581,7 @@ def test_after_a_restart_the_same_leaders_appends_do_not_shrink_the_promise() ->
 
 
 def _follower(nid: str = "n2", term: int = 2) -> RaftCore:
-    return RaftCore(
-        RaftConfig(id=nid, **FAST),
-        hard_state=HardState(term=term),
-        conf_state=ConfState(("n1", "n2", "n3")),
-        snapshot=None,
-        entries=[],
-        applied=0,
-        now_ms=0,
-        rng=random.Random(1),
-    )
+    return lone_core(RaftConfig(id=nid, **FAST), HardState(term=term), ConfState(("n1", "n2", "n3")))
 
 
 def _heartbeat(frm: str, term: int, window: int) -> Message:
@@ -827,20 +834,10 @@ def test_commit_only_by_counting_current_term_entries() -> None:
     """Raft §5.4.2 (Figure 8): an old-term entry on a majority is not committed."""
     conf = ConfState(("n1", "n2", "n3"), ())
     old = [Entry(1, 1), Entry(2, 2, data=b"old")]
-    core = RaftCore(
-        RaftConfig(id="n1", pre_vote=False, **TIMING),
-        hard_state=HardState(term=2, vote="n1", commit=1),
-        conf_state=conf,
-        snapshot=None,
-        entries=old,
-        applied=1,
-        now_ms=0,
-        rng=random.Random(1),
+    core = lone_core(
+        RaftConfig(id="n1", pre_vote=False, **TIMING), HardState(term=2, vote="n1", commit=1), conf, old, 1
     )
-    now = ETMIN
-    while core.role != Role.CANDIDATE:
-        now += 10
-        core.tick(now)
+    campaign_alone(core)
     core.advance(core.ready())
     core.step(Message(MT.VOTE_RESP, to="n1", frm="n2", term=core.term))
     assert core.role == Role.LEADER and core.term == 3
@@ -1048,13 +1045,20 @@ def test_removed_leader_steps_down_after_commit() -> None:
 # Ready / advance contract, robustness
 
 
-def test_ready_contract() -> None:
+def _leader_persisted_an_entry() -> tuple[Cluster, int, Ready]:
+    """A three-node cluster whose leader n1 has persisted one new entry: the Ready that
+    carried it is advanced, its messages are not sent yet. The entry's index and that Ready."""
     c = Cluster(["n1", "n2", "n3"])
     n1 = c.elect("n1")
-    n2 = c.cores["n2"]
     idx = n1.propose(b"x")
     rd = n1.ready()
     n1.advance(rd)
+    return c, idx, rd
+
+
+def test_ready_contract() -> None:
+    c, idx, rd = _leader_persisted_an_entry()
+    n1, n2 = c.cores["n1"], c.cores["n2"]
     for m in rd.messages:
         c.deliver(m)
     for m in c.process("n2") + c.process("n3"):
@@ -1078,12 +1082,8 @@ def test_ready_contract() -> None:
 
 
 def test_committed_entries_handed_out_once_and_only_when_persisted() -> None:
-    c = Cluster(["n1", "n2", "n3"])
-    n1 = c.elect("n1")
+    c, idx, rd1 = _leader_persisted_an_entry()
     n2 = c.cores["n2"]
-    idx = n1.propose(b"x")
-    rd1 = n1.ready()
-    n1.advance(rd1)
     app = next(m for m in rd1.messages if m.type == MT.APP and m.to == "n2")
     app.commit = idx  # pretend the leader already knows it is committed
     n2.step(app)
@@ -1213,13 +1213,19 @@ def test_simultaneous_pre_candidates_do_not_split_the_vote() -> None:
     assert c.cores["n3"].leader_id == "n2" and c.cores["n3"].term == term + 1
 
 
-def test_pre_candidate_with_the_better_log_still_wins_against_a_lower_id() -> None:
+def _n1_died_after_an_entry_n2_missed() -> Cluster:
+    """n1 led three nodes, appended an entry that reached n3 but not n2 (still cut from n1), and crashed."""
     c = Cluster(["n1", "n2", "n3"])
     c.elect("n1")
     c.cut = {("n1", "n2")}  # n2 misses the last entry
     c.leader().propose(b"only-n1-and-n3")
     c.flush()
     c.crash("n1")
+    return c
+
+
+def test_pre_candidate_with_the_better_log_still_wins_against_a_lower_id() -> None:
+    c = _n1_died_after_an_entry_n2_missed()
     c.tick(10)  # followers note the leader's last contact at this tick
     c.heal()
     c.now += ETMIN * 3
@@ -1233,12 +1239,7 @@ def test_pre_candidate_with_the_better_log_still_wins_against_a_lower_id() -> No
 def test_follower_with_the_better_log_campaigns_when_a_stale_rival_asks() -> None:
     """The stale follower's timer fires first; the up-to-date one refuses its pre-vote and
     wins at once instead of waiting for its own timer."""
-    c = Cluster(["n1", "n2", "n3"])
-    c.elect("n1")
-    c.cut = {("n1", "n2")}  # n2 misses the last entry
-    c.leader().propose(b"only-n1-and-n3")
-    c.flush()
-    c.crash("n1")
+    c = _n1_died_after_an_entry_n2_missed()
     c.heal()
     c.tick(10)  # followers note the leader's last contact at this tick
     c.now += ETMIN + 1  # past n3's refusal window, well before its own timer can fire

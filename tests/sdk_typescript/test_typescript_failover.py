@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from dex_ha.client import DexClient, SessionEvent
-from harness.cluster_process import LocalCluster
+from harness.cluster_process import LocalCluster, cluster_up
 from harness.processes import stop
 from harness.typescript_sdk import node_missing, running_node_program, start_node_program
 from harness.waiting import eventually
@@ -41,12 +42,8 @@ STALE_ATTEMPT_STOPPED_S = 10.0
 
 @pytest.fixture
 def cluster(tmp_path: Path, built: None) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "cluster")
-    try:
-        local.up()
+    with cluster_up(tmp_path / "cluster") as local:
         yield local
-    finally:
-        local.down()
 
 
 def node_urls(cluster: LocalCluster) -> str:
@@ -73,31 +70,44 @@ async def client(cluster: LocalCluster) -> AsyncIterator[DexClient]:
         yield dex
 
 
-async def kill_the_active_node_once_the_tool_runs(cluster: LocalCluster, ledger: JsonLedger) -> str:
-    """SIGKILL the active node while the tool's first attempt runs; wait for a standby to
-    take over. Returns the killed node's id."""
-    await eventually(lambda: ledger.count("tool", "slow_put") >= 1, "the tool's first attempt to run", DEADLINE_S)
-    old = await cluster.active_node(deadline_s=DEADLINE_S)
-    cluster.kill(old)
-    new = await cluster.active_node(deadline_s=DEADLINE_S, not_=old)
-    assert new != old
-    return old
+@dataclass(frozen=True)
+class Rig:
+    """A cluster with the TypeScript Worker running, the ledger its tool writes, a Python
+    client and a new session of the agent (`sid`)."""
+
+    cluster: LocalCluster
+    ts_worker: subprocess.Popen[bytes]
+    ledger: JsonLedger
+    client: DexClient
+    sid: str
+
+    async def turn_through_a_kill(self) -> str:
+        """Send the session the turn, SIGKILL the active node while the tool's first attempt
+        runs and wait for a standby to take over. Returns the killed node's id."""
+        await self.client.send_message(self.sid, "failover")
+        await eventually(
+            lambda: self.ledger.count("tool", "slow_put") >= 1, "the tool's first attempt to run", DEADLINE_S
+        )
+        old = await self.cluster.active_node(deadline_s=DEADLINE_S)
+        self.cluster.kill(old)
+        new = await self.cluster.active_node(deadline_s=DEADLINE_S, not_=old)
+        assert new != old
+        return old
+
+
+@pytest.fixture
+async def rig(cluster: LocalCluster, ts_worker: subprocess.Popen[bytes], ledger: JsonLedger, client: DexClient) -> Rig:
+    return Rig(cluster, ts_worker, ledger, client, (await client.create_session(AGENT)).session_id)
 
 
 async def test_the_same_typescript_worker_process_finishes_the_turn_on_the_new_active_node(
-    cluster: LocalCluster,
-    ts_worker: subprocess.Popen[bytes],
-    ledger: JsonLedger,
-    client: DexClient,
-    tmp_path: Path,
+    rig: Rig, tmp_path: Path
 ) -> None:
-    sid = (await client.create_session(AGENT)).session_id
-    await client.send_message(sid, "failover")
-    await kill_the_active_node_once_the_tool_runs(cluster, ledger)
+    await rig.turn_through_a_kill()
 
-    final = await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+    final = await rig.client.wait_until_idle(rig.sid, timeout_s=DEADLINE_S)
     log = (tmp_path / "worker.log").read_text(errors="replace")
-    assert ts_worker.poll() is None, f"the Worker process exited:\n{log}"
+    assert rig.ts_worker.poll() is None, f"the Worker process exited:\n{log}"
     assert final.turns[-1].status == "completed", log
     call = final.tool_call(CALL_ID)
     assert call.status == "succeeded" and call.output == "stored failover"
@@ -105,13 +115,13 @@ async def test_the_same_typescript_worker_process_finishes_the_turn_on_the_new_a
     assert [a["status"] for a in attempts] == ["failed", "completed"]
     assert "lost its lease" in attempts[0]["error"]  # failed by the new node's takeover
     assert attempts[1]["term"] > attempts[0]["term"]  # the completed attempt ran on the new active node
-    assert attempts[0]["worker_id"] == attempts[1]["worker_id"] and f"-{ts_worker.pid}-" in attempts[1]["worker_id"]
+    assert attempts[0]["worker_id"] == attempts[1]["worker_id"] and f"-{rig.ts_worker.pid}-" in attempts[1]["worker_id"]
     # The ledger (outside the server): one process ran both attempts, with the call's key.
-    runs = ledger.runs("tool", "slow_put", "started")
-    assert [(r.key, r.attempt, r.pid) for r in runs] == [(f"{sid}:{CALL_ID}", n, ts_worker.pid) for n in (1, 2)]
+    runs = rig.ledger.runs("tool", "slow_put", "started")
+    assert [(r.key, r.attempt, r.pid) for r in runs] == [(f"{rig.sid}:{CALL_ID}", n, rig.ts_worker.pid) for n in (1, 2)]
     # The Worker stopped the attempt the new active node had failed (it no longer holds it).
     await eventually(
-        lambda: [r.attempt for r in ledger.runs("tool", "slow_put", "cancelled")] == [1],
+        lambda: [r.attempt for r in rig.ledger.runs("tool", "slow_put", "cancelled")] == [1],
         "the Worker to stop the attempt the new active node had failed",
         STALE_ATTEMPT_STOPPED_S,
     )
@@ -135,19 +145,13 @@ async def read_committed(client: DexClient, sid: str) -> list[SessionEvent]:
 
 
 async def test_the_typescript_client_resumes_its_event_stream_after_a_sigkill_of_the_active_node(
-    cluster: LocalCluster,
-    ts_worker: subprocess.Popen[bytes],
-    ledger: JsonLedger,
-    client: DexClient,
-    tmp_path: Path,
+    rig: Rig, tmp_path: Path
 ) -> None:
-    sid = (await client.create_session(AGENT)).session_id
-    args = ["--urls", node_urls(cluster), "--token", cluster.tokens["client"], "--session", sid]
+    args = ["--urls", node_urls(rig.cluster), "--token", rig.cluster.tokens["client"], "--session", rig.sid]
     follower = start_node_program("failover_follow", args, tmp_path / "follow.log", stdout=subprocess.PIPE)
     try:
-        await client.send_message(sid, "failover")
-        await kill_the_active_node_once_the_tool_runs(cluster, ledger)
-        await client.wait_until_idle(sid, timeout_s=DEADLINE_S)
+        await rig.turn_through_a_kill()
+        await rig.client.wait_until_idle(rig.sid, timeout_s=DEADLINE_S)
         await eventually(lambda: follower.poll() is not None, "the TypeScript client to see turn_completed", DEADLINE_S)
         log = (tmp_path / "follow.log").read_text(errors="replace")
         assert follower.returncode == 0, log
@@ -155,7 +159,7 @@ async def test_the_typescript_client_resumes_its_event_stream_after_a_sigkill_of
         printed = printed_events(follower)
     finally:
         stop(follower, timeout=10)
-    fresh = await read_committed(client, sid)
+    fresh = await read_committed(rig.client, rig.sid)
     committed = [e for e in printed if e["id"] is not None]
     assert [e["id"] for e in committed] == [e.id for e in fresh], log  # nothing twice, nothing missed
     # It saw the turn's events after the takeover: the failed attempt, the retry, the end.
