@@ -88,11 +88,14 @@ async def running_dev(
     directory: Path, *, relaxed: bool = True, extra_env: dict[str, str] | None = None
 ) -> AsyncIterator[DevProcess]:
     """A `dex-ha dev` node with its data and log under `directory`, ready when entered,
-    stopped by pid when left (the tests' fixtures are this, with their own options)."""
+    stopped by pid when left (the tests' fixtures are this, with their own options). A node
+    that does not exit 0 on SIGTERM fails the test that used it: a graceful stop is part of
+    what every such test runs."""
     node = DevProcess(directory / "data", directory / "dev.log", relaxed=relaxed, extra_env=extra_env)
     node.start()
     try:
         await node.wait_ready()
         yield node
     finally:
-        node.stop()
+        exit_code = node.stop()
+    assert exit_code == 0, f"dex-ha dev exited {exit_code} on SIGTERM:\n{node.log_tail()}"

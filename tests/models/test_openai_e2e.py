@@ -17,7 +17,7 @@ import pytest
 from dex_ha.client import DexClient, Session, SessionEvent
 from dex_ha.models.openai import DEFAULT_SUMMARY_INSTRUCTIONS, OpenAIModel
 from dex_ha.worker import Agent, ToolContext, Worker
-from harness.dev_process import DevProcess
+from harness.dev_process import DevProcess, running_dev
 from harness.fake_models.openai_api import Call, Failure, FakeOpenAI, Reply
 from tests.e2e.conftest import running
 
@@ -27,13 +27,8 @@ DEADLINE_S = 30.0
 
 @pytest.fixture
 async def dev(tmp_path: Path) -> AsyncIterator[DevProcess]:
-    server = DevProcess(tmp_path / "data", tmp_path / "dev.log", relaxed=True)
-    server.start()
-    try:
-        await server.wait_ready()
+    async with running_dev(tmp_path) as server:
         yield server
-    finally:
-        assert server.stop() == 0, server.log_tail()
 
 
 @pytest.fixture
