@@ -16,7 +16,7 @@ from harness.dev_process import DevProcess
 from harness.fake_models.anthropic_api import FakeAnthropic, tool_use
 from harness.fake_models.anthropic_api import Reply as AnthropicReply
 from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
-from tests.crash.columns import REPO, env_with_repo
+from harness.worker_process import REPO_ROOT, env_with_checkout
 from tests.support.claude_segment import cli_missing_reason, tools_used
 
 DEADLINE_S = 90.0  # the example's process imports the SDK and warms it up on its first call
@@ -46,7 +46,7 @@ async def run_example(example: str, url: str, env: dict[str, str], cwd: Path) ->
     """Run examples/`example` against `url` to its end (killed past the deadline)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        str(REPO / "examples" / example),
+        str(REPO_ROOT / "examples" / example),
         url,
         env=env,
         cwd=cwd,
@@ -70,9 +70,9 @@ async def test_the_example_runs_a_turn_against_dev_and_the_fake_openai(tmp_path:
     try:
         await server.wait_ready()
         async with FakeOpenAI(support_model) as fake:
-            env = env_with_repo({"OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": fake.base_url})
+            env = {**env_with_checkout(), "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": fake.base_url}
             env.pop("OPENAI_MODEL", None)
-            stdout, stderr, returncode = await run_example(example, server.url, env, cwd=REPO)
+            stdout, stderr, returncode = await run_example(example, server.url, env, cwd=REPO_ROOT)
     finally:
         server.stop()
     assert returncode == 0, stderr[-3000:]
@@ -105,15 +105,14 @@ async def test_the_claude_agent_example_runs_a_turn_against_dev_and_the_fake_ant
     try:
         await server.wait_ready()
         async with FakeAnthropic(responder=claude_support_model) as fake:
-            env = env_with_repo(
-                {
-                    "ANTHROPIC_API_KEY": "sk-test-fake",
-                    "ANTHROPIC_BASE_URL": fake.base_url,
-                    "CLAUDE_CONFIG_DIR": str(tmp_path / ".claude-config"),
-                    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-                    "DISABLE_TELEMETRY": "1",
-                }
-            )
+            env = {
+                **env_with_checkout(),
+                "ANTHROPIC_API_KEY": "sk-test-fake",
+                "ANTHROPIC_BASE_URL": fake.base_url,
+                "CLAUDE_CONFIG_DIR": str(tmp_path / ".claude-config"),
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "DISABLE_TELEMETRY": "1",
+            }
             env.pop("CLAUDE_MODEL", None)
             stdout, stderr, returncode = await run_example("claude_agent_agent.py", server.url, env, cwd=tmp_path)
             bodies = fake.bodies()

@@ -25,10 +25,9 @@ from harness.dev_process import DevProcess
 from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
 from harness.processes import stop
 from harness.waiting import eventually
-from harness.worker_process import WorkerOptions, start_worker
+from harness.worker_process import REPO_ROOT, WorkerOptions, start_worker
 from tests.adapters.framework_agents import FRAMEWORKS, INSTRUCTIONS, ToolKit, build, warm_up
 from tests.crash.cell import attempts, call_of
-from tests.crash.columns import REPO
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
 
@@ -178,7 +177,7 @@ class WorkerProcess:
     def start(self) -> None:
         options = WorkerOptions(backoff_max_s=0.2)
         self.proc = start_worker(
-            "tests.adapters.worker_proc", self.url, self.args, options=options, log=self.log_path, cwd=REPO
+            "tests.adapters.worker_proc", self.url, self.args, options=options, log=self.log_path, cwd=REPO_ROOT
         )
 
     def kill(self) -> None:

@@ -17,9 +17,9 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -32,8 +32,8 @@ from harness.dev_process import DevProcess
 from harness.processes import stop
 from harness.typescript_sdk import CRASH_WORKER
 from harness.waiting import eventually
+from harness.worker_process import REPO_ROOT, WorkerOptions, env_with_checkout, start_worker
 
-REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 45.0
 # Short heartbeat timeouts of the dev nodes, so the attempt of a killed Worker fails in
 # about two seconds (default 30 s; 1 s proved too tight on a loaded 2-core machine). The
@@ -41,12 +41,9 @@ DEADLINE_S = 45.0
 # first heartbeat" Worker beats rarely.
 WORKER_KILL_HEARTBEAT_TIMEOUT_MS = 2_000
 SERVER_RESTART_HEARTBEAT_TIMEOUT_MS = 4_000
-
-
-def env_with_repo(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment with the worktree first on the path (the child imports our code)."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, **(extra or {})}
+# The crash Worker's connection options: short polls and a short drain (the launcher's
+# defaults), and a fast reconnect after a server restart or a takeover.
+CRASH_WORKER_OPTIONS = WorkerOptions(poll_wait_ms=1_000, drain_timeout_s=1.0, backoff_max_s=0.2)
 
 
 async def exit_code(proc: subprocess.Popen[bytes], what: str, deadline_s: float = DEADLINE_S) -> int:
@@ -61,10 +58,11 @@ async def died_at_failpoint(proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 class WorkerProcess:
-    """`python -m tests.crash.worker_proc` for one cell's agent (`language="ts"`: the
-    TypeScript Worker, `node sdk/typescript/dist/test/crash/worker_proc.js`, with the same
-    arguments); killed by pid. `row` is the cell key that names the agent (rows.CELL_RUNS);
-    `agent_args` are more arguments for that agent (R21: the fake model API, the work dir)."""
+    """One cell's Worker process, killed by pid: `tests.crash.worker_proc` run by the Worker
+    launcher (harness.worker_process), or with `language="ts"` the TypeScript Worker (`node
+    sdk/typescript/dist/test/crash/worker_proc.js`, with the same agent arguments). `row` is
+    the cell key that names the agent (rows.CELL_RUNS); `agent_args` are more arguments for
+    that agent (R21: the fake model API, the work dir). Its output goes to `log_path`."""
 
     def __init__(
         self,
@@ -82,37 +80,52 @@ class WorkerProcess:
         language: str = "python",
         agent_args: Sequence[str] = (),
     ) -> None:
-        program = (
-            [sys.executable, "-m", "tests.crash.worker_proc"] if language == "python" else ["node", str(CRASH_WORKER)]
+        self.urls, self.language = urls, language
+        self.options = replace(
+            CRASH_WORKER_OPTIONS,
+            token=token or None,
+            heartbeat_interval_s=heartbeat_interval_s or None,
+            max_concurrency=max_concurrency or None,
         )
-        self.command = [
-            *program,
-            "--urls",
-            ",".join(urls),
-            "--ledger",
-            str(ledger),
-            "--row",
-            row,
-            "--agent",
-            agent,
-            "--column",
-            column,
-            *(["--token", token] if token else []),
-            *(["--heartbeat-interval", str(heartbeat_interval_s)] if heartbeat_interval_s else []),
-            *(["--max-concurrency", str(max_concurrency)] if max_concurrency else []),
-            *agent_args,
-        ]
+        self.agent_args = ["--ledger", str(ledger), "--row", row, "--agent", agent, "--column", column, *agent_args]
         self.failpoints = failpoints
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = env_with_repo()
+        env = env_with_checkout()
         env.pop(FAILPOINT_ENV, None)  # armed only when this worker says so
         if self.failpoints:
             env[FAILPOINT_ENV] = self.failpoints
+        if self.language == "python":
+            self.proc = start_worker(
+                "tests.crash.worker_proc",
+                self.urls,
+                self.agent_args,
+                options=self.options,
+                log=self.log_path,
+                env=env,
+                cwd=REPO_ROOT,
+            )
+            return
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            self.proc = subprocess.Popen(
+                self.ts_command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT
+            )
+
+    def ts_command(self) -> list[str]:
+        """The TypeScript Worker's command line: its own flags for the options it has."""
+        options = self.options
+        return [
+            "node",
+            str(CRASH_WORKER),
+            "--urls",
+            ",".join(self.urls),
+            *self.agent_args,
+            *(["--token", options.token] if options.token else []),
+            *(["--heartbeat-interval", str(options.heartbeat_interval_s)] if options.heartbeat_interval_s else []),
+            *(["--max-concurrency", str(options.max_concurrency)] if options.max_concurrency else []),
+        ]
 
     async def die(self) -> str:
         """The crash: wait for the armed failpoint's exit, or SIGKILL. Says which."""

@@ -22,8 +22,7 @@ from harness.dev_process import DevProcess
 from harness.fake_models.anthropic_api import ApiError, FakeAnthropic, Reply, tool_use
 from harness.processes import stop
 from harness.waiting import eventually
-from harness.worker_process import WorkerOptions, start_worker
-from tests.crash.columns import env_with_repo
+from harness.worker_process import WorkerOptions, env_with_checkout, start_worker
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of
@@ -207,7 +206,7 @@ FINAL_TEXT = "attempt two gives the whole answer"
 
 
 def start_worker_process(url: str, fake: FakeAnthropic, ledger: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    env = env_with_repo({"ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "sk-test"})
+    env = {**env_with_checkout(), "ANTHROPIC_BASE_URL": fake.base_url, "ANTHROPIC_API_KEY": "sk-test"}
     return start_worker(
         "tests.models.anthropic_worker_proc",
         url,

@@ -26,7 +26,7 @@ from dex_ha.models.openai import (
 )
 from dex_ha.worker import Agent, ModelRequest, NonRetryableError, ToolCall, ToolContext
 from harness.fake_models.openai_api import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
-from tests.crash.columns import env_with_repo
+from harness.worker_process import env_with_checkout
 from tests.support.doubles import TextSink
 
 APIS = ("responses", "chat")
@@ -370,7 +370,7 @@ async def test_the_key_and_address_come_from_the_environment(fake: FakeOpenAI, m
 def test_the_worker_sdk_does_not_import_openai() -> None:
     """The extra stays optional: only dex_ha.models.openai imports the SDK."""
     code = "import sys, dex_ha.worker, dex_ha.client, dex_ha.models; sys.exit(1 if 'openai' in sys.modules else 0)"
-    assert subprocess.run([sys.executable, "-c", code], env=env_with_repo(), timeout=60).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], env=env_with_checkout(), timeout=60).returncode == 0
 
 
 @pytest.mark.parametrize("api", APIS)

@@ -19,8 +19,8 @@ from dex_ha.client import DexClient, SessionEvent, StreamText
 from harness.dev_process import DevProcess
 from harness.fake_models.openai_api import FakeOpenAI, Reply
 from harness.waiting import eventually
-from harness.worker_process import start_worker
-from tests.crash.columns import REPO, WORKER_KILL_HEARTBEAT_TIMEOUT_MS
+from harness.worker_process import REPO_ROOT, start_worker
+from tests.crash.columns import WORKER_KILL_HEARTBEAT_TIMEOUT_MS
 from tests.crash.ledger import Ledger
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of
 
@@ -32,7 +32,7 @@ DEADLINE_S = 30.0
 
 def start_openai_worker(dev: DevProcess, fake: FakeOpenAI, ledger: Path, log: Path) -> subprocess.Popen[bytes]:
     args = ["--agent", AGENT, "--base-url", fake.base_url, "--ledger", str(ledger)]
-    return start_worker("tests.models.openai_worker_proc", dev.url, args, log=log, cwd=REPO)
+    return start_worker("tests.models.openai_worker_proc", dev.url, args, log=log, cwd=REPO_ROOT)
 
 
 async def test_r02_a_worker_killed_mid_stream(tmp_path: Path) -> None:
