@@ -19,8 +19,7 @@ import aiohttp
 
 from dex_ha.raft.node import NodeConfig
 from harness.ports import free_ports
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from harness.processes import REPO_ROOT, env_with_checkout
 
 
 @dataclass
@@ -78,9 +77,7 @@ class KVCluster:
             *self.extra_args,
         ]
         log = open(node.log_path, "ab")
-        node.proc = subprocess.Popen(
-            cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        )
+        node.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env_with_checkout())
         log.close()
 
     def start_all(self) -> None:

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 from typing import Any
+
+# The checkout these harnesses belong to: a child process started from it runs its code.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def env_with_checkout() -> dict[str, str]:
+    """This environment with this checkout first on PYTHONPATH: the child runs the code under test."""
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
 
 
 def stop(proc: subprocess.Popen[Any], timeout: float = 20.0) -> int:

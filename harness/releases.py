@@ -10,11 +10,11 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+from harness.processes import REPO_ROOT
+
 # The commit that is release 0.1.0 (the first release; the CHANGELOG's "## 0.1.0").
 RELEASE_0_1_0_COMMIT = "4629d31d1bfadaef68b622c16b50f6e00c4a178c"
 RELEASE_0_1_0 = "0.1.0"
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def checkout_release(commit: str, dest: Path) -> Path | None:
@@ -40,8 +40,3 @@ def release_env(tree: Path) -> dict[str, str]:
     Run it in another working directory than this checkout: `python -m` puts the working
     directory first on the path, before PYTHONPATH."""
     return {**os.environ, "PYTHONPATH": str(tree)}
-
-
-def current_env() -> dict[str, str]:
-    """The environment that runs this checkout's code (the one under test)."""
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

@@ -29,7 +29,6 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -39,7 +38,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_FORMAT = "%(asctime)s %(process)d %(name)s %(message)s"
 
 
@@ -89,6 +87,10 @@ def start_worker(
     """Start a Worker process running the agents of the module `agents` (see the module doc)
     on `urls`, with the module's own `args`; its output goes to `log` (appended; none
     without). `env` defaults to this one with this checkout first on PYTHONPATH."""
+    # Imported here, on the parent's side only: a child run by its path (an earlier release's
+    # Worker) must import nothing of this checkout but this file (see the module doc).
+    from harness.processes import env_with_checkout
+
     url_list = ",".join([urls] if isinstance(urls, str) else urls)
     by_path = agents.endswith(".py")
     launcher = [str(Path(__file__).resolve())] if by_path else ["-m", __name__]
@@ -98,12 +100,6 @@ def start_worker(
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env, cwd=cwd)
     with open(log, "ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child_env, cwd=cwd)
-
-
-def env_with_checkout() -> dict[str, str]:
-    """This environment with this checkout first on PYTHONPATH: the child runs the code under test."""
-    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path}
 
 
 # ---------------------------------------------------------------- the child's side

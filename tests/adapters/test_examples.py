@@ -16,7 +16,7 @@ from harness.dev_process import DevProcess
 from harness.fake_models.anthropic_api import FakeAnthropic, tool_use
 from harness.fake_models.anthropic_api import Reply as AnthropicReply
 from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
-from harness.worker_process import REPO_ROOT, env_with_checkout
+from harness.processes import REPO_ROOT, env_with_checkout
 from tests.support.claude_segment import cli_missing_reason, tools_used
 
 DEADLINE_S = 90.0  # the example's process imports the SDK and warms it up on its first call

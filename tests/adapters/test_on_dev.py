@@ -23,9 +23,9 @@ from dex_ha.client import DexClient, SessionEvent
 from dex_ha.worker import Worker
 from harness.dev_process import DevProcess
 from harness.fake_models.openai_api import Call, FakeOpenAI, RecordedRequest, Reply
-from harness.processes import stop
+from harness.processes import REPO_ROOT, stop
 from harness.waiting import eventually
-from harness.worker_process import REPO_ROOT, WorkerOptions, start_worker
+from harness.worker_process import WorkerOptions, start_worker
 from tests.adapters.framework_agents import FRAMEWORKS, INSTRUCTIONS, ToolKit, build, warm_up
 from tests.crash.cell import attempts, call_of
 from tests.crash.ledger import Ledger

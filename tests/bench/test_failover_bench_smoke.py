@@ -7,10 +7,9 @@ measured (a failover takes time, and never shows two ready nodes)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from harness.processes import pid_alive
+from harness.processes import env_with_checkout, pid_alive
 from tests.bench.run_bench import assert_exited_0, run_bench
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +23,7 @@ def test_smoke_run_measures_each_fault_prints_the_table_and_stops_everything(tmp
         BENCH,
         ["--runs", "1", "--sessions", "1", "--relaxed", "--json", str(out)],
         SMOKE_DEADLINE_S,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env=env_with_checkout(),
     )
     assert_exited_0(done)
 

@@ -6,10 +6,9 @@ the full bench's business.)"""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from harness.processes import pid_alive
+from harness.processes import env_with_checkout, pid_alive
 from tests.bench.run_bench import assert_exited_0, run_bench
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +25,7 @@ def test_smoke_run_counts_answers_prints_the_table_and_stops_the_node(tmp_path: 
             *("--idle-streams", "20", "--stream-rounds", "1"),
         ],
         SMOKE_DEADLINE_S,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env=env_with_checkout(),
     )
     assert_exited_0(done)
 

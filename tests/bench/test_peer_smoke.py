@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench.peer.install import default_dir, load_manifest  # noqa: E402
-from harness.processes import pid_alive  # noqa: E402
+from harness.processes import env_with_checkout, pid_alive  # noqa: E402
 
 RUN = REPO_ROOT / "bench" / "peer" / "run.py"
 SMOKE_DEADLINE_S = 55.0  # the run takes ~15 s; it must stay under a minute on a loaded machine
@@ -39,9 +39,7 @@ def run_peer_smoke(
     """One short run of bench/peer/run.py (one node, concurrency 4, no failover) with the
     peer's `args`: the finished process, its JSON, its one steps phase and that phase's rows by system."""
     fixed = ["--dir", str(peer_dir), "--deployments", "one", "--concurrency", "4", "--failover-runs", "0"]
-    done = run_bench(
-        RUN, [*fixed, *args, "--json", str(out)], deadline_s, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    )
+    done = run_bench(RUN, [*fixed, *args, "--json", str(out)], deadline_s, env=env_with_checkout())
     assert_exited_0(done)
     result = json.loads(out.read_text())
     [phase] = result["steps"]

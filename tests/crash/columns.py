@@ -29,10 +29,10 @@ from dex_ha.local_cluster import node_process_alive, read_pids
 from harness.cluster_process import LocalCluster
 from harness.cluster_state import observe_settled
 from harness.dev_process import DevProcess
-from harness.processes import stop
+from harness.processes import REPO_ROOT, env_with_checkout, stop
 from harness.typescript_sdk import CRASH_WORKER
 from harness.waiting import eventually
-from harness.worker_process import REPO_ROOT, WorkerOptions, env_with_checkout, start_worker
+from harness.worker_process import WorkerOptions, start_worker
 
 DEADLINE_S = 45.0
 # Short heartbeat timeouts of the dev nodes, so the attempt of a killed Worker fails in

@@ -28,8 +28,8 @@ from dex_ha.client.connection import DexError
 from dex_ha.engine import STATE_MACHINE_VERSION
 from dex_ha.worker import Worker
 from harness.cluster_process import LocalCluster, cluster_view
-from harness.processes import pid_alive, stop
-from harness.releases import RELEASE_0_1_0_COMMIT, REPO_ROOT, checkout_release, release_env
+from harness.processes import REPO_ROOT, pid_alive, stop
+from harness.releases import RELEASE_0_1_0_COMMIT, checkout_release, release_env
 from harness.waiting import eventually
 from harness.worker_process import WorkerOptions, start_worker
 from tests.e2e.conftest import running

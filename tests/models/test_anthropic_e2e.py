@@ -20,9 +20,9 @@ from dex_ha.models.anthropic import AnthropicModel
 from dex_ha.worker import Agent, ToolContext, Worker
 from harness.dev_process import DevProcess
 from harness.fake_models.anthropic_api import ApiError, FakeAnthropic, Reply, tool_use
-from harness.processes import stop
+from harness.processes import env_with_checkout, stop
 from harness.waiting import eventually
-from harness.worker_process import WorkerOptions, env_with_checkout, start_worker
+from harness.worker_process import WorkerOptions, start_worker
 from tests.crash.ledger import Ledger
 from tests.e2e.conftest import running
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of

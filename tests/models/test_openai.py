@@ -26,7 +26,7 @@ from dex_ha.models.openai import (
 )
 from dex_ha.worker import Agent, ModelRequest, NonRetryableError, ToolCall, ToolContext
 from harness.fake_models.openai_api import CHAT_PATH, RESPONSES_PATH, Call, Failure, FakeOpenAI, Reply
-from harness.worker_process import env_with_checkout
+from harness.processes import env_with_checkout
 from tests.support.doubles import TextSink
 
 APIS = ("responses", "chat")

@@ -18,8 +18,9 @@ from pathlib import Path
 from dex_ha.client import DexClient, SessionEvent, StreamText
 from harness.dev_process import DevProcess
 from harness.fake_models.openai_api import FakeOpenAI, Reply
+from harness.processes import REPO_ROOT
 from harness.waiting import eventually
-from harness.worker_process import REPO_ROOT, start_worker
+from harness.worker_process import start_worker
 from tests.crash.columns import WORKER_KILL_HEARTBEAT_TIMEOUT_MS
 from tests.crash.ledger import Ledger
 from tests.e2e.test_stream_after_kill import follow, sigkill, texts_of
